@@ -1,0 +1,101 @@
+"""Topic configuration: the fields of §2.2, their defaults, validation and upsert.
+
+A :class:`ConfigPatch` is what a client sends (every field optional); a
+:class:`TopicConfig` is the resolved configuration a topic runs with.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+
+
+class Discard(StrEnum):
+    OLD = "old"
+    REJECT = "reject"
+
+
+class Durability(StrEnum):
+    """The four commit classes, weakest first."""
+
+    EPHEMERAL = "ephemeral"
+    MEMORY = "memory"
+    DISK = "disk"
+    FSYNC = "fsync"
+
+
+class TopicType(StrEnum):
+    LOG = "log"
+    QUEUE = "queue"
+
+
+class ConfigPatch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Config fields a request sets; absent fields keep their current value."""
+
+    ttl_ms: NonNegative | UnsetType = UNSET
+    cap_records: NonNegative | UnsetType = UNSET
+    cap_bytes: NonNegative | UnsetType = UNSET
+    discard: Discard | UnsetType = UNSET
+    durable: bool | UnsetType = UNSET
+    durability: Durability | UnsetType | None = UNSET
+    priority: Annotated[int, Meta(ge=-2 ** 31, le=2 ** 31 - 1)] | UnsetType | None = UNSET
+    auto_priority: bool | UnsetType = UNSET
+    auto_create: bool | UnsetType = UNSET
+    idempotency_window_ms: NonNegative | UnsetType = UNSET
+    dedupe_node: bool | UnsetType = UNSET
+
+
+class TopicConfig(msgspec.Struct, frozen=True):
+    """The resolved configuration of one topic."""
+
+    ttl_ms: int = 0
+    cap_records: int = 0
+    cap_bytes: int = 0
+    discard: Discard = Discard.OLD
+    durability: Durability = Durability.DISK
+    priority: int | None = None
+    auto_priority: bool = True
+    auto_create: bool = True
+    idempotency_window_ms: int = 120_000
+    dedupe_node: bool = True
+
+    @property
+    def durable(self) -> bool:
+        # §2.2: durable is normalised to "the class is fsync".
+        return self.durability is Durability.FSYNC
+
+    def apply(self, patch: ConfigPatch) -> TopicConfig:
+        """This config with ``patch`` applied (upsert semantics)."""
+        changes: dict[str, Any] = {
+            f: getattr(patch, f)
+            for f in patch.__struct_fields__
+            if f not in ("durable", "durability") and getattr(patch, f) is not UNSET
+        }
+        # An explicit durability wins; a bare `durable` picks fsync or disk (§2.2).
+        if patch.durability is not UNSET and patch.durability is not None:
+            changes["durability"] = patch.durability
+        elif patch.durable is not UNSET:
+            changes["durability"] = Durability.FSYNC if patch.durable else Durability.DISK
+        elif patch.durability is None:
+            changes["durability"] = Durability.DISK
+        return msgspec.structs.replace(self, **changes) if changes else self
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "ttl_ms": self.ttl_ms,
+            "cap_records": self.cap_records,
+            "cap_bytes": self.cap_bytes,
+            "discard": str(self.discard),
+            "durable": self.durable,
+            "durability": str(self.durability),
+            "priority": self.priority,
+            "auto_priority": self.auto_priority,
+            "auto_create": self.auto_create,
+            "idempotency_window_ms": self.idempotency_window_ms,
+            "dedupe_node": self.dedupe_node,
+        }

@@ -1,0 +1,151 @@
+"""What engine operations return. Each result renders its own wire JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .config import Durability, TopicConfig, TopicType
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """An in-band gap signal (§5.4): live records in [gap_from, gap_to] were lost."""
+
+    seq: int  # == earliest_seq: the first live seq after the gap, a valid resume point
+    gap_from: int
+    gap_to: int
+    reason: str  # cap | ttl | mixed | recreated
+    missed_estimate: int
+    earliest_seq: int
+    head_seq: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "$type": "tombstone",
+            "$seq": self.seq,
+            "gap_from": self.gap_from,
+            "gap_to": self.gap_to,
+            "reason": self.reason,
+            "missed_estimate": self.missed_estimate,
+            "earliest_seq": self.earliest_seq,
+            "head_seq": self.head_seq,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    """A topic's state (§2.3) at one instant."""
+
+    name: str
+    type: TopicType
+    epoch: int
+    config: TopicConfig
+    head_seq: int
+    earliest_seq: int
+    evict_floor: int
+    next_seq: int
+    count: int
+    bytes: int
+    effective_priority: int
+    created_ts: int
+    last_write_ts: int
+    last_read_ts: int
+
+    @property
+    def durability(self) -> Durability:
+        return self.config.durability
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": str(self.type),
+            "epoch": self.epoch,
+            "head_seq": self.head_seq,
+            "earliest_seq": self.earliest_seq,
+            "evict_floor": self.evict_floor,
+            "next_seq": self.next_seq,
+            "count": self.count,
+            "bytes": self.bytes,
+            "config": self.config.to_wire(),
+            "durability": str(self.config.durability),
+            "effective_priority": self.effective_priority,
+            "created_ts": self.created_ts,
+            "last_write_ts": self.last_write_ts,
+            "last_read_ts": self.last_read_ts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    seqs: list[int]
+    head_seq: int
+    durability: Durability
+    created: bool  # the write lazily created the topic
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    deleted: int
+    earliest_seq: int
+    head_seq: int
+    count: int
+    bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "deleted": self.deleted,
+            "earliest_seq": self.earliest_seq,
+            "head_seq": self.head_seq,
+            "count": self.count,
+            "bytes": self.bytes,
+        }
+
+
+@dataclass(slots=True)
+class DiffResult:
+    """One page of a cursor read (§4.3, §7.3).
+
+    ``runs`` are slices of chunk buffers, each holding one or more consecutive
+    wire records separated and terminated by commas, so a page of N records is
+    usually one memcpy rather than N encodes. With ``per_record`` reads each run
+    is exactly one record and ``seqs`` names it.
+    """
+
+    runs: list[bytes | memoryview]
+    seqs: list[int]
+    count: int
+    tombstone: Tombstone | None
+    next_from_seq: int
+    head_seq: int
+    earliest_seq: int
+    epoch: int
+    durability: Durability
+    caught_up: bool = field(default=False)
+
+    def records_json(self) -> bytes:
+        """The delivered records as one JSON array."""
+        body = b"".join(self.runs)
+        return b"[" + body[:-1] + b"]" if body else b"[]"
+
+    def records(self) -> list[dict[str, Any]]:
+        return orjson.loads(self.records_json())
+
+    def to_json(self) -> bytes:
+        tail = orjson.dumps(
+            {
+                "tombstone": self.tombstone.to_wire() if self.tombstone else None,
+                "next_from_seq": self.next_from_seq,
+                "head_seq": self.head_seq,
+                "earliest_seq": self.earliest_seq,
+                "caught_up": self.caught_up,
+                "epoch": self.epoch,
+                "durability": str(self.durability),
+            }
+        )
+        return b'{"records":' + self.records_json() + b"," + tail[1:]
