@@ -1,20 +1,23 @@
 """The topic log engine: synchronous, in-process, no I/O.
 
-The engine owns every topic and applies every mutation at one commit point
-(:meth:`Engine._commit`), which is where the durable-storage journal plugs in.
-Callers that need to wake on new data register a listener with
-:meth:`Engine.add_listener`; it is called synchronously after each commit.
+The engine owns every topic. Every mutation is validated first and then applied
+at one commit point (:meth:`Engine._commit`), which is where the durable-storage
+journal plugs in: a mutation that fails validation never reaches it, so a
+refused request changes nothing. Callers that wake on new data register a
+listener with :meth:`Engine.add_listener`; it runs synchronously after each commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..clock import Clock, SystemClock  # noqa: F401  (used once implemented)
+from ..clock import Clock, SystemClock
 from .config import ConfigPatch, TopicConfig, TopicType
 from .deletion import TagMatch
-from .records import Limits, RecordIn
+from .errors import ErrorCode, TopicError
+from .records import Limits, RecordIn, check_topic_name, encode
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
+from .topic import Topic
 
 Listener = Callable[[str], None]
 
@@ -26,27 +29,54 @@ class Engine:
         defaults: TopicConfig | None = None,
         limits: Limits | None = None,
     ) -> None:
-        raise NotImplementedError
+        self.clock = clock or SystemClock()
+        self.defaults = defaults or TopicConfig()
+        self.limits = limits or Limits()
+        self._topics: dict[str, Topic] = {}
+        self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
+        self._listeners: list[Listener] = []
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
         """Every topic's state, sorted by name."""
-        raise NotImplementedError
+        now = self.clock.now_ms()
+        return [self._topics[name].state(now) for name in sorted(self._topics)]
 
     def put_topic(
         self, name: str, patch: ConfigPatch, type: TopicType | None = None
     ) -> tuple[TopicState, bool]:
         """Create or update a topic; returns (state, created). The type is immutable:
         a different type for an existing topic is 409 topic_exists_incompatible."""
-        raise NotImplementedError
+        check_topic_name(name)
+        now = self.clock.now_ms()
+        topic = self._topics.get(name)
+        if topic is None:
+            topic = self._new_topic(name, type or TopicType.LOG, self.defaults.apply(patch), now)
+            self._commit(topic)
+            return topic.state(now), True
+        if type is not None and type is not topic.type:
+            raise TopicError(
+                ErrorCode.TOPIC_EXISTS_INCOMPATIBLE,
+                f"topic {name!r} exists with type {topic.type!s}; a topic's type never changes",
+                {"topic": name, "type": str(topic.type), "requested": str(type)},
+            )
+        topic.reconfigure(topic.config.apply(patch), now)
+        self._commit(topic)
+        return topic.state(now), False
 
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
         """State of a topic (404 topic_not_found); ``touch`` counts as consumption (§3)."""
-        raise NotImplementedError
+        topic = self._existing(name)
+        now = self.clock.now_ms()
+        if touch:
+            topic.consumed(now)
+        return topic.state(now)
 
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
-        raise NotImplementedError
+        topic = self._existing(name)
+        del self._topics[name]
+        self._commit(topic)
 
     # --- records ----------------------------------------------------------------
     def append(
@@ -62,7 +92,33 @@ class Engine:
         ``create`` None follows the topic defaults' ``auto_create``; ``config`` is
         applied only when this write creates the topic.
         """
-        raise NotImplementedError
+        check_topic_name(name)
+        if not records:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "a write carries at least one record")
+        if len(records) > self.limits.max_records_per_write:
+            raise TopicError(
+                ErrorCode.TOO_MANY_RECORDS,
+                f"a write carries at most {self.limits.max_records_per_write} records",
+                {"records": len(records), "max_records": self.limits.max_records_per_write},
+            )
+        encoded = [encode(r, self.limits) for r in records]
+        now = self.clock.now_ms()
+        topic = self._topics.get(name)
+        created = topic is None
+        if topic is None:
+            topic_config = self.defaults.apply(config) if config else self.defaults
+            if not (topic_config.auto_create if create is None else create):
+                raise TopicError(
+                    ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
+                )
+            # Not registered until the write is known to fit: a refused write creates nothing.
+            topic = Topic(name, TopicType.LOG, topic_config, self._last_epoch + 1, now)
+        plan = topic.plan_append(encoded, now)
+        if created:
+            self._register(topic)
+        topic.apply_append(plan, now)
+        self._commit(topic)
+        return AppendResult(plan.seqs, topic.head_seq, topic.config.durability, created)
 
     def diff(
         self,
@@ -79,14 +135,52 @@ class Engine:
         ``nodes`` drops records whose $node is in the set (§6); ``epoch`` names the
         topic instance the cursor belongs to, so a recreated topic is detected (§5.5).
         """
-        raise NotImplementedError
+        if from_seq < 0:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
+        if limit < 1:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "limit is at least 1")
+        topic = self._existing(name)
+        return topic.read(from_seq, limit, nodes, epoch, self.clock.now_ms(), per_record)
 
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None
     ) -> DeleteResult:
         """Permanent, point-in-time deletion (§7)."""
-        raise NotImplementedError
+        if before_seq is None and match is None:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST, "a delete names before_seq, match, or both"
+            )
+        if before_seq is not None and before_seq < 0:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "before_seq is a seq: 0 or more")
+        topic = self._existing(name)
+        result = topic.delete(before_seq, match, self.clock.now_ms())
+        self._commit(topic)
+        return result
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(topic)`` after every commit that changes ``topic``."""
-        raise NotImplementedError
+        self._listeners.append(listener)
+
+    # --- internals ----------------------------------------------------------------
+    def _existing(self, name: str) -> Topic:
+        topic = self._topics.get(name)
+        if topic is None:
+            check_topic_name(name)
+            raise TopicError(
+                ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
+            )
+        return topic
+
+    def _new_topic(self, name: str, type: TopicType, config: TopicConfig, now: int) -> Topic:
+        topic = Topic(name, type, config, self._last_epoch + 1, now)
+        self._register(topic)
+        return topic
+
+    def _register(self, topic: Topic) -> None:
+        self._last_epoch = topic.epoch
+        self._topics[topic.name] = topic
+
+    def _commit(self, topic: Topic) -> None:
+        """The single commit point: every applied mutation passes here."""
+        for listener in self._listeners:
+            listener(topic.name)

@@ -1,0 +1,554 @@
+"""One topic instance: its records, watermarks, eviction, tombstones, deletion, reads.
+
+Watermarks (§5.1). ``front`` is the first seq not yet removed from the head of the
+log by eviction, expiry or deletion, settled so that it is always a live record
+or ``next_seq``; it *is* ``earliest_seq``. Involuntary removal of live records
+(cap, TTL) also raises ``cap_floor`` / ``ttl_floor``; ``evict_floor`` derives from
+them and is the only tombstone trigger. Deletion moves ``front`` but never a floor,
+which is what keeps a purely deleted gap silent.
+
+Time is always passed in (``now``): TTL expiry is applied lazily, at the start of
+every operation, before anything is observed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from sortedcontainers import SortedDict
+
+from .chunk import DELETED, Chunk
+from .config import Discard, TopicConfig, TopicType
+from .deletion import TagMatch
+from .errors import ErrorCode, TopicError
+from .priority import effective_priority
+from .records import EncodedRecord
+from .results import DeleteResult, DiffResult, Tombstone, TopicState
+
+MAX_LOSS_RUNS = 1024
+
+
+@dataclass(slots=True)
+class LossRun:
+    """A contiguous seq range whose live records were removed involuntarily."""
+
+    lo: int
+    hi: int
+    reason: str  # "cap" | "ttl" | "mixed"
+    lost: int
+
+
+@dataclass(slots=True)
+class AppendPlan:
+    """An append validated against the topic, not yet applied (the commit seam)."""
+
+    fresh: list[EncodedRecord]  # records that will get new seqs, in order
+    seqs: list[int]  # the seq each requested record resolves to
+    first_seq: int
+    ts: int
+    fresh_bytes: int
+
+
+class Topic:
+    def __init__(
+        self,
+        name: str,
+        type: TopicType,
+        config: TopicConfig,
+        epoch: int,
+        now: int,
+        seq_base: int = 1,
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.config = config
+        self.epoch = epoch
+        self.seq_base = seq_base
+        self.next_seq = seq_base
+        self.front = seq_base
+        self.cap_floor = 0
+        self.ttl_floor = 0
+        self.losses: list[LossRun] = []
+        self.live_count = 0
+        self.live_bytes = 0
+        self.chunks: list[Chunk] = []
+        self._bases: list[int] = []  # chunks[i].base_seq, for bisect
+        self._node_ids: dict[str, int] = {}
+        self._tag_ids: dict[str, int] = {}
+        self._tag_names: list[str] = [""]
+        self.tag_index: SortedDict = SortedDict()  # tag -> array("Q") of seqs, ascending
+        self._dedupe: dict[str, tuple[int, int]] = {}  # id -> (seq, ts)
+        self._dedupe_order: deque[tuple[int, str]] = deque()
+        self.created_ts = now
+        self.last_ts = 0
+        self.last_write_ts = 0
+        self.last_read_ts = 0
+        self.last_consumed_at = 0
+        self.enqueued_at = 0  # when the oldest unconsumed write arrived (§3 aging)
+
+    # --- derived watermarks -------------------------------------------------------
+    @property
+    def head_seq(self) -> int:
+        return self.next_seq - 1
+
+    @property
+    def earliest_seq(self) -> int:
+        return self.front
+
+    @property
+    def evict_floor(self) -> int:
+        floor = max(self.cap_floor, self.ttl_floor) + 1
+        return min(max(floor, self.seq_base), self.next_seq)
+
+    def state(self, now: int) -> TopicState:
+        self.expire(now)
+        return TopicState(
+            name=self.name,
+            type=self.type,
+            epoch=self.epoch,
+            config=self.config,
+            head_seq=self.head_seq,
+            earliest_seq=self.earliest_seq,
+            evict_floor=self.evict_floor,
+            next_seq=self.next_seq,
+            count=self.live_count,
+            bytes=self.live_bytes,
+            effective_priority=effective_priority(
+                self.config.priority,
+                self.config.auto_priority,
+                now,
+                self.last_consumed_at,
+                self.enqueued_at,
+            ),
+            created_ts=self.created_ts,
+            last_write_ts=self.last_write_ts,
+            last_read_ts=self.last_read_ts,
+        )
+
+    def consumed(self, now: int) -> None:
+        self.last_consumed_at = now
+        self.last_read_ts = now
+        self.enqueued_at = 0
+
+    # --- configuration ------------------------------------------------------------
+    def reconfigure(self, config: TopicConfig, now: int) -> None:
+        self.config = config
+        self.expire(now)
+        if config.discard is Discard.OLD:
+            self._evict_to_cap()
+
+    # --- append -------------------------------------------------------------------
+    def plan_append(self, records: list[EncodedRecord], now: int) -> AppendPlan:
+        """Validate an append (dedupe, caps); raises before anything changes."""
+        self.expire(now)
+        self._prune_dedupe(now)
+        window = self.config.idempotency_window_ms
+        fresh: list[EncodedRecord] = []
+        seqs: list[int] = []
+        batch_ids: dict[str, int] = {}
+        next_seq = self.next_seq
+        fresh_bytes = 0
+        for record in records:
+            if record.id is not None and window:
+                known = batch_ids.get(record.id)
+                if known is None and record.id in self._dedupe:
+                    known = self._dedupe[record.id][0]
+                if known is not None:
+                    seqs.append(known)
+                    continue
+                batch_ids[record.id] = next_seq
+            fresh.append(record)
+            seqs.append(next_seq)
+            next_seq += 1
+            fresh_bytes += record.size
+        self._check_caps(len(fresh), fresh_bytes)
+        return AppendPlan(fresh, seqs, self.next_seq, max(now, self.last_ts), fresh_bytes)
+
+    def _check_caps(self, n: int, nbytes: int) -> None:
+        cfg = self.config
+        if (cfg.cap_records and n > cfg.cap_records) or (cfg.cap_bytes and nbytes > cfg.cap_bytes):
+            raise TopicError(
+                ErrorCode.RECORD_TOO_LARGE,
+                "this write is larger than the topic's whole cap; it can never be accepted",
+                {"records": n, "bytes": nbytes, **self._cap_detail()},
+            )
+        if cfg.discard is Discard.REJECT and (
+            (cfg.cap_records and self.live_count + n > cfg.cap_records)
+            or (cfg.cap_bytes and self.live_bytes + nbytes > cfg.cap_bytes)
+        ):
+            raise TopicError(
+                ErrorCode.TOPIC_FULL,
+                "the topic is full (discard: reject); retry after consumers drain it",
+                self._cap_detail(),
+            )
+
+    def _cap_detail(self) -> dict[str, int]:
+        return {
+            "cap_records": self.config.cap_records,
+            "cap_bytes": self.config.cap_bytes,
+            "head_seq": self.head_seq,
+            "earliest_seq": self.earliest_seq,
+        }
+
+    def apply_append(self, plan: AppendPlan, now: int) -> None:
+        if not plan.fresh:
+            return
+        seq, ts = plan.first_seq, plan.ts
+        window = self.config.idempotency_window_ms
+        chunk = self.chunks[-1] if self.chunks and not self.chunks[-1].full() else self._new_chunk()
+        for record in plan.fresh:
+            if chunk.full():
+                chunk = self._new_chunk()
+            node = self._intern_node(record.node) if record.node is not None else 0
+            tag = 0
+            if record.tag is not None:
+                tag = self._intern_tag(record.tag)
+                seqs = self.tag_index.get(record.tag)
+                if seqs is None:
+                    seqs = self.tag_index[record.tag] = array("Q")
+                seqs.append(seq)
+            chunk.add(seq, ts, record.body, node, tag, record.size)
+            if record.id is not None and window:
+                self._dedupe[record.id] = (seq, ts)
+                self._dedupe_order.append((ts, record.id))
+            seq += 1
+        self.next_seq = seq
+        self.last_ts = ts
+        self.live_count += len(plan.fresh)
+        self.live_bytes += plan.fresh_bytes
+        self.last_write_ts = now
+        if not self.enqueued_at:
+            self.enqueued_at = now
+        if self.config.discard is Discard.OLD:
+            self._evict_to_cap()
+
+    def _new_chunk(self) -> Chunk:
+        chunk = Chunk(self.next_seq if not self.chunks else self.chunks[-1].last_seq + 1)
+        self.chunks.append(chunk)
+        self._bases.append(chunk.base_seq)
+        return chunk
+
+    def _intern_node(self, node: str) -> int:
+        ident = self._node_ids.get(node)
+        if ident is None:
+            ident = self._node_ids[node] = len(self._node_ids) + 1
+        return ident
+
+    def _intern_tag(self, tag: str) -> int:
+        ident = self._tag_ids.get(tag)
+        if ident is None:
+            ident = self._tag_ids[tag] = len(self._tag_names)
+            self._tag_names.append(tag)
+        return ident
+
+    def _prune_dedupe(self, now: int) -> None:
+        horizon = now - self.config.idempotency_window_ms
+        order = self._dedupe_order
+        while order and order[0][0] < horizon:
+            ts, ident = order.popleft()
+            if self._dedupe.get(ident, (0, -1))[1] == ts:
+                del self._dedupe[ident]
+
+    # --- involuntary removal: TTL and cap ------------------------------------------
+    def expire(self, now: int) -> None:
+        """Remove records with now - ts > ttl_ms from the head (§5.2)."""
+        ttl = self.config.ttl_ms
+        if not ttl or self.front >= self.next_seq:
+            return
+        cutoff = now - ttl  # expired iff ts < cutoff
+        i = self._chunk_index(self.front)
+        upto = self.front - 1
+        # ts is non-decreasing in seq, so "expired" is a prefix: binary search it.
+        for chunk in self.chunks[i:]:
+            if chunk.ts[-1] < cutoff:
+                upto = chunk.last_seq
+                continue
+            k = bisect_left(chunk.ts, cutoff)
+            upto = chunk.base_seq + k - 1
+            break
+        if upto >= self.front:
+            self._remove_front(upto, "ttl")
+
+    def _evict_to_cap(self) -> None:
+        """discard=old: drop the oldest live records until back within both caps (§5.3)."""
+        cfg = self.config
+        need_n = self.live_count - cfg.cap_records if cfg.cap_records else 0
+        need_b = self.live_bytes - cfg.cap_bytes if cfg.cap_bytes else 0
+        if need_n <= 0 and need_b <= 0:
+            return
+        upto = None
+        for chunk in self.chunks[self._chunk_index(self.front) :]:
+            lo = max(self.front - chunk.base_seq, 0)
+            live = np.frombuffer(chunk.dead, np.uint8)[lo:] == 0
+            cum_n = np.cumsum(live, dtype=np.int64)
+            cum_b = np.cumsum(np.frombuffer(chunk.size, np.uint32)[lo:] * live, dtype=np.int64)
+            pos = max(
+                int(np.searchsorted(cum_n, need_n)) if need_n > 0 else -1,
+                int(np.searchsorted(cum_b, need_b)) if need_b > 0 else -1,
+            )
+            if pos < len(cum_n):
+                upto = chunk.base_seq + lo + pos
+                break
+            need_n -= int(cum_n[-1])
+            need_b -= int(cum_b[-1])
+        assert upto is not None, "live counters disagree with the chunks"
+        self._remove_front(upto, "cap")
+
+    def _remove_front(self, upto: int, reason: str | None) -> int:
+        """Remove every slot in [front, upto]; ``reason`` None means voluntary deletion.
+
+        Returns the number of live records removed.
+        """
+        removed = removed_bytes = 0
+        last_live = 0
+        for chunk, lo, hi in self._spans(self.front, upto):
+            live = np.frombuffer(chunk.dead, np.uint8)[lo:hi] == 0
+            n = int(np.count_nonzero(live))
+            if n:
+                removed += n
+                removed_bytes += int(np.frombuffer(chunk.size, np.uint32)[lo:hi][live].sum())
+                last_live = chunk.base_seq + lo + int(np.flatnonzero(live)[-1])
+                chunk.live -= n
+        self.live_count -= removed
+        self.live_bytes -= removed_bytes
+        if removed and reason is not None:
+            # Only live records count as loss: popping deleted slots never raises a floor.
+            if reason == "cap":
+                self.cap_floor = max(self.cap_floor, last_live)
+            else:
+                self.ttl_floor = max(self.ttl_floor, last_live)
+            self._record_loss(self.front, upto, reason, removed)
+        self.front = upto + 1
+        self._settle_front()
+        return removed
+
+    def _record_loss(self, lo: int, hi: int, reason: str, lost: int) -> None:
+        runs = self.losses
+        if runs and runs[-1].reason == reason and runs[-1].hi + 1 >= lo:
+            runs[-1].hi = hi
+            runs[-1].lost += lost
+        else:
+            runs.append(LossRun(lo, hi, reason, lost))
+        if len(runs) > MAX_LOSS_RUNS:
+            first, second = runs[0], runs[1]
+            merged = first.reason if first.reason == second.reason else "mixed"
+            runs[0:2] = [LossRun(first.lo, second.hi, merged, first.lost + second.lost)]
+
+    def _settle_front(self) -> None:
+        """Advance front past deleted slots and drop chunks wholly below it."""
+        while self.front < self.next_seq:
+            chunk = self.chunks[self._chunk_index(self.front)]
+            j = chunk.dead.find(0, self.front - chunk.base_seq)
+            if j >= 0:
+                self.front = chunk.base_seq + j
+                break
+            self.front = chunk.last_seq + 1
+        while self.chunks and self.chunks[0].last_seq < self.front:
+            self._drop_first_chunk()
+
+    def _drop_first_chunk(self) -> None:
+        chunk = self.chunks.pop(0)
+        self._bases.pop(0)
+        # Prune the tag index of this chunk's seqs: only tags present in it can be touched.
+        for tag_id in set(chunk.tag) - {0}:
+            tag = self._tag_names[tag_id]
+            seqs = self.tag_index.get(tag)
+            if seqs is None:
+                continue
+            del seqs[: bisect_right(seqs, chunk.last_seq)]
+            if not seqs:
+                del self.tag_index[tag]
+
+    # --- voluntary removal: deletion (§7) ------------------------------------------
+    def delete(self, before_seq: int | None, match: TagMatch | None, now: int) -> DeleteResult:
+        self.expire(now)
+        bound = self.next_seq  # point in time: head_seq + 1 at call time
+        if before_seq is not None:
+            bound = min(bound, before_seq)
+        if match is None:
+            deleted = self._remove_front(bound - 1, None) if bound > self.front else 0
+        else:
+            deleted = self._delete_tagged(match, bound)
+        return DeleteResult(
+            deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
+        )
+
+    def _delete_tagged(self, match: TagMatch, bound: int) -> int:
+        if match.exact:
+            tags = [match.value] if match.value in self.tag_index else []
+        else:
+            tags = []
+            for tag in self.tag_index.irange(minimum=match.value):
+                if not tag.startswith(match.value):
+                    break
+                tags.append(tag)
+        deleted = 0
+        for tag in tags:
+            seqs = self.tag_index[tag]
+            cut = bisect_left(seqs, bound)
+            for seq in seqs[bisect_left(seqs, self.front, 0, cut) : cut]:
+                chunk = self.chunks[self._chunk_index(seq)]
+                i = seq - chunk.base_seq
+                if chunk.dead[i] == DELETED:
+                    continue
+                chunk.dead[i] = DELETED
+                chunk.live -= 1
+                self.live_count -= 1
+                self.live_bytes -= chunk.size[i]
+                deleted += 1
+                if chunk.live == 0 and chunk is not self.chunks[-1]:
+                    chunk.release_payloads()
+            del seqs[:cut]
+            if not seqs:
+                del self.tag_index[tag]
+        self._settle_front()
+        return deleted
+
+    # --- reads (§4.3, §5.4, §6, §7.3) -------------------------------------------------
+    def read(
+        self,
+        from_seq: int,
+        limit: int,
+        nodes: frozenset[str] | None,
+        epoch: int | None,
+        now: int,
+        per_record: bool,
+    ) -> DiffResult:
+        self.expire(now)
+        head = self.head_seq
+        tombstone = None
+        cursor = from_seq
+        if (epoch is not None and epoch != self.epoch) or (epoch is None and from_seq > head):
+            # §5.5: the cursor belongs to an earlier instance of this topic.
+            tombstone = Tombstone(
+                seq=self.earliest_seq,
+                gap_from=self.seq_base,
+                gap_to=head,
+                reason="recreated",
+                missed_estimate=max(0, head - self.seq_base + 1),
+                earliest_seq=self.earliest_seq,
+                head_seq=head,
+            )
+            cursor = self.earliest_seq - 1
+        elif from_seq + 1 < self.evict_floor:
+            gap_to = self.earliest_seq - 1
+            reason, missed = self._loss_between(from_seq + 1, gap_to)
+            tombstone = Tombstone(
+                seq=self.earliest_seq,
+                gap_from=from_seq + 1,
+                gap_to=gap_to,
+                reason=reason,
+                missed_estimate=missed,
+                earliest_seq=self.earliest_seq,
+                head_seq=head,
+            )
+            cursor = gap_to
+        runs: list[bytes] = []
+        seqs: list[int] = []
+        next_from = max(cursor, min(self.front - 1, head))
+        node_ids = self._reader_node_ids(nodes)
+        taken = 0
+        seq = max(cursor + 1, self.front)
+        while seq <= head and taken < limit:
+            chunk = self.chunks[self._chunk_index(seq)]
+            i = seq - chunk.base_seq
+            n = chunk.n
+            while i < n and taken < limit:
+                if chunk.dead[i] == DELETED:
+                    j = chunk.dead.find(0, i)
+                    i = n if j < 0 else j
+                    continue
+                k = chunk.dead.find(DELETED, i, min(n, i + limit - taken))
+                if k < 0:
+                    k = min(n, i + limit - taken)
+                self._take(chunk, i, k, node_ids, per_record, runs, seqs)
+                taken += k - i
+                i = k
+            next_from = chunk.base_seq + i - 1
+            seq = chunk.base_seq + i
+        if seq > head:
+            next_from = max(next_from, head)
+        self.consumed(now)
+        return DiffResult(
+            runs=runs,
+            seqs=seqs,
+            count=len(seqs),
+            tombstone=tombstone,
+            next_from_seq=next_from,
+            head_seq=head,
+            earliest_seq=self.earliest_seq,
+            epoch=self.epoch,
+            durability=self.config.durability,
+            caught_up=next_from >= head,
+        )
+
+    def _reader_node_ids(self, nodes: frozenset[str] | None) -> frozenset[int] | None:
+        if not nodes or not self.config.dedupe_node:
+            return None
+        ids = frozenset(self._node_ids[n] for n in nodes if n in self._node_ids)
+        return ids or None
+
+    @staticmethod
+    def _take(
+        chunk: Chunk,
+        i: int,
+        k: int,
+        node_ids: frozenset[int] | None,
+        per_record: bool,
+        runs: list[bytes],
+        seqs: list[int],
+    ) -> None:
+        """Deliver live slots [i, k) of ``chunk``, dropping the reader's own node's records."""
+        base = chunk.base_seq
+        if node_ids is None and not per_record:
+            runs.append(chunk.slice(i, k))
+            seqs.extend(range(base + i, base + k))
+            return
+        run_start = None
+        for x in range(i, k):
+            keep = node_ids is None or chunk.node[x] not in node_ids
+            if keep and per_record:
+                runs.append(chunk.slice(x, x + 1))
+                seqs.append(base + x)
+            elif keep:
+                if run_start is None:
+                    run_start = x
+                seqs.append(base + x)
+            elif run_start is not None:
+                runs.append(chunk.slice(run_start, x))
+                run_start = None
+        if run_start is not None:
+            runs.append(chunk.slice(run_start, k))
+
+    def _loss_between(self, lo: int, hi: int) -> tuple[str, int]:
+        """Best-effort reason and size of the involuntary loss inside [lo, hi]."""
+        reasons: set[str] = set()
+        missed = 0
+        for run in self.losses:
+            if run.hi < lo or run.lo > hi:
+                continue
+            reasons.add(run.reason)
+            overlap = min(run.hi, hi) - max(run.lo, lo) + 1
+            missed += run.lost * overlap // (run.hi - run.lo + 1)
+        reason = reasons.pop() if len(reasons) == 1 else "mixed"
+        return reason, max(missed, 1)
+
+    # --- chunk addressing -------------------------------------------------------------
+    def _chunk_index(self, seq: int) -> int:
+        return bisect_right(self._bases, seq) - 1
+
+    def _spans(self, lo_seq: int, hi_seq: int):
+        """(chunk, lo, hi) index ranges covering seqs [lo_seq, hi_seq]."""
+        if hi_seq < lo_seq or not self.chunks:
+            return
+        for chunk in self.chunks[self._chunk_index(lo_seq) :]:
+            if chunk.base_seq > hi_seq:
+                return
+            lo = max(lo_seq - chunk.base_seq, 0)
+            hi = min(hi_seq - chunk.base_seq + 1, chunk.n)
+            if lo < hi:
+                yield chunk, lo, hi
