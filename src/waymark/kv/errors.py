@@ -1,0 +1,65 @@
+"""Typed errors of the KV layer and of the fold stores.
+
+Every failure the spec names has its own class so callers branch on the kind,
+not on message text. Causes from nats-py are flattened into the message at the
+boundary: the caller needs the context, not the client library's type.
+"""
+
+from __future__ import annotations
+
+
+class KvError(Exception):
+    """Base of every error raised by the KV layer."""
+
+
+class CursorExpired(KvError):
+    """The resume cursor lies outside the stream's retention window.
+
+    Raised instead of letting NATS silently clamp a start below the first
+    sequence, or silently deliver nothing from beyond the last one (bucket
+    recreated).
+    """
+
+    def __init__(self, revision: int, first_sequence: int, last_sequence: int, why: str) -> None:
+        super().__init__(
+            f"cursor {revision} expired ({why}; stream holds {first_sequence}..{last_sequence})"
+        )
+        self.revision = revision
+        self.first_sequence = first_sequence
+        self.last_sequence = last_sequence
+
+
+class RevisionMismatch(KvError):
+    """A CAS write lost: the key's current version is not the expected one."""
+
+
+class AlreadyExists(KvError):
+    """``create`` found a live value under the key."""
+
+
+class Timeout(KvError, TimeoutError):
+    """A NATS operation did not complete within the configured timeout."""
+
+
+class WatchError(KvError):
+    """A watch stopped: stream dropped, floor guard tripped, or the fold store kept failing."""
+
+
+class KvConnectionError(KvError):
+    """Connecting, or using a connection that is not connected, failed."""
+
+
+class SnapshotError(Exception):
+    """Base of every error raised by a fold store."""
+
+
+class Corrupted(SnapshotError):
+    """A record in the middle of the fold log fails its CRC."""
+
+
+class InvalidFormat(SnapshotError):
+    """The fold file has the wrong magic or an unsupported format version."""
+
+
+class SnapshotIoError(SnapshotError):
+    """An I/O failure in a fold store, including use of a poisoned writer."""

@@ -1,0 +1,284 @@
+"""The default fold store: an append-only CRC log on disk, folded into RAM.
+
+File format (little-endian)::
+
+    header : b"PGSS" ++ version:u16
+    record : crc32:u32 ++ type:u8 ++ payload      (CRC covers type..end)
+    put    : key_len:u16 ++ key ++ value_len:u32 ++ value ++ ver_len:u8 ++ version
+    delete : key_len:u16 ++ key ++ ver_len:u8 ++ version
+    cursor : cur_len:u8 ++ cursor
+
+``apply`` appends the batch's records and then a cursor record in one write to
+the page cache: a crash can only tear the end of that write, which ``open``
+drops. A CRC mismatch with more records after it is corruption. Compaction
+writes the sorted fold to a temp file, fsyncs it and renames it over the log;
+a compaction that fails after the old writer was closed poisons the store.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
+from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken, WatchCursor
+
+MAGIC = b"PGSS"
+FORMAT_VERSION = 1
+HEADER = MAGIC + struct.pack("<H", FORMAT_VERSION)
+
+REC_PUT = 1
+REC_DELETE = 2
+REC_CURSOR = 3
+
+DEFAULT_COMPACT_THRESHOLD = 8 * 1024 * 1024
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_CRC = struct.Struct("<I")
+
+
+def _put_record(key: bytes, value: bytes, version: bytes) -> bytes:
+    body = b"".join(
+        (
+            b"\x01",
+            _U16.pack(len(key)),
+            key,
+            _U32.pack(len(value)),
+            value,
+            bytes((len(version),)),
+            version,
+        )
+    )
+    return _CRC.pack(zlib.crc32(body)) + body
+
+
+def _delete_record(key: bytes, version: bytes) -> bytes:
+    body = b"".join((b"\x02", _U16.pack(len(key)), key, bytes((len(version),)), version))
+    return _CRC.pack(zlib.crc32(body)) + body
+
+
+def _cursor_record(cursor: bytes) -> bytes:
+    body = b"\x03" + bytes((len(cursor),)) + cursor
+    return _CRC.pack(zlib.crc32(body)) + body
+
+
+class _Replay:
+    """The result of reading a log: the fold, its cursor, and whether it is compact."""
+
+    def __init__(self) -> None:
+        self.fold: dict[str, tuple[bytes, bytes]] = {}
+        self.cursor = b""
+        self.valid_len = len(HEADER)
+        self.data_records = 0
+        self.cursor_records = 0
+        self.saw_delete = False
+        self.clean_eof = True
+
+    @property
+    def compact(self) -> bool:
+        return (
+            self.clean_eof
+            and not self.saw_delete
+            and self.data_records == len(self.fold)
+            and self.cursor_records <= 1
+        )
+
+
+def replay_log(data: bytes) -> _Replay:
+    """Fold a whole log image. Raises InvalidFormat or Corrupted; drops a torn tail."""
+    if len(data) < len(HEADER) or data[:4] != MAGIC:
+        raise InvalidFormat("not a fold log (bad magic)")
+    (version,) = _U16.unpack_from(data, 4)
+    if version != FORMAT_VERSION:
+        raise InvalidFormat(f"fold log format version {version}, expected {FORMAT_VERSION}")
+    r = _Replay()
+    fold = r.fold
+    view = memoryview(data)
+    end = len(data)
+    pos = len(HEADER)
+    while pos < end:
+        start = pos
+        try:
+            (crc,) = _CRC.unpack_from(data, pos)
+            kind = data[pos + 4]
+            p = pos + 5
+            if kind == REC_PUT:
+                (klen,) = _U16.unpack_from(data, p)
+                key_end = p + 2 + klen
+                (vlen,) = _U32.unpack_from(data, key_end)
+                val_end = key_end + 4 + vlen
+                ver_len = data[val_end]
+                rec_end = val_end + 1 + ver_len
+            elif kind == REC_DELETE:
+                (klen,) = _U16.unpack_from(data, p)
+                key_end = p + 2 + klen
+                ver_len = data[key_end]
+                rec_end = key_end + 1 + ver_len
+            elif kind == REC_CURSOR:
+                cur_len = data[p]
+                rec_end = p + 1 + cur_len
+            elif not any(view[start:]):
+                # A zero-filled tail is an extension the crash never wrote into.
+                r.clean_eof = False
+                break
+            else:
+                raise Corrupted(f"unknown record type {kind} at offset {start}")
+        except (struct.error, IndexError):
+            r.clean_eof = False  # the final record was cut short by a crash
+            break
+        if rec_end > end:
+            r.clean_eof = False
+            break
+        if zlib.crc32(view[pos + 4 : rec_end]) != crc:
+            if rec_end == end:
+                r.clean_eof = False  # a torn final record, not corruption
+                break
+            raise Corrupted(f"CRC mismatch in record at offset {start}")
+        if kind == REC_PUT:
+            key = bytes(view[p + 2 : key_end]).decode()
+            fold[key] = (bytes(view[key_end + 4 : val_end]), bytes(view[val_end + 1 : rec_end]))
+            r.data_records += 1
+        elif kind == REC_DELETE:
+            fold.pop(bytes(view[p + 2 : key_end]).decode(), None)
+            r.saw_delete = True
+        else:
+            r.cursor = bytes(view[p + 1 : rec_end])
+            r.cursor_records += 1
+        pos = rec_end
+        r.valid_len = pos
+    return r
+
+
+def _write_compact(path: Path, fold: dict[str, tuple[bytes, bytes]], cursor: bytes) -> None:
+    """Write ``fold`` sorted by key (a deterministic layout) via temp file + fsync + rename."""
+    tmp = path.with_name(path.name + ".compact.tmp")
+    with open(tmp, "wb") as f:
+        f.write(HEADER)
+        chunk: list[bytes] = []
+        for key in sorted(fold):
+            value, version = fold[key]
+            chunk.append(_put_record(key.encode(), value, version))
+            if len(chunk) >= 4096:
+                f.write(b"".join(chunk))
+                chunk.clear()
+        chunk.append(_cursor_record(cursor))
+        f.write(b"".join(chunk))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class AppendLogStore:
+    """Append-only CRC log + in-RAM fold. For folds that fit in memory."""
+
+    backend = "append-log"
+
+    def __init__(self, path: str | os.PathLike[str], *, compact_threshold: int = DEFAULT_COMPACT_THRESHOLD) -> None:
+        self.path = Path(path)
+        self.compact_threshold = compact_threshold
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            replay = replay_log(self.path.read_bytes())
+            self._fold, cursor = replay.fold, replay.cursor
+            if not replay.compact:
+                _write_compact(self.path, self._fold, cursor)
+        else:
+            self._fold, cursor = {}, b""
+            _write_compact(self.path, self._fold, cursor)
+        self._cursor = WatchCursor(cursor)
+        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - lives as long as the store
+        self._size = self.path.stat().st_size
+        self.bytes_since_compact = 0
+
+    @property
+    def cursor(self) -> WatchCursor:
+        return self._cursor
+
+    @property
+    def poisoned(self) -> bool:
+        return self._file is None
+
+    def __len__(self) -> int:
+        return len(self._fold)
+
+    def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        f = self._writer()
+        parts = []
+        for u in batch:
+            key = u.key.encode()
+            if u.op is Op.PUT:
+                parts.append(_put_record(key, u.value, u.version.raw))
+            else:
+                parts.append(_delete_record(key, u.version.raw))
+        parts.append(_cursor_record(cursor.raw))
+        blob = b"".join(parts)
+        try:
+            f.write(blob)
+            f.flush()
+        except OSError as e:
+            self._rewind(f)
+            raise SnapshotIoError(f"append to {self.path} failed: {e}") from e
+        self._size += len(blob)
+        self.bytes_since_compact += len(blob)
+        fold = self._fold
+        for u in batch:
+            if u.op is Op.PUT:
+                fold[u.key] = (u.value, u.version.raw)
+            else:
+                fold.pop(u.key, None)
+        self._cursor = cursor
+        if self.bytes_since_compact >= self.compact_threshold:
+            self.compact()
+
+    def _writer(self) -> BinaryIO:
+        if self._file is None:
+            raise SnapshotIoError("snapshot writer poisoned")
+        return self._file
+
+    def _rewind(self, f: BinaryIO) -> None:
+        # A half-written batch followed by later appends would read back as
+        # mid-file corruption; cut it off, or poison the writer if we cannot.
+        try:
+            f.truncate(self._size)
+            f.seek(self._size)
+        except (OSError, ValueError):
+            self._file = None
+
+    def compact(self) -> None:
+        """Rewrite the log as the sorted fold plus one cursor record."""
+        f = self._writer()
+        try:
+            f.close()
+            self._file = None
+            _write_compact(self.path, self._fold, self._cursor.raw)
+            self._file = open(self.path, "ab")  # noqa: SIM115
+        except OSError as e:
+            raise SnapshotIoError(f"compaction of {self.path} failed; writer poisoned: {e}") from e
+        self._size = self.path.stat().st_size
+        self.bytes_since_compact = 0
+
+    def get(self, key: str) -> KvEntry | None:
+        hit = self._fold.get(key)
+        return None if hit is None else KvEntry(key, hit[0], VersionToken(hit[1]))
+
+    def range(self, prefix: str = "") -> list[KvEntry]:
+        fold = self._fold
+        return [KvEntry(k, fold[k][0], VersionToken(fold[k][1])) for k in self.iter_keys(prefix)]
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        return iter(sorted(k for k in self._fold if k.startswith(prefix)))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,98 @@
+"""A fold store on LMDB: one write transaction per ``apply`` holds data and cursor.
+
+Two named databases: ``data`` (key -> value record) and ``meta`` (the cursor).
+``sync=False`` (the default) commits to the page cache: a process crash keeps
+every committed transaction, a power loss may lose a tail that the watch
+re-folds from the recovered cursor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import lmdb
+
+from waymark.kv.errors import SnapshotIoError
+from waymark.kv.stores.protocol import CURSOR_KEY, decode_record, encode_record
+from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
+
+DEFAULT_MAP_SIZE = 1 << 30
+
+
+class LmdbStore:
+    backend = "lmdb"
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, sync: bool = False, map_size: int = DEFAULT_MAP_SIZE
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(
+                str(self.path), map_size=map_size, max_dbs=2, sync=sync, metasync=sync
+            )
+        except lmdb.Error as e:
+            raise SnapshotIoError(f"cannot open LMDB fold at {self.path}: {e}") from e
+        self._data = self._env.open_db(b"data")
+        self._meta = self._env.open_db(b"meta")
+        with self._env.begin(db=self._meta) as txn:
+            self._cursor = WatchCursor(bytes(txn.get(CURSOR_KEY, b"")))
+
+    @property
+    def cursor(self) -> WatchCursor:
+        return self._cursor
+
+    def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        while True:
+            try:
+                self._apply_txn(batch, cursor)
+                break
+            except lmdb.MapFullError:
+                # The map is a reservation, not disk: double it and redo the batch.
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            except lmdb.Error as e:
+                raise SnapshotIoError(f"LMDB apply failed: {e}") from e
+        self._cursor = cursor
+
+    def _apply_txn(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        data = self._data
+        with self._env.begin(write=True) as txn:
+            for u in batch:
+                if u.op is Op.PUT:
+                    txn.put(u.key.encode(), encode_record(u.value, u.version), db=data)
+                else:
+                    txn.delete(u.key.encode(), db=data)
+            txn.put(CURSOR_KEY, cursor.raw, db=self._meta)
+
+    def get(self, key: str) -> KvEntry | None:
+        with self._env.begin(db=self._data) as txn:
+            rec = txn.get(key.encode())
+        return None if rec is None else decode_record(key, rec)
+
+    def range(self, prefix: str = "") -> list[KvEntry]:
+        p = prefix.encode()
+        out = []
+        with self._env.begin(db=self._data) as txn:
+            cur = txn.cursor()
+            if cur.set_range(p):
+                for k, v in cur.iternext(keys=True, values=True):
+                    if not k.startswith(p):
+                        break
+                    out.append(decode_record(k.decode(), v))
+        return out
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        p = prefix.encode()
+        with self._env.begin(db=self._data) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(p):
+                return
+            for k in cur.iternext(keys=True, values=False):
+                if not k.startswith(p):
+                    return
+                yield k.decode()
+
+    def close(self) -> None:
+        self._env.close()

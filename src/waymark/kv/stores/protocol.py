@@ -1,0 +1,87 @@
+"""The durable-fold contract every fold store implements.
+
+Three invariants bind every backend:
+
+* the fold is a pure function of the log: replaying every update after the
+  cursor onto an empty store yields the same state;
+* ``apply(batch, cursor)`` makes data and cursor durable together, so the
+  cursor never names a revision whose data is absent (a torn write may leave
+  data *ahead* of the cursor, which a resume re-folds, never skips);
+* the store is a cache of NATS: a lost tail is rebuilt by resuming the watch
+  from the recovered cursor.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from waymark.kv.errors import Corrupted
+from waymark.kv.types import KvEntry, KvUpdate, VersionToken, WatchCursor, WatchScope
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """A durable fold of a KV bucket plus the watch cursor it is consistent with."""
+
+    backend: str
+
+    @property
+    def cursor(self) -> WatchCursor:
+        """The cursor committed by the last successful ``apply`` (recovered at open)."""
+        ...
+
+    def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        """Fold ``batch`` in order and advance the cursor, atomically.
+
+        On error nothing the caller can observe has changed, so the caller may
+        retry the same batch (folding is idempotent in order).
+        """
+        ...
+
+    def get(self, key: str) -> KvEntry | None: ...
+
+    def range(self, prefix: str = "") -> list[KvEntry]:
+        """Entries whose key starts with ``prefix``, in key order."""
+        ...
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        """Keys starting with ``prefix`` in key order, streamed (no values read)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def stale_keys(store: SnapshotStore, live: Iterable[str], scope: WatchScope) -> list[str]:
+    """Keys the fold holds within ``scope`` that are absent from ``live``.
+
+    These are the keys deleted while a cursor was expired whose delete markers
+    were evicted too; only a synthetic delete removes them. The fold side is
+    streamed key by key, so an on-disk fold is never materialised.
+    """
+    live_set = live if isinstance(live, set | frozenset) else set(live)
+    prefixes = scope.prefixes or ("",)
+    return [k for p in prefixes for k in store.iter_keys(p) if k not in live_set]
+
+
+# The [ver_len][version][value] value record shared by the LSM/B-tree backends:
+# the version keeps its own length so non-NATS tokens round-trip intact.
+
+
+def encode_record(value: bytes, version: VersionToken) -> bytes:
+    raw = version.raw
+    return bytes((len(raw),)) + raw + value
+
+
+def decode_record(key: str, record: bytes) -> KvEntry:
+    if not record:
+        raise Corrupted(f"empty value record for key {key!r}")
+    n = record[0]
+    if len(record) < 1 + n:
+        raise Corrupted(f"value record for key {key!r} shorter than its version")
+    return KvEntry(key, bytes(record[1 + n :]), VersionToken(bytes(record[1 : 1 + n])))
+
+
+CURSOR_KEY = b"cursor"
+U64 = struct.Struct(">Q")

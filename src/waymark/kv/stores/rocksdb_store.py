@@ -1,0 +1,93 @@
+"""A fold store on RocksDB (rocksdict): one WriteBatch per ``apply`` holds data and cursor.
+
+Column families ``data`` (key -> value record) and ``meta`` (the cursor). The
+WAL is always on; ``sync=False`` (the default) leaves the fsync to the OS, so a
+crash can lose an un-synced tail but never separates the cursor from its data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from waymark.kv.errors import SnapshotIoError
+from waymark.kv.stores.protocol import CURSOR_KEY, decode_record, encode_record
+from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class RocksDbStore:
+    backend = "rocksdb"
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = Rdict(
+                str(self.path),
+                options=_options(),
+                column_families={"data": _options(), "meta": _options()},
+            )
+        except Exception as e:  # rocksdict raises plain Exception for engine errors
+            raise SnapshotIoError(f"cannot open RocksDB fold at {self.path}: {e}") from e
+        self._data_cf = self._db.get_column_family_handle("data")
+        self._meta_cf = self._db.get_column_family_handle("meta")
+        self._data = self._db.get_column_family("data")
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+        raw = self._db.get_column_family("meta").get(CURSOR_KEY)
+        self._cursor = WatchCursor(bytes(raw) if raw is not None else b"")
+
+    @property
+    def cursor(self) -> WatchCursor:
+        return self._cursor
+
+    def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        wb = WriteBatch(raw_mode=True)
+        data = self._data_cf
+        for u in batch:
+            if u.op is Op.PUT:
+                wb.put(u.key.encode(), encode_record(u.value, u.version), data)
+            else:
+                wb.delete(u.key.encode(), data)
+        wb.put(CURSOR_KEY, cursor.raw, self._meta_cf)
+        try:
+            self._db.write(wb, self._write_opts)
+        except Exception as e:
+            raise SnapshotIoError(f"RocksDB apply failed: {e}") from e
+        self._cursor = cursor
+
+    def get(self, key: str) -> KvEntry | None:
+        rec = self._data.get(key.encode())
+        return None if rec is None else decode_record(key, rec)
+
+    def range(self, prefix: str = "") -> list[KvEntry]:
+        p = prefix.encode()
+        out = []
+        for k, v in self._data.items(from_key=p):
+            if not k.startswith(p):
+                break
+            out.append(decode_record(k.decode(), v))
+        return out
+
+    def iter_keys(self, prefix: str = "") -> Iterator[str]:
+        p = prefix.encode()
+        for k in self._data.keys(from_key=p):
+            if not k.startswith(p):
+                return
+            yield k.decode()
+
+    def close(self) -> None:
+        # Column-family views share the engine: drop them so close releases the LOCK.
+        self._data.close()
+        del self._data, self._data_cf, self._meta_cf
+        self._db.close()
