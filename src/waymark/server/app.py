@@ -1,0 +1,105 @@
+"""The ASGI application: routes every /v0 request to its handler over one engine."""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+import orjson
+
+from ..clock import Clock
+from ..log import Engine, Limits, TopicConfig
+from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
+from .handlers import Settings, TopicApi
+from .http import Receive, Request, Response, Scope, Send
+from .metrics import CONTENT_TYPE, Metrics
+from .notify import Notifier
+from .openapi import document
+from .routing import Route, Router
+
+
+class App:
+    """The waymark HTTP server as an ASGI callable.
+
+    It owns its :class:`~waymark.log.Engine`; every engine call happens on the
+    event-loop thread, which is what keeps the engine single-threaded.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        limits: Limits | None = None,
+        defaults: TopicConfig | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.engine = Engine(clock=clock, defaults=defaults, limits=self.limits)
+        self.notifier = Notifier()
+        self.engine.add_listener(self.notifier.notify)
+        self.metrics = Metrics(lambda: len(self.engine.list_topics()))
+        api = TopicApi(
+            self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
+        )
+        self._openapi = orjson.dumps(document())
+        topic = "/v0/topics/{topic}"
+        self.router = Router(
+            [
+                Route("/v0/health", {"GET": api.health}),
+                Route("/v0/topics", {"GET": api.list_topics}),
+                Route(
+                    topic, {"PUT": api.put_topic, "GET": api.get_topic, "DELETE": api.delete_topic}
+                ),
+                Route(f"{topic}/records", {"POST": api.append}),
+                Route(f"{topic}/diff", {"POST": api.diff}),
+                Route(f"{topic}/watch", {"GET": api.watch}),
+                Route(f"{topic}/delete", {"POST": api.delete}),
+                Route("/v0/openapi.json", {"GET": self._openapi_json}),
+                Route("/metrics", {"GET": self._metrics}),
+            ]
+        )
+
+    def close(self) -> None:
+        """Begin shutdown: long-polls return and SSE streams end, so connections drain."""
+        self.notifier.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = perf_counter()
+        found = self.router.resolve(scope["path"])
+        if found is None:
+            label, response = "unmatched", not_found(scope["path"])
+        else:
+            route, params = found
+            label = route.template
+            handler = route.methods.get(scope["method"])
+            if handler is None:
+                response = method_not_allowed(scope["method"], tuple(route.methods))
+            else:
+                try:
+                    response = await handler(Request(scope, receive, params))
+                except Exception as exc:
+                    error = as_topic_error(exc)
+                    response = internal_error(exc) if error is None else error_response(error)
+        self.metrics.observe(label, response.status, perf_counter() - start)
+        await response(send, receive)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _openapi_json(self, request: Request) -> Response:
+        return Response(self._openapi)
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(self.metrics.render(), content_type=CONTENT_TYPE)

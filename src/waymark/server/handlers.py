@@ -1,0 +1,192 @@
+"""The /v0 route handlers: decode the request, call the engine, encode its result.
+
+Bodies are decoded by msgspec straight into the request structs (records keep
+their ``data`` as raw JSON bytes); responses are the engine results' own wire
+JSON. No per-record Python objects are built on the way in or out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import msgspec
+import orjson
+
+from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError
+from .http import Request, Response
+from .metrics import Metrics
+from .notify import Notifier
+from .schemas import AppendRequest, DeleteRequest, DiffRequest, TopicPut
+from .sse import EventStream, parse_cursor
+
+_append = msgspec.json.Decoder(AppendRequest)
+_diff = msgspec.json.Decoder(DiffRequest)
+_delete = msgspec.json.Decoder(DeleteRequest)
+_put = msgspec.json.Decoder(TopicPut)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Server knobs that are not topic config."""
+
+    heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
+    sse_batch: int = 500  # records read from the engine per SSE chunk
+
+
+def _topic(request: Request) -> str:
+    # The engine checks the name (400 invalid_topic_name) on every call that takes one.
+    return request.params["topic"]
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status)
+
+
+def _invalid(message: str, **detail: object) -> TopicError:
+    return TopicError(ErrorCode.INVALID_REQUEST, message, dict(detail))
+
+
+def _flag(request: Request, name: str, default: bool) -> bool:
+    values = request.query.get(name)
+    if not values:
+        return default
+    if values[-1] in ("true", "1"):
+        return True
+    if values[-1] in ("false", "0"):
+        return False
+    raise _invalid(f"{name} is true or false", **{name: values[-1]})
+
+
+def _int(request: Request, name: str) -> int | None:
+    values = request.query.get(name)
+    if not values:
+        return None
+    if not values[-1].isdigit():
+        raise _invalid(f"{name} is a non-negative integer", **{name: values[-1]})
+    return int(values[-1])
+
+
+def _nodes(node: str | list[str] | None) -> frozenset[str] | None:
+    if node is None:
+        return None
+    nodes = frozenset((node,) if isinstance(node, str) else node)
+    return nodes or None
+
+
+class TopicApi:
+    def __init__(
+        self,
+        engine: Engine,
+        limits: Limits,
+        notifier: Notifier,
+        metrics: Metrics,
+        settings: Settings,
+    ) -> None:
+        self.engine = engine
+        self.max_body = limits.max_body_bytes
+        self.notifier = notifier
+        self.metrics = metrics
+        self.settings = settings
+
+    async def health(self, request: Request) -> Response:
+        return Response(b'{"status":"ok"}')
+
+    async def list_topics(self, request: Request) -> Response:
+        return _json({"topics": [state.to_wire() for state in self.engine.list_topics()]})
+
+    async def put_topic(self, request: Request) -> Response:
+        name = _topic(request)
+        body = await request.body(self.max_body)
+        # An empty body creates the topic with the defaults.
+        put = _put.decode(body) if body.strip() else TopicPut()
+        state, created = self.engine.put_topic(name, put.patch(), put.type)
+        return _json(state.to_wire(), 201 if created else 200)
+
+    async def get_topic(self, request: Request) -> Response:
+        name = _topic(request)
+        return _json(self.engine.get_topic(name, touch=_flag(request, "touch", True)).to_wire())
+
+    async def delete_topic(self, request: Request) -> Response:
+        name = _topic(request)
+        self.engine.delete_topic(name)
+        return _json({"topic": name, "deleted": True})
+
+    async def append(self, request: Request) -> Response:
+        name = _topic(request)
+        body = _append.decode(await request.body(self.max_body))
+        result = self.engine.append(name, body.records, create=body.create, config=body.config)
+        self.metrics.records_appended += len(result.seqs)
+        return Response(orjson.dumps(result.to_wire()))
+
+    async def diff(self, request: Request) -> Response:
+        name = _topic(request)
+        body = _diff.decode(await request.body(self.max_body))
+        nodes = _nodes(body.node)
+        result = self.engine.diff(
+            name, body.from_seq, limit=body.limit, nodes=nodes, epoch=body.epoch
+        )
+        if body.wait_ms and _empty(result):
+            result = await self._wait(name, result, body, nodes)
+        self.metrics.records_read += result.count
+        return Response(result.to_json())
+
+    async def _wait(
+        self, name: str, result: DiffResult, body: DiffRequest, nodes: frozenset[str] | None
+    ) -> DiffResult:
+        """Long-poll: re-read after each commit to the topic until something is delivered
+        or ``wait_ms`` runs out. Node-filtered commits advance the cursor silently."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + body.wait_ms / 1000
+        while _empty(result):
+            remaining = deadline - loop.time()
+            if remaining <= 0 or not await self.notifier.wait(name, remaining):
+                break
+            result = self.engine.diff(
+                name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
+            )
+        return result
+
+    async def delete(self, request: Request) -> Response:
+        name = _topic(request)
+        body = _delete.decode(await request.body(self.max_body))
+        if body.before_seq is None and body.match is None:
+            raise _invalid("a delete needs before_seq, match, or both")
+        match = None
+        if body.match is not None:
+            match = TagMatch.parse(body.match if isinstance(body.match, str) else list(body.match))
+        result = self.engine.delete(name, before_seq=body.before_seq, match=match)
+        return _json(result.to_wire())
+
+    async def watch(self, request: Request) -> Response:
+        name = _topic(request)
+        epoch, cursor = None, _int(request, "from_seq") or 0
+        if (epoch_param := _int(request, "epoch")) is not None:
+            epoch = epoch_param
+        # A reconnecting EventSource repeats the original URL: Last-Event-ID wins.
+        if last_id := request.header(b"last-event-id"):
+            epoch, cursor = parse_cursor(last_id.decode("latin-1"))
+        nodes = _nodes(request.query.get("node"))
+        first = self.engine.diff(
+            name,
+            cursor,
+            limit=self.settings.sse_batch,
+            nodes=nodes,
+            epoch=epoch,
+            per_record=True,
+        )
+        return EventStream(
+            self.engine,
+            self.notifier,
+            self.metrics,
+            name,
+            first,
+            nodes,
+            self.settings.sse_batch,
+            self.settings.heartbeat_s,
+        )
+
+
+def _empty(result: DiffResult) -> bool:
+    """Nothing to hand the reader yet, and nothing left to scan."""
+    return result.count == 0 and result.tombstone is None and result.caught_up

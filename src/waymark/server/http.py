@@ -1,0 +1,116 @@
+"""Minimal ASGI request and response types.
+
+A deliberately small subset of what Starlette offers: the append hot path pays
+for one object and one body read, not for a middleware stack, so the server
+stays close to the speed of a bare ASGI callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qs
+
+from ..log import ErrorCode, TopicError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = b"application/json"
+
+
+class Request:
+    """One HTTP request: its scope, its path parameters and a way to read its body."""
+
+    __slots__ = ("_query", "params", "receive", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, params: dict[str, str]) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.params = params
+        self._query: dict[str, list[str]] | None = None
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (lower-case bytes), if present."""
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        if self._query is None:
+            self._query = parse_qs(self.scope["query_string"].decode("latin-1"), True)
+        return self._query
+
+    async def body(self, max_bytes: int) -> bytes:
+        """The whole body, refused with 400 body_too_large as soon as it exceeds ``max_bytes``.
+
+        The limit is checked against Content-Length up front and again while reading,
+        so an oversized body is never buffered in full.
+        """
+        declared = self.header(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise _too_large(max_bytes)
+        message = await self.receive()
+        chunk = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(chunk) > max_bytes:
+                raise _too_large(max_bytes)
+            return chunk
+        chunks, size = [chunk], len(chunk)
+        while message.get("more_body", False):
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise TopicError(ErrorCode.INVALID_REQUEST, "client disconnected mid-body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(max_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _too_large(max_bytes: int) -> TopicError:
+    return TopicError(
+        ErrorCode.BODY_TOO_LARGE,
+        f"request body is larger than {max_bytes} bytes",
+        {"max_bytes": max_bytes},
+    )
+
+
+class Response:
+    """A complete response whose body is already encoded."""
+
+    __slots__ = ("body", "content_type", "headers", "status")
+
+    def __init__(
+        self,
+        body: bytes,
+        status: int = 200,
+        content_type: bytes = JSON,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        self.body = body
+        self.status = status
+        self.content_type = content_type
+        self.headers = headers
+
+    async def __call__(self, send: Send, receive: Receive) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [
+                    (b"content-type", self.content_type),
+                    (b"content-length", b"%d" % len(self.body)),
+                    *self.headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": self.body})
+
+
+Handler = Callable[[Request], Awaitable[Response]]

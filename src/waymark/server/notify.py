@@ -1,0 +1,49 @@
+"""Wake long-polls and SSE streams when a topic changes.
+
+The engine calls :meth:`Notifier.notify` synchronously after every commit, on
+the event-loop thread. All waiters of one topic share a single future, so a
+commit costs one dict lookup when nobody waits and one ``set_result`` when
+many do, however many readers there are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self._changed: dict[str, asyncio.Future[None]] = {}
+        self._closed: asyncio.Future[None] | None = None
+        self.closing = False
+
+    def notify(self, topic: str) -> None:
+        future = self._changed.pop(topic, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def close(self) -> None:
+        """Release every waiter for good: the server is shutting down."""
+        self.closing = True
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    async def wait(
+        self, topic: str, timeout: float, also: asyncio.Future[object] | None = None
+    ) -> bool:
+        """Wait until ``topic`` changes, ``timeout`` seconds pass, ``also`` completes or
+        the server closes. True when the topic changed."""
+        if self.closing:
+            return False
+        loop = asyncio.get_running_loop()
+        changed = self._changed.get(topic)
+        if changed is None or changed.done():
+            changed = self._changed[topic] = loop.create_future()
+        if self._closed is None:
+            self._closed = loop.create_future()
+        waits: set[asyncio.Future[object]] = {changed, self._closed}  # type: ignore[arg-type]
+        if also is not None:
+            waits.add(also)
+        # asyncio.wait (unlike wait_for) never cancels the shared future on timeout.
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return changed.done()

@@ -1,0 +1,51 @@
+"""Path routing by segments: ``/v0/topics/{topic}/records`` and friends.
+
+Topic names never contain ``/`` (§2.1), so splitting the path on ``/`` and
+comparing literal segments is exact and needs no regular expressions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .http import Handler
+
+
+@dataclass(frozen=True)
+class Route:
+    """One path template and the handler for each method it accepts."""
+
+    template: str
+    methods: dict[str, Handler]
+    # Segments of the template; a "{name}" segment captures a parameter.
+    segments: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segments", tuple(self.template.strip("/").split("/")))
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        params: dict[str, str] = {}
+        for want, got in zip(self.segments, parts, strict=True):
+            if want[0] == "{":
+                if not got:
+                    return None
+                params[want[1:-1]] = got
+            elif want != got:
+                return None
+        return params
+
+
+class Router:
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+        self._by_length: dict[int, list[Route]] = {}
+        for route in routes:
+            self._by_length.setdefault(len(route.segments), []).append(route)
+
+    def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
+        parts = path.strip("/").split("/")
+        for route in self._by_length.get(len(parts), ()):
+            params = route.match(parts)
+            if params is not None:
+                return route, params
+        return None

@@ -1,0 +1,152 @@
+"""``GET /v0/topics/{topic}/watch``: a topic as a Server-Sent Events stream.
+
+Each event's ``id:`` is a resumable cursor ``"<epoch>:<seq>"``: the topic
+instance and the exclusive lower bound to resume from. A record's cursor is its
+own ``$seq``; a tombstone's is ``earliest_seq - 1``, the post-gap position, so a
+reconnect with ``Last-Event-ID`` never re-reports the gap nor skips the first
+live record after it. The epoch lets a resumed cursor detect a topic that was
+deleted and recreated meanwhile (§5.5).
+
+The stream pulls from the engine by cursor, one bounded batch at a time, and
+awaits the transport's flow control before reading more. A slow consumer
+therefore costs the server one batch, never an unbounded queue; if it falls so
+far behind that its records are evicted it gets a tombstone, like any reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from ..log import DiffResult, Engine, ErrorCode, TopicError
+from .http import Receive, Response, Send
+from .metrics import Metrics
+from .notify import Notifier
+
+HEARTBEAT = b": heartbeat\n\n"
+
+
+def parse_cursor(value: str) -> tuple[int | None, int]:
+    """``"<epoch>:<seq>"`` or a plain ``"<seq>"`` → (epoch, seq)."""
+    epoch, _, seq = value.strip().rpartition(":")
+    if seq.isdigit() and (not epoch or epoch.isdigit()):
+        return (int(epoch) if epoch else None), int(seq)
+    raise TopicError(
+        ErrorCode.INVALID_REQUEST,
+        'a cursor is "<epoch>:<seq>" or "<seq>" (non-negative integers)',
+        {"cursor": value},
+    )
+
+
+def frame(result: DiffResult) -> bytes:
+    """The SSE events of one diff page (tombstone first), as one chunk."""
+    epoch = b"%d:" % result.epoch
+    parts: list[bytes | memoryview] = []
+    if (tomb := result.tombstone) is not None:
+        parts += (
+            b"event: tombstone\nid: ",
+            epoch,
+            b"%d" % (tomb.earliest_seq - 1),
+            b"\ndata: ",
+            orjson.dumps(tomb.to_wire()),
+            b"\n\n",
+        )
+    runs = result.runs
+    # A record's data is the producer's JSON verbatim, which may hold line breaks
+    # between tokens; SSE data may not, so only those pages are re-encoded.
+    joined = b"".join(runs)
+    if b"\n" in joined or b"\r" in joined:
+        runs = [orjson.dumps(orjson.loads(bytes(run)[:-1])) + b"," for run in runs]
+    for run, seq in zip(runs, result.seqs, strict=True):
+        parts += (b"event: record\nid: ", epoch, b"%d" % seq, b"\ndata: ", run[:-1], b"\n\n")
+    return b"".join(parts)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class EventStream(Response):
+    """The stream that follows a successful first read (errors before it are plain HTTP)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        notifier: Notifier,
+        metrics: Metrics,
+        topic: str,
+        first: DiffResult,
+        nodes: frozenset[str] | None,
+        batch: int,
+        heartbeat_s: float,
+    ) -> None:
+        super().__init__(
+            b"",
+            200,
+            b"text/event-stream",
+            ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")),
+        )
+        self._engine, self._notifier, self._metrics = engine, notifier, metrics
+        self._topic, self._first, self._nodes = topic, first, nodes
+        self._batch, self._heartbeat_s = batch, heartbeat_s
+
+    async def __call__(self, send: Send, receive: Receive) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", self.content_type), *self.headers],
+            }
+        )
+        disconnected = asyncio.ensure_future(_disconnected(receive))
+        self._metrics.watchers += 1
+        try:
+            await self._pump(send, disconnected)
+        except TopicError as error:
+            # The head is already sent: report the refusal in-band, then end the stream.
+            body = b"event: error\ndata: " + orjson.dumps(error.to_wire()) + b"\n\n"
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            self._metrics.watchers -= 1
+            disconnected.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send, disconnected: asyncio.Future[None]) -> None:
+        result: DiffResult | None = self._first
+        cursor, epoch = self._first.next_from_seq, self._first.epoch
+        while not (disconnected.done() or self._notifier.closing):
+            if result is not None:
+                chunk = frame(result)
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    self._metrics.records_read += result.count
+                cursor, epoch = result.next_from_seq, result.epoch
+                if not result.caught_up:
+                    # A long backlog: let other requests run between pages.
+                    await asyncio.sleep(0)
+                    result = self._read(cursor, epoch)
+                    continue
+            if await self._notifier.wait(self._topic, self._heartbeat_s, disconnected):
+                result = self._read(cursor, epoch)
+            else:
+                result = None
+                await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+
+    def _read(self, cursor: int, epoch: int) -> DiffResult | None:
+        try:
+            return self._engine.diff(
+                self._topic,
+                cursor,
+                limit=self._batch,
+                nodes=self._nodes,
+                epoch=epoch,
+                per_record=True,
+            )
+        except TopicError as error:
+            if error.code is not ErrorCode.TOPIC_NOT_FOUND:
+                raise
+            # Deleted while watched: keep the cursor and its epoch, so that if the
+            # topic is recreated the reader gets the `recreated` tombstone (§5.5).
+            return None
