@@ -37,8 +37,12 @@ def free_port() -> int:
 class EmbeddedNats:
     """A nats-server child process; a context manager that kills it on exit."""
 
-    def __init__(self, store_dir: str | os.PathLike[str] | None = None, port: int | None = None) -> None:
-        self._tmp = None if store_dir is not None else tempfile.TemporaryDirectory(prefix="waymark-nats-")
+    def __init__(
+        self, store_dir: str | os.PathLike[str] | None = None, port: int | None = None
+    ) -> None:
+        self._tmp = (
+            None if store_dir is not None else tempfile.TemporaryDirectory(prefix="waymark-nats-")
+        )
         self.store_dir = Path(store_dir if store_dir is not None else self._tmp.name)
         self.port = port or free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
@@ -47,8 +51,16 @@ class EmbeddedNats:
     def start(self, timeout: float = 10.0) -> EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
-            [nats_server_executable(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
-             "-sd", str(self.store_dir)],
+            [
+                nats_server_executable(),
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-sd",
+                str(self.store_dir),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -26,7 +26,9 @@ def open_store(spec: str) -> SnapshotStore:
         from waymark.kv.stores.rocksdb_store import RocksDbStore
 
         return RocksDbStore(path)
-    raise ValueError(f"unknown fold store backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+    raise ValueError(
+        f"unknown fold store backend {backend!r} (expected one of {', '.join(BACKENDS)})"
+    )
 
 
 __all__ = ["BACKENDS", "AppendLogStore", "SnapshotStore", "open_store", "stale_keys"]

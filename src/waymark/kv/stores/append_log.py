@@ -183,7 +183,9 @@ class AppendLogStore:
 
     backend = "append-log"
 
-    def __init__(self, path: str | os.PathLike[str], *, compact_threshold: int = DEFAULT_COMPACT_THRESHOLD) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, compact_threshold: int = DEFAULT_COMPACT_THRESHOLD
+    ) -> None:
         self.path = Path(path)
         self.compact_threshold = compact_threshold
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +218,7 @@ class AppendLogStore:
         parts = []
         for u in batch:
             key = u.key.encode()
-            if u.op is Op.PUT:
+            if u.op is Op.PUT and u.value:
                 parts.append(_put_record(key, u.value, u.version.raw))
             else:
                 parts.append(_delete_record(key, u.version.raw))
@@ -232,7 +234,7 @@ class AppendLogStore:
         self.bytes_since_compact += len(blob)
         fold = self._fold
         for u in batch:
-            if u.op is Op.PUT:
+            if u.op is Op.PUT and u.value:
                 fold[u.key] = (u.value, u.version.raw)
             else:
                 fold.pop(u.key, None)

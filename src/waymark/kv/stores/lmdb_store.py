@@ -60,7 +60,7 @@ class LmdbStore:
         data = self._data
         with self._env.begin(write=True) as txn:
             for u in batch:
-                if u.op is Op.PUT:
+                if u.op is Op.PUT and u.value:
                     txn.put(u.key.encode(), encode_record(u.value, u.version), db=data)
                 else:
                     txn.delete(u.key.encode(), db=data)

@@ -55,7 +55,7 @@ class RocksDbStore:
         wb = WriteBatch(raw_mode=True)
         data = self._data_cf
         for u in batch:
-            if u.op is Op.PUT:
+            if u.op is Op.PUT and u.value:
                 wb.put(u.key.encode(), encode_record(u.value, u.version), data)
             else:
                 wb.delete(u.key.encode(), data)

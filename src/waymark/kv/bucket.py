@@ -1,0 +1,238 @@
+"""A named bucket and the three roles it vends: reader, writer, watcher.
+
+``KvStore`` holds no socket of its own; it borrows the connection's client.
+Every NATS operation runs under the connection's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import nats.js.errors
+from nats.js import api
+
+from waymark.kv.connection import timed
+from waymark.kv.consumer import END, ConsumerSpec, Failed, OrderedFeed, update_op
+from waymark.kv.errors import AlreadyExists, KvError, RevisionMismatch, Timeout
+from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from waymark.kv.connection import Connection
+    from waymark.kv.watcher import KvWatcher
+
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+_STREAM_EXISTS = 10058
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Bucket settings, used only when the bucket is created; an existing bucket is used as is."""
+
+    max_bytes: int | None = 10 * 1024 * 1024
+    max_history: int = 1
+    num_replicas: int = 1
+    max_age: float | None = None
+
+
+class KvStore:
+    def __init__(
+        self, connection: Connection, name: str, js: JetStreamContext, *, direct: bool
+    ) -> None:
+        self.connection = connection
+        self.direct = direct
+        self.name = name
+        self.stream = f"KV_{name}"
+        self.subject_prefix = f"$KV.{name}."
+        self.js = js
+        self.timeout = connection.config.timeout
+
+    @classmethod
+    async def open(cls, connection: Connection, name: str, config: StoreConfig) -> KvStore:
+        js = connection.client.jetstream(timeout=connection.config.timeout)
+        t = connection.config.timeout
+        try:
+            info = await timed(js.stream_info(f"KV_{name}"), t, f"open bucket {name}")
+        except nats.js.errors.NotFoundError:
+            kv_config = api.KeyValueConfig(
+                bucket=name,
+                history=config.max_history,
+                max_bytes=config.max_bytes or -1,
+                replicas=config.num_replicas,
+                ttl=config.max_age,
+            )
+            try:
+                await timed(js.create_key_value(config=kv_config), t, f"create bucket {name}")
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code != _STREAM_EXISTS:  # a concurrent creator won: use theirs
+                    raise KvError(f"cannot create bucket {name}: {e}") from e
+            info = await timed(js.stream_info(f"KV_{name}"), t, f"open bucket {name}")
+        return cls(connection, name, js, direct=bool(info.config.allow_direct))
+
+    def reader(self) -> KvReader:
+        return KvReader(self)
+
+    def writer(self) -> KvWriter:
+        return KvWriter(self)
+
+    def watcher(self) -> KvWatcher:
+        from waymark.kv.watcher import KvWatcher
+
+        return KvWatcher(self)
+
+    async def stream_bounds(self) -> tuple[int, int]:
+        """(first_sequence, last_sequence) of the bucket's stream."""
+        info = await timed(self.js.stream_info(self.stream), self.timeout, "stream info")
+        return info.state.first_seq, info.state.last_seq
+
+    def filters(self, prefixes: Sequence[str]) -> tuple[str, ...]:
+        if not prefixes:
+            return (f"{self.subject_prefix}>",)
+        return tuple(f"{self.subject_prefix}{p}>" for p in prefixes)
+
+
+def _is_tombstone(headers: dict[str, str] | None, value: bytes) -> bool:
+    return update_op(headers) is not Op.PUT or not value
+
+
+class KvReader:
+    """Point-in-time reads. ``get``/``scan``/``keys`` hide tombstones; ``entry`` shows them."""
+
+    def __init__(self, store: KvStore) -> None:
+        self._s = store
+
+    async def _last_msg(self, key: str) -> tuple[dict[str, str] | None, bytes, int] | None:
+        s = self._s
+        try:
+            msg = await timed(
+                s.js.get_msg(s.stream, subject=f"{s.subject_prefix}{key}", direct=s.direct),
+                s.timeout,
+                f"get {key}",
+            )
+        except nats.js.errors.NotFoundError:
+            return None
+        return msg.headers, msg.data or b"", msg.seq
+
+    async def get(self, key: str) -> KvEntry | None:
+        hit = await self._last_msg(key)
+        if hit is None or _is_tombstone(hit[0], hit[1]):
+            return None
+        return KvEntry(key, hit[1], VersionToken.from_u64(hit[2]))
+
+    async def entry(self, key: str) -> KvEntry | None:
+        """The key's latest message, tombstones included (empty value), for CAS callers."""
+        hit = await self._last_msg(key)
+        if hit is None:
+            return None
+        value = b"" if _is_tombstone(hit[0], hit[1]) else hit[1]
+        return KvEntry(key, value, VersionToken.from_u64(hit[2]))
+
+    async def scan(self, prefix: str | Sequence[str] = "") -> list[KvEntry]:
+        """Live entries under the prefix(es), in stream order, from one consumer."""
+        return [
+            KvEntry(u.key, u.value, u.version)
+            for u in await self._last_per_subject(prefix, headers_only=False)
+        ]
+
+    async def keys(self, prefix: str | Sequence[str] = "") -> list[str]:
+        """Live keys under the prefix(es); headers only, so no value bytes cross the wire."""
+        return [u.key for u in await self._last_per_subject(prefix, headers_only=True)]
+
+    async def _last_per_subject(
+        self, prefix: str | Sequence[str], *, headers_only: bool
+    ) -> list[KvUpdate]:
+        s = self._s
+        prefixes = [prefix] if isinstance(prefix, str) else list(prefix)
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
+        feed = OrderedFeed(
+            s.js,
+            ConsumerSpec(
+                s.stream,
+                s.subject_prefix,
+                s.filters([p for p in prefixes if p]),
+                api.DeliverPolicy.LAST_PER_SUBJECT,
+                headers_only=headers_only,
+            ),
+            queue,
+            chunk_max=1024,
+            timeout=s.timeout,
+        )
+        await feed.start()
+        out: list[KvUpdate] = []
+        try:
+            # The consumer's pending count reaches 0 on the last current value;
+            # one that starts with nothing pending matched no key at all.
+            pending = feed.initial_pending
+            while pending:
+                try:
+                    item = await asyncio.wait_for(queue.get(), s.timeout)
+                except TimeoutError:
+                    raise Timeout(f"scan stalled for {s.timeout:g}s") from None
+                if isinstance(item, Failed):
+                    raise item.error
+                if item is END:
+                    break
+                out.extend(u for u in item if u.op is Op.PUT and (headers_only or u.value))  # type: ignore[attr-defined]
+                pending = feed.pending
+        finally:
+            await feed.stop()
+        return out
+
+
+class KvWriter:
+    """Writes, soft deletes and CAS. No multi-key transactions."""
+
+    def __init__(self, store: KvStore) -> None:
+        self._s = store
+
+    async def _publish(self, key: str, value: bytes, headers: dict[str, str] | None) -> int:
+        s = self._s
+        try:
+            ack = await timed(
+                s.js.publish(f"{s.subject_prefix}{key}", value, headers=headers),
+                s.timeout,
+                f"write {key}",
+            )
+        except nats.js.errors.APIError as e:
+            if e.err_code in _WRONG_LAST_SEQUENCE:
+                raise RevisionMismatch(f"{key}: {e.description}") from e
+            raise KvError(f"write {key} failed: {e}") from e
+        return ack.seq
+
+    async def put(self, key: str, value: bytes) -> VersionToken:
+        return VersionToken.from_u64(await self._publish(key, value, None))
+
+    async def delete(self, key: str) -> bool:
+        """Soft delete: a ``KV-Operation: DEL`` marker. Always True."""
+        await self._publish(key, b"", {"KV-Operation": "DEL"})
+        return True
+
+    async def update(self, key: str, value: bytes, version: VersionToken) -> VersionToken:
+        """Write only if the key's latest revision is ``version``; else RevisionMismatch."""
+        expected = version.as_u64()
+        if expected is None:
+            raise RevisionMismatch(f"{key}: version {version.raw!r} is not a NATS revision")
+        headers = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected)}
+        return VersionToken.from_u64(await self._publish(key, value, headers))
+
+    async def create(self, key: str, value: bytes) -> VersionToken:
+        """Write only if the key has no live value (absent, deleted or CAS-tombstoned)."""
+        try:
+            return await self.update(key, value, VersionToken.from_u64(0))
+        except RevisionMismatch:
+            current = await KvReader(self._s).entry(key)
+            if current is None or current.value:
+                raise AlreadyExists(key) from None
+            try:  # the key holds a tombstone: take its place, still by CAS
+                return await self.update(key, value, current.version)
+            except RevisionMismatch:
+                raise AlreadyExists(key) from None
+
+    async def delete_with_version(self, key: str, version: VersionToken) -> bool:
+        """CAS delete: an empty value written by CAS, so concurrent writers see the conflict."""
+        await self.update(key, b"", version)
+        return True

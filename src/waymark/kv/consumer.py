@@ -1,0 +1,300 @@
+"""Ephemeral push consumers on a KV stream, built by hand on core NATS.
+
+nats-py's KV watch cannot start from a revision nor take several filters, so
+watches, ``scan`` and ``keys`` all use this consumer. It subscribes to its
+inbox *before* creating the consumer (no early message can miss the
+subscription), never acks (``AckPolicy.NONE``: an explicit-ack consumer stalls
+after ``max_ack_pending`` messages), and keeps ordered-consumer discipline: a
+gap in consumer sequence or lost heartbeats recreates it from the last stream
+sequence seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+
+from waymark.kv.connection import timed
+from waymark.kv.errors import WatchError
+from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
+
+KV_OPERATION = "KV-Operation"
+MARKER_REASON = "Nats-Marker-Reason"
+MSG_SIZE = "Nats-Msg-Size"
+_OPS = {"DEL": Op.DELETE, "PURGE": Op.PURGE}
+_MARKER_OPS = {"MaxAge": Op.PURGE, "Purge": Op.PURGE, "Remove": Op.DELETE}
+
+HEARTBEAT = 5.0
+
+
+def parse_ack(reply: str) -> tuple[int, int, int] | None:
+    """(stream_seq, consumer_seq, num_pending) from a JetStream ACK subject.
+
+    Legacy, 9 tokens: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+    Modern, 11-12:    $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>...
+    The last token is ``num_pending``, never the sequence, so index from the front.
+    None when the subject has neither shape: the update gets the unknown version.
+    """
+    t = reply.split(".")
+    try:
+        if len(t) == 9:
+            return int(t[5]), int(t[6]), int(t[8])
+        if len(t) in (11, 12):
+            return int(t[7]), int(t[8]), int(t[10])
+    except ValueError:
+        return None
+    return None
+
+
+def update_op(headers: dict[str, str] | None) -> Op | None:
+    """The KV operation a message carries; None for a marker of an unknown kind."""
+    if not headers:
+        return Op.PUT
+    op = headers.get(KV_OPERATION)
+    if op is not None:
+        return _OPS.get(op, Op.PUT)
+    reason = headers.get(MARKER_REASON)
+    if reason is not None:
+        return _MARKER_OPS.get(reason)
+    return Op.PUT
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    stream: str
+    subject_prefix: str  # "$KV.<bucket>." - stripped to get the key
+    filters: tuple[str, ...]  # full subjects
+    deliver_policy: api.DeliverPolicy
+    start_seq: int | None = None
+    headers_only: bool = False
+
+
+class Failed:
+    """Put on a feed's queue in place of a chunk when the feed stops with an error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+END = object()
+"""Put on a feed's queue when the feed is stopped cleanly."""
+
+
+FloorCheck = Callable[[int, int], Awaitable[None]]
+
+
+class OrderedFeed:
+    """An ordered push consumer that hands chunks of :class:`KvUpdate` to a bounded queue.
+
+    ``floor_check(frontier, delivered)`` runs before a delivery that skipped
+    stream sequences is processed; it raises to fail the feed.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        spec: ConsumerSpec,
+        out: asyncio.Queue[object],
+        *,
+        chunk_max: int,
+        timeout: float,
+        floor_check: FloorCheck | None = None,
+        frontier: int = 0,
+        heartbeat: float = HEARTBEAT,
+    ) -> None:
+        self._js = js
+        self._nc: Client = js._nc  # the core client that owns the inbox subscriptions
+        self._spec = spec
+        self._out = out
+        self._chunk_max = chunk_max
+        self._timeout = timeout
+        self._floor_check = floor_check
+        self._heartbeat = heartbeat
+        self.frontier = frontier  # last stream sequence delivered
+        self._plen = len(spec.subject_prefix)
+        self._dseq = 1
+        self._gen = 0
+        self._sub: Subscription | None = None
+        self._consumer: str | None = None
+        self._chunk: list[KvUpdate] = []
+        self._last_activity = time.monotonic()
+        self._monitor: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._resetting = False
+        self.delivered = 0
+        self.initial_pending = 0
+        self.pending = 0  # the consumer's num_pending as of the last delivery
+
+    async def start(self) -> None:
+        await self._create(self._spec.deliver_policy, self._spec.start_seq)
+        self._monitor = asyncio.create_task(self._watch_heartbeats())
+
+    async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
+        self._gen += 1
+        self._dseq = 1
+        inbox = self._nc.new_inbox()
+        # Subscribe first: the consumer may deliver the moment it exists.
+        self._sub = await self._nc.subscribe(
+            inbox,
+            cb=functools.partial(self._on_msg, self._gen),
+            pending_msgs_limit=1 << 20,
+            pending_bytes_limit=1 << 30,
+        )
+        spec = self._spec
+        config = api.ConsumerConfig(
+            deliver_subject=inbox,
+            deliver_policy=policy,
+            opt_start_seq=start_seq if policy == api.DeliverPolicy.BY_START_SEQUENCE else None,
+            ack_policy=api.AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=self._heartbeat,
+            headers_only=spec.headers_only or None,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=max(30.0, self._heartbeat * 6),
+        )
+        if len(spec.filters) == 1:
+            config.filter_subject = spec.filters[0]
+        else:
+            config.filter_subjects = list(spec.filters)
+        info = await timed(
+            self._js.add_consumer(spec.stream, config=config), self._timeout, "create consumer"
+        )
+        self._consumer = info.name
+        if self._gen == 1:
+            self.initial_pending = info.num_pending or 0
+
+    async def _on_msg(self, gen: int, msg: Msg) -> None:
+        if gen != self._gen or self._stopped:
+            return  # a message from a consumer we already replaced
+        data = msg.data
+        headers = msg.headers
+        if headers and not data and headers.get("Status") == "100":
+            await self._on_control(msg, headers)
+            return
+        ack = parse_ack(msg.reply)
+        if ack is None:
+            version = UNKNOWN_VERSION
+        else:
+            sseq, dseq, self.pending = ack
+            if dseq != self._dseq:
+                await self._reset()
+                return
+            self._dseq = dseq + 1
+            if self._floor_check is not None and sseq > self.frontier + 1:
+                try:
+                    await self._floor_check(self.frontier, sseq)
+                except BaseException as e:
+                    await self.fail(e)
+                    return
+            self.frontier = sseq
+            version = VersionToken.from_u64(sseq)
+        op = update_op(headers)
+        if op is None:
+            return  # a marker kind this client does not know: nothing to fold
+        if op is not Op.PUT:
+            data = b""
+        elif self._spec.headers_only and headers and headers.get(MSG_SIZE) == "0":
+            op = Op.DELETE  # no value bytes to look at: report the CAS tombstone as one
+        self.delivered += 1
+        chunk = self._chunk
+        chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
+        if len(chunk) >= self._chunk_max or self._sub is None or self._sub.pending_msgs == 0:
+            self._chunk = []
+            await self._out.put(chunk)
+
+    async def _on_control(self, msg: Msg, headers: dict[str, str]) -> None:
+        if msg.reply:  # flow control: every message before it has been processed
+            await self._nc.publish(msg.reply)
+            return
+        stalled = headers.get("Nats-Consumer-Stalled")
+        if stalled:
+            await self._nc.publish(stalled)
+        last = headers.get("Nats-Last-Consumer")
+        if last is not None and int(last) != self._dseq - 1:
+            await self._reset()
+
+    async def _reset(self) -> None:
+        """Recreate the consumer after a gap, from the stream sequence after the frontier."""
+        if self._resetting or self._stopped:
+            return
+        self._resetting = True
+        try:
+            await self._drop_consumer()
+            await self._create(api.DeliverPolicy.BY_START_SEQUENCE, self.frontier + 1)
+            self._last_activity = time.monotonic()
+        except Exception as e:
+            await self.fail(WatchError(f"watch consumer lost and could not be recreated: {e}"))
+        finally:
+            self._resetting = False
+
+    async def _watch_heartbeats(self) -> None:
+        # Arrivals, not processing, prove the consumer alive: a loop that is
+        # merely backpressuring us must not look like a dead consumer.
+        seen = -1
+        while not self._stopped:
+            await asyncio.sleep(self._heartbeat)
+            arrived = self._sub.delivered if self._sub is not None else seen
+            if arrived != seen:
+                seen = arrived
+                self._last_activity = time.monotonic()
+            elif time.monotonic() - self._last_activity > 3 * self._heartbeat:
+                await self._reset()
+                seen = -1
+
+    async def _drop_consumer(self) -> None:
+        sub, self._sub = self._sub, None
+        name, self._consumer = self._consumer, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass  # connection already gone: the server drops the interest itself
+        if name is not None:
+            try:
+                await timed(
+                    self._js.delete_consumer(self._spec.stream, name),
+                    self._timeout,
+                    "delete consumer",
+                )
+            except Exception:
+                pass  # ephemeral: the server reaps it after inactive_threshold
+
+    async def fail(self, error: BaseException) -> None:
+        if self._stopped:
+            return
+        await self._halt()
+        self._put_final(Failed(error))
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        await self._halt()
+        self._put_final(END)
+
+    async def _halt(self) -> None:
+        self._stopped = True
+        self._gen += 1
+        if self._monitor is not None and self._monitor is not asyncio.current_task():
+            self._monitor.cancel()
+        await self._drop_consumer()
+
+    def _put_final(self, item: object) -> None:
+        # The reader may be gone; never block on a full queue while stopping.
+        while True:
+            try:
+                self._out.put_nowait(item)
+                return
+            except asyncio.QueueFull:
+                self._out.get_nowait()
