@@ -12,6 +12,7 @@ sequence seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -257,19 +258,17 @@ class OrderedFeed:
         sub, self._sub = self._sub, None
         name, self._consumer = self._consumer, None
         if sub is not None:
-            try:
+            # A dead connection drops the interest by itself.
+            with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-            except Exception:
-                pass  # connection already gone: the server drops the interest itself
         if name is not None:
-            try:
+            # Ephemeral: the server reaps it after inactive_threshold anyway.
+            with contextlib.suppress(Exception):
                 await timed(
                     self._js.delete_consumer(self._spec.stream, name),
                     self._timeout,
                     "delete consumer",
                 )
-            except Exception:
-                pass  # ephemeral: the server reaps it after inactive_threshold
 
     async def fail(self, error: BaseException) -> None:
         if self._stopped:
