@@ -136,6 +136,8 @@ class Topic:
 
     # --- configuration ------------------------------------------------------------
     def reconfigure(self, config: TopicConfig, now: int) -> None:
+        # Expire under the old TTL first: a record already invisible never comes back.
+        self.expire(now)
         self.config = config
         self.expire(now)
         if config.discard is Discard.OLD:

@@ -1,0 +1,304 @@
+"""The no-silent-loss contract (§9.2-§9.4), as a hypothesis state machine.
+
+Random appends, deletions, cap/TTL eviction under a manual clock, recreates and
+reads run against the production engine and an independent model. Every read
+checks that each seq the reader passes is delivered (byte for byte), inside the
+tombstone's gap, deleted, or node-filtered — and that a tombstone appears exactly
+when live records past the cursor were lost involuntarily.
+
+The mutation tests at the bottom break the engine's guards and assert that this
+machine finds the break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from waymark.clock import ManualClock
+from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TagMatch, TopicError
+from waymark.log import chunk as chunk_module
+from waymark.log.topic import Topic
+
+TOPIC = "t"
+TAGS = ["a", "ab", "b", None]
+NODES = ["n1", "n2", None]
+
+
+@dataclass
+class ModelRecord:
+    seq: int
+    ts: int
+    node: str | None
+    tag: str | None
+    data: int
+    status: str = "live"  # live | deleted | cap | ttl
+
+    @property
+    def size(self) -> int:
+        return len(orjson.dumps(self.data))
+
+
+@dataclass
+class Reader:
+    cursor: int
+    epoch: int
+    nodes: frozenset[str] | None
+
+
+@dataclass
+class Model:
+    epoch: int
+    records: dict[int, ModelRecord] = field(default_factory=dict)
+    next_seq: int = 1
+    cap_records: int = 0
+    ttl_ms: int = 0
+
+    @property
+    def head(self) -> int:
+        return self.next_seq - 1
+
+    def live(self) -> list[ModelRecord]:
+        return [r for r in self.records.values() if r.status == "live"]
+
+    def earliest(self) -> int:
+        live = self.live()
+        return live[0].seq if live else self.head + 1
+
+    def lost(self) -> list[ModelRecord]:
+        return [r for r in self.records.values() if r.status in ("cap", "ttl")]
+
+    def expire(self, now: int) -> None:
+        if self.ttl_ms:
+            for r in self.live():
+                if now - r.ts > self.ttl_ms:
+                    r.status = "ttl"
+
+    def evict(self) -> None:
+        if self.cap_records:
+            live = self.live()
+            for r in live[: max(0, len(live) - self.cap_records)]:
+                r.status = "cap"
+
+
+class NoSilentLoss(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.engine = Engine(clock=self.clock)
+        state, _ = self.engine.put_topic(TOPIC, ConfigPatch())
+        self.model = Model(epoch=state.epoch)
+        self.readers: list[Reader] = []
+
+    # --- writers ---------------------------------------------------------------
+    @rule(
+        batch=st.lists(
+            st.tuples(st.sampled_from(TAGS), st.sampled_from(NODES), st.integers(0, 10**6)),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    def append(self, batch: list[tuple[str | None, str | None, int]]) -> None:
+        records = [RecordIn.of(data, tag=tag, node=node) for tag, node, data in batch]
+        now = self.clock.now_ms()
+        m = self.model
+        m.expire(now)
+        if m.cap_records and len(batch) > m.cap_records:
+            # Larger than the whole cap: refused outright, nothing stored (§5.3).
+            with pytest.raises(TopicError) as refused:
+                self.engine.append(TOPIC, records)
+            assert refused.value.code is ErrorCode.RECORD_TOO_LARGE
+            return
+        result = self.engine.append(TOPIC, records)
+        assert result.seqs == list(range(m.next_seq, m.next_seq + len(batch)))
+        for (tag, node, data), seq in zip(batch, result.seqs, strict=True):
+            m.records[seq] = ModelRecord(seq, now, node, tag, data)
+        m.next_seq += len(batch)
+        m.evict()
+
+    @rule(cap=st.integers(0, 8), ttl=st.sampled_from([0, 50, 200]))
+    def configure(self, cap: int, ttl: int) -> None:
+        m = self.model
+        m.expire(self.clock.now_ms())
+        self.engine.put_topic(TOPIC, ConfigPatch(cap_records=cap, ttl_ms=ttl))
+        m.cap_records, m.ttl_ms = cap, ttl
+        m.expire(self.clock.now_ms())
+        m.evict()
+
+    @rule(ms=st.integers(0, 150))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+        self.model.expire(self.clock.now_ms())
+
+    @rule(
+        before=st.one_of(st.none(), st.integers(0, 40)),
+        match=st.one_of(
+            st.none(),
+            st.sampled_from([["tag", "Eq", "a"], ["tag", "Glob", "a*"], "b", ["tag", "Glob", "*"]]),
+        ),
+    )
+    def delete(self, before: int | None, match: object) -> None:
+        if before is None and match is None:
+            return
+        selector = TagMatch.parse(match) if match is not None else None
+        result = self.engine.delete(TOPIC, before_seq=before, match=selector)
+        m = self.model
+        bound = m.next_seq if before is None else min(m.next_seq, before)
+        deleted = 0
+        for r in m.live():
+            if r.seq >= bound:
+                continue
+            if selector is not None and (r.tag is None or not selector.matches(r.tag)):
+                continue
+            r.status = "deleted"
+            deleted += 1
+        assert result.deleted == deleted
+
+    @rule()
+    def recreate(self) -> None:
+        self.engine.delete_topic(TOPIC)
+        state, created = self.engine.put_topic(TOPIC, ConfigPatch())
+        assert created and state.epoch > self.model.epoch
+        self.model = Model(epoch=state.epoch)
+
+    # --- readers ---------------------------------------------------------------
+    @rule(nodes=st.sampled_from([None, frozenset({"n1"}), frozenset({"n1", "n2"})]))
+    def add_reader(self, nodes: frozenset[str] | None) -> None:
+        if len(self.readers) < 4:
+            self.readers.append(Reader(0, self.model.epoch, nodes))
+
+    @precondition(lambda self: self.readers)
+    @rule(data=st.data(), limit=st.integers(1, 5))
+    def read(self, data: st.DataObject, limit: int) -> None:
+        reader = data.draw(st.sampled_from(self.readers))
+        m = self.model
+        m.expire(self.clock.now_ms())
+        result = self.engine.diff(TOPIC, reader.cursor, limit=limit, nodes=reader.nodes,
+                                  epoch=reader.epoch)
+        earliest = m.earliest()
+        tomb = result.tombstone
+        if reader.epoch != m.epoch:
+            assert tomb is not None and tomb.reason == "recreated"
+            assert (tomb.gap_from, tomb.gap_to) == (1, m.head)
+            effective = earliest - 1
+            reader.epoch = m.epoch
+        else:
+            lost = [r for r in m.lost() if r.seq > reader.cursor]
+            if lost:
+                assert tomb is not None, f"silent loss of {[r.seq for r in lost]}"
+                assert tomb.gap_from == reader.cursor + 1
+                assert tomb.gap_to == earliest - 1 == tomb.seq - 1
+                assert all(r.seq <= tomb.gap_to for r in lost)
+                reasons = {r.status for r in lost}
+                assert tomb.reason in (reasons.pop() if len(reasons) == 1 else "mixed", "mixed")
+                effective = tomb.gap_to
+            else:
+                assert tomb is None, f"tombstone {tomb} without involuntary loss"
+                effective = reader.cursor
+        next_from = result.next_from_seq
+        assert effective <= next_from <= max(m.head, effective)
+        window = [r for r in m.live() if effective < r.seq <= next_from]
+        candidates = [r for r in m.live() if r.seq > effective]
+        assert len(window) <= limit
+        if candidates:
+            assert window, "a read with live records ahead made no progress"
+        if len(candidates) < limit:
+            assert next_from == m.head
+        expected = [r for r in window if not (reader.nodes and r.node in reader.nodes)]
+        got = result.records()
+        assert [g["$seq"] for g in got] == [r.seq for r in expected]
+        for g, r in zip(got, expected, strict=True):
+            assert g["data"] == r.data and g["$ts"] == r.ts
+            assert g.get("$tag") == r.tag and g.get("$node") == r.node
+        assert result.caught_up == (next_from >= m.head)
+        reader.cursor = next_from
+
+    # --- state -----------------------------------------------------------------
+    @invariant()
+    def watermarks_match_the_model(self) -> None:
+        m = self.model
+        m.expire(self.clock.now_ms())
+        state = self.engine.get_topic(TOPIC, touch=False)
+        live = m.live()
+        assert state.head_seq == m.head
+        assert state.earliest_seq == m.earliest()
+        assert state.count == len(live)
+        assert state.bytes == sum(r.size for r in live)
+        lost = m.lost()
+        assert state.evict_floor == (max(r.seq for r in lost) + 1 if lost else 1)
+        assert state.evict_floor <= state.earliest_seq
+
+
+SETTINGS = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tiny chunks so chunk boundaries, drops and payload release happen constantly.
+    monkeypatch.setattr(chunk_module, "CHUNK_RECORDS", 4)
+
+
+def test_no_silent_loss(small_chunks: None) -> None:
+    run_state_machine_as_test(NoSilentLoss, settings=SETTINGS)
+
+
+# --- the machine catches broken guards ------------------------------------------------
+
+# Finding one failure is the point; shrinking it is not.
+MUTATION_SETTINGS = settings(
+    SETTINGS, max_examples=400, database=None, phases=[Phase.generate]
+)
+
+
+def test_catches_loss_that_never_raises_the_evict_floor(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: involuntary loss no longer advances evict_floor, so it would be silent.
+    monkeypatch.setattr(Topic, "evict_floor", property(lambda self: self.seq_base))
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+def test_catches_deletion_that_raises_the_evict_floor(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: deletion treated as involuntary loss, so a deleted gap would tombstone.
+    original = Topic._remove_front
+
+    def remove_front_as_loss(self: Topic, upto: int, reason: str | None) -> int:
+        return original(self, upto, reason or "cap")
+
+    monkeypatch.setattr(Topic, "_remove_front", remove_front_as_loss)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+def test_catches_a_read_that_skips_the_node_filter_boundary(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: the reader's node filter also drops records with no node at all.
+    original = Topic._reader_node_ids
+
+    def overeager(self: Topic, nodes: frozenset[str] | None) -> frozenset[int] | None:
+        ids = original(self, nodes)
+        return None if ids is None else ids | {0}
+
+    monkeypatch.setattr(Topic, "_reader_node_ids", staticmethod(overeager).__func__)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)
