@@ -1,1 +1,74 @@
-"""waymark.kv."""
+"""waymark.kv: durable local folds of NATS JetStream KV buckets.
+
+A fold store holds the bucket's state plus the watch cursor it is consistent
+with; ``watch_applied`` keeps it current and only ever persists a cursor whose
+updates have been applied, so a restarted node resumes with the delta instead
+of a full replay. See docs/kv.md.
+"""
+
+from waymark.kv.applied import AppliedCursor, BatchConfig, ExportRequest, watch_applied
+from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
+from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
+from waymark.kv.errors import (
+    AlreadyExists,
+    Corrupted,
+    CursorExpired,
+    InvalidFormat,
+    KvConnectionError,
+    KvError,
+    RevisionMismatch,
+    SnapshotError,
+    SnapshotIoError,
+    Timeout,
+    WatchError,
+)
+from waymark.kv.stores import SnapshotStore, open_store, stale_keys
+from waymark.kv.types import (
+    NO_CURSOR,
+    UNKNOWN_VERSION,
+    KvEntry,
+    KvUpdate,
+    Op,
+    VersionToken,
+    WatchCursor,
+    WatchScope,
+)
+from waymark.kv.watcher import KvWatcher, Watch
+
+__all__ = [
+    "NO_CURSOR",
+    "UNKNOWN_VERSION",
+    "AlreadyExists",
+    "AppliedCursor",
+    "BatchConfig",
+    "Connection",
+    "ConnectionCapabilities",
+    "Corrupted",
+    "CursorExpired",
+    "ExportRequest",
+    "InvalidFormat",
+    "KvConnectionError",
+    "KvEntry",
+    "KvError",
+    "KvReader",
+    "KvStore",
+    "KvUpdate",
+    "KvWatcher",
+    "KvWriter",
+    "NatsConnectionConfig",
+    "Op",
+    "RevisionMismatch",
+    "SnapshotError",
+    "SnapshotIoError",
+    "SnapshotStore",
+    "StoreConfig",
+    "Timeout",
+    "VersionToken",
+    "Watch",
+    "WatchCursor",
+    "WatchError",
+    "WatchScope",
+    "open_store",
+    "stale_keys",
+    "watch_applied",
+]

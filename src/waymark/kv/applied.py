@@ -1,0 +1,411 @@
+"""``watch_applied``: batch, apply, *then* advance the cursor and fold into the store.
+
+The single invariant: a persisted or reported cursor ``C`` implies every update
+with revision <= ``C`` has been through ``apply`` (and, with a store, through
+``store.apply``). The cursor is sourced from apply's completion, never from the
+channel's delivery: a cursor moved on receipt would, after a crash, resume past
+updates that were still sitting in an unapplied batch.
+
+:class:`AppliedCursor` is that discipline as a synchronous state machine with
+no I/O; :func:`watch_applied` drives it from a NATS watch. The property-based
+models in tests/kv drive the same class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from waymark.clock import Clock, SystemClock
+from waymark.kv.bucket import KvReader
+from waymark.kv.consumer import END, Failed
+from waymark.kv.errors import CursorExpired, WatchError
+from waymark.kv.guards import fallback_may_start
+from waymark.kv.stores.protocol import SnapshotStore, stale_keys
+from waymark.kv.types import NO_CURSOR, KvUpdate, WatchCursor, WatchScope
+from waymark.kv.watcher import FLOOR_GUARD_INTERVAL, KvWatcher
+
+log = logging.getLogger("waymark.kv")
+
+T = TypeVar("T")
+
+MAX_STORE_APPLY_FAILURES = 16
+"""Consecutive failed ``store.apply`` calls before the watch fail-stops."""
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """When a batch flushes, and how deep the watch-to-loop channel is.
+
+    ``window`` (seconds) bounds how long a batch stays open; ``max`` flushes
+    early. ``channel_capacity`` is how many updates may wait between the watch
+    task and the loop: a full channel backpressures the watch, and during a
+    state-sync of a large bucket it is the effective batch boundary.
+    """
+
+    window: float = 0.010
+    max: int = 100
+    channel_capacity: int = 256
+    floor_interval: float = FLOOR_GUARD_INTERVAL
+
+
+@dataclass
+class Flush(Generic[T]):
+    """One flush in progress: what goes to ``apply`` and to the store, and its high revision."""
+
+    parsed: list[T]
+    raw: list[KvUpdate]
+    high: int
+
+
+class AppliedCursor(Generic[T]):
+    """Cursor authority for ``watch_applied``, free of I/O.
+
+    Per flush the driver calls ``begin_flush``, runs ``apply``, calls
+    ``applied`` (the only place the cursor moves), runs the store, then
+    ``stored`` or ``store_failed``.
+
+    * ``batch_high`` covers every revision received, rejected ones included:
+      revisions arrive in order, so having seen the highest means having seen
+      all below it. An update with the unknown version never touches it.
+    * A failed store apply re-queues its raw batch in front of the next one,
+      so the store's data and cursor always advance together; 16 failures in
+      a row fail-stop the watch.
+    """
+
+    def __init__(
+        self,
+        cursor: WatchCursor = NO_CURSOR,
+        parse: Callable[[KvUpdate], T | None] | None = None,
+        *,
+        keep_parsed: bool = True,
+        max_failures: int = MAX_STORE_APPLY_FAILURES,
+    ) -> None:
+        self.cursor = cursor  # every revision <= cursor has been through apply
+        self.stored_cursor = cursor  # ... and through the store
+        self.failures = 0
+        self._parse = parse
+        self._keep_parsed = keep_parsed
+        self._max_failures = max_failures
+        self._parsed: list[Any] = []
+        self._raw: list[KvUpdate] = []  # not yet stored, re-queued batches first
+        self._high = 0
+        self._fresh = 0
+
+    @property
+    def batch_len(self) -> int:
+        """Updates received since the last flush."""
+        return self._fresh
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._raw)
+
+    def receive(self, updates: list[KvUpdate]) -> None:
+        self._raw.extend(updates)
+        self._fresh += len(updates)
+        if self._keep_parsed:
+            parse = self._parse
+            if parse is None:
+                self._parsed.extend(updates)
+            else:
+                for u in updates:
+                    item = parse(u)
+                    if item is not None:
+                        self._parsed.append(item)
+        for u in reversed(updates):  # in revision order: the last known one is the highest
+            rev = u.version.as_u64()
+            if rev is not None:
+                self._high = max(self._high, rev)
+                break
+
+    def begin_flush(self) -> Flush[T]:
+        f: Flush[T] = Flush(self._parsed, self._raw, self._high)
+        self._parsed, self._raw, self._high, self._fresh = [], [], 0, 0
+        return f
+
+    def applied(self, flush: Flush[T]) -> WatchCursor:
+        """``apply`` returned for ``flush``: only now may the cursor cover it."""
+        if flush.high:
+            self.cursor = WatchCursor.from_u64(flush.high)
+        return self.cursor
+
+    def stored(self, flush: Flush[T]) -> WatchCursor:
+        self.stored_cursor = self.cursor
+        self.failures = 0
+        return self.cursor
+
+    def store_failed(self, flush: Flush[T], error: BaseException) -> None:
+        """Re-queue the raw batch; raise WatchError once failures reach the limit."""
+        self._requeue(flush.raw)
+        self.failures += 1
+        if self.failures >= self._max_failures:
+            raise WatchError(
+                f"fold store failed {self.failures} times in a row; last error: {error}"
+            ) from error
+
+    def _requeue(self, raw: list[KvUpdate]) -> None:
+        self._raw[:0] = raw
+
+    def resync(self, store: SnapshotStore, live: Iterable[str], scope: WatchScope) -> list[str]:
+        """Queue a synthetic delete for every in-scope fold key absent from ``live``.
+
+        The deletes carry the unknown version, so they never move the cursor:
+        a crash mid-resync re-runs the same idempotent diff on the next start.
+        """
+        stale = stale_keys(store, live, scope)
+        self.receive([KvUpdate.delete(k, None) for k in stale])
+        return stale
+
+
+class ResyncRequest:
+    """The watch task's listing of live keys, acknowledged by the loop once applied."""
+
+    def __init__(self, live: frozenset[str]) -> None:
+        self.live = live
+        self.acknowledged = False
+        self.error: BaseException | None = None
+        self._done = asyncio.Event()
+
+    def acknowledge(self) -> None:
+        self.acknowledged = True
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.set()
+
+    async def wait(self) -> None:
+        await self._done.wait()
+
+
+@dataclass
+class ExportRequest:
+    """Ask ``watch_applied`` to run ``action(store, cursor)`` between flushes.
+
+    The pending batch is flushed first, so the cursor handed to ``action`` is
+    exactly the one the store holds. ``action`` runs on a worker thread; its
+    result (or error) arrives on ``reply``. This is the hook the export of
+    fold artifacts plugs into.
+    """
+
+    action: Callable[[SnapshotStore, WatchCursor], Any]
+    reply: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+async def _maybe_await(result: object) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _run_watch(
+    watcher: KvWatcher,
+    scope: WatchScope,
+    resume: WatchCursor,
+    reader: KvReader | None,
+    resync_possible: bool,
+    control: asyncio.Queue[ResyncRequest],
+    data: asyncio.Queue[object],
+    config: BatchConfig,
+) -> None:
+    """The watch task: resume (or resync and re-list) and forward chunks to the loop."""
+    try:
+        watch = None
+        if not resume.is_none:
+            try:
+                watch = await watcher.watch(
+                    scope,
+                    resume,
+                    capacity=config.channel_capacity,
+                    floor_interval=config.floor_interval,
+                )
+            except CursorExpired as e:
+                log.warning("%s; resyncing", e)
+                if reader is not None and resync_possible:
+                    try:
+                        live = await reader.keys(list(scope.prefixes) or "")
+                    except Exception as le:
+                        raise WatchError(f"resync could not list live keys: {le}") from le
+                    request = ResyncRequest(frozenset(live))
+                    await control.put(request)
+                    await request.wait()
+                    if not fallback_may_start(request.acknowledged):
+                        raise WatchError(f"resync failed: {request.error}") from request.error
+                else:
+                    log.warning("no reader or store: keys deleted during the gap may stay stale")
+        if watch is None:
+            watch = await watcher.watch(scope, capacity=config.channel_capacity)
+        try:
+            async for chunk in watch:
+                await data.put(chunk)
+        finally:
+            await watch.stop()
+        await data.put(END)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:
+        await data.put(Failed(e))
+
+
+async def watch_applied(
+    watcher: KvWatcher,
+    scope: WatchScope,
+    apply: Callable[[list[Any]], object] | None = None,
+    *,
+    resume: WatchCursor | None = None,
+    parse: Callable[[KvUpdate], Any | None] | None = None,
+    store: SnapshotStore | None = None,
+    reader: KvReader | None = None,
+    config: BatchConfig | None = None,
+    on_applied: Callable[[WatchCursor], object] | None = None,
+    shutdown: asyncio.Event | None = None,
+    export_requests: asyncio.Queue[ExportRequest] | None = None,
+    clock: Clock | None = None,
+) -> WatchCursor:
+    """Watch ``scope``, apply batches, and advance the cursor only after they are applied.
+
+    ``parse`` turns an update into the caller's item (None rejects it; without
+    ``parse`` apply gets the raw updates). ``apply`` may be sync or async.
+    With a ``store`` each flush folds the raw batch into it with the new
+    cursor, on a worker thread, so read the store from ``on_applied`` or an
+    ``ExportRequest`` rather than concurrently. ``resume`` defaults to the
+    store's cursor. On ``CursorExpired`` with a ``reader`` and a ``store`` the
+    fold is repaired first: keys that vanished during the gap get synthetic
+    deletes, acknowledged before the state-sync re-list starts.
+
+    Returns the cursor that both apply and store have reached, once
+    ``shutdown`` is set or the watch ends; raises WatchError when the watch
+    fails (stream lost, floor guard tripped, store failing 16 times in a row).
+    """
+    config = config or BatchConfig()
+    clock = clock or SystemClock()
+    if resume is None:
+        resume = store.cursor if store is not None else NO_CURSOR
+    core: AppliedCursor[Any] = AppliedCursor(resume, parse, keep_parsed=apply is not None)
+    window_ms = config.window * 1000
+    deadline: float | None = None
+
+    async def flush() -> None:
+        nonlocal deadline
+        deadline = None
+        if not core.has_work:
+            return
+        f = core.begin_flush()
+        if apply is not None and f.parsed:
+            await _maybe_await(apply(f.parsed))
+        cursor = core.applied(f)
+        if store is not None:
+            try:
+                await asyncio.to_thread(store.apply, f.raw, cursor)
+            except Exception as e:
+                core.store_failed(f, e)
+                log.warning(
+                    "fold store apply failed (%d in a row), batch re-queued: %s", core.failures, e
+                )
+                # Retry even if no update arrives, backing off.
+                deadline = clock.now_ms() + min(window_ms * 2**core.failures, 1000)
+                return
+        core.stored(f)
+        if on_applied is not None:
+            await _maybe_await(on_applied(cursor))
+
+    data: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    control: asyncio.Queue[ResyncRequest] = asyncio.Queue()
+    watch_task = asyncio.create_task(
+        _run_watch(watcher, scope, resume, reader, store is not None, control, data, config)
+    )
+    waits: dict[str, asyncio.Future[Any]] = {
+        "data": asyncio.ensure_future(data.get()),
+        "control": asyncio.ensure_future(control.get()),
+    }
+    if shutdown is not None:
+        waits["shutdown"] = asyncio.ensure_future(shutdown.wait())
+    if export_requests is not None:
+        waits["export"] = asyncio.ensure_future(export_requests.get())
+    try:
+        while True:
+            timeout = None if deadline is None else max(0.0, (deadline - clock.now_ms()) / 1000)
+            done, _ = await asyncio.wait(
+                waits.values(), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                await flush()  # the window elapsed
+                continue
+            ready = {name for name, fut in waits.items() if fut in done}
+            if "shutdown" in ready:
+                await flush()
+                return core.stored_cursor
+            if "control" in ready:
+                request: ResyncRequest = waits["control"].result()
+                waits["control"] = asyncio.ensure_future(control.get())
+                await _resync(core, flush, store, scope, request)
+            if "export" in ready:
+                export: ExportRequest = waits["export"].result()
+                waits["export"] = asyncio.ensure_future(export_requests.get())  # type: ignore[union-attr]
+                await _export(core, flush, store, export)
+            if "data" in ready:
+                item = waits["data"].result()
+                if item is END:
+                    await flush()
+                    return core.stored_cursor
+                if isinstance(item, Failed):
+                    await flush()
+                    err = item.error
+                    raise err if isinstance(err, WatchError) else WatchError(str(err)) from err
+                waits["data"] = asyncio.ensure_future(data.get())
+                core.receive(item)  # type: ignore[arg-type]
+                if core.batch_len >= config.max:
+                    await flush()
+                elif deadline is None:
+                    deadline = clock.now_ms() + window_ms
+    finally:
+        for fut in waits.values():
+            fut.cancel()
+        watch_task.cancel()
+        await asyncio.gather(watch_task, return_exceptions=True)
+
+
+async def _resync(
+    core: AppliedCursor[Any],
+    flush: Callable[[], Awaitable[None]],
+    store: SnapshotStore | None,
+    scope: WatchScope,
+    request: ResyncRequest,
+) -> None:
+    """Flush, diff the fold against the listing, run synthetic deletes, then acknowledge."""
+    try:
+        await flush()
+        assert store is not None  # the watch task asks only when a store is wired
+        stale = core.resync(store, request.live, scope)
+        await flush()
+    except BaseException as e:
+        request.fail(e)
+        raise WatchError(f"resync failed: {e}") from e
+    log.warning("resync: %d stale key(s) deleted from the fold", len(stale))
+    request.acknowledge()
+
+
+async def _export(
+    core: AppliedCursor[Any],
+    flush: Callable[[], Awaitable[None]],
+    store: SnapshotStore | None,
+    request: ExportRequest,
+) -> None:
+    await flush()
+    if store is None or core.has_work:
+        request.reply.set_exception(
+            WatchError("export refused: no fold store, or the store is behind the applied cursor")
+        )
+        return
+    try:
+        result = await asyncio.to_thread(request.action, store, core.stored_cursor)
+    except Exception as e:
+        request.reply.set_exception(e)
+    else:
+        request.reply.set_result(result)
