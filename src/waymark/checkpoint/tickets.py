@@ -7,8 +7,9 @@ hands back a new one, so a type checker rejects ``queued.ack()`` and the runtime
 rejects a second transition on a spent ticket.
 
 Python cannot refuse to drop an object, so an unresolved ticket that is
-garbage-collected is reported instead: a :class:`DroppedTicketWarning`, a counter
-on the tracker, and the batch is abandoned (the checkpoint stays below it).
+garbage-collected is reported instead: a :class:`DroppedTicketWarning`, the
+tracker's ``dropped_tickets`` counter, and the batch is abandoned (the checkpoint
+stays below it).
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class _Ticket(Generic[C]):
     def __del__(self) -> None:
         if self._fate is None:
             count = self._tracker._ticket_dropped(self._src, self.batch_id)
+            # Warn on the 1st, 2nd, 4th, 8th... drop: a mass drop (an exit without drain)
+            # stays readable, and the counter carries the exact figure.
+            if count & (count - 1):
+                return
             warnings.warn(
                 f"{type(self).__name__} for batch {self.batch_id} of source "
                 f"{self._src.name!r} was garbage-collected unresolved; the batch is "

@@ -241,7 +241,7 @@ class Tracker(Generic[C]):
 
     @property
     def dropped_tickets(self) -> int:
-        """Unresolved tickets garbage-collected so far (each also warned about)."""
+        """Unresolved tickets garbage-collected so far (warned on the 1st, 2nd, 4th, ...)."""
         return self._dropped_total
 
     # -- stop / drain ----------------------------------------------------------
