@@ -75,18 +75,13 @@ class _Replay:
         self.cursor = b""
         self.valid_len = len(HEADER)
         self.data_records = 0
-        self.cursor_records = 0
         self.saw_delete = False
         self.clean_eof = True
 
     @property
     def compact(self) -> bool:
-        return (
-            self.clean_eof
-            and not self.saw_delete
-            and self.data_records == len(self.fold)
-            and self.cursor_records <= 1
-        )
+        # Extra cursor records cost a few bytes each; they do not force a rewrite.
+        return self.clean_eof and not self.saw_delete and self.data_records == len(self.fold)
 
 
 def replay_log(data: bytes) -> _Replay:
@@ -148,7 +143,6 @@ def replay_log(data: bytes) -> _Replay:
             r.saw_delete = True
         else:
             r.cursor = bytes(view[p + 1 : rec_end])
-            r.cursor_records += 1
         pos = rec_end
         r.valid_len = pos
     return r

@@ -1,0 +1,126 @@
+"""The append-log file format: header, CRC per record, torn tails, corruption, compaction."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from waymark.kv import Corrupted, InvalidFormat, KvUpdate, SnapshotIoError, WatchCursor
+from waymark.kv.stores.append_log import HEADER, AppendLogStore
+
+
+def fill(path: Path, n: int = 5, *, threshold: int = 1 << 30) -> AppendLogStore:
+    s = AppendLogStore(path, compact_threshold=threshold)
+    for i in range(n):
+        s.apply([KvUpdate.put(f"k{i}", b"value-%d" % i, i + 1)], WatchCursor.from_u64(i + 1))
+    return s
+
+
+def test_header_is_magic_and_version(tmp_path: Path) -> None:
+    fill(tmp_path / "f.log").close()
+    assert (tmp_path / "f.log").read_bytes()[:6] == b"PGSS" + struct.pack("<H", 1)
+
+
+def test_every_truncation_recovers_a_consistent_prefix(tmp_path: Path) -> None:
+    """Cut the log anywhere: open drops the torn record, never data behind the cursor."""
+    path = tmp_path / "f.log"
+    fill(path, 4).close()
+    full = path.read_bytes()
+    for cut in range(len(HEADER), len(full)):
+        path.write_bytes(full[:cut])
+        s = AppendLogStore(path)
+        n = s.cursor.as_u64()
+        keys = set(s.iter_keys())
+        # Every revision the cursor names is present; data ahead of it is allowed.
+        assert {f"k{i}" for i in range(n)} <= keys
+        s.close()
+
+
+def test_torn_tail_is_cut_off_so_later_appends_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    fill(path, 3).close()
+    path.write_bytes(path.read_bytes()[:-3])
+    s = AppendLogStore(path)
+    s.apply([KvUpdate.put("after", b"x", 9)], WatchCursor.from_u64(9))
+    s.close()
+    s = AppendLogStore(path)
+    assert s.get("after") is not None and s.cursor == WatchCursor.from_u64(9)
+    s.close()
+
+
+def test_mid_file_crc_mismatch_is_corrupted(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    s = fill(path, 3)
+    s.close()
+    data = bytearray(path.read_bytes())
+    data[len(HEADER) + 8] ^= 0xFF  # inside the first record, with records after it
+    path.write_bytes(bytes(data))
+    with pytest.raises(Corrupted):
+        AppendLogStore(path)
+
+
+def test_wrong_version_and_magic_are_invalid_format(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    fill(path, 1).close()
+    data = path.read_bytes()
+    path.write_bytes(b"PGSS" + struct.pack("<H", 2) + data[6:])
+    with pytest.raises(InvalidFormat):
+        AppendLogStore(path)
+    path.write_bytes(b"NOPE" + data[4:])
+    with pytest.raises(InvalidFormat):
+        AppendLogStore(path)
+
+
+def test_compaction_is_deterministic_and_sorted(tmp_path: Path) -> None:
+    a = AppendLogStore(tmp_path / "a.log", compact_threshold=1 << 30)
+    b = AppendLogStore(tmp_path / "b.log", compact_threshold=1 << 30)
+    ups = [KvUpdate.put(f"k{i % 7}", b"%d" % i, i + 1) for i in range(50)]
+    a.apply(ups, WatchCursor.from_u64(50))
+    for u in reversed(ups[-7:]):  # same final state, different history and order
+        b.apply([u], WatchCursor.from_u64(50))
+    a.compact()
+    b.compact()
+    a.close()
+    b.close()
+    assert (tmp_path / "a.log").read_bytes() == (tmp_path / "b.log").read_bytes()
+
+
+def test_threshold_triggers_compaction(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path, compact_threshold=2048)
+    for i in range(200):
+        s.apply([KvUpdate.put("same", b"x" * 40, i + 1)], WatchCursor.from_u64(i + 1))
+    assert path.stat().st_size < 2048 + 200
+    s.close()
+    s = AppendLogStore(path)
+    assert s.cursor == WatchCursor.from_u64(200) and s.get("same") is not None
+    s.close()
+
+
+def test_failed_compaction_poisons_the_writer(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    s = fill(path, 2)
+    # A real fault, not a mock: the temp file's name is taken by a directory.
+    (tmp_path / "f.log.compact.tmp").mkdir()
+    with pytest.raises(SnapshotIoError):
+        s.compact()
+    assert s.poisoned
+    with pytest.raises(SnapshotIoError, match="poisoned"):
+        s.apply([KvUpdate.put("x", b"y", 9)], WatchCursor.from_u64(9))
+    # The log on disk is untouched and still loads.
+    (tmp_path / "f.log.compact.tmp").rmdir()
+    s2 = AppendLogStore(path)
+    assert s2.cursor == WatchCursor.from_u64(2)
+    s2.close()
+
+
+def test_load_skips_rewrite_of_a_compact_log(tmp_path: Path) -> None:
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path)
+    s.apply([KvUpdate.put("a", b"1", 1), KvUpdate.put("b", b"2", 2)], WatchCursor.from_u64(2))
+    s.close()
+    before = path.stat().st_ino
+    AppendLogStore(path).close()
+    assert path.stat().st_ino == before  # no temp-file-and-rename happened

@@ -1,0 +1,34 @@
+"""The pure protocol guards, at their boundaries and as properties."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from waymark.kv.guards import delivery_is_gap, resume_window_ok, resume_within_stream
+
+seqs = st.integers(min_value=0, max_value=2**64 - 2)
+
+
+def test_resume_window_boundaries() -> None:
+    assert resume_window_ok(10, 11)  # the next sequence is still held
+    assert resume_window_ok(10, 1)
+    assert not resume_window_ok(10, 12)  # sequence 11 was evicted
+    assert resume_window_ok(0, 1)  # no cursor: a full read from the start
+
+
+@given(revision=seqs, first=seqs)
+def test_resume_window_ok_iff_next_sequence_is_retained(revision: int, first: int) -> None:
+    """Sound exactly when no sequence in (revision, first) was evicted unseen."""
+    missed = range(revision + 1, first)
+    assert resume_window_ok(revision, first) == (len(missed) == 0)
+
+
+@given(revision=seqs, last=seqs)
+def test_cursor_beyond_last_sequence_is_refused(revision: int, last: int) -> None:
+    assert resume_within_stream(revision, last) == (revision <= last)
+
+
+@given(frontier=seqs, step=st.integers(min_value=1, max_value=5))
+def test_only_a_skip_is_a_gap(frontier: int, step: int) -> None:
+    assert delivery_is_gap(frontier, frontier + step) == (step > 1)
