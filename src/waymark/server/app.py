@@ -70,7 +70,8 @@ class App:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = perf_counter()
-        found = self.router.resolve(scope["path"])
+        raw = scope.get("raw_path")
+        found = self.router.resolve(raw.decode("latin-1") if raw else scope["path"])
         if found is None:
             label, response = "unmatched", not_found(scope["path"])
         else:

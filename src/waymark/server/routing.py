@@ -1,12 +1,15 @@
 """Path routing by segments: ``/v0/topics/{topic}/records`` and friends.
 
 Topic names never contain ``/`` (§2.1), so splitting the path on ``/`` and
-comparing literal segments is exact and needs no regular expressions.
+comparing literal segments is exact and needs no regular expressions. Routing
+uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside
+its segment and reaches the name check, rather than silently changing the route.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from .http import Handler
 
@@ -29,7 +32,7 @@ class Route:
             if want[0] == "{":
                 if not got:
                     return None
-                params[want[1:-1]] = got
+                params[want[1:-1]] = unquote(got) if "%" in got else got
             elif want != got:
                 return None
         return params

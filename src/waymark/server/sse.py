@@ -128,7 +128,10 @@ class EventStream(Response):
                     await asyncio.sleep(0)
                     result = self._read(cursor, epoch)
                     continue
-            if await self._notifier.wait(self._topic, self._heartbeat_s, disconnected):
+            changed = await self._notifier.wait(self._topic, self._heartbeat_s, disconnected)
+            if disconnected.done() or self._notifier.closing:
+                return
+            if changed:
                 result = self._read(cursor, epoch)
             else:
                 result = None

@@ -1,0 +1,141 @@
+"""The asyncio client: the calls of :class:`~waymark.client.Client`, awaitable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from ..log import ConfigPatch, RecordIn, TopicType
+from ..server.schemas import (
+    AppendResponse,
+    DeleteResponse,
+    DiffResponse,
+    Health,
+    TagRule,
+    TopicState,
+)
+from . import calls
+from .events import Watch, WatchEvent
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A typed asyncio client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`."""
+
+    def __init__(
+        self, base_url: str, *, timeout: float = 30.0, http: httpx.AsyncClient | None = None
+    ) -> None:
+        self.timeout = timeout
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self, call: calls.Call[T]) -> T:
+        response = await self._http.request(
+            call.method,
+            call.path,
+            content=call.content,
+            params=call.params,
+            headers=call.headers,
+            timeout=self.timeout + call.extra_wait_s,
+        )
+        return call.parse(response)
+
+    async def health(self) -> Health:
+        return await self._run(calls.health())
+
+    async def list_topics(self) -> list[TopicState]:
+        return await self._run(calls.list_topics())
+
+    async def put_topic(
+        self, topic: str, config: ConfigPatch | None = None, *, type: TopicType | None = None
+    ) -> tuple[TopicState, bool]:
+        """Create or update; returns the state and whether it was created."""
+        return await self._run(calls.put_topic(topic, config, type))
+
+    async def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
+        return await self._run(calls.get_topic(topic, touch))
+
+    async def delete_topic(self, topic: str) -> None:
+        await self._run(calls.delete_topic(topic))
+
+    async def append(
+        self,
+        topic: str,
+        records: Sequence[RecordIn],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+    ) -> AppendResponse:
+        return await self._run(calls.append(topic, records, create, config))
+
+    async def diff(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> DiffResponse:
+        return await self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
+
+    async def delete(
+        self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
+    ) -> DeleteResponse:
+        return await self._run(calls.delete(topic, before_seq, match))
+
+    async def openapi(self) -> dict[str, Any]:
+        return await self._run(calls.openapi())
+
+    async def metrics(self) -> str:
+        return await self._run(calls.metrics())
+
+    async def watch(
+        self,
+        topic: str,
+        *,
+        from_seq: int = 0,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        cursor: str | None = None,
+        read_timeout: float = 60.0,
+        max_retries: int | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """Follow a topic over SSE; see :meth:`waymark.client.Client.watch`."""
+        watch = Watch(
+            topic,
+            from_seq=from_seq,
+            node=node,
+            epoch=epoch,
+            cursor=cursor,
+            max_retries=max_retries,
+        )
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        while True:
+            try:
+                async with self._http.stream(
+                    "GET", watch.path, params=watch.params, headers=watch.headers, timeout=timeout
+                ) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                    watch.connected(response)
+                    async for line in response.aiter_lines():
+                        if (event := watch.feed(line)) is not None:
+                            yield event
+                error: Exception = ConnectionResetError("the server ended the stream")
+            except httpx.TransportError as exc:
+                error = exc
+            await asyncio.sleep(watch.backoff(error))

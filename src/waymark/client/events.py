@@ -1,0 +1,117 @@
+"""SSE watch streams: event parsing, the resumable cursor and the reconnect policy.
+
+Shared by the sync and async clients; they only feed lines in and sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+import msgspec
+
+from ..server.schemas import Record, Tombstone
+from .calls import topic_path
+from .errors import ApiError
+
+_record = msgspec.json.Decoder(Record)
+_tombstone = msgspec.json.Decoder(Tombstone)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent:
+    cursor: str  # "<epoch>:<seq>": resume after this record
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class TombstoneEvent:
+    cursor: str  # "<epoch>:<earliest_seq - 1>": resume right after the gap
+    tombstone: Tombstone
+
+
+WatchEvent = RecordEvent | TombstoneEvent
+
+
+class Watch:
+    """One logical subscription across any number of connections.
+
+    It remembers the ``id:`` of the last event handed out and sends it back as
+    ``Last-Event-ID`` on reconnect, so no event is delivered twice or skipped.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        from_seq: int,
+        node: str | Sequence[str] | None,
+        epoch: int | None,
+        cursor: str | None,
+        max_retries: int | None,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self.path = topic_path(topic, "/watch")
+        params: list[tuple[str, str | int]] = [("from_seq", from_seq)]
+        if epoch is not None:
+            params.append(("epoch", epoch))
+        nodes = [node] if isinstance(node, str) else list(node or ())
+        params += [("node", n) for n in nodes]
+        self.params = params
+        self.cursor = cursor
+        self._max_retries = max_retries
+        self._max_backoff_s = max_backoff_s
+        self._failures = 0
+        self._event = ""
+        self._id: str | None = None
+        self._data: list[str] = []
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"accept": "text/event-stream"}
+        if self.cursor is not None:
+            headers["last-event-id"] = self.cursor
+        return headers
+
+    def connected(self, response: httpx.Response) -> None:
+        """Accept a response whose body (if an error) has been read."""
+        if response.status_code != 200:
+            raise ApiError.from_response(response)
+        self._failures = 0
+        # A connection that dropped mid-event leaves a partial one behind: drop it.
+        self._event, self._id, self._data = "", None, []
+
+    def backoff(self, error: Exception) -> float:
+        """Seconds to wait before reconnecting after ``error``, or re-raise it."""
+        self._failures += 1
+        if self._max_retries is not None and self._failures > self._max_retries:
+            raise error
+        # A dropped connection usually reconnects at once; a dead server backs off.
+        return min(self._max_backoff_s, 0.05 * 2 ** (self._failures - 1))
+
+    def feed(self, line: str) -> WatchEvent | None:
+        """One line of the stream; returns an event when a blank line completes one."""
+        if line:
+            if line.startswith(":"):
+                return None  # a heartbeat comment
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "data":
+                self._data.append(value)
+            elif name == "event":
+                self._event = value
+            elif name == "id":
+                self._id = value
+            return None
+        event, id_, data = self._event, self._id, "\n".join(self._data)
+        self._event, self._id, self._data = "", None, []
+        if event == "error":
+            body = msgspec.json.decode(data)["error"]
+            raise ApiError(200, body["code"], body["message"], body["detail"])
+        if id_ is None or event not in ("record", "tombstone"):
+            return None
+        self.cursor = id_
+        if event == "record":
+            return RecordEvent(id_, _record.decode(data))
+        return TombstoneEvent(id_, _tombstone.decode(data))

@@ -1,0 +1,146 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from ..log import ConfigPatch, RecordIn, TopicType
+from ..server.schemas import (
+    AppendResponse,
+    DeleteResponse,
+    DiffResponse,
+    Health,
+    TagRule,
+    TopicState,
+)
+from . import calls
+from .events import Watch, WatchEvent
+
+T = TypeVar("T")
+
+
+class Client:
+    """A typed client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`."""
+
+    def __init__(
+        self, base_url: str, *, timeout: float = 30.0, http: httpx.Client | None = None
+    ) -> None:
+        self.timeout = timeout
+        self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, call: calls.Call[T]) -> T:
+        response = self._http.request(
+            call.method,
+            call.path,
+            content=call.content,
+            params=call.params,
+            headers=call.headers,
+            timeout=self.timeout + call.extra_wait_s,
+        )
+        return call.parse(response)
+
+    def health(self) -> Health:
+        return self._run(calls.health())
+
+    def list_topics(self) -> list[TopicState]:
+        return self._run(calls.list_topics())
+
+    def put_topic(
+        self, topic: str, config: ConfigPatch | None = None, *, type: TopicType | None = None
+    ) -> tuple[TopicState, bool]:
+        """Create or update; returns the state and whether it was created."""
+        return self._run(calls.put_topic(topic, config, type))
+
+    def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
+        return self._run(calls.get_topic(topic, touch))
+
+    def delete_topic(self, topic: str) -> None:
+        self._run(calls.delete_topic(topic))
+
+    def append(
+        self,
+        topic: str,
+        records: Sequence[RecordIn],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+    ) -> AppendResponse:
+        return self._run(calls.append(topic, records, create, config))
+
+    def diff(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> DiffResponse:
+        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
+
+    def delete(
+        self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
+    ) -> DeleteResponse:
+        return self._run(calls.delete(topic, before_seq, match))
+
+    def openapi(self) -> dict[str, Any]:
+        return self._run(calls.openapi())
+
+    def metrics(self) -> str:
+        return self._run(calls.metrics())
+
+    def watch(
+        self,
+        topic: str,
+        *,
+        from_seq: int = 0,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        cursor: str | None = None,
+        read_timeout: float = 60.0,
+        max_retries: int | None = None,
+    ) -> Iterator[WatchEvent]:
+        """Follow a topic over SSE, reconnecting from the last event's cursor.
+
+        ``cursor`` (an event's ``.cursor``) resumes an earlier watch. A connection
+        silent for ``read_timeout`` seconds (no heartbeat either) is re-opened;
+        ``max_retries`` consecutive failed reconnects raise (None: retry forever).
+        """
+        watch = Watch(
+            topic,
+            from_seq=from_seq,
+            node=node,
+            epoch=epoch,
+            cursor=cursor,
+            max_retries=max_retries,
+        )
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        while True:
+            try:
+                with self._http.stream(
+                    "GET", watch.path, params=watch.params, headers=watch.headers, timeout=timeout
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                    watch.connected(response)
+                    for line in response.iter_lines():
+                        if (event := watch.feed(line)) is not None:
+                            yield event
+                error: Exception = ConnectionResetError("the server ended the stream")
+            except httpx.TransportError as exc:
+                error = exc
+            time.sleep(watch.backoff(error))

@@ -1,0 +1,53 @@
+"""Run an :class:`App` on uvicorn (uvloop + httptools), stopping cleanly on signals."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from .app import App
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket; port 0 picks a free one (read it back with ``getsockname``)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class Server(uvicorn.Server):
+    def __init__(self, app: App) -> None:
+        super().__init__(
+            uvicorn.Config(
+                app,
+                loop="uvloop",
+                http="httptools",
+                lifespan="on",
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # End SSE streams and long-polls first: uvicorn otherwise waits for them.
+        self.app.close()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the signal after a graceful shutdown, which would turn a
+        # clean stop into a KeyboardInterrupt traceback or a death by SIGTERM.
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

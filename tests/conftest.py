@@ -1,0 +1,70 @@
+"""Fixtures shared across test packages."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+@dataclass
+class ServerProcess:
+    """A real ``waymark serve`` process on a free port."""
+
+    url: str
+    process: subprocess.Popen[str]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+
+def start_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
+    """Start ``waymark serve`` and wait until it answers /v0/health."""
+    command = [str(Path(sys.executable).parent / "waymark"), "serve", "--port", str(port),
+               "--data-dir", str(data_dir), *args]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 20)
+    if not ready:
+        process.kill()
+        raise RuntimeError("waymark serve printed nothing within 20 s")
+    line = process.stdout.readline()
+    prefix = "waymark listening on "
+    if not line.startswith(prefix):
+        process.kill()
+        raise RuntimeError(f"unexpected first line from waymark serve: {line!r}")
+    server = ServerProcess(line[len(prefix) :].split()[0], process)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{server.url}/v0/health").status_code == 200:
+                return server
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def waymark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the whole session; tests keep apart by using their own topics.
+
+    A short SSE heartbeat keeps the heartbeat test fast.
+    """
+    server = start_server(tmp_path_factory.mktemp("waymark-data"), "--heartbeat-s", "0.2")
+    yield server
+    assert server.stop() == 0, "waymark serve did not exit cleanly on SIGTERM"
