@@ -11,6 +11,7 @@ physical reclaim (the in-memory analogue of a segment, §5.6).
 from __future__ import annotations
 
 from array import array
+from itertools import accumulate, islice, repeat
 
 CHUNK_RECORDS = 16_384
 CHUNK_BYTES = 8 << 20
@@ -41,18 +42,32 @@ class Chunk:
     def last_seq(self) -> int:
         return self.base_seq + len(self.ends) - 1
 
-    def full(self) -> bool:
-        return len(self.ends) >= CHUNK_RECORDS or len(self.buf) >= CHUNK_BYTES
+    def room(self) -> int:
+        """How many more records this chunk takes (0 once it is sealed by size)."""
+        return 0 if len(self.buf) >= CHUNK_BYTES else CHUNK_RECORDS - len(self.ends)
 
-    def add(self, seq: int, ts: int, body: bytes, node: int, tag: int, size: int) -> None:
-        self.buf += b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, body)
-        self.ends.append(len(self.buf))
-        self.ts.append(ts)
-        self.node.append(node)
-        self.tag.append(tag)
-        self.size.append(size)
-        self.dead.append(LIVE)
-        self.live += 1
+    def extend(
+        self,
+        first_seq: int,
+        ts: int,
+        bodies: list[bytes],
+        nodes: list[int],
+        tags: list[int],
+        sizes: list[int],
+    ) -> None:
+        """Append consecutive records: one buffer write and one extend per index array."""
+        pieces = [
+            b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, body)
+            for seq, body in zip(range(first_seq, first_seq + len(bodies)), bodies, strict=True)
+        ]
+        self.ends.extend(islice(accumulate(map(len, pieces), initial=len(self.buf)), 1, None))
+        self.buf += b"".join(pieces)
+        self.ts.extend(repeat(ts, len(pieces)))
+        self.node.extend(nodes)
+        self.tag.extend(tags)
+        self.size.extend(sizes)
+        self.dead.extend(bytes(len(pieces)))
+        self.live += len(pieces)
 
     def start(self, i: int) -> int:
         return self.ends[i - 1] if i else 0

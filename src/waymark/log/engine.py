@@ -15,8 +15,9 @@ from ..clock import Clock, SystemClock
 from .config import ConfigPatch, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .records import Limits, RecordIn, check_topic_name, encode
+from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
+from .staging import Staging
 from .topic import Topic
 
 Listener = Callable[[str], None]
@@ -35,6 +36,7 @@ class Engine:
         self._topics: dict[str, Topic] = {}
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
         self._listeners: list[Listener] = []
+        self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
@@ -101,7 +103,23 @@ class Engine:
                 f"a write carries at most {self.limits.max_records_per_write} records",
                 {"records": len(records), "max_records": self.limits.max_records_per_write},
             )
-        encoded = [encode(r, self.limits) for r in records]
+        encoded = encode_batch(records, self.limits)
+        return self.append_encoded(name, encoded, create=create, config=config)
+
+    # --- staged sink writes: waymark.log.staging publishes through here ------------
+    def append_encoded(
+        self,
+        name: str,
+        encoded: list[EncodedRecord],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+    ) -> AppendResult:
+        """The atomic append of already validated records (see :meth:`append`).
+
+        A sink batch published by :mod:`waymark.log.staging` is many staged parts
+        committed together, so it is not bound by ``max_records_per_write``.
+        """
         now = self.clock.now_ms()
         topic = self._topics.get(name)
         created = topic is None

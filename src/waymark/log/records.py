@@ -8,6 +8,7 @@ see :mod:`waymark.log.chunk`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -63,7 +64,7 @@ class RecordIn(msgspec.Struct, forbid_unknown_fields=True):
         return cls(msgspec.Raw(orjson.dumps(data)), tag, node, meta, id)
 
 
-class EncodedRecord(msgspec.Struct, frozen=True):
+class EncodedRecord(msgspec.Struct, frozen=True, gc=False):
     """A validated record, ready to be stamped with seq and ts."""
 
     body: bytes  # the wire keys after $seq/$ts: ',"$node":..,"$tag":..,"meta":..,"data":..}'
@@ -73,52 +74,66 @@ class EncodedRecord(msgspec.Struct, frozen=True):
     id: str | None
 
 
-def encode(record: RecordIn, limits: Limits) -> EncodedRecord:
-    """Validate ``record`` against ``limits`` and encode its wire body once."""
-    data = bytes(record.data)
-    meta = b""
-    if record.meta is not None:
-        if len(record.meta) > limits.max_meta_keys:
-            raise TopicError(
-                ErrorCode.META_TOO_LARGE,
-                f"meta has {len(record.meta)} keys; at most {limits.max_meta_keys} are allowed",
-                {"keys": len(record.meta), "max_keys": limits.max_meta_keys},
-            )
-        meta = orjson.dumps(record.meta)
-        if len(meta) > limits.max_meta_bytes:
-            raise TopicError(
-                ErrorCode.META_TOO_LARGE,
-                f"meta is {len(meta)} bytes; at most {limits.max_meta_bytes} are allowed",
-                {"bytes": len(meta), "max_bytes": limits.max_meta_bytes},
-            )
-    if len(data) + len(meta) > limits.max_record_bytes:
-        # The limit is on canonical bytes: only pay for re-encoding when the raw form is over.
-        data = orjson.dumps(orjson.loads(data))
-        if len(data) + len(meta) > limits.max_record_bytes:
-            raise TopicError(
-                ErrorCode.RECORD_TOO_LARGE,
-                f"data+meta is {len(data) + len(meta)} bytes; at most "
-                f"{limits.max_record_bytes} are allowed",
-                {"bytes": len(data) + len(meta), "max_bytes": limits.max_record_bytes},
-            )
-    parts = []
-    if record.node is not None:
-        if len(record.node.encode()) > limits.max_node_bytes:
-            raise TopicError(
-                ErrorCode.NODE_TOO_LONG,
-                f"node is longer than {limits.max_node_bytes} bytes",
-                {"max_bytes": limits.max_node_bytes},
-            )
-        parts.append(b',"$node":' + orjson.dumps(record.node))
-    if record.tag is not None:
-        if len(record.tag.encode()) > limits.max_tag_bytes:
-            raise TopicError(
-                ErrorCode.TAG_TOO_LONG,
-                f"tag is longer than {limits.max_tag_bytes} bytes",
-                {"max_bytes": limits.max_tag_bytes},
-            )
-        parts.append(b',"$tag":' + orjson.dumps(record.tag))
-    if meta:
-        parts.append(b',"meta":' + meta)
-    parts.append(b',"data":' + data + b"}")
-    return EncodedRecord(b"".join(parts), len(data) + len(meta), record.node, record.tag, record.id)
+def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRecord]:
+    """Validate every record against ``limits`` and encode its wire body once.
+
+    This is the hottest loop of a write, so the common shapes take short paths.
+    """
+    dumps = orjson.dumps
+    max_record = limits.max_record_bytes
+    out: list[EncodedRecord] = []
+    append = out.append
+    for record in records:
+        data = bytes(record.data)
+        node, tag, meta = record.node, record.tag, record.meta
+        meta_json = _check_meta(meta, limits) if meta is not None else b""
+        size = len(data) + len(meta_json)
+        if size > max_record:
+            data, size = _canonical_or_refuse(data, len(meta_json), max_record)
+        head = b""
+        if node is not None:
+            _check_length(node, limits.max_node_bytes, ErrorCode.NODE_TOO_LONG, "node")
+            head = b',"$node":' + dumps(node)
+        if tag is not None:
+            _check_length(tag, limits.max_tag_bytes, ErrorCode.TAG_TOO_LONG, "tag")
+            head += b',"$tag":' + dumps(tag)
+        if meta_json:
+            head += b',"meta":' + meta_json
+        append(EncodedRecord(b'%b,"data":%b}' % (head, data), size, node, tag, record.id))
+    return out
+
+
+def _check_length(text: str, max_bytes: int, code: ErrorCode, what: str) -> None:
+    # A UTF-8 character is at most 4 bytes: short strings need no encoding to check.
+    if len(text) * 4 > max_bytes and len(text.encode()) > max_bytes:
+        raise TopicError(code, f"{what} is longer than {max_bytes} bytes", {"max_bytes": max_bytes})
+
+
+def _check_meta(meta: dict[str, str], limits: Limits) -> bytes:
+    if len(meta) > limits.max_meta_keys:
+        raise TopicError(
+            ErrorCode.META_TOO_LARGE,
+            f"meta has {len(meta)} keys; at most {limits.max_meta_keys} are allowed",
+            {"keys": len(meta), "max_keys": limits.max_meta_keys},
+        )
+    meta_json = orjson.dumps(meta)
+    if len(meta_json) > limits.max_meta_bytes:
+        raise TopicError(
+            ErrorCode.META_TOO_LARGE,
+            f"meta is {len(meta_json)} bytes; at most {limits.max_meta_bytes} are allowed",
+            {"bytes": len(meta_json), "max_bytes": limits.max_meta_bytes},
+        )
+    return meta_json
+
+
+def _canonical_or_refuse(data: bytes, meta_bytes: int, max_record: int) -> tuple[bytes, int]:
+    # The limit is on canonical bytes: only pay for re-encoding when the raw form is over.
+    data = orjson.dumps(orjson.loads(data))
+    size = len(data) + meta_bytes
+    if size > max_record:
+        raise TopicError(
+            ErrorCode.RECORD_TOO_LARGE,
+            f"data+meta is {size} bytes; at most {max_record} are allowed",
+            {"bytes": size, "max_bytes": max_record},
+        )
+    return data, size

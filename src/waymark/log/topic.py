@@ -147,15 +147,27 @@ class Topic:
     def plan_append(self, records: list[EncodedRecord], now: int) -> AppendPlan:
         """Validate an append (dedupe, caps); raises before anything changes."""
         self.expire(now)
+        first = self.next_seq
+        if not self.config.idempotency_window_ms or all(r.id is None for r in records):
+            fresh = records
+            seqs = list(range(first, first + len(records)))
+        else:
+            fresh, seqs = self._dedupe_batch(records, now)
+        fresh_bytes = sum(r.size for r in fresh)
+        self._check_caps(len(fresh), fresh_bytes)
+        return AppendPlan(fresh, seqs, first, max(now, self.last_ts), fresh_bytes)
+
+    def _dedupe_batch(
+        self, records: list[EncodedRecord], now: int
+    ) -> tuple[list[EncodedRecord], list[int]]:
+        """Split a write into new records and repeats of ids seen within the window."""
         self._prune_dedupe(now)
-        window = self.config.idempotency_window_ms
         fresh: list[EncodedRecord] = []
         seqs: list[int] = []
         batch_ids: dict[str, int] = {}
         next_seq = self.next_seq
-        fresh_bytes = 0
         for record in records:
-            if record.id is not None and window:
+            if record.id is not None:
                 known = batch_ids.get(record.id)
                 if known is None and record.id in self._dedupe:
                     known = self._dedupe[record.id][0]
@@ -166,9 +178,7 @@ class Topic:
             fresh.append(record)
             seqs.append(next_seq)
             next_seq += 1
-            fresh_bytes += record.size
-        self._check_caps(len(fresh), fresh_bytes)
-        return AppendPlan(fresh, seqs, self.next_seq, max(now, self.last_ts), fresh_bytes)
+        return fresh, seqs
 
     def _check_caps(self, n: int, nbytes: int) -> None:
         cfg = self.config
@@ -197,30 +207,37 @@ class Topic:
         }
 
     def apply_append(self, plan: AppendPlan, now: int) -> None:
-        if not plan.fresh:
+        fresh = plan.fresh
+        if not fresh:
             return
         seq, ts = plan.first_seq, plan.ts
-        window = self.config.idempotency_window_ms
-        chunk = self.chunks[-1] if self.chunks and not self.chunks[-1].full() else self._new_chunk()
-        for record in plan.fresh:
-            if chunk.full():
-                chunk = self._new_chunk()
-            node = self._intern_node(record.node) if record.node is not None else 0
-            tag = 0
+        nodes = [self._intern_node(r.node) if r.node is not None else 0 for r in fresh]
+        tags = [0] * len(fresh)
+        dedupe = self.config.idempotency_window_ms
+        for i, record in enumerate(fresh):
             if record.tag is not None:
-                tag = self._intern_tag(record.tag)
+                tags[i] = self._intern_tag(record.tag)
                 seqs = self.tag_index.get(record.tag)
                 if seqs is None:
                     seqs = self.tag_index[record.tag] = array("Q")
-                seqs.append(seq)
-            chunk.add(seq, ts, record.body, node, tag, record.size)
-            if record.id is not None and window:
-                self._dedupe[record.id] = (seq, ts)
+                seqs.append(seq + i)
+            if record.id is not None and dedupe:
+                self._dedupe[record.id] = (seq + i, ts)
                 self._dedupe_order.append((ts, record.id))
-            seq += 1
-        self.next_seq = seq
+        bodies = [r.body for r in fresh]
+        sizes = [r.size for r in fresh]
+        done = 0
+        while done < len(fresh):
+            chunk = self.chunks[-1] if self.chunks and self.chunks[-1].room() else self._new_chunk()
+            take = min(chunk.room(), len(fresh) - done)
+            end = done + take
+            chunk.extend(
+                seq + done, ts, bodies[done:end], nodes[done:end], tags[done:end], sizes[done:end]
+            )
+            done = end
+        self.next_seq = seq + len(fresh)
         self.last_ts = ts
-        self.live_count += len(plan.fresh)
+        self.live_count += len(fresh)
         self.live_bytes += plan.fresh_bytes
         self.last_write_ts = now
         if not self.enqueued_at:
@@ -276,29 +293,37 @@ class Topic:
             self._remove_front(upto, "ttl")
 
     def _evict_to_cap(self) -> None:
-        """discard=old: drop the oldest live records until back within both caps (§5.3)."""
+        """discard=old: drop the oldest live records until back within both caps (§5.3).
+
+        Scans forward from the front in geometrically growing windows, so the work
+        is proportional to what is evicted, not to the size of the topic.
+        """
         cfg = self.config
         need_n = self.live_count - cfg.cap_records if cfg.cap_records else 0
         need_b = self.live_bytes - cfg.cap_bytes if cfg.cap_bytes else 0
         if need_n <= 0 and need_b <= 0:
             return
-        upto = None
+        window = 64
         for chunk in self.chunks[self._chunk_index(self.front) :]:
             lo = max(self.front - chunk.base_seq, 0)
-            live = np.frombuffer(chunk.dead, np.uint8)[lo:] == 0
-            cum_n = np.cumsum(live, dtype=np.int64)
-            cum_b = np.cumsum(np.frombuffer(chunk.size, np.uint32)[lo:] * live, dtype=np.int64)
-            pos = max(
-                int(np.searchsorted(cum_n, need_n)) if need_n > 0 else -1,
-                int(np.searchsorted(cum_b, need_b)) if need_b > 0 else -1,
-            )
-            if pos < len(cum_n):
-                upto = chunk.base_seq + lo + pos
-                break
-            need_n -= int(cum_n[-1])
-            need_b -= int(cum_b[-1])
-        assert upto is not None, "live counters disagree with the chunks"
-        self._remove_front(upto, "cap")
+            while lo < chunk.n:
+                hi = min(chunk.n, lo + window)
+                live = np.frombuffer(chunk.dead, np.uint8)[lo:hi] == 0
+                cum_n = np.cumsum(live, dtype=np.int64)
+                sizes = np.frombuffer(chunk.size, np.uint32)[lo:hi]
+                cum_b = np.cumsum(sizes * live, dtype=np.int64)
+                pos = max(
+                    int(np.searchsorted(cum_n, need_n)) if need_n > 0 else -1,
+                    int(np.searchsorted(cum_b, need_b)) if need_b > 0 else -1,
+                )
+                if pos < len(cum_n):
+                    self._remove_front(chunk.base_seq + lo + pos, "cap")
+                    return
+                need_n -= int(cum_n[-1])
+                need_b -= int(cum_b[-1])
+                lo = hi
+                window *= 2
+        raise AssertionError("live counters disagree with the chunks")
 
     def _remove_front(self, upto: int, reason: str | None) -> int:
         """Remove every slot in [front, upto]; ``reason`` None means voluntary deletion.

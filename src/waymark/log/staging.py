@@ -1,0 +1,250 @@
+"""Two-phase commit for exactly-once sinks: a staging area and a publish ledger per topic.
+
+A sink writer (say one Spark streaming query) is named by a *writer id* that is
+stable across its restarts, and carries an *epoch* that every restart bumps
+(:meth:`Staging.open_writer`) — the FenceEpoch of the relocatable-pipeline spec
+applied to sinks. Its tasks *stage* records under ``(writer, batch, partition,
+attempt)``; staged records are invisible to readers. Its coordinator then
+*publishes* the parts of the attempts that succeeded: they are appended as one
+atomic write (contiguous seqs, through :meth:`Engine.append_encoded` and thus
+:meth:`Engine._commit`), and the ledger remembers ``(writer, batch) -> seqs``,
+so publishing the same batch again returns the original seqs and appends nothing.
+
+Fencing: a stage or publish carrying an epoch below the writer's current one is
+a zombie of an earlier run and is refused with 409 ``fenced``. Stages that are
+never published (failed attempts, crashed runs) expire after ``stage_ttl_ms`` of
+the injected clock. Publish ledgers belong to a topic instance: a deleted and
+recreated topic starts with an empty ledger, like it starts with new seqs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import ErrorCode, TopicError
+from .records import EncodedRecord, RecordIn, check_topic_name, encode_batch
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+DEFAULT_STAGE_TTL_MS = 15 * 60_000
+# Spark replays at most the last few batches; a bounded ledger per writer is plenty,
+# and a batch older than the retained window is refused rather than re-appended.
+DEFAULT_LEDGER_BATCHES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class PartKey:
+    """One task attempt's staged output: partition and attempt within a batch."""
+
+    partition: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The outcome of publishing a batch: its seqs are ``first_seq .. first_seq+count-1``."""
+
+    first_seq: int
+    count: int
+    head_seq: int
+    replayed: bool  # the batch had been published before; nothing was appended now
+
+    def to_wire(self) -> dict[str, int | bool]:
+        return {
+            "first_seq": self.first_seq,
+            "count": self.count,
+            "head_seq": self.head_seq,
+            "replayed": self.replayed,
+        }
+
+
+@dataclass(slots=True)
+class _Part:
+    created_ms: int
+    chunks: dict[int, list[EncodedRecord]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Writer:
+    epoch: int = 0
+    # batch id -> (first_seq, count), oldest first, bounded
+    ledger: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
+    forgotten_upto: int = -1  # batches <= this left the ledger
+    stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
+
+
+class Staging:
+    """Per-topic staging areas and publish ledgers over one engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        stage_ttl_ms: int = DEFAULT_STAGE_TTL_MS,
+        ledger_batches: int = DEFAULT_LEDGER_BATCHES,
+    ) -> None:
+        self._engine = engine
+        self.stage_ttl_ms = stage_ttl_ms
+        self.ledger_batches = ledger_batches
+        # (topic, writer) -> state; the topic instance epoch is checked on every use.
+        self._writers: dict[tuple[str, str], _Writer] = {}
+        self._instance: dict[str, int] = {}
+
+    def open_writer(self, topic: str, writer: str) -> int:
+        """Start a new run of ``writer``: bump and return its epoch, fencing older runs."""
+        state = self._writer(topic, writer, create=True)
+        state.epoch += 1
+        return state.epoch
+
+    def stage(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        part: PartKey,
+        records: Sequence[RecordIn],
+        *,
+        chunk: int = 0,
+    ) -> bool:
+        """Stage ``records`` as chunk ``chunk`` of one task attempt's output.
+
+        Re-sending a chunk replaces it (an HTTP retry stores it once). Records are
+        validated against the limits now, so a publish cannot fail on a bad record.
+        Returns False, storing nothing, when the batch is already published: a
+        replayed batch need not ship its rows again.
+        """
+        _check_ids(batch_id, part, chunk)
+        state = self._fenced(topic, writer, epoch)
+        if batch_id in state.ledger or batch_id <= state.forgotten_upto:
+            return False
+        encoded = encode_batch(records, self._engine.limits)
+        now = self._engine.clock.now_ms()
+        self._expire(state, now)
+        staged = state.stages.setdefault((batch_id, part), _Part(now))
+        staged.chunks[chunk] = encoded
+        return True
+
+    def publish(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> Published:
+        """Append the staged ``parts`` (each with its chunk count) as one atomic write.
+
+        Idempotent per ``(writer, batch_id)``: a batch already published returns its
+        original seqs. The staged parts of the batch (including those of failed
+        attempts, which are not named) are dropped once published.
+        """
+        state = self._fenced(topic, writer, epoch)
+        head = self._engine.get_topic(topic, touch=False).head_seq if topic in self._instance else 0
+        if batch_id in state.ledger:
+            first, count = state.ledger[batch_id]
+            return Published(first, count, head, replayed=True)
+        if batch_id <= state.forgotten_upto:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                f"batch {batch_id} of writer {writer!r} is older than the publish ledger keeps",
+                {"writer": writer, "batch_id": batch_id, "forgotten_upto": state.forgotten_upto},
+            )
+        self._expire(state, self._engine.clock.now_ms())
+        records: list[EncodedRecord] = []
+        for part, chunks in parts:
+            _check_ids(batch_id, part, 0)
+            staged = state.stages.get((batch_id, part))
+            missing = [c for c in range(chunks) if staged is None or c not in staged.chunks]
+            if missing:
+                raise TopicError(
+                    ErrorCode.NOT_FOUND,
+                    f"batch {batch_id} partition {part.partition} attempt {part.attempt} is not "
+                    "fully staged (never staged, or expired)",
+                    {"writer": writer, "batch_id": batch_id, "partition": part.partition,
+                     "attempt": part.attempt, "missing_chunks": missing[:16]},
+                )  # fmt: skip
+            assert staged is not None
+            for c in range(chunks):
+                records.extend(staged.chunks[c])
+        if records:
+            result = self._engine.append_encoded(topic, records)
+            first, count = result.seqs[0], len(result.seqs)
+            head = result.head_seq
+            self._instance[topic] = self._engine.get_topic(topic, touch=False).epoch
+        else:
+            first, count = 0, 0
+        state.ledger[batch_id] = (first, count)
+        while len(state.ledger) > self.ledger_batches:
+            old, _ = state.ledger.popitem(last=False)
+            state.forgotten_upto = max(state.forgotten_upto, old)
+        for key in [k for k in state.stages if k[0] == batch_id]:
+            del state.stages[key]
+        return Published(first, count, head, replayed=False)
+
+    def staged_parts(self, topic: str, writer: str) -> int:
+        """How many task attempts' outputs are staged and unpublished (for metrics, tests)."""
+        state = self._writers.get((topic, writer))
+        if state is None:
+            return 0
+        self._expire(state, self._engine.clock.now_ms())
+        return len(state.stages)
+
+    # --- internals ----------------------------------------------------------------
+    def _writer(self, topic: str, writer: str, *, create: bool) -> _Writer:
+        check_topic_name(topic)
+        if not writer:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "a writer id is a non-empty string")
+        # A recreated topic is a new instance: its ledger and stages start empty.
+        try:
+            instance = self._engine.get_topic(topic, touch=False).epoch
+        except TopicError:
+            instance = 0
+        known = self._instance.get(topic)
+        if known is not None and known != instance:
+            for key in [k for k in self._writers if k[0] == topic]:
+                # Fencing survives a recreate: a zombie of an old run stays a zombie.
+                self._writers[key] = _Writer(epoch=self._writers[key].epoch)
+        if instance:
+            self._instance[topic] = instance
+        else:
+            self._instance.pop(topic, None)
+        state = self._writers.get((topic, writer))
+        if state is None:
+            if not create:
+                raise TopicError(
+                    ErrorCode.FENCED,
+                    f"writer {writer!r} of topic {topic!r} was never opened",
+                    {"topic": topic, "writer": writer, "epoch": 0},
+                )
+            state = self._writers[(topic, writer)] = _Writer()
+        return state
+
+    def _fenced(self, topic: str, writer: str, epoch: int) -> _Writer:
+        state = self._writer(topic, writer, create=False)
+        if epoch != state.epoch:
+            raise TopicError(
+                ErrorCode.FENCED,
+                f"writer {writer!r} of topic {topic!r} is at epoch {state.epoch}; "
+                f"epoch {epoch} is {'stale' if epoch < state.epoch else 'not issued'}",
+                {"topic": topic, "writer": writer, "epoch": epoch, "current_epoch": state.epoch},
+            )
+        return state
+
+    def _expire(self, state: _Writer, now: int) -> None:
+        cutoff = now - self.stage_ttl_ms
+        for key in [k for k, p in state.stages.items() if p.created_ms < cutoff]:
+            del state.stages[key]
+
+
+def _check_ids(batch_id: int, part: PartKey, chunk: int) -> None:
+    if batch_id < 0 or part.partition < 0 or part.attempt < 0 or chunk < 0:
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "batch_id, partition, attempt and chunk are non-negative integers",
+            {"batch_id": batch_id, "partition": part.partition, "attempt": part.attempt},
+        )
