@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,3 +68,20 @@ def waymark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
     server = start_server(tmp_path_factory.mktemp("waymark-data"), "--heartbeat-s", "0.2")
     yield server
     assert server.stop() == 0, "waymark serve did not exit cleanly on SIGTERM"
+
+
+@pytest.fixture
+def start_waymark(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start extra ``waymark serve`` processes; any still running are killed afterwards."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, port: int = 0) -> ServerProcess:
+        server = start_server(tmp_path / f"data-{len(started)}", *args, port=port)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

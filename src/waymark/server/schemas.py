@@ -39,7 +39,7 @@ class TopicPut(ConfigPatch, forbid_unknown_fields=True, omit_defaults=True):
 class AppendRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """``POST /v0/topics/{topic}/records``."""
 
-    records: list[RecordIn]
+    records: Annotated[list[RecordIn], Meta(min_length=1)]
     create: bool | None = None
     config: ConfigPatch | None = None
 

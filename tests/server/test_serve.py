@@ -1,0 +1,58 @@
+"""``waymark serve`` as a real process: URL on stdout, data dir, clean exit on signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+
+
+def test_serve_prints_its_url_creates_the_data_dir_and_stops_on_sigint(
+    start_waymark, tmp_path: Path
+) -> None:
+    server = start_waymark()
+    assert server.url.startswith("http://127.0.0.1:")
+    assert (tmp_path / "data-0").is_dir()
+    assert server.stop(signal.SIGINT) == 0
+    assert server.process.stdout is not None
+    assert "waymark stopped" in server.process.stdout.read()
+
+
+def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark) -> None:
+    server = start_waymark()
+    httpx.post(f"{server.url}/v0/topics/t/records", json={"records": [{"data": 1}]})
+    ended = threading.Event()
+
+    def hold_a_stream() -> None:
+        with httpx.stream("GET", f"{server.url}/v0/topics/t/watch", timeout=30) as response:
+            for _ in response.iter_lines():
+                pass
+        ended.set()
+
+    watcher = threading.Thread(target=hold_a_stream)
+    watcher.start()
+    long_poll = {"json": {"from_seq": 1, "wait_ms": 60_000}, "timeout": 30}
+    poll = threading.Thread(
+        target=httpx.post, args=(f"{server.url}/v0/topics/t/diff",), kwargs=long_poll
+    )
+    poll.start()
+    httpx.get(f"{server.url}/v0/health")
+    assert server.stop(signal.SIGTERM, timeout=4) == 0
+    watcher.join(5)
+    poll.join(5)
+    assert ended.is_set() and not poll.is_alive()
+
+
+def test_serve_help_says_storage_is_in_memory_for_now() -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "waymark"), "serve", "--help"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    text = " ".join(result.stdout.split())
+    for option in ("--host", "--port", "--data-dir", "--heartbeat-s"):
+        assert option in text
+    assert "in memory" in text and "later issue" in text
