@@ -2,16 +2,17 @@
 
 A sink writer (say one Spark streaming query) is named by a *writer id* that is
 stable across its restarts, and carries an *epoch* that every restart bumps
-(:meth:`Staging.open_writer`) — the FenceEpoch of the relocatable-pipeline spec
-applied to sinks. Its tasks *stage* records under ``(writer, batch, partition,
-attempt)``; staged records are invisible to readers. Its coordinator then
-*publishes* the parts of the attempts that succeeded: they are appended as one
-atomic write (contiguous seqs, through :meth:`Engine.append_encoded` and thus
-:meth:`Engine._commit`), and the ledger remembers ``(writer, batch) -> seqs``,
-so publishing the same batch again returns the original seqs and appends nothing.
+(:meth:`Staging.open_writer`, one epoch per writer across all its topics): the
+FenceEpoch of the relocatable-pipeline spec applied to sinks. Its tasks *stage*
+records under ``(writer, batch, partition, attempt)``; staged records are
+invisible to readers. Its coordinator then *publishes* the parts of the attempts
+that succeeded: they are appended as one atomic write (contiguous seqs, through
+:meth:`Engine.append_encoded` and thus :meth:`Engine._commit`), and the ledger
+remembers ``(writer, batch) -> seqs``, so publishing the same batch again returns
+the original seqs and appends nothing.
 
-Fencing: a stage or publish carrying an epoch below the writer's current one is
-a zombie of an earlier run and is refused with 409 ``fenced``. Stages that are
+Fencing: a stage or publish carrying an epoch other than the writer's current one
+is a zombie of an earlier run and is refused with 409 ``fenced``. Stages that are
 never published (failed attempts, crashed runs) expire after ``stage_ttl_ms`` of
 the injected clock. Publish ledgers belong to a topic instance: a deleted and
 recreated topic starts with an empty ledger, like it starts with new seqs.
@@ -70,7 +71,6 @@ class _Part:
 
 @dataclass(slots=True)
 class _Writer:
-    epoch: int = 0
     # batch id -> (first_seq, count), oldest first, bounded
     ledger: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
     forgotten_upto: int = -1  # batches <= this left the ledger
@@ -90,15 +90,17 @@ class Staging:
         self._engine = engine
         self.stage_ttl_ms = stage_ttl_ms
         self.ledger_batches = ledger_batches
-        # (topic, writer) -> state; the topic instance epoch is checked on every use.
+        # Epochs are per writer, not per topic, so a writer whose rows name their
+        # topics learns one epoch up front; ledgers and stages are per (topic, writer).
+        self._epochs: dict[str, int] = {}
         self._writers: dict[tuple[str, str], _Writer] = {}
         self._instance: dict[str, int] = {}
 
-    def open_writer(self, topic: str, writer: str) -> int:
+    def open_writer(self, writer: str) -> int:
         """Start a new run of ``writer``: bump and return its epoch, fencing older runs."""
-        state = self._writer(topic, writer, create=True)
-        state.epoch += 1
-        return state.epoch
+        _check_writer(writer)
+        epoch = self._epochs[writer] = self._epochs.get(writer, 0) + 1
+        return epoch
 
     def stage(
         self,
@@ -195,10 +197,8 @@ class Staging:
         return len(state.stages)
 
     # --- internals ----------------------------------------------------------------
-    def _writer(self, topic: str, writer: str, *, create: bool) -> _Writer:
+    def _writer(self, topic: str, writer: str) -> _Writer:
         check_topic_name(topic)
-        if not writer:
-            raise TopicError(ErrorCode.INVALID_REQUEST, "a writer id is a non-empty string")
         # A recreated topic is a new instance: its ledger and stages start empty.
         try:
             instance = self._engine.get_topic(topic, touch=False).epoch
@@ -207,38 +207,37 @@ class Staging:
         known = self._instance.get(topic)
         if known is not None and known != instance:
             for key in [k for k in self._writers if k[0] == topic]:
-                # Fencing survives a recreate: a zombie of an old run stays a zombie.
-                self._writers[key] = _Writer(epoch=self._writers[key].epoch)
+                del self._writers[key]
         if instance:
             self._instance[topic] = instance
         else:
             self._instance.pop(topic, None)
         state = self._writers.get((topic, writer))
         if state is None:
-            if not create:
-                raise TopicError(
-                    ErrorCode.FENCED,
-                    f"writer {writer!r} of topic {topic!r} was never opened",
-                    {"topic": topic, "writer": writer, "epoch": 0},
-                )
             state = self._writers[(topic, writer)] = _Writer()
         return state
 
     def _fenced(self, topic: str, writer: str, epoch: int) -> _Writer:
-        state = self._writer(topic, writer, create=False)
-        if epoch != state.epoch:
+        _check_writer(writer)
+        current = self._epochs.get(writer, 0)
+        if epoch != current or not current:
             raise TopicError(
                 ErrorCode.FENCED,
-                f"writer {writer!r} of topic {topic!r} is at epoch {state.epoch}; "
-                f"epoch {epoch} is {'stale' if epoch < state.epoch else 'not issued'}",
-                {"topic": topic, "writer": writer, "epoch": epoch, "current_epoch": state.epoch},
+                f"writer {writer!r} is at epoch {current}; epoch {epoch} is "
+                f"{'stale' if epoch < current else 'not issued'}",
+                {"topic": topic, "writer": writer, "epoch": epoch, "current_epoch": current},
             )
-        return state
+        return self._writer(topic, writer)
 
     def _expire(self, state: _Writer, now: int) -> None:
         cutoff = now - self.stage_ttl_ms
         for key in [k for k, p in state.stages.items() if p.created_ms < cutoff]:
             del state.stages[key]
+
+
+def _check_writer(writer: str) -> None:
+    if not writer:
+        raise TopicError(ErrorCode.INVALID_REQUEST, "a writer id is a non-empty string")
 
 
 def _check_ids(batch_id: int, part: PartKey, chunk: int) -> None:

@@ -15,6 +15,7 @@ from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .openapi import document
 from .routing import Route, Router
+from .staging import StagingApi
 
 
 class App:
@@ -40,6 +41,7 @@ class App:
         api = TopicApi(
             self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
         )
+        staging = StagingApi(self.engine, self.limits, self.metrics)
         self._openapi = orjson.dumps(document())
         topic = "/v0/topics/{topic}"
         self.router = Router(
@@ -53,6 +55,9 @@ class App:
                 Route(f"{topic}/diff", {"POST": api.diff}),
                 Route(f"{topic}/watch", {"GET": api.watch}),
                 Route(f"{topic}/delete", {"POST": api.delete}),
+                Route("/v0/writers", {"POST": staging.open_writer}),
+                Route(f"{topic}/stage", {"POST": staging.stage}),
+                Route(f"{topic}/publish", {"POST": staging.publish}),
                 Route("/v0/openapi.json", {"GET": self._openapi_json}),
                 Route("/metrics", {"GET": self._metrics}),
             ]

@@ -160,8 +160,12 @@ _ERRORS = {
 
 
 def document() -> dict[str, Any]:
+    # Imported here: the staging routes' module builds its Operations from this one.
+    from .staging import OPERATIONS as STAGING
+
+    operations = OPERATIONS + STAGING
     types = sorted(
-        {t for op in OPERATIONS for t in (op.ok_type, op.body) if t} | {s.Error},
+        {t for op in operations for t in (op.ok_type, op.body) if t} | {s.Error},
         key=lambda t: t.__name__,
     )
     refs, components = msgspec.json.schema_components(
@@ -170,7 +174,7 @@ def document() -> dict[str, Any]:
     ref = dict(zip(types, refs, strict=True))
     error = {"description": "", "content": {"application/json": {"schema": ref[s.Error]}}}
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
+    for op in operations:
         spec: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
         params = list(op.query)
         if "{topic}" in op.path:
