@@ -1,0 +1,84 @@
+"""Client tests run against the real server process, directly or through a TCP proxy
+whose connections the test can cut (a real network fault, not a mocked one)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from waymark.client import Client
+
+
+class CuttableProxy:
+    """Forwards TCP to ``target``; :meth:`cut` drops every open connection at once."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self.connections += 1
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self._lock:
+            sockets, self._open = self._open, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+@pytest.fixture
+def proxy(waymark_server: Any) -> Iterator[CuttableProxy]:
+    host, port = waymark_server.url.removeprefix("http://").rsplit(":", 1)
+    proxy = CuttableProxy((host, int(port)))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def client(waymark_server: Any) -> Iterator[Client]:
+    with Client(waymark_server.url) as client:
+        yield client
+
+
+@pytest.fixture
+def topic(request: pytest.FixtureRequest) -> str:
+    return re.sub(r"[^A-Za-z0-9._:-]", ".", request.node.name[:60]) + "-" + uuid.uuid4().hex[:8]

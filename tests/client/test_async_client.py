@@ -1,0 +1,49 @@
+"""The asyncio client against the real server: the same calls, awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from waymark.client import ApiError, AsyncClient, ConfigPatch, RecordIn, TombstoneEvent
+
+
+async def test_every_call_awaits_to_the_same_types(waymark_server: Any, topic: str) -> None:
+    async with AsyncClient(waymark_server.url) as client:
+        assert (await client.health()).status == "ok"
+        state, created = await client.put_topic(topic, ConfigPatch(cap_records=2))
+        assert created and state.config.cap_records == 2
+        for i in range(3):
+            await client.append(topic, [RecordIn.of(i, tag=f"t{i}")])
+        page = await client.diff(topic, 0)
+        assert page.tombstone is not None and page.tombstone.reason == "cap"
+        assert [r.data for r in page.records] == [1, 2]
+        assert (await client.delete(topic, match=("tag", "Glob", "t*"))).deleted == 2
+        assert (await client.get_topic(topic)).count == 0
+        assert topic in [t.name for t in await client.list_topics()]
+        assert (await client.openapi())["openapi"] == "3.1.0"
+        assert "waymark_topics" in await client.metrics()
+        await client.delete_topic(topic)
+        with pytest.raises(ApiError) as caught:
+            await client.diff(topic, 0)
+        assert caught.value.code == "topic_not_found"
+
+
+async def test_async_watch_streams_live_and_reconnects(
+    waymark_server: Any, proxy, topic: str
+) -> None:
+    async with AsyncClient(waymark_server.url) as direct, AsyncClient(proxy.url) as client:
+        await direct.append(topic, [RecordIn.of(0)], config=ConfigPatch(cap_records=1))
+        await direct.append(topic, [RecordIn.of(1)])
+        events = client.watch(topic, read_timeout=5)
+        first = await anext(events)
+        assert isinstance(first, TombstoneEvent)
+        assert (await anext(events)).record.data == 1
+        proxy.cut()
+        await asyncio.sleep(0.1)
+        await direct.append(topic, [RecordIn.of(2)])
+        assert (await anext(events)).record.data == 2
+        await events.aclose()
+    assert proxy.connections == 2

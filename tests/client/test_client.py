@@ -1,0 +1,136 @@
+"""The blocking client against the real server: every route, typed results, ApiError,
+and SSE with resumable cursors and automatic reconnect."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from waymark.client import (
+    ApiError,
+    Client,
+    ConfigPatch,
+    RecordEvent,
+    RecordIn,
+    TombstoneEvent,
+    TopicType,
+)
+
+
+def test_health_and_topic_lifecycle(client: Client, topic: str) -> None:
+    assert client.health().status == "ok"
+    state, created = client.put_topic(topic, ConfigPatch(cap_records=100), type=TopicType.LOG)
+    assert created and state.config.cap_records == 100 and state.name == topic
+    state, created = client.put_topic(topic, ConfigPatch(ttl_ms=5000))
+    assert not created and (state.config.cap_records, state.config.ttl_ms) == (100, 5000)
+    assert topic in [t.name for t in client.list_topics()]
+    assert client.get_topic(topic, touch=False).last_read_ts == 0
+    client.delete_topic(topic)
+    with pytest.raises(ApiError) as caught:
+        client.get_topic(topic)
+    assert (caught.value.status, caught.value.code) == (404, "topic_not_found")
+    assert caught.value.detail == {"topic": topic}
+
+
+def test_append_diff_and_delete_are_typed(client: Client, topic: str) -> None:
+    written = client.append(topic, [
+        RecordIn.of({"n": 1}, tag="a", node="x", meta={"k": "v"}),
+        RecordIn.of([2]),
+        RecordIn.of(None, tag="a"),
+    ])  # fmt: skip
+    assert written.seqs == [1, 2, 3] and written.head_seq == 3 and written.durability == "disk"
+    page = client.diff(topic, 0, limit=2)
+    first = page.records[0]
+    assert (first.seq, first.tag, first.node, first.meta, first.data) == (
+        1, "a", "x", {"k": "v"}, {"n": 1},
+    )  # fmt: skip
+    assert page.records[1].tag is None and page.next_from_seq == 2 and not page.caught_up
+    assert client.diff(topic, 0, node=["x"]).records[0].seq == 2
+    deleted = client.delete(topic, match=("tag", "Eq", "a"))
+    assert (deleted.deleted, deleted.count) == (2, 1)
+    assert [r.seq for r in client.diff(topic, 0).records] == [2]
+
+
+def test_refusals_raise_api_error_with_the_spec_code(client: Client, topic: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        client.append(topic, [RecordIn.of(1, tag="t" * 300)])
+    assert (caught.value.status, caught.value.code) == (400, "tag_too_long")
+    assert caught.value.message and "400 tag_too_long" in str(caught.value)
+    client.put_topic(topic, ConfigPatch(cap_records=1, discard="reject"))
+    client.append(topic, [RecordIn.of(1)])
+    with pytest.raises(ApiError) as caught:
+        client.append(topic, [RecordIn.of(2)])
+    assert (caught.value.status, caught.value.code) == (422, "topic_full")
+    with pytest.raises(ApiError) as caught:
+        client.append(f"{topic}-new", [RecordIn.of(1)], create=False)
+    assert caught.value.code == "topic_not_found"
+    with pytest.raises(ApiError) as caught:
+        client.delete(topic)
+    assert caught.value.code == "invalid_request"
+
+
+def test_tombstones_decode(client: Client, topic: str) -> None:
+    client.append(topic, [RecordIn.of(1)], config=ConfigPatch(cap_records=1))
+    client.append(topic, [RecordIn.of(2)])
+    tomb = client.diff(topic, 0).tombstone
+    assert tomb is not None
+    assert (tomb.type, tomb.seq, tomb.gap_from, tomb.gap_to, tomb.reason) == (
+        "tombstone", 2, 1, 1, "cap",
+    )  # fmt: skip
+
+
+def test_long_poll_waits_for_the_next_record(client: Client, topic: str) -> None:
+    client.append(topic, [RecordIn.of(0)])
+    threading.Timer(0.2, client.append, (topic, [RecordIn.of("late")])).start()
+    # The read timeout stretches by wait_ms, so a long wait does not time out.
+    page = Client(str(client._http.base_url), timeout=0.5).diff(topic, 1, wait_ms=5000)
+    assert [r.data for r in page.records] == ["late"]
+
+
+def test_openapi_and_metrics(client: Client) -> None:
+    assert client.openapi()["openapi"] == "3.1.0"
+    assert "waymark_http_requests_total" in client.metrics()
+
+
+def test_watch_yields_typed_events_and_resumes_from_a_cursor(client: Client, topic) -> None:
+    client.put_topic(topic, ConfigPatch(cap_records=3))
+    for i in range(5):
+        client.append(topic, [RecordIn.of(i)])
+    events = client.watch(topic)
+    tomb = next(events)
+    assert isinstance(tomb, TombstoneEvent) and tomb.tombstone.reason == "cap"
+    first = next(events)
+    assert isinstance(first, RecordEvent) and first.record.seq == tomb.tombstone.earliest_seq
+    events.close()
+    resumed = client.watch(topic, cursor=first.cursor)
+    assert next(resumed).record.seq == first.record.seq + 1
+    resumed.close()
+
+
+def test_watch_reconnects_after_a_dropped_connection(proxy, client: Client, topic) -> None:
+    client.append(topic, [RecordIn.of(i) for i in range(3)])
+    with Client(proxy.url) as through_proxy:
+        events = through_proxy.watch(topic, read_timeout=5)
+        seen = [next(events).record.seq for _ in range(3)]
+        proxy.cut()  # the network drops the stream
+        client.append(topic, [RecordIn.of(i) for i in range(3, 6)])
+        seen += [next(events).record.seq for _ in range(3)]
+        events.close()
+    # Every record exactly once, in order, over two connections.
+    assert seen == [1, 2, 3, 4, 5, 6]
+    assert proxy.connections == 2
+
+
+def test_watch_gives_up_after_max_retries(client: Client, topic) -> None:
+    client.append(topic, [RecordIn.of(0)])
+    dead = Client("http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(Exception) as caught:
+        next(dead.watch(topic, max_retries=2))
+    assert "connect" in type(caught.value).__name__.lower() or "refused" in str(caught.value)
+
+
+def test_watch_of_a_missing_topic_raises_api_error(client: Client, topic) -> None:
+    with pytest.raises(ApiError) as caught:
+        next(client.watch(topic))
+    assert caught.value.code == "topic_not_found"
