@@ -13,6 +13,8 @@ from urllib.parse import unquote
 
 from .http import Handler
 
+RECENT_PATHS = 4096
+
 
 @dataclass(frozen=True)
 class Route:
@@ -42,10 +44,23 @@ class Router:
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
         self._by_length: dict[int, list[Route]] = {}
+        self._recent: dict[str, tuple[Route, dict[str, str]]] = {}
         for route in routes:
             self._by_length.setdefault(len(route.segments), []).append(route)
 
     def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
+        """The route and path parameters for ``path`` (callers must not mutate them)."""
+        # Producers hit the same few paths over and over: remember recent answers.
+        found = self._recent.get(path)
+        if found is None:
+            found = self._resolve(path)
+            if found is not None:
+                if len(self._recent) >= RECENT_PATHS:
+                    self._recent.clear()
+                self._recent[path] = found
+        return found
+
+    def _resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
         parts = path.strip("/").split("/")
         for route in self._by_length.get(len(parts), ()):
             params = route.match(parts)
