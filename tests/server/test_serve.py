@@ -56,3 +56,12 @@ def test_serve_help_says_storage_is_in_memory_for_now() -> None:
     for option in ("--host", "--port", "--data-dir", "--heartbeat-s"):
         assert option in text
     assert "in memory" in text and "later issue" in text
+
+
+def test_demo_runs_end_to_end() -> None:
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "waymark"), "demo", "--records", "500"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "reason=cap" in result.stdout and "tombstone=None" in result.stdout
