@@ -230,6 +230,12 @@ class CheckpointMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            # Hypothesis runs teardown after a failed step too, and an error here would
+            # mask that step's: re-check the properties first so they are the ones named.
+            self.checkpoint_never_ahead_of_terminalized_prefix()
+            self.checkpoint_ordering_invariant()
+            self.committed_monotonic()
+            self.drain_completeness()
             self._fair_drain()
         finally:
             with warnings.catch_warnings():
@@ -248,6 +254,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                 # A transient failure in the first round, then every retry succeeds.
                 if round_ == 0 and n % 3 == 0:
                     self.queued.append(ticket.fail())
+                    self._resolve(ticket, "queued")
                     continue
                 if n % 4 == 1:
                     ticket.reject()

@@ -31,8 +31,10 @@ def test_out_of_order_acks_commit_only_the_resolved_prefix() -> None:
     assert tracker.view("s").pending_acks == {3: 30}
     assert second.reject().outcome is Outcome.REJECTED
     assert tracker.committed("s") is None
+    assert tracker.version == 0
     assert first.ack().advanced
     assert tracker.committed("s") == Committed(3, 30)
+    assert tracker.version == 1, "one advance, however many batches it consumed"
     assert tracker.view("s").rejected == 1
 
 

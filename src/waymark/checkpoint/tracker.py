@@ -134,7 +134,7 @@ class Tracker(Generic[C]):
         src.pending_acks[batch_id] = src.in_flight.pop(batch_id)
         self._unresolved -= 1
         advanced = self._advance(src)
-        if not self._unresolved and self._wakers:
+        if self._wakers and self._drain_possible():
             self._wake()
         return advanced
 
@@ -154,8 +154,12 @@ class Tracker(Generic[C]):
         # The batch never reaches pending_acks, so committed can never pass it.
         src.abandoned += 1
         self._unresolved -= 1
-        if not self._unresolved and self._wakers:
+        if self._wakers and self._drain_possible():
             self._wake()
+
+    def _drain_possible(self) -> bool:
+        # Dropped tickets not yet collected still count in _unresolved.
+        return self._unresolved <= len(self._dropped)
 
     def _advance(self, src: _Source[C]) -> bool:
         """Consume pending acks from the lowest while no unresolved batch lies below it.
