@@ -116,7 +116,7 @@ def test_more_than_ten_thousand_records_per_write_is_too_many_records(api, topic
 
 
 def test_body_over_64_mib_is_refused_from_content_length(http, topic) -> None:
-    # The declared length alone decides: the server answers before reading the body.
+    # The declared length decides after the first chunk: the rest is never read.
     response = http.post(
         f"/v0/topics/{topic}/records",
         content=b"x" * ((64 << 20) + 1),

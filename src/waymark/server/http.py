@@ -48,18 +48,19 @@ class Request:
     async def body(self, max_bytes: int) -> bytes:
         """The whole body, refused with 400 body_too_large as soon as it exceeds ``max_bytes``.
 
-        The limit is checked against Content-Length up front and again while reading,
-        so an oversized body is never buffered in full.
+        A body that arrived whole is only measured (the append hot path). Otherwise
+        the declared Content-Length is checked before reading on, and the running size
+        while reading, so an oversized body is never buffered in full.
         """
-        declared = self.header(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            raise _too_large(max_bytes)
         message = await self.receive()
         chunk = message.get("body", b"")
         if not message.get("more_body", False):
             if len(chunk) > max_bytes:
                 raise _too_large(max_bytes)
             return chunk
+        declared = self.header(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise _too_large(max_bytes)
         chunks, size = [chunk], len(chunk)
         while message.get("more_body", False):
             message = await self.receive()
