@@ -132,7 +132,7 @@ def test_inline_config_applies_on_creation_only(engine: Engine) -> None:
 
 def test_a_refused_write_creates_no_topic(engine: Engine) -> None:
     refused(ErrorCode.RECORD_TOO_LARGE, engine.append, "t", [rec(1), rec(2)],
-            config=ConfigPatch(cap_records=1))
+            config=ConfigPatch(cap_records=1, discard=Discard.REJECT))
     assert engine.list_topics() == []
 
 
@@ -316,11 +316,18 @@ def test_discard_reject_is_422_with_detail(engine: Engine) -> None:
     assert engine.append("t", [rec()]).seqs == [3]
 
 
-def test_write_larger_than_the_cap_is_a_permanent_400(engine: Engine) -> None:
-    for discard in Discard:
-        engine.put_topic(f"t-{discard}", ConfigPatch(cap_bytes=4, discard=discard))
-        error = refused(ErrorCode.RECORD_TOO_LARGE, engine.append, f"t-{discard}", [rec("toolong")])
-        assert error.status == 400
+def test_write_larger_than_the_cap_is_a_permanent_400_under_reject(engine: Engine) -> None:
+    engine.put_topic("t", ConfigPatch(cap_bytes=4, discard=Discard.REJECT))
+    error = refused(ErrorCode.RECORD_TOO_LARGE, engine.append, "t", [rec("toolong")])
+    assert error.status == 400
+
+
+def test_write_larger_than_the_cap_under_old_is_stored_then_evicted(engine: Engine) -> None:
+    engine.put_topic("t", ConfigPatch(cap_records=3))
+    assert engine.append("t", [rec(i) for i in range(5)]).seqs == [1, 2, 3, 4, 5]
+    page = engine.diff("t", 0)
+    assert page.tombstone is not None and page.tombstone.gap_to == 2
+    assert [r["$seq"] for r in page.records()] == [3, 4, 5]
 
 
 def test_tombstone_shape_and_resume(engine: Engine) -> None:

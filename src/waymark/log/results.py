@@ -148,4 +148,8 @@ class DiffResult:
                 "durability": str(self.durability),
             }
         )
-        return b'{"records":' + self.records_json() + b"," + tail[1:]
+        if not self.runs:
+            return b'{"records":[],' + tail[1:]
+        # One join; the last run's trailing comma becomes the array's closing bracket.
+        last = self.runs[-1]
+        return b"".join((b'{"records":[', *self.runs[:-1], last[:-1], b"],", tail[1:]))

@@ -181,16 +181,18 @@ class Topic:
         return fresh, seqs
 
     def _check_caps(self, n: int, nbytes: int) -> None:
+        """discard=reject refuses before any seq is assigned (§5.3); discard=old never does."""
         cfg = self.config
+        if cfg.discard is not Discard.REJECT:
+            return
         if (cfg.cap_records and n > cfg.cap_records) or (cfg.cap_bytes and nbytes > cfg.cap_bytes):
             raise TopicError(
                 ErrorCode.RECORD_TOO_LARGE,
                 "this write is larger than the topic's whole cap; it can never be accepted",
                 {"records": n, "bytes": nbytes, **self._cap_detail()},
             )
-        if cfg.discard is Discard.REJECT and (
-            (cfg.cap_records and self.live_count + n > cfg.cap_records)
-            or (cfg.cap_bytes and self.live_bytes + nbytes > cfg.cap_bytes)
+        if (cfg.cap_records and self.live_count + n > cfg.cap_records) or (
+            cfg.cap_bytes and self.live_bytes + nbytes > cfg.cap_bytes
         ):
             raise TopicError(
                 ErrorCode.TOPIC_FULL,
