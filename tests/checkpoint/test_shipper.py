@@ -1,0 +1,166 @@
+"""``waymark ship`` end to end: a real server, a real faulty collector, real signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .collector_harness import (
+    CollectorProcess,
+    append,
+    committed,
+    read_all,
+    start_collector,
+    start_ship,
+    status,
+    wait_until,
+)
+
+
+@pytest.fixture
+def collectors(tmp_path: Path) -> Iterator[list[CollectorProcess]]:
+    started: list[CollectorProcess] = []
+    yield started
+    for collector in started:
+        collector.process.kill()
+        collector.process.wait()
+
+
+@pytest.fixture
+def server(waymark_server: Any) -> str:
+    return waymark_server.url
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"ship-{uuid.uuid4().hex[:10]}"
+
+
+def collector(collectors: list[CollectorProcess], tmp: Path, *args: str) -> CollectorProcess:
+    started = start_collector(tmp, *args)
+    collectors.append(started)
+    return started
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def fill(server: str, topic: str, count: int, poison: set[int] = frozenset()) -> list[int]:
+    """Append ``count`` records, those whose index is in ``poison`` tagged for a 413."""
+    records = [
+        {"data": {"i": i}, **({"tag": "poison"} if i in poison else {})} for i in range(count)
+    ]
+    return append(server, topic, records, create=True)
+
+
+def dead_lettered(server: str, topic: str) -> dict[int, dict[str, Any]]:
+    records = read_all(server, f"{topic}.dead-letter")
+    return {r["data"]["record"]["$seq"]: r["data"] for r in records}
+
+
+def test_once_delivers_everything_through_faults_and_dead_letters_rejects(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    seqs = fill(server, topic, 3000, poison={137, 2203})
+    sink = collector(collectors, tmp_path, "--jitter-ms", "25", "--fail-rate", "0.15",
+                     "--drop-rate", "0.05", "--reject-tag", "poison")  # fmt: skip
+    state = tmp_path / "state"
+    code, out = finish(
+        start_ship(server, topic, sink, state, "--once", "--in-flight", "8",
+                   "--batch-records", "50"),
+        timeout=30,
+    )  # fmt: skip
+    assert code == 0, out
+
+    received, dead = sink.received(), dead_lettered(server, topic)
+    # Nothing silently dropped: every record reached the collector or the dead letters,
+    # and exactly the batches holding a poison record were rejected, whole.
+    assert received | set(dead) == set(seqs)
+    assert sorted(dead) == [*range(seqs[100], seqs[149] + 1), *range(seqs[2200], seqs[2249] + 1)]
+    assert not received & set(dead)
+    first = dead[seqs[137]]
+    assert first["status"] == 413 and "413" in first["reason"]
+    assert first["record"]["data"] == {"i": 137} and first["record"]["$tag"] == "poison"
+
+    assert committed(state, topic) == seqs[-1]
+    final = status(state)
+    assert final["state"] == "stopped" and final["committed_seq"] == seqs[-1]
+    # The faults really happened and acks really came out of order: otherwise this
+    # test would prove nothing about retries and ordering.
+    assert final["retries"] > 0 and final["status_counts"]["503"] > 0
+    assert final["status_counts"]["transport"] > 0
+    firsts = [batch[0] for batch in sink.acked()]
+    assert firsts != sorted(firsts)
+
+
+def test_sigkill_mid_run_then_restart_loses_nothing(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    seqs = fill(server, topic, 6000, poison={1500})
+    sink = collector(collectors, tmp_path, "--delay-ms", "10", "--jitter-ms", "40",
+                     "--fail-rate", "0.1", "--drop-rate", "0.03",
+                     "--reject-tag", "poison")  # fmt: skip
+    state = tmp_path / "state"
+    args = ("--in-flight", "4", "--batch-records", "20")
+    shipper = start_ship(server, topic, sink, state, *args)
+    wait_until(lambda: committed(state, topic) >= seqs[2000], 20, "a committed checkpoint")
+    shipper.kill()
+    shipper.wait()
+    at_kill = committed(state, topic)
+    assert at_kill < seqs[-1], "the kill must land mid-run for this test to mean anything"
+
+    # The invariant: every record at or below the committed checkpoint was delivered
+    # (acked by the collector, or dead-lettered once rejected).
+    delivered = sink.received() | set(dead_lettered(server, topic))
+    assert {s for s in seqs if s <= at_kill} <= delivered
+
+    code, out = finish(start_ship(server, topic, sink, state, "--once", *args), timeout=30)
+    assert code == 0, out
+    assert sink.received() | set(dead_lettered(server, topic)) == set(seqs)
+    assert set(dead_lettered(server, topic)) == set(range(seqs[1500 // 20 * 20], seqs[1519] + 1))
+    assert committed(state, topic) == seqs[-1]
+    # The restart resumed from the checkpoint instead of starting over.
+    assert status(state)["records_read"] <= seqs[-1] - at_kill
+
+
+def test_sigterm_drains_and_exits_cleanly_then_follows_live(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    seqs = fill(server, topic, 600)
+    sink = collector(collectors, tmp_path, "--delay-ms", "100", "--jitter-ms", "100")
+    state = tmp_path / "state"
+    args = ("--in-flight", "4", "--batch-records", "20", "--wait-ms", "200")
+    shipper = start_ship(server, topic, sink, state, *args)
+    wait_until(lambda: committed(state, topic) >= seqs[100], 20, "a committed checkpoint")
+    shipper.send_signal(signal.SIGTERM)
+    code, out = finish(shipper, timeout=5)
+    assert code == 0, out
+    assert "Traceback" not in out
+
+    stopped = status(state)
+    at_stop = committed(state, topic)
+    assert stopped["state"] == "stopped" and stopped["in_flight"] == 0
+    assert at_stop < seqs[-1], "SIGTERM must land mid-run for this test to mean anything"
+    assert stopped["committed_seq"] == at_stop
+    # Drained: every batch that was on the wire at SIGTERM was answered and committed,
+    # so the final checkpoint covers everything the collector acked.
+    assert max(sink.received()) <= at_stop
+    assert {s for s in seqs if s <= at_stop} <= sink.received()
+
+    # Live by default: a restart catches up, then ships records appended while it runs.
+    shipper = start_ship(server, topic, sink, state, *args)
+    wait_until(lambda: committed(state, topic) == seqs[-1], 20, "catching up")
+    later = fill(server, topic, 30)
+    wait_until(lambda: committed(state, topic) == later[-1], 20, "following live")
+    shipper.send_signal(signal.SIGINT)
+    code, out = finish(shipper, timeout=5)
+    assert code == 0, out
+    assert sink.received() == set(seqs) | set(later)
