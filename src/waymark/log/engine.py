@@ -94,7 +94,6 @@ class Engine:
         ``create`` None follows the topic defaults' ``auto_create``; ``config`` is
         applied only when this write creates the topic.
         """
-        check_topic_name(name)
         if not records:
             raise TopicError(ErrorCode.INVALID_REQUEST, "a write carries at least one record")
         if len(records) > self.limits.max_records_per_write:
@@ -124,6 +123,7 @@ class Engine:
         topic = self._topics.get(name)
         created = topic is None
         if topic is None:
+            check_topic_name(name)  # an existing topic's name was checked when it was made
             topic_config = self.defaults.apply(config) if config else self.defaults
             if not (topic_config.auto_create if create is None else create):
                 raise TopicError(

@@ -213,12 +213,19 @@ class Topic:
         if not fresh:
             return
         seq, ts = plan.first_seq, plan.ts
-        nodes = [self._intern_node(r.node) if r.node is not None else 0 for r in fresh]
-        tags = [0] * len(fresh)
+        bodies: list[bytes] = []
+        sizes: list[int] = []
+        nodes: list[int] = []
+        tags: list[int] = []
         dedupe = self.config.idempotency_window_ms
         for i, record in enumerate(fresh):
-            if record.tag is not None:
-                tags[i] = self._intern_tag(record.tag)
+            bodies.append(record.body)
+            sizes.append(record.size)
+            nodes.append(self._intern_node(record.node) if record.node is not None else 0)
+            if record.tag is None:
+                tags.append(0)
+            else:
+                tags.append(self._intern_tag(record.tag))
                 seqs = self.tag_index.get(record.tag)
                 if seqs is None:
                     seqs = self.tag_index[record.tag] = array("Q")
@@ -226,8 +233,6 @@ class Topic:
             if record.id is not None and dedupe:
                 self._dedupe[record.id] = (seq + i, ts)
                 self._dedupe_order.append((ts, record.id))
-        bodies = [r.body for r in fresh]
-        sizes = [r.size for r in fresh]
         done = 0
         while done < len(fresh):
             chunk = self.chunks[-1] if self.chunks and self.chunks[-1].room() else self._new_chunk()
