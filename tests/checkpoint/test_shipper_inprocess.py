@@ -1,0 +1,133 @@
+"""The shipper in-process against real server and collector processes: backoff with an
+injected sleep (no real waiting), the frozen checkpoint, tombstones, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import select
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from waymark.checkpoint.backoff import Backoff, Verdict, verdict
+from waymark.checkpoint.shipper import ShipConfig, Shipper
+
+from .collector_harness import (
+    CollectorProcess,
+    append,
+    committed,
+    start_collector,
+    start_ship,
+    status,
+    wait_until,
+)
+
+
+@pytest.fixture
+def server(waymark_server: Any) -> str:
+    return waymark_server.url
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"ship-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def collectors() -> Iterator[list[CollectorProcess]]:
+    started: list[CollectorProcess] = []
+    yield started
+    for collector in started:
+        collector.process.kill()
+        collector.process.wait()
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [(200, Verdict.ACK), (204, Verdict.ACK), (408, Verdict.TRANSIENT), (429, Verdict.TRANSIENT),
+     (500, Verdict.TRANSIENT), (503, Verdict.TRANSIENT), (302, Verdict.TRANSIENT),
+     (400, Verdict.REJECT), (413, Verdict.REJECT), (404, Verdict.REJECT)],
+)  # fmt: skip
+def test_verdict(status: int, expected: Verdict) -> None:
+    assert verdict(status) is expected
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap() -> None:
+    backoff, rng = Backoff(0.1, 2.0), random.Random(7)
+    assert [backoff.ceiling(a) for a in range(1, 8)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    assert backoff.ceiling(10_000) == 2.0
+    for attempt in range(1, 12):
+        delays = {backoff.delay(attempt, rng) for _ in range(50)}
+        ceiling = backoff.ceiling(attempt)
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(delays) > 1, "no jitter"
+    with pytest.raises(ValueError):
+        Backoff(1.0, 0.5)
+
+
+async def test_transient_failures_back_off_and_freeze_the_checkpoint(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    seqs = append(server, topic, [{"data": i} for i in range(10)], create=True)
+    sink = start_collector(tmp_path, "--fail-first", "9")
+    collectors.append(sink)
+    config = ShipConfig(server, topic, sink.url, tmp_path / "state", in_flight=1,
+                        batch_records=5, once=True, backoff=Backoff(1.0, 8.0))  # fmt: skip
+    slept: list[float] = []
+    committed_while_failing: list[object] = []
+
+    async def sleep(delay: float) -> None:
+        # Nominal delays add up to about a minute; this test waits none of it.
+        slept.append(delay)
+        committed_while_failing.append(shipper.tracker.committed(topic))
+        await asyncio.sleep(0)
+
+    shipper = Shipper(config, sleep=sleep, rng=random.Random(3))
+    stats = await asyncio.wait_for(shipper.run(), 20)
+
+    # The first batch failed 9 times in a row: the checkpoint stayed frozen throughout,
+    # and each retry waited between half and all of min(8 s, 1 s * 2**(n-1)).
+    assert len(slept) == 9 and committed_while_failing == [None] * 9
+    ceilings = [1, 2, 4, 8, 8, 8, 8, 8, 8]
+    assert all(c / 2 <= d <= c for d, c in zip(slept, ceilings, strict=True)), slept
+    assert stats.retries == 9 and stats.records_acked == 10
+    assert sink.received() == set(seqs) and committed(config.state_dir, topic) == seqs[-1]
+
+
+def test_tombstones_are_counted_recorded_and_exported(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    # A capped topic evicts its oldest records before the shipper ever reads them.
+    seqs = append(server, topic, [{"data": i} for i in range(300)], create=True,
+                  config={"cap_records": 100})  # fmt: skip
+    sink = start_collector(tmp_path)
+    collectors.append(sink)
+    state = tmp_path / "state"
+    shipper = start_ship(server, topic, sink, state, "--metrics-port", "0", "--wait-ms", "200")
+    assert shipper.stdout is not None
+    ready, _, _ = select.select([shipper.stdout], [], [], 15)
+    assert ready
+    line = shipper.stdout.readline()
+    metrics_url = line[line.index("http://") :].split()[0]
+    wait_until(lambda: committed(state, topic) == seqs[-1], 15, "the checkpoint to reach the head")
+
+    assert sink.received() == set(seqs[200:])
+    [gap] = [orjson.loads(g) for g in (state / "gaps.jsonl").read_bytes().splitlines()]
+    assert (gap["gap_from"], gap["gap_to"], gap["reason"]) == (1, seqs[199], "cap")
+    assert gap["missed_estimate"] == 200
+    metrics = httpx.get(metrics_url).text
+    assert f'waymark_ship_tombstones_total{{topic="{topic}"}} 1.0' in metrics
+    assert f'waymark_ship_gap_records_total{{topic="{topic}"}} 200.0' in metrics
+    assert f'waymark_ship_records_acked_total{{topic="{topic}"}} 100.0' in metrics
+
+    shipper.send_signal(signal.SIGTERM)
+    out, _ = shipper.communicate(timeout=5)
+    assert shipper.returncode == 0, out
+    assert status(state)["tombstones"] == 1 and status(state)["gap_records"] == 200
