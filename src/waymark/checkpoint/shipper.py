@@ -40,6 +40,7 @@ from waymark.checkpoint.tickets import QueuedTicket, SendingTicket
 from waymark.checkpoint.tracker import Tracker
 from waymark.client import ApiError, AsyncClient, DiffResponse, Record, RecordIn, Tombstone
 from waymark.clock import Clock, SystemClock
+from waymark.server.schemas import MAX_DIFF_LIMIT
 
 log = logging.getLogger("waymark.ship")
 T = TypeVar("T")
@@ -134,6 +135,9 @@ class Shipper:
         self._deliveries: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
         self._saved_version = -1
+        # One diff per batch would make reading the bottleneck: read enough for every
+        # slot at once (within the server's page limit) and cut it into batches.
+        self._page_records = min(MAX_DIFF_LIMIT, config.batch_records * config.in_flight)
 
     def request_stop(self) -> None:
         """Begin a clean stop (safe to call more than once, from a signal handler)."""
@@ -199,7 +203,7 @@ class Shipper:
                         self._waymark.diff,
                         config.topic,
                         cursor,
-                        limit=config.batch_records,
+                        limit=self._page_records,
                         epoch=epoch,
                         wait_ms=wait_ms,
                     )
@@ -209,28 +213,36 @@ class Shipper:
                     self._record_gap(page.tombstone)
                 if page.next_from_seq == cursor:
                     continue  # a long-poll that timed out
-                await self._until_stop(self._slots.acquire())
-                self._dispatch(page)
+                await self._dispatch_page(page)
                 cursor = stats.read_seq = page.next_from_seq
         except _Stopped:
             return
 
-    def _dispatch(self, page: DiffResponse) -> None:
-        """Create the page's batch (holding a slot) and start delivering it."""
-        ticket = self.tracker.create_batch(self.config.topic, page.next_from_seq)
-        records = page.records
+    async def _dispatch_page(self, page: DiffResponse) -> None:
+        """Cut a page into batches of ``batch_records``, each sent once it gets a slot.
+
+        A batch's checkpoint is its last record's seq; the page's last batch takes the
+        page's cursor, which may lie beyond it (evicted or filtered seqs).
+        """
+        size, records = self.config.batch_records, page.records
         if not records:
             # The cursor moved over evicted or filtered seqs only: nothing to post, but
             # the batch keeps its place in the order so the checkpoint can pass it.
-            ticket.begin_send().ack()
-            self._slots.release()
+            self.tracker.create_batch(self.config.topic, page.next_from_seq).begin_send().ack()
             return
         self.stats.records_read += len(records)
-        body = _encode_outgoing(_Outgoing(self.config.topic, records))
-        batch = _Batch(body, records[0].seq, records[-1].seq, len(records))
-        task = asyncio.create_task(self._deliver(batch, ticket))
-        self._deliveries.add(task)
-        task.add_done_callback(self._delivered)
+        for start in range(0, len(records), size):
+            chunk = records[start : start + size]
+            end = start + size >= len(records)
+            await self._until_stop(self._slots.acquire())
+            ticket = self.tracker.create_batch(
+                self.config.topic, page.next_from_seq if end else chunk[-1].seq
+            )
+            body = _encode_outgoing(_Outgoing(self.config.topic, chunk))
+            batch = _Batch(body, chunk[0].seq, chunk[-1].seq, len(chunk))
+            task = asyncio.create_task(self._deliver(batch, ticket))
+            self._deliveries.add(task)
+            task.add_done_callback(self._delivered)
 
     def _delivered(self, task: asyncio.Task[None]) -> None:
         self._deliveries.discard(task)
