@@ -79,7 +79,11 @@ class FloorGuard(RuleBasedStateMachine):
 
     @rule()
     def backstop_probe(self) -> None:
-        if self.backstop and not self.failed and not resume_window_ok(self.frontier, self.first_seq):
+        if (
+            self.backstop
+            and not self.failed
+            and not resume_window_ok(self.frontier, self.first_seq)
+        ):
             self.failed = True
 
     @rule()

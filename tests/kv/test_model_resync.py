@@ -128,7 +128,9 @@ class ResyncOrdering(RuleBasedStateMachine):
             self.phase = "live"
 
     @precondition(lambda self: bool(self.data or self.control))
-    @rule(prefer_control=st.booleans(), n=st.integers(min_value=1, max_value=3), flush=st.booleans())
+    @rule(
+        prefer_control=st.booleans(), n=st.integers(min_value=1, max_value=3), flush=st.booleans()
+    )
     def loop_steps(self, prefer_control: bool, n: int, flush: bool) -> None:
         """The loop serves whichever channel is ready; with both ready, either may go first."""
         if self.control and (prefer_control or not self.data):

@@ -50,7 +50,13 @@ def test_apply_folds_in_order_and_advances_cursor(make_store: Factory) -> None:
 def test_data_and_cursor_survive_reopen_together(make_store: Factory) -> None:
     s = make_store()
     s.apply([KvUpdate.put(f"k.{i:03}", b"v%d" % i, i + 1) for i in range(200)], cur(200))
-    s.apply([KvUpdate.delete("k.007", 201), KvUpdate(Op.PURGE, "k.008", b"", VersionToken.from_u64(202))], cur(202))
+    s.apply(
+        [
+            KvUpdate.delete("k.007", 201),
+            KvUpdate(Op.PURGE, "k.008", b"", VersionToken.from_u64(202)),
+        ],
+        cur(202),
+    )
     s.close()
     s = make_store()
     assert s.cursor == cur(202)
@@ -89,7 +95,9 @@ def test_synthetic_delete_with_unknown_version(make_store: Factory) -> None:
 
 def test_stale_keys_diffs_only_the_scope(make_store: Factory) -> None:
     s = make_store()
-    s.apply([KvUpdate.put(k, b"v", i + 1) for i, k in enumerate(["a.1", "a.2", "b.1", "c.1"])], cur(4))
+    s.apply(
+        [KvUpdate.put(k, b"v", i + 1) for i, k in enumerate(["a.1", "a.2", "b.1", "c.1"])], cur(4)
+    )
     assert stale_keys(s, ["a.1"], WatchScope.all()) == ["a.2", "b.1", "c.1"]
     assert stale_keys(s, ["a.1"], WatchScope.prefix("a.")) == ["a.2"]
     assert stale_keys(s, {"b.1"}, WatchScope.of(("a.", "b."))) == ["a.1", "a.2"]
@@ -115,12 +123,18 @@ batches = st.lists(
 
 
 # The store is reset at the start of each example, so sharing the fixture is intended.
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(batches=batches)
-def test_fold_is_a_pure_function_of_the_log(make_store: Factory, batches: list[list[tuple[str, bytes]]]) -> None:
+def test_fold_is_a_pure_function_of_the_log(
+    make_store: Factory, batches: list[list[tuple[str, bytes]]]
+) -> None:
     """Whatever the batching, the reopened fold equals the last write per key."""
     s = make_store()
-    s.apply([KvUpdate.delete(k, None) for k in list(s.iter_keys())], s.cursor)  # reset between examples
+    s.apply(
+        [KvUpdate.delete(k, None) for k in list(s.iter_keys())], s.cursor
+    )  # reset between examples
     model: dict[str, bytes] = {}
     rev = 0
     for batch in batches:

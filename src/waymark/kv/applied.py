@@ -309,7 +309,7 @@ async def watch_applied(
                     "fold store apply failed (%d in a row), batch re-queued: %s", core.failures, e
                 )
                 # Retry even if no update arrives, backing off.
-                deadline = clock.now_ms() + min(window_ms * 2**core.failures, 1000)
+                deadline = clock.now_ms() + window_ms * min(2**core.failures, 100)
                 return
         core.stored(f)
         if on_applied is not None:

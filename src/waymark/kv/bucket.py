@@ -164,10 +164,10 @@ class KvReader:
         await feed.start()
         out: list[KvUpdate] = []
         try:
-            # The consumer's pending count reaches 0 on the last current value;
-            # one that starts with nothing pending matched no key at all.
-            pending = feed.initial_pending
-            while pending:
+            # The consumer starts with one pending message per matching key;
+            # once that many arrived the point-in-time listing is complete.
+            remaining = feed.initial_pending
+            while remaining > 0:
                 try:
                     item = await asyncio.wait_for(queue.get(), s.timeout)
                 except TimeoutError:
@@ -176,8 +176,9 @@ class KvReader:
                     raise item.error
                 if item is END:
                     break
-                out.extend(u for u in item if u.op is Op.PUT and (headers_only or u.value))  # type: ignore[attr-defined]
-                pending = feed.pending
+                chunk: list[KvUpdate] = item  # type: ignore[assignment]
+                remaining -= len(chunk)
+                out.extend(u for u in chunk if u.op is Op.PUT and (headers_only or u.value))
         finally:
             await feed.stop()
         return out

@@ -125,11 +125,14 @@ class OrderedFeed:
         self._plen = len(spec.subject_prefix)
         self._dseq = 1
         self._gen = 0
+        self._answered_fc: str | None = None
+        self._stall_strikes = 0
         self._sub: Subscription | None = None
         self._consumer: str | None = None
         self._chunk: list[KvUpdate] = []
         self._last_activity = time.monotonic()
         self._monitor: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # resets and teardowns in flight
         self._stopped = False
         self._resetting = False
         self.delivered = 0
@@ -143,6 +146,7 @@ class OrderedFeed:
     async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
         self._gen += 1
         self._dseq = 1
+        self._answered_fc, self._stall_strikes = None, 0
         inbox = self._nc.new_inbox()
         # Subscribe first: the consumer may deliver the moment it exists.
         self._sub = await self._nc.subscribe(
@@ -190,7 +194,7 @@ class OrderedFeed:
         else:
             sseq, dseq, self.pending = ack
             if dseq != self._dseq:
-                await self._reset()
+                self._reset()
                 return
             self._dseq = dseq + 1
             if self._floor_check is not None and sseq > self.frontier + 1:
@@ -218,19 +222,39 @@ class OrderedFeed:
     async def _on_control(self, msg: Msg, headers: dict[str, str]) -> None:
         if msg.reply:  # flow control: every message before it has been processed
             await self._nc.publish(msg.reply)
+            self._answered_fc = msg.reply
             return
         stalled = headers.get("Nats-Consumer-Stalled")
         if stalled:
+            # Measured on nats-server 2.15: once retention evicts messages a
+            # flow-control-stalled consumer had not sent, it stays stalled on a
+            # request we already answered, heartbeating but never delivering.
+            # Answer again once; if it is still stuck, recreate it.
+            if stalled == self._answered_fc:
+                self._stall_strikes += 1
+                if self._stall_strikes >= 2:
+                    self._reset()
+                    return
             await self._nc.publish(stalled)
+            self._answered_fc = stalled
         last = headers.get("Nats-Last-Consumer")
         if last is not None and int(last) != self._dseq - 1:
-            await self._reset()
+            self._reset()
 
-    async def _reset(self) -> None:
-        """Recreate the consumer after a gap, from the stream sequence after the frontier."""
+    def _reset(self) -> None:
+        """Recreate the consumer after a gap, from the stream sequence after the frontier.
+
+        Runs as its own task: unsubscribing cancels the subscription's delivery
+        task, which is where most resets are decided.
+        """
         if self._resetting or self._stopped:
             return
         self._resetting = True
+        self._gen += 1  # whatever the old consumer still delivers is ignored
+        self._tasks.add(t := asyncio.create_task(self._recreate()))
+        t.add_done_callback(self._tasks.discard)
+
+    async def _recreate(self) -> None:
         try:
             await self._drop_consumer()
             await self._create(api.DeliverPolicy.BY_START_SEQUENCE, self.frontier + 1)
@@ -251,7 +275,7 @@ class OrderedFeed:
                 seen = arrived
                 self._last_activity = time.monotonic()
             elif time.monotonic() - self._last_activity > 3 * self._heartbeat:
-                await self._reset()
+                self._reset()
                 seen = -1
 
     async def _drop_consumer(self) -> None:
@@ -271,23 +295,27 @@ class OrderedFeed:
                 )
 
     async def fail(self, error: BaseException) -> None:
+        """Stop with ``error`` for the reader. Safe to call from the delivery callback:
+        the reader learns first, the consumer is torn down in a task of its own."""
         if self._stopped:
             return
-        await self._halt()
+        self._halt()
         self._put_final(Failed(error))
+        self._tasks.add(t := asyncio.create_task(self._drop_consumer()))
+        t.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
         if self._stopped:
             return
-        await self._halt()
+        self._halt()
         self._put_final(END)
+        await self._drop_consumer()
 
-    async def _halt(self) -> None:
+    def _halt(self) -> None:
         self._stopped = True
         self._gen += 1
         if self._monitor is not None and self._monitor is not asyncio.current_task():
             self._monitor.cancel()
-        await self._drop_consumer()
 
     def _put_final(self, item: object) -> None:
         # The reader may be gone; never block on a full queue while stopping.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from nats.js import api
 
-from waymark.kv.consumer import END, ConsumerSpec, Failed, OrderedFeed
+from waymark.kv.consumer import END, HEARTBEAT, ConsumerSpec, Failed, OrderedFeed
 from waymark.kv.errors import CursorExpired, WatchError
 from waymark.kv.guards import resume_window_ok, resume_within_stream
 from waymark.kv.types import KvUpdate, WatchCursor, WatchScope
@@ -107,9 +107,14 @@ class KvWatcher:
         *,
         capacity: int = DEFAULT_CAPACITY,
         floor_interval: float = FLOOR_GUARD_INTERVAL,
+        heartbeat: float = HEARTBEAT,
     ) -> Watch:
         return await self.watch(
-            WatchScope.all(), cursor, capacity=capacity, floor_interval=floor_interval
+            WatchScope.all(),
+            cursor,
+            capacity=capacity,
+            floor_interval=floor_interval,
+            heartbeat=heartbeat,
         )
 
     async def watch_prefix_from(
@@ -138,6 +143,7 @@ class KvWatcher:
         *,
         capacity: int = DEFAULT_CAPACITY,
         floor_interval: float = FLOOR_GUARD_INTERVAL,
+        heartbeat: float = HEARTBEAT,
     ) -> Watch:
         """State-sync watch of ``scope``, or with a cursor, the delta after it.
 
@@ -145,7 +151,8 @@ class KvWatcher:
         messages that retention evicts under a live consumer, so a delivery
         that jumps the frontier, or (every ``floor_interval`` seconds without
         deliveries) the stream's head overtaking it, fails the watch with
-        WatchError. A prefix watch sees sparse revisions by nature and cannot
+        WatchError. ``heartbeat`` is the consumer's idle heartbeat; after three
+        silent ones the consumer is recreated from the frontier. A prefix watch sees sparse revisions by nature and cannot
         tell eviction from filtering; its protection is the resume-window
         check at the next restart.
         """
@@ -173,6 +180,7 @@ class KvWatcher:
             timeout=s.timeout,
             floor_check=self._floor_check if guarded else None,
             frontier=frontier,
+            heartbeat=heartbeat,
         )
         await feed.start()
         watch = Watch(feed, queue)

@@ -1,0 +1,404 @@
+"""The KV layer and ``watch_applied`` against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js import api
+
+from waymark.kv import (
+    AlreadyExists,
+    BatchConfig,
+    Connection,
+    CursorExpired,
+    ExportRequest,
+    KvStore,
+    KvUpdate,
+    Op,
+    RevisionMismatch,
+    SnapshotIoError,
+    StoreConfig,
+    Timeout,
+    VersionToken,
+    WatchCursor,
+    WatchError,
+    WatchScope,
+    open_store,
+    watch_applied,
+)
+from waymark.kv.connection import timed
+from waymark.kv.stores.protocol import SnapshotStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def bulk_put(kv: KvStore, items: Sequence[tuple[str, bytes]]) -> None:
+    for key, value in items:
+        await kv.js.publish_async(f"{kv.subject_prefix}{key}", value)
+    await kv.js.publish_async_completed()
+
+
+async def fold(
+    kv: KvStore,
+    store: SnapshotStore | None,
+    *,
+    scope: WatchScope | None = None,
+    resume: WatchCursor | None = None,
+    reader: bool = True,
+    config: BatchConfig | None = None,
+    seen: list[KvUpdate] | None = None,
+    apply: Callable[[list[Any]], object] | None = None,
+) -> WatchCursor:
+    """Run watch_applied until the fold has caught up with the stream's last sequence."""
+    _, target = await kv.stream_bounds()
+    done = asyncio.Event()
+    deliveries = seen if seen is not None else []
+
+    def parse(u: KvUpdate) -> KvUpdate:
+        deliveries.append(u)
+        return u
+
+    def on_applied(cursor: WatchCursor) -> None:
+        if cursor.as_u64() >= target:
+            done.set()
+
+    if (resume or (store.cursor if store else WatchCursor())).as_u64() >= target:
+        done.set()
+    return await asyncio.wait_for(
+        watch_applied(
+            kv.watcher(),
+            scope or WatchScope.all(),
+            apply or (lambda batch: None),
+            resume=resume,
+            parse=parse,
+            store=store,
+            reader=kv.reader() if reader else None,
+            config=config or BatchConfig(max=500, channel_capacity=500),
+            on_applied=on_applied,
+            shutdown=done,
+        ),
+        30,
+    )
+
+
+async def scan_state(kv: KvStore) -> dict[str, bytes]:
+    return {e.key: e.value for e in await kv.reader().scan()}
+
+
+def fold_state(store: SnapshotStore) -> dict[str, bytes]:
+    return {e.key: e.value for e in store.range()}
+
+
+async def test_cas_semantics(conn: Connection, bucket_name: str) -> None:
+    kv = await conn.store(bucket_name)
+    w, r = kv.writer(), kv.reader()
+    v1 = await w.create("lock", b"a")
+    with pytest.raises(AlreadyExists):
+        await w.create("lock", b"b")
+    v2 = await w.update("lock", b"b", v1)
+    with pytest.raises(RevisionMismatch):
+        await w.update("lock", b"c", v1)  # a stale version loses
+    with pytest.raises(RevisionMismatch):
+        await w.delete_with_version("lock", v1)
+    assert await w.delete_with_version("lock", v2)
+    # The CAS tombstone: hidden from get/keys/scan, visible to entry() with its version.
+    assert await r.get("lock") is None
+    assert await r.keys() == []
+    tomb = await r.entry("lock")
+    assert tomb is not None and tomb.value == b"" and tomb.version.as_u64() == v2.as_u64() + 1
+    v3 = await w.create("lock", b"again")  # create takes the tombstone's place, by CAS
+    assert (await r.get("lock")).version == v3  # type: ignore[union-attr]
+    await w.delete("lock")  # a soft-delete marker is a tombstone too
+    assert await r.get("lock") is None
+    await w.create("lock", b"third")
+    assert (await r.get("lock")).value == b"third"  # type: ignore[union-attr]
+    with pytest.raises(RevisionMismatch):
+        await w.update("lock", b"x", VersionToken(b"\x01" * 10))  # not a NATS revision
+
+
+async def test_bucket_config_applies_only_at_creation(conn: Connection, bucket_name: str) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_history=3, max_bytes=1 << 20))
+    await kv.writer().put("k", b"v")
+    again = await conn.store(bucket_name, StoreConfig(max_history=1))
+    info = await again.js.stream_info(again.stream)
+    assert info.config.max_msgs_per_subject == 3
+    assert (await again.reader().get("k")).value == b"v"  # type: ignore[union-attr]
+
+
+async def test_scan_and_keys_are_not_truncated_at_max_ack_pending(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:05}", b"v%d" % i) for i in range(2500)])
+    await kv.writer().put("other.x", b"1")
+    r = kv.reader()
+    assert len(await r.keys()) == 2501
+    scanned = await r.scan("k.")
+    assert len(scanned) == 2500
+    assert {e.key: e.value for e in scanned}["k.00042"] == b"v42"
+    assert await r.keys(["other.", "none."]) == ["other.x"]
+    assert await r.keys("none.") == []
+
+
+async def test_watch_is_state_sync_then_live_and_prefixes_share_one_consumer(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    w = kv.writer()
+    await w.put("a.1", b"old")
+    await w.put("a.1", b"new")
+    await w.put("b.1", b"x")
+    await w.put("c.1", b"y")
+    await w.delete("b.1")
+    watch = await kv.watcher().watch_prefixes(["a.", "b."])
+    info = await kv.js.stream_info(kv.stream)
+    assert info.state.consumer_count == 1
+    first = await watch.next_chunk()
+    assert [(u.op, u.key, u.value) for u in first] == [
+        (Op.PUT, "a.1", b"new"),
+        (Op.DELETE, "b.1", b""),
+    ]
+    await w.put("c.2", b"not mine")
+    await w.put("a.2", b"live")
+    live = await asyncio.wait_for(watch.next_chunk(), 5)
+    assert [(u.key, u.value) for u in live] == [("a.2", b"live")]
+    await watch.stop()
+
+
+async def test_resume_delivers_only_the_delta(
+    conn: Connection, bucket_name: str, make_store: Callable[[], SnapshotStore]
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(400)])
+    store = make_store()
+    first: list[KvUpdate] = []
+    await fold(kv, store, seen=first)
+    assert len(first) == 400
+    store.close()
+    await bulk_put(kv, [(f"k.{i}", b"changed") for i in range(25)])
+    store = make_store()  # a restart: only the store's cursor survives
+    delta: list[KvUpdate] = []
+    cursor = await fold(kv, store, seen=delta)
+    # A full replay would converge as well; the delivery count tells them apart.
+    assert len(delta) == 25 and all(u.value == b"changed" for u in delta)
+    assert cursor.as_u64() == 425 and fold_state(store) == await scan_state(kv)
+    store.close()
+
+
+async def test_nats_clamps_silently_and_resume_window_refuses(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    w = kv.writer()
+    for i in range(10):
+        await w.put(f"k{i}", b"v")
+    await kv.js.purge_stream(kv.stream, seq=6)  # retention took sequences 1..5
+    first, last = await kv.stream_bounds()
+    assert (first, last) == (6, 10)
+
+    # The fact being guarded against: a raw consumer asked for sequence 3 gets 6, no error.
+    sub = await kv.js.subscribe(
+        f"{kv.subject_prefix}>",
+        stream=kv.stream,
+        ordered_consumer=True,
+        config=api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=3
+        ),
+    )
+    msg = await sub.next_msg(timeout=5)
+    assert msg.metadata.sequence.stream == 6
+    await sub.unsubscribe()
+    # ... and one asked to start beyond the last sequence (a recreated bucket) just waits.
+    sub = await kv.js.subscribe(
+        f"{kv.subject_prefix}>",
+        stream=kv.stream,
+        ordered_consumer=True,
+        config=api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=51
+        ),
+    )
+    with pytest.raises(Exception):  # noqa: B017 - nats-py's timeout type
+        await sub.next_msg(timeout=0.3)
+    await sub.unsubscribe()
+
+    watcher = kv.watcher()
+    with pytest.raises(CursorExpired):
+        await watcher.watch_all_from(WatchCursor.from_u64(3))
+    with pytest.raises(CursorExpired):
+        await watcher.watch_all_from(WatchCursor.from_u64(50))
+    ok = await watcher.watch_all_from(WatchCursor.from_u64(5))  # 6 is still held: sound
+    assert [u.revision for u in await ok.next_chunk()] == [6, 7, 8, 9, 10]
+    await ok.stop()
+
+
+async def _expire_with_gap(kv: KvStore, store: SnapshotStore) -> WatchCursor:
+    """Fold k0..k9, then in the gap: delete k1, delete-then-recreate k2, change k3, add k10,
+    touch the rest, and evict k1's delete marker with the old head."""
+    await bulk_put(kv, [(f"k{i}", b"v%d" % i) for i in range(10)])
+    cursor = await fold(kv, store)
+    w = kv.writer()
+    await w.delete("k1")
+    await w.delete("k2")
+    await w.put("k2", b"recreated")
+    await w.put("k3", b"changed")
+    await w.put("k10", b"new")
+    for i in (0, 4, 5, 6, 7, 8, 9):
+        await w.put(f"k{i}", b"v%d" % i)
+    await kv.js.purge_stream(kv.stream, subject=f"{kv.subject_prefix}k1")
+    first, _ = await kv.stream_bounds()
+    assert first > cursor.as_u64() + 1  # the cursor really expired
+    return cursor
+
+
+async def test_cursor_expiry_resyncs_deletes_and_recreates_from_the_gap(
+    conn: Connection, bucket_name: str, make_store: Callable[[], SnapshotStore]
+) -> None:
+    kv = await conn.store(bucket_name)
+    store = make_store()
+    await _expire_with_gap(kv, store)
+    applied: list[KvUpdate] = []
+    await fold(kv, store, apply=applied.extend)
+    state = fold_state(store)
+    assert "k1" not in state and state["k2"] == b"recreated" and state["k3"] == b"changed"
+    assert state == await scan_state(kv)
+    # The synthetic delete reached apply too, before any re-list put.
+    synthetic = [u for u in applied if u.version.is_unknown]
+    assert [u.key for u in synthetic] == ["k1"] and applied.index(synthetic[0]) == 0
+    store.close()
+
+
+async def test_without_a_reader_expiry_leaves_gap_deletes_stale(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    """Pinned: re-list alone cannot see keys whose delete markers were evicted."""
+    kv = await conn.store(bucket_name)
+    store = open_store(f"lmdb:{tmp_path / 'f'}")
+    await _expire_with_gap(kv, store)
+    await fold(kv, store, reader=False)
+    assert "k1" in fold_state(store)
+    store.close()
+
+
+class FailingStore:
+    """Fault injector: a real store whose chosen ``apply`` calls fail (a disk error on demand)."""
+
+    def __init__(self, inner: SnapshotStore, fail_calls: set[int]) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+        self.fail_calls = fail_calls
+        self.calls = 0
+
+    @property
+    def cursor(self) -> WatchCursor:
+        return self.inner.cursor
+
+    def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
+        self.calls += 1
+        if self.calls in self.fail_calls:
+            raise SnapshotIoError(f"injected failure on apply #{self.calls}")
+        self.inner.apply(batch, cursor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_transient_store_failure_never_leaves_a_cursor_gap(
+    conn: Connection, bucket_name: str, make_store: Callable[[], SnapshotStore]
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i:03}", b"v%d" % i) for i in range(300)])
+    store = FailingStore(make_store(), fail_calls={2})
+    cursor = await fold(kv, store, config=BatchConfig(max=50, channel_capacity=50))  # type: ignore[arg-type]
+    assert store.calls >= 3  # the failure was followed by successful flushes
+    store.inner.close()
+    reopened = make_store()  # what a restart would resume from
+    assert reopened.cursor == cursor
+    assert fold_state(reopened) == await scan_state(kv)
+    reopened.close()
+
+
+async def test_a_store_failing_16_times_in_a_row_fail_stops(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i}", b"v") for i in range(20)])
+    store = FailingStore(open_store(f"lmdb:{tmp_path / 'f'}"), fail_calls=set(range(1, 100)))
+    with pytest.raises(WatchError, match="16 times"):
+        await fold(kv, store, config=BatchConfig(window=0.001))  # type: ignore[arg-type]
+    assert store.calls == 16 and store.inner.cursor.is_none
+    store.inner.close()
+
+
+async def _overrun(kv: KvStore) -> None:
+    """Write far more than flow control lets the server push to a reader that is not
+    reading, then evict the head (retention, done here by purge) past what it was sent."""
+    await bulk_put(kv, [(f"k{i}", b"x" * 4000) for i in range(2000)])
+    _, last = await kv.stream_bounds()
+    await kv.js.purge_stream(kv.stream, seq=last - 5)
+
+
+async def test_floor_guard_in_band_fails_a_live_watch_overrun_by_retention(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await kv.writer().put("start", b"x")
+    # No backstop within the test: only the in-band check can trip.
+    watch = await kv.watcher().watch_all_from(
+        WatchCursor.from_u64(1), capacity=16, floor_interval=600, heartbeat=0.5
+    )
+    await _overrun(kv)
+    seen = 0
+    with pytest.raises(WatchError, match="overrun by retention"):
+        while True:
+            chunk = await asyncio.wait_for(watch.next_chunk(), 10)
+            seen += len(chunk or [])
+    assert 0 < seen < 2000  # what was delivered before the gap, and nothing past it
+    await watch.stop()
+
+
+async def test_floor_guard_backstop_catches_an_overrun_without_deliveries(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await kv.writer().put("start", b"x")
+    watch = await kv.watcher().watch_all_from(
+        WatchCursor.from_u64(1), capacity=16, floor_interval=0.3
+    )
+    await _overrun(kv)
+    with pytest.raises(WatchError, match="overrun by retention"):
+        while True:
+            await asyncio.wait_for(watch.next_chunk(), 10)
+    await watch.stop()
+
+
+async def test_export_request_runs_between_flushes_at_the_stored_cursor(
+    conn: Connection, bucket_name: str, make_store: Callable[[], SnapshotStore]
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i}", b"v") for i in range(50)])
+    store = make_store()
+    requests: asyncio.Queue[ExportRequest] = asyncio.Queue()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(), WatchScope.all(), store=store, export_requests=requests, shutdown=stop
+        )
+    )
+    while store.cursor.as_u64() < 50:
+        await asyncio.sleep(0.01)
+    request = ExportRequest(lambda s, c: (c, s.cursor, len(list(s.iter_keys()))))
+    await requests.put(request)
+    cursor, store_cursor, n = await asyncio.wait_for(request.reply, 5)
+    assert cursor == store_cursor == WatchCursor.from_u64(50) and n == 50
+    stop.set()
+    assert await task == WatchCursor.from_u64(50)
+    store.close()
+
+
+async def test_every_operation_is_bounded_by_a_timeout() -> None:
+    with pytest.raises(Timeout):
+        await timed(asyncio.sleep(10), 0.05, "sleep")
