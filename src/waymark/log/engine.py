@@ -1,10 +1,14 @@
 """The topic log engine: synchronous, in-process, no I/O.
 
-The engine owns every topic. Every mutation is validated first and then applied
-at one commit point (:meth:`Engine._commit`), which is where the durable-storage
-journal plugs in: a mutation that fails validation never reaches it, so a
-refused request changes nothing. Callers that wake on new data register a
-listener with :meth:`Engine.add_listener`; it runs synchronously after each commit.
+The engine owns every topic. Every mutation is validated first, then handed to
+the journal as frame bytes (when the engine has one), then applied: a mutation
+that fails validation, or that the journal cannot take, changes nothing.
+Callers that wake on new data register a listener with :meth:`Engine.add_listener`;
+it runs synchronously after each commit.
+
+Durability classes (§2.2) decide what reaches the journal and what an
+acknowledgement waits for; results carry the :class:`~waymark.log.journal.Commit`
+to wait on and whether the class requires waiting.
 """
 
 from __future__ import annotations
@@ -12,15 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..clock import Clock, SystemClock
-from .config import ConfigPatch, TopicConfig, TopicType
+from . import journal as frames
+from .config import ConfigPatch, Durability, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
+from .journal import Commit, Journal
 from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
 from .staging import Staging
 from .topic import Topic
 
 Listener = Callable[[str], None]
+
+# disk and fsync topics reserve seqs in blocks, syncing the ceiling before handing any
+# out, so a crash that loses acknowledged records never lets their seqs be reused.
+SEQ_RESERVE = 4096
 
 
 class Engine:
@@ -29,8 +39,10 @@ class Engine:
         clock: Clock | None = None,
         defaults: TopicConfig | None = None,
         limits: Limits | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
+        self.journal = journal
         self.defaults = defaults or TopicConfig()
         self.limits = limits or Limits()
         self._topics: dict[str, Topic] = {}
@@ -53,7 +65,10 @@ class Engine:
         now = self.clock.now_ms()
         topic = self._topics.get(name)
         if topic is None:
-            topic = self._new_topic(name, type or TopicType.LOG, self.defaults.apply(patch), now)
+            topic = Topic(name, type or TopicType.LOG, self.defaults.apply(patch), 0, now)
+            topic.epoch = self._last_epoch + 1
+            self._write_topic(topic)
+            self._register(topic)
             self._commit(topic)
             return topic.state(now), True
         if type is not None and type is not topic.type:
@@ -62,7 +77,10 @@ class Engine:
                 f"topic {name!r} exists with type {topic.type!s}; a topic's type never changes",
                 {"topic": name, "type": str(topic.type), "requested": str(type)},
             )
-        topic.reconfigure(topic.config.apply(patch), now)
+        config = topic.config.apply(patch)
+        frame = frames.topic_frame(name, topic.type, topic.epoch, config, topic.created_ts)
+        self._write(name, frame)
+        topic.reconfigure(config, now)
         self._commit(topic)
         return topic.state(now), False
 
@@ -77,6 +95,7 @@ class Engine:
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         topic = self._existing(name)
+        self._write(name, frames.drop_frame(name, topic.epoch))
         del self._topics[name]
         self._commit(topic)
 
@@ -113,11 +132,13 @@ class Engine:
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
+        extra: dict[str, object] | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
         A sink batch published by :mod:`waymark.log.staging` is many staged parts
-        committed together, so it is not bound by ``max_records_per_write``.
+        committed together, so it is not bound by ``max_records_per_write``;
+        ``extra`` travels in the same journal frame (a publish's ledger entry).
         """
         now = self.clock.now_ms()
         topic = self._topics.get(name)
@@ -132,11 +153,31 @@ class Engine:
             # Not registered until the write is known to fit: a refused write creates nothing.
             topic = Topic(name, TopicType.LOG, topic_config, self._last_epoch + 1, now)
         plan = topic.plan_append(encoded, now)
+        durability = topic.config.durability
+        must_sync = durability is Durability.FSYNC
+        if self.journal is not None:
+            self.journal.check_available(name)
+            if created:
+                self._write_topic(topic)
+            last = plan.first_seq + len(plan.fresh) - 1
+            if durability in (Durability.DISK, Durability.FSYNC) and last > topic.ceiling:
+                topic.ceiling = last + SEQ_RESERVE
+                self._write(name, frames.head_frame(name, topic.epoch, topic.ceiling))
+                must_sync = True  # no seq above a durable ceiling is acknowledged
+            if plan.fresh and durability is not Durability.EPHEMERAL:
+                self._write(
+                    name,
+                    frames.records_frame(
+                        name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra
+                    ),
+                )
         if created:
             self._register(topic)
         topic.apply_append(plan, now)
         self._commit(topic)
-        return AppendResult(plan.seqs, topic.head_seq, topic.config.durability, created)
+        return AppendResult(
+            plan.seqs, topic.head_seq, durability, created, self._latest(name), must_sync
+        )
 
     def diff(
         self,
@@ -171,9 +212,28 @@ class Engine:
         if before_seq is not None and before_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "before_seq is a seq: 0 or more")
         topic = self._existing(name)
-        result = topic.delete(before_seq, match, self.clock.now_ms())
+        bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
+        self._write(name, frames.delete_frame(name, topic.epoch, before_seq, match, bound))
+        result = topic.delete(bound, match, self.clock.now_ms())
         self._commit(topic)
         return result
+
+    def commit_point(self, name: str) -> Commit | None:
+        """The journal commit covering every mutation of ``name`` so far (None in memory).
+
+        Control mutations (topic config, topic deletion, record deletion) always
+        survive a crash once this commit is durable.
+        """
+        return self._latest(name)
+
+    def close(self) -> None:
+        """Record every topic's exact head, so a clean restart continues seqs without a gap."""
+        if self.journal is None:
+            return
+        for topic in self._topics.values():
+            if topic.config.durability is not Durability.MEMORY:
+                topic.ceiling = topic.head_seq
+                self._write(topic.name, frames.head_frame(topic.name, topic.epoch, topic.ceiling))
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(topic)`` after every commit that changes ``topic``."""
@@ -189,10 +249,20 @@ class Engine:
             )
         return topic
 
-    def _new_topic(self, name: str, type: TopicType, config: TopicConfig, now: int) -> Topic:
-        topic = Topic(name, type, config, self._last_epoch + 1, now)
-        self._register(topic)
-        return topic
+    def _write(self, name: str, frame: bytes) -> None:
+        if self.journal is not None:
+            self.journal.write(name, frame)
+
+    def _write_topic(self, topic: Topic) -> None:
+        self._write(
+            topic.name,
+            frames.topic_frame(
+                topic.name, topic.type, topic.epoch, topic.config, topic.created_ts
+            ),
+        )
+
+    def _latest(self, name: str) -> Commit | None:
+        return self.journal.latest(name) if self.journal is not None else None
 
     def _register(self, topic: Topic) -> None:
         self._last_epoch = topic.epoch

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .config import Durability, TopicConfig, TopicType
+
+if TYPE_CHECKING:
+    from .journal import Commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,8 @@ class AppendResult:
     head_seq: int
     durability: Durability
     created: bool  # the write lazily created the topic
+    commit: Commit | None = None  # the journal commit of this write (None in memory)
+    must_sync: bool = False  # the durability class acks only once ``commit`` is durable
 
     def to_wire(self) -> dict[str, Any]:
         return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}

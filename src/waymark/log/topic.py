@@ -83,6 +83,10 @@ class Topic:
         self.tag_index: SortedDict = SortedDict()  # tag -> array("Q") of seqs, ascending
         self._dedupe: dict[str, tuple[int, int]] = {}  # id -> (seq, ts)
         self._dedupe_order: deque[tuple[int, str]] = deque()
+        self.ceiling = 0  # no seq above this was ever handed out (durable in the journal)
+        # Seq ranges lost in a crash (handed out, never durable): read as tombstones.
+        # One per crash at most, so the list stays short and is kept for the topic's life.
+        self.holes: list[tuple[int, int]] = []
         self.created_ts = now
         self.last_ts = 0
         self.last_write_ts = 0
@@ -235,7 +239,10 @@ class Topic:
                 self._dedupe_order.append((ts, record.id))
         done = 0
         while done < len(fresh):
-            chunk = self.chunks[-1] if self.chunks and self.chunks[-1].room() else self._new_chunk()
+            last = self.chunks[-1] if self.chunks else None
+            # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
+            contiguous = last is not None and last.last_seq + 1 == seq + done
+            chunk = last if contiguous and last.room() else self._new_chunk(seq + done)
             take = min(chunk.room(), len(fresh) - done)
             end = done + take
             chunk.extend(
@@ -252,8 +259,8 @@ class Topic:
         if self.config.discard is Discard.OLD:
             self._evict_to_cap()
 
-    def _new_chunk(self) -> Chunk:
-        chunk = Chunk(self.next_seq if not self.chunks else self.chunks[-1].last_seq + 1)
+    def _new_chunk(self, base_seq: int) -> Chunk:
+        chunk = Chunk(base_seq)
         self.chunks.append(chunk)
         self._bases.append(chunk.base_seq)
         return chunk
@@ -373,9 +380,17 @@ class Topic:
             runs[0:2] = [LossRun(first.lo, second.hi, merged, first.lost + second.lost)]
 
     def _settle_front(self) -> None:
-        """Advance front past deleted slots and drop chunks wholly below it."""
+        """Advance front past deleted slots and holes; drop chunks wholly below it."""
         while self.front < self.next_seq:
-            chunk = self.chunks[self._chunk_index(self.front)]
+            index = self._chunk_index(self.front)
+            if index < 0:  # no chunk at or below front: the first chunk (if any) is next
+                self.front = self.chunks[0].base_seq if self.chunks else self.next_seq
+                continue
+            chunk = self.chunks[index]
+            if self.front > chunk.last_seq:  # inside a hole: the next chunk starts after it
+                following = self.chunks[index + 1] if index + 1 < len(self.chunks) else None
+                self.front = following.base_seq if following else self.next_seq
+                continue
             j = chunk.dead.find(0, self.front - chunk.base_seq)
             if j >= 0:
                 self.front = chunk.base_seq + j
@@ -398,11 +413,10 @@ class Topic:
                 del self.tag_index[tag]
 
     # --- voluntary removal: deletion (§7) ------------------------------------------
-    def delete(self, before_seq: int | None, match: TagMatch | None, now: int) -> DeleteResult:
+    def delete(self, bound: int, match: TagMatch | None, now: int) -> DeleteResult:
+        """Delete below ``bound`` (min of before_seq and head_seq + 1 at call time: the
+        point in time), every record or only those whose tag matches."""
         self.expire(now)
-        bound = self.next_seq  # point in time: head_seq + 1 at call time
-        if before_seq is not None:
-            bound = min(bound, before_seq)
         if match is None:
             deleted = self._remove_front(bound - 1, None) if bound > self.front else 0
         else:
@@ -481,19 +495,36 @@ class Topic:
                 head_seq=head,
             )
             cursor = gap_to
+        hole = self._hole_after(cursor)
+        if tombstone is None and hole is not None and hole[0] <= cursor + 1:
+            # §4.2: acknowledged records lost in a crash read exactly like eviction.
+            lo, hi = cursor + 1, hole[1]
+            tombstone = Tombstone(
+                seq=max(hi + 1, self.front),
+                gap_from=lo,
+                gap_to=hi,
+                reason="lost",
+                missed_estimate=hi - lo + 1,
+                earliest_seq=self.earliest_seq,
+                head_seq=head,
+            )
+            cursor = hi
+            hole = self._hole_after(cursor)
+        # A page stops before the next hole, so its tombstone opens the following page.
+        stop = head if hole is None else hole[0] - 1
         runs: list[bytes] = []
         seqs: list[int] = []
-        next_from = max(cursor, min(self.front - 1, head))
+        next_from = max(cursor, min(self.front - 1, stop))
         node_ids = self._reader_node_ids(nodes)
         taken = 0
         seq = max(cursor + 1, self.front)
-        while seq <= head and taken < limit:
+        while seq <= stop and taken < limit:
             chunk = self.chunks[self._chunk_index(seq)]
             i = seq - chunk.base_seq
-            n = chunk.n
+            n = min(chunk.n, stop - chunk.base_seq + 1)
             while i < n and taken < limit:
                 if chunk.dead[i] == DELETED:
-                    j = chunk.dead.find(0, i)
+                    j = chunk.dead.find(0, i, n)
                     i = n if j < 0 else j
                     continue
                 k = chunk.dead.find(DELETED, i, min(n, i + limit - taken))
@@ -504,8 +535,8 @@ class Topic:
                 i = k
             next_from = chunk.base_seq + i - 1
             seq = chunk.base_seq + i
-        if seq > head:
-            next_from = max(next_from, head)
+        if seq > stop:
+            next_from = max(next_from, stop)
         self.consumed(now)
         return DiffResult(
             runs=runs,
@@ -519,6 +550,13 @@ class Topic:
             durability=self.config.durability,
             caught_up=next_from >= head,
         )
+
+    def _hole_after(self, cursor: int) -> tuple[int, int] | None:
+        """The first crash hole that ends after ``cursor``."""
+        for hole in self.holes:
+            if hole[1] > cursor:
+                return hole
+        return None
 
     def _reader_node_ids(self, nodes: frozenset[str] | None) -> frozenset[int] | None:
         if not nodes or not self.config.dedupe_node:

@@ -1,0 +1,34 @@
+"""The file operations durable storage performs, behind one small seam.
+
+Production uses :class:`FileIO` (plain ``os`` calls). Tests that need a disk that
+fills up or fails substitute a fault injector with the same methods.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class FileIO:
+    def open_append(self, path: Path) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def fsync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,86 @@
+"""Checksummed frames, the unit of every durable file.
+
+A frame is ``u32 length | u8 kind | payload | u64 xxh3(kind + payload)``; the
+length counts kind and payload. Reading stops at the first incomplete frame (a
+torn tail, which recovery cuts off) and refuses a checksum mismatch anywhere
+else, naming the file and offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+
+import xxhash
+
+_LEN = struct.Struct("<I")
+_SUM = struct.Struct("<Q")
+OVERHEAD = _LEN.size + 1 + _SUM.size
+# No writer produces a larger frame (the journal refuses one), so a larger length is damage.
+MAX_FRAME_BYTES = 1 << 30
+
+
+class FrameKind(IntEnum):
+    TOPIC = 1  # create or reconfigure a topic (a control frame: survives every class)
+    DROP = 2  # delete a topic
+    RECORDS = 3  # one atomic append
+    DELETE = 4  # a point-in-time deletion
+    HEAD = 5  # the seq ceiling a topic may hand out (never reuse a seq after a crash)
+
+
+class CorruptFrame(Exception):
+    """A frame in the middle of a file fails its checksum: refuse to guess."""
+
+    def __init__(self, path: Path, offset: int, why: str) -> None:
+        super().__init__(f"{path}: corrupt frame at offset {offset}: {why}")
+        self.path = path
+        self.offset = offset
+
+
+def encode(kind: FrameKind, payload: bytes) -> bytes:
+    body = bytes((kind,)) + payload
+    return _LEN.pack(len(body)) + body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: FrameKind
+    payload: memoryview
+    offset: int
+
+
+def scan(data: bytes | memoryview, path: Path) -> tuple[list[Frame], int]:
+    """Every whole frame in ``data`` and the offset where they end.
+
+    The last write may be torn: a frame cut short, or a failing frame with nothing
+    but zeros after it, ends the scan there. Anything else that fails — a bad
+    checksum with data after it, an impossible length — is corruption.
+    """
+    view = memoryview(data)
+    frames: list[Frame] = []
+    offset = 0
+    total = len(view)
+    while offset + _LEN.size <= total:
+        (length,) = _LEN.unpack_from(view, offset)
+        end = offset + _LEN.size + length + _SUM.size
+        if length == 0 and not any(view[offset:]):
+            break  # a zero-filled tail
+        if length == 0 or length > MAX_FRAME_BYTES:
+            raise CorruptFrame(path, offset, f"impossible frame length {length}")
+        if end > total:
+            break  # torn: the last write stopped part-way through this frame
+        body = view[offset + _LEN.size : offset + _LEN.size + length]
+        (digest,) = _SUM.unpack_from(view, end - _SUM.size)
+        if xxhash.xxh3_64_intdigest(body) != digest:
+            if any(view[end:]):
+                raise CorruptFrame(path, offset, "checksum mismatch")
+            break  # torn: the last frame's bytes did not all land
+        frames.append(Frame(FrameKind(body[0]), body[1:], offset))
+        offset = end
+    return frames, offset
+
+
+def read_file(path: Path) -> tuple[list[Frame], int]:
+    return scan(path.read_bytes(), path)

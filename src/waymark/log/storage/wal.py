@@ -1,0 +1,239 @@
+"""The write-ahead log: sharded by topic, one writer thread per shard, group commit.
+
+The engine thread hands a shard whole frames (:meth:`Wal.write`) and gets back a
+:class:`Commit`. The shard's writer takes everything queued since its last
+round, writes it with one ``write`` and makes it durable with one
+``fdatasync`` — the group commit that makes many small durable writes cheap.
+
+If the disk refuses a write (ENOSPC, EIO), the shard keeps the frames it already
+accepted, cuts the file back to its last good size and retries them with backoff;
+meanwhile it reports itself unavailable so the engine refuses new mutations with
+503 instead of accepting what it cannot store. Nothing acknowledged is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import ErrorCode, TopicError
+from .fileio import FileIO
+from .frames import Frame, read_file
+
+WAL_SUFFIX = ".wal"
+
+
+class Commit:
+    """A frame's place in its shard; awaitable until the frame is durable."""
+
+    __slots__ = ("lsn", "shard")
+
+    def __init__(self, shard: WalShard, lsn: int) -> None:
+        self.shard = shard
+        self.lsn = lsn
+
+    @property
+    def durable(self) -> bool:
+        return self.shard.synced_lsn >= self.lsn
+
+    async def wait(self) -> None:
+        """Return once the frame is synced; raise 503 storage_unavailable if it failed."""
+        if self.shard.synced_lsn >= self.lsn:
+            return
+        await self.shard.wait_synced(self.lsn)
+
+
+class WalShard:
+    def __init__(
+        self, directory: Path, fileio: FileIO, retry_s: float = 0.05, max_retry_s: float = 1.0
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._io = fileio
+        self._retry_s = retry_s
+        self._max_retry_s = max_retry_s
+        self.path = directory / f"{0:020d}{WAL_SUFFIX}"
+        self._fd = fileio.open_append(self.path)
+        self._size = os.fstat(self._fd).st_size
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: list[bytes] = []
+        self.submitted = 0  # lsn of the last frame handed to this shard
+        self.synced_lsn = 0  # every frame up to here is durable
+        self.error: OSError | None = None  # the disk's last refusal, while it lasts
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"wal-{directory.name}", daemon=True)
+        self._thread.start()
+
+    # --- the engine thread ---------------------------------------------------------
+    def submit(self, frame: bytes) -> Commit:
+        with self._lock:
+            if self.error is not None:
+                raise unavailable(self.error)
+            self._queue.append(frame)
+            self.submitted += 1
+            lsn = self.submitted
+            self._wake.notify()
+        return Commit(self, lsn)
+
+    async def wait_synced(self, lsn: int) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._loop = loop
+            if self.synced_lsn >= lsn:
+                return
+            if self.error is not None:
+                raise unavailable(self.error)
+            self._waiters.append((lsn, future))
+        await future
+
+    def sync_blocking(self, timeout: float = 30.0) -> None:
+        """Wait, off the event loop, until everything submitted so far is durable."""
+        target = self.submitted
+        deadline = time.monotonic() + timeout
+        while self.synced_lsn < target:
+            if self.error is not None:
+                raise unavailable(self.error)
+            if time.monotonic() > deadline:
+                raise TimeoutError("the WAL did not sync in time")
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join()
+        self._io.close(self._fd)
+
+    # --- the writer thread ---------------------------------------------------------
+    def _run(self) -> None:
+        pending: list[bytes] = []
+        upto = 0
+        delay = self._retry_s
+        while True:
+            with self._lock:
+                while not self._queue and not pending and not self._closing:
+                    self._wake.wait()
+                if self._closing and not self._queue and not pending:
+                    return
+                pending.extend(self._queue)
+                self._queue.clear()
+                upto = self.submitted
+            try:
+                self._write_all(b"".join(pending))
+                self._io.fdatasync(self._fd)
+            except OSError as exc:
+                self._failed(exc)
+                time.sleep(delay)
+                delay = min(delay * 2, self._max_retry_s)
+                continue
+            pending = []
+            delay = self._retry_s
+            self._synced(upto)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                written = self._io.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            # A partial write must not stay behind: the retry rewrites from here.
+            self._io.truncate(self._fd, self._size)
+            raise
+        self._size += len(data)
+
+    def _failed(self, exc: OSError) -> None:
+        with self._lock:
+            self.error = exc
+            waiters, self._waiters = self._waiters, []
+        self._call_soon(_fail_waiters, waiters, exc)
+
+    def _synced(self, upto: int) -> None:
+        with self._lock:
+            self.synced_lsn = upto
+            self.error = None
+            ready = [w for w in self._waiters if w[0] <= upto]
+            self._waiters = [w for w in self._waiters if w[0] > upto]
+        if ready:
+            self._call_soon(_release_waiters, ready, None)
+
+    def _call_soon(self, fn, waiters, exc) -> None:  # type: ignore[no-untyped-def]
+        loop = self._loop
+        if loop is not None and waiters:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(fn, waiters, exc)
+
+
+def _release_waiters(waiters: list[tuple[int, asyncio.Future[None]]], _: None) -> None:
+    for _lsn, future in waiters:
+        if not future.done():
+            future.set_result(None)
+
+
+def _fail_waiters(waiters: list[tuple[int, asyncio.Future[None]]], exc: OSError) -> None:
+    for _lsn, future in waiters:
+        if not future.done():
+            future.set_exception(unavailable(exc))
+
+
+def unavailable(exc: OSError) -> TopicError:
+    return TopicError(
+        ErrorCode.STORAGE_UNAVAILABLE,
+        f"the write-ahead log cannot write right now ({exc.strerror or exc}); "
+        "nothing acknowledged is lost and writes resume once the disk accepts them",
+        {"errno": exc.errno},
+    )
+
+
+class Wal:
+    """The WAL of one data directory: ``shards`` files, a topic always in the same one."""
+
+    def __init__(self, directory: Path, shards: int = 2, fileio: FileIO | None = None) -> None:
+        self.directory = directory
+        self._io = fileio or FileIO()
+        self.shards = [
+            WalShard(directory / f"shard-{i}", self._io) for i in range(shards)
+        ]
+
+    def shard_of(self, topic: str) -> WalShard:
+        # A stable hash (not Python's salted one): a topic must map to the same shard
+        # across restarts, so its frames replay in order.
+        return self.shards[zlib.crc32(topic.encode()) % len(self.shards)]
+
+    def write(self, topic: str, frame: bytes) -> Commit:
+        return self.shard_of(topic).submit(frame)
+
+    def latest(self, topic: str) -> Commit:
+        shard = self.shard_of(topic)
+        return Commit(shard, shard.submitted)
+
+    def check_available(self, topic: str) -> None:
+        error = self.shard_of(topic).error
+        if error is not None:
+            raise unavailable(error)
+
+    def sync_blocking(self) -> None:
+        for shard in self.shards:
+            shard.sync_blocking()
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+    @staticmethod
+    def existing_frames(directory: Path) -> Iterator[tuple[Path, list[Frame], int]]:
+        """(file, frames, end of whole frames) for every WAL file, shard by shard, in order."""
+        for shard_dir in sorted(directory.glob("shard-*")):
+            for path in sorted(shard_dir.glob(f"*{WAL_SUFFIX}")):
+                frames, end = read_file(path)
+                yield path, frames, end
