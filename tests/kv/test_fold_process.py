@@ -1,0 +1,127 @@
+"""``waymark fold`` as a real process: SIGKILL mid-fold, then resume from the store's cursor."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waymark.cli import app
+from waymark.kv import Connection, KvUpdate, StoreConfig, WatchCursor, WatchScope, watch_applied
+from waymark.kv.server import EmbeddedNats
+from waymark.kv.stores.lmdb_store import LmdbStore
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_sigkilled_fold_process_resumes_without_gap_or_replay(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    for i in range(2000):
+        await kv.js.publish_async(f"{kv.subject_prefix}k.{i:05}", b"first-%d" % i)
+    await kv.js.publish_async_completed()
+    path = tmp_path / "fold"
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "waymark"),
+            "fold",
+            "--nats",
+            nats_server.url,
+            "--bucket",
+            bucket_name,
+            "--store",
+            f"lmdb:{path}",
+            "--batch-max",
+            "50",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        async def cursor_of_process() -> int:
+            if not (path / "data.mdb").exists():
+                return 0
+            s = LmdbStore(path)
+            try:
+                return s.cursor.as_u64()
+            finally:
+                s.close()
+
+        while await cursor_of_process() < 1000:
+            assert proc.poll() is None, "fold process died"
+            await asyncio.sleep(0.05)
+        # Keep writing while the process folds, and kill it mid-stream.
+        for i in range(3000):
+            await kv.js.publish_async(f"{kv.subject_prefix}k.{i % 2500:05}", b"second-%d" % i)
+            if i == 1500:
+                proc.send_signal(signal.SIGKILL)
+        await kv.js.publish_async_completed()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    store = LmdbStore(path)
+    cursor = store.cursor.as_u64()
+    # Data and cursor were committed together: nothing in the fold is newer than the cursor.
+    assert all((e.version.as_u64() or 0) <= cursor for e in store.range())
+    _, last = await kv.stream_bounds()
+    assert 1000 <= cursor < last  # killed mid-fold, with work left to resume
+    expected_delta = sum(1 for e in await kv.reader().scan() if (e.version.as_u64() or 0) > cursor)
+
+    delta: list[KvUpdate] = []
+    done = asyncio.Event()
+
+    def on_applied(c: WatchCursor) -> None:
+        if c.as_u64() >= last:
+            done.set()
+
+    if cursor >= last:
+        done.set()
+    await asyncio.wait_for(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            delta.extend,
+            store=store,
+            reader=kv.reader(),
+            on_applied=on_applied,
+            shutdown=done,
+        ),
+        30,
+    )
+    assert all((u.revision or 0) > cursor for u in delta)  # no replay of what was folded
+    assert len(delta) == expected_delta
+    assert {e.key: e.value for e in store.range()} == {
+        e.key: e.value for e in await kv.reader().scan()
+    }
+    store.close()
+
+
+def test_fold_show_prints_cursor_then_json_lines(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path / "fold")
+    store.apply(
+        [KvUpdate.put("a.text", "héllo".encode(), 3), KvUpdate.put("b.bin", b"\xff\x00", 4)],
+        WatchCursor.from_u64(4),
+    )
+    store.close()
+    result = CliRunner().invoke(app, ["fold", "show", "--store", f"lmdb:{tmp_path / 'fold'}"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "cursor 4"
+    assert json.loads(lines[1]) == {"key": "a.text", "value": "héllo", "version": 3}
+    binary = json.loads(lines[2])
+    assert binary["encoding"] == "base64" and base64.b64decode(binary["value"]) == b"\xff\x00"
+    only_a = CliRunner().invoke(
+        app, ["fold", "show", "--store", f"lmdb:{tmp_path / 'fold'}", "--prefix", "a"]
+    )
+    assert [json.loads(x)["key"] for x in only_a.output.splitlines()[1:]] == ["a.text"]
