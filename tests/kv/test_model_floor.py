@@ -66,10 +66,10 @@ class FloorGuard(RuleBasedStateMachine):
         if not later:
             return
         seq = min(later)  # NATS skips whatever is gone, silently
-        if self.in_band and delivery_is_gap(self.frontier, seq):
-            if not resume_window_ok(self.frontier, self.first_seq):
-                self.failed = True  # checked before the entry is processed
-                return
+        gapped = self.in_band and delivery_is_gap(self.frontier, seq)
+        if gapped and not resume_window_ok(self.frontier, self.first_seq):
+            self.failed = True  # checked before the entry is processed
+            return
         key, value = self.stream[seq]
         if value is None:
             self.fold.pop(key, None)

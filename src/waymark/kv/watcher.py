@@ -151,10 +151,11 @@ class KvWatcher:
         messages that retention evicts under a live consumer, so a delivery
         that jumps the frontier, or (every ``floor_interval`` seconds without
         deliveries) the stream's head overtaking it, fails the watch with
-        WatchError. ``heartbeat`` is the consumer's idle heartbeat; after three
-        silent ones the consumer is recreated from the frontier. A prefix watch sees sparse revisions by nature and cannot
+        WatchError. A prefix watch sees sparse revisions by nature and cannot
         tell eviction from filtering; its protection is the resume-window
-        check at the next restart.
+        check at the next restart. ``heartbeat`` is the consumer's idle
+        heartbeat; after three silent ones the consumer is recreated from the
+        frontier.
         """
         s = self._s
         resume = cursor is not None and not cursor.is_none
