@@ -16,24 +16,43 @@ def register(app: typer.Typer) -> None:
         data_dir: Annotated[
             Path,
             typer.Option(
-                help="Directory for durable storage. It is created now, but records stay "
-                "in memory until durable storage lands (a later issue): every durability "
-                "class is accepted and reported, and nothing survives a restart yet."
+                help="Directory for durable storage (the write-ahead log). Topics are "
+                "recovered from it at start-up; it is created if missing."
             ),
         ] = Path("waymark-data"),
+        wal_shards: Annotated[
+            int, typer.Option(help="WAL files written in parallel; a topic always uses one.")
+        ] = 2,
         heartbeat_s: Annotated[
             float, typer.Option(help="Seconds of silence before an SSE heartbeat comment.")
         ] = 15.0,
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
+        from waymark.log.storage.frames import CorruptFrame
+        from waymark.log.storage.recovery import open_engine
         from waymark.server import App, Settings
         from waymark.server.serving import Server, listen
 
-        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            engine, wal, report = open_engine(data_dir, shards=wal_shards)
+        except CorruptFrame as exc:
+            typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
+        typer.echo(
+            f"waymark recovered {report.topics} topics from {report.frames} frames "
+            f"in {report.seconds:.2f}s{torn}",
+            err=True,  # stdout's first line is the listening URL, which callers wait for
+        )
         sock = listen(host, port)
-        server = Server(App(settings=Settings(heartbeat_s=heartbeat_s)))
+        server = Server(App(engine=engine, settings=Settings(heartbeat_s=heartbeat_s)))
         shown = f"[{host}]" if ":" in host else host
         # Printed once the socket is bound, so a parent process can wait for this line.
         typer.echo(f"waymark listening on http://{shown}:{sock.getsockname()[1]}")
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            engine.close()  # exact heads, so a clean restart continues seqs without a gap
+            wal.sync_blocking()
+            wal.close()
         typer.echo("waymark stopped")

@@ -32,9 +32,11 @@ class App:
         limits: Limits | None = None,
         defaults: TopicConfig | None = None,
         settings: Settings | None = None,
+        engine: Engine | None = None,
     ) -> None:
-        self.limits = limits or Limits()
-        self.engine = Engine(clock=clock, defaults=defaults, limits=self.limits)
+        """Serve ``engine`` (a recovered durable one), or a new in-memory engine."""
+        self.limits = engine.limits if engine is not None else limits or Limits()
+        self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
         self.notifier = Notifier()
         self.engine.add_listener(self.notifier.notify)
         self.metrics = Metrics(lambda: len(self.engine.list_topics()))

@@ -95,12 +95,19 @@ class TopicApi:
     async def list_topics(self, request: Request) -> Response:
         return _json({"topics": [state.to_wire() for state in self.engine.list_topics()]})
 
+    async def _control_durable(self, name: str) -> None:
+        # Topic config and deletions are control frames: acknowledged once durable.
+        commit = self.engine.commit_point(name)
+        if commit is not None:
+            await commit.wait()
+
     async def put_topic(self, request: Request) -> Response:
         name = _topic(request)
         body = await request.body(self.max_body)
         # An empty body creates the topic with the defaults.
         put = _put.decode(body) if body.strip() else TopicPut()
         state, created = self.engine.put_topic(name, put.patch(), put.type)
+        await self._control_durable(name)
         return _json(state.to_wire(), 201 if created else 200)
 
     async def get_topic(self, request: Request) -> Response:
@@ -110,12 +117,15 @@ class TopicApi:
     async def delete_topic(self, request: Request) -> Response:
         name = _topic(request)
         self.engine.delete_topic(name)
+        await self._control_durable(name)
         return _json({"topic": name, "deleted": True})
 
     async def append(self, request: Request) -> Response:
         name = _topic(request)
         body = _append.decode(await request.body(self.max_body))
         result = self.engine.append(name, body.records, create=body.create, config=body.config)
+        if result.must_sync and result.commit is not None:
+            await result.commit.wait()  # fsync class, or a new seq ceiling: ack once durable
         self.metrics.records_appended += len(result.seqs)
         return Response(orjson.dumps(result.to_wire()))
 
@@ -156,6 +166,7 @@ class TopicApi:
         if body.match is not None:
             match = TagMatch.parse(body.match if isinstance(body.match, str) else list(body.match))
         result = self.engine.delete(name, before_seq=body.before_seq, match=match)
+        await self._control_durable(name)
         return _json(result.to_wire())
 
     async def watch(self, request: Request) -> Response:
