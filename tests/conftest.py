@@ -85,3 +85,21 @@ def start_waymark(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
+
+
+@pytest.fixture
+def spawn_server() -> Iterator[Callable[..., ServerProcess]]:
+    """Start extra ``waymark serve`` processes (e.g. to kill and restart); all are
+    killed at teardown."""
+    started: list[ServerProcess] = []
+
+    def spawn(data_dir: Path, *args: str) -> ServerProcess:
+        server = start_server(data_dir, *args)
+        started.append(server)
+        return server
+
+    yield spawn
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
