@@ -1,0 +1,89 @@
+"""Input partitions: contiguous seq ranges of one topic instance, read in parallel.
+
+``read()`` runs on a pickled copy in a Python worker, so a partition carries
+everything the read needs (server URL, node filter, gap policy); it holds no
+client or connection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import InputPartition
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """What every partition of one source shares."""
+
+    url: str
+    node: str | None
+    on_data_loss: str  # "fail" | "skip"
+    gaps_topic: str
+    page: int  # records per diff request
+
+
+@dataclass(frozen=True)
+class Recreated:
+    """The topic instance a batch's start offset named, now deleted and recreated."""
+
+    epoch: int
+    seq: int
+
+
+class SeqRange(InputPartition):
+    """Records of ``topic`` instance ``epoch`` with ``lo < seq <= hi``."""
+
+    def __init__(
+        self,
+        settings: ReadSettings,
+        topic: str,
+        epoch: int,
+        lo: int,
+        hi: int,
+        recreated: Recreated | None = None,
+    ) -> None:
+        super().__init__((topic, epoch, lo, hi))
+        self.settings = settings
+        self.topic = topic
+        self.epoch = epoch
+        self.lo = lo
+        self.hi = hi
+        # Set on the first range of a topic whose start offset named an older instance,
+        # so exactly one task reports the recreate.
+        self.recreated = recreated
+
+
+def split(
+    settings: ReadSettings,
+    ranges: list[tuple[str, int, int, int, Recreated | None]],
+    *,
+    min_partitions: int,
+    max_per_partition: int,
+) -> list[SeqRange]:
+    """Cut each topic's ``(topic, epoch, lo, hi, recreated)`` range into seq ranges.
+
+    Each topic gets at least its share of ``min_partitions`` (in proportion to its
+    span) and no range spans more than ``max_per_partition`` seqs. A topic with an
+    empty range but a pending recreate report still gets one (empty) range.
+    """
+    total = sum(hi - lo for _, _, lo, hi, _ in ranges)
+    out: list[SeqRange] = []
+    for topic, epoch, lo, hi, recreated in ranges:
+        span = hi - lo
+        if span <= 0:
+            if recreated is not None:
+                out.append(SeqRange(settings, topic, epoch, lo, lo, recreated))
+            continue
+        pieces = max(
+            math.ceil(span / max_per_partition), math.ceil(min_partitions * span / total), 1
+        )
+        pieces = min(pieces, span)
+        step, extra = divmod(span, pieces)
+        start = lo
+        for i in range(pieces):
+            end = start + step + (1 if i < extra else 0)
+            out.append(SeqRange(settings, topic, epoch, start, end, recreated if i == 0 else None))
+            start = end
+    return out

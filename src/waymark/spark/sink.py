@@ -1,0 +1,234 @@
+"""The exactly-once topic sink: ``df.writeStream.format("waymark")``.
+
+A two-phase commit over the log (:mod:`waymark.log.staging`):
+
+1. When the query (re)starts, the driver opens the writer: the server bumps the
+   writer's epoch, which fences every stage and publish of earlier runs (409
+   ``fenced``) — a zombie of a crashed run cannot add to the topic.
+2. Each task stages its rows under (writer, batch id, partition, attempt); staged
+   rows are invisible to readers. A failed attempt's rows are never published
+   and expire on the server.
+3. The driver's ``commit(messages, batchId)`` publishes exactly the parts the
+   successful attempts reported, as one atomic append per topic (contiguous
+   seqs). Publishing a batch that was already published — Spark replays the last
+   batch after a crash between the sink commit and ``commits/N``, with the same
+   id and possibly another partitioning — returns the original seqs and appends
+   nothing.
+
+Options: ``url`` (required), ``topic`` (unless a ``topic`` column names one per
+row), ``writerId`` (required: names the query; the same across its restarts
+from one checkpoint, different between queries).
+Columns: ``data`` (required; a string is JSON text stored as the value it
+encodes, so source -> sink round-trips; struct/map/array/scalars are stored as
+the matching JSON; invalid JSON fails the batch), optional ``tag``, ``node``,
+``meta`` (map<string,string>), ``topic``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import orjson
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StringType, StructType
+
+from . import wire
+
+log = logging.getLogger("waymark.spark.sink")
+
+CHUNK_RECORDS = 5_000  # records per stage request: bodies of a few MB
+
+
+@dataclass
+class StagedParts(WriterCommitMessage):
+    """What one successful task attempt staged: ``(topic, chunks, rows)`` per topic."""
+
+    partition: int
+    attempt: int
+    topics: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def writer_id(options: Mapping[str, str]) -> str:
+    # Spark hands a Python sink neither its checkpoint location nor its query id on the
+    # driver, so the stable identity of the query has to be named by the user.
+    explicit = options.get("writerId")
+    if not explicit:
+        raise ValueError(
+            "the waymark sink needs option 'writerId': a name for this query that stays the "
+            "same across its restarts (with the same checkpoint) and differs between queries"
+        )
+    return explicit
+
+
+class WaymarkStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        url = options.get("url")
+        if not url:
+            raise ValueError("the waymark sink needs option 'url' (the server's base URL)")
+        names = {f.name for f in schema.fields}
+        if "data" not in names:
+            raise ValueError(f"the waymark sink needs a 'data' column; the columns are {names}")
+        self.topic = options.get("topic")
+        if self.topic is None and "topic" not in names:
+            raise ValueError("the waymark sink needs option 'topic' or a 'topic' column")
+        if "topic" in names and not isinstance(schema["topic"].dataType, StringType):
+            raise ValueError("the 'topic' column is a string")
+        self.url = url.rstrip("/")
+        self.writer = writer_id(options)
+        # Runs on the driver when the query starts: this run's epoch fences older runs.
+        with wire.client(self.url) as http:
+            self.epoch = wire.open_writer(http, self.writer)
+        log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
+
+    # --- executors --------------------------------------------------------------------
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+        context = TaskContext.get()
+        assert context is not None, "write() runs in a Spark task"
+        batch_id = int(context.getLocalProperty("streaming.sql.batchId"))
+        message = StagedParts(context.partitionId(), context.attemptNumber())
+        with wire.client(self.url) as http:
+            stager = _Stager(http, self, batch_id, message)
+            for batch in iterator:
+                for topic, records in encode_batch(batch, self.topic).items():
+                    stager.add(topic, records)
+            stager.flush_all()
+        return message
+
+    # --- driver -------------------------------------------------------------------------
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        parts: dict[str, list[dict[str, int]]] = {}
+        for message in messages:
+            if not isinstance(message, StagedParts):
+                continue
+            for topic, chunks, _ in message.topics:
+                parts.setdefault(topic, []).append(
+                    {"partition": message.partition, "attempt": message.attempt, "chunks": chunks}
+                )
+        with wire.client(self.url) as http:
+            for topic in sorted(parts):
+                ordered = sorted(parts[topic], key=lambda p: p["partition"])
+                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batchId,
+                        "parts": ordered}  # fmt: skip
+                result = wire.publish(http, topic, body)
+                log.info(
+                    "waymark sink batch %d -> %s: seqs %d..%d%s",
+                    batchId, topic, result["first_seq"],
+                    result["first_seq"] + result["count"] - 1,
+                    " (already published: replay)" if result["replayed"] else "",
+                )  # fmt: skip
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Nothing to undo: unpublished stages are invisible and expire on the server.
+        log.warning("waymark sink batch %d aborted; its staged rows will expire", batchId)
+
+
+class _Stager:
+    """Buffers one task attempt's encoded records per topic and stages them in chunks."""
+
+    def __init__(
+        self, http: Any, writer: WaymarkStreamWriter, batch_id: int, message: StagedParts
+    ) -> None:
+        self.http = http
+        self.head = {"writer": writer.writer, "epoch": writer.epoch, "batch_id": batch_id,
+                     "partition": message.partition, "attempt": message.attempt}  # fmt: skip
+        self.message = message
+        self.buffers: dict[str, list[bytes]] = {}
+        self.chunks: dict[str, int] = {}
+        self.rows: dict[str, int] = {}
+        self.published: set[str] = set()  # the batch is a replay: nothing to ship
+
+    def add(self, topic: str, records: list[bytes]) -> None:
+        buffer = self.buffers.setdefault(topic, [])
+        buffer.extend(records)
+        self.rows[topic] = self.rows.get(topic, 0) + len(records)
+        while len(buffer) >= CHUNK_RECORDS:
+            self._flush(topic, buffer[:CHUNK_RECORDS])
+            del buffer[:CHUNK_RECORDS]
+
+    def flush_all(self) -> None:
+        for topic, buffer in self.buffers.items():
+            if buffer or topic not in self.chunks:
+                self._flush(topic, buffer)
+        self.message.topics = [
+            (topic, self.chunks[topic], self.rows[topic]) for topic in sorted(self.chunks)
+        ]
+
+    def _flush(self, topic: str, records: list[bytes]) -> None:
+        chunk = self.chunks.get(topic, 0)
+        if topic not in self.published:
+            accepted = wire.stage(self.http, topic, {**self.head, "chunk": chunk}, records)
+            if not accepted:
+                self.published.add(topic)
+        self.chunks[topic] = chunk + 1
+
+
+# --- encoding rows ----------------------------------------------------------------------
+
+_json_values = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, list[bytes]]:
+    """Encode a batch's rows as RecordIn JSON objects, grouped by target topic."""
+    n = batch.num_rows
+    if n == 0:
+        return {}
+    columns = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
+    data = encode_data(columns["data"])
+    optional = []
+    for name in ("tag", "node"):
+        if name in columns:
+            optional.append((b',"' + name.encode() + b'":', columns[name].to_pylist()))
+    metas = columns["meta"].to_pylist() if "meta" in columns else None
+    topics = columns["topic"].to_pylist() if "topic" in columns else None
+    out: dict[str, list[bytes]] = {}
+    for i in range(n):
+        parts = [b'{"data":', data[i]]
+        for key, values in optional:
+            if values[i] is not None:
+                parts += (key, orjson.dumps(values[i]))
+        if metas is not None and metas[i] is not None:
+            parts += (b',"meta":', orjson.dumps(dict(metas[i])))
+        parts.append(b"}")
+        topic = (topics[i] if topics is not None else None) or default_topic
+        if topic is None:
+            raise ValueError(f"row {i} names no topic and the sink has no 'topic' option")
+        out.setdefault(topic, []).append(b"".join(parts))
+    return out
+
+
+def encode_data(column: pa.Array) -> list[bytes]:
+    """The ``data`` column as one JSON value per row."""
+    if column.null_count:
+        raise ValueError("the waymark sink's 'data' column has nulls; every record needs data")
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+        values = column.cast(pa.binary()).to_pylist()
+        _check_json(values)
+        return values
+    if pa.types.is_map(kind):
+        return [orjson.dumps(dict(v), default=str) for v in column.to_pylist()]
+    return [orjson.dumps(v, default=str) for v in column.to_pylist()]
+
+
+def _check_json(values: list[bytes]) -> None:
+    """Every value is exactly one JSON value: one decode of the joined array checks all
+    (a value like ``1,2`` shows up as a count mismatch); only a failure looks closer."""
+    try:
+        if len(_json_values.decode(b"[" + b",".join(values) + b"]")) == len(values):
+            return
+    except msgspec.DecodeError:
+        pass
+    for i, value in enumerate(values):
+        try:
+            msgspec.json.decode(value)
+        except msgspec.DecodeError as e:
+            raise ValueError(
+                f"row {i}: the 'data' column is not valid JSON ({e}): {value[:120]!r}"
+            ) from None
+    raise ValueError("the 'data' column holds a value that is not exactly one JSON value")
