@@ -38,8 +38,10 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         if topic is None or topic.epoch != body["epoch"]:
             topic = Topic(body["name"], TopicType(body["type"]), config, body["epoch"],
                           body["created_ts"])  # fmt: skip
+            highest = engine._last_epoch
             engine._register(topic)
-            engine._last_epoch = max(engine._last_epoch, topic.epoch)
+            # Shards replay one after another: epochs arrive out of order across them.
+            engine._last_epoch = max(highest, topic.epoch)
         else:
             topic.reconfigure(config, now)
         return
