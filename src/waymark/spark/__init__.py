@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .fold_sink import FoldSink
 from .schema import parse_data, with_parsed_data
 
 if TYPE_CHECKING:
@@ -23,4 +24,4 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(WaymarkDataSource)
 
 
-__all__ = ["parse_data", "register", "with_parsed_data"]
+__all__ = ["FoldSink", "parse_data", "register", "with_parsed_data"]
