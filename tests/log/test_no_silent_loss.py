@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
 from waymark.log import chunk as chunk_module
+from waymark.log.chunk import Chunk
 from waymark.log.topic import Topic
 
 TOPIC = "t"
@@ -292,10 +293,10 @@ def test_catches_a_read_that_skips_the_node_filter_boundary(
     # Mutation: the reader's node filter also drops records with no node at all.
     original = Topic._reader_node_ids
 
-    def overeager(self: Topic, nodes: frozenset[str] | None) -> frozenset[int] | None:
-        ids = original(self, nodes)
+    def overeager(chunk: Chunk, nodes: frozenset[str] | None) -> frozenset[int] | None:
+        ids = original(chunk, nodes)
         return None if ids is None else ids | {0}
 
-    monkeypatch.setattr(Topic, "_reader_node_ids", staticmethod(overeager).__func__)
+    monkeypatch.setattr(Topic, "_reader_node_ids", staticmethod(overeager))
     with pytest.raises(AssertionError):
         run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)

@@ -20,16 +20,45 @@ LIVE = 0
 DELETED = 1
 
 
+class Names:
+    """Strings interned to small ids, 0 meaning "none". Each chunk has its own tables,
+    so a sealed segment carries everything needed to read it."""
+
+    __slots__ = ("ids", "names")
+
+    def __init__(self, names: list[str] | None = None) -> None:
+        self.names = ["", *(names or [])]
+        self.ids = {name: i for i, name in enumerate(self.names) if i}
+
+    def intern(self, name: str | None) -> int:
+        if name is None:
+            return 0
+        ident = self.ids.get(name)
+        if ident is None:
+            ident = self.ids[name] = len(self.names)
+            self.names.append(name)
+        return ident
+
+    def lookup(self, names: frozenset[str]) -> frozenset[int]:
+        return frozenset(self.ids[n] for n in names if n in self.ids)
+
+
 class Chunk:
-    __slots__ = ("base_seq", "buf", "dead", "ends", "live", "node", "size", "tag", "ts")
+    __slots__ = (
+        "base_seq", "buf", "dead", "ends", "live", "node", "node_names", "sealed", "size", "tag",
+        "tag_names", "ts",
+    )  # fmt: skip
 
     def __init__(self, base_seq: int) -> None:
         self.base_seq = base_seq
         self.buf = bytearray()
         self.ends = array("Q")  # end offset of record i in buf (its start is ends[i-1])
         self.ts = array("Q")
-        self.node = array("I")  # interned node id, 0 = no node
-        self.tag = array("I")  # interned tag id, 0 = no tag
+        self.node = array("I")  # id in node_names, 0 = no node
+        self.tag = array("I")  # id in tag_names, 0 = no tag
+        self.node_names = Names()
+        self.tag_names = Names()
+        self.sealed = False  # taken by a checkpoint: no more appends
         self.size = array("I")  # data + meta bytes, what count/bytes/cap_bytes measure
         self.dead = bytearray()  # DELETED marks voluntary deletion
         self.live = 0  # slots neither deleted nor reclaimed from the front
@@ -44,15 +73,17 @@ class Chunk:
 
     def room(self) -> int:
         """How many more records this chunk takes (0 once it is sealed by size)."""
-        return 0 if len(self.buf) >= CHUNK_BYTES else CHUNK_RECORDS - len(self.ends)
+        if self.sealed or len(self.buf) >= CHUNK_BYTES:
+            return 0
+        return CHUNK_RECORDS - len(self.ends)
 
     def extend(
         self,
         first_seq: int,
         ts: int,
         bodies: list[bytes],
-        nodes: list[int],
-        tags: list[int],
+        nodes: list[str | None],
+        tags: list[str | None],
         sizes: list[int],
     ) -> None:
         """Append consecutive records: one buffer write and one extend per index array."""
@@ -63,8 +94,8 @@ class Chunk:
         self.ends.extend(islice(accumulate(map(len, pieces), initial=len(self.buf)), 1, None))
         self.buf += b"".join(pieces)
         self.ts.extend(repeat(ts, len(pieces)))
-        self.node.extend(nodes)
-        self.tag.extend(tags)
+        self.node.extend(map(self.node_names.intern, nodes))
+        self.tag.extend(map(self.tag_names.intern, tags))
         self.size.extend(sizes)
         self.dead.extend(bytes(len(pieces)))
         self.live += len(pieces)

@@ -77,9 +77,6 @@ class Topic:
         self.live_bytes = 0
         self.chunks: list[Chunk] = []
         self._bases: list[int] = []  # chunks[i].base_seq, for bisect
-        self._node_ids: dict[str, int] = {}
-        self._tag_ids: dict[str, int] = {}
-        self._tag_names: list[str] = [""]
         self.tag_index: SortedDict = SortedDict()  # tag -> array("Q") of seqs, ascending
         self._dedupe: dict[str, tuple[int, int]] = {}  # id -> (seq, ts)
         self._dedupe_order: deque[tuple[int, str]] = deque()
@@ -217,19 +214,13 @@ class Topic:
         if not fresh:
             return
         seq, ts = plan.first_seq, plan.ts
-        bodies: list[bytes] = []
-        sizes: list[int] = []
-        nodes: list[int] = []
-        tags: list[int] = []
+        bodies = [r.body for r in fresh]
+        sizes = [r.size for r in fresh]
+        nodes = [r.node for r in fresh]
+        tags = [r.tag for r in fresh]
         dedupe = self.config.idempotency_window_ms
         for i, record in enumerate(fresh):
-            bodies.append(record.body)
-            sizes.append(record.size)
-            nodes.append(self._intern_node(record.node) if record.node is not None else 0)
-            if record.tag is None:
-                tags.append(0)
-            else:
-                tags.append(self._intern_tag(record.tag))
+            if record.tag is not None:
                 seqs = self.tag_index.get(record.tag)
                 if seqs is None:
                     seqs = self.tag_index[record.tag] = array("Q")
@@ -264,19 +255,6 @@ class Topic:
         self.chunks.append(chunk)
         self._bases.append(chunk.base_seq)
         return chunk
-
-    def _intern_node(self, node: str) -> int:
-        ident = self._node_ids.get(node)
-        if ident is None:
-            ident = self._node_ids[node] = len(self._node_ids) + 1
-        return ident
-
-    def _intern_tag(self, tag: str) -> int:
-        ident = self._tag_ids.get(tag)
-        if ident is None:
-            ident = self._tag_ids[tag] = len(self._tag_names)
-            self._tag_names.append(tag)
-        return ident
 
     def _prune_dedupe(self, now: int) -> None:
         horizon = now - self.config.idempotency_window_ms
@@ -403,8 +381,7 @@ class Topic:
         chunk = self.chunks.pop(0)
         self._bases.pop(0)
         # Prune the tag index of this chunk's seqs: only tags present in it can be touched.
-        for tag_id in set(chunk.tag) - {0}:
-            tag = self._tag_names[tag_id]
+        for tag in chunk.tag_names.names[1:]:
             seqs = self.tag_index.get(tag)
             if seqs is None:
                 continue
@@ -515,7 +492,7 @@ class Topic:
         runs: list[bytes] = []
         seqs: list[int] = []
         next_from = max(cursor, min(self.front - 1, stop))
-        node_ids = self._reader_node_ids(nodes)
+        readers_nodes = nodes if nodes and self.config.dedupe_node else None
         taken = 0
         seq = max(cursor + 1, self.front)
         while seq <= stop and taken < limit:
@@ -530,6 +507,7 @@ class Topic:
                 k = chunk.dead.find(DELETED, i, min(n, i + limit - taken))
                 if k < 0:
                     k = min(n, i + limit - taken)
+                node_ids = self._reader_node_ids(chunk, readers_nodes)
                 self._take(chunk, i, k, node_ids, per_record, runs, seqs)
                 taken += k - i
                 i = k
@@ -558,11 +536,12 @@ class Topic:
                 return hole
         return None
 
-    def _reader_node_ids(self, nodes: frozenset[str] | None) -> frozenset[int] | None:
-        if not nodes or not self.config.dedupe_node:
+    @staticmethod
+    def _reader_node_ids(chunk: Chunk, nodes: frozenset[str] | None) -> frozenset[int] | None:
+        """The reader's own node ids in ``chunk``'s table (None: nothing to drop)."""
+        if nodes is None:
             return None
-        ids = frozenset(self._node_ids[n] for n in nodes if n in self._node_ids)
-        return ids or None
+        return chunk.node_names.lookup(nodes) or None
 
     @staticmethod
     def _take(
