@@ -100,3 +100,49 @@ def http(server: Server) -> Iterator[httpx.Client]:
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses."""
     return re.sub(r"[^A-Za-z0-9._:-]", ".", request.node.name[:50]) + "-" + uuid.uuid4().hex[:8]
+
+
+class Topics:
+    """Raw topic calls the Spark tests need around their queries."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def write(self, topic: str, values: list[Any], **fields: Any) -> None:
+        for i in range(0, len(values), 5000):
+            records = [{"data": v, **fields} for v in values[i : i + 5000]]
+            response = self.http.post(f"/v0/topics/{topic}/records", json={"records": records})
+            assert response.status_code == 200, response.text
+
+    def read(self, topic: str) -> list[dict[str, Any]]:
+        """Every retained record of ``topic`` (empty if it does not exist)."""
+        out: list[dict[str, Any]] = []
+        cursor = 0
+        while True:
+            response = self.http.post(
+                f"/v0/topics/{topic}/diff", json={"from_seq": cursor, "limit": 10000}
+            )
+            if response.status_code == 404:
+                return out
+            page = response.json()
+            out += page["records"]
+            if page["caught_up"]:
+                return out
+            cursor = page["next_from_seq"]
+
+
+@pytest.fixture(scope="session")
+def topics(http: httpx.Client) -> Topics:
+    return Topics(http)
+
+
+def run_to_end(writer: Any, timeout: float = 180) -> Any:
+    """Start an availableNow query and wait for it to drain and stop."""
+    query = writer.trigger(availableNow=True).start()
+    assert query.awaitTermination(timeout), "the availableNow query did not stop"
+    return query
+
+
+@pytest.fixture(scope="session")
+def run() -> Any:
+    return run_to_end
