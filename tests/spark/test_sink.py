@@ -1,0 +1,159 @@
+"""The exactly-once topic sink and the fold sink across replays, retries, zombies and
+a real SIGKILL of the driver."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pyspark import TaskContext
+from pyspark import cloudpickle as spark_cloudpickle
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from waymark.kv.stores.lmdb_store import LmdbStore
+from waymark.spark import FoldSink
+from waymark.spark.datasource import WaymarkDataSource
+from waymark.spark.sink import StagedParts, WaymarkStreamWriter
+from waymark.spark.wire import WaymarkHttpError
+
+# The fault-injecting data source below is defined in this test module, which Spark's
+# Python workers cannot import: ship its classes by value.
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+HERE = Path(__file__).parent
+
+
+def _stream(spark: Any, server: Any, topic: str) -> Any:
+    reader = spark.readStream.format("waymark").option("url", server.url).option("topics", topic)
+    return reader.option("maxRecordsPerTrigger", "100").load()
+
+
+def _counts(stream: Any) -> Any:
+    return stream.select(F.get_json_object("data", "$.u").alias("key"), F.lit(1).alias("value"))
+
+
+def _fold_values(path: Path) -> dict[str, Any]:
+    store = LmdbStore(path)
+    try:
+        return {e.key: orjson.loads(e.value) for e in store.range()}
+    finally:
+        store.close()
+
+
+def _add(old: Any, new: Any) -> Any:
+    return (old or 0) + new
+
+
+def test_replayed_committed_batch_changes_neither_topic_nor_fold(
+    spark: Any, server: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+) -> None:
+    """Deleting ``commits/N`` makes Spark replay batch N with the same id and offsets."""
+    topics.write(topic, [{"u": f"u{i % 4}"} for i in range(200)])
+    out, fold_path = f"{topic}-out", tmp_path / "fold"
+
+    def both() -> None:
+        writer = (
+            _stream(spark, server, topic).select("data").writeStream.format("waymark")
+            .option("url", server.url).option("topic", out).option("writerId", out)
+            .option("checkpointLocation", str(tmp_path / "copy"))
+        )  # fmt: skip
+        run(writer)
+        sink = FoldSink(f"lmdb:{fold_path}", merge=_add)
+        folding = _counts(_stream(spark, server, topic)).writeStream.foreachBatch(sink)
+        run(folding.option("checkpointLocation", str(tmp_path / "fold-checkpoint")))
+        sink.close()
+
+    both()
+    before = topics.read(out)
+    assert len(before) == 200 and _fold_values(fold_path) == {f"u{i}": 50 for i in range(4)}
+    for checkpoint in ("copy", "fold-checkpoint"):
+        commits = tmp_path / checkpoint / "commits"
+        assert (commits / "1").exists()
+        for name in ("1", ".1.crc"):
+            (commits / name).unlink(missing_ok=True)
+    both()
+    assert topics.read(out) == before
+    assert _fold_values(fold_path) == {f"u{i}": 50 for i in range(4)}
+    assert FoldSink(LmdbStore(fold_path)).last_batch() == 1
+
+
+class FlakyWriter(WaymarkStreamWriter):
+    """Fault injector: the first attempt of partition 0 fails after staging its rows."""
+
+    def write(self, iterator: Any) -> StagedParts:
+        message = super().write(iterator)
+        context = TaskContext.get()
+        assert context is not None
+        if context.partitionId() == 0 and context.attemptNumber() == 0:
+            Path(self.marker).touch()
+            raise RuntimeError("fault injector: attempt 0 of partition 0 fails after staging")
+        return message
+
+
+class FlakySource(WaymarkDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "waymark_flaky"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> FlakyWriter:
+        writer = FlakyWriter(self.options, schema)
+        writer.marker = self.options["marker"]
+        return writer
+
+
+def test_task_retry_leaves_exactly_one_copy(
+    spark: Any, server: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+) -> None:
+    spark.dataSource.register(FlakySource)
+    topics.write(topic, list(range(100)))
+    marker = tmp_path / "failed-once"
+    writer = (
+        _stream(spark, server, topic).select("data").writeStream.format("waymark_flaky")
+        .option("url", server.url).option("topic", f"{topic}-out").option("writerId", topic)
+        .option("marker", str(marker)).option("checkpointLocation", str(tmp_path / "ck"))
+    )  # fmt: skip
+    run(writer)
+    assert marker.exists(), "the injected failure never happened"
+    assert [r["data"] for r in topics.read(f"{topic}-out")] == list(range(100))
+
+
+def test_stale_epoch_writer_is_fenced(server: Any, topics: Any, topic: str) -> None:
+    """A zombie of an earlier run (say a driver that lost its lease but still runs)
+    can neither stage nor publish once a new run has opened the writer."""
+    schema = StructType([StructField("data", StringType())])
+    options = {"url": server.url, "topic": topic, "writerId": topic}
+    zombie = WaymarkStreamWriter(options, schema)
+    current = WaymarkStreamWriter(options, schema)
+    assert current.epoch == zombie.epoch + 1
+    with pytest.raises(WaymarkHttpError) as fenced:
+        zombie.commit([StagedParts(0, 0, [(topic, 1, 1)])], 0)
+    assert fenced.value.status == 409 and fenced.value.code == "fenced"
+    assert topics.read(topic) == []
+
+
+def test_driver_sigkill_between_sink_commit_and_commit_log(
+    server: Any, topics: Any, topic: str, tmp_path: Path
+) -> None:
+    """A real driver process is SIGKILLed right after the topic sink published batch 1,
+    then right after the fold folded batch 1; the restarted driver replays each batch:
+    the output topic and the fold still hold every input exactly once."""
+    topics.write(topic, [{"u": f"u{i % 3}"} for i in range(300)])
+    out, fold_path = f"{topic}-out", tmp_path / "fold"
+
+    def driver(kill: str) -> int:
+        args = [sys.executable, str(HERE / "kill_driver.py"), server.url, topic, out,
+                str(fold_path), str(tmp_path / "checkpoints"), kill]  # fmt: skip
+        done = subprocess.run(args, start_new_session=True, capture_output=True, timeout=240)
+        return done.returncode
+
+    assert driver("sink:1") == -9
+    assert len(topics.read(out)) == 200  # batches 0 and 1 published, commits/1 never written
+    assert driver("fold:1") == -9
+    assert driver("none") == 0
+    assert [r["data"] for r in topics.read(out)] == [{"u": f"u{i % 3}"} for i in range(300)]
+    assert _fold_values(fold_path) == {"u0": 100, "u1": 100, "u2": 100}
