@@ -23,6 +23,13 @@ def register(app: typer.Typer) -> None:
         wal_shards: Annotated[
             int, typer.Option(help="WAL files written in parallel; a topic always uses one.")
         ] = 2,
+        checkpoint_interval_s: Annotated[
+            float,
+            typer.Option(
+                help="Seconds between checkpoints (seal the tail into segments, "
+                "trim the WAL), taken only when something was written."
+            ),
+        ] = 10.0,
         heartbeat_s: Annotated[
             float, typer.Option(help="Seconds of silence before an SSE heartbeat comment.")
         ] = 15.0,
@@ -30,22 +37,26 @@ def register(app: typer.Typer) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.recovery import open_engine
+        from waymark.log.storage.segment import SegmentError
         from waymark.server import App, Settings
         from waymark.server.serving import Server, listen
 
         try:
-            engine, wal, report = open_engine(data_dir, shards=wal_shards)
-        except CorruptFrame as exc:
+            engine, store, report = open_engine(data_dir, shards=wal_shards)
+        except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
             raise typer.Exit(2) from exc
         torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
         typer.echo(
-            f"waymark recovered {report.topics} topics from {report.frames} frames "
+            f"waymark recovered {report.topics} topics from {report.segments} segments and "
+            f"{report.frames} WAL frames "
             f"in {report.seconds:.2f}s{torn}",
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
         sock = listen(host, port)
-        server = Server(App(engine=engine, settings=Settings(heartbeat_s=heartbeat_s)))
+        app = App(engine=engine, store=store, checkpoint_interval_s=checkpoint_interval_s,
+                  settings=Settings(heartbeat_s=heartbeat_s))  # fmt: skip
+        server = Server(app)
         shown = f"[{host}]" if ":" in host else host
         # Printed once the socket is bound, so a parent process can wait for this line.
         typer.echo(f"waymark listening on http://{shown}:{sock.getsockname()[1]}")
@@ -53,6 +64,6 @@ def register(app: typer.Typer) -> None:
             server.run(sockets=[sock])
         finally:
             engine.close()  # exact heads, so a clean restart continues seqs without a gap
-            wal.sync_blocking()
-            wal.close()
+            store.checkpoint(engine)  # and a short WAL to replay
+            store.close()
         typer.echo("waymark stopped")

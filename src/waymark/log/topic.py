@@ -423,7 +423,7 @@ class Topic:
                 chunk.dead[i] = DELETED
                 chunk.live -= 1
                 self.live_count -= 1
-                self.live_bytes -= chunk.size[i]
+                self.live_bytes -= int(chunk.size[i])
                 deleted += 1
                 if chunk.live == 0 and chunk is not self.chunks[-1]:
                     chunk.release_payloads()
@@ -496,7 +496,14 @@ class Topic:
         taken = 0
         seq = max(cursor + 1, self.front)
         while seq <= stop and taken < limit:
-            chunk = self.chunks[self._chunk_index(seq)]
+            index = self._chunk_index(seq)
+            chunk = self.chunks[index]
+            if seq > chunk.last_seq:
+                # Between chunks: a range whose records are all gone (a dropped segment).
+                following = self.chunks[index + 1] if index + 1 < len(self.chunks) else None
+                seq = following.base_seq if following else stop + 1
+                next_from = min(seq - 1, stop)
+                continue
             i = seq - chunk.base_seq
             n = min(chunk.n, stop - chunk.base_seq + 1)
             while i < n and taken < limit:

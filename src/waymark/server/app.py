@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from time import perf_counter
 
 import orjson
 
 from ..clock import Clock
 from ..log import Engine, Limits, TopicConfig
+from ..log.storage.store import Store
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
 from .http import Receive, Request, Response, Scope, Send
@@ -33,8 +35,17 @@ class App:
         defaults: TopicConfig | None = None,
         settings: Settings | None = None,
         engine: Engine | None = None,
+        store: Store | None = None,
+        checkpoint_interval_s: float = 10.0,
     ) -> None:
-        """Serve ``engine`` (a recovered durable one), or a new in-memory engine."""
+        """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
+
+        With a ``store`` the engine's tail is checkpointed into segments every
+        ``checkpoint_interval_s`` seconds in which anything was written.
+        """
+        self.store = store
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self._checkpoints: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
         self.notifier = Notifier()
@@ -100,11 +111,32 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.store is not None:
+                    self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
+                if self._checkpoints is not None:
+                    self._checkpoints.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _checkpoint_loop(self, store: Store) -> None:
+        """Seal and trim in the background: the engine thread only takes the quick steps."""
+        checkpointer = store.checkpointer
+        written = store.wal.submitted()
+        while True:
+            await asyncio.sleep(self.checkpoint_interval_s)
+            if store.wal.submitted() == written or not checkpointer.running.acquire(False):
+                continue
+            try:
+                plan = checkpointer.begin(self.engine)
+                written = store.wal.submitted()
+                await asyncio.to_thread(checkpointer.write, plan)
+                checkpointer.finish(self.engine, plan)
+                self.metrics.checkpoints += 1
+            finally:
+                checkpointer.running.release()
 
     async def _openapi_json(self, request: Request) -> Response:
         return Response(self._openapi)

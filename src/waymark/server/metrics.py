@@ -60,6 +60,7 @@ class Metrics(Collector):
         self.records_appended = 0
         self.records_read = 0
         self.watchers = 0
+        self.checkpoints = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -98,6 +99,10 @@ class Metrics(Collector):
 
         yield CounterMetricFamily(
             "waymark_records_appended", "Records committed by appends", value=self.records_appended
+        )
+        yield CounterMetricFamily(
+            "waymark_checkpoints", "Checkpoints completed (tail sealed, WAL trimmed)",
+            value=self.checkpoints,
         )
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read

@@ -27,6 +27,15 @@ from .fileio import FileIO
 from .frames import Frame, read_file
 
 WAL_SUFFIX = ".wal"
+_ROTATE = b""  # queued like a frame: the writer moves to the next file at this point
+
+
+def wal_path(directory: Path, index: int) -> Path:
+    return directory / f"{index:020d}{WAL_SUFFIX}"
+
+
+def wal_index(path: Path) -> int:
+    return int(path.stem)
 
 
 class Commit:
@@ -58,9 +67,12 @@ class WalShard:
         self._io = fileio
         self._retry_s = retry_s
         self._max_retry_s = max_retry_s
-        self.path = directory / f"{0:020d}{WAL_SUFFIX}"
+        existing = sorted(directory.glob(f"*{WAL_SUFFIX}"))
+        self.index = wal_index(existing[-1]) if existing else 0  # the file frames go to now
+        self.path = wal_path(directory, self.index)
         self._fd = fileio.open_append(self.path)
         self._size = os.fstat(self._fd).st_size
+        self._file = self.index  # the file the writer thread writes (it lags self.index)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: list[bytes] = []
@@ -83,6 +95,15 @@ class WalShard:
             lsn = self.submitted
             self._wake.notify()
         return Commit(self, lsn)
+
+    def rotate(self) -> int:
+        """Send every later frame to a new file; returns that file's index. Everything
+        submitted before stays in the older files (what a checkpoint may trim)."""
+        with self._lock:
+            self._queue.append(_ROTATE)
+            self.index += 1
+            self._wake.notify()
+            return self.index
 
     async def wait_synced(self, lsn: int) -> None:
         loop = asyncio.get_running_loop()
@@ -129,16 +150,32 @@ class WalShard:
                 self._queue.clear()
                 upto = self.submitted
             try:
-                self._write_all(b"".join(pending))
-                self._io.fdatasync(self._fd)
+                self._write_pending(pending)
             except OSError as exc:
                 self._failed(exc)
                 time.sleep(delay)
                 delay = min(delay * 2, self._max_retry_s)
                 continue
-            pending = []
             delay = self._retry_s
             self._synced(upto)
+
+    def _write_pending(self, pending: list[bytes]) -> None:
+        """Write and sync ``pending`` in order, switching files at each rotation mark.
+
+        Consumes the list in place, so after a failure it holds exactly what is left.
+        """
+        while pending:
+            cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
+            if cut:
+                self._write_all(b"".join(pending[:cut]))
+            self._io.fdatasync(self._fd)
+            del pending[:cut]
+            if pending:  # a rotation mark: the older file is complete and durable
+                self._io.close(self._fd)
+                self._file += 1
+                self._fd = self._io.open_append(wal_path(self.directory, self._file))
+                self._size = 0
+                del pending[0]
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -222,6 +259,10 @@ class Wal:
         if error is not None:
             raise unavailable(error)
 
+    def submitted(self) -> int:
+        """How many frames were ever handed to this WAL (a cheap "anything new?" check)."""
+        return sum(shard.submitted for shard in self.shards)
+
     def sync_blocking(self) -> None:
         for shard in self.shards:
             shard.sync_blocking()
@@ -230,10 +271,28 @@ class Wal:
         for shard in self.shards:
             shard.close()
 
+    def rotate(self) -> dict[str, int]:
+        """Rotate every shard; returns, per shard, the first file written after this call."""
+        return {shard.directory.name: shard.rotate() for shard in self.shards}
+
     @staticmethod
-    def existing_frames(directory: Path) -> Iterator[tuple[Path, list[Frame], int]]:
-        """(file, frames, end of whole frames) for every WAL file, shard by shard, in order."""
+    def existing_frames(
+        directory: Path, start: dict[str, int] | None = None
+    ) -> Iterator[tuple[Path, list[Frame], int]]:
+        """(file, frames, end of whole frames) for every WAL file from ``start`` on (per
+        shard), shard by shard, in order. Older files are a checkpoint's leftovers: removed."""
         for shard_dir in sorted(directory.glob("shard-*")):
+            first = (start or {}).get(shard_dir.name, 0)
             for path in sorted(shard_dir.glob(f"*{WAL_SUFFIX}")):
+                if wal_index(path) < first:
+                    path.unlink()
+                    continue
                 frames, end = read_file(path)
                 yield path, frames, end
+
+    def trim(self, start: dict[str, int]) -> None:
+        """Remove the files a durable checkpoint made unnecessary."""
+        for shard in self.shards:
+            for path in shard.directory.glob(f"*{WAL_SUFFIX}"):
+                if wal_index(path) < start.get(shard.directory.name, 0):
+                    path.unlink(missing_ok=True)

@@ -1,0 +1,146 @@
+"""Checkpoints: seal the in-memory tail into segments, then trim the WAL.
+
+A checkpoint runs in three steps so the engine thread never waits on the disk:
+
+1. :meth:`Checkpointer.begin` (engine thread, quick): rotate the WAL, seal every
+   chunk, and snapshot what the catalog will say.
+2. :meth:`Checkpointer.write` (any thread): write the new segments, flip the delete
+   flags of sealed records deleted since, write the catalog atomically, then remove
+   WAL files and segment files the catalog no longer needs.
+3. :meth:`Checkpointer.finish` (engine thread): move the sealed chunks onto their
+   segments' mmaps, releasing their memory.
+
+A crash anywhere in step 2 is safe: until the catalog's rename lands, recovery uses
+the previous catalog and the untrimmed WAL, and removes half-written files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..chunk import Chunk
+from ..config import Durability
+from ..engine import Engine
+from .catalog import topic_dir_name, topic_entry, write_catalog
+from .fileio import FileIO
+from .segment import SealedChunk, flip_deleted, segment_paths, write_segment
+from .wal import Wal
+
+TOPICS = "topics"
+
+
+@dataclass
+class NewSegment:
+    directory: Path
+    chunk: Chunk
+    dead: bytes  # the deleted marks when the checkpoint began
+    topic: str
+    epoch: int
+
+
+@dataclass
+class CheckpointPlan:
+    wal_start: dict[str, int]
+    catalog: dict[str, Any]
+    new: list[NewSegment] = field(default_factory=list)
+    flips: list[tuple[SealedChunk, bytes]] = field(default_factory=list)
+    keep: set[Path] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReport:
+    segments_written: int
+    flags_flipped: int
+    files_removed: int
+
+
+class Checkpointer:
+    def __init__(self, data_dir: Path, wal: Wal, fileio: FileIO) -> None:
+        self.data_dir = data_dir
+        self.topics_dir = data_dir / TOPICS
+        self.wal = wal
+        self._io = fileio
+        self.running = threading.Lock()  # one checkpoint at a time
+
+    def begin(self, engine: Engine) -> CheckpointPlan:
+        wal_start = self.wal.rotate()
+        plan = CheckpointPlan(wal_start, {})
+        entries = []
+        for topic in engine._topics.values():
+            directory = self.topics_dir / topic_dir_name(topic)
+            segments: list[int] = []
+            ephemeral = topic.config.durability is Durability.EPHEMERAL
+            for chunk in [] if ephemeral else topic.chunks:
+                if chunk.live == 0:
+                    continue  # wholly deleted or evicted: its files go (§7.4 whole-segment drop)
+                chunk.sealed = True
+                dead = bytes(chunk.dead)
+                if isinstance(chunk, SealedChunk):
+                    plan.flips.append((chunk, dead))
+                else:
+                    plan.new.append(NewSegment(directory, chunk, dead, topic.name, topic.epoch))
+                segments.append(chunk.base_seq)
+                plan.keep.update(segment_paths(directory, chunk.base_seq))
+            entry = topic_entry(topic, segments)
+            if ephemeral:
+                # Resident-only records: keep the head, so seqs are never reused (§2.2).
+                entry["ceiling"] = max(topic.ceiling, topic.head_seq)
+            entries.append(entry)
+        plan.catalog = {
+            "version": 1,
+            "last_epoch": engine._last_epoch,
+            "wal": wal_start,
+            "topics": entries,
+        }
+        return plan
+
+    def write(self, plan: CheckpointPlan) -> CheckpointReport:
+        for new in plan.new:
+            new.directory.mkdir(parents=True, exist_ok=True)
+            write_segment(new.directory, new.chunk, new.dead, self._io)
+        flipped = sum(flip_deleted(chunk, dead, self._io) for chunk, dead in plan.flips)
+        write_catalog(self.data_dir, plan.catalog, self._io)
+        # The catalog is durable: what it does not name is no longer needed.
+        self.wal.trim(plan.wal_start)
+        removed = remove_unreferenced(self.topics_dir, plan.keep)
+        return CheckpointReport(len(plan.new), flipped, removed)
+
+    def finish(self, engine: Engine, plan: CheckpointPlan) -> None:
+        for new in plan.new:
+            topic = engine._topics.get(new.topic)
+            if topic is None or topic.epoch != new.epoch or new.chunk not in topic.chunks:
+                continue  # dropped or evicted meanwhile
+            sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq))
+            sealed.dead = bytearray(new.chunk.dead)  # deletions since begin() stay marked
+            sealed.live = new.chunk.live
+            topic.chunks[topic.chunks.index(new.chunk)] = sealed
+
+    def run_blocking(self, engine: Engine) -> CheckpointReport:
+        """All three steps on this thread (tests, shutdown)."""
+        with self.running:
+            plan = self.begin(engine)
+            report = self.write(plan)
+            self.finish(engine, plan)
+            return report
+
+
+def remove_unreferenced(topics_dir: Path, keep: set[Path]) -> int:
+    """Remove segment files and topic folders no catalog names (interrupted work)."""
+    removed = 0
+    if not topics_dir.exists():
+        return 0
+    directories = {path.parent for path in keep}
+    for directory in topics_dir.iterdir():
+        if directory not in directories:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed += 1
+            continue
+        for path in directory.iterdir():
+            if path not in keep:
+                path.unlink(missing_ok=True)
+                removed += 1
+    return removed

@@ -1,0 +1,183 @@
+"""Segments: a sealed chunk on disk as a ``.data`` + ``.idx`` pair, read through mmap.
+
+``.data`` holds one frame per record::
+
+    u32 frame_len | u64 seq | wire JSON + "," | u64 xxh3(seq + JSON) | u8 delete flag
+
+``frame_len`` counts everything after itself, flag included; the flag sits outside
+the checksum. Deleting a sealed record flips that one byte to exactly ``0xD5``; any
+other value reads live, so a torn one-byte write can never resurrect or hide a record.
+
+``.idx`` holds the chunk's per-record arrays (JSON offset and length, ts, size, node
+and tag ids) plus its name tables, checksummed as a whole. Both files are written
+under temporary names, fsynced and renamed; the catalog names a segment only once
+it is complete, so a crash mid-seal leaves an orphan that recovery removes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from array import array
+from pathlib import Path
+
+import numpy as np
+import orjson
+import xxhash
+
+from ..chunk import DELETED, Chunk, Names
+from .fileio import FileIO
+
+DATA = ".data"
+IDX = ".idx"
+DELETED_FLAG = 0xD5
+_IDX_MAGIC = b"WMIX"
+_IDX_VERSION = 1
+_IDX_HEAD = struct.Struct("<4sIQI")
+_LEN = struct.Struct("<I")
+_SEQ = struct.Struct("<Q")
+_SUM = struct.Struct("<Q")
+_ARRAYS = (("offsets", np.uint64), ("lens", np.uint32), ("ts", np.uint64),
+           ("size", np.uint32), ("node", np.uint32), ("tag", np.uint32))  # fmt: skip
+
+
+class SegmentError(Exception):
+    """A segment file is damaged: recovery refuses to guess."""
+
+
+def segment_paths(directory: Path, base_seq: int) -> tuple[Path, Path]:
+    stem = directory / f"{base_seq:020d}"
+    return stem.with_suffix(DATA), stem.with_suffix(IDX)
+
+
+def write_segment(directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO) -> None:
+    """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot."""
+    data_path, idx_path = segment_paths(directory, chunk.base_seq)
+    buf = chunk.buf
+    frames: list[bytes] = []
+    offsets = array("Q")
+    lens = array("I")
+    position = 0
+    start = 0
+    for i, end in enumerate(chunk.ends):
+        body = _SEQ.pack(chunk.base_seq + i) + buf[start:end]
+        flag = b"\xd5" if dead[i] == DELETED else b"\x00"
+        frames.append(_LEN.pack(len(body) + 9) + body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
+                      + flag)  # fmt: skip
+        offsets.append(position + _LEN.size + _SEQ.size)
+        lens.append(end - start)
+        position += len(frames[-1])
+        start = end
+    tables = orjson.dumps({"nodes": chunk.node_names.names[1:], "tags": chunk.tag_names.names[1:]})
+    head = _IDX_HEAD.pack(_IDX_MAGIC, _IDX_VERSION, chunk.base_seq, chunk.n)
+    arrays = [offsets.tobytes(), lens.tobytes(), chunk.ts.tobytes(), chunk.size.tobytes(),
+              chunk.node.tobytes(), chunk.tag.tobytes()]  # fmt: skip
+    idx = b"".join([head, *arrays, _LEN.pack(len(tables)), tables])
+    idx += _SUM.pack(xxhash.xxh3_64_intdigest(idx))
+    for path, content in ((data_path, b"".join(frames)), (idx_path, idx)):
+        temporary = path.with_suffix(path.suffix + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[fileio.write(fd, view) :]
+            fileio.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    fileio.fsync_dir(directory)
+
+
+class SealedChunk(Chunk):
+    """A chunk whose records live in a segment: reads go through mmap, so a topic much
+    larger than memory costs only its per-record deleted flags in RAM."""
+
+    __slots__ = ("_data", "_idx", "data_path", "disk_dead", "lens", "offsets")
+
+    def __init__(self, data_path: Path, idx_path: Path) -> None:
+        super().__init__(0)
+        self.data_path = data_path
+        self._idx = _map(idx_path)
+        raw = memoryview(self._idx)
+        if len(raw) < _IDX_HEAD.size + 8 or _SUM.unpack_from(raw, len(raw) - 8)[0] != (
+            xxhash.xxh3_64_intdigest(raw[:-8])
+        ):
+            raise SegmentError(f"{idx_path}: index checksum mismatch")
+        magic, version, base_seq, count = _IDX_HEAD.unpack_from(raw, 0)
+        if magic != _IDX_MAGIC or version != _IDX_VERSION:
+            raise SegmentError(f"{idx_path}: not a waymark segment index (version {version})")
+        self.base_seq = base_seq
+        offset = _IDX_HEAD.size
+        views = {}
+        for name, dtype in _ARRAYS:
+            views[name] = np.frombuffer(raw, dtype, count, offset)
+            offset += count * np.dtype(dtype).itemsize
+        (table_len,) = _LEN.unpack_from(raw, offset)
+        tables = orjson.loads(raw[offset + 4 : offset + 4 + table_len])
+        self.offsets, self.lens = views["offsets"], views["lens"]
+        self.ts, self.size = views["ts"], views["size"]
+        self.node, self.tag = views["node"], views["tag"]
+        self.node_names = Names(tables["nodes"])
+        self.tag_names = Names(tables["tags"])
+        self.ends = self.offsets  # only its length is used: n and last_seq
+        self.sealed = True
+        self._data = _map(data_path)
+        if count and int(self.offsets[-1]) + int(self.lens[-1]) + 9 != len(self._data):
+            raise SegmentError(f"{data_path}: size does not match its index")
+        self.dead = self.read_flags()
+        self.disk_dead = bytes(self.dead)  # the flags as they are on disk
+        self.live = int(np.count_nonzero(np.frombuffer(self.dead, np.uint8) == 0))
+        self._remap_data()
+
+    def read_flags(self) -> bytearray:
+        """The on-disk delete flags, as the in-memory ``dead`` marks (only 0xD5 deletes)."""
+        data = np.frombuffer(self._data, np.uint8)
+        flags = data[(self.offsets + self.lens + 8).astype(np.int64)] if self.n else data[:0]
+        return bytearray((flags == DELETED_FLAG).astype(np.uint8).tobytes())
+
+    def _remap_data(self) -> None:
+        # Reading the flags touched every page; a fresh mapping leaves them to the page
+        # cache instead of this process's resident set.
+        self._data.close()
+        self._data = _map(self.data_path)
+
+    def start(self, i: int) -> int:
+        return int(self.offsets[i])
+
+    def slice(self, i: int, j: int) -> bytes:
+        data = self._data
+        offsets, lens = self.offsets[i:j].tolist(), self.lens[i:j].tolist()
+        return b"".join(data[o : o + n] for o, n in zip(offsets, lens, strict=True))
+
+    def release_payloads(self) -> None:
+        """Nothing to free: the payloads were never in memory."""
+
+    def flag_offsets(self, indexes: np.ndarray) -> np.ndarray:
+        return (self.offsets[indexes] + self.lens[indexes] + 8).astype(np.int64)
+
+
+def _map(path: Path) -> mmap.mmap:
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return mmap.mmap(-1, 1)  # an empty segment: nothing to map
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def flip_deleted(chunk: SealedChunk, dead: bytes, fileio: FileIO) -> int:
+    """Flip on disk the flag of every record ``dead`` (a snapshot of the in-memory marks)
+    says is deleted and the disk does not yet; fsync. Deletion only ever adds marks."""
+    memory = np.frombuffer(dead, np.uint8)
+    disk = np.frombuffer(chunk.disk_dead, np.uint8)
+    todo = np.flatnonzero((memory == DELETED) & (disk != DELETED))
+    if not len(todo):
+        return 0
+    fd = os.open(chunk.data_path, os.O_WRONLY)
+    try:
+        for position in chunk.flag_offsets(todo).tolist():
+            os.pwrite(fd, bytes((DELETED_FLAG,)), position)
+        fileio.fdatasync(fd)
+    finally:
+        os.close(fd)
+    chunk.disk_dead = dead
+    return len(todo)

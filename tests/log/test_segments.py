@@ -1,0 +1,210 @@
+"""Segments and checkpoints: sealing, delete flags, whole-segment drops, WAL trimming,
+recovery from segments + WAL, and crashes at every step of a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from waymark.clock import ManualClock
+from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
+from waymark.log import chunk as chunk_module
+from waymark.log.storage.catalog import CATALOG
+from waymark.log.storage.checkpoint import TOPICS
+from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.segment import DELETED_FLAG, SealedChunk, SegmentError
+from waymark.log.storage.store import Store
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_module, "CHUNK_RECORDS", 10)
+
+
+def reopen(data_dir: Path, **kwargs: object) -> tuple[Engine, Store]:
+    engine, store, _ = open_engine(data_dir, **kwargs)  # type: ignore[arg-type]
+    return engine, store
+
+
+def crash(store: Store) -> None:
+    """Stop as a SIGKILL would after the last sync: no exact heads, no final checkpoint."""
+    store.sync_blocking()
+    store.close()
+
+
+def everything(engine: Engine, topic: str) -> tuple[list[dict], list[dict]]:
+    records, tombstones, cursor = [], [], 0
+    while True:
+        page = engine.diff(topic, cursor, limit=7)
+        records += page.records()
+        if page.tombstone:
+            tombstones.append(page.tombstone.to_wire())
+        cursor = page.next_from_seq
+        if page.caught_up:
+            return records, tombstones
+
+
+def segment_files(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / TOPICS).glob("*/*.data"))
+
+
+def wal_files(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "wal").glob("*/*.wal"))
+
+
+def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(35):
+        engine.append("t", [RecordIn.of({"i": i}, tag=f"k{i % 3}", node=f"n{i % 2}")])
+    before, _ = everything(engine, "t")
+    store.checkpoint(engine)
+    topic = engine._topics["t"]
+    assert all(isinstance(c, SealedChunk) for c in topic.chunks)
+    assert len(segment_files(tmp_path)) == 4
+    assert everything(engine, "t")[0] == before  # reads come from the segments now
+    for i in range(35, 40):  # a tail in the WAL after the checkpoint
+        engine.append("t", [RecordIn.of({"i": i}, tag="k0")])
+    full, _ = everything(engine, "t")
+    crash(store)
+    engine, store = reopen(tmp_path)
+    assert everything(engine, "t")[0] == full
+    state = engine.get_topic("t")
+    assert state.count == 40 and state.head_seq >= 40  # a crash resumes at the ceiling
+    # Node filters and tag deletes work on sealed records (tables travel with segments).
+    page = engine.diff("t", 0, nodes=frozenset({"n0"}), limit=100)
+    assert all(r.get("$node") != "n0" for r in page.records())
+    assert engine.delete("t", match=TagMatch.parse("k1")).deleted == 12
+    crash(store)
+
+
+def test_deleted_sealed_records_survive_a_wal_trim_and_restart(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(20):
+        engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
+    store.checkpoint(engine)
+    engine.delete("t", match=TagMatch.parse("k0"))
+    store.checkpoint(engine)  # flips the flags, then trims the WAL that held the Delete frame
+    sealed = engine._topics["t"].chunks[0]
+    assert isinstance(sealed, SealedChunk)
+    raw = np.frombuffer(sealed.data_path.read_bytes(), np.uint8)
+    flags = raw[sealed.flag_offsets(np.arange(sealed.n))]
+    assert list(flags == DELETED_FLAG) == [i % 2 == 0 for i in range(10)]
+    assert all(len(p.read_bytes()) < 200 for p in wal_files(tmp_path))  # only the new tail
+    crash(store)
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in everything(engine, "t")[0]] == list(range(1, 20, 2))
+    crash(store)
+
+
+def test_any_flag_value_but_the_sentinel_reads_live(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(10):
+        engine.append("t", [RecordIn.of(i)])
+    store.checkpoint(engine)
+    sealed = engine._topics["t"].chunks[0]
+    data = bytearray(sealed.data_path.read_bytes())
+    positions = sealed.flag_offsets(np.arange(3))
+    for position, value in zip(positions, (0xD4, 0x01, 0xD5), strict=True):
+        data[position] = value  # a torn flip leaves some other byte: still live
+    crash(store)
+    sealed.data_path.write_bytes(bytes(data))
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in everything(engine, "t")[0]] == [0, 1, *range(3, 10)]
+    crash(store)
+
+
+def test_whole_segments_drop_when_deleted_or_evicted(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(30):
+        engine.append("t", [RecordIn.of(i, tag="middle" if 10 <= i < 20 else None)])
+    store.checkpoint(engine)
+    assert len(segment_files(tmp_path)) == 3
+    engine.delete("t", match=TagMatch.parse("middle"))  # clears the middle segment exactly
+    store.checkpoint(engine)
+    assert [p.stem for p in segment_files(tmp_path)] == [f"{1:020d}", f"{21:020d}"]
+    engine.put_topic("t", ConfigPatch(cap_records=5))  # evicts the first segment and more
+    store.checkpoint(engine)
+    assert [p.stem for p in segment_files(tmp_path)] == [f"{21:020d}"]
+    crash(store)
+    engine, store = reopen(tmp_path)
+    records, tombstones = everything(engine, "t")
+    assert [r["data"] for r in records] == list(range(25, 30))
+    assert tombstones[0]["reason"] == "cap"
+    crash(store)
+
+
+def test_ttl_and_state_survive_checkpoints(tmp_path: Path) -> None:
+    clock = ManualClock()
+    engine, store = reopen(tmp_path, clock=clock)
+    engine.put_topic("t", ConfigPatch(ttl_ms=1000, idempotency_window_ms=60_000))
+    for i in range(12):
+        engine.append("t", [RecordIn.of(i, id=f"id{i}")])
+        clock.advance(100)
+    store.checkpoint(engine)
+    crash(store)
+    engine, store = reopen(tmp_path, clock=clock)
+    assert engine.append("t", [RecordIn.of(0, id="id11")]).seqs == [12]  # dedupe survived
+    clock.advance(500)  # seqs 1..7 (ts < now - 1000) have now expired
+    records, tombstones = everything(engine, "t")
+    assert records[0]["$seq"] == 8 and tombstones[0]["reason"] == "ttl"
+    crash(store)
+
+
+@pytest.mark.parametrize("step", ["segments", "flips", "catalog", "trim"])
+def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(25):
+        engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
+    store.checkpoint(engine)
+    for i in range(25, 40):
+        engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
+    engine.delete("t", match=TagMatch.parse("k0"))
+    expected, _ = everything(engine, "t")
+    checkpointer = store.checkpointer
+    plan = checkpointer.begin(engine)
+    store.sync_blocking()
+    # Do the write step only up to ``step``, as a process killed there would.
+    if step in ("flips", "catalog", "trim"):
+        from waymark.log.storage.segment import write_segment
+
+        for new in plan.new:
+            new.directory.mkdir(parents=True, exist_ok=True)
+            write_segment(new.directory, new.chunk, new.dead, checkpointer._io)
+    else:
+        plan.new[0].directory.mkdir(parents=True, exist_ok=True)
+        (plan.new[0].directory / f"{plan.new[0].chunk.base_seq:020d}.data.tmp").write_bytes(b"x")
+    if step in ("catalog", "trim"):
+        from waymark.log.storage.segment import flip_deleted
+
+        for chunk, dead in plan.flips:
+            flip_deleted(chunk, dead, checkpointer._io)
+    if step == "trim":
+        from waymark.log.storage.catalog import write_catalog
+
+        write_catalog(tmp_path, plan.catalog, checkpointer._io)
+    crash(store)
+    engine, store = reopen(tmp_path)
+    assert everything(engine, "t")[0] == expected
+    store.checkpoint(engine)  # and the next checkpoint completes from there
+    crash(store)
+    engine, store = reopen(tmp_path)
+    assert everything(engine, "t")[0] == expected
+    assert not list((tmp_path / TOPICS).glob("*/*.tmp"))
+    crash(store)
+
+
+def test_a_damaged_segment_index_refuses_to_start(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    for i in range(10):
+        engine.append("t", [RecordIn.of(i)])
+    store.checkpoint(engine)
+    crash(store)
+    idx = next((tmp_path / TOPICS).glob("*/*.idx"))
+    data = bytearray(idx.read_bytes())
+    data[30] ^= 0xFF
+    idx.write_bytes(bytes(data))
+    with pytest.raises(SegmentError, match="checksum"):
+        open_engine(tmp_path)
+    assert (tmp_path / CATALOG).exists()
