@@ -1,7 +1,8 @@
 """Benchmark: KV fold catch-up and fold-store apply rates, against anchors from the same run.
 
 1. Catch-up: ``watch_applied`` folding N keys from an empty store, per backend,
-   beside a raw nats-py ordered-consumer read of the same stream (target >= 0.8x).
+   beside a raw nats-py ordered-consumer read of the same stream run just before
+   it (target >= 0.8x).
 2. Apply: ``store.apply`` in batches of 1000 (+ cursor), per backend, beside the
    raw backend writing the same pre-encoded bytes the same way (target >= 0.7x).
 
@@ -168,10 +169,13 @@ async def main(n: int) -> None:
                 console.print(f"loading {n:,} keys …")
                 await load(kv, n)
                 _, last = await kv.stream_bounds()
-                anchor = await raw_ordered_read(kv, n)
-                catch_up = {
-                    b: await fold_catch_up(kv, spec(b, root / "catch"), last) for b in BACKENDS
-                }
+                # Each catch-up beside its own anchor run, just before it: one
+                # anchor for all three compared the later rows with a different
+                # moment of a shared, drifting machine.
+                catch_up = {}
+                for b in BACKENDS:
+                    anchor = await raw_ordered_read(kv, n)
+                    catch_up[b] = (await fold_catch_up(kv, spec(b, root / "catch"), last), anchor)
         updates = [KvUpdate.put(f"key.{i:08}", b"v" * 32, i + 1) for i in range(n)]
         applies = {}
         for b in BACKENDS:
@@ -191,12 +195,13 @@ async def main(n: int) -> None:
     t.add_column("ratio", justify="right")
     t.add_column("target", justify="right")
     for b in BACKENDS:
+        ours, anchor = catch_up[b]
         t.add_row(
             "catch-up (watch_applied)",
             b,
-            f"{catch_up[b]:,.0f}",
+            f"{ours:,.0f}",
             f"{anchor:,.0f}",
-            f"{catch_up[b] / anchor:.2f}x",
+            f"{ours / anchor:.2f}x",
             "≥0.80x",
         )
     for b in BACKENDS:
@@ -210,7 +215,10 @@ async def main(n: int) -> None:
             "≥0.70x",
         )
     console.print(t)
-    console.print("catch-up anchor: nats-py ordered consumer counting messages of the same stream")
+    console.print(
+        "catch-up anchor: nats-py ordered consumer counting messages of the same stream,"
+        " run just before each catch-up"
+    )
     console.print(
         "apply anchor: the same engine writing pre-encoded bytes, one transaction per batch"
     )
