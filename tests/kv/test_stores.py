@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waymark.kv import KvUpdate, Op, VersionToken, WatchCursor, WatchScope, stale_keys
-from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.stores.protocol import SnapshotStore, encode_puts, encode_record
 
 Factory = Callable[[], SnapshotStore]
 
@@ -153,3 +153,37 @@ def test_fold_is_a_pure_function_of_the_log(
     if batches:
         assert s.cursor == cur(rev)
     s.close()
+
+
+def test_put_only_batch_with_a_repeated_key_keeps_the_last(make_store: Factory) -> None:
+    """The put-only fast path (putmulti, map-driven WriteBatch, dict.update) keeps order."""
+    s = make_store()
+    s.apply(
+        [KvUpdate.put("a", b"1", 1), KvUpdate.put("b", b"2", 2), KvUpdate.put("a", b"3", 3)],
+        cur(3),
+    )
+    for _ in range(2):
+        e = s.get("a")
+        assert e is not None and e.value == b"3" and e.version.as_u64() == 3
+        assert [(e.key, e.value) for e in s.range()] == [("a", b"3"), ("b", b"2")]
+        assert s.cursor == cur(3)
+        s.close()
+        s = make_store()
+    s.close()
+
+
+def test_encode_puts_matches_the_record_codec_and_refuses_non_puts() -> None:
+    stamp = VersionToken(bytes(range(1, 11)))
+    puts = [KvUpdate.put("a.é", b"1", 1), KvUpdate(Op.PUT, "b", b"x" * 300, stamp)]
+    assert encode_puts(puts) == (
+        [u.key.encode() for u in puts],
+        [encode_record(u.value, u.version) for u in puts],
+    )
+    assert encode_puts([]) == ([], [])
+    for odd in (
+        KvUpdate.delete("a", 2),
+        KvUpdate.delete("a", None),
+        KvUpdate(Op.PURGE, "a", b"", VersionToken.from_u64(2)),
+        KvUpdate(Op.PUT, "a", b"", VersionToken.from_u64(2)),  # CAS tombstone
+    ):
+        assert encode_puts([*puts, odd]) is None

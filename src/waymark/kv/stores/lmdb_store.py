@@ -15,7 +15,7 @@ from pathlib import Path
 import lmdb
 
 from waymark.kv.errors import SnapshotIoError
-from waymark.kv.stores.protocol import CURSOR_KEY, decode_record, encode_record
+from waymark.kv.stores.protocol import CURSOR_KEY, decode_record, encode_puts, encode_record
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
 
 DEFAULT_MAP_SIZE = 1 << 30
@@ -58,12 +58,20 @@ class LmdbStore:
 
     def _apply_txn(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
         data = self._data
+        puts = encode_puts(batch)
         with self._env.begin(write=True) as txn:
-            for u in batch:
-                if u.op is Op.PUT and u.value:
-                    txn.put(u.key.encode(), encode_record(u.value, u.version), db=data)
-                else:
-                    txn.delete(u.key.encode(), db=data)
+            if puts is not None:
+                # Only puts: one C-level loop (later duplicates overwrite earlier ones).
+                keys, records = puts
+                consumed, _ = txn.cursor(db=data).putmulti(zip(keys, records, strict=True))
+                if consumed != len(keys):
+                    raise lmdb.Error(f"putmulti wrote {consumed} of {len(keys)} records")
+            else:
+                for u in batch:
+                    if u.op is Op.PUT and u.value:
+                        txn.put(u.key.encode(), encode_record(u.value, u.version), db=data)
+                    else:
+                        txn.delete(u.key.encode(), db=data)
             txn.put(CURSOR_KEY, cursor.raw, db=self._meta)
 
     def get(self, key: str) -> KvEntry | None:
