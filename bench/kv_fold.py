@@ -127,14 +127,14 @@ def raw_rate(backend: str, root: Path, updates: list[KvUpdate]) -> float:
         records = [
             _put_record(k, u.value, u.version.raw) for k, u in zip(keys, updates, strict=True)
         ]
-        fold: dict[bytes, bytes] = {}
+        str_keys = [u.key for u in updates]
+        fold: dict[str, KvUpdate] = {}
         with open(root / "raw.log", "ab") as f:
             t = time.perf_counter()
             for i in range(0, len(records), BATCH):
                 f.write(b"".join(records[i : i + BATCH]) + _cursor_record(b"\0" * 8))
                 f.flush()
-                for k, u in zip(keys[i : i + BATCH], updates[i : i + BATCH], strict=True):
-                    fold[k] = u.value
+                fold.update(zip(str_keys[i : i + BATCH], updates[i : i + BATCH], strict=True))
             return len(updates) / (time.perf_counter() - t)
     values = [encode_record(u.value, u.version) for u in updates]
     if backend == "lmdb":

@@ -7,8 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from waymark.kv import Corrupted, InvalidFormat, KvUpdate, SnapshotIoError, WatchCursor
-from waymark.kv.stores.append_log import HEADER, AppendLogStore
+from waymark.kv import (
+    Corrupted,
+    InvalidFormat,
+    KvUpdate,
+    Op,
+    SnapshotIoError,
+    VersionToken,
+    WatchCursor,
+)
+from waymark.kv.stores.append_log import (
+    HEADER,
+    AppendLogStore,
+    _cursor_record,
+    _delete_record,
+    _put_record,
+)
 
 
 def fill(path: Path, n: int = 5, *, threshold: int = 1 << 30) -> AppendLogStore:
@@ -124,3 +138,74 @@ def test_load_skips_rewrite_of_a_compact_log(tmp_path: Path) -> None:
     before = path.stat().st_ino
     AppendLogStore(path).close()
     assert path.stat().st_ino == before  # no temp-file-and-rename happened
+
+
+def test_apply_writes_the_spec_records_byte_for_byte(tmp_path: Path) -> None:
+    """apply's inlined encoder must equal the reference record codecs, for every record kind."""
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path, compact_threshold=1 << 30)
+    start = path.stat().st_size
+    stamp = VersionToken(bytes(range(1, 11)))
+    mixed = [
+        KvUpdate.put("k", b"v", 1),
+        KvUpdate(Op.PUT, "tomb", b"", VersionToken.from_u64(2)),  # CAS tombstone: a delete
+        KvUpdate.delete("k", 3),
+        KvUpdate(Op.PURGE, "p", b"", VersionToken.from_u64(4)),
+        KvUpdate.delete("synthetic", None),
+        KvUpdate.put("é.ü", b"x" * 300, 5),
+    ]
+    puts = [KvUpdate.put("a", b"1", 6), KvUpdate(Op.PUT, "fdb", b"v", stamp)]
+    s.apply(mixed, WatchCursor.from_u64(5))
+    s.apply(puts, WatchCursor.from_u64(6))
+    s.close()
+    expected = []
+    for batch, cursor in ((mixed, 5), (puts, 6)):
+        for u in batch:
+            k = u.key.encode()
+            if u.op is Op.PUT and u.value:
+                expected.append(_put_record(k, u.value, u.version.raw))
+            else:
+                expected.append(_delete_record(k, u.version.raw))
+        expected.append(_cursor_record(WatchCursor.from_u64(cursor).raw))
+    assert path.read_bytes()[start:] == b"".join(expected)
+    s = AppendLogStore(path)
+    assert [(e.key, e.value, e.version) for e in s.range()] == [
+        ("a", b"1", VersionToken.from_u64(6)),
+        ("fdb", b"v", stamp),
+        ("é.ü", b"x" * 300, VersionToken.from_u64(5)),
+    ]
+    s.close()
+
+
+def test_a_log_of_distinct_puts_is_not_rewritten_for_nothing(tmp_path: Path) -> None:
+    """Past the threshold, compaction waits until it has something to reclaim."""
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path, compact_threshold=2048)
+    before = path.stat().st_ino
+    for b in range(10):  # batches of distinct keys: exactly what a compaction would write
+        s.apply(
+            [KvUpdate.put(f"k.{b}.{i}", b"x" * 40, b * 20 + i + 1) for i in range(20)],
+            WatchCursor.from_u64(b * 20 + 20),
+        )
+    assert path.stat().st_ino == before and path.stat().st_size > 2048
+    s.apply([KvUpdate.put("k.0.0", b"y", 201)], WatchCursor.from_u64(201))  # supersedes one
+    assert path.stat().st_ino != before
+    s.close()
+    s = AppendLogStore(path)
+    assert len(s) == 200 and s.get("k.0.0").value == b"y"  # type: ignore[union-attr]
+    assert s.cursor == WatchCursor.from_u64(201)
+    s.close()
+
+
+def test_cursor_records_of_small_batches_are_reclaimed(tmp_path: Path) -> None:
+    """Distinct keys one per apply: the cursor records alone make a compaction worth it."""
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path, compact_threshold=2048)
+    for i in range(100):
+        s.apply([KvUpdate.put(f"k{i:03}", b"x" * 40, i + 1)], WatchCursor.from_u64(i + 1))
+    s.close()
+    # compacted at least once: the file is below what 100 records + 100 cursors take
+    assert path.stat().st_size < 100 * (len(_put_record(b"k000", b"x" * 40, bytes(8))) + 14)
+    s = AppendLogStore(path)
+    assert len(s) == 100 and s.cursor == WatchCursor.from_u64(100)
+    s.close()
