@@ -34,6 +34,7 @@ _OPS = {"DEL": Op.DELETE, "PURGE": Op.PURGE}
 _MARKER_OPS = {"MaxAge": Op.PURGE, "Purge": Op.PURGE, "Remove": Op.DELETE}
 
 HEARTBEAT = 5.0
+_PUT = Op.PUT
 
 
 def parse_ack(reply: str) -> tuple[int, int, int] | None:
@@ -181,6 +182,8 @@ class OrderedFeed:
             self.initial_pending = info.num_pending or 0
 
     async def _on_msg(self, gen: int, msg: Msg) -> None:
+        # The hot path of every watch and scan: runs once per message, so the
+        # common case (a put without headers) makes as few calls as it can.
         if gen != self._gen or self._stopped:
             return  # a message from a consumer we already replaced
         data = msg.data
@@ -197,25 +200,29 @@ class OrderedFeed:
                 self._reset()
                 return
             self._dseq = dseq + 1
-            if self._floor_check is not None and sseq > self.frontier + 1:
+            if sseq > self.frontier + 1 and self._floor_check is not None:
                 try:
                     await self._floor_check(self.frontier, sseq)
                 except BaseException as e:
                     await self.fail(e)
                     return
             self.frontier = sseq
-            version = VersionToken.from_u64(sseq)
-        op = update_op(headers)
-        if op is None:
-            return  # a marker kind this client does not know: nothing to fold
-        if op is not Op.PUT:
-            data = b""
-        elif self._spec.headers_only and headers and headers.get(MSG_SIZE) == "0":
-            op = Op.DELETE  # no value bytes to look at: report the CAS tombstone as one
+            version = VersionToken(sseq.to_bytes(8, "big"))  # VersionToken.from_u64, inlined
+        if headers:
+            op = update_op(headers)
+            if op is None:
+                return  # a marker kind this client does not know: nothing to fold
+            if op is not _PUT:
+                data = b""
+            elif self._spec.headers_only and headers.get(MSG_SIZE) == "0":
+                op = Op.DELETE  # no value bytes to look at: report the CAS tombstone as one
+        else:
+            op = _PUT  # what update_op says of a message without headers
         self.delivered += 1
         chunk = self._chunk
         chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
-        if len(chunk) >= self._chunk_max or self._sub is None or self._sub.pending_msgs == 0:
+        sub = self._sub
+        if len(chunk) >= self._chunk_max or sub is None or sub.pending_msgs == 0:
             self._chunk = []
             await self._out.put(chunk)
 
