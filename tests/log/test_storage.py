@@ -236,3 +236,29 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
     data = [r["data"] for r in engine.diff("f", 0).records()]
     assert data == ["before", "in flight", "after"]  # the partial write left no garbage
     shut(engine, wal)
+
+
+def test_sink_epochs_and_publish_ledgers_survive_restarts_and_checkpoints(
+    tmp_path: Path,
+) -> None:
+    from waymark.log.staging import PartKey
+
+    engine, store, _ = open_engine(tmp_path)
+    epoch = engine.staging.open_writer("query-1")
+    part = PartKey(0, 0)
+    engine.staging.stage("out", "query-1", epoch, 7, part, [RecordIn.of("a"), RecordIn.of("b")])
+    first = engine.staging.publish("out", "query-1", epoch, 7, [(part, 1)])
+    shut(engine, store, clean=False)  # the ledger entry is only in the WAL frame
+    engine, store, _ = open_engine(tmp_path)
+    again = engine.staging.publish("out", "query-1", epoch, 7, [(part, 1)])
+    assert (again.first_seq, again.count, again.replayed) == (first.first_seq, 2, True)
+    assert engine.staging.open_writer("query-1") == epoch + 1  # never the same epoch twice
+    store.checkpoint(engine)  # now the WAL frame is trimmed: the catalog carries both
+    shut(engine, store, clean=False)
+    engine, store, _ = open_engine(tmp_path)
+    assert engine.staging.publish("out", "query-1", epoch + 1, 7, [(part, 1)]).replayed
+    with pytest.raises(TopicError) as info:
+        engine.staging.publish("out", "query-1", epoch, 8, [(part, 1)])
+    assert info.value.code is ErrorCode.FENCED
+    assert [r["data"] for r in engine.diff("out", 0).records()] == ["a", "b"]
+    shut(engine, store)

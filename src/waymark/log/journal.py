@@ -59,6 +59,10 @@ def head_frame(name: str, epoch: int, ceiling: int) -> bytes:
     return encode(FrameKind.HEAD, orjson.dumps({"name": name, "epoch": epoch, "ceiling": ceiling}))
 
 
+def writer_frame(writer: str, epoch: int) -> bytes:
+    return encode(FrameKind.WRITER, orjson.dumps({"writer": writer, "epoch": epoch}))
+
+
 def delete_frame(
     name: str, epoch: int, before_seq: int | None, match: TagMatch | None, bound: int
 ) -> bytes:

@@ -30,8 +30,16 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         seqs = list(range(records.first_seq, records.first_seq + len(fresh)))
         plan = AppendPlan(fresh, seqs, records.first_seq, records.ts, sum(r.size for r in fresh))
         topic.apply_append(plan, now)
+        if records.extra and "publish" in records.extra:
+            writer, batch_id = records.extra["publish"]
+            engine.staging.restore_published(
+                records.name, writer, batch_id, records.first_seq, len(fresh)
+            )
         return
     body = decode_json(frame.payload)
+    if frame.kind is FrameKind.WRITER:
+        engine.staging.restore_writer(body["writer"], body["epoch"])
+        return
     topic = topics.get(body["name"])
     if frame.kind is FrameKind.TOPIC:
         config = decode_config(body["config"])

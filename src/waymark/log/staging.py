@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import ErrorCode, TopicError
+from .journal import writer_frame
 from .records import EncodedRecord, RecordIn, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
@@ -97,9 +98,15 @@ class Staging:
         self._instance: dict[str, int] = {}
 
     def open_writer(self, writer: str) -> int:
-        """Start a new run of ``writer``: bump and return its epoch, fencing older runs."""
+        """Start a new run of ``writer``: bump and return its epoch, fencing older runs.
+
+        The epoch is journaled (a control frame) before it is handed out, so a server
+        restart never issues the same epoch twice.
+        """
         _check_writer(writer)
-        epoch = self._epochs[writer] = self._epochs.get(writer, 0) + 1
+        epoch = self._epochs.get(writer, 0) + 1
+        self._engine._write(writer, writer_frame(writer, epoch))
+        self._epochs[writer] = epoch
         return epoch
 
     def stage(
@@ -174,16 +181,17 @@ class Staging:
             for c in range(chunks):
                 records.extend(staged.chunks[c])
         if records:
-            result = self._engine.append_encoded(topic, records)
+            # The ledger entry travels in the append's own journal frame: one WAL frame.
+            result = self._engine.append_encoded(
+                topic, records, extra={"publish": [writer, batch_id]}
+            )
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
             self._instance[topic] = self._engine.get_topic(topic, touch=False).epoch
         else:
             first, count = 0, 0
         state.ledger[batch_id] = (first, count)
-        while len(state.ledger) > self.ledger_batches:
-            old, _ = state.ledger.popitem(last=False)
-            state.forgotten_upto = max(state.forgotten_upto, old)
+        self._bound_ledger(state)
         for key in [k for k in state.stages if k[0] == batch_id]:
             del state.stages[key]
         return Published(first, count, head, replayed=False)
@@ -197,6 +205,43 @@ class Staging:
         return len(state.stages)
 
     # --- internals ----------------------------------------------------------------
+    # --- durability: replay and checkpoints ------------------------------------------
+    def restore_writer(self, writer: str, epoch: int) -> None:
+        self._epochs[writer] = max(self._epochs.get(writer, 0), epoch)
+
+    def restore_published(
+        self, topic: str, writer: str, batch_id: int, first_seq: int, count: int
+    ) -> None:
+        state = self._writer(topic, writer)
+        state.ledger[batch_id] = (first_seq, count)
+        self._bound_ledger(state)
+
+    def snapshot(self) -> dict[str, object]:
+        """The durable part: epochs and publish ledgers (stages are not: a restarted
+        server makes a sink re-stage, never publish twice)."""
+        return {
+            "epochs": dict(self._epochs),
+            "ledgers": [
+                [topic, writer, [[b, f, c] for b, (f, c) in state.ledger.items()],
+                 state.forgotten_upto]
+                for (topic, writer), state in self._writers.items()
+            ],
+        }  # fmt: skip
+
+    def restore(self, snapshot: dict) -> None:  # type: ignore[type-arg]
+        for writer, epoch in snapshot["epochs"].items():
+            self.restore_writer(writer, epoch)
+        for topic, writer, ledger, forgotten_upto in snapshot["ledgers"]:
+            state = self._writer(topic, writer)
+            for batch_id, first_seq, count in ledger:
+                state.ledger[batch_id] = (first_seq, count)
+            state.forgotten_upto = max(state.forgotten_upto, forgotten_upto)
+
+    def _bound_ledger(self, state: _Writer) -> None:
+        while len(state.ledger) > self.ledger_batches:
+            old, _ = state.ledger.popitem(last=False)
+            state.forgotten_upto = max(state.forgotten_upto, old)
+
     def _writer(self, topic: str, writer: str) -> _Writer:
         check_topic_name(topic)
         # A recreated topic is a new instance: its ledger and stages start empty.

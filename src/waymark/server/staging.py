@@ -86,6 +86,7 @@ _publish = msgspec.json.Decoder(PublishRequest)
 
 class StagingApi:
     def __init__(self, engine: Engine, limits: Limits, metrics: Metrics) -> None:
+        self.engine = engine
         self.staging = engine.staging
         self.max_body = limits.max_body_bytes
         self.metrics = metrics
@@ -93,6 +94,7 @@ class StagingApi:
     async def open_writer(self, request: Request) -> Response:
         body = _open.decode(await request.body(self.max_body))
         epoch = self.staging.open_writer(body.writer)
+        await self._durable(body.writer)  # an epoch is handed out only once it is durable
         return Response(orjson.dumps({"writer": body.writer, "epoch": epoch}))
 
     async def stage(self, request: Request) -> Response:
@@ -115,9 +117,17 @@ class StagingApi:
         result = self.staging.publish(
             request.params["topic"], body.writer, body.epoch, body.batch_id, parts
         )
+        # A publish is acknowledged durable whatever the topic's class: Spark records the
+        # batch as done once this returns, so the ledger entry must not be lost.
+        await self._durable(request.params["topic"])
         if not result.replayed:
             self.metrics.records_appended += result.count
         return Response(orjson.dumps(result.to_wire()))
+
+    async def _durable(self, name: str) -> None:
+        commit = self.engine.commit_point(name)
+        if commit is not None:
+            await commit.wait()
 
 
 _TOPIC = "/v0/topics/{topic}"

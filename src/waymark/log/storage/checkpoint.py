@@ -95,6 +95,7 @@ class Checkpointer:
             "last_epoch": engine._last_epoch,
             "wal": wal_start,
             "topics": entries,
+            "staging": engine.staging.snapshot(),
         }
         return plan
 

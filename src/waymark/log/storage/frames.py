@@ -29,6 +29,7 @@ class FrameKind(IntEnum):
     DELETE = 4  # a point-in-time deletion
     HEAD = 5  # the seq ceiling a topic may hand out (never reuse a seq after a crash)
     CATALOG = 6  # a checkpoint: every topic's state, its segments, where the WAL resumes
+    WRITER = 7  # a sink writer's new epoch (fences its older runs)
 
 
 class CorruptFrame(Exception):

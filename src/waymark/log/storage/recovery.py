@@ -94,6 +94,7 @@ def load_checkpoint(engine: Engine, data_dir: Path, catalog: dict[str, Any]) -> 
         recount(topic)
         engine._topics[topic.name] = topic
     engine._last_epoch = catalog["last_epoch"]
+    engine.staging.restore(catalog["staging"])
     remove_unreferenced(data_dir / TOPICS, keep)
     return len(keep) // 2
 
