@@ -4,6 +4,7 @@ disk that fills up (through a fault-injecting file layer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import subprocess
 import sys
@@ -219,8 +220,8 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
             engine.append("f", [RecordIn.of("refused")])
         assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE
         assert engine.get_topic("f").head_seq == 2
-        # Reads keep working.
-        assert len(engine.diff("f", 0).records()) == 2
+        # Reads keep working, and show only what is durable (fsync class).
+        assert [r["data"] for r in engine.diff("f", 0).records()] == ["before"]
         disk.full.clear()  # space returns
         for _ in range(200):
             await asyncio.sleep(0.01)
@@ -228,6 +229,8 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
                 break
         resumed = engine.append("f", [RecordIn.of("after")])
         await resumed.commit.wait()  # type: ignore[union-attr]
+        assert [r["data"] for r in engine.diff("f", 0).records()] == [
+            "before", "in flight", "after"]  # fmt: skip
 
     asyncio.run(scenario())
     assert disk.failures >= 1
@@ -261,4 +264,69 @@ def test_sink_epochs_and_publish_ledgers_survive_restarts_and_checkpoints(
         engine.staging.publish("out", "query-1", epoch, 8, [(part, 1)])
     assert info.value.code is ErrorCode.FENCED
     assert [r["data"] for r in engine.diff("out", 0).records()] == ["a", "b"]
+    shut(engine, store)
+
+
+def test_fsync_readers_see_only_durable_records(tmp_path: Path) -> None:
+    """A reader must never act on a record a crash could take back."""
+    disk = FullDiskInjector()
+    engine, store, _ = open_engine(tmp_path, fileio=disk)
+    engine.put_topic("f", ConfigPatch(durable=True))
+    engine.put_topic("d", ConfigPatch(durable=False))
+
+    async def scenario() -> None:
+        await engine.append("f", [RecordIn.of(1)]).commit.wait()  # type: ignore[union-attr]
+        disk.full.set()  # nothing reaches the disk for now
+        pending = engine.append("f", [RecordIn.of(2)])
+        engine.append("d", [RecordIn.of(2)])
+        page = engine.diff("f", 0)
+        assert [r["data"] for r in page.records()] == [1]
+        assert page.head_seq == 1 and page.caught_up
+        assert len(engine.diff("d", 0).records()) == 1  # disk: readable at once
+        disk.full.clear()
+        with contextlib.suppress(TopicError):
+            await pending.commit.wait()  # type: ignore[union-attr]
+        for _ in range(200):
+            if pending.commit.durable:  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.01)
+        assert [r["data"] for r in engine.diff("f", 0).records()] == [1, 2]
+
+    asyncio.run(scenario())
+    shut(engine, store)
+
+
+def test_an_fsync_topic_reports_no_loss_after_a_crash(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    engine.put_topic("f", ConfigPatch(durable=True))
+    for i in range(5):
+        engine.append("f", [RecordIn.of(i)])
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    new = engine.append("f", [RecordIn.of("after")]).seqs[0]
+    assert new > 5  # never reused...
+    store.sync_blocking()  # (fsync: readable once durable)
+    records, tombstones = [], []
+    cursor = 0
+    while True:
+        page = engine.diff("f", cursor)
+        records += page.records()
+        tombstones += [page.tombstone] if page.tombstone else []
+        cursor = page.next_from_seq
+        if page.caught_up:
+            break
+    assert tombstones == [] and [r["$seq"] for r in records] == [1, 2, 3, 4, 5, new]  # ...silent
+    shut(engine, store)
+
+
+def test_an_ephemeral_topic_never_reuses_seqs_after_a_crash(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    engine.put_topic("e", ConfigPatch(durability=Durability.EPHEMERAL))
+    for i in range(5):
+        engine.append("e", [RecordIn.of(i)])
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    assert engine.append("e", [RecordIn.of("after")]).seqs[0] > 5
+    page = engine.diff("e", 3)
+    assert page.tombstone is not None and page.tombstone.reason == "lost"
     shut(engine, store)

@@ -160,10 +160,12 @@ class Engine:
             if created:
                 self._write_topic(topic)
             last = plan.first_seq + len(plan.fresh) - 1
-            if durability in (Durability.DISK, Durability.FSYNC) and last > topic.ceiling:
+            if durability is not Durability.MEMORY and last > topic.ceiling:
                 topic.ceiling = last + SEQ_RESERVE
                 self._write(name, frames.head_frame(name, topic.epoch, topic.ceiling))
-                must_sync = True  # no seq above a durable ceiling is acknowledged
+                # disk and fsync ack no seq above a durable ceiling; ephemeral is never
+                # fsync-gated, so its ceiling is best effort.
+                must_sync = must_sync or durability is Durability.DISK
             if plan.fresh and durability is not Durability.EPHEMERAL:
                 self._write(
                     name,
@@ -174,10 +176,11 @@ class Engine:
         if created:
             self._register(topic)
         topic.apply_append(plan, now)
+        commit = self._latest(name)
+        if durability is Durability.FSYNC and commit is not None and plan.fresh:
+            topic.unsynced.append((plan.first_seq, commit))
         self._commit(topic)
-        return AppendResult(
-            plan.seqs, topic.head_seq, durability, created, self._latest(name), must_sync
-        )
+        return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
 
     def diff(
         self,

@@ -66,10 +66,17 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
 
 
 def finish(engine: Engine) -> None:
-    """After the last frame: never reuse a seq that may have been handed out."""
+    """After the last frame: never reuse a seq that may have been handed out.
+
+    Seqs between the last recovered record and the ceiling may belong to records
+    that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
+    reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
+    producer or reader saw, so it just moves past them.
+    """
     for topic in engine._topics.values():
         if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
             continue  # memory topics carry no ceiling: their head may regress (§2.2)
-        topic.holes.append((topic.next_seq, topic.ceiling))
+        if topic.config.durability is not Durability.FSYNC:
+            topic.holes.append((topic.next_seq, topic.ceiling))
         topic.next_seq = topic.ceiling + 1
         topic._settle_front()

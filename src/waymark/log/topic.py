@@ -25,6 +25,7 @@ from .chunk import DELETED, Chunk
 from .config import Discard, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
+from .journal import Commit
 from .priority import effective_priority
 from .records import EncodedRecord
 from .results import DeleteResult, DiffResult, Tombstone, TopicState
@@ -81,6 +82,9 @@ class Topic:
         self._dedupe: dict[str, tuple[int, int]] = {}  # id -> (seq, ts)
         self._dedupe_order: deque[tuple[int, str]] = deque()
         self.ceiling = 0  # no seq above this was ever handed out (durable in the journal)
+        # fsync topics: (first seq, commit) of appends not yet durable. Readers stop
+        # before the oldest, so nothing they see can be taken back by a crash.
+        self.unsynced: deque[tuple[int, Commit]] = deque()
         # Seq ranges lost in a crash (handed out, never durable): read as tombstones.
         # One per crash at most, so the list stays short and is kept for the topic's life.
         self.holes: list[tuple[int, int]] = []
@@ -434,6 +438,13 @@ class Topic:
         return deleted
 
     # --- reads (§4.3, §5.4, §6, §7.3) -------------------------------------------------
+    def readable_head(self) -> int:
+        """The highest seq a reader may see: the head, minus appends not yet durable."""
+        unsynced = self.unsynced
+        while unsynced and unsynced[0][1].durable:
+            unsynced.popleft()
+        return unsynced[0][0] - 1 if unsynced else self.head_seq
+
     def read(
         self,
         from_seq: int,
@@ -444,7 +455,7 @@ class Topic:
         per_record: bool,
     ) -> DiffResult:
         self.expire(now)
-        head = self.head_seq
+        head = self.readable_head()
         tombstone = None
         cursor = from_seq
         if (epoch is not None and epoch != self.epoch) or (epoch is None and from_seq > head):

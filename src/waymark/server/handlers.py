@@ -125,7 +125,12 @@ class TopicApi:
         body = _append.decode(await request.body(self.max_body))
         result = self.engine.append(name, body.records, create=body.create, config=body.config)
         if result.must_sync and result.commit is not None:
-            await result.commit.wait()  # fsync class, or a new seq ceiling: ack once durable
+            # fsync class, or a new seq ceiling: ack once durable. Readers of an fsync
+            # topic see the records only then, so wake them when the sync lands, even
+            # if this producer has gone away meanwhile.
+            synced = asyncio.ensure_future(result.commit.wait())
+            synced.add_done_callback(lambda _: self.notifier.notify(name))
+            await asyncio.shield(synced)
         self.metrics.records_appended += len(result.seqs)
         return Response(orjson.dumps(result.to_wire()))
 
