@@ -40,6 +40,7 @@ class NewSegment:
     dead: bytes  # the deleted marks when the checkpoint began
     topic: str
     epoch: int
+    sealed: SealedChunk | None = None  # the chunk mapped from its segment, once written
 
 
 @dataclass
@@ -103,6 +104,8 @@ class Checkpointer:
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
             write_segment(new.directory, new.chunk, new.dead, self._io)
+            # Mapped here, off the engine thread: finish() only swaps it in.
+            new.sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq), new.dead)
         flipped = sum(flip_deleted(chunk, dead, self._io) for chunk, dead in plan.flips)
         write_catalog(self.data_dir, plan.catalog, self._io)
         # The catalog is durable: what it does not name is no longer needed.
@@ -115,8 +118,9 @@ class Checkpointer:
             topic = engine._topics.get(new.topic)
             if topic is None or topic.epoch != new.epoch or new.chunk not in topic.chunks:
                 continue  # dropped or evicted meanwhile
-            sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq))
-            sealed.dead = bytearray(new.chunk.dead)  # deletions since begin() stay marked
+            sealed = new.sealed
+            assert sealed is not None, "finish() runs after write()"
+            sealed.dead = new.chunk.dead  # deletions since begin() stay marked
             sealed.live = new.chunk.live
             topic.chunks[topic.chunks.index(new.chunk)] = sealed
 

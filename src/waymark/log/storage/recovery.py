@@ -92,6 +92,8 @@ def load_checkpoint(engine: Engine, data_dir: Path, catalog: dict[str, Any]) -> 
             topic.chunks.append(chunk)
             topic._bases.append(chunk.base_seq)
         recount(topic)
+        for chunk in topic.chunks:
+            chunk.drop_cached_pages()
         engine._topics[topic.name] = topic
     engine._last_epoch = catalog["last_epoch"]
     engine.staging.restore(catalog["staging"])

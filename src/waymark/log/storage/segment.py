@@ -93,20 +93,37 @@ class SealedChunk(Chunk):
     """A chunk whose records live in a segment: reads go through mmap, so a topic much
     larger than memory costs only its per-record deleted flags in RAM."""
 
-    __slots__ = ("_data", "_idx", "data_path", "disk_dead", "lens", "offsets")
+    __slots__ = ("_data", "_idx", "data_path", "disk_dead", "idx_path", "lens", "offsets")
 
-    def __init__(self, data_path: Path, idx_path: Path) -> None:
+    def __init__(self, data_path: Path, idx_path: Path, dead: bytes | None = None) -> None:
+        """Map a segment. ``dead``, when the caller knows the flags (it just wrote them),
+        spares reading them back, which would touch every page of ``.data``."""
         super().__init__(0)
         self.data_path = data_path
-        self._idx = _map(idx_path)
+        self.idx_path = idx_path
+        self._map_index()
+        self.sealed = True
+        self._data = _map(data_path)
+        if self.n and int(self.offsets[-1]) + int(self.lens[-1]) + 9 != len(self._data):
+            raise SegmentError(f"{data_path}: size does not match its index")
+        if dead is None:
+            self.dead = self.read_flags()
+            self._remap_data()
+        else:
+            self.dead = bytearray(dead)
+        self.disk_dead = bytes(self.dead)  # the flags as they are on disk
+        self.live = int(np.count_nonzero(np.frombuffer(self.dead, np.uint8) == 0))
+
+    def _map_index(self) -> None:
+        self._idx = _map(self.idx_path)
         raw = memoryview(self._idx)
         if len(raw) < _IDX_HEAD.size + 8 or _SUM.unpack_from(raw, len(raw) - 8)[0] != (
             xxhash.xxh3_64_intdigest(raw[:-8])
         ):
-            raise SegmentError(f"{idx_path}: index checksum mismatch")
+            raise SegmentError(f"{self.idx_path}: index checksum mismatch")
         magic, version, base_seq, count = _IDX_HEAD.unpack_from(raw, 0)
         if magic != _IDX_MAGIC or version != _IDX_VERSION:
-            raise SegmentError(f"{idx_path}: not a waymark segment index (version {version})")
+            raise SegmentError(f"{self.idx_path}: not a waymark segment index (version {version})")
         self.base_seq = base_seq
         offset = _IDX_HEAD.size
         views = {}
@@ -121,14 +138,13 @@ class SealedChunk(Chunk):
         self.node_names = Names(tables["nodes"])
         self.tag_names = Names(tables["tags"])
         self.ends = self.offsets  # only its length is used: n and last_seq
-        self.sealed = True
-        self._data = _map(data_path)
-        if count and int(self.offsets[-1]) + int(self.lens[-1]) + 9 != len(self._data):
-            raise SegmentError(f"{data_path}: size does not match its index")
-        self.dead = self.read_flags()
-        self.disk_dead = bytes(self.dead)  # the flags as they are on disk
-        self.live = int(np.count_nonzero(np.frombuffer(self.dead, np.uint8) == 0))
-        self._remap_data()
+
+    def drop_cached_pages(self) -> None:
+        """Map the index afresh, so pages touched while loading (every size and tag,
+        once) leave this process's resident set for the page cache."""
+        self.offsets = self.lens = self.ts = self.size = self.node = self.tag = self.ends = None
+        self._idx.close()
+        self._map_index()
 
     def read_flags(self) -> bytearray:
         """The on-disk delete flags, as the in-memory ``dead`` marks (only 0xD5 deletes)."""
