@@ -241,11 +241,18 @@ class Wal:
         self.shards = [
             WalShard(directory / f"shard-{i}", self._io) for i in range(shards)
         ]
+        self._shard_of: dict[str, WalShard] = {}
 
     def shard_of(self, topic: str) -> WalShard:
-        # A stable hash (not Python's salted one): a topic must map to the same shard
-        # across restarts, so its frames replay in order.
-        return self.shards[zlib.crc32(topic.encode()) % len(self.shards)]
+        shard = self._shard_of.get(topic)
+        if shard is None:
+            if len(self._shard_of) > 100_000:  # names of deleted topics: keep it bounded
+                self._shard_of.clear()
+            # A stable hash (not Python's salted one): a topic must map to the same shard
+            # across restarts, so its frames replay in order.
+            shard = self.shards[zlib.crc32(topic.encode()) % len(self.shards)]
+            self._shard_of[topic] = shard
+        return shard
 
     def write(self, topic: str, frame: bytes) -> Commit:
         return self.shard_of(topic).submit(frame)
