@@ -76,7 +76,7 @@ def committed(state: Path, topic: str) -> int:
     except FileNotFoundError:
         return 0
     entry = orjson.loads(raw.partition(b"\n")[2]).get(topic)
-    return 0 if entry is None else int(entry["checkpoint"])
+    return 0 if entry is None else int(entry["checkpoint"][1])  # [topic epoch, seq]
 
 
 def status(state: Path) -> dict[str, Any]:

@@ -131,3 +131,28 @@ def test_tombstones_are_counted_recorded_and_exported(
     out, _ = shipper.communicate(timeout=5)
     assert shipper.returncode == 0, out
     assert status(state)["tombstones"] == 1 and status(state)["gap_records"] == 200
+
+
+def test_a_topic_recreated_while_the_shipper_was_down_is_never_skipped_silently(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    sink = start_collector(tmp_path)
+    collectors.append(sink)
+    state = tmp_path / "state"
+    append(server, topic, [{"data": i} for i in range(5)], create=True)
+    first = start_ship(server, topic, sink, state, "--once")
+    assert first.wait(30) == 0
+    assert committed(state, topic) == 5
+    shipped_before = len(sink.acked())
+    # Meanwhile the topic is deleted and recreated, and its head passes the old cursor.
+    assert httpx.delete(f"{server}/v0/topics/{topic}").status_code == 200
+    new = append(server, topic, [{"data": f"new-{i}"} for i in range(8)], create=True)
+    second = start_ship(server, topic, sink, state, "--once")
+    out, _ = second.communicate(timeout=30)
+    assert second.returncode == 0, out
+    # The restart presented the old epoch with its cursor: the recreate is a tombstone,
+    # and the new instance is shipped from its start, not from seq 6.
+    [gap] = [orjson.loads(g) for g in (state / "gaps.jsonl").read_bytes().splitlines()]
+    assert gap["reason"] == "recreated"
+    after = {seq for batch in sink.acked()[shipped_before:] for seq in batch}
+    assert sorted(after) == new == list(range(1, 9))

@@ -125,7 +125,7 @@ class Shipper:
         self.stats = ShipStats(config.topic)
         self.state = "starting"
         self.store = CheckpointStore(config.state_dir / "checkpoints.json")
-        self.tracker: Tracker[int] = Tracker()
+        self.tracker: Tracker[list[int]] = Tracker()  # checkpoints: [topic epoch, seq]
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._clock = clock or SystemClock()
@@ -150,7 +150,9 @@ class Shipper:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = Tracker(self.store.load())
         committed = self.tracker.committed(config.topic)
-        cursor = committed.checkpoint if committed is not None else 0
+        # A checkpoint is [topic epoch, seq]: a restart presents the epoch with its cursor,
+        # so a topic deleted and recreated meanwhile reads as a tombstone, never silently.
+        epoch, cursor = committed.checkpoint if committed is not None else (None, 0)
         self.stats.committed_seq = self.stats.read_seq = cursor
         limits = httpx.Limits(
             max_connections=config.in_flight, max_keepalive_connections=config.in_flight
@@ -162,7 +164,7 @@ class Shipper:
             saver = asyncio.create_task(self._save_loop())
             self.state = "running"
             try:
-                await self._read_loop(cursor)
+                await self._read_loop(cursor, epoch)
                 self.state = "draining"
                 while self._deliveries:
                     await asyncio.wait(set(self._deliveries))
@@ -184,10 +186,9 @@ class Shipper:
 
     # -- reading ---------------------------------------------------------------
 
-    async def _read_loop(self, cursor: int) -> None:
+    async def _read_loop(self, cursor: int, epoch: int | None) -> None:
         config, stats = self.config, self.stats
         target: int | None = None
-        epoch: int | None = None
         try:
             if config.once:
                 state = await self._waymark_call(
@@ -228,7 +229,8 @@ class Shipper:
         if not records:
             # The cursor moved over evicted or filtered seqs only: nothing to post, but
             # the batch keeps its place in the order so the checkpoint can pass it.
-            self.tracker.create_batch(self.config.topic, page.next_from_seq).begin_send().ack()
+            point = [page.epoch, page.next_from_seq]
+            self.tracker.create_batch(self.config.topic, point).begin_send().ack()
             return
         self.stats.records_read += len(records)
         for start in range(0, len(records), size):
@@ -236,7 +238,7 @@ class Shipper:
             end = start + size >= len(records)
             await self._until_stop(self._slots.acquire())
             ticket = self.tracker.create_batch(
-                self.config.topic, page.next_from_seq if end else chunk[-1].seq
+                self.config.topic, [page.epoch, page.next_from_seq if end else chunk[-1].seq]
             )
             body = _encode_outgoing(_Outgoing(self.config.topic, chunk))
             batch = _Batch(body, chunk[0].seq, chunk[-1].seq, len(chunk))
@@ -411,5 +413,5 @@ class Shipper:
             self._saved_version = version
             self.stats.checkpoint_saves += 1
             if (point := snapshot.get(self.config.topic)) is not None:
-                self.stats.committed_seq = point.checkpoint
+                self.stats.committed_seq = point.checkpoint[1]
         write_status(self.config.state_dir / "status.json", self.stats, self.state)
