@@ -9,7 +9,6 @@ checkpoint and is removed at recovery.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +65,7 @@ def restore_state(topic: Topic, entry: dict[str, Any]) -> None:
 
 
 def write_catalog(data_dir: Path, body: dict[str, Any], fileio: FileIO) -> None:
-    path = data_dir / CATALOG
-    temporary = path.with_suffix(".tmp")
-    frame = encode(FrameKind.CATALOG, orjson.dumps(body))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(frame)
-        while view:
-            view = view[fileio.write(fd, view) :]
-        fileio.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    fileio.fsync_dir(data_dir)
+    fileio.replace_file(data_dir / CATALOG, encode(FrameKind.CATALOG, orjson.dumps(body)))
 
 
 def read_catalog(data_dir: Path) -> dict[str, Any] | None:

@@ -26,6 +26,21 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def replace_file(self, path: Path, data: bytes) -> None:
+        """Make ``path`` hold ``data``, atomically: a temporary file is written and synced,
+        then renamed over ``path``, and the directory synced so the rename survives too."""
+        temporary = path.with_name(path.name + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[self.write(fd, view) :]
+            self.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+        self.fsync_dir(path.parent)
+
     def fsync_dir(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -75,18 +75,8 @@ def write_segment(directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO) ->
               chunk.node.tobytes(), chunk.tag.tobytes()]  # fmt: skip
     idx = b"".join([head, *arrays, _LEN.pack(len(tables)), tables])
     idx += _SUM.pack(xxhash.xxh3_64_intdigest(idx))
-    for path, content in ((data_path, b"".join(frames)), (idx_path, idx)):
-        temporary = path.with_suffix(path.suffix + ".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(content)
-            while view:
-                view = view[fileio.write(fd, view) :]
-            fileio.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    fileio.fsync_dir(directory)
+    fileio.replace_file(data_path, b"".join(frames))
+    fileio.replace_file(idx_path, idx)
 
 
 class SealedChunk(Chunk):
