@@ -208,3 +208,31 @@ def test_a_damaged_segment_index_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(SegmentError, match="checksum"):
         open_engine(tmp_path)
     assert (tmp_path / CATALOG).exists()
+
+
+def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Path) -> None:
+    data, cold = tmp_path / "data", tmp_path / "cold"
+    engine, store = reopen(data, cold_dir=cold, hot_segments=2)
+    for i in range(60):
+        engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
+    expected, _ = everything(engine, "t")
+    store.checkpoint(engine)  # seals six segments, hot
+    assert len(segment_files(data)) == 6 and not list(cold.glob("*/*.data"))
+    report = store.checkpoint(engine)  # the four older ones move to the cold tier
+    assert report.segments_cooled == 4
+    assert len(segment_files(data)) == 2 and len(list(cold.glob("*/*.data"))) == 4
+    assert everything(engine, "t")[0] == expected
+    # A deletion reaches cold segments too: their flags are flipped in the cold copy.
+    engine.delete("t", match=TagMatch.parse("k0"))
+    store.checkpoint(engine)
+    first = engine._topics["t"].chunks[0]
+    assert isinstance(first, SealedChunk) and first.data_path.is_relative_to(cold)
+    raw = np.frombuffer(first.data_path.read_bytes(), np.uint8)
+    assert list(raw[first.flag_offsets(np.arange(first.n))] == DELETED_FLAG) == [
+        i % 2 == 0 for i in range(10)]  # fmt: skip
+    crash(store)
+    engine, store = reopen(data, cold_dir=cold, hot_segments=2)
+    assert [r["data"] for r in everything(engine, "t")[0]] == list(range(1, 60, 2))
+    crash(store)
+    with pytest.raises(SegmentError, match="cold"):
+        open_engine(data)  # without its cold tier the topic cannot be whole

@@ -23,6 +23,16 @@ def register(app: typer.Typer) -> None:
         wal_shards: Annotated[
             int, typer.Option(help="WAL files written in parallel; a topic always uses one.")
         ] = 2,
+        cold_dir: Annotated[
+            Path | None,
+            typer.Option(
+                help="Cold tier: sealed segments older than each topic's newest "
+                "--hot-segments move here at checkpoints (another, slower disk)."
+            ),
+        ] = None,
+        hot_segments: Annotated[
+            int, typer.Option(help="Segments per topic kept in --data-dir with --cold-dir.")
+        ] = 4,
         checkpoint_interval_s: Annotated[
             float,
             typer.Option(
@@ -42,7 +52,9 @@ def register(app: typer.Typer) -> None:
         from waymark.server.serving import Server, listen
 
         try:
-            engine, store, report = open_engine(data_dir, shards=wal_shards)
+            engine, store, report = open_engine(
+                data_dir, shards=wal_shards, cold_dir=cold_dir, hot_segments=hot_segments
+            )
         except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
             raise typer.Exit(2) from exc

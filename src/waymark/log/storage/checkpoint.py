@@ -49,6 +49,7 @@ class CheckpointPlan:
     catalog: dict[str, Any]
     new: list[NewSegment] = field(default_factory=list)
     flips: list[tuple[SealedChunk, bytes]] = field(default_factory=list)
+    to_cold: list[tuple[SealedChunk, Path]] = field(default_factory=list)  # (chunk, cold dir)
     keep: set[Path] = field(default_factory=set)
 
 
@@ -56,13 +57,25 @@ class CheckpointPlan:
 class CheckpointReport:
     segments_written: int
     flags_flipped: int
+    segments_cooled: int  # moved to the cold tier
     files_removed: int
 
 
 class Checkpointer:
-    def __init__(self, data_dir: Path, wal: Wal, fileio: FileIO) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        wal: Wal,
+        fileio: FileIO,
+        cold_dir: Path | None = None,
+        hot_segments: int = 4,
+    ) -> None:
+        """``cold_dir``: where sealed segments older than each topic's newest
+        ``hot_segments`` are moved (the cold tier, §5.6); None keeps everything hot."""
         self.data_dir = data_dir
         self.topics_dir = data_dir / TOPICS
+        self.cold_dir = cold_dir
+        self.hot_segments = hot_segments
         self.wal = wal
         self._io = fileio
         self.running = threading.Lock()  # one checkpoint at a time
@@ -73,20 +86,32 @@ class Checkpointer:
         entries = []
         for topic in engine._topics.values():
             directory = self.topics_dir / topic_dir_name(topic)
+            cold = self.cold_dir / topic_dir_name(topic) if self.cold_dir else None
             segments: list[int] = []
+            cold_segments: list[int] = []
             ephemeral = topic.config.durability is Durability.EPHEMERAL
-            for chunk in [] if ephemeral else topic.chunks:
-                if chunk.live == 0:
-                    continue  # wholly deleted or evicted: its files go (§7.4 whole-segment drop)
+            kept = [c for c in ([] if ephemeral else topic.chunks) if c.live]
+            for position, chunk in enumerate(kept):
+                # (A chunk with nothing live is wholly deleted or evicted: left out, so
+                # its files go — the whole-segment drop of §7.4.)
                 chunk.sealed = True
                 dead = bytes(chunk.dead)
+                home = directory
                 if isinstance(chunk, SealedChunk):
                     plan.flips.append((chunk, dead))
+                    home = chunk.data_path.parent
+                    older = position < len(kept) - self.hot_segments
+                    if cold is not None and home != cold and older:
+                        plan.to_cold.append((chunk, cold))
+                        home = cold
                 else:
                     plan.new.append(NewSegment(directory, chunk, dead, topic.name, topic.epoch))
                 segments.append(chunk.base_seq)
-                plan.keep.update(segment_paths(directory, chunk.base_seq))
+                if home == cold:
+                    cold_segments.append(chunk.base_seq)
+                plan.keep.update(segment_paths(home, chunk.base_seq))
             entry = topic_entry(topic, segments)
+            entry["cold"] = cold_segments
             if ephemeral:
                 # Resident-only records: keep the head, so seqs are never reused (§2.2).
                 entry["ceiling"] = max(topic.ceiling, topic.head_seq)
@@ -107,11 +132,25 @@ class Checkpointer:
             # Mapped here, off the engine thread: finish() only swaps it in.
             new.sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq), new.dead)
         flipped = sum(flip_deleted(chunk, dead, self._io) for chunk, dead in plan.flips)
+        for chunk, cold in plan.to_cold:
+            # Copied (the cold tier may be another file system) and synced before the
+            # catalog names it; the hot pair goes once the catalog is durable.
+            cold.mkdir(parents=True, exist_ok=True)
+            for hot_path, cold_path in zip(
+                (chunk.data_path, chunk.idx_path), segment_paths(cold, chunk.base_seq), strict=True
+            ):
+                self._io.replace_file(cold_path, hot_path.read_bytes())
         write_catalog(self.data_dir, plan.catalog, self._io)
         # The catalog is durable: what it does not name is no longer needed.
         self.wal.trim(plan.wal_start)
         removed = remove_unreferenced(self.topics_dir, plan.keep)
-        return CheckpointReport(len(plan.new), flipped, removed)
+        if self.cold_dir is not None:
+            removed += remove_unreferenced(self.cold_dir, plan.keep)
+        for chunk, cold in plan.to_cold:
+            # Its mapping stays valid (the unlinked inode lives on while mapped); later
+            # flag flips go to the cold copy.
+            chunk.data_path, chunk.idx_path = segment_paths(cold, chunk.base_seq)
+        return CheckpointReport(len(plan.new), flipped, len(plan.to_cold), removed)
 
     def finish(self, engine: Engine, plan: CheckpointPlan) -> None:
         for new in plan.new:

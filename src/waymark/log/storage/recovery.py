@@ -22,7 +22,7 @@ from ..topic import Topic
 from .catalog import read_catalog, restore_state
 from .checkpoint import TOPICS, Checkpointer, remove_unreferenced
 from .fileio import FileIO
-from .segment import SealedChunk, segment_paths
+from .segment import SealedChunk, SegmentError, segment_paths
 from .store import Store
 from .wal import Wal
 
@@ -44,6 +44,8 @@ def open_engine(
     limits: Limits | None = None,
     shards: int = 2,
     fileio: FileIO | None = None,
+    cold_dir: Path | None = None,
+    hot_segments: int = 4,
 ) -> tuple[Engine, Store, RecoveryReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
 
@@ -59,7 +61,7 @@ def open_engine(
     catalog = read_catalog(data_dir)
     segments = 0
     if catalog is not None:
-        segments = load_checkpoint(engine, data_dir, catalog)
+        segments = load_checkpoint(engine, data_dir, catalog, cold_dir)
     count = torn = 0
     for path, frames, end in Wal.existing_frames(wal_dir, catalog["wal"] if catalog else None):
         size = path.stat().st_size
@@ -75,18 +77,27 @@ def open_engine(
     engine.journal = wal
     report = RecoveryReport(count, segments, torn, len(engine._topics),
                             time.perf_counter() - started)  # fmt: skip
-    return engine, Store(wal, Checkpointer(data_dir, wal, fileio)), report
+    checkpointer = Checkpointer(data_dir, wal, fileio, cold_dir, hot_segments)
+    return engine, Store(wal, checkpointer), report
 
 
-def load_checkpoint(engine: Engine, data_dir: Path, catalog: dict[str, Any]) -> int:
+def load_checkpoint(
+    engine: Engine, data_dir: Path, catalog: dict[str, Any], cold_dir: Path | None
+) -> int:
     keep: set[Path] = set()
     for entry in catalog["topics"]:
         topic = Topic(entry["name"], TopicType(entry["type"]), decode_config(entry["config"]),
                       entry["epoch"], entry["created_ts"])  # fmt: skip
         restore_state(topic, entry)
         directory = data_dir / TOPICS / entry["dir"]
+        cold = set(entry["cold"])
+        if cold and cold_dir is None:
+            raise SegmentError(
+                f"topic {entry['name']!r} has segments in a cold tier: pass its --cold-dir"
+            )
         for base_seq in entry["segments"]:
-            paths = segment_paths(directory, base_seq)
+            home = cold_dir / entry["dir"] if base_seq in cold and cold_dir else directory
+            paths = segment_paths(home, base_seq)
             keep.update(paths)
             chunk = SealedChunk(*paths)
             topic.chunks.append(chunk)
@@ -98,6 +109,8 @@ def load_checkpoint(engine: Engine, data_dir: Path, catalog: dict[str, Any]) -> 
     engine._last_epoch = catalog["last_epoch"]
     engine.staging.restore(catalog["staging"])
     remove_unreferenced(data_dir / TOPICS, keep)
+    if cold_dir is not None:
+        remove_unreferenced(cold_dir, keep)
     return len(keep) // 2
 
 
