@@ -13,6 +13,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Positive = Annotated[int, Meta(ge=1, le=2**63 - 1)]
+# A dead-letter target is an ordinary topic, named by the same rule as any topic.
+TopicName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$")]
 
 
 class Discard(StrEnum):
@@ -48,6 +51,12 @@ class ConfigPatch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     auto_create: bool | UnsetType = UNSET
     idempotency_window_ms: NonNegative | UnsetType = UNSET
     dedupe_node: bool | UnsetType = UNSET
+    # --- queues (§10); accepted on any topic, used only by type "queue" ---
+    lease_ms: Positive | UnsetType = UNSET
+    max_deliveries: NonNegative | UnsetType = UNSET
+    dead_letter: TopicName | UnsetType | None = UNSET
+    claim_jitter_ms: NonNegative | UnsetType = UNSET
+    leases_durable: bool | UnsetType = UNSET
 
 
 class TopicConfig(msgspec.Struct, frozen=True):
@@ -63,6 +72,12 @@ class TopicConfig(msgspec.Struct, frozen=True):
     auto_create: bool = True
     idempotency_window_ms: int = 120_000
     dedupe_node: bool = True
+    # --- queues (§10) ---
+    lease_ms: int = 30_000  # a claim's lease (the visibility timeout) unless it names one
+    max_deliveries: int = 0  # 0: reclaimed indefinitely; n: the (n+1)-th delivery dead-letters
+    dead_letter: str | None = None
+    claim_jitter_ms: int = 0  # 0: greedy claims; > 0: the coalescing window of a cohort
+    leases_durable: bool = False  # the leases log follows the jobs' class instead of memory
 
     @property
     def durable(self) -> bool:
@@ -98,4 +113,14 @@ class TopicConfig(msgspec.Struct, frozen=True):
             "auto_create": self.auto_create,
             "idempotency_window_ms": self.idempotency_window_ms,
             "dedupe_node": self.dedupe_node,
+        }
+
+    def queue_wire(self) -> dict[str, Any]:
+        """The queue fields (§10), reported on queue topics only."""
+        return {
+            "lease_ms": self.lease_ms,
+            "max_deliveries": self.max_deliveries,
+            "dead_letter": self.dead_letter,
+            "claim_jitter_ms": self.claim_jitter_ms,
+            "leases_durable": self.leases_durable,
         }

@@ -14,6 +14,7 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..clock import Clock, SystemClock
 from . import journal as frames
@@ -21,6 +22,7 @@ from .config import ConfigPatch, Durability, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, Journal
+from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
 from .staging import Staging
@@ -49,12 +51,13 @@ class Engine:
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
         self._listeners: list[Listener] = []
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
+        self.queues = Queues(self)  # lease state of queue topics (§10)
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
-        """Every topic's state, sorted by name."""
+        """Every topic's state, sorted by name; a queue's internal leases log is not one."""
         now = self.clock.now_ms()
-        return [self._topics[name].state(now) for name in sorted(self._topics)]
+        return [self._state(self._topics[n], now) for n in sorted(self._topics) if "$" not in n]
 
     def put_topic(
         self, name: str, patch: ConfigPatch, type: TopicType | None = None
@@ -65,12 +68,17 @@ class Engine:
         now = self.clock.now_ms()
         topic = self._topics.get(name)
         if topic is None:
-            topic = Topic(name, type or TopicType.LOG, self.defaults.apply(patch), 0, now)
+            config = self.defaults.apply(patch)
+            if type is TopicType.QUEUE:
+                check_queue_config(name, config)
+            topic = Topic(name, type or TopicType.LOG, config, 0, now)
             topic.epoch = self._last_epoch + 1
             self._write_topic(topic)
             self._register(topic)
+            if topic.type is TopicType.QUEUE:
+                self.queues.configured(topic)
             self._commit(topic)
-            return topic.state(now), True
+            return self._state(topic, now), True
         if type is not None and type is not topic.type:
             raise TopicError(
                 ErrorCode.TOPIC_EXISTS_INCOMPATIBLE,
@@ -78,11 +86,15 @@ class Engine:
                 {"topic": name, "type": str(topic.type), "requested": str(type)},
             )
         config = topic.config.apply(patch)
+        if topic.type is TopicType.QUEUE:
+            check_queue_config(name, config)
         frame = frames.topic_frame(name, topic.type, topic.epoch, config, topic.created_ts)
         self._write(name, frame)
         topic.reconfigure(config, now)
+        if topic.type is TopicType.QUEUE:
+            self.queues.configured(topic)
         self._commit(topic)
-        return topic.state(now), False
+        return self._state(topic, now), False
 
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
         """State of a topic (404 topic_not_found); ``touch`` counts as consumption (§3)."""
@@ -90,13 +102,15 @@ class Engine:
         now = self.clock.now_ms()
         if touch:
             topic.consumed(now)
-        return topic.state(now)
+        return self._state(topic, now)
 
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         topic = self._existing(name)
         self._write(name, frames.drop_frame(name, topic.epoch))
         del self._topics[name]
+        if topic.type is TopicType.QUEUE:
+            self.queues.dropped(topic)
         self._commit(topic)
 
     # --- records ----------------------------------------------------------------
@@ -221,6 +235,53 @@ class Engine:
         self._commit(topic)
         return result
 
+    def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResult:
+        """Permanently delete exactly ``seqs`` (§7): how a queue acks and dead-letters."""
+        topic = self._existing(name)
+        self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
+        result = topic.delete_seqs(seqs, self.clock.now_ms())
+        self._commit(topic)
+        return result
+
+    # --- queues (§10): thin entry points; the lease logic is waymark.log.queue -------
+    def claim(
+        self, name: str, node: str, max: int, lease_ms: int | None = None
+    ) -> list[ClaimedJob]:
+        """Lease up to ``max`` jobs to ``node`` now (a cohort of one)."""
+        return self.queues.claim(name, [ClaimRequest(node, max, lease_ms)])[0]
+
+    def claim_cohort(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
+        """One coordinator pass sharing the available jobs across a cohort (§10.3)."""
+        return self.queues.claim(name, requests)
+
+    def ack(
+        self, name: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None = None
+    ) -> Settled:
+        return self.queues.ack(name, node, seqs, lease_ids)
+
+    def nack(
+        self,
+        name: str,
+        node: str,
+        seqs: Sequence[int],
+        lease_ids: Sequence[str] | None = None,
+        delay_ms: int = 0,
+    ) -> Settled:
+        return self.queues.nack(name, node, seqs, lease_ids, delay_ms)
+
+    def extend(
+        self,
+        name: str,
+        node: str,
+        seqs: Sequence[int],
+        lease_ids: Sequence[str] | None = None,
+        lease_ms: int | None = None,
+    ) -> Settled:
+        return self.queues.extend(name, node, seqs, lease_ids, lease_ms)
+
+    def redrive(self, name: str, max: int = 1000) -> Redriven:
+        return self.queues.redrive(name, max)
+
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).
 
@@ -243,6 +304,12 @@ class Engine:
         self._listeners.append(listener)
 
     # --- internals ----------------------------------------------------------------
+    def _state(self, topic: Topic, now: int) -> TopicState:
+        state = topic.state(now)
+        if topic.type is TopicType.QUEUE:
+            state = replace(state, queue=self.queues.counts(topic))
+        return state
+
     def _existing(self, name: str) -> Topic:
         topic = self._topics.get(name)
         if topic is None:

@@ -64,15 +64,23 @@ def writer_frame(writer: str, epoch: int) -> bytes:
 
 
 def delete_frame(
-    name: str, epoch: int, before_seq: int | None, match: TagMatch | None, bound: int
+    name: str,
+    epoch: int,
+    before_seq: int | None,
+    match: TagMatch | None,
+    bound: int,
+    seqs: list[int] | None = None,
 ) -> bytes:
-    body = {
+    """A §7 delete; ``seqs`` (a queue's acks) deletes exactly those seqs instead."""
+    body: dict[str, Any] = {
         "name": name,
         "epoch": epoch,
         "before_seq": before_seq,
         "match": None if match is None else [match.exact, match.value],
         "bound": bound,
     }
+    if seqs is not None:
+        body["seqs"] = seqs
     return encode(FrameKind.DELETE, orjson.dumps(body))
 
 

@@ -59,6 +59,8 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         del topics[body["name"]]
     elif frame.kind is FrameKind.HEAD:
         topic.ceiling = body["ceiling"]
+    elif frame.kind is FrameKind.DELETE and "seqs" in body:
+        topic.delete_seqs(body["seqs"], now)
     elif frame.kind is FrameKind.DELETE:
         match = body["match"]
         selector = None if match is None else TagMatch(match[0], match[1])

@@ -56,13 +56,14 @@ class TopicState:
     created_ts: int
     last_write_ts: int
     last_read_ts: int
+    queue: dict[str, int] | None = None  # queue topics (§10.5): ready, in_flight, dead_lettered
 
     @property
     def durability(self) -> Durability:
         return self.config.durability
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "name": self.name,
             "type": str(self.type),
             "epoch": self.epoch,
@@ -79,6 +80,10 @@ class TopicState:
             "last_write_ts": self.last_write_ts,
             "last_read_ts": self.last_read_ts,
         }
+        if self.queue is not None:
+            wire["config"].update(self.config.queue_wire())
+            wire["queue"] = self.queue
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

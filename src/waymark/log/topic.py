@@ -406,6 +406,34 @@ class Topic:
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
 
+    def delete_seqs(self, seqs: list[int], now: int) -> DeleteResult:
+        """Delete exactly these seqs (a queue's ack and dead-letter move, §10.2).
+
+        Seqs already gone are skipped. Their tag index entries stay behind: every
+        reader of the index skips deleted slots, and chunk drops prune them.
+        """
+        self.expire(now)
+        deleted = 0
+        for seq in seqs:
+            index = self._chunk_index(seq)
+            if seq < self.front or seq >= self.next_seq or index < 0:
+                continue
+            chunk = self.chunks[index]
+            i = seq - chunk.base_seq
+            if i >= chunk.n or chunk.dead[i] == DELETED:
+                continue
+            chunk.dead[i] = DELETED
+            chunk.live -= 1
+            self.live_count -= 1
+            self.live_bytes -= int(chunk.size[i])
+            deleted += 1
+            if chunk.live == 0 and chunk is not self.chunks[-1]:
+                chunk.release_payloads()
+        self._settle_front()
+        return DeleteResult(
+            deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
+        )
+
     def _delete_tagged(self, match: TagMatch, bound: int) -> int:
         if match.exact:
             tags = [match.value] if match.value in self.tag_index else []

@@ -1,0 +1,631 @@
+"""Queues (§10): lease-based job delivery layered on a topic of type ``queue``.
+
+A queue is two logs. The jobs log is the topic itself. The leases log is an
+internal companion topic, ``<queue>$leases`` (a ``$`` is never valid in a user
+topic name, so nobody can create, write or read it through the API), holding one
+record per lifecycle event: claimed, released, extended, acked, dead_lettered.
+The lease state — lease table, reclaim freelist, delivery counters — is the
+:class:`Projection` of those events, held in memory and rebuilt from the leases
+log the first time a queue is used after a restart. Because the leases log is an
+ordinary topic it is journaled, checkpointed and recovered like any other, in
+class ``memory`` unless the queue sets ``leases_durable``.
+
+Pure like the engine: time is ``engine.clock``, and every live mutation is an
+event appended to the leases log and then applied through the same
+:meth:`Projection.apply` that a rebuild replays.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .config import Durability, TopicConfig, TopicType
+from .errors import ErrorCode, TopicError
+from .journal import drop_frame, topic_frame
+from .records import EncodedRecord, RecordIn
+from .topic import Topic
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .journal import Commit
+
+LEASES_SUFFIX = "$leases"
+DEAD_LETTER_META = "$dead_letter_"
+# Events kept in the leases log beyond those still needed before it is trimmed.
+TRIM_SLACK = 4096
+# Fresh jobs read from the jobs log per page of a claim pass.
+CLAIM_PAGE = 1000
+
+
+def leases_name(queue: str) -> str:
+    return queue + LEASES_SUFFIX
+
+
+def check_queue_config(name: str, config: TopicConfig) -> None:
+    """A queue may not dead-letter into itself: the move would deliver the job again."""
+    if config.dead_letter == name:
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "a queue's dead_letter topic must be another topic",
+            {"topic": name, "dead_letter": name},
+        )
+
+
+# --- the projection -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Lease:
+    node: str
+    lease_id: str
+    deadline: int  # absolute ms; the lease is live while now <= deadline (§10.6)
+
+
+@dataclass(slots=True)
+class JobState:
+    """Lease state of a job claimed at least once and not yet acked or dead-lettered."""
+
+    delivery: int
+    lease: Lease | None = None  # None: released, on the reclaim freelist
+    available_at: int = 0  # a nack's delay: not claimable before this
+    event_seq: int = 0  # leases-log seq of its latest event: what trimming must keep
+
+
+@dataclass(slots=True)
+class Projection:
+    """Who holds what: the materialized view of one queue instance's leases log."""
+
+    epoch: int
+    jobs: dict[int, JobState] = field(default_factory=dict)
+    freelist: list[tuple[int, int]] = field(default_factory=list)  # heap of (available_at, seq)
+    expiry: list[tuple[int, int, str]] = field(default_factory=list)  # (deadline, seq, lease_id)
+    # The claim cursor: fresh jobs are those above it. It is not rebuilt from the log
+    # (a rebuild starts at 0 and skips seqs with lease state) because an acked event
+    # can outlive its jobs-log delete in a crash; a job is then redelivered, never lost.
+    cursor: int = 0
+    in_flight: int = 0
+    dead_lettered: int = 0
+    events_since_trim: int = 0
+
+    def apply(self, event: dict[str, Any], event_seq: int) -> None:
+        kind, seq = event["event"], event["seq"]
+        job = self.jobs.get(seq)
+        if kind == "claimed":
+            if job is None:
+                job = self.jobs[seq] = JobState(0)
+            if job.lease is None:
+                self.in_flight += 1
+            job.delivery = event["delivery"]
+            job.lease = Lease(event["node"], event["lease_id"], event["deadline"])
+            heapq.heappush(self.expiry, (event["deadline"], seq, event["lease_id"]))
+        elif job is None:
+            pass  # a later event for a job whose state is gone: nothing to undo
+        elif kind == "extended" and job.lease is not None:
+            job.lease.deadline = event["deadline"]
+            heapq.heappush(self.expiry, (event["deadline"], seq, job.lease.lease_id))
+        elif kind == "released":
+            if job.lease is not None:
+                self.in_flight -= 1
+            job.lease = None
+            job.available_at = event["deadline"]
+            heapq.heappush(self.freelist, (job.available_at, seq))
+        elif kind in ("acked", "dead_lettered"):
+            if job.lease is not None:
+                self.in_flight -= 1
+            del self.jobs[seq]
+        if job is not None and seq in self.jobs:
+            job.event_seq = event_seq
+        self.dead_lettered = max(self.dead_lettered, event["dead_lettered"])
+
+    def forget(self, seq: int) -> None:
+        """Drop a job the jobs log no longer holds (TTL, cap or a user's delete)."""
+        job = self.jobs.pop(seq, None)
+        if job is not None and job.lease is not None:
+            self.in_flight -= 1
+
+    def holder(self, seq: int, node: str, lease_id: str | None, now: int) -> Lease | None:
+        """The live lease ``node`` holds on ``seq`` (matching ``lease_id`` when given)."""
+        job = self.jobs.get(seq)
+        lease = job.lease if job is not None else None
+        if lease is None or lease.node != node or now > lease.deadline:
+            return None
+        if lease_id is not None and lease_id != lease.lease_id:
+            return None  # a stale token: that lease was superseded (§10.2 fencing)
+        return lease
+
+    def next_due(self, now: int) -> int | None:
+        """The earliest time a lease may expire or a delayed job become claimable."""
+        times = [t for heap in (self.freelist, self.expiry) if heap for t in (heap[0][0],)]
+        return min(times) if times else None
+
+
+# --- results --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    node: str
+    max: int
+    lease_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    seq: int
+    record: bytes  # the job's wire JSON, as a diff returns it
+    lease_id: str
+    deadline: int
+    delivery: int
+
+    def to_json(self) -> bytes:
+        """The wire record plus its lease: ``{..., "lease_id", "deadline", "delivery"}``."""
+        return self.record[:-1] + b',"lease_id":"%b","deadline":%d,"delivery":%d}' % (
+            self.lease_id.encode(),
+            self.deadline,
+            self.delivery,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """An ack, nack or extend: the seqs it applied to and those it skipped."""
+
+    done: list[int]
+    skipped: list[int]
+    deadlines: list[int] | None = None  # extend: each done seq's new deadline
+    commit: Commit | None = None  # an ack of an fsync queue is acknowledged once durable
+    must_sync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Redriven:
+    seqs: list[int]  # the jobs' new seqs in the source queue
+    commit: Commit | None = None
+    must_sync: bool = False
+
+
+# --- the queue layer ------------------------------------------------------------------
+
+
+class Queues:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._projections: dict[str, Projection] = {}
+
+    # --- hooks from the engine ---------------------------------------------------------
+    def configured(self, topic: Topic) -> None:
+        """A queue was created or reconfigured: give its leases log the right class."""
+        engine = self.engine
+        name = leases_name(topic.name)
+        config = _leases_config(topic.config)
+        leases = engine._topics.get(name)
+        now = engine.clock.now_ms()
+        if leases is None:
+            leases = Topic(name, TopicType.LOG, config, engine._last_epoch + 1, now)
+            engine._write_topic(leases)
+            engine._register(leases)
+        elif leases.config != config:
+            engine._write(name, topic_frame(name, leases.type, leases.epoch, config,
+                                            leases.created_ts))  # fmt: skip
+            leases.reconfigure(config, now)
+
+    def dropped(self, topic: Topic) -> None:
+        """A queue was deleted: its leases log and lease state go with it."""
+        self._projections.pop(topic.name, None)
+        name = leases_name(topic.name)
+        leases = self.engine._topics.pop(name, None)
+        if leases is not None:
+            self.engine._write(name, drop_frame(name, leases.epoch))
+
+    def counts(self, topic: Topic) -> dict[str, int]:
+        """The queue object of a topic's state (§10.5). in_flight counts leases not yet
+        reclaimed; an expired lease is reclaimed lazily by the next claim pass."""
+        p = self._projection(topic)
+        return {
+            "ready": max(0, topic.live_count - p.in_flight),
+            "in_flight": p.in_flight,
+            "dead_lettered": p.dead_lettered,
+        }
+
+    def next_due(self, name: str) -> int | None:
+        """When a lease of ``name`` may expire or a delayed nack become claimable."""
+        topic = self.engine._topics.get(name)
+        if topic is None or topic.type is not TopicType.QUEUE:
+            return None
+        return self._projection(topic).next_due(self.engine.clock.now_ms())
+
+    def holds(self, name: str, seq: int, node: str, lease_id: str) -> bool:
+        topic = self.engine._topics.get(name)
+        if topic is None or topic.type is not TopicType.QUEUE:
+            return False
+        lease = self._projection(topic).holder(seq, node, lease_id, self.engine.clock.now_ms())
+        return lease is not None
+
+    # --- claim (§10.3) -----------------------------------------------------------------
+    def claim(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
+        """One coordinator pass: expire, drain the freelist, then fresh jobs by the claim
+        cursor, and share what was found across ``requests`` in proportion to their max."""
+        for request in requests:
+            _check_claim(request)
+        topic = self._queue(name)
+        self._check_available(topic)
+        now = self.engine.clock.now_ms()
+        p = self._projection(topic)
+        self._expire(topic, p, now)
+        events: list[dict[str, Any]] = []
+        wanted = sum(r.max for r in requests)
+        picked, dead = self._reclaimable(topic, p, wanted, now)
+        picked += self._fresh(topic, p, wanted - len(picked), now)
+        grants: list[list[ClaimedJob]] = [[] for _ in requests]
+        owners = _deal(len(picked), [r.max for r in requests])
+        for (seq, record, delivery), owner in zip(picked, owners, strict=True):
+            request = requests[owner]
+            lease_id = os.urandom(8).hex()
+            deadline = now + (request.lease_ms or topic.config.lease_ms)
+            events.append(_event("claimed", p, seq, request.node, lease_id, deadline, delivery))
+            grants[owner].append(ClaimedJob(seq, record, lease_id, deadline, delivery))
+        moved = self._dead_letter(topic, dead)
+        for count, (seq, delivery) in enumerate(moved, p.dead_lettered + 1):
+            events.append(_event("dead_lettered", p, seq, "", "", now, delivery, count))
+        self._record(topic, p, events)
+        if moved:
+            self.engine.delete_seqs(name, [seq for seq, _ in moved])
+        return grants
+
+    def _expire(self, topic: Topic, p: Projection, now: int) -> None:
+        """Lazy visibility timeout (§10.6): leases past their deadline are released onto
+        the freelist, recorded before this pass hands the jobs out again."""
+        events = []
+        while p.expiry and p.expiry[0][0] < now:
+            deadline, seq, lease_id = heapq.heappop(p.expiry)
+            job = p.jobs.get(seq)
+            lease = job.lease if job is not None else None
+            if lease is None or lease.lease_id != lease_id or lease.deadline != deadline:
+                continue  # superseded by an extend, an ack or a later claim
+            events.append(_event("released", p, seq, lease.node, lease_id, now, job.delivery))
+        self._record(topic, p, events)
+
+    def _reclaimable(
+        self, topic: Topic, p: Projection, wanted: int, now: int
+    ) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:
+        """Drain the reclaim freelist first (§10.3); jobs past max_deliveries go to ``dead``."""
+        config = topic.config
+        limit = config.max_deliveries if config.dead_letter is not None else 0
+        picked: list[tuple[int, bytes, int]] = []
+        dead: list[tuple[int, bytes, int]] = []
+        while len(picked) < wanted and p.freelist and p.freelist[0][0] <= now:
+            available_at, seq = heapq.heappop(p.freelist)
+            job = p.jobs.get(seq)
+            if job is None or job.lease is not None or job.available_at != available_at:
+                continue  # a stale entry: the job was claimed, acked or released again since
+            record = _read_one(topic, seq, now)
+            if record is None:
+                p.forget(seq)
+                continue
+            if limit and job.delivery >= limit:
+                dead.append((seq, record, job.delivery))
+            else:
+                picked.append((seq, record, job.delivery + 1))
+        return picked, dead
+
+    def _fresh(
+        self, topic: Topic, p: Projection, wanted: int, now: int
+    ) -> list[tuple[int, bytes, int]]:
+        """Never-leased jobs, in seq order from the claim cursor."""
+        picked: list[tuple[int, bytes, int]] = []
+        while wanted > len(picked):
+            page = topic.read(p.cursor, CLAIM_PAGE, None, None, now, True)
+            cursor = page.next_from_seq
+            for run, seq in zip(page.runs, page.seqs, strict=True):
+                if len(picked) == wanted:
+                    cursor = seq - 1
+                    break
+                if seq not in p.jobs:
+                    picked.append((seq, bytes(run[:-1]), 1))
+            stalled = cursor <= p.cursor
+            p.cursor = max(p.cursor, cursor)
+            if stalled or (page.caught_up and cursor >= page.next_from_seq):
+                break
+        return picked
+
+    def _dead_letter(
+        self, topic: Topic, dead: list[tuple[int, bytes, int]]
+    ) -> list[tuple[int, int]]:
+        """Move jobs to the dead-letter topic (§10.7); (seq, delivery) of those moved.
+
+        The copy is appended before the job is deleted, so a crash in between leaves
+        a duplicate, never a loss. A dead-letter topic that refuses the write (full,
+        say) leaves the jobs in the queue, on the freelist, to be tried again.
+        """
+        if not dead:
+            return []
+        records = []
+        for seq, record, delivery in dead:
+            wire = orjson.loads(record)
+            meta = {
+                **wire.get("meta", {}),
+                f"{DEAD_LETTER_META}queue": topic.name,
+                f"{DEAD_LETTER_META}seq": str(seq),
+                f"{DEAD_LETTER_META}deliveries": str(delivery),
+                f"{DEAD_LETTER_META}reason": "max_deliveries",
+            }
+            records.append(
+                RecordIn.of(wire["data"], tag=wire.get("$tag"), node=wire.get("$node"), meta=meta)
+            )
+        assert topic.config.dead_letter is not None
+        try:
+            self.engine.append(topic.config.dead_letter, records)
+        except TopicError:
+            p = self._projection(topic)
+            for seq, _, _ in dead:
+                heapq.heappush(p.freelist, (p.jobs[seq].available_at, seq))
+            return []
+        return [(seq, delivery) for seq, _, delivery in dead]
+
+    # --- ack, nack, extend (§10.2, §10.5, §10.6) -------------------------------------------
+    def ack(
+        self, name: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None
+    ) -> Settled:
+        """Release and permanently delete the jobs ``node`` holds; skip the others."""
+        topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
+        events = [_event("acked", p, s, node, lease.lease_id, now, p.jobs[s].delivery)
+                  for s, lease in held]  # fmt: skip
+        self._record(topic, p, events)
+        done = [s for s, _ in held]
+        if not done:
+            return Settled(done, skipped)
+        self.engine.delete_seqs(name, done)
+        must_sync = topic.config.durability is Durability.FSYNC
+        return Settled(done, skipped, None, self.engine.commit_point(name), must_sync)
+
+    def nack(
+        self,
+        name: str,
+        node: str,
+        seqs: Sequence[int],
+        lease_ids: Sequence[str] | None,
+        delay_ms: int,
+    ) -> Settled:
+        """Release early; the jobs are claimable again after ``delay_ms``."""
+        if delay_ms < 0:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "delay_ms is 0 or more")
+        topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
+        at = now + delay_ms
+        events = [_event("released", p, s, node, lease.lease_id, at, p.jobs[s].delivery)
+                  for s, lease in held]  # fmt: skip
+        self._record(topic, p, events)
+        if events:
+            self.engine._commit(topic)
+        return Settled([s for s, _ in held], skipped)
+
+    def extend(
+        self,
+        name: str,
+        node: str,
+        seqs: Sequence[int],
+        lease_ids: Sequence[str] | None,
+        lease_ms: int | None,
+    ) -> Settled:
+        """Heartbeat: a new deadline now + lease_ms; the delivery counter is untouched."""
+        if lease_ms is not None and lease_ms < 1:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "lease_ms is at least 1")
+        topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
+        deadline = now + (lease_ms or topic.config.lease_ms)
+        events = [_event("extended", p, s, node, lease.lease_id, deadline,
+                         p.jobs[s].delivery) for s, lease in held]  # fmt: skip
+        self._record(topic, p, events)
+        return Settled([s for s, _ in held], skipped, [deadline] * len(held))
+
+    def _held(
+        self, name: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None
+    ) -> tuple[Topic, Projection, int, list[tuple[int, Lease]], list[int]]:
+        if lease_ids is not None and len(lease_ids) != len(seqs):
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                "lease_ids, when given, has one entry per seq",
+                {"seqs": len(seqs), "lease_ids": len(lease_ids)},
+            )
+        topic = self._queue(name)
+        self._check_available(topic)
+        now = self.engine.clock.now_ms()
+        p = self._projection(topic)
+        held: list[tuple[int, Lease]] = []
+        skipped: list[int] = []
+        seen: set[int] = set()
+        for i, seq in enumerate(seqs):
+            lease = p.holder(seq, node, lease_ids[i] if lease_ids else None, now)
+            if lease is None or seq in seen:
+                skipped.append(seq)  # not (or no longer) this node's: idempotent skip
+            else:
+                seen.add(seq)
+                held.append((seq, lease))
+        return topic, p, now, held, skipped
+
+    # --- redrive ----------------------------------------------------------------------------
+    def redrive(self, name: str, max: int) -> Redriven:
+        """Move up to ``max`` dead letters of queue ``name`` back into it, as new jobs.
+
+        Reads the queue's dead_letter topic for records whose provenance names this
+        queue, appends them to the queue without the ``$dead_letter_*`` meta, then
+        permanently deletes them from the dead-letter topic (append first: a crash in
+        between duplicates, never loses).
+        """
+        if max < 1:
+            raise TopicError(ErrorCode.INVALID_REQUEST, "max is at least 1")
+        topic = self._queue(name)
+        target = topic.config.dead_letter
+        if target is None or target not in self.engine._topics:
+            return Redriven([])
+        source = self.engine._topics[target]
+        now = self.engine.clock.now_ms()
+        moved: list[int] = []
+        records: list[RecordIn] = []
+        cursor = 0
+        while len(records) < max:
+            page = source.read(cursor, CLAIM_PAGE, None, None, now, True)
+            for run in page.runs:
+                wire = orjson.loads(bytes(run[:-1]))
+                meta = wire.get("meta") or {}
+                if meta.get(f"{DEAD_LETTER_META}queue") != name or len(records) == max:
+                    continue
+                kept = {k: v for k, v in meta.items() if not k.startswith(DEAD_LETTER_META)}
+                records.append(RecordIn.of(wire["data"], tag=wire.get("$tag"),
+                                           node=wire.get("$node"), meta=kept or None))  # fmt: skip
+                moved.append(wire["$seq"])
+            if page.caught_up or page.next_from_seq == cursor:
+                break
+            cursor = page.next_from_seq
+        if not records:
+            return Redriven([])
+        result = self.engine.append(name, records)
+        self.engine.delete_seqs(target, moved)
+        return Redriven(result.seqs, result.commit, result.must_sync)
+
+    # --- internals ----------------------------------------------------------------------
+    def _queue(self, name: str) -> Topic:
+        topic = self.engine._existing(name)
+        if topic.type is not TopicType.QUEUE:
+            raise TopicError(
+                ErrorCode.NOT_A_QUEUE,
+                f"topic {name!r} is a log, not a queue; create it with type \"queue\"",
+                {"topic": name, "type": str(topic.type)},
+            )
+        return topic
+
+    def _check_available(self, topic: Topic) -> None:
+        # Checked before the projection changes: a pass never half-happens on a full disk.
+        journal = self.engine.journal
+        if journal is not None:
+            journal.check_available(topic.name)
+            journal.check_available(leases_name(topic.name))
+
+    def _projection(self, topic: Topic) -> Projection:
+        p = self._projections.get(topic.name)
+        if p is None or p.epoch != topic.epoch:
+            p = self._projections[topic.name] = self._rebuild(topic)
+        return p
+
+    def _rebuild(self, topic: Topic) -> Projection:
+        """Replay the surviving lease events (§10.1). Lost events are self-healing: a
+        job without a replayed live lease is simply claimable again (§10.6)."""
+        p = Projection(topic.epoch)
+        leases = self.engine._topics.get(leases_name(topic.name))
+        if leases is None:
+            return p
+        now = self.engine.clock.now_ms()
+        cursor = 0
+        while True:
+            page = leases.read(cursor, CLAIM_PAGE, None, None, now, True)
+            for run, seq in zip(page.runs, page.seqs, strict=True):
+                event = orjson.loads(bytes(run[:-1]))["data"]
+                if event["epoch"] == topic.epoch:
+                    p.apply(event, seq)
+            if page.caught_up or page.next_from_seq == cursor:
+                return p
+            cursor = page.next_from_seq
+
+    def _record(self, topic: Topic, p: Projection, events: list[dict[str, Any]]) -> None:
+        """Append events to the leases log, then apply them to the projection."""
+        if not events:
+            return
+        name = leases_name(topic.name)
+        if name not in self.engine._topics:
+            self.configured(topic)
+        encoded = []
+        for event in events:
+            data = orjson.dumps(event)
+            encoded.append(EncodedRecord(b',"data":%b}' % data, len(data), None, None, None))
+        result = self.engine.append_encoded(name, encoded)
+        for event, seq in zip(events, result.seqs, strict=True):
+            p.apply(event, seq)
+        p.events_since_trim += len(events)
+        if p.events_since_trim > TRIM_SLACK + 2 * len(p.jobs):
+            self._trim(name, p)
+
+    def _trim(self, name: str, p: Projection) -> None:
+        """Delete lease events no job needs: below the oldest latest-event of a live job."""
+        p.events_since_trim = 0
+        leases = self.engine._topics[name]
+        keep = min((job.event_seq for job in p.jobs.values()), default=leases.next_seq)
+        if keep > leases.earliest_seq:
+            self.engine.delete(name, before_seq=keep)
+
+
+def _leases_config(queue: TopicConfig) -> TopicConfig:
+    durability = queue.durability if queue.leases_durable else Durability.MEMORY
+    return TopicConfig(
+        durability=durability, idempotency_window_ms=0, auto_priority=False, auto_create=False
+    )
+
+
+def _event(
+    kind: str,
+    p: Projection,
+    seq: int,
+    node: str,
+    lease_id: str,
+    deadline: int,
+    delivery: int,
+    dead_lettered: int | None = None,
+) -> dict[str, Any]:
+    # The dead_lettered total rides on every event, so trimming never loses the counter.
+    # A released event's deadline is when the job becomes claimable again.
+    return {
+        "event": kind,
+        "epoch": p.epoch,
+        "seq": seq,
+        "node": node,
+        "lease_id": lease_id,
+        "deadline": deadline,
+        "delivery": delivery,
+        "dead_lettered": p.dead_lettered if dead_lettered is None else dead_lettered,
+    }
+
+
+def _read_one(topic: Topic, seq: int, now: int) -> bytes | None:
+    """The job's wire record, or None if the jobs log no longer holds it."""
+    if seq < topic.earliest_seq or seq > topic.head_seq:
+        return None
+    page = topic.read(seq - 1, 1, None, None, now, True)
+    if page.seqs and page.seqs[0] == seq:
+        return bytes(page.runs[0][:-1])
+    return None
+
+
+def _check_claim(request: ClaimRequest) -> None:
+    if request.max < 1:
+        raise TopicError(ErrorCode.INVALID_REQUEST, "max is at least 1", {"max": request.max})
+    if request.lease_ms is not None and request.lease_ms < 1:
+        raise TopicError(ErrorCode.INVALID_REQUEST, "lease_ms is at least 1")
+
+
+def _deal(available: int, maxes: list[int]) -> list[int]:
+    """Owner index of each of ``available`` jobs, shared in proportion to ``maxes``.
+
+    Shares are the largest-remainder apportionment of ``available`` (never above a
+    claimer's max); the jobs are then dealt round-robin, so each claimer gets a
+    spread of the freelist-first order rather than a contiguous block.
+    """
+    total = sum(maxes)
+    if available >= total:
+        shares = list(maxes)
+    else:
+        exact = [available * m / total for m in maxes]
+        shares = [int(x) for x in exact]
+        order = sorted(range(len(maxes)), key=lambda i: (shares[i] - exact[i], i))
+        for i in order[: available - sum(shares)]:
+            shares[i] += 1
+    owners: list[int] = []
+    left = list(shares)
+    while len(owners) < available:
+        for i, n in enumerate(left):
+            if n:
+                owners.append(i)
+                left[i] -= 1
+    return owners
