@@ -190,6 +190,12 @@ class OrderedFeed:
         headers = msg.headers
         if headers and not data and headers.get("Status") == "100":
             await self._on_control(msg, headers)
+            # A control message may be the last one queued behind the final
+            # update of a burst: hand that chunk over now, not on the next update.
+            sub = self._sub
+            if self._chunk and not self._stopped and (sub is None or sub.pending_msgs == 0):
+                chunk, self._chunk = self._chunk, []
+                await self._out.put(chunk)
             return
         ack = parse_ack(msg.reply)
         if ack is None:

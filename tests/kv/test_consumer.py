@@ -1,0 +1,73 @@
+"""The delivery callback of the hand-built ordered consumer, driven message by message.
+
+The subscription is a stand-in (``pending_msgs`` set by the test): the order in
+which the server's control messages land behind data in the client's queue is
+a race a real server cannot be made to reproduce on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.msg import Msg
+from nats.js import api
+
+from waymark.kv import KvUpdate, Op, VersionToken
+from waymark.kv.consumer import ConsumerSpec, OrderedFeed
+
+
+class _Sub:
+    pending_msgs = 0
+
+
+class _JetStream:
+    _nc = None
+
+
+def _feed(queue: asyncio.Queue[object]) -> tuple[OrderedFeed, _Sub]:
+    spec = ConsumerSpec("KV_b", "$KV.b.", ("$KV.b.>",), api.DeliverPolicy.ALL)
+    feed = OrderedFeed(_JetStream(), spec, queue, chunk_max=100, timeout=1)  # type: ignore[arg-type]
+    sub = _Sub()
+    feed._sub = sub  # type: ignore[assignment]
+    return feed, sub
+
+
+def _data(seq: int, key: str, value: bytes, headers: dict[str, str] | None = None) -> Msg:
+    reply = f"$JS.ACK.KV_b.c.1.{seq}.{seq}.1700000000000000000.0"
+    return Msg(None, subject=f"$KV.b.{key}", reply=reply, data=value, headers=headers)  # type: ignore[arg-type]
+
+
+async def test_updates_are_chunked_until_nothing_is_pending() -> None:
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    feed, sub = _feed(queue)
+    sub.pending_msgs = 2
+    await feed._on_msg(feed._gen, _data(1, "a", b"1"))
+    await feed._on_msg(feed._gen, _data(2, "b", b"", {"KV-Operation": "DEL"}))
+    assert queue.empty()
+    sub.pending_msgs = 0
+    await feed._on_msg(feed._gen, _data(3, "c", b""))  # a CAS tombstone stays a put here
+    assert queue.get_nowait() == [
+        KvUpdate.put("a", b"1", 1),
+        KvUpdate.delete("b", 2),
+        KvUpdate(Op.PUT, "c", b"", VersionToken.from_u64(3)),
+    ]
+    assert feed.frontier == 3 and feed.delivered == 3
+
+
+async def test_a_heartbeat_behind_the_last_update_hands_its_chunk_over() -> None:
+    """Without this the burst's last chunk waited for the next update, maybe forever."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    feed, sub = _feed(queue)
+    sub.pending_msgs = 1  # the heartbeat is already queued behind this update
+    await feed._on_msg(feed._gen, _data(1, "a", b"1"))
+    assert queue.empty()
+    sub.pending_msgs = 0
+    heartbeat = Msg(
+        None,  # type: ignore[arg-type]
+        subject="inbox",
+        reply="",
+        data=b"",
+        headers={"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "1"},
+    )
+    await feed._on_msg(feed._gen, heartbeat)
+    assert queue.get_nowait() == [KvUpdate.put("a", b"1", 1)]
