@@ -65,3 +65,22 @@ def test_demo_runs_end_to_end() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "reason=cap" in result.stdout and "tombstone=None" in result.stdout
+
+
+def test_the_listening_line_is_true_when_printed(tmp_path: Path) -> None:
+    """A caller may connect the moment it reads the address: never a refused connection."""
+    for attempt in range(5):
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "waymark"), "serve", "--port", "0",
+             "--data-dir", str(tmp_path / str(attempt))],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            assert process.stdout is not None
+            url = process.stdout.readline().split("listening on ")[1].strip()
+            response = httpx.post(f"{url}/v0/topics/t/records",
+                                  json={"records": [{"data": attempt}]}, timeout=10)  # fmt: skip
+            assert response.status_code == 200
+        finally:
+            process.kill()
+            process.wait()

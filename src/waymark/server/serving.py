@@ -13,10 +13,13 @@ from .app import App
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A bound socket; port 0 picks a free one (read it back with ``getsockname``)."""
+    """A bound, listening socket; port 0 picks a free one (``getsockname`` tells it)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listening now, not when uvicorn starts: whoever is told the address may connect at
+    # once, and is queued in the backlog instead of refused.
+    sock.listen(2048)
     return sock
 
 
