@@ -87,6 +87,16 @@ class Chunk:
         sizes: list[int],
     ) -> None:
         """Append consecutive records: one buffer write and one extend per index array."""
+        if len(bodies) == 1:  # the commonest write: skip the batch machinery's fixed cost
+            self.buf += b'{"$seq":%d,"$ts":%d%b,' % (first_seq, ts, bodies[0])
+            self.ends.append(len(self.buf))
+            self.ts.append(ts)
+            self.node.append(self.node_names.intern(nodes[0]))
+            self.tag.append(self.tag_names.intern(tags[0]))
+            self.size.append(sizes[0])
+            self.dead.append(LIVE)
+            self.live += 1
+            return
         pieces = [
             b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, body)
             for seq, body in zip(range(first_seq, first_seq + len(bodies)), bodies, strict=True)
