@@ -233,6 +233,10 @@ class Queues:
             "dead_lettered": p.dead_lettered,
         }
 
+    def jitter_ms(self, name: str) -> int:
+        """The queue's coalescing window (404 if missing, 409 not_a_queue on a log)."""
+        return self._queue(name).config.claim_jitter_ms
+
     def next_due(self, name: str) -> int | None:
         """When a lease of ``name`` may expire or a delayed nack become claimable."""
         topic = self.engine._topics.get(name)

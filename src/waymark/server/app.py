@@ -8,7 +8,7 @@ from time import perf_counter
 import orjson
 
 from ..clock import Clock
-from ..log import Engine, Limits, TopicConfig
+from ..log import Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
@@ -16,6 +16,7 @@ from .http import Receive, Request, Response, Scope, Send
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .openapi import document
+from .queues import QueueApi
 from .routing import Route, Router
 from .staging import StagingApi
 
@@ -55,6 +56,8 @@ class App:
             self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
         )
         staging = StagingApi(self.engine, self.limits, self.metrics)
+        heartbeat_s = (settings or Settings()).heartbeat_s
+        queues = QueueApi(self.engine, self.limits, self.notifier, self.metrics, heartbeat_s)
         self._openapi = orjson.dumps(document())
         topic = "/v0/topics/{topic}"
         self.router = Router(
@@ -71,6 +74,12 @@ class App:
                 Route("/v0/writers", {"POST": staging.open_writer}),
                 Route(f"{topic}/stage", {"POST": staging.stage}),
                 Route(f"{topic}/publish", {"POST": staging.publish}),
+                Route(f"{topic}/claim", {"POST": queues.claim}),
+                Route(f"{topic}/ack", {"POST": queues.ack}),
+                Route(f"{topic}/nack", {"POST": queues.nack}),
+                Route(f"{topic}/extend", {"POST": queues.extend}),
+                Route(f"{topic}/redrive", {"POST": queues.redrive}),
+                Route(f"{topic}/work", {"GET": queues.work}),
                 Route("/v0/openapi.json", {"GET": self._openapi_json}),
                 Route("/metrics", {"GET": self._metrics}),
             ]
@@ -96,7 +105,12 @@ class App:
             route, params = found
             label = route.template
             handler = route.methods.get(scope["method"])
-            if handler is None:
+            if "$" in params.get("topic", ""):
+                # Internal logs (a queue's leases) are named so no request can reach them.
+                response = error_response(TopicError(
+                    ErrorCode.INVALID_TOPIC_NAME, "topic names are [A-Za-z0-9._:-]",
+                    {"topic": params["topic"]}))  # fmt: skip
+            elif handler is None:
                 response = method_not_allowed(scope["method"], tuple(route.methods))
             else:
                 try:

@@ -61,6 +61,10 @@ class Metrics(Collector):
         self.records_read = 0
         self.watchers = 0
         self.checkpoints = 0
+        self.jobs_claimed = 0  # queues (§10)
+        self.jobs_acked = 0
+        self.jobs_released = 0
+        self.jobs_redriven = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -107,6 +111,11 @@ class Metrics(Collector):
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read
         )
+        for what, value in (("claimed", self.jobs_claimed), ("acked", self.jobs_acked),
+                            ("released", self.jobs_released), ("redriven", self.jobs_redriven)):
+            yield CounterMetricFamily(
+                f"waymark_queue_jobs_{what}", f"Queue jobs {what}", value=value
+            )  # fmt: skip
         yield GaugeMetricFamily("waymark_topics", "Topics that exist", value=self._topic_count())
         yield GaugeMetricFamily(
             "waymark_sse_streams", "Open SSE watch streams", value=self.watchers
