@@ -154,12 +154,13 @@ def test_apply_writes_the_spec_records_byte_for_byte(tmp_path: Path) -> None:
         KvUpdate.delete("synthetic", None),
         KvUpdate.put("é.ü", b"x" * 300, 5),
     ]
-    puts = [KvUpdate.put("a", b"1", 6), KvUpdate(Op.PUT, "fdb", b"v", stamp)]
+    big = KvUpdate.put("z" * 1500, b"w" * 5000, 7)  # past the pre-encoded header sizes
+    puts = [KvUpdate.put("a", b"1", 6), KvUpdate(Op.PUT, "fdb", b"v", stamp), big]
     s.apply(mixed, WatchCursor.from_u64(5))
-    s.apply(puts, WatchCursor.from_u64(6))
+    s.apply(puts, WatchCursor.from_u64(7))
     s.close()
     expected = []
-    for batch, cursor in ((mixed, 5), (puts, 6)):
+    for batch, cursor in ((mixed, 5), (puts, 7)):
         for u in batch:
             k = u.key.encode()
             if u.op is Op.PUT and u.value:
@@ -172,9 +173,15 @@ def test_apply_writes_the_spec_records_byte_for_byte(tmp_path: Path) -> None:
     assert [(e.key, e.value, e.version) for e in s.range()] == [
         ("a", b"1", VersionToken.from_u64(6)),
         ("fdb", b"v", stamp),
+        ("z" * 1500, b"w" * 5000, VersionToken.from_u64(7)),
         ("é.ü", b"x" * 300, VersionToken.from_u64(5)),
     ]
+    s.compact()  # the compaction encoder too
     s.close()
+    live = sorted([*puts, mixed[-1]], key=lambda u: u.key)
+    compacted = [_put_record(u.key.encode(), u.value, u.version.raw) for u in live]
+    compacted.append(_cursor_record(WatchCursor.from_u64(7).raw))
+    assert path.read_bytes() == HEADER + b"".join(compacted)
 
 
 def test_a_log_of_distinct_puts_is_not_rewritten_for_nothing(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ _U32 = struct.Struct("<I")
 _CRC = struct.Struct("<I")
 _TYPE_KEYLEN = struct.Struct("<BH")  # type:u8 ++ key_len:u16, the start of put and delete
 _CODEC = (zlib.crc32, _CRC.pack, _TYPE_KEYLEN.pack, _U32.pack, VER_LEN, b"".join)
+# Encoded in advance for the common sizes: a list index is cheaper than a pack call.
+_PUT_HEADS = [_TYPE_KEYLEN.pack(REC_PUT, n) for n in range(1024)]  # by key length
+_U32_SMALL = [_U32.pack(n) for n in range(4096)]  # value lengths
 _key = attrgetter("key")
 
 _Entry = KvEntry | KvUpdate
@@ -81,11 +84,22 @@ def _put_records(out: list[bytes], keys: Iterable[str], entries: Iterable[_Entry
     """
     ap = out.append
     crc32, pack_crc, head, pack_u32, ver_len, join = _CODEC
+    heads, small = _PUT_HEADS, _U32_SMALL
     for key, e in zip(keys, entries, strict=True):
         k = key.encode()
         v = e.value
         ver = e.version.raw
-        body = join((head(REC_PUT, len(k)), k, pack_u32(len(v)), v, ver_len[len(ver)], ver))
+        kn, vn = len(k), len(v)
+        body = join(
+            (
+                heads[kn] if kn < 1024 else head(REC_PUT, kn),
+                k,
+                small[vn] if vn < 4096 else pack_u32(vn),
+                v,
+                ver_len[len(ver)],
+                ver,
+            )
+        )
         ap(pack_crc(crc32(body)))
         ap(body)
 
@@ -251,6 +265,7 @@ class AppendLogStore:
         parts: list[bytes] = []
         ap = parts.append
         crc32, pack_crc, head, pack_u32, ver_len, join = _CODEC
+        heads, small = _PUT_HEADS, _U32_SMALL
         put = Op.PUT
         deletes = 0
         for u in batch:
@@ -258,7 +273,17 @@ class AppendLogStore:
             v = u.value
             ver = u.version.raw
             if v and u.op is put:
-                body = join((head(REC_PUT, len(k)), k, pack_u32(len(v)), v, ver_len[len(ver)], ver))
+                kn, vn = len(k), len(v)
+                body = join(
+                    (
+                        heads[kn] if kn < 1024 else head(REC_PUT, kn),
+                        k,
+                        small[vn] if vn < 4096 else pack_u32(vn),
+                        v,
+                        ver_len[len(ver)],
+                        ver,
+                    )
+                )
             else:
                 body = join((head(REC_DELETE, len(k)), k, ver_len[len(ver)], ver))
                 deletes += 1
