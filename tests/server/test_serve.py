@@ -58,15 +58,6 @@ def test_serve_help_lists_its_options() -> None:
     assert "recovered" in text  # --data-dir is real storage now
 
 
-def test_demo_runs_end_to_end() -> None:
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "waymark"), "demo", "--records", "500"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "reason=cap" in result.stdout and "tombstone=None" in result.stdout
-
-
 def test_the_listening_line_is_true_when_printed(tmp_path: Path) -> None:
     """A caller may connect the moment it reads the address: never a refused connection."""
     for attempt in range(5):

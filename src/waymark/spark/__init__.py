@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .fold_sink import FoldSink
 from .schema import parse_data, with_parsed_data
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from .fold_sink import FoldSink
+    from .sink import TopicBatchSink
 
 
 def register(spark: SparkSession) -> None:
@@ -24,4 +26,18 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(WaymarkDataSource)
 
 
-__all__ = ["FoldSink", "parse_data", "register", "with_parsed_data"]
+def __getattr__(name: str) -> object:
+    # Imported when asked for: Spark's Python workers import this package to read
+    # a topic, and should not pay for the sinks' dependencies (fold stores, pyspark).
+    if name == "FoldSink":
+        from .fold_sink import FoldSink
+
+        return FoldSink
+    if name == "TopicBatchSink":
+        from .sink import TopicBatchSink
+
+        return TopicBatchSink
+    raise AttributeError(name)
+
+
+__all__ = ["FoldSink", "TopicBatchSink", "parse_data", "register", "with_parsed_data"]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import StructType
 
 from .schema import SOURCE_DDL
 
 
 class WaymarkDataSource(DataSource):
-    """``spark.readStream.format("waymark")`` and ``df.writeStream.format("waymark")``."""
+    """``readStream.format("waymark")``, ``writeStream.format("waymark")`` and, inside
+    ``foreachBatch``, ``df.write.format("waymark").option("batchId", id)``."""
 
     @classmethod
     def name(cls) -> str:
@@ -22,6 +28,13 @@ class WaymarkDataSource(DataSource):
         from .source import WaymarkStreamReader
 
         return WaymarkStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise ValueError("the waymark sink appends to topics; overwrite is not supported")
+        from .sink import WaymarkBatchWriter
+
+        return WaymarkBatchWriter(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink import WaymarkStreamWriter

@@ -69,13 +69,25 @@ class FoldSink:
         return None if cursor.is_none else cursor.as_u64()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        if self._done(batch_id):
+            return
+        columns = [self.key, self.value] + ([self.delete] if self.delete else [])
+        self.fold_rows(df.select(*columns).toArrow().to_pylist(), batch_id)
+
+    def fold_rows(self, rows: list[dict[str, Any]], batch_id: int) -> bool:
+        """Fold rows already collected (dicts holding the key, value and delete columns)
+        as batch ``batch_id``; False when the batch was folded before and is skipped."""
+        if self._done(batch_id):
+            return False
+        self.store.apply(self.updates(rows, batch_id), WatchCursor.from_u64(batch_id))
+        return True
+
+    def _done(self, batch_id: int) -> bool:
         done = self.last_batch()
         if done is not None and batch_id <= done:
             log.info("fold: batch %d already folded (stored batch %d): skipped", batch_id, done)
-            return
-        columns = [self.key, self.value] + ([self.delete] if self.delete else [])
-        rows = df.select(*columns).toArrow().to_pylist()
-        self.store.apply(self.updates(rows, batch_id), WatchCursor.from_u64(batch_id))
+            return True
+        return False
 
     def updates(self, rows: list[dict[str, Any]], batch_id: int) -> list[KvUpdate]:
         """The batch's rows as fold updates (``merge`` resolved against the store)."""

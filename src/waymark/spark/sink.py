@@ -18,6 +18,12 @@ A two-phase commit over the log (:mod:`waymark.log.staging`):
 Options: ``url`` (required), ``topic`` (unless a ``topic`` column names one per
 row), ``writerId`` (required: names the query; the same across its restarts
 from one checkpoint, different between queries).
+
+The same protocol serves ``foreachBatch``: ``df.write.format("waymark")`` with
+options ``writerId`` and ``batchId`` (the id ``foreachBatch`` passes) publishes the
+batch exactly once per (writer, batch id) — Delta's ``txnAppId``/``txnVersion``
+idea. This is how a per-batch aggregate reaches a topic: Spark's Python streaming
+sinks accept the append output mode only.
 Columns: ``data`` (required; a string is JSON text stored as the value it
 encodes, so source -> sink round-trips; struct/map/array/scalars are stored as
 the matching JSON; invalid JSON fails the batch), optional ``tag``, ``node``,
@@ -35,7 +41,11 @@ import msgspec
 import orjson
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StringType, StructType
 
 from . import wire
@@ -66,7 +76,9 @@ def writer_id(options: Mapping[str, str]) -> str:
     return explicit
 
 
-class WaymarkStreamWriter(DataSourceStreamArrowWriter):
+class _TwoPhaseWriter:
+    """What the streaming and the batch writer share: options, epoch, stage, publish."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         url = options.get("url")
         if not url:
@@ -87,10 +99,9 @@ class WaymarkStreamWriter(DataSourceStreamArrowWriter):
         log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
 
     # --- executors --------------------------------------------------------------------
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+    def _stage(self, iterator: Iterator[pa.RecordBatch], batch_id: int) -> StagedParts:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
-        batch_id = int(context.getLocalProperty("streaming.sql.batchId"))
         message = StagedParts(context.partitionId(), context.attemptNumber())
         with wire.client(self.url) as http:
             stager = _Stager(http, self, batch_id, message)
@@ -101,7 +112,7 @@ class WaymarkStreamWriter(DataSourceStreamArrowWriter):
         return message
 
     # --- driver -------------------------------------------------------------------------
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+    def _publish(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         parts: dict[str, list[dict[str, int]]] = {}
         for message in messages:
             if not isinstance(message, StagedParts):
@@ -113,26 +124,71 @@ class WaymarkStreamWriter(DataSourceStreamArrowWriter):
         with wire.client(self.url) as http:
             for topic in sorted(parts):
                 ordered = sorted(parts[topic], key=lambda p: p["partition"])
-                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batchId,
+                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batch_id,
                         "parts": ordered}  # fmt: skip
                 result = wire.publish(http, topic, body)
                 log.info(
                     "waymark sink batch %d -> %s: seqs %d..%d%s",
-                    batchId, topic, result["first_seq"],
+                    batch_id, topic, result["first_seq"],
                     result["first_seq"] + result["count"] - 1,
                     " (already published: replay)" if result["replayed"] else "",
                 )  # fmt: skip
+
+
+class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
+    """``writeStream.format("waymark")``: the batch id comes from Spark's task properties."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+        context = TaskContext.get()
+        assert context is not None, "write() runs in a Spark task"
+        batch_id = int(context.getLocalProperty("streaming.sql.batchId"))
+        return self._stage(iterator, batch_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._publish(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Nothing to undo: unpublished stages are invisible and expire on the server.
         log.warning("waymark sink batch %d aborted; its staged rows will expire", batchId)
 
 
+class WaymarkBatchWriter(_TwoPhaseWriter, DataSourceArrowWriter):
+    """``df.write.format("waymark").option("batchId", id)`` inside ``foreachBatch``.
+
+    Each write opens a new epoch of ``writerId`` (fencing any earlier writer of that
+    id) and publishes under ``batchId``: writing the same batch id again — Spark
+    replays the batch after a crash — returns the original seqs and appends nothing.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        batch = options.get("batchId")
+        if batch is None or not batch.isdigit():
+            raise ValueError(
+                "the waymark batch writer needs option 'batchId' (a non-negative integer: the "
+                "batch id foreachBatch passes) so that a replayed batch is published once"
+            )
+        super().__init__(options, schema)
+        self.batch_id = int(batch)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+        return self._stage(iterator, self.batch_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._publish(messages, self.batch_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("waymark batch write %d aborted; its staged rows will expire", self.batch_id)
+
+
 class _Stager:
     """Buffers one task attempt's encoded records per topic and stages them in chunks."""
 
     def __init__(
-        self, http: Any, writer: WaymarkStreamWriter, batch_id: int, message: StagedParts
+        self,
+        http: Any,
+        writer: _TwoPhaseWriter | TopicBatchSink,
+        batch_id: int,
+        message: StagedParts,
     ) -> None:
         self.http = http
         self.head = {"writer": writer.writer, "epoch": writer.epoch, "batch_id": batch_id,
@@ -232,3 +288,47 @@ def _check_json(values: list[bytes]) -> None:
                 f"row {i}: the 'data' column is not valid JSON ({e}): {value[:120]!r}"
             ) from None
     raise ValueError("the 'data' column holds a value that is not exactly one JSON value")
+
+
+class TopicBatchSink:
+    """A ``foreachBatch`` function publishing each micro-batch to a topic exactly once.
+
+    For outputs that fit the driver — per-batch aggregates — this skips Spark's
+    write path: the batch is collected as Arrow and staged and published from the
+    driver under the batch id, through the same two-phase commit as the streaming
+    sink. The writer's epoch is opened once per instance, i.e. per driver run, so a
+    zombie of an earlier run is fenced; publishing a batch id that was already
+    published (Spark's replay after a crash) appends nothing. Larger outputs use
+    ``df.write.format("waymark").option("batchId", id)`` (tasks stage in parallel).
+    """
+
+    def __init__(self, url: str, writer: str, topic: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.topic = topic  # None: every row names its topic in a 'topic' column
+        self.writer = writer_id({"writerId": writer})
+        with wire.client(self.url) as http:
+            self.epoch = wire.open_writer(http, self.writer)
+
+    def __call__(self, df: Any, batch_id: int) -> dict[str, dict[str, Any]]:
+        return self.publish(df.toArrow(), batch_id)
+
+    def publish(self, table: pa.Table, batch_id: int) -> dict[str, dict[str, Any]]:
+        """Stage ``table`` (the sink's columns: ``data``, optional ``tag``, ``node``,
+        ``meta``, ``topic``) as one part and publish it as batch ``batch_id``.
+
+        Returns the server's answer per topic (``first_seq``, ``count``, ``replayed``).
+        """
+        message = StagedParts(0, 0)
+        results: dict[str, dict[str, Any]] = {}
+        with wire.client(self.url) as http:
+            stager = _Stager(http, self, batch_id, message)
+            for batch in table.to_batches():
+                for topic, records in encode_batch(batch, self.topic).items():
+                    stager.add(topic, records)
+            stager.flush_all()
+            for topic, chunks, _ in message.topics:
+                parts = [{"partition": 0, "attempt": 0, "chunks": chunks}]
+                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batch_id,
+                        "parts": parts}  # fmt: skip
+                results[topic] = wire.publish(http, topic, body)
+        return results
