@@ -61,11 +61,14 @@ def spark_session(app_name: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import waymark from this venv
     from pyspark.sql import SparkSession
 
+    from waymark.spark.demo_job import JVM_OPTIONS
+
     spark = (
         SparkSession.builder.master("local[2,2]")
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .getOrCreate()
     )
@@ -146,3 +149,25 @@ def run_to_end(writer: Any, timeout: float = 180) -> Any:
 @pytest.fixture(scope="session")
 def run() -> Any:
     return run_to_end
+
+
+def run_together(*writers: Any, timeout: float = 180) -> list[Any]:
+    """Start several availableNow queries at once and wait for all of them: queries that
+    pay the same fixed costs overlap them. Returns each query, or the exception a
+    failed one stopped with."""
+    from pyspark.errors import StreamingQueryException
+
+    queries = [w.trigger(availableNow=True).start() for w in writers]
+    outcomes: list[Any] = []
+    for query in queries:
+        try:
+            assert query.awaitTermination(timeout), "an availableNow query did not stop"
+            outcomes.append(query)
+        except StreamingQueryException as failed:
+            outcomes.append(failed)
+    return outcomes
+
+
+@pytest.fixture(scope="session")
+def run_all() -> Any:
+    return run_together

@@ -1,13 +1,14 @@
 """A Spark driver the SIGKILL test runs as its own process (and process group).
 
 ``python kill_driver.py URL IN OUT FOLD CHECKPOINT KILL`` runs two availableNow
-queries over topic IN: an exactly-once copy into topic OUT, then a per-user count
-folded into the LMDB fold FOLD. KILL is ``sink:N``, ``fold:N`` or ``none``.
+queries over topic IN at once: an exactly-once copy into topic OUT, and a per-user
+count folded into the LMDB fold FOLD. KILL is ``both:N`` or ``none``.
 
-Fault injector (named as such): with ``sink:N`` the sink SIGKILLs the whole driver
-(JVM, Python workers) right after publishing batch N, i.e. between the sink commit
-and Spark's ``commits/N``; ``fold:N`` does the same right after folding batch N.
-That window cannot be hit reliably from outside the process.
+Fault injector (named as such): with ``both:N`` the copy's sink, right after
+publishing batch N, and the fold, right after folding batch N, each wait for the
+other to get there; then the whole driver (JVM, Python workers) is SIGKILLed. Both
+queries die between their sink commit and Spark's ``commits/N`` — a window that
+cannot be hit reliably from outside the process. One driver start serves both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
@@ -23,23 +26,33 @@ from pyspark.sql import functions as F
 
 from waymark.spark import FoldSink
 from waymark.spark.datasource import WaymarkDataSource
+from waymark.spark.demo_job import JVM_OPTIONS
 from waymark.spark.sink import WaymarkStreamWriter
 
 url, source, out, fold_path, checkpoint, kill = sys.argv[1:7]
 where, _, at = kill.partition(":")
-kill_batch = int(at) if at else -1
 os.environ["WAYMARK_TEST_KILL_PGID"] = str(os.getpgid(0))
+os.environ["WAYMARK_TEST_KILL_BATCH"] = at if where == "both" else "-1"
+os.environ["WAYMARK_TEST_MARKERS"] = checkpoint
 
 
-def _kill_driver() -> None:
+def _reached(side: str, batch: int) -> None:
+    """Mark that ``side`` committed ``batch``; once both sides have, kill the driver."""
+    if batch != int(os.environ["WAYMARK_TEST_KILL_BATCH"]):
+        return
+    markers = Path(os.environ["WAYMARK_TEST_MARKERS"])
+    (markers / f"reached-{side}").touch()
+    other = markers / ("reached-fold" if side == "sink" else "reached-sink")
+    deadline = time.monotonic() + 120
+    while not other.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.killpg(int(os.environ["WAYMARK_TEST_KILL_PGID"]), signal.SIGKILL)
 
 
 class KillingWriter(WaymarkStreamWriter):
     def commit(self, messages, batchId):  # type: ignore[no-untyped-def]
         super().commit(messages, batchId)
-        if batchId == int(os.environ["WAYMARK_TEST_KILL_BATCH"]):
-            _kill_driver()
+        _reached("sink", batchId)
 
 
 class KillingSource(WaymarkDataSource):
@@ -51,11 +64,11 @@ class KillingSource(WaymarkDataSource):
         return KillingWriter(self.options, schema)
 
 
-os.environ["WAYMARK_TEST_KILL_BATCH"] = str(kill_batch if where == "sink" else -1)
 spark = (
     SparkSession.builder.master("local[2]")
     .config("spark.sql.shuffle.partitions", "2")
     .config("spark.ui.enabled", "false")
+    .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
     .getOrCreate()
 )
 spark.sparkContext.setLogLevel("ERROR")
@@ -68,27 +81,25 @@ def stream():  # type: ignore[no-untyped-def]
     return reader.option("maxRecordsPerTrigger", "100").load()
 
 
-copy = (
-    stream().select("data").writeStream.format("waymark_killing")
-    .option("url", url).option("topic", out).option("writerId", out)
-    .option("checkpointLocation", f"{checkpoint}/copy").trigger(availableNow=True).start()
-)  # fmt: skip
-copy.awaitTermination()
-
 sink = FoldSink(f"lmdb:{fold_path}", key="key", value="value", merge=lambda old, n: (old or 0) + n)
 
 
 def fold(df, batch_id):  # type: ignore[no-untyped-def]
     sink(df, batch_id)
-    if where == "fold" and batch_id == kill_batch:
-        _kill_driver()
+    _reached("fold", batch_id)
 
 
+copy = (
+    stream().select("data").writeStream.format("waymark_killing")
+    .option("url", url).option("topic", out).option("writerId", out)
+    .option("checkpointLocation", f"{checkpoint}/copy").trigger(availableNow=True).start()
+)  # fmt: skip
 counts = stream().select(F.get_json_object("data", "$.u").alias("key"), F.lit(1).alias("value"))
 folding = (
     counts.writeStream.foreachBatch(fold)
     .option("checkpointLocation", f"{checkpoint}/fold").trigger(availableNow=True).start()
 )  # fmt: skip
+copy.awaitTermination()
 folding.awaitTermination()
 sink.close()
 spark.stop()

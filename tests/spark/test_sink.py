@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark import cloudpickle as spark_cloudpickle
@@ -16,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from waymark.kv.stores.lmdb_store import LmdbStore
-from waymark.spark import FoldSink
+from waymark.spark import FoldSink, TopicBatchSink
 from waymark.spark.datasource import WaymarkDataSource
 from waymark.spark.sink import StagedParts, WaymarkStreamWriter
 from waymark.spark.wire import WaymarkHttpError
@@ -45,12 +46,20 @@ def _fold_values(path: Path) -> dict[str, Any]:
         store.close()
 
 
+def _last_batch(path: Path) -> int | None:
+    store = LmdbStore(path)
+    try:
+        return FoldSink(store).last_batch()
+    finally:
+        store.close()
+
+
 def _add(old: Any, new: Any) -> Any:
     return (old or 0) + new
 
 
 def test_replayed_committed_batch_changes_neither_topic_nor_fold(
-    spark: Any, server: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+    spark: Any, server: Any, topics: Any, run_all: Any, topic: str, tmp_path: Path
 ) -> None:
     """Deleting ``commits/N`` makes Spark replay batch N with the same id and offsets."""
     topics.write(topic, [{"u": f"u{i % 4}"} for i in range(200)])
@@ -62,10 +71,11 @@ def test_replayed_committed_batch_changes_neither_topic_nor_fold(
             .option("url", server.url).option("topic", out).option("writerId", out)
             .option("checkpointLocation", str(tmp_path / "copy"))
         )  # fmt: skip
-        run(writer)
         sink = FoldSink(f"lmdb:{fold_path}", merge=_add)
         folding = _counts(_stream(spark, server, topic)).writeStream.foreachBatch(sink)
-        run(folding.option("checkpointLocation", str(tmp_path / "fold-checkpoint")))
+        folding = folding.option("checkpointLocation", str(tmp_path / "fold-checkpoint"))
+        for query in run_all(writer, folding):  # the two queries overlap their fixed costs
+            assert not isinstance(query, Exception), query
         sink.close()
 
     both()
@@ -79,7 +89,7 @@ def test_replayed_committed_batch_changes_neither_topic_nor_fold(
     both()
     assert topics.read(out) == before
     assert _fold_values(fold_path) == {f"u{i}": 50 for i in range(4)}
-    assert FoldSink(LmdbStore(fold_path)).last_batch() == 1
+    assert _last_batch(fold_path) == 1
 
 
 class FlakyWriter(WaymarkStreamWriter):
@@ -139,21 +149,69 @@ def test_stale_epoch_writer_is_fenced(server: Any, topics: Any, topic: str) -> N
 def test_driver_sigkill_between_sink_commit_and_commit_log(
     server: Any, topics: Any, topic: str, tmp_path: Path
 ) -> None:
-    """A real driver process is SIGKILLed right after the topic sink published batch 1,
-    then right after the fold folded batch 1; the restarted driver replays each batch:
-    the output topic and the fold still hold every input exactly once."""
+    """A real driver process is SIGKILLed right after the topic sink published batch 1
+    and the fold folded batch 1, before either query wrote ``commits/1``; the restarted
+    driver replays batch 1 of both: the output topic and the fold still hold every
+    input exactly once."""
     topics.write(topic, [{"u": f"u{i % 3}"} for i in range(300)])
-    out, fold_path = f"{topic}-out", tmp_path / "fold"
+    out, fold_path, checkpoints = f"{topic}-out", tmp_path / "fold", tmp_path / "checkpoints"
+    checkpoints.mkdir()
 
     def driver(kill: str) -> int:
         args = [sys.executable, str(HERE / "kill_driver.py"), server.url, topic, out,
-                str(fold_path), str(tmp_path / "checkpoints"), kill]  # fmt: skip
+                str(fold_path), str(checkpoints), kill]  # fmt: skip
         done = subprocess.run(args, start_new_session=True, capture_output=True, timeout=240)
         return done.returncode
 
-    assert driver("sink:1") == -9
-    assert len(topics.read(out)) == 200  # batches 0 and 1 published, commits/1 never written
-    assert driver("fold:1") == -9
+    assert driver("both:1") == -9
+    # Killed inside the window: both outputs hold batches 0 and 1, neither commits/1 exists.
+    for query in ("copy", "fold"):
+        assert (checkpoints / query / "offsets" / "1").exists()
+        assert not (checkpoints / query / "commits" / "1").exists()
+    assert len(topics.read(out)) == 200
+    assert _last_batch(fold_path) == 1
+    assert _fold_values(fold_path) == {"u0": 67, "u1": 67, "u2": 66}
     assert driver("none") == 0
     assert [r["data"] for r in topics.read(out)] == [{"u": f"u{i % 3}"} for i in range(300)]
     assert _fold_values(fold_path) == {"u0": 100, "u1": 100, "u2": 100}
+
+
+def test_foreach_batch_writers_publish_each_batch_id_once(
+    spark: Any, server: Any, topics: Any, topic: str
+) -> None:
+    """Inside ``foreachBatch``: ``df.write.format("waymark")`` with ``batchId`` (tasks
+    stage, the driver publishes) and :class:`TopicBatchSink` (staged from the driver).
+    Writing a batch id again — Spark's replay after a crash — appends nothing."""
+    rows = [(orjson.dumps({"i": i}).decode(),) for i in range(50)]
+    df = spark.createDataFrame(rows, "data STRING").repartition(2)
+
+    def write(batch_id: int | None) -> None:
+        writer = (
+            df.write.format("waymark").mode("append").option("url", server.url)
+            .option("topic", topic).option("writerId", topic)
+        )  # fmt: skip
+        if batch_id is not None:
+            writer = writer.option("batchId", str(batch_id))
+        writer.save()
+
+    write(0)
+    write(0)
+    write(1)
+    values = [r["data"]["i"] for r in topics.read(topic)]
+    assert sorted(values[:50]) == sorted(values[50:]) == list(range(50)) and len(values) == 100
+    with pytest.raises(Exception, match="batchId"):
+        write(None)
+
+    out = f"{topic}-driver"
+    sink = TopicBatchSink(server.url, out, out)
+    table = pa.table({"data": ['{"i": 1}', '{"i": 2}'], "tag": ["a", None]})
+    first = sink.publish(table, 0)[out]
+    again = sink.publish(table, 0)[out]
+    assert again["replayed"] and (again["first_seq"], again["count"]) == (first["first_seq"], 2)
+    newer = TopicBatchSink(server.url, out, out)  # a restarted driver: the old one is fenced
+    with pytest.raises(WaymarkHttpError) as fenced:
+        sink.publish(table, 1)
+    assert fenced.value.code == "fenced"
+    assert not newer.publish(table, 1)[out]["replayed"]
+    records = topics.read(out)
+    assert [(r["data"]["i"], r.get("$tag")) for r in records] == [(1, "a"), (2, None)] * 2

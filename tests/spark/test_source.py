@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pyspark.errors import StreamingQueryException
 
 from waymark.spark import with_parsed_data
@@ -49,59 +49,46 @@ def test_restart_reads_neither_twice_nor_past_anything_under_admission_control(
     assert {r.get("$tag") for r in records[250:]} == {"late"}
 
 
-def test_tombstone_fails_with_the_gap_named_or_is_skipped_into_the_gaps_topic(
-    spark: Any, server: Any, http: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+def test_gaps_fail_with_the_gap_named_or_are_skipped_into_the_gaps_topic(
+    spark: Any, server: Any, http: Any, topics: Any, run_all: Any, topic: str, tmp_path: Path
 ) -> None:
-    http.put(f"/v0/topics/{topic}", json={"cap_records": 50}).raise_for_status()
-    topics.write(topic, list(range(20)))
-    checkpoint = str(tmp_path / "checkpoint")
+    """Two kinds of gap, each in its own topic and query, run side by side: a cap
+    eviction (a tombstone inside the batch's range) and a deleted-and-recreated topic."""
+    capped, recreated = f"{topic}-cap", f"{topic}-new"
+    http.put(f"/v0/topics/{capped}", json={"cap_records": 50}).raise_for_status()
+    topics.write(capped, list(range(20)))
+    topics.write(recreated, list(range(5)))
 
-    def query(**options: Any) -> Any:
+    def query(name: str, **options: Any) -> Any:
         # The memory sink cannot restart from a checkpoint; the waymark sink can.
-        stream = _stream(spark, server, topic, gapsTopic=f"{topic}-gaps", **options)
+        stream = _stream(spark, server, name, gapsTopic=f"{name}-gaps", **options)
         writer = (
             stream.select("data").writeStream.format("waymark").option("url", server.url)
-            .option("topic", f"{topic}-out").option("writerId", f"{topic}-out")
+            .option("topic", f"{name}-out").option("writerId", f"{name}-out")
         )  # fmt: skip
-        return run(writer.option("checkpointLocation", checkpoint))
+        return writer.option("checkpointLocation", str(tmp_path / name))
 
-    query()
-    topics.write(topic, list(range(20, 120)))  # cap 50: seqs 21..70 are evicted unread
-    with pytest.raises(StreamingQueryException) as failed:
-        query()
-    message = str(failed.value)
-    assert f"waymark topic '{topic}' lost records [21, 70] (reason: cap)" in message
-    query(onDataLoss="skip")
-    assert [r["data"] for r in topics.read(f"{topic}-out")] == [*range(20), *range(70, 120)]
-    gaps = [r["data"] for r in topics.read(f"{topic}-gaps")]
+    for outcome in run_all(query(capped), query(recreated)):
+        assert not isinstance(outcome, Exception), outcome
+    topics.write(capped, list(range(20, 120)))  # cap 50: seqs 21..70 are evicted unread
+    http.delete(f"/v0/topics/{recreated}").raise_for_status()
+    topics.write(recreated, ["new-1", "new-2", "new-3"])  # new instance: seqs restart at 1
+
+    cap_failed, recreate_failed = run_all(query(capped), query(recreated))
+    assert isinstance(cap_failed, StreamingQueryException), cap_failed
+    assert f"waymark topic '{capped}' lost records [21, 70] (reason: cap)" in str(cap_failed)
+    assert isinstance(recreate_failed, StreamingQueryException), recreate_failed
+    assert re.search(r"lost records \[6, its end\] \(reason: recreated\)", str(recreate_failed))
+
+    skips = run_all(query(capped, onDataLoss="skip"), query(recreated, onDataLoss="skip"))
+    for outcome in skips:
+        assert not isinstance(outcome, Exception), outcome
+    assert [r["data"] for r in topics.read(f"{capped}-out")] == [*range(20), *range(70, 120)]
+    gaps = [r["data"] for r in topics.read(f"{capped}-gaps")]
     assert [(g["topic"], g["gap_from"], g["gap_to"], g["reason"]) for g in gaps] == [
-        (topic, 21, 70, "cap")
+        (capped, 21, 70, "cap")
     ]
-
-
-def test_recreated_topic_is_detected(
-    spark: Any, server: Any, http: Any, topics: Any, run: Any, topic: str, tmp_path: Path
-) -> None:
-    topics.write(topic, list(range(5)))
-    checkpoint = str(tmp_path / "checkpoint")
-
-    def query(**options: Any) -> Any:
-        # The memory sink cannot restart from a checkpoint; the waymark sink can.
-        stream = _stream(spark, server, topic, gapsTopic=f"{topic}-gaps", **options)
-        writer = (
-            stream.select("data").writeStream.format("waymark").option("url", server.url)
-            .option("topic", f"{topic}-out").option("writerId", f"{topic}-out")
-        )  # fmt: skip
-        return run(writer.option("checkpointLocation", checkpoint))
-
-    query()
-    http.delete(f"/v0/topics/{topic}").raise_for_status()
-    topics.write(topic, ["new-1", "new-2", "new-3"])  # new instance: seqs restart at 1
-    with pytest.raises(StreamingQueryException, match=r"lost records \[6, its end\] "
-                       r"\(reason: recreated\)"):  # fmt: skip
-        query()
-    query(onDataLoss="skip")
-    out = [r["data"] for r in topics.read(f"{topic}-out")]
+    out = [r["data"] for r in topics.read(f"{recreated}-out")]
     assert out == [0, 1, 2, 3, 4, "new-1", "new-2", "new-3"]
-    gaps = [r["data"] for r in topics.read(f"{topic}-gaps")]
+    gaps = [r["data"] for r in topics.read(f"{recreated}-gaps")]
     assert [(g["gap_from"], g["reason"]) for g in gaps] == [(6, "recreated")]
