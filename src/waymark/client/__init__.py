@@ -2,6 +2,7 @@
 :class:`AsyncClient` (asyncio), with the same typed calls, SSE included."""
 
 from ..log import ConfigPatch, RecordIn, TopicType
+from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
 from ..server.schemas import (
     AppendResponse,
     DeleteResponse,
@@ -18,6 +19,7 @@ from .events import RecordEvent, TombstoneEvent, WatchEvent
 from .sync import Client
 
 __all__ = [
+    "AckResponse",
     "ApiError",
     "AppendResponse",
     "AsyncClient",
@@ -25,10 +27,14 @@ __all__ = [
     "ConfigPatch",
     "DeleteResponse",
     "DiffResponse",
+    "ExtendResponse",
     "Health",
+    "Job",
+    "NackResponse",
     "Record",
     "RecordEvent",
     "RecordIn",
+    "RedriveResponse",
     "Tombstone",
     "TombstoneEvent",
     "TopicConfig",

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import httpx
 
 from ..log import ConfigPatch, RecordIn, TopicType
+from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
 from ..server.schemas import (
     AppendResponse,
     DeleteResponse,
@@ -17,7 +18,7 @@ from ..server.schemas import (
     TagRule,
     TopicState,
 )
-from . import calls
+from . import calls, queues
 from .events import Watch, WatchEvent
 
 T = TypeVar("T")
@@ -96,6 +97,43 @@ class AsyncClient:
         self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
     ) -> DeleteResponse:
         return await self._run(calls.delete(topic, before_seq, match))
+
+    # --- queues (§10) -----------------------------------------------------------------
+    async def claim(
+        self, topic: str, node: str, max: int = 1, *, lease_ms: int | None = None
+    ) -> list[Job]:
+        """Lease up to ``max`` jobs; each carries ``lease_id``, ``deadline``, ``delivery``."""
+        return await self._run(queues.claim(topic, node, max, lease_ms))
+
+    async def ack(
+        self, topic: str, node: str, seqs: Sequence[int], *, lease_ids: Sequence[str] | None = None
+    ) -> AckResponse:
+        return await self._run(queues.ack(topic, node, seqs, lease_ids))
+
+    async def nack(
+        self,
+        topic: str,
+        node: str,
+        seqs: Sequence[int],
+        *,
+        lease_ids: Sequence[str] | None = None,
+        delay_ms: int = 0,
+    ) -> NackResponse:
+        return await self._run(queues.nack(topic, node, seqs, lease_ids, delay_ms))
+
+    async def extend(
+        self,
+        topic: str,
+        node: str,
+        seqs: Sequence[int],
+        *,
+        lease_ids: Sequence[str] | None = None,
+        lease_ms: int | None = None,
+    ) -> ExtendResponse:
+        return await self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
+
+    async def redrive(self, topic: str, max: int = 1000) -> RedriveResponse:
+        return await self._run(queues.redrive(topic, max))
 
     async def openapi(self) -> dict[str, Any]:
         return await self._run(calls.openapi())

@@ -43,6 +43,11 @@ TRIM_SLACK = 4096
 CLAIM_PAGE = 1000
 
 
+def lease_expired(deadline: int, now: int) -> bool:
+    """A lease is live through its deadline and reclaimable once now > deadline (§10.6)."""
+    return now > deadline
+
+
 def leases_name(queue: str) -> str:
     return queue + LEASES_SUFFIX
 
@@ -133,13 +138,17 @@ class Projection:
         """The live lease ``node`` holds on ``seq`` (matching ``lease_id`` when given)."""
         job = self.jobs.get(seq)
         lease = job.lease if job is not None else None
-        if lease is None or lease.node != node or now > lease.deadline:
+        if lease is None or lease.node != node or lease_expired(lease.deadline, now):
             return None
         if lease_id is not None and lease_id != lease.lease_id:
             return None  # a stale token: that lease was superseded (§10.2 fencing)
         return lease
 
-    def next_due(self, now: int) -> int | None:
+    def fresh(self, seq: int) -> bool:
+        """Never leased (as far as the surviving events tell): the claim cursor may take it."""
+        return seq not in self.jobs
+
+    def next_due(self) -> int | None:
         """The earliest time a lease may expire or a delayed job become claimable."""
         times = [t for heap in (self.freelist, self.expiry) if heap for t in (heap[0][0],)]
         return min(times) if times else None
@@ -242,7 +251,7 @@ class Queues:
         topic = self.engine._topics.get(name)
         if topic is None or topic.type is not TopicType.QUEUE:
             return None
-        return self._projection(topic).next_due(self.engine.clock.now_ms())
+        return self._projection(topic).next_due()
 
     def holds(self, name: str, seq: int, node: str, lease_id: str) -> bool:
         topic = self.engine._topics.get(name)
@@ -286,12 +295,16 @@ class Queues:
         """Lazy visibility timeout (§10.6): leases past their deadline are released onto
         the freelist, recorded before this pass hands the jobs out again."""
         events = []
-        while p.expiry and p.expiry[0][0] < now:
+        released: set[int] = set()  # the heap may hold one lease twice (an extend to the
+        while p.expiry and lease_expired(p.expiry[0][0], now):  # same deadline, a restatement)
             deadline, seq, lease_id = heapq.heappop(p.expiry)
             job = p.jobs.get(seq)
             lease = job.lease if job is not None else None
             if lease is None or lease.lease_id != lease_id or lease.deadline != deadline:
                 continue  # superseded by an extend, an ack or a later claim
+            if seq in released:
+                continue
+            released.add(seq)
             events.append(_event("released", p, seq, lease.node, lease_id, now, job.delivery))
         self._record(topic, p, events)
 
@@ -303,11 +316,15 @@ class Queues:
         limit = config.max_deliveries if config.dead_letter is not None else 0
         picked: list[tuple[int, bytes, int]] = []
         dead: list[tuple[int, bytes, int]] = []
+        taken: set[int] = set()  # a job may sit on the freelist twice with the same time
         while len(picked) < wanted and p.freelist and p.freelist[0][0] <= now:
             available_at, seq = heapq.heappop(p.freelist)
             job = p.jobs.get(seq)
             if job is None or job.lease is not None or job.available_at != available_at:
                 continue  # a stale entry: the job was claimed, acked or released again since
+            if seq in taken:
+                continue
+            taken.add(seq)
             record = _read_one(topic, seq, now)
             if record is None:
                 p.forget(seq)
@@ -330,7 +347,7 @@ class Queues:
                 if len(picked) == wanted:
                     cursor = seq - 1
                     break
-                if seq not in p.jobs:
+                if p.fresh(seq):
                     picked.append((seq, bytes(run[:-1]), 1))
             stalled = cursor <= p.cursor
             p.cursor = max(p.cursor, cursor)
@@ -550,12 +567,30 @@ class Queues:
             p.apply(event, seq)
         p.events_since_trim += len(events)
         if p.events_since_trim > TRIM_SLACK + 2 * len(p.jobs):
-            self._trim(name, p)
+            self._trim(topic, p)
 
-    def _trim(self, name: str, p: Projection) -> None:
-        """Delete lease events no job needs: below the oldest latest-event of a live job."""
+    def _trim(self, topic: Topic, p: Projection) -> None:
+        """Keep the leases log about as long as the live lease state, not its history.
+
+        Jobs whose latest event is old are restated (the same lease, or the same
+        freelist place) so one long-held lease never pins the log; then every event
+        below the oldest one still needed is deleted (§7).
+        """
         p.events_since_trim = 0
+        name = leases_name(topic.name)
         leases = self.engine._topics[name]
+        horizon = leases.next_seq - TRIM_SLACK
+        restate = []
+        for seq, job in p.jobs.items():
+            if job.event_seq >= horizon:
+                continue
+            if job.lease is not None:
+                lease = job.lease
+                restate.append(_event("claimed", p, seq, lease.node, lease.lease_id,
+                                      lease.deadline, job.delivery))  # fmt: skip
+            else:
+                restate.append(_event("released", p, seq, "", "", job.available_at, job.delivery))
+        self._record(topic, p, restate)
         keep = min((job.event_seq for job in p.jobs.values()), default=leases.next_seq)
         if keep > leases.earliest_seq:
             self.engine.delete(name, before_seq=keep)

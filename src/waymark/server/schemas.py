@@ -98,6 +98,7 @@ class TopicState(Struct, kw_only=True):
     created_ts: int
     last_write_ts: int
     last_read_ts: int
+    queue: dict[str, int] | None = None  # queue topics: ready, in_flight, dead_lettered
 
 
 class TopicList(Struct):

@@ -1,0 +1,143 @@
+"""§10 in-process with a manual clock: exact time boundaries, the cohort pass, the
+leases log (trimming, rebuild) and the ack delete through durable storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from waymark.clock import ManualClock
+from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
+from waymark.log.queue import ClaimRequest, leases_name
+from waymark.log.storage.recovery import open_engine
+
+
+def queue(engine: Engine, jobs: int = 0, **config: object) -> None:
+    engine.put_topic("q", ConfigPatch(**config), TopicType.QUEUE)  # type: ignore[arg-type]
+    if jobs:
+        engine.append("q", [RecordIn.of(i) for i in range(jobs)])
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def engine(clock: ManualClock) -> Engine:
+    return Engine(clock=clock)
+
+
+def test_a_lease_is_live_through_its_deadline_and_reclaimable_just_after(
+    engine: Engine, clock: ManualClock
+) -> None:
+    queue(engine, 1, lease_ms=100)
+    [job] = engine.claim("q", "w", 1)
+    assert job.deadline == clock.now_ms() + 100
+    clock.advance(100)  # now == deadline: still held
+    assert engine.claim("q", "x", 1) == []
+    assert engine.extend("q", "w", [1]).done == [1]
+    clock.advance(101)  # now == new deadline + 1: reclaimable
+    assert engine.ack("q", "w", [1]).skipped == [1]
+    [again] = engine.claim("q", "x", 1)
+    assert (again.seq, again.delivery) == (1, 2)
+
+
+def test_a_nack_delay_ends_exactly_at_now_plus_delay(engine: Engine, clock: ManualClock) -> None:
+    queue(engine, 1)
+    engine.claim("q", "w", 1)
+    engine.nack("q", "w", [1], delay_ms=50)
+    clock.advance(49)
+    assert engine.claim("q", "w", 1) == []
+    clock.advance(1)
+    assert [j.seq for j in engine.claim("q", "w", 1)] == [1]
+
+
+def test_a_cohort_pass_splits_evenly_reclaimed_first(engine: Engine, clock: ManualClock) -> None:
+    queue(engine, 50, lease_ms=10)
+    engine.claim("q", "early", 4)  # seqs 1-4, left to expire
+    clock.advance(11)
+    grants = engine.claim_cohort("q", [ClaimRequest(f"w{i}", 10) for i in range(10)])
+    assert [len(g) for g in grants] == [5] * 10
+    dealt = sorted((j for g in grants for j in g), key=lambda j: j.seq)
+    assert [j.seq for j in dealt] == list(range(1, 51))
+    assert [j.delivery for j in dealt[:4]] == [2] * 4 and all(j.delivery == 1 for j in dealt[4:])
+    assert {grants[i][0].seq for i in range(4)} == {1, 2, 3, 4}  # reclaimed dealt first
+
+
+def test_a_cohort_share_follows_each_claimers_max(engine: Engine) -> None:
+    queue(engine, 11)
+    small, large = engine.claim_cohort("q", [ClaimRequest("s", 1), ClaimRequest("l", 21)])
+    assert (len(small), len(large)) == (1, 10)  # 11 * 1/22 rounds up to 1 for the small one
+
+
+def test_queue_routes_refuse_log_topics(engine: Engine) -> None:
+    engine.put_topic("log", ConfigPatch())
+    for call in (lambda: engine.claim("log", "w", 1), lambda: engine.ack("log", "w", [1]),
+                 lambda: engine.nack("log", "w", [1]), lambda: engine.extend("log", "w", [1]),
+                 lambda: engine.redrive("log")):  # fmt: skip
+        with pytest.raises(TopicError) as refused:
+            call()
+        assert refused.value.code is ErrorCode.NOT_A_QUEUE and refused.value.status == 409
+
+
+def test_jobs_removed_from_the_log_are_forgotten(engine: Engine, clock: ManualClock) -> None:
+    queue(engine, 3, lease_ms=10)
+    engine.claim("q", "w", 3)
+    engine.delete("q", before_seq=3)  # a user's §7 delete of two leased jobs
+    clock.advance(11)
+    assert [j.seq for j in engine.claim("q", "w", 5)] == [3]
+    assert engine.get_topic("q").queue == {"ready": 0, "in_flight": 1, "dead_lettered": 0}
+
+
+def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: ManualClock) -> None:
+    queue(engine, 0, lease_ms=1000)
+    for _ in range(40):
+        engine.append("q", [RecordIn.of(i) for i in range(500)])
+        jobs = engine.claim("q", "w", 500)
+        engine.ack("q", "w", [j.seq for j in jobs[:-1]])  # one job stays leased each round
+    leases = engine._topics[leases_name("q")]
+    assert leases.live_count < 12_000  # 40 000 events written, most of them trimmed
+    engine.queues._projections.clear()  # rebuild from what the log kept
+    assert engine.get_topic("q").queue == {"ready": 0, "in_flight": 40, "dead_lettered": 0}
+    clock.advance(1001)
+    assert len(engine.claim("q", "x", 100)) == 40
+
+
+def test_queue_config_is_reported_and_validated(engine: Engine) -> None:
+    state, _ = engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
+    config = state.to_wire()["config"]
+    assert {k: config[k] for k in ("lease_ms", "max_deliveries", "dead_letter",
+                                   "claim_jitter_ms", "leases_durable")} == {
+        "lease_ms": 30_000, "max_deliveries": 0, "dead_letter": None, "claim_jitter_ms": 0,
+        "leases_durable": False,
+    }  # fmt: skip
+    assert "lease_ms" not in engine.put_topic("log", ConfigPatch())[0].to_wire()["config"]
+    with pytest.raises(TopicError) as refused:
+        engine.put_topic("q", ConfigPatch(dead_letter="q"))
+    assert refused.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: ManualClock) -> None:
+    engine, store, _ = open_engine(tmp_path, clock=clock)
+    queue(engine, 5, leases_durable=True, lease_ms=1000)
+    assert engine._topics[leases_name("q")].config.durability.value == "disk"
+    jobs = engine.claim("q", "w", 3)
+    engine.ack("q", "w", [jobs[0].seq])
+    store.sync_blocking()
+    store.close()  # no checkpoint: the WAL alone carries the delete and the lease events
+    engine, store, _ = open_engine(tmp_path, clock=clock)
+    try:
+        assert engine.diff("q", 0).seqs == [2, 3, 4, 5]  # the acked job stays deleted
+        assert engine.get_topic("q").queue == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        assert [j.seq for j in engine.claim("q", "x", 5)] == [4, 5]  # 2, 3 are still leased
+        assert engine.ack("q", "w", [2]).done == [2]  # by the holder from before the restart
+        store.checkpoint(engine)
+    finally:
+        store.close()
+    engine, store, _ = open_engine(tmp_path, clock=clock)  # now from segments + flipped flags
+    try:
+        assert engine.diff("q", 0).seqs == [3, 4, 5]
+    finally:
+        store.close()
