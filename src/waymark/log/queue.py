@@ -340,8 +340,10 @@ class Queues:
     ) -> list[tuple[int, bytes, int]]:
         """Never-leased jobs, in seq order from the claim cursor."""
         picked: list[tuple[int, bytes, int]] = []
+        page_size = min(wanted, CLAIM_PAGE)  # a page costs a copy per record: read no more
         while wanted > len(picked):
-            page = topic.read(p.cursor, CLAIM_PAGE, None, None, now, True)
+            page = topic.read(p.cursor, page_size, None, None, now, True)
+            page_size = CLAIM_PAGE  # seqs with lease state were skipped: read on in bulk
             cursor = page.next_from_seq
             for run, seq in zip(page.runs, page.seqs, strict=True):
                 if len(picked) == wanted:
