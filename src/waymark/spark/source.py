@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -293,14 +292,18 @@ def to_arrow(topic: str, rows: list[wire.Row]) -> pa.RecordBatch:
     data = pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(datas))]
     )
+    seqs = np.array([r.seq for r in rows], np.int64)
+    micros = np.array([r.ts for r in rows], np.int64) * 1000
     nodes = [r.node for r in rows]
     tags = [r.tag for r in rows]
     metas = [r.meta for r in rows]
     return pa.RecordBatch.from_arrays(
         [
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.array([r.seq for r in rows], pa.int64()),
-            pc.multiply(pa.array([r.ts for r in rows], pa.int64()), 1000).view(_TS_US),
+            # From numpy buffers, not pa.array() / pa.scalar(): their first call imports
+            # pandas (~1 s per process here).
+            _repeat(topic, n),
+            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(seqs)]),
+            pa.Array.from_buffers(_TS_US, n, [None, pa.py_buffer(micros)]),
             _strings(nodes, n),
             _strings(tags, n),
             pa.nulls(n, _META)
@@ -309,6 +312,14 @@ def to_arrow(topic: str, rows: list[wire.Row]) -> pa.RecordBatch:
             data,
         ],
         schema=ARROW_SCHEMA,
+    )
+
+
+def _repeat(text: str, n: int) -> pa.Array:
+    raw = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
     )
 
 
