@@ -12,7 +12,10 @@ machine finds the break.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 import pytest
@@ -21,7 +24,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -30,6 +32,9 @@ from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
 from waymark.log import chunk as chunk_module
 from waymark.log.chunk import Chunk
+from waymark.log.storage import catalog as catalog_module
+from waymark.log.storage import checkpoint as checkpoint_module
+from waymark.log.storage.recovery import open_engine
 from waymark.log.topic import Topic
 
 TOPIC = "t"
@@ -65,6 +70,7 @@ class Model:
     next_seq: int = 1
     cap_records: int = 0
     ttl_ms: int = 0
+    holes: list[tuple[int, int]] = field(default_factory=list)  # seqs skipped by a crash
 
     @property
     def head(self) -> int:
@@ -76,6 +82,9 @@ class Model:
     def earliest(self) -> int:
         live = self.live()
         return live[0].seq if live else self.head + 1
+
+    def hole_after(self, cursor: int) -> tuple[int, int] | None:
+        return next((h for h in self.holes if h[1] > cursor), None)
 
     def lost(self) -> list[ModelRecord]:
         return [r for r in self.records.values() if r.status in ("cap", "ttl")]
@@ -97,10 +106,13 @@ class NoSilentLoss(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = ManualClock()
-        self.engine = Engine(clock=self.clock)
+        self.engine = self.open()
         state, _ = self.engine.put_topic(TOPIC, ConfigPatch())
         self.model = Model(epoch=state.epoch)
-        self.readers: list[Reader] = []
+        self.readers: list[Reader] = [Reader(0, state.epoch, None)]
+
+    def open(self) -> Engine:
+        return Engine(clock=self.clock)
 
     # --- writers ---------------------------------------------------------------
     @rule(
@@ -173,10 +185,13 @@ class NoSilentLoss(RuleBasedStateMachine):
         if len(self.readers) < 4:
             self.readers.append(Reader(0, self.model.epoch, nodes))
 
-    @precondition(lambda self: self.readers)
-    @rule(data=st.data(), limit=st.integers(1, 5))
-    def read(self, data: st.DataObject, limit: int) -> None:
+    @rule(data=st.data(), limit=st.integers(1, 5), pages=st.integers(1, 4))
+    def read(self, data: st.DataObject, limit: int, pages: int) -> None:
         reader = data.draw(st.sampled_from(self.readers))
+        for _ in range(pages):  # a reader follows its cursor page after page
+            self.read_page(reader, limit)
+
+    def read_page(self, reader: Reader, limit: int) -> None:
         m = self.model
         m.expire(self.clock.now_ms())
         result = self.engine.diff(TOPIC, reader.cursor, limit=limit, nodes=reader.nodes,
@@ -198,18 +213,26 @@ class NoSilentLoss(RuleBasedStateMachine):
                 reasons = {r.status for r in lost}
                 assert tomb.reason in (reasons.pop() if len(reasons) == 1 else "mixed", "mixed")
                 effective = tomb.gap_to
+            elif (hole := m.hole_after(reader.cursor)) and hole[0] <= reader.cursor + 1:
+                # Seqs a crash skipped read like eviction: a tombstone, never silence.
+                assert tomb is not None and tomb.reason == "lost", f"silent crash hole {hole}"
+                assert (tomb.gap_from, tomb.gap_to) == (reader.cursor + 1, hole[1])
+                effective = hole[1]
             else:
                 assert tomb is None, f"tombstone {tomb} without involuntary loss"
                 effective = reader.cursor
+        # A page stops before the next hole, so that hole's tombstone opens the next page.
+        next_hole = m.hole_after(effective)
+        stop = next_hole[0] - 1 if next_hole else m.head
         next_from = result.next_from_seq
-        assert effective <= next_from <= max(m.head, effective)
+        assert effective <= next_from <= max(stop, effective)
         window = [r for r in m.live() if effective < r.seq <= next_from]
-        candidates = [r for r in m.live() if r.seq > effective]
+        candidates = [r for r in m.live() if effective < r.seq <= stop]
         assert len(window) <= limit
         if candidates:
             assert window, "a read with live records ahead made no progress"
         if len(candidates) < limit:
-            assert next_from == m.head
+            assert next_from == max(stop, effective)
         expected = [r for r in window if not (reader.nodes and r.node in reader.nodes)]
         got = result.records()
         wire = orjson.loads(result.to_json())  # the HTTP body agrees with the page
@@ -300,3 +323,68 @@ def test_catches_a_read_that_skips_the_node_filter_boundary(
     monkeypatch.setattr(Topic, "_reader_node_ids", staticmethod(overeager))
     with pytest.raises(AssertionError):
         run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+# --- the same contract across checkpoints, clean restarts and crashes ----------------------
+
+
+class DurableNoSilentLoss(NoSilentLoss):
+    """The machine above over durable storage, with checkpoints and restarts thrown in:
+    every watermark, floor, deletion and epoch must come back exactly as it was, and a
+    crash may only skip seqs — which readers must then see as a ``lost`` tombstone."""
+
+    def open(self) -> Engine:
+        self.directory = Path(tempfile.mkdtemp(prefix="waymark-machine-"))
+        engine, self.store, _ = open_engine(self.directory, clock=self.clock)
+        return engine
+
+    @rule()
+    def checkpoint(self) -> None:
+        self.store.checkpoint(self.engine)
+
+    @rule(clean=st.booleans())
+    def restart(self, clean: bool) -> None:
+        if clean:
+            self.engine.close()  # exact heads: no skipped seqs
+        self.store.sync_blocking()  # an in-process "crash" loses no synced frame
+        self.store.close()
+        before = self.model.next_seq
+        self.engine, self.store, _ = open_engine(self.directory, clock=self.clock)
+        after = self.engine.get_topic(TOPIC, touch=False).next_seq
+        if clean:
+            assert after == before, "a clean restart skipped seqs"
+        else:
+            assert after >= before, "a seq could be handed out twice"
+            if after > before:
+                self.model.holes.append((before, after - 1))
+                self.model.next_seq = after
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+DURABLE_SETTINGS = settings(SETTINGS, max_examples=120)
+
+
+def test_no_silent_loss_across_checkpoints_and_crashes(small_chunks: None) -> None:
+    run_state_machine_as_test(DurableNoSilentLoss, settings=DURABLE_SETTINGS)
+
+
+def test_catches_a_catalog_that_forgets_the_eviction_floor(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: checkpoints drop the cap floor, so after a restart earlier cap loss would
+    # read silently.
+    original = catalog_module.topic_entry
+
+    def forgetful(topic: Topic, segments: list[int]) -> dict:
+        entry = original(topic, segments)
+        entry["cap_floor"] = 0
+        return entry
+
+    monkeypatch.setattr(checkpoint_module, "topic_entry", forgetful)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(
+            DurableNoSilentLoss, settings=settings(MUTATION_SETTINGS, max_examples=300)
+        )

@@ -88,7 +88,9 @@ class Engine:
         config = topic.config.apply(patch)
         if topic.type is TopicType.QUEUE:
             check_queue_config(name, config)
-        frame = frames.topic_frame(name, topic.type, topic.epoch, config, topic.created_ts)
+        frame = frames.topic_frame(
+            name, topic.type, topic.epoch, config, topic.created_ts, now=now
+        )
         self._write(name, frame)
         topic.reconfigure(config, now)
         if topic.type is TopicType.QUEUE:
@@ -184,7 +186,7 @@ class Engine:
                 self._write(
                     name,
                     frames.records_frame(
-                        name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra
+                        name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra, now=now
                     ),
                 )
         if created:
@@ -230,8 +232,10 @@ class Engine:
             raise TopicError(ErrorCode.INVALID_REQUEST, "before_seq is a seq: 0 or more")
         topic = self._existing(name)
         bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
-        self._write(name, frames.delete_frame(name, topic.epoch, before_seq, match, bound))
-        result = topic.delete(bound, match, self.clock.now_ms())
+        now = self.clock.now_ms()
+        frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
+        self._write(name, frame)
+        result = topic.delete(bound, match, now)
         self._commit(topic)
         return result
 
@@ -327,7 +331,8 @@ class Engine:
         self._write(
             topic.name,
             frames.topic_frame(
-                topic.name, topic.type, topic.epoch, topic.config, topic.created_ts
+                topic.name, topic.type, topic.epoch, topic.config, topic.created_ts,
+                now=topic.created_ts,
             ),
         )
 

@@ -40,13 +40,24 @@ class Journal(Protocol):
 # --- encoding ---------------------------------------------------------------------------
 
 
-def topic_frame(name: str, type: TopicType, epoch: int, config: TopicConfig, created: int) -> bytes:
+def topic_frame(
+    name: str,
+    type: TopicType,
+    epoch: int,
+    config: TopicConfig,
+    created: int,
+    *,
+    now: int | None = None,
+) -> bytes:
+    """``now``: when the config took effect. Replay applies it at that time, so what
+    expired under which TTL comes back exactly as it was."""
     body = {
         "name": name,
         "type": str(type),
         "epoch": epoch,
         "created_ts": created,
         "config": msgspec.structs.asdict(config),
+        "now": now,
     }
     return encode(FrameKind.TOPIC, orjson.dumps(body))
 
@@ -70,14 +81,18 @@ def delete_frame(
     match: TagMatch | None,
     bound: int,
     seqs: list[int] | None = None,
+    *,
+    now: int | None = None,
 ) -> bytes:
-    """A §7 delete; ``seqs`` (a queue's acks) deletes exactly those seqs instead."""
+    """A §7 delete; ``seqs`` (a queue's acks) deletes exactly those seqs instead.
+    ``now``: when it happened, for replay at that time."""
     body: dict[str, Any] = {
         "name": name,
         "epoch": epoch,
         "before_seq": before_seq,
         "match": None if match is None else [match.exact, match.value],
         "bound": bound,
+        "now": now,
     }
     if seqs is not None:
         body["seqs"] = seqs
@@ -91,14 +106,18 @@ def records_frame(
     ts: int,
     records: list[EncodedRecord],
     extra: dict[str, Any] | None = None,
+    *,
+    now: int | None = None,
 ) -> bytes:
-    """One atomic append: a JSON header line, then the records' encoded bodies."""
+    """One atomic append: a JSON header line, then the records' encoded bodies.
+    ``now``: when it happened (``ts`` never decreases, the clock might)."""
     ids = [r.id for r in records]
     header = {
         "name": name,
         "epoch": epoch,
         "first_seq": first_seq,
         "ts": ts,
+        "now": now,
         "lens": [len(r.body) for r in records],
         "sizes": [r.size for r in records],
         "nodes": [r.node for r in records],
@@ -122,6 +141,7 @@ class RecordsFrame:
     ts: int
     records: list[EncodedRecord]
     extra: dict[str, Any] | None
+    now: int  # when the append happened
 
 
 def decode_json(payload: memoryview) -> dict[str, Any]:
@@ -141,8 +161,9 @@ def decode_records(payload: memoryview) -> RecordsFrame:
         records.append(EncodedRecord(data[offset : offset + length], size, node, tag, ident))
         offset += length
     return RecordsFrame(
-        header["name"], header["epoch"], header["first_seq"], header["ts"], records, header["extra"]
-    )
+        header["name"], header["epoch"], header["first_seq"], header["ts"], records,
+        header["extra"], header.get("now") or header["ts"],
+    )  # fmt: skip
 
 
 def decode_config(body: dict[str, Any]) -> TopicConfig:

@@ -1,7 +1,8 @@
 """Rebuild an engine's topics from journal frames, in the order they were written.
 
 Pure: frames in, engine state out. Replay goes through the same topic methods as
-live mutations, so eviction, deletion and dedupe state come out as they were.
+live mutations, each at the time it first happened (frames carry it), so eviction,
+TTL expiry, deletion and dedupe state come out exactly as they were.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from .topic import AppendPlan, Topic
 
 
 def apply_frame(engine: Engine, frame: Frame) -> None:
-    now = engine.clock.now_ms()
     topics = engine._topics
     if frame.kind is FrameKind.RECORDS:
         records = decode_records(frame.payload)
@@ -26,10 +26,14 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             # The seqs in between were acknowledged before a crash and never landed.
             topic.holes.append((topic.next_seq, records.first_seq - 1))
             topic.next_seq = records.first_seq
+        # What the append's plan did first: expire at its time, so a record the TTL
+        # took then is not replayed as one the cap evicts now.
+        topic.expire(records.now)
         fresh = records.records
         seqs = list(range(records.first_seq, records.first_seq + len(fresh)))
         plan = AppendPlan(fresh, seqs, records.first_seq, records.ts, sum(r.size for r in fresh))
-        topic.apply_append(plan, now)
+        topic.apply_append(plan, records.now)
+        topic._settle_front()  # after a hole, the front moves past it
         if records.extra and "publish" in records.extra:
             writer, batch_id = records.extra["publish"]
             engine.staging.restore_published(
@@ -37,6 +41,9 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             )
         return
     body = decode_json(frame.payload)
+    # When the mutation first happened: replaying at today's time would apply old TTLs
+    # to records that, back then, were not yet expired (or were already deleted).
+    now = body.get("now") or engine.clock.now_ms()
     if frame.kind is FrameKind.WRITER:
         engine.staging.restore_writer(body["writer"], body["epoch"])
         return

@@ -275,10 +275,9 @@ class Topic:
         if not ttl or self.front >= self.next_seq:
             return
         cutoff = now - ttl  # expired iff ts < cutoff
-        i = self._chunk_index(self.front)
         upto = self.front - 1
         # ts is non-decreasing in seq, so "expired" is a prefix: binary search it.
-        for chunk in self.chunks[i:]:
+        for chunk in self._chunks_from(self.front):
             if chunk.ts[-1] < cutoff:
                 upto = chunk.last_seq
                 continue
@@ -300,7 +299,7 @@ class Topic:
         if need_n <= 0 and need_b <= 0:
             return
         window = 64
-        for chunk in self.chunks[self._chunk_index(self.front) :]:
+        for chunk in self._chunks_from(self.front):
             lo = max(self.front - chunk.base_seq, 0)
             while lo < chunk.n:
                 hi = min(chunk.n, lo + window)
@@ -536,6 +535,10 @@ class Topic:
         seq = max(cursor + 1, self.front)
         while seq <= stop and taken < limit:
             index = self._chunk_index(seq)
+            if index < 0:  # below the first chunk: nothing there any more
+                seq = self.chunks[0].base_seq
+                next_from = min(seq - 1, stop)
+                continue
             chunk = self.chunks[index]
             if seq > chunk.last_seq:
                 # Between chunks: a range whose records are all gone (a dropped segment).
@@ -636,13 +639,19 @@ class Topic:
 
     # --- chunk addressing -------------------------------------------------------------
     def _chunk_index(self, seq: int) -> int:
+        """The chunk holding ``seq``, or the last one before it (-1: none starts at or
+        below ``seq``)."""
         return bisect_right(self._bases, seq) - 1
+
+    def _chunks_from(self, seq: int) -> list[Chunk]:
+        """The chunks that may hold ``seq`` or later ones, in order."""
+        return self.chunks[max(0, self._chunk_index(seq)) :]
 
     def _spans(self, lo_seq: int, hi_seq: int):
         """(chunk, lo, hi) index ranges covering seqs [lo_seq, hi_seq]."""
         if hi_seq < lo_seq or not self.chunks:
             return
-        for chunk in self.chunks[self._chunk_index(lo_seq) :]:
+        for chunk in self._chunks_from(lo_seq):
             if chunk.base_seq > hi_seq:
                 return
             lo = max(lo_seq - chunk.base_seq, 0)
