@@ -412,22 +412,11 @@ class Topic:
         reader of the index skips deleted slots, and chunk drops prune them.
         """
         self.expire(now)
-        deleted = 0
-        for seq in seqs:
-            index = self._chunk_index(seq)
-            if seq < self.front or seq >= self.next_seq or index < 0:
-                continue
-            chunk = self.chunks[index]
-            i = seq - chunk.base_seq
-            if i >= chunk.n or chunk.dead[i] == DELETED:
-                continue
-            chunk.dead[i] = DELETED
-            chunk.live -= 1
-            self.live_count -= 1
-            self.live_bytes -= int(chunk.size[i])
-            deleted += 1
-            if chunk.live == 0 and chunk is not self.chunks[-1]:
-                chunk.release_payloads()
+        deleted = sum(
+            self._mark_deleted(seq)
+            for seq in seqs
+            if self.front <= seq < self.next_seq and self._chunk_index(seq) >= 0
+        )
         self._settle_front()
         return DeleteResult(
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
@@ -447,22 +436,26 @@ class Topic:
             seqs = self.tag_index[tag]
             cut = bisect_left(seqs, bound)
             for seq in seqs[bisect_left(seqs, self.front, 0, cut) : cut]:
-                chunk = self.chunks[self._chunk_index(seq)]
-                i = seq - chunk.base_seq
-                if chunk.dead[i] == DELETED:
-                    continue
-                chunk.dead[i] = DELETED
-                chunk.live -= 1
-                self.live_count -= 1
-                self.live_bytes -= int(chunk.size[i])
-                deleted += 1
-                if chunk.live == 0 and chunk is not self.chunks[-1]:
-                    chunk.release_payloads()
+                deleted += self._mark_deleted(seq)
             del seqs[:cut]
             if not seqs:
                 del self.tag_index[tag]
         self._settle_front()
         return deleted
+
+    def _mark_deleted(self, seq: int) -> bool:
+        """Mark one retained slot deleted; False if it is not there or already gone."""
+        chunk = self.chunks[self._chunk_index(seq)]
+        i = seq - chunk.base_seq
+        if i >= chunk.n or chunk.dead[i] == DELETED:
+            return False
+        chunk.dead[i] = DELETED
+        chunk.live -= 1
+        self.live_count -= 1
+        self.live_bytes -= int(chunk.size[i])
+        if chunk.live == 0 and chunk is not self.chunks[-1]:
+            chunk.release_payloads()  # §7.1: a wholly deleted sealed chunk frees its bytes
+        return True
 
     # --- reads (§4.3, §5.4, §6, §7.3) -------------------------------------------------
     def readable_head(self) -> int:
