@@ -238,9 +238,12 @@ class Demo:
             with Progress(*columns, console=self.console) as progress:
                 self.progress = progress
                 job = self._start_job()  # Spark needs ~10 s to start: produce meanwhile
-                stream = Stream(s.events, s.users, s.seed)
-                self._produce(stream)
-                ok_job = self._follow(job)
+                try:
+                    stream = Stream(s.events, s.users, s.seed)
+                    self._produce(stream)
+                    ok_job = self._follow(job)
+                finally:
+                    self.job.kill()  # a no-op once it has exited; never leave a driver behind
             if not ok_job:
                 self.console.print(f"[red]the Spark job failed[/red]; its log: {self.job_log}")
                 self._tail_log()
@@ -310,7 +313,8 @@ class Demo:
             )
         else:
             self.progress.update(task, description="spark: restarting driver")
-        return Job(self._job_args(), self.job_log)
+        self.job = Job(self._job_args(), self.job_log)
+        return self.job
 
     def _follow(self, job: Job) -> bool:
         """Show the job's batches; SIGKILL it at ``kill_at`` and restart it once."""
@@ -539,7 +543,9 @@ class Job:
         return self.events.get()
 
     def kill(self) -> None:
-        os.killpg(self.pid, signal.SIGKILL)
+        """SIGKILL the driver's whole process group (JVM and Python workers too)."""
+        if self.process.poll() is None:  # never signal a group id that may be reused
+            os.killpg(self.pid, signal.SIGKILL)
         self.process.wait()
 
     def wait(self) -> int:
