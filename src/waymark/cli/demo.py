@@ -426,7 +426,8 @@ class Demo:
         run.add_column("")
         run.add_row("events", f"{s.events:,} clicks over {s.users:,} users")
         run.add_row("produced", f"{t.produced_s:.2f}s by {s.producers} producers, "
-                    f"{s.batch:,} per POST: {t.produce_rate:,.0f} events/s")  # fmt: skip
+                    f"{s.batch:,} per POST: {t.produce_rate:,.0f} events/s "
+                    "(alongside the Spark driver's start-up)")  # fmt: skip
         starts = " + ".join(f"{x:.1f}s" for x in t.driver_starts)
         run.add_row("Spark job", f"{t.job_s:.1f}s incl. driver start-ups {starts}; "
                     f"{t.batches} micro-batches of <= {s.max_per_trigger:,}")  # fmt: skip
