@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import orjson
-from msgspec import Meta, Struct, field
+from msgspec import Meta, Struct
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.queue import ClaimedJob, ClaimRequest
@@ -29,7 +29,7 @@ from .http import Receive, Request, Response, Send
 from .metrics import Metrics
 from .notify import Notifier
 from .openapi import Operation
-from .schemas import Seq
+from .schemas import Record, Seq
 
 Node = Annotated[str, Meta(min_length=1, max_length=128)]
 Max = Annotated[int, Meta(ge=1, le=10_000)]
@@ -75,15 +75,9 @@ class RedriveBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
     max: Max = 1000
 
 
-class Job(Struct, kw_only=True, omit_defaults=True):
+class Job(Record, kw_only=True, omit_defaults=True):
     """A leased job: the stored record plus its lease."""
 
-    seq: int = field(name="$seq")
-    ts: int = field(name="$ts")
-    node: str | None = field(default=None, name="$node")
-    tag: str | None = field(default=None, name="$tag")
-    meta: dict[str, str] | None = None
-    data: Any
     lease_id: str
     deadline: int
     delivery: int
