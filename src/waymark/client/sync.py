@@ -10,6 +10,7 @@ import httpx
 
 from ..log import ConfigPatch, RecordIn, TopicType
 from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
+from ..server.routers import RouterDeleted, RouterOut, RouterPut
 from ..server.schemas import (
     AppendResponse,
     DeleteResponse,
@@ -18,7 +19,7 @@ from ..server.schemas import (
     TagRule,
     TopicState,
 )
-from . import calls, queues
+from . import calls, queues, routers
 from .events import Watch, WatchEvent
 
 T = TypeVar("T")
@@ -97,6 +98,32 @@ class Client:
         self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
     ) -> DeleteResponse:
         return self._run(calls.delete(topic, before_seq, match))
+
+    # --- routers (§8) -----------------------------------------------------------------
+    def put_router(
+        self,
+        name: str,
+        source: str,
+        dest: str,
+        *,
+        preserve_node: bool = True,
+        preserve_tag: bool = True,
+        allow_cycle: bool = False,
+        create_dest: bool = True,
+    ) -> RouterOut:
+        """Forward every record committed to ``source`` into ``dest`` (at-least-once)."""
+        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle,
+                         create_dest=create_dest)  # fmt: skip
+        return self._run(routers.put_router(name, body))
+
+    def get_router(self, name: str) -> RouterOut:
+        return self._run(routers.get_router(name))
+
+    def list_routers(self) -> list[RouterOut]:
+        return self._run(routers.list_routers())
+
+    def delete_router(self, name: str) -> RouterDeleted:
+        return self._run(routers.delete_router(name))
 
     # --- queues (§10) -----------------------------------------------------------------
     def claim(

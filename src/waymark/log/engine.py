@@ -25,6 +25,7 @@ from .journal import Commit, Journal
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
+from .router import Forwarded, Router, Routers
 from .staging import Staging
 from .topic import Topic
 
@@ -52,6 +53,7 @@ class Engine:
         self._listeners: list[Listener] = []
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (§10)
+        self.routers = Routers(self)  # forwarding rules and their cursors (§8)
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
@@ -111,6 +113,7 @@ class Engine:
         topic = self._existing(name)
         self._write(name, frames.drop_frame(name, topic.epoch))
         del self._topics[name]
+        self.routers.topic_dropped(name, topic.epoch)  # §8.6: its routers go with it
         if topic.type is TopicType.QUEUE:
             self.queues.dropped(topic)
         self._commit(topic)
@@ -285,6 +288,37 @@ class Engine:
 
     def redrive(self, name: str, max: int = 1000) -> Redriven:
         return self.queues.redrive(name, max)
+
+    # --- routers (§8): thin entry points; the logic is waymark.log.router -------------
+    def put_router(
+        self,
+        name: str,
+        source: str,
+        dest: str,
+        *,
+        preserve_node: bool = True,
+        preserve_tag: bool = True,
+        allow_cycle: bool = False,
+        guarantee: str = "at_least_once",
+        create_dest: bool = True,
+    ) -> tuple[Router, bool]:
+        return self.routers.put(
+            name, source, dest, preserve_node=preserve_node, preserve_tag=preserve_tag,
+            allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest,
+        )  # fmt: skip
+
+    def get_router(self, name: str) -> Router:
+        return self.routers.get(name)
+
+    def list_routers(self) -> list[Router]:
+        return self.routers.list()
+
+    def delete_router(self, name: str) -> None:
+        self.routers.delete(name)
+
+    def forward(self, max_records: int = 1000) -> Forwarded:
+        """One forwarding step over every router (off every append's ack path)."""
+        return self.routers.forward(max_records)
 
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).

@@ -23,6 +23,8 @@ class ErrorCode(StrEnum):
     TOPIC_FULL = "topic_full"
     TOPIC_EXISTS_INCOMPATIBLE = "topic_exists_incompatible"
     NOT_A_QUEUE = "not_a_queue"
+    ROUTER_CYCLE = "router_cycle"
+    ROUTER_NOT_FOUND = "router_not_found"
     FENCED = "fenced"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -40,9 +42,11 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.BODY_TOO_LARGE: 400,
     ErrorCode.TOPIC_NOT_FOUND: 404,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.ROUTER_NOT_FOUND: 404,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: 409,
     ErrorCode.NOT_A_QUEUE: 409,
+    ErrorCode.ROUTER_CYCLE: 409,
     ErrorCode.FENCED: 409,
     ErrorCode.TOPIC_FULL: 422,
     ErrorCode.STORAGE_UNAVAILABLE: 503,

@@ -74,6 +74,11 @@ def writer_frame(writer: str, epoch: int) -> bytes:
     return encode(FrameKind.WRITER, orjson.dumps({"writer": writer, "epoch": epoch}))
 
 
+def router_frame(name: str, definition: dict[str, Any] | None) -> bytes:
+    """A router's definition with its starting cursor (§8), or (None) its deletion."""
+    return encode(FrameKind.ROUTER, orjson.dumps({"router": name, "def": definition}))
+
+
 def delete_frame(
     name: str,
     epoch: int,

@@ -47,6 +47,9 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
     if frame.kind is FrameKind.WRITER:
         engine.staging.restore_writer(body["writer"], body["epoch"])
         return
+    if frame.kind is FrameKind.ROUTER:
+        engine.routers.replay(body)
+        return
     topic = topics.get(body["name"])
     if frame.kind is FrameKind.TOPIC:
         config = decode_config(body["config"])
@@ -64,6 +67,7 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         return
     if frame.kind is FrameKind.DROP:
         del topics[body["name"]]
+        engine.routers.topic_dropped(body["name"], body["epoch"])
     elif frame.kind is FrameKind.HEAD:
         topic.ceiling = body["ceiling"]
     elif frame.kind is FrameKind.DELETE and "seqs" in body:
@@ -82,6 +86,7 @@ def finish(engine: Engine) -> None:
     reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
     producer or reader saw, so it just moves past them.
     """
+    engine.routers.settle_recovered()
     for topic in engine._topics.values():
         if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
             continue  # memory topics carry no ceiling: their head may regress (§2.2)

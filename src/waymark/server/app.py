@@ -17,6 +17,7 @@ from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .openapi import document
 from .queues import QueueApi
+from .routers import Forwarder, RouterApi
 from .routing import Route, Router
 from .staging import StagingApi
 
@@ -51,6 +52,8 @@ class App:
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
         self.notifier = Notifier()
         self.engine.add_listener(self.notifier.notify)
+        self.forwarder = Forwarder(self.engine)  # routers (§8): off every append's ack path
+        self.engine.add_listener(self.forwarder.poke)
         self.metrics = Metrics(lambda: len(self.engine.list_topics()))
         api = TopicApi(
             self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
@@ -58,6 +61,7 @@ class App:
         staging = StagingApi(self.engine, self.limits, self.metrics)
         heartbeat_s = (settings or Settings()).heartbeat_s
         queues = QueueApi(self.engine, self.limits, self.notifier, self.metrics, heartbeat_s)
+        routers = RouterApi(self.engine, self.limits)
         self._openapi = orjson.dumps(document())
         topic = "/v0/topics/{topic}"
         self.router = Router(
@@ -80,6 +84,9 @@ class App:
                 Route(f"{topic}/extend", {"POST": queues.extend}),
                 Route(f"{topic}/redrive", {"POST": queues.redrive}),
                 Route(f"{topic}/work", {"GET": queues.work}),
+                Route("/v0/routers", {"GET": routers.list_routers}),
+                Route("/v0/routers/{router}", {"PUT": routers.put_router,
+                      "GET": routers.get_router, "DELETE": routers.delete_router}),
                 Route("/v0/openapi.json", {"GET": self._openapi_json}),
                 Route("/metrics", {"GET": self._metrics}),
             ]
@@ -125,6 +132,8 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                # Recovered routers resume from their cursors without waiting for a write.
+                self.forwarder.poke("")
                 if self.store is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
                 await send({"type": "lifespan.startup.complete"})

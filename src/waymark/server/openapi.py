@@ -162,9 +162,10 @@ _ERRORS = {
 def document() -> dict[str, Any]:
     # Imported here: the staging routes' module builds its Operations from this one.
     from .queues import OPERATIONS as QUEUES
+    from .routers import OPERATIONS as ROUTERS
     from .staging import OPERATIONS as STAGING
 
-    operations = OPERATIONS + STAGING + QUEUES
+    operations = OPERATIONS + STAGING + QUEUES + ROUTERS
     types = sorted(
         {t for op in operations for t in (op.ok_type, op.body) if t} | {s.Error},
         key=lambda t: t.__name__,

@@ -122,6 +122,7 @@ class Checkpointer:
             "wal": wal_start,
             "topics": entries,
             "staging": engine.staging.snapshot(),
+            "routers": engine.routers.snapshot(),
         }
         return plan
 

@@ -108,6 +108,7 @@ def load_checkpoint(
         engine._topics[topic.name] = topic
     engine._last_epoch = catalog["last_epoch"]
     engine.staging.restore(catalog["staging"])
+    engine.routers.restore(catalog.get("routers", []))  # catalogs from before routers: none
     remove_unreferenced(data_dir / TOPICS, keep)
     if cold_dir is not None:
         remove_unreferenced(cold_dir, keep)

@@ -1,0 +1,86 @@
+"""§8 over HTTP against a real ``waymark serve``: one test per rule. Forwarding runs
+after the source's ack, so tests wait (bounded) for copies to appear."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .conftest import RouterHttp, error, eventually, ok
+
+
+def test_put_get_list_delete(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    body = {"source": n("a"), "dest": n("b")}
+    made = ok(rhttp.put_router(n("r"), **body), 201)
+    assert made["source"] == n("a") and made["dest"] == n("b")
+    assert made["guarantee"] == "at_least_once" and made["preserve_node"] is True
+    assert ok(rhttp.put_router(n("r"), **body), 200) == made  # identical PUT: unchanged
+    assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["name"] == n("r")
+    listed = ok(rhttp.http.get("/v0/routers"))["routers"]
+    assert n("r") in [r["name"] for r in listed]
+    ok(rhttp.http.get(f"/v0/topics/{n('b')}"))  # both endpoints were created lazily
+    assert ok(rhttp.http.delete(f"/v0/routers/{n('r')}")) == {"router": n("r"), "deleted": True}
+    error(rhttp.http.get(f"/v0/routers/{n('r')}"), 404, "router_not_found")
+
+
+def test_forwarding_copies_in_source_order(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    rhttp.produce(n("b"), "direct")
+    for start in range(0, 300, 100):
+        rhttp.produce(n("a"), *range(start, start + 100), node="n1", tag="t")
+    eventually(lambda: len(rhttp.records(n("b"))) == 301)
+    copies = rhttp.records(n("b"))[1:]
+    assert [c["data"] for c in copies] == list(range(300))
+    assert [c["$seq"] for c in copies] == list(range(2, 302))  # dest's own seqs
+    assert {(c["$node"], c["$tag"]) for c in copies} == {("n1", "t")}
+
+
+def test_create_dest_false_needs_both_topics(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    response = rhttp.put_router(n("r"), source=n("a"), dest=n("b"), create_dest=False)
+    assert error(response, 404, "topic_not_found")["detail"] == {"topic": n("a")}
+
+
+def test_fan_in_and_cycles_are_409(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.put_router(n("ab"), source=n("a"), dest=n("b")), 201)
+    fan_in = error(rhttp.put_router(n("cb"), source=n("c"), dest=n("b")), 409,
+                   "topic_exists_incompatible")  # fmt: skip
+    assert fan_in["detail"]["reason"] == "router_dest_fan_in"
+    cycle = error(rhttp.put_router(n("ba"), source=n("b"), dest=n("a")), 409, "router_cycle")
+    assert cycle["detail"]["cycle"] == [n("b"), n("a"), n("b")]
+    ok(rhttp.put_router(n("ba"), source=n("b"), dest=n("a"), allow_cycle=True), 201)
+
+
+def test_allow_cycle_forwarding_terminates(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.put_router(n("ab"), source=n("a"), dest=n("b"), allow_cycle=True), 201)
+    ok(rhttp.put_router(n("ba"), source=n("b"), dest=n("a"), allow_cycle=True), 201)
+    rhttp.produce(n("a"), "x")
+
+    def settled() -> bool:
+        routers = {r["name"]: r for r in ok(rhttp.http.get("/v0/routers"))["routers"]}
+        heads = [ok(rhttp.http.get(f"/v0/topics/{n(t)}"))["head_seq"] for t in "ab"]
+        return [routers[n("ab")]["cursor"], routers[n("ba")]["cursor"]] == heads
+
+    eventually(settled)
+    total = len(rhttp.data(n("a"))) + len(rhttp.data(n("b")))
+    assert 1 < total < 20  # it bounced, then the hop cap stopped it
+
+
+def test_deleting_a_topic_deletes_its_routers(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    ok(rhttp.http.delete(f"/v0/topics/{n('b')}"))
+    error(rhttp.http.get(f"/v0/routers/{n('r')}"), 404, "router_not_found")
+
+
+def test_reject_dest_backpressures(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.http.put(f"/v0/topics/{n('b')}", json={"cap_records": 5, "discard": "reject"}), 201)
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    rhttp.produce(n("a"), *range(8))  # the source acks: forwarding is not on its path
+    eventually(lambda: rhttp.data(n("b")) == [0, 1, 2, 3, 4])
+    assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["cursor"] == 5  # held, not skipped
+    ok(rhttp.http.post(f"/v0/topics/{n('b')}/delete", json={"before_seq": 6}))
+    eventually(lambda: rhttp.data(n("b")) == [5, 6, 7])  # retried with backoff
+
+
+def test_routes_are_in_openapi(rhttp: RouterHttp) -> None:
+    paths = ok(rhttp.http.get("/v0/openapi.json"))["paths"]
+    assert set(paths["/v0/routers/{router}"]) == {"put", "get", "delete"}
+    assert set(paths["/v0/routers"]) == {"get"}
