@@ -84,3 +84,10 @@ def test_routes_are_in_openapi(rhttp: RouterHttp) -> None:
     paths = ok(rhttp.http.get("/v0/openapi.json"))["paths"]
     assert set(paths["/v0/routers/{router}"]) == {"put", "get", "delete"}
     assert set(paths["/v0/routers"]) == {"get"}
+
+
+def test_not_in_this_slice_is_refused(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    for extra in ({"guarantee": "exactly_once"}, {"filter": {"tag": "x"}}):
+        response = rhttp.put_router(n("r"), source=n("a"), dest=n("b"), **extra)
+        assert response.status_code == 400, response.text
+    error(rhttp.http.get(f"/v0/routers/{n('r')}"), 404, "router_not_found")
