@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -25,10 +26,11 @@ def test_serve_prints_its_url_creates_the_data_dir_and_stops_on_sigint(
 def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark) -> None:
     server = start_waymark()
     httpx.post(f"{server.url}/v0/topics/t/records", json={"records": [{"data": 1}]})
-    ended = threading.Event()
+    opened, ended = threading.Event(), threading.Event()
 
     def hold_a_stream() -> None:
         with httpx.stream("GET", f"{server.url}/v0/topics/t/watch", timeout=30) as response:
+            opened.set()
             for _ in response.iter_lines():
                 pass
         ended.set()
@@ -40,8 +42,11 @@ def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark) -> Non
         target=httpx.post, args=(f"{server.url}/v0/topics/t/diff",), kwargs=long_poll
     )
     poll.start()
-    httpx.get(f"{server.url}/v0/health")
-    assert server.stop(signal.SIGTERM, timeout=4) == 0
+    # Both must be in flight before the signal, or the test measures a race, not shutdown.
+    assert opened.wait(10), "the SSE stream never opened"
+    time.sleep(0.3)  # the long-poll was sent before the stream; let it reach the server
+    # Prompt, well inside the 60 s long-poll and the stream's lifetime.
+    assert server.stop(signal.SIGTERM, timeout=10) == 0
     watcher.join(5)
     poll.join(5)
     assert ended.is_set() and not poll.is_alive()
