@@ -330,3 +330,17 @@ def test_an_ephemeral_topic_never_reuses_seqs_after_a_crash(tmp_path: Path) -> N
     page = engine.diff("e", 3)
     assert page.tombstone is not None and page.tombstone.reason == "lost"
     shut(engine, store)
+
+
+def test_a_write_only_fsync_topic_does_not_accumulate_sync_bookkeeping(tmp_path: Path) -> None:
+    engine, store = reopen(tmp_path)
+    engine.put_topic("f", ConfigPatch(durable=True))
+    for i in range(200):
+        engine.append("f", [RecordIn.of(i)])
+        if i % 50 == 49:
+            store.sync_blocking()
+    store.sync_blocking()
+    engine.append("f", [RecordIn.of("last")])
+    # Nobody read the topic: only the appends still waiting for their sync are remembered.
+    assert len(engine._topics["f"].unsynced) <= 1
+    shut(engine, store)

@@ -197,7 +197,7 @@ class Engine:
         topic.apply_append(plan, now)
         commit = self._latest(name)
         if durability is Durability.FSYNC and commit is not None and plan.fresh:
-            topic.unsynced.append((plan.first_seq, commit))
+            topic.note_unsynced(plan.first_seq, commit)
         self._commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
 

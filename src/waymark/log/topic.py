@@ -458,12 +458,21 @@ class Topic:
         return True
 
     # --- reads (§4.3, §5.4, §6, §7.3) -------------------------------------------------
+    def note_unsynced(self, first_seq: int, commit: Commit) -> None:
+        """Remember an fsync append until its commit is durable. Entries already durable
+        are dropped here too, so a topic nobody reads holds only what is still waiting."""
+        self._drop_synced()
+        self.unsynced.append((first_seq, commit))
+
     def readable_head(self) -> int:
         """The highest seq a reader may see: the head, minus appends not yet durable."""
+        self._drop_synced()
+        return self.unsynced[0][0] - 1 if self.unsynced else self.head_seq
+
+    def _drop_synced(self) -> None:
         unsynced = self.unsynced
         while unsynced and unsynced[0][1].durable:
             unsynced.popleft()
-        return unsynced[0][0] - 1 if unsynced else self.head_seq
 
     def read(
         self,
