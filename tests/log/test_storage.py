@@ -19,19 +19,19 @@ from waymark.log.storage import frames
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
 from waymark.log.storage.recovery import open_engine
-from waymark.log.storage.wal import Wal
+from waymark.log.storage.store import Store
 
 
-def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Wal]:
-    engine, wal, _ = open_engine(data_dir, **kwargs)
-    return engine, wal
+def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Store]:
+    engine, store, _ = open_engine(data_dir, **kwargs)
+    return engine, store
 
 
-def shut(engine: Engine, wal: Wal, clean: bool = True) -> None:
+def shut(engine: Engine, store: Store, clean: bool = True) -> None:
     if clean:
         engine.close()
-    wal.sync_blocking()
-    wal.close()
+    store.sync_blocking()
+    store.close()
 
 
 def seqs(engine: Engine, topic: str, from_seq: int = 0) -> list[int]:
