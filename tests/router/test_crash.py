@@ -1,5 +1,6 @@
 """SIGKILL a real ``waymark serve --data-dir`` while a router forwards: after the
-restart every source record reaches dest at least once, in source order (§8.2)."""
+restart every source record reaches dest at least once, in source order, and with
+``exactly_once`` dest holds each source record once, under its key (§8.2)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import orjson
+import pytest
 
 from .conftest import RouterHttp, eventually, ok
 
@@ -19,14 +22,15 @@ def first_occurrences(values: list[int]) -> list[int]:
     return [v for v in values if not (v in seen or seen.add(v))]  # type: ignore[func-returns-value]
 
 
-def test_forwarded_copies_recover_at_least_once_in_order(
-    spawn_server: Callable, tmp_path: Path
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_forwarded_copies_recover_after_sigkill(
+    spawn_server: Callable, tmp_path: Path, guarantee: str
 ) -> None:
     # A short checkpoint interval: the crash lands with a cursor in the catalog.
     server = spawn_server(tmp_path, "--checkpoint-interval-s", "0.2")
     api = RouterHttp(httpx.Client(base_url=server.url, timeout=10))
     ok(api.http.put("/v0/topics/src", json={"durability": "fsync"}), 201)
-    ok(api.put_router("r", source="src", dest="dst"), 201)
+    ok(api.put_router("r", source="src", dest="dst", guarantee=guarantee), 201)
     for start in range(0, RECORDS, 100):
         api.produce("src", *range(start, start + 100))  # fsync: durable once acked
         if start == RECORDS // 2:
@@ -39,3 +43,8 @@ def test_forwarded_copies_recover_at_least_once_in_order(
     assert first_occurrences(copies) == list(range(RECORDS))  # per-source FIFO
     assert ok(api.http.get("/v0/routers/r"))["cursor"] == ok(api.http.get("/v0/topics/src"))[
         "head_seq"]  # fmt: skip
+    if guarantee == "exactly_once":
+        assert copies == list(range(RECORDS))  # never twice
+        keys = [orjson.loads(r["meta"]["_topics_router"]) for r in api.records("dst")]
+        epoch = ok(api.http.get("/v0/topics/src"))["epoch"]
+        assert keys == [["r", "src", epoch, value + 1] for value in range(RECORDS)]

@@ -1,12 +1,16 @@
 """A hypothesis property of §8.1/§8.2: whatever the interleaving of source appends,
 forwarding steps of any size, a full discard:"reject" dest being drained, checkpoints
 and restarts, every source record reaches dest, and the first copy of each is in
-source order (at-least-once: repeats only after a restart)."""
+source order (at-least-once: repeats only after a restart). With ``exactly_once``,
+dest never holds two copies with one key at once, and a key always names its data."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+
+import orjson
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,14 +35,16 @@ ops = st.lists(
 
 
 class Run:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, guarantee: str) -> None:
         self.directory = directory
+        self.guarantee = guarantee
         self.clock = ManualClock()
         self.engine, self.store = self._open()
         self.engine.put_topic("dst", ConfigPatch(cap_records=10, discard=Discard.REJECT))
         self.engine.put_topic("src", ConfigPatch())
-        self.engine.put_router("r", "src", "dst", create_dest=False)
+        self.engine.put_router("r", "src", "dst", create_dest=False, guarantee=guarantee)
         self.produced = 0
+        self.seq_of: dict[int, int] = {}  # source value -> its source seq
         self.seen: list[int] = []  # dest data drained so far
         self.drained_to = 0  # dest seqs up to here were drained
 
@@ -49,10 +55,17 @@ class Run:
     def read_dest(self) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         cursor = self.drained_to
+        keys = []
         while True:
             page = self.engine.diff("dst", cursor, limit=1000)
-            out += [(r["$seq"], r["data"]) for r in page.records()]
+            for record in page.records():
+                out.append((record["$seq"], record["data"]))
+                if self.guarantee == "exactly_once":
+                    key = orjson.loads(record["meta"]["_topics_router"])
+                    assert key[3] == self.seq_of[record["data"]]  # it names its source record
+                    keys.append(key[3])
             if page.next_from_seq >= page.head_seq:
+                assert len(keys) == len(set(keys)), "dest holds a source record twice"
                 return out
             cursor = page.next_from_seq
 
@@ -61,7 +74,8 @@ class Run:
         self.clock.advance(1)
         if kind == "append":
             values = range(self.produced, self.produced + n)
-            self.engine.append("src", [RecordIn.of(v) for v in values])
+            result = self.engine.append("src", [RecordIn.of(v) for v in values])
+            self.seq_of.update(zip(values, result.seqs, strict=True))
             self.produced += n
         elif kind == "forward":
             self.engine.forward(max_records=n)
@@ -106,12 +120,16 @@ def first_occurrences(values: list[int]) -> list[int]:
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(ops)
-def test_every_source_record_reaches_dest_in_source_order(script: list[Op]) -> None:
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_every_source_record_reaches_dest_in_source_order(
+    guarantee: str, script: list[Op]
+) -> None:
     with tempfile.TemporaryDirectory() as directory:
-        run = Run(Path(directory))
+        run = Run(Path(directory), guarantee)
         restarted = False
         for op in script:
             run.apply(op)
+            run.read_dest()
             restarted = restarted or op[0] == "restart"
         copies = run.finish()
         assert first_occurrences(copies) == list(range(run.produced))

@@ -86,8 +86,60 @@ def test_routes_are_in_openapi(rhttp: RouterHttp) -> None:
     assert set(paths["/v0/routers"]) == {"get"}
 
 
-def test_not_in_this_slice_is_refused(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
-    for extra in ({"guarantee": "exactly_once"}, {"filter": {"tag": "x"}}):
+def test_bad_definitions_are_400_and_store_nothing(
+    rhttp: RouterHttp, n: Callable[[str], str]
+) -> None:
+    for extra in (
+        {"guarantee": "at_most_once"},
+        {"filter": {}},
+        {"filter": {"tag": ["tag", "Glob", "no-star"]}},
+        {"filter": {"node": []}},
+        {"filter": {"colour": "red"}},
+    ):
         response = rhttp.put_router(n("r"), source=n("a"), dest=n("b"), **extra)
-        assert response.status_code == 400, response.text
+        assert response.status_code == 400, (extra, response.text)
+        assert response.json()["error"]["code"] == "invalid_request"
     error(rhttp.http.get(f"/v0/routers/{n('r')}"), 404, "router_not_found")
+
+
+def test_filter_forwards_only_matching_records(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    flt = {"tag": ["tag", "Glob", "order.*"], "not_node": ["edge-2"]}
+    made = ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b"), filter=flt), 201)
+    assert made["filter"] == flt
+    rhttp.produce(n("a"), 1, tag="order.new", node="edge-1")
+    rhttp.produce(n("a"), 2, tag="order.new", node="edge-2")  # excluded node
+    rhttp.produce(n("a"), 3, tag="invoice")  # tag does not match
+    rhttp.produce(n("a"), 4)  # no tag: a tag filter never passes it
+    rhttp.produce(n("a"), 5, tag="order.paid")
+    eventually(lambda: ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["cursor"] == 5)
+    assert rhttp.data(n("b")) == [1, 5]
+    # The same definition again is the same router; another filter is another router.
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b"), filter=flt), 200)
+    error(rhttp.put_router(n("r"), source=n("a"), dest=n("b"), filter={"tag": "x"}), 409,
+          "topic_exists_incompatible")  # fmt: skip
+
+
+def test_exactly_once_copies_carry_their_key(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b"), guarantee="exactly_once"), 201)
+    rhttp.produce(n("a"), "x", meta={"k": "v"})
+    eventually(lambda: len(rhttp.data(n("b"))) == 1)
+    [copy] = rhttp.records(n("b"))
+    epoch = ok(rhttp.http.get(f"/v0/topics/{n('a')}"))["epoch"]
+    assert copy["meta"] == {"k": "v", "_topics_router": f'["{n("r")}","{n("a")}",{epoch},1]'}
+
+
+def test_source_trim_is_a_tombstone_in_dest(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    # dest refuses while full, so source (cap 3, discard old) evicts unforwarded records.
+    ok(rhttp.http.put(f"/v0/topics/{n('a')}", json={"cap_records": 3}), 201)
+    ok(rhttp.http.put(f"/v0/topics/{n('b')}", json={"cap_records": 2, "discard": "reject"}), 201)
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    rhttp.produce(n("a"), 1, 2)
+    eventually(lambda: rhttp.data(n("b")) == [1, 2])
+    rhttp.produce(n("a"), 3, 4, 5, 6, 7)  # 1..4 evicted from a; 3 and 4 never forwarded
+    ok(rhttp.http.post(f"/v0/topics/{n('b')}/delete", json={"before_seq": 3}))  # room again
+    eventually(lambda: rhttp.data(n("b")) == [5, 6])
+    page = ok(rhttp.http.post(f"/v0/topics/{n('b')}/diff", json={"from_seq": 2}))
+    tomb = page["tombstone"]
+    assert (tomb["reason"], tomb["gap_from"], tomb["gap_to"]) == ("source_trim", 3, 4)
+    assert [r["data"] for r in page["records"]] == [5, 6]
+    assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["source_trimmed"] == 2

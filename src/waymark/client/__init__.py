@@ -3,6 +3,7 @@
 
 from ..log import ConfigPatch, RecordIn, TopicType
 from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
+from ..server.routers import RouterFilter, RouterOut
 from ..server.schemas import (
     AppendResponse,
     DeleteResponse,
@@ -35,6 +36,8 @@ __all__ = [
     "RecordEvent",
     "RecordIn",
     "RedriveResponse",
+    "RouterFilter",
+    "RouterOut",
     "Tombstone",
     "TombstoneEvent",
     "TopicConfig",

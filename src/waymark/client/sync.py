@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
 from ..log import ConfigPatch, RecordIn, TopicType
 from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
-from ..server.routers import RouterDeleted, RouterOut, RouterPut
+from ..server.routers import RouterDeleted, RouterFilter, RouterOut, RouterPut
 from ..server.schemas import (
     AppendResponse,
     DeleteResponse,
@@ -109,11 +109,14 @@ class Client:
         preserve_node: bool = True,
         preserve_tag: bool = True,
         allow_cycle: bool = False,
+        guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once",
         create_dest: bool = True,
+        filter: RouterFilter | None = None,
     ) -> RouterOut:
-        """Forward every record committed to ``source`` into ``dest`` (at-least-once)."""
-        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle,
-                         create_dest=create_dest)  # fmt: skip
+        """Forward every record committed to ``source`` (that passes ``filter``) into
+        ``dest``; ``exactly_once`` copies carry an idempotency key (§8.2)."""
+        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
+                         create_dest, filter)  # fmt: skip
         return self._run(routers.put_router(name, body))
 
     def get_router(self, name: str) -> RouterOut:

@@ -20,7 +20,7 @@ class TagMatch:
         if isinstance(match, str):
             return cls(True, match)
         if (
-            isinstance(match, list)
+            isinstance(match, (list, tuple))
             and len(match) == 3
             and match[0] == "tag"
             and isinstance(match[2], str)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ..clock import Clock, SystemClock
 from . import journal as frames
@@ -27,7 +28,10 @@ from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_b
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
 from .router import Forwarded, Router, Routers
 from .staging import Staging
-from .topic import Topic
+from .topic import Hole, Topic
+
+if TYPE_CHECKING:
+    from .gradual import GradualRecovery
 
 Listener = Callable[[str], None]
 
@@ -54,6 +58,8 @@ class Engine:
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (§10)
         self.routers = Routers(self)  # forwarding rules and their cursors (§8)
+        # memory topics whose WAL frames recovery set aside; applied before any use (§2.2)
+        self.recovering: GradualRecovery | None = None
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
@@ -68,6 +74,7 @@ class Engine:
         a different type for an existing topic is 409 topic_exists_incompatible."""
         check_topic_name(name)
         now = self.clock.now_ms()
+        self._recover(name)
         topic = self._topics.get(name)
         if topic is None:
             config = self.defaults.apply(patch)
@@ -102,7 +109,7 @@ class Engine:
 
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
         """State of a topic (404 topic_not_found); ``touch`` counts as consumption (§3)."""
-        topic = self._existing(name)
+        topic = self._existing(name, recover=False)  # a recovering topic says so
         now = self.clock.now_ms()
         if touch:
             topic.consumed(now)
@@ -110,7 +117,7 @@ class Engine:
 
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
-        topic = self._existing(name)
+        topic = self._existing(name, recover=False)  # what is still set aside never applies
         self._write(name, frames.drop_frame(name, topic.epoch))
         del self._topics[name]
         self.routers.topic_dropped(name, topic.epoch)  # §8.6: its routers go with it
@@ -152,13 +159,19 @@ class Engine:
         create: bool | None = None,
         config: ConfigPatch | None = None,
         extra: dict[str, object] | None = None,
+        derived_from: str | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
         A sink batch published by :mod:`waymark.log.staging` is many staged parts
         committed together, so it is not bound by ``max_records_per_write``;
         ``extra`` travels in the same journal frame (a publish's ledger entry).
+        ``derived_from`` names the source of a router's copies (§8.1): they are not
+        journaled (a crash re-derives them from the router cursor), only the seqs
+        they take are reserved, and an fsync dest shows them once the source records
+        they copy are durable.
         """
+        self._recover(name)
         now = self.clock.now_ms()
         topic = self._topics.get(name)
         created = topic is None
@@ -178,14 +191,11 @@ class Engine:
             self.journal.check_available(name)
             if created:
                 self._write_topic(topic)
-            last = plan.first_seq + len(plan.fresh) - 1
-            if durability is not Durability.MEMORY and last > topic.ceiling:
-                topic.ceiling = last + SEQ_RESERVE
-                self._write(name, frames.head_frame(name, topic.epoch, topic.ceiling))
+            if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1):
                 # disk and fsync ack no seq above a durable ceiling; ephemeral is never
                 # fsync-gated, so its ceiling is best effort.
                 must_sync = must_sync or durability is Durability.DISK
-            if plan.fresh and durability is not Durability.EPHEMERAL:
+            if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
                 self._write(
                     name,
                     frames.records_frame(
@@ -198,8 +208,26 @@ class Engine:
         commit = self._latest(name)
         if durability is Durability.FSYNC and commit is not None and plan.fresh:
             topic.note_unsynced(plan.first_seq, commit)
+            source = self._latest(derived_from) if derived_from is not None else None
+            if source is not None:
+                topic.note_unsynced(plan.first_seq, source)
         self._commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
+
+    def skip_derived(self, name: str, n: int, reason: str) -> Hole:
+        """Hand out ``n`` seqs of a router dest that hold no record: the range of source
+        records it can no longer derive, read as a ``reason`` tombstone (§8.4).
+        Like the copies, the range is not journaled; its seqs are reserved."""
+        topic = self._existing(name)
+        if self.journal is not None:
+            self.journal.check_available(name)
+            self._reserve(topic, topic.next_seq + n - 1)
+        hole = topic.skip(n, reason)
+        commit = self._latest(name)
+        if topic.config.durability is Durability.FSYNC and commit is not None:
+            topic.note_unsynced(hole.lo, commit)
+        self._commit(topic)
+        return hole
 
     def diff(
         self,
@@ -301,10 +329,12 @@ class Engine:
         allow_cycle: bool = False,
         guarantee: str = "at_least_once",
         create_dest: bool = True,
+        filter: dict[str, Any] | None = None,
     ) -> tuple[Router, bool]:
+        self._recover(source)  # a new router starts at the source's whole head
         return self.routers.put(
             name, source, dest, preserve_node=preserve_node, preserve_tag=preserve_tag,
-            allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest,
+            allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest, filter=filter,
         )  # fmt: skip
 
     def get_router(self, name: str) -> Router:
@@ -343,12 +373,18 @@ class Engine:
 
     # --- internals ----------------------------------------------------------------
     def _state(self, topic: Topic, now: int) -> TopicState:
-        state = topic.state(now)
+        recovering = self.recovering
+        if recovering is not None and recovering.holds(topic):
+            state = recovering.state(topic, now)
+        else:
+            state = topic.state(now)
         if topic.type is TopicType.QUEUE:
             state = replace(state, queue=self.queues.counts(topic))
         return state
 
-    def _existing(self, name: str) -> Topic:
+    def _existing(self, name: str, *, recover: bool = True) -> Topic:
+        if recover:
+            self._recover(name)
         topic = self._topics.get(name)
         if topic is None:
             check_topic_name(name)
@@ -356,6 +392,12 @@ class Engine:
                 ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
             )
         return topic
+
+    def _recover(self, name: str) -> None:
+        """Apply what recovery set aside for ``name`` before it is used, so nothing is
+        appended or read out of order."""
+        if self.recovering is not None:
+            self.recovering.finish(name)
 
     def _write(self, name: str, frame: bytes) -> None:
         if self.journal is not None:
@@ -369,6 +411,15 @@ class Engine:
                 now=topic.created_ts,
             ),
         )
+
+    def _reserve(self, topic: Topic, last: int) -> bool:
+        """Journal a seq ceiling above ``last`` unless one covers it; True if written.
+        memory topics keep none: their head may regress after a crash (§2.2)."""
+        if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
+            return False
+        topic.ceiling = last + SEQ_RESERVE
+        self._write(topic.name, frames.head_frame(topic.name, topic.epoch, topic.ceiling))
+        return True
 
     def _latest(self, name: str) -> Commit | None:
         return self.journal.latest(name) if self.journal is not None else None

@@ -12,7 +12,7 @@ from .deletion import TagMatch
 from .engine import Engine
 from .journal import decode_config, decode_json, decode_records
 from .storage.frames import Frame, FrameKind
-from .topic import AppendPlan, Topic
+from .topic import AppendPlan, Hole, Topic
 
 
 def apply_frame(engine: Engine, frame: Frame) -> None:
@@ -24,7 +24,7 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             return  # written for an instance that was dropped later
         if records.first_seq > topic.next_seq:
             # The seqs in between were acknowledged before a crash and never landed.
-            topic.holes.append((topic.next_seq, records.first_seq - 1))
+            topic.holes.append(Hole(topic.next_seq, records.first_seq - 1))
             topic.next_seq = records.first_seq
         # What the append's plan did first: expire at its time, so a record the TTL
         # took then is not replayed as one the cap evicts now.
@@ -91,6 +91,6 @@ def finish(engine: Engine) -> None:
         if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
             continue  # memory topics carry no ceiling: their head may regress (§2.2)
         if topic.config.durability is not Durability.FSYNC:
-            topic.holes.append((topic.next_seq, topic.ceiling))
+            topic.holes.append(Hole(topic.next_seq, topic.ceiling))
         topic.next_seq = topic.ceiling + 1
         topic._settle_front()

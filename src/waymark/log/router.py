@@ -1,37 +1,103 @@
-"""Routers (§8): forwarding rules source -> dest, at-least-once, per-source FIFO.
+"""Routers (§8): forwarding rules source -> dest, per-source FIFO.
 
-Definitions are control frames (journaled, replayed); each router's cursor is the
-last source seq it forwarded, kept in memory and in the checkpoint catalog. After a
-crash forwarding resumes from the recovered cursor, so copies may repeat in dest,
-never go missing. Forwarding is :meth:`Routers.forward`: a synchronous step the
-server schedules after commits, so a source append never waits on it.
+Forwarding is :meth:`Routers.forward`, a synchronous step the server schedules after
+commits, so a source append never waits on it. Copies are derived (§8.1): a dest
+journals only the seq ceilings its copies take, never the copies, so a source append
+costs one WAL write whatever the fan-out. A checkpoint seals the dests' copies and
+snapshots the router cursors in one cut; after a crash each router re-derives, from
+its cursor, the copies made since. Definitions are control frames.
+
+``at_least_once``: a reader of dest who saw a copy made after the last checkpoint
+sees it again, at a new seq, after a crash. ``exactly_once`` copies carry an
+idempotency key in ``meta._topics_router``; recovery resumes past the last key it
+finds in dest, so dest never holds a source record twice, and readers can tell a
+re-derived copy from a new record by its key.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import orjson
 
 from .config import ConfigPatch
+from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import router_frame
-from .records import RecordIn, check_topic_name, encode_batch
+from .records import EncodedRecord, check_topic_name, wire_body
+from .results import DiffResult
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .topic import Topic
 
 log = logging.getLogger(__name__)
 
 # allow_cycle routes stop forwarding a record after this many hops, so a cycle terminates.
 HOP_CAP = 8
-GUARANTEES = ("at_least_once",)  # exactly_once is not in this slice
+AT_LEAST_ONCE, EXACTLY_ONCE = "at_least_once", "exactly_once"
+GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
+ROUTER_KEY = "_topics_router"  # the meta key exactly_once copies carry (§8.2)
+# Recovery looks this far back from dest's head for an exactly_once router's last key.
+RESUME_SCAN = 100_000
 # A dest refusing these holds the cursor (§8.4): record_too_large is a page bigger than a
 # discard:"reject" dest's whole cap, which is retried record by record.
 PUSHBACK = (ErrorCode.TOPIC_FULL, ErrorCode.RECORD_TOO_LARGE, ErrorCode.STORAGE_UNAVAILABLE)
+
+Admits = Callable[[str | None, str | None], bool]
+
+
+def parse_filter(wire: Any) -> dict[str, Any] | None:
+    """Check a router filter and return its normal form (what is stored and compared).
+
+    ``{"tag": <a deletion match: "X", ["tag","Eq","X"], ["tag","Glob","X*"]>,
+    "node": [ids to forward], "not_node": [ids never to forward]}``, every key optional;
+    a record is forwarded when it passes all the keys given. A record without a tag
+    fails a tag filter.
+    """
+    if wire is None:
+        return None
+    keys = {"tag", "node", "not_node"}
+    if not isinstance(wire, dict) or not wire or set(wire) - keys:
+        raise TopicError(ErrorCode.INVALID_REQUEST,
+                         'filter is an object with "tag", "node" and/or "not_node"',
+                         {"filter": wire})  # fmt: skip
+    out: dict[str, Any] = {}
+    if "tag" in wire:
+        match = TagMatch.parse(wire["tag"])
+        op, pattern = ("Eq", match.value) if match.exact else ("Glob", f"{match.value}*")
+        out["tag"] = ["tag", op, pattern]
+    for key in ("node", "not_node"):
+        if key in wire:
+            ids = wire[key]
+            if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+                raise TopicError(ErrorCode.INVALID_REQUEST,
+                                 f"filter.{key} is a non-empty list of node ids",
+                                 {"filter": wire})  # fmt: skip
+            out[key] = sorted(set(ids))
+    return out
+
+
+def compile_filter(normal: dict[str, Any] | None) -> Admits | None:
+    if normal is None:
+        return None
+    tag = normal.get("tag")
+    match = TagMatch(tag[1] == "Eq", tag[2].removesuffix("*") if tag[1] == "Glob" else tag[2]) \
+        if tag else None  # fmt: skip
+    only = frozenset(normal.get("node", ()))
+    never = frozenset(normal.get("not_node", ()))
+
+    def admits(node: str | None, tag: str | None) -> bool:
+        if match is not None and (tag is None or not match.matches(tag)):
+            return False
+        if only and node not in only:
+            return False
+        return node not in never
+
+    return admits
 
 
 @dataclass(slots=True)
@@ -46,12 +112,13 @@ class Router:
     created_ts: int
     source_epoch: int
     dest_epoch: int
-    cursor: int  # the last source seq forwarded (or skipped as a gap)
+    cursor: int  # the last source seq forwarded (or skipped: filtered, trimmed, hop-capped)
     trimmed: int = 0  # source records evicted before they were forwarded (in memory)
+    filter: dict[str, Any] | None = None  # the normal form of parse_filter
 
     def definition(self) -> tuple[object, ...]:
         return (self.source, self.dest, self.preserve_node, self.preserve_tag,
-                self.allow_cycle, self.guarantee)  # fmt: skip
+                self.allow_cycle, self.guarantee, self.filter)  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -60,13 +127,17 @@ class Router:
             "dest": self.dest,
             "preserve_node": self.preserve_node,
             "preserve_tag": self.preserve_tag,
-            "filter": None,
+            "filter": self.filter,
             "allow_cycle": self.allow_cycle,
             "guarantee": self.guarantee,
             "created_ts": self.created_ts,
             "cursor": self.cursor,
             "source_trimmed": self.trimmed,
         }
+
+    def key_prefix(self) -> str:
+        """``meta._topics_router`` of a copy is this plus ``"<source seq>]"``."""
+        return orjson.dumps([self.name, self.source, self.source_epoch]).decode()[:-1] + ","
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,21 +165,24 @@ class Routers:
         preserve_node: bool = True,
         preserve_tag: bool = True,
         allow_cycle: bool = False,
-        guarantee: str = "at_least_once",
+        guarantee: str = AT_LEAST_ONCE,
         create_dest: bool = True,
+        filter: Any = None,
     ) -> tuple[Router, bool]:
         """Create a router (or return the identical existing one); returns (router, created)."""
         check_topic_name(name)
         check_topic_name(source)
         check_topic_name(dest)
         if guarantee not in GUARANTEES:
-            raise TopicError(ErrorCode.INVALID_REQUEST, "guarantee is at_least_once",
+            raise TopicError(ErrorCode.INVALID_REQUEST,
+                             "guarantee is at_least_once or exactly_once",
                              {"guarantee": guarantee})  # fmt: skip
+        normal_filter = parse_filter(filter)
         if source == dest:
             raise TopicError(ErrorCode.ROUTER_CYCLE, "a router cannot forward a topic to itself",
                              {"cycle": [source, source]})  # fmt: skip
         existing = self._routers.get(name)
-        wanted = (source, dest, preserve_node, preserve_tag, allow_cycle, guarantee)
+        wanted = (source, dest, preserve_node, preserve_tag, allow_cycle, guarantee, normal_filter)
         if existing is not None:
             if existing.definition() == wanted:
                 return existing, False
@@ -138,8 +212,8 @@ class Routers:
                 engine.put_topic(topic, ConfigPatch())
         src, dst = engine._topics[source], engine._topics[dest]
         router = Router(name, source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
-                        engine.clock.now_ms(), src.epoch, dst.epoch,
-                        src.head_seq)  # fmt: skip
+                        engine.clock.now_ms(), src.epoch, dst.epoch, src.head_seq,
+                        filter=normal_filter)  # fmt: skip
         engine._write(source, router_frame(name, asdict(router)))
         self._routers[name] = router
         return router, True
@@ -216,32 +290,23 @@ class Routers:
         engine = self._engine
         page = engine.diff(router.source, router.cursor, limit=limit, per_record=True)
         gap = page.tombstone
-        if gap is not None and gap.reason != "lost":
-            # Evicted (cap/ttl) before forwarding: counted and logged, never silent. (A
-            # "lost" gap is seqs a crash skipped, which the source itself reports.)
-            router.trimmed += gap.missed_estimate
+        if gap is not None:
+            # Evicted, expired or lost before it was forwarded: dest readers meet the
+            # range as a source_trim tombstone (§8.4), never a silent skip. The cursor
+            # passes it at once, so a dest pushing back later does not skip it twice.
+            n = max(1, gap.missed_estimate)
+            engine.skip_derived(router.dest, n, "source_trim")
+            router.cursor = gap.gap_to
+            router.trimmed += n
             log.warning(
-                "router %s: source %s evicted %d..%d (%s) before forwarding",
+                "router %s: source %s lost %d..%d (%s) before forwarding",
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
-        records = page.records()
-        source_topic = engine._topics[router.source]
-        copies: list[RecordIn] = []
-        hops: list[int] = []
-        for record in records:
-            seen = self._hops.get((router.source, source_topic.epoch, record["$seq"]), 0)
-            if router.allow_cycle and seen >= HOP_CAP:
-                continue
-            copies.append(RecordIn(
-                msgspec.Raw(orjson.dumps(record["data"])),
-                record.get("$tag") if router.preserve_tag else None,
-                record.get("$node") if router.preserve_node else None,
-                record.get("meta"),
-            ))  # fmt: skip
-            hops.append(seen + 1)
+        source = engine._topics[router.source]
+        copies, hops = self._copies(router, source, page)
         if copies:
             result = engine.append_encoded(
-                router.dest, encode_batch(copies, engine.limits), create=False
+                router.dest, copies, create=False, derived_from=router.source
             )
             if router.allow_cycle:
                 epoch = engine._topics[router.dest].epoch
@@ -249,8 +314,51 @@ class Routers:
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
         if router.allow_cycle:
-            self._forget_hops(router.source, source_topic.epoch)
+            self._forget_hops(router.source, source.epoch)
         return len(copies), page.next_from_seq < page.head_seq
+
+    def _copies(
+        self, router: Router, source: Topic, page: DiffResult
+    ) -> tuple[list[EncodedRecord], list[int]]:
+        """The copies of a page's records (§8.3), and each one's hop count."""
+        admits = compile_filter(router.filter)
+        rebuild = not (router.preserve_node and router.preserve_tag) or (
+            router.guarantee == EXACTLY_ONCE)  # fmt: skip
+        key_prefix = router.key_prefix()
+        copies: list[EncodedRecord] = []
+        hops: list[int] = []
+        for run, seq in zip(page.runs, page.seqs, strict=True):
+            chunk, i = source.slot(seq)  # type: ignore[misc]  # the page was just read
+            node = chunk.node_names.names[chunk.node[i]] or None
+            tag = chunk.tag_names.names[chunk.tag[i]] or None
+            if admits is not None and not admits(node, tag):
+                continue
+            hop = 0
+            if router.allow_cycle:
+                hop = self._hops.get((router.source, source.epoch, seq), 0)
+                if hop >= HOP_CAP:
+                    continue
+            # A slot is '{"$seq":S,"$ts":T' + body + ','; the body is what a copy keeps.
+            body = run[run.index(b",", run.index(b',"$ts":') + 7) : -1]
+            if rebuild:
+                # Strings in a body are escaped, so these markers are the keys themselves.
+                at_data = body.index(b',"data":')
+                at_meta = body.find(b',"meta":', 0, at_data)
+                data = body[at_data + 8 : -1]
+                meta_json = body[at_meta + 8 : at_data] if at_meta >= 0 else b""
+                if router.guarantee == EXACTLY_ONCE:
+                    meta = orjson.loads(meta_json) if meta_json else {}
+                    meta[ROUTER_KEY] = f"{key_prefix}{seq}]"
+                    meta_json = orjson.dumps(meta)
+                node = node if router.preserve_node else None
+                tag = tag if router.preserve_tag else None
+                copy = EncodedRecord(wire_body(data, node, tag, meta_json),
+                                     len(data) + len(meta_json), node, tag, None)  # fmt: skip
+            else:
+                copy = EncodedRecord(body, int(chunk.size[i]), node, tag, None)
+            copies.append(copy)
+            hops.append(hop + 1)
+        return copies, hops
 
     def _forget_hops(self, topic: str, epoch: int) -> None:
         """Hop counts are needed until every router out of ``topic`` has passed them."""
@@ -277,10 +385,38 @@ class Routers:
             self._routers[name] = Router(**definition)
 
     def settle_recovered(self) -> None:
-        """After replay: a router whose endpoint instance is gone does not exist."""
+        """After replay: a router whose endpoint instance is gone does not exist, and an
+        exactly_once router resumes past the last copy dest already holds."""
         topics = self._engine._topics
         for router in list(self._routers.values()):
             src, dst = topics.get(router.source), topics.get(router.dest)
             if src is None or dst is None or (src.epoch, dst.epoch) != (
                 router.source_epoch, router.dest_epoch):  # fmt: skip
                 del self._routers[router.name]
+            elif router.guarantee == EXACTLY_ONCE:
+                last = last_copied(router, dst)
+                if last is not None and last > router.cursor:
+                    log.info("router %s: dest holds copies up to source seq %d; resuming "
+                             "there, not at %d", router.name, last, router.cursor)  # fmt: skip
+                    router.cursor = last
+
+
+def last_copied(router: Router, dest: Topic) -> int | None:
+    """The source seq in the newest copy ``router`` left in ``dest`` (§8.2's key check).
+
+    Copies arrive in source order, so the newest key found is the resume point. Only
+    the last RESUME_SCAN seqs are searched: the keys are evidence kept in dest, and a
+    delete or eviction there removes it (§8.2).
+    """
+    marker = orjson.dumps(router.key_prefix())[:-1]  # as the key's start appears in JSON
+    for seq in range(dest.head_seq, max(dest.front, dest.head_seq - RESUME_SCAN) - 1, -1):
+        found = dest.slot(seq)
+        if found is None:
+            continue
+        chunk, i = found
+        run = chunk.slice(i, i + 1)
+        at = run.find(marker)
+        if at >= 0:
+            digits = run[at + len(marker) : run.index(b"]", at + len(marker))]
+            return int(digits)
+    return None

@@ -17,6 +17,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from sortedcontainers import SortedDict
@@ -31,6 +32,12 @@ from .records import EncodedRecord
 from .results import DeleteResult, DiffResult, Tombstone, TopicState
 
 MAX_LOSS_RUNS = 1024
+
+
+class Hole(NamedTuple):
+    lo: int
+    hi: int
+    reason: str = "lost"  # or "source_trim"
 
 
 @dataclass(slots=True)
@@ -85,9 +92,10 @@ class Topic:
         # fsync topics: (first seq, commit) of appends not yet durable. Readers stop
         # before the oldest, so nothing they see can be taken back by a crash.
         self.unsynced: deque[tuple[int, Commit]] = deque()
-        # Seq ranges lost in a crash (handed out, never durable): read as tombstones.
-        # One per crash at most, so the list stays short and is kept for the topic's life.
-        self.holes: list[tuple[int, int]] = []
+        # Seq ranges with no record that readers must hear about: seqs a crash lost
+        # (handed out, never durable) and a router dest's source_trim ranges (§8.4).
+        # Each reads as a tombstone; those below the evict floor are covered by its own.
+        self.holes: list[Hole] = []
         self.created_ts = now
         self.last_ts = 0
         self.last_write_ts = 0
@@ -513,14 +521,15 @@ class Topic:
             )
             cursor = gap_to
         hole = self._hole_after(cursor)
-        if tombstone is None and hole is not None and hole[0] <= cursor + 1:
-            # §4.2: acknowledged records lost in a crash read exactly like eviction.
-            lo, hi = cursor + 1, hole[1]
+        if tombstone is None and hole is not None and hole.lo <= cursor + 1:
+            # §4.2: acknowledged records lost in a crash read exactly like eviction;
+            # so does a router dest's source_trim range (§8.4).
+            lo, hi = cursor + 1, hole.hi
             tombstone = Tombstone(
                 seq=max(hi + 1, self.front),
                 gap_from=lo,
                 gap_to=hi,
-                reason="lost",
+                reason=hole.reason,
                 missed_estimate=hi - lo + 1,
                 earliest_seq=self.earliest_seq,
                 head_seq=head,
@@ -528,7 +537,7 @@ class Topic:
             cursor = hi
             hole = self._hole_after(cursor)
         # A page stops before the next hole, so its tombstone opens the following page.
-        stop = head if hole is None else hole[0] - 1
+        stop = head if hole is None else hole.lo - 1
         runs: list[bytes] = []
         seqs: list[int] = []
         next_from = max(cursor, min(self.front - 1, stop))
@@ -580,12 +589,23 @@ class Topic:
             caught_up=next_from >= head,
         )
 
-    def _hole_after(self, cursor: int) -> tuple[int, int] | None:
-        """The first crash hole that ends after ``cursor``."""
-        for hole in self.holes:
-            if hole[1] > cursor:
+    def _hole_after(self, cursor: int) -> Hole | None:
+        """The first hole that ends after ``cursor``."""
+        holes = self.holes
+        while holes and holes[0].hi < self.evict_floor:
+            del holes[0]  # an eviction tombstone reports it from now on
+        for hole in holes:
+            if hole.hi > cursor:
                 return hole
         return None
+
+    def skip(self, n: int, reason: str) -> Hole:
+        """Hand out ``n`` seqs that hold no record, read as a ``reason`` tombstone."""
+        hole = Hole(self.next_seq, self.next_seq + n - 1, reason)
+        self.holes.append(hole)
+        self.next_seq = hole.hi + 1
+        self._settle_front()
+        return hole
 
     @staticmethod
     def _reader_node_ids(chunk: Chunk, nodes: frozenset[str] | None) -> frozenset[int] | None:
@@ -640,6 +660,19 @@ class Topic:
         return reason, max(missed, 1)
 
     # --- chunk addressing -------------------------------------------------------------
+    def slot(self, seq: int) -> tuple[Chunk, int] | None:
+        """The chunk and index of the live record ``seq``, or None."""
+        if seq < self.front or seq >= self.next_seq:
+            return None
+        index = self._chunk_index(seq)
+        if index < 0:
+            return None
+        chunk = self.chunks[index]
+        i = seq - chunk.base_seq
+        if i >= chunk.n or chunk.dead[i] == DELETED:
+            return None
+        return chunk, i
+
     def _chunk_index(self, seq: int) -> int:
         """The chunk holding ``seq``, or the last one before it (-1: none starts at or
         below ``seq``)."""

@@ -20,12 +20,22 @@ from msgspec import Meta, Struct
 from ..log import Engine, Limits
 from .http import Request, Response
 from .openapi import Operation
+from .schemas import TagRule
 
 TopicName = Annotated[str, Meta(min_length=1, max_length=255)]
 # A dest refusing copies (discard: reject) is retried after this, doubling up to the cap.
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
 PASS_RECORDS = 1000  # per router per pass: one pass never holds the loop for long
+
+
+class RouterFilter(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Forward only records passing every key given: a tag match (as in deletes), a
+    $node among ``node``, a $node not among ``not_node``."""
+
+    tag: str | TagRule | None = None
+    node: Annotated[list[str], Meta(min_length=1)] | None = None
+    not_node: Annotated[list[str], Meta(min_length=1)] | None = None
 
 
 class RouterPut(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -36,8 +46,9 @@ class RouterPut(Struct, forbid_unknown_fields=True, omit_defaults=True):
     preserve_node: bool = True
     preserve_tag: bool = True
     allow_cycle: bool = False
-    guarantee: Literal["at_least_once"] = "at_least_once"
+    guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     create_dest: bool = True
+    filter: RouterFilter | None = None
 
 
 class RouterOut(Struct):
@@ -46,7 +57,7 @@ class RouterOut(Struct):
     dest: str
     preserve_node: bool
     preserve_tag: bool
-    filter: None
+    filter: RouterFilter | None
     allow_cycle: bool
     guarantee: str
     created_ts: int
@@ -114,6 +125,7 @@ class RouterApi:
             name, body.source, body.dest, preserve_node=body.preserve_node,
             preserve_tag=body.preserve_tag, allow_cycle=body.allow_cycle,
             guarantee=body.guarantee, create_dest=body.create_dest,
+            filter=None if body.filter is None else msgspec.to_builtins(body.filter),
         )  # fmt: skip
         await self._durable(router.source)
         return Response(orjson.dumps(router.to_wire()), 201 if created else 200)

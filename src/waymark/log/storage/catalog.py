@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from ..topic import LossRun, Topic
+from ..topic import Hole, LossRun, Topic
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
 
@@ -56,7 +56,7 @@ def restore_state(topic: Topic, entry: dict[str, Any]) -> None:
     topic.ttl_floor = entry["ttl_floor"]
     topic.losses = [LossRun(*run) for run in entry["losses"]]
     topic.ceiling = entry["ceiling"]
-    topic.holes = [tuple(h) for h in entry["holes"]]
+    topic.holes = [Hole(*h) for h in entry["holes"]]
     topic.last_ts = entry["last_ts"]
     topic.last_write_ts = entry["last_write_ts"]
     for ident, seq, ts in sorted(entry["dedupe"], key=lambda d: d[2]):
