@@ -11,7 +11,12 @@ physical reclaim (the in-memory analogue of a segment, §5.6).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from itertools import accumulate, islice, repeat
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .records import EncodedRecord
 
 CHUNK_RECORDS = 16_384
 CHUNK_BYTES = 8 << 20
@@ -77,36 +82,31 @@ class Chunk:
             return 0
         return CHUNK_RECORDS - len(self.ends)
 
-    def extend(
-        self,
-        first_seq: int,
-        ts: int,
-        bodies: list[bytes],
-        nodes: list[str | None],
-        tags: list[str | None],
-        sizes: list[int],
-    ) -> None:
+    def extend(self, first_seq: int, ts: int, records: Sequence[EncodedRecord]) -> None:
         """Append consecutive records: one buffer write and one extend per index array."""
-        if len(bodies) == 1:  # the commonest write: skip the batch machinery's fixed cost
-            self.buf += b'{"$seq":%d,"$ts":%d%b,' % (first_seq, ts, bodies[0])
-            self.ends.append(len(self.buf))
+        if len(records) == 1:  # the commonest write: skip the batch machinery's fixed cost
+            record = records[0]
+            buf = self.buf
+            buf += b'{"$seq":%d,"$ts":%d%b,' % (first_seq, ts, record.body)
+            self.ends.append(len(buf))
             self.ts.append(ts)
-            self.node.append(self.node_names.intern(nodes[0]))
-            self.tag.append(self.tag_names.intern(tags[0]))
-            self.size.append(sizes[0])
+            node, tag = record.node, record.tag
+            self.node.append(0 if node is None else self.node_names.intern(node))
+            self.tag.append(0 if tag is None else self.tag_names.intern(tag))
+            self.size.append(record.size)
             self.dead.append(LIVE)
             self.live += 1
             return
         pieces = [
-            b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, body)
-            for seq, body in zip(range(first_seq, first_seq + len(bodies)), bodies, strict=True)
+            b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, record.body)
+            for seq, record in zip(range(first_seq, first_seq + len(records)), records, strict=True)
         ]
         self.ends.extend(islice(accumulate(map(len, pieces), initial=len(self.buf)), 1, None))
         self.buf += b"".join(pieces)
         self.ts.extend(repeat(ts, len(pieces)))
-        self.node.extend(map(self.node_names.intern, nodes))
-        self.tag.extend(map(self.tag_names.intern, tags))
-        self.size.extend(sizes)
+        self.node.extend([self.node_names.intern(r.node) for r in records])
+        self.tag.extend([self.tag_names.intern(r.tag) for r in records])
+        self.size.extend([r.size for r in records])
         self.dead.extend(bytes(len(pieces)))
         self.live += len(pieces)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
 from .config import Durability, TopicConfig, TopicType
@@ -86,8 +87,9 @@ class TopicState:
         return wire
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
+class AppendResult(msgspec.Struct, frozen=True):
+    # A Struct, not a frozen dataclass: every append builds one, and a frozen
+    # dataclass's __init__ costs ~1 µs (one object.__setattr__ per field).
     seqs: list[int]
     head_seq: int
     durability: Durability

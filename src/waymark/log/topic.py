@@ -159,15 +159,23 @@ class Topic:
     # --- append -------------------------------------------------------------------
     def plan_append(self, records: list[EncodedRecord], now: int) -> AppendPlan:
         """Validate an append (dedupe, caps); raises before anything changes."""
-        self.expire(now)
+        config = self.config
+        if config.ttl_ms:
+            self.expire(now)
         first = self.next_seq
-        if not self.config.idempotency_window_ms or all(r.id is None for r in records):
-            fresh = records
-            seqs = list(range(first, first + len(records)))
+        # One record per write is the commonest shape: it skips the generators.
+        single = records[0] if len(records) == 1 else None
+        if single is not None and (single.id is None or not config.idempotency_window_ms):
+            fresh, seqs, fresh_bytes = records, [first], single.size
         else:
-            fresh, seqs = self._dedupe_batch(records, now)
-        fresh_bytes = sum(r.size for r in fresh)
-        self._check_caps(len(fresh), fresh_bytes)
+            if not config.idempotency_window_ms or all(r.id is None for r in records):
+                fresh = records
+                seqs = list(range(first, first + len(records)))
+            else:
+                fresh, seqs = self._dedupe_batch(records, now)
+            fresh_bytes = sum(r.size for r in fresh)
+        if config.discard is Discard.REJECT:
+            self._check_caps(len(fresh), fresh_bytes)
         return AppendPlan(fresh, seqs, first, max(now, self.last_ts), fresh_bytes)
 
     def _dedupe_batch(
@@ -194,10 +202,9 @@ class Topic:
         return fresh, seqs
 
     def _check_caps(self, n: int, nbytes: int) -> None:
-        """discard=reject refuses before any seq is assigned (§5.3); discard=old never does."""
+        """discard=reject refuses before any seq is assigned (§5.3); discard=old never does,
+        so callers check only discard=reject topics."""
         cfg = self.config
-        if cfg.discard is not Discard.REJECT:
-            return
         if (cfg.cap_records and n > cfg.cap_records) or (cfg.cap_bytes and nbytes > cfg.cap_bytes):
             raise TopicError(
                 ErrorCode.RECORD_TOO_LARGE,
@@ -226,11 +233,9 @@ class Topic:
         if not fresh:
             return
         seq, ts = plan.first_seq, plan.ts
-        bodies = [r.body for r in fresh]
-        sizes = [r.size for r in fresh]
-        nodes = [r.node for r in fresh]
-        tags = [r.tag for r in fresh]
-        dedupe = self.config.idempotency_window_ms
+        n = len(fresh)
+        config = self.config
+        dedupe = config.idempotency_window_ms
         for i, record in enumerate(fresh):
             if record.tag is not None:
                 seqs = self.tag_index.get(record.tag)
@@ -241,25 +246,26 @@ class Topic:
                 self._dedupe[record.id] = (seq + i, ts)
                 self._dedupe_order.append((ts, record.id))
         done = 0
-        while done < len(fresh):
+        while done < n:
             last = self.chunks[-1] if self.chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
-            contiguous = last is not None and last.last_seq + 1 == seq + done
-            chunk = last if contiguous and last.room() else self._new_chunk(seq + done)
-            take = min(chunk.room(), len(fresh) - done)
-            end = done + take
-            chunk.extend(
-                seq + done, ts, bodies[done:end], nodes[done:end], tags[done:end], sizes[done:end]
-            )
+            room = last.room() if last is not None and last.last_seq + 1 == seq + done else 0
+            if room:
+                chunk = last
+            else:
+                chunk = self._new_chunk(seq + done)
+                room = chunk.room()
+            end = min(n, done + room)
+            chunk.extend(seq + done, ts, fresh if end - done == n else fresh[done:end])
             done = end
-        self.next_seq = seq + len(fresh)
+        self.next_seq = seq + n
         self.last_ts = ts
-        self.live_count += len(fresh)
+        self.live_count += n
         self.live_bytes += plan.fresh_bytes
         self.last_write_ts = now
         if not self.enqueued_at:
             self.enqueued_at = now
-        if self.config.discard is Discard.OLD:
+        if config.discard is Discard.OLD and (config.cap_records or config.cap_bytes):
             self._evict_to_cap()
 
     def _new_chunk(self, base_seq: int) -> Chunk:
