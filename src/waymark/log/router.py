@@ -288,7 +288,7 @@ class Routers:
 
     def _forward_one(self, router: Router, limit: int) -> tuple[int, bool]:
         engine = self._engine
-        page = engine.diff(router.source, router.cursor, limit=limit, per_record=True)
+        page = engine.diff(router.source, router.cursor, limit=limit)
         gap = page.tombstone
         if gap is not None:
             # Evicted, expired or lost before it was forwarded: dest readers meet the
@@ -327,10 +327,15 @@ class Routers:
         key_prefix = router.key_prefix()
         copies: list[EncodedRecord] = []
         hops: list[int] = []
-        for run, seq in zip(page.runs, page.seqs, strict=True):
-            chunk, i = source.slot(seq)  # type: ignore[misc]  # the page was just read
-            node = chunk.node_names.names[chunk.node[i]] or None
-            tag = chunk.tag_names.names[chunk.tag[i]] or None
+        chunk, base, last = None, 0, -1
+        for seq in page.seqs:
+            if seq > last:  # the page's records, chunk by chunk: one lookup per chunk
+                chunk, _ = source.slot(seq)  # type: ignore[misc]  # the page was just read
+                base, last = chunk.base_seq, chunk.last_seq
+                nodes, tags = chunk.node_names.names, chunk.tag_names.names
+            i = seq - base
+            node = nodes[chunk.node[i]] or None
+            tag = tags[chunk.tag[i]] or None
             if admits is not None and not admits(node, tag):
                 continue
             hop = 0
@@ -339,6 +344,7 @@ class Routers:
                 if hop >= HOP_CAP:
                     continue
             # A slot is '{"$seq":S,"$ts":T' + body + ','; the body is what a copy keeps.
+            run = chunk.slice(i, i + 1)
             body = run[run.index(b",", run.index(b',"$ts":') + 7) : -1]
             if rebuild:
                 # Strings in a body are escaped, so these markers are the keys themselves.
