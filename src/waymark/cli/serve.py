@@ -59,10 +59,14 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
             raise typer.Exit(2) from exc
         torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
+        deferred = (
+            f"; {report.deferred_frames} frames of {report.deferred_topics} memory topics "
+            "recover in the background" if report.deferred_topics else ""
+        )
         typer.echo(
             f"waymark recovered {report.topics} topics from {report.segments} segments and "
             f"{report.frames} WAL frames "
-            f"in {report.seconds:.2f}s{torn}",
+            f"in {report.seconds:.2f}s{torn}{deferred}",
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
         sock = listen(host, port)

@@ -171,5 +171,13 @@ def decode_records(payload: memoryview) -> RecordsFrame:
     )  # fmt: skip
 
 
+def records_topic(payload: memoryview) -> tuple[str, int]:
+    """The topic instance (name, epoch) a records frame was written for; its records
+    stay undecoded."""
+    data = bytes(payload)
+    header = orjson.loads(data[: data.index(b"\n")])
+    return header["name"], header["epoch"]
+
+
 def decode_config(body: dict[str, Any]) -> TopicConfig:
     return msgspec.convert(body, TopicConfig)

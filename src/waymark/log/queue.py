@@ -212,6 +212,7 @@ class Queues:
         """A queue was created or reconfigured: give its leases log the right class."""
         engine = self.engine
         name = leases_name(topic.name)
+        engine._recover(name)  # a reconfiguration applies after every recovered event
         config = _leases_config(topic.config)
         leases = engine._topics.get(name)
         now = engine.clock.now_ms()
@@ -538,7 +539,9 @@ class Queues:
         """Replay the surviving lease events (§10.1). Lost events are self-healing: a
         job without a replayed live lease is simply claimable again (§10.6)."""
         p = Projection(topic.epoch)
-        leases = self.engine._topics.get(leases_name(topic.name))
+        name = leases_name(topic.name)
+        self.engine._recover(name)  # from every event that survived, not those applied so far
+        leases = self.engine._topics.get(name)
         if leases is None:
             return p
         now = self.engine.clock.now_ms()

@@ -58,6 +58,9 @@ class TopicState:
     last_write_ts: int
     last_read_ts: int
     queue: dict[str, int] | None = None  # queue topics (§10.5): ready, in_flight, dead_lettered
+    # a memory topic whose WAL frames are still being applied after a restart (§2.2):
+    # its counts are those applied so far
+    recovering: bool = False
 
     @property
     def durability(self) -> Durability:
@@ -81,6 +84,8 @@ class TopicState:
             "last_write_ts": self.last_write_ts,
             "last_read_ts": self.last_read_ts,
         }
+        if self.recovering:
+            wire["recovering"] = True
         if self.queue is not None:
             wire["config"].update(self.config.queue_wire())
             wire["queue"] = self.queue

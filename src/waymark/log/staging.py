@@ -264,6 +264,8 @@ class Staging:
 
     def _fenced(self, topic: str, writer: str, epoch: int) -> _Writer:
         _check_writer(writer)
+        # A recovering topic's publish ledger is whole only once its frames are applied.
+        self._engine._recover(topic)
         current = self._epochs.get(writer, 0)
         if epoch != current or not current:
             raise TopicError(

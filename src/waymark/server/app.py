@@ -48,13 +48,14 @@ class App:
         self.store = store
         self.checkpoint_interval_s = checkpoint_interval_s
         self._checkpoints: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
         self.notifier = Notifier()
         self.engine.add_listener(self.notifier.notify)
         self.forwarder = Forwarder(self.engine)  # routers (§8): off every append's ack path
         self.engine.add_listener(self.forwarder.poke)
-        self.metrics = Metrics(lambda: len(self.engine.list_topics()))
+        self.metrics = Metrics(lambda: len(self.engine.list_topics()), self._recovering)
         api = TopicApi(
             self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
         )
@@ -134,6 +135,8 @@ class App:
             if message["type"] == "lifespan.startup":
                 # Recovered routers resume from their cursors without waiting for a write.
                 self.forwarder.poke("")
+                if self.engine.recovering is not None:
+                    self._recovery = asyncio.create_task(self._recover_gradually())
                 if self.store is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
                 await send({"type": "lifespan.startup.complete"})
@@ -141,6 +144,8 @@ class App:
                 self.close()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
+                if self._recovery is not None:
+                    self._recovery.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -150,6 +155,8 @@ class App:
         written = store.wal.submitted()
         while True:
             await asyncio.sleep(self.checkpoint_interval_s)
+            if self.engine.recovering is not None:
+                continue  # a checkpoint now would apply the whole rest of it at once
             if store.wal.submitted() == written or not checkpointer.running.acquire(False):
                 continue
             try:
@@ -160,6 +167,17 @@ class App:
                 self.metrics.checkpoints += 1
             finally:
                 checkpointer.running.release()
+
+    async def _recover_gradually(self) -> None:
+        """Apply the WAL frames recovery set aside for memory topics a step at a time,
+        between requests: the server is ready before they are (§2.2)."""
+        recovering = self.engine.recovering
+        while recovering is not None and recovering.step():
+            await asyncio.sleep(0)
+
+    def _recovering(self) -> tuple[int, int]:
+        recovering = self.engine.recovering
+        return (0, 0) if recovering is None else (recovering.topics, recovering.frames)
 
     async def _openapi_json(self, request: Request) -> Response:
         return Response(self._openapi)

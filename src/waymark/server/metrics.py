@@ -53,8 +53,11 @@ class _Latency:
 
 
 class Metrics(Collector):
-    def __init__(self, topic_count: Callable[[], int]) -> None:
+    def __init__(
+        self, topic_count: Callable[[], int], recovering: Callable[[], tuple[int, int]]
+    ) -> None:
         self._topic_count = topic_count
+        self._recovering = recovering  # (topics, frames) of gradual recovery still to apply
         self.requests: dict[tuple[str, int], int] = {}
         self.latency: dict[str, _Latency] = {}
         self.records_appended = 0
@@ -117,6 +120,15 @@ class Metrics(Collector):
                 f"waymark_queue_jobs_{what}", f"Queue jobs {what}", value=value
             )  # fmt: skip
         yield GaugeMetricFamily("waymark_topics", "Topics that exist", value=self._topic_count())
+        topics, frames = self._recovering()
+        yield GaugeMetricFamily(
+            "waymark_recovering_topics", "memory topics still recovering after a restart",
+            value=topics,
+        )
+        yield GaugeMetricFamily(
+            "waymark_recovering_frames", "WAL frames of recovering memory topics not applied yet",
+            value=frames,
+        )
         yield GaugeMetricFamily(
             "waymark_sse_streams", "Open SSE watch streams", value=self.watchers
         )

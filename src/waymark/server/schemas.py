@@ -99,6 +99,7 @@ class TopicState(Struct, kw_only=True):
     last_write_ts: int
     last_read_ts: int
     queue: dict[str, int] | None = None  # queue topics: ready, in_flight, dead_lettered
+    recovering: bool = False  # present (true) while a memory topic recovers after a restart
 
 
 class TopicList(Struct):

@@ -85,5 +85,13 @@ def scan(data: bytes | memoryview, path: Path) -> tuple[list[Frame], int]:
     return frames, offset
 
 
+def frame_at(data: bytes, offset: int) -> Frame:
+    """The frame :func:`scan` found at ``offset`` of ``data`` (its checksum is not
+    checked again): a set-aside frame costs its offset, not a decoded object."""
+    (length,) = _LEN.unpack_from(data, offset)
+    body = memoryview(data)[offset + _LEN.size : offset + _LEN.size + length]
+    return Frame(FrameKind(body[0]), body[1:], offset)
+
+
 def read_file(path: Path) -> tuple[list[Frame], int]:
     return scan(path.read_bytes(), path)

@@ -1,5 +1,6 @@
 """Open a data directory: load the last checkpoint, replay the WAL after it, and keep
-journaling to the WAL."""
+journaling to the WAL. The records of ``memory`` topics are replayed gradually, after
+the engine is returned (:mod:`waymark.log.gradual`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from ...clock import Clock
 from ..config import TopicConfig, TopicType
 from ..engine import Engine
+from ..gradual import GradualRecovery
 from ..journal import decode_config
 from ..records import Limits
 from ..replay import apply_frame, finish
@@ -34,6 +36,9 @@ class RecoveryReport:
     torn_bytes: int  # cut from the ends of WAL files: writes that never fully landed
     topics: int
     seconds: float
+    # memory topics whose frames are set aside: they recover after this returns (§2.2)
+    deferred_topics: int = 0
+    deferred_frames: int = 0
 
 
 def open_engine(
@@ -63,20 +68,26 @@ def open_engine(
     if catalog is not None:
         segments = load_checkpoint(engine, data_dir, catalog, cold_dir)
     count = torn = 0
-    for path, frames, end in Wal.existing_frames(wal_dir, catalog["wal"] if catalog else None):
+    gradual = GradualRecovery(engine)
+    start = catalog["wal"] if catalog else None
+    for path, data, frames, end in Wal.existing_frames(wal_dir, start):
         size = path.stat().st_size
         if end < size:
             # A torn final write: cut it so new frames follow the last whole one.
             os.truncate(path, end)
             torn += size - end
         for frame in frames:
-            apply_frame(engine, frame)
+            if not gradual.set_aside(data, frame):
+                apply_frame(engine, frame)
         count += len(frames)
+    gradual.settle()
     finish(engine)
+    engine.recovering = gradual if gradual.topics else None
     wal = Wal(wal_dir, shards=shards, fileio=fileio)
     engine.journal = wal
     report = RecoveryReport(count, segments, torn, len(engine._topics),
-                            time.perf_counter() - started)  # fmt: skip
+                            time.perf_counter() - started, gradual.topics,
+                            gradual.frames)  # fmt: skip
     checkpointer = Checkpointer(data_dir, wal, fileio, cold_dir, hot_segments)
     return engine, Store(wal, checkpointer), report
 

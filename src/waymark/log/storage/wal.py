@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import ErrorCode, TopicError
 from .fileio import FileIO
-from .frames import Frame, read_file
+from .frames import Frame, scan
 
 WAL_SUFFIX = ".wal"
 _ROTATE = b""  # queued like a frame: the writer moves to the next file at this point
@@ -285,17 +285,18 @@ class Wal:
     @staticmethod
     def existing_frames(
         directory: Path, start: dict[str, int] | None = None
-    ) -> Iterator[tuple[Path, list[Frame], int]]:
-        """(file, frames, end of whole frames) for every WAL file from ``start`` on (per
-        shard), shard by shard, in order. Older files are a checkpoint's leftovers: removed."""
+    ) -> Iterator[tuple[Path, bytes, list[Frame], int]]:
+        """(file, its bytes, frames, end of whole frames) for every WAL file from ``start``
+        on (per shard), shard by shard, in order. Older files are a checkpoint's
+        leftovers: removed."""
         for shard_dir in sorted(directory.glob("shard-*")):
             first = (start or {}).get(shard_dir.name, 0)
             for path in sorted(shard_dir.glob(f"*{WAL_SUFFIX}")):
                 if wal_index(path) < first:
                     path.unlink()
                     continue
-                frames, end = read_file(path)
-                yield path, frames, end
+                data = path.read_bytes()
+                yield path, data, *scan(data, path)
 
     def trim(self, start: dict[str, int]) -> None:
         """Remove the files a durable checkpoint made unnecessary."""
