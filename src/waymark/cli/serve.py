@@ -59,9 +59,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
             raise typer.Exit(2) from exc
         torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
+        topics = report.deferred_topics
         deferred = (
-            f"; {report.deferred_frames} frames of {report.deferred_topics} memory topics "
-            "recover in the background" if report.deferred_topics else ""
+            f"; {report.deferred_frames} frames of {topics} memory "
+            f"topic{'s' if topics > 1 else ''} recover in the background" if topics else ""
         )
         typer.echo(
             f"waymark recovered {report.topics} topics from {report.segments} segments and "
