@@ -46,7 +46,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from topics_http import LUA, RECORD, append_body
+from topics_http import LUA, RECORD, TOPIC, append_body
+from topics_http import server as anchor_server
 
 VENV_BIN = Path(sys.executable).parent
 WAYMARK = VENV_BIN / "waymark"
@@ -460,6 +461,14 @@ def bench_fsync(seconds: int, shards: int, nats_processes: int) -> None:
         rows.append(
             ("(ref) NATS JetStream default sync: load-generator ceiling", f"nats-py, {per}", got)
         )
+    # What any Python HTTP server can do here: the trivial ASGI app of topics_http.py
+    # (same uvicorn settings), taking the same one-record POSTs and doing nothing.
+    with anchor_server("trivial") as url:
+        body = orjson.dumps({"records": [RECORD]})
+        wrk(f"{url}{TOPIC}/records", body, 1, 64)  # warm-up, not counted
+        got = wrk(f"{url}{TOPIC}/records", body, seconds, 64)
+    rows.append(("(ref) trivial ASGI app, no work: the Python HTTP ceiling", "wrk -t1 -c64 (C)",
+                 got))  # fmt: skip
     table = Table(
         title="64 concurrent writers of one record each, every ack awaited after "
         "its fsync (target: waymark >= 3x both, p50 <= 3 ms)"
