@@ -64,8 +64,43 @@ def run(fanout: int, seconds: int) -> dict[str, float]:
                 client.put("/v0/topics/src", json={}).raise_for_status()
                 for i in range(fanout):
                     route = {"source": "src", "dest": f"d{i}"}
-                    route = {"source": "src", "dest": f"d{i}"}
                     client.put(f"/v0/routers/r{i}", json=route).raise_for_status()
+                start = time.perf_counter()
+                load = wrk(f"{url}/v0/topics/src/records", body, seconds, CONNECTIONS)
+                head = client.get("/v0/topics/src").json()["head_seq"]
+                while fanout and any(
+                    r["cursor"] < head for r in client.get("/v0/routers").json()["routers"]
+                ):
+                    time.sleep(0.01)
+                delivered = time.perf_counter() - start
+                for i in range(fanout):
+                    assert client.get(f"/v0/topics/d{i}").json()["count"] == head
+            return {
+                "appends": load["rps"] * BATCH,
+                "delivered": head / delivered,
+                "copies": fanout * head / delivered,
+                "wal_mb": wal_bytes(data_dir) / 1e6,
+                "records": head,
+            }
+        finally:
+            process.terminate()
+            process.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=int, default=5, help="wrk's time per fan-out")
+    args = parser.parse_args()
+    console = Console(width=150)
+    console.print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    results = {}
+    for fanout in (0, 1, 8):
+        with console.status(f"fan-out {fanout}: {args.seconds} s of appends, then catch-up"):
+            results[fanout] = run(fanout, args.seconds)
+    anchor = results[0]["appends"]
+    table = Table(title="Router forwarding, disk class, 100 records per request")
+    for column in ("routers", "source records", "appends/s", "vs plain", "delivered/s",
+                   "vs plain", "copies/s", "WAL MB", "WAL B/record"):  # fmt: skip
         table.add_column(column, justify="right")
     for fanout, r in results.items():
         table.add_row(
