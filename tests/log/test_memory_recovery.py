@@ -256,6 +256,20 @@ def test_class_changes_in_the_wal(tmp_path: Path) -> None:
     crash(store)
 
 
+def test_a_router_endpoint_recovers_before_readiness(tmp_path: Path) -> None:
+    """A router resumes from what its source and dest hold: neither may be part-way."""
+    engine, store, _ = reopen(tmp_path)
+    for name in ("src", "dst", "alone"):
+        engine.put_topic(name, MEMORY)
+        fill(engine, name, 100)
+    engine.put_router("r", "src", "dst")
+    crash(store)
+    engine, store, report = reopen(tmp_path)
+    assert report.deferred_topics == 1 and recovering(engine) == ["alone"]
+    assert engine.get_topic("src").count == 100 and engine.get_topic("dst").count == 100
+    crash(store)
+
+
 def test_a_checkpoint_during_recovery_loses_nothing_set_aside(tmp_path: Path) -> None:
     mem_pages = written(tmp_path)
     engine, store, _ = reopen(tmp_path)

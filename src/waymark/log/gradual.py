@@ -108,9 +108,12 @@ class GradualRecovery:
 
     def settle(self) -> None:
         """After the last frame: a topic whose class is no longer ``memory`` recovers
-        whole before readiness, like every disk and fsync topic."""
+        whole before readiness, like every disk and fsync topic; so does one a router
+        reads or writes, whose recovery resumes from what both ends hold."""
+        routed = {end for router in self._engine.routers.list()
+                  for end in (router.source, router.dest)}  # fmt: skip
         for name, backlog in list(self._backlogs.items()):
-            if backlog.config.durability is not Durability.MEMORY:
+            if backlog.config.durability is not Durability.MEMORY or name in routed:
                 self.finish(name)
         self._done()
 
