@@ -15,7 +15,7 @@ from pathlib import Path
 import lmdb
 
 from waymark.kv.errors import SnapshotIoError
-from waymark.kv.stores.protocol import CURSOR_KEY, decode_record, encode_puts, encode_record
+from waymark.kv.stores.protocol import CURSOR_KEY, VER_LEN, decode_record, encode_puts
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
 
 DEFAULT_MAP_SIZE = 1 << 30
@@ -67,11 +67,18 @@ class LmdbStore:
                 if consumed != len(keys):
                     raise lmdb.Error(f"putmulti wrote {consumed} of {len(keys)} records")
             else:
+                # Puts through one cursor (no ``db=`` keyword to parse per call)
+                # and the record encoded inline: a batch with deletes is the
+                # steady state of a live watch.
+                put, delete = txn.cursor(db=data).put, txn.delete
+                op_put, ver_len, join = Op.PUT, VER_LEN, b"".join
                 for u in batch:
-                    if u.op is Op.PUT and u.value:
-                        txn.put(u.key.encode(), encode_record(u.value, u.version), db=data)
+                    value = u.value
+                    if value and u.op is op_put:
+                        version = u.version.raw
+                        put(u.key.encode(), join((ver_len[len(version)], version, value)))
                     else:
-                        txn.delete(u.key.encode(), db=data)
+                        delete(u.key.encode(), db=data)
             txn.put(CURSOR_KEY, cursor.raw, db=self._meta)
 
     def get(self, key: str) -> KvEntry | None:
