@@ -107,36 +107,42 @@ def _put_records(out: list[bytes], keys: Iterable[str], entries: Iterable[_Entry
 def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], int]:
     """``crc`` and ``body`` of each record of a batch, its keys, and how many are deletes.
 
-    No branches on sizes: a key of 1024 bytes or more or a value of 4096 or
-    more falls off the pre-encoded headers (IndexError), and the caller then
-    encodes the batch with :func:`_sized_records`. Most of what remains is the
-    per-record CRC the format requires (~150 ns for a 56-byte record: zlib
-    goes byte by byte on short inputs).
+    A batch of only puts (a catch-up, a state-sync) is encoded by
+    comprehensions, with no branch on sizes: a key of 1024 bytes or more or a
+    value of 4096 or more falls off the pre-encoded headers (IndexError). That
+    and any other batch go through :func:`_sized_records`. Most of what remains
+    is the per-record CRC the format requires (~150 ns for a 56-byte record:
+    zlib goes byte by byte on short inputs).
     """
-    parts: list[bytes] = []
-    keys: list[str] = []
-    ap, add_key = parts.append, keys.append
-    crc32, pack_crc, head, _, ver_len, join = _CODEC
+    crc32, pack_crc, _, _, ver_len, join = _CODEC
     heads, small, put = _PUT_HEADS, _U32_SMALL, Op.PUT
-    deletes = 0
     for u in batch:
-        key = u.key
-        k = key.encode()
-        v = u.value
-        ver = u.version.raw
-        if v and u.op is put:
-            body = join((heads[len(k)], k, small[len(v)], v, ver_len[len(ver)], ver))
-        else:
-            body = join((head(REC_DELETE, len(k)), k, ver_len[len(ver)], ver))
-            deletes += 1
-        ap(pack_crc(crc32(body)))
-        ap(body)
-        add_key(key)
-    return parts, keys, deletes
+        if u.op is not put or not u.value:
+            return _sized_records(batch)
+    try:
+        bodies = [
+            join(
+                (
+                    heads[len(k := u.key.encode())],
+                    k,
+                    small[len(v := u.value)],
+                    v,
+                    ver_len[len(ver := u.version.raw)],
+                    ver,
+                )
+            )
+            for u in batch
+        ]
+    except IndexError:
+        return _sized_records(batch)
+    parts: list[bytes] = [b""] * (2 * len(bodies))
+    parts[::2] = map(pack_crc, map(crc32, bodies))
+    parts[1::2] = bodies
+    return parts, [u.key for u in batch], 0
 
 
 def _sized_records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], int]:
-    """:func:`_records` for keys and values of any size."""
+    """:func:`_records` for any batch: deletes, and keys and values of any size."""
     parts: list[bytes] = []
     ap = parts.append
     crc32, pack_crc, head, pack_u32, ver_len, join = _CODEC
@@ -325,10 +331,7 @@ class AppendLogStore:
 
     def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
         f = self._writer()
-        try:
-            parts, keys, deletes = _records(batch)
-        except IndexError:
-            parts, keys, deletes = _sized_records(batch)
+        parts, keys, deletes = _records(batch)
         cursor_record = _cursor_record(cursor.raw)
         parts.append(cursor_record)
         blob = b"".join(parts)
