@@ -90,13 +90,11 @@ def encode_puts(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[bytes]] | 
     by update.
     """
     put, ver_len = Op.PUT, VER_LEN
-    for u in batch:
-        if u.op is not put or not u.value:
-            return None
+    keys = [u.key.encode() for u in batch if u.op is put and u.value]
+    if len(keys) != len(batch):
+        return None
     # ``version.join((prefix, value))`` is prefix + version + value in one call.
-    return [u.key.encode() for u in batch], [
-        (ver := u.version.raw).join((ver_len[len(ver)], u.value)) for u in batch
-    ]
+    return keys, [(ver := u.version.raw).join((ver_len[len(ver)], u.value)) for u in batch]
 
 
 def decode_record(key: str, record: bytes) -> KvEntry:
