@@ -24,7 +24,6 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from operator import attrgetter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -50,7 +49,6 @@ _CODEC = (zlib.crc32, _CRC.pack, _TYPE_KEYLEN.pack, _U32.pack, VER_LEN, b"".join
 # Encoded in advance for the common sizes: a list index is cheaper than a pack call.
 _PUT_HEADS = [_TYPE_KEYLEN.pack(REC_PUT, n) for n in range(1024)]  # by key length
 _U32_SMALL = [_U32.pack(n) for n in range(4096)]  # value lengths
-_key = attrgetter("key")
 
 _Entry = KvEntry | KvUpdate
 """A fold value: the entry a replay read, or the put update that wrote it (both have
@@ -104,8 +102,8 @@ def _put_records(out: list[bytes], keys: Iterable[str], entries: Iterable[_Entry
         ap(body)
 
 
-def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], int]:
-    """``crc`` and ``body`` of each record of a batch, its keys, and how many are deletes.
+def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], int]:
+    """``crc`` and ``body`` of each record of a batch, and how many are deletes.
 
     A batch of only puts (a catch-up, a state-sync) is encoded by
     comprehensions, with no branch on sizes: a key of 1024 bytes or more or a
@@ -138,10 +136,10 @@ def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], int]:
     parts: list[bytes] = [b""] * (2 * len(bodies))
     parts[::2] = map(pack_crc, map(crc32, bodies))
     parts[1::2] = bodies
-    return parts, [u.key for u in batch], 0
+    return parts, 0
 
 
-def _sized_records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], int]:
+def _sized_records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], int]:
     """:func:`_records` for any batch: deletes, and keys and values of any size."""
     parts: list[bytes] = []
     ap = parts.append
@@ -170,7 +168,7 @@ def _sized_records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[str], i
             deletes += 1
         ap(pack_crc(crc32(body)))
         ap(body)
-    return parts, list(map(_key, batch)), deletes
+    return parts, deletes
 
 
 def _cursor_record(cursor: bytes) -> bytes:
@@ -331,7 +329,7 @@ class AppendLogStore:
 
     def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
         f = self._writer()
-        parts, keys, deletes = _records(batch)
+        parts, deletes = _records(batch)
         cursor_record = _cursor_record(cursor.raw)
         parts.append(cursor_record)
         blob = b"".join(parts)
@@ -346,9 +344,11 @@ class AppendLogStore:
         self._cursor_bytes += len(cursor_record)
         fold = self._fold
         if not deletes:
-            # Only puts: fold them in one C-level pass (later ones win, as in order).
+            # Only puts (later ones win, as in order). A plain loop: measured
+            # cheaper than dict.update over zip with a list of the keys.
             before = len(fold)
-            fold.update(zip(keys, batch, strict=True))
+            for u in batch:
+                fold[u.key] = u
             if len(fold) - before != len(batch):
                 self._superseded = True  # some put replaced an earlier record
         else:
