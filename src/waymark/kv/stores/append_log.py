@@ -114,25 +114,27 @@ def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], int]:
     """
     crc32, pack_crc, _, _, ver_len, join = _CODEC
     heads, small, put = _PUT_HEADS, _U32_SMALL, Op.PUT
+    for u in batch:
+        if u.op is not put or not u.value:
+            # A delete, purge or CAS tombstone: stop here rather than encode
+            # the puts twice (a live watch's batches often hold deletes).
+            return _sized_records(batch)
     try:
         bodies = [
             join(
                 (
                     heads[len(k := u.key.encode())],
                     k,
-                    small[len(v)],
+                    small[len(v := u.value)],
                     v,
                     ver_len[len(ver := u.version.raw)],
                     ver,
                 )
             )
             for u in batch
-            if u.op is put and (v := u.value)
         ]
     except IndexError:
         return _sized_records(batch)
-    if len(bodies) != len(batch):
-        return _sized_records(batch)  # deletes, purges or CAS tombstones
     parts: list[bytes] = [b""] * (2 * len(bodies))
     parts[::2] = map(pack_crc, map(crc32, bodies))
     parts[1::2] = bodies

@@ -90,11 +90,13 @@ def encode_puts(batch: Sequence[KvUpdate]) -> tuple[list[bytes], list[bytes]] | 
     by update.
     """
     put, ver_len = Op.PUT, VER_LEN
-    keys = [u.key.encode() for u in batch if u.op is put and u.value]
-    if len(keys) != len(batch):
-        return None
+    for u in batch:
+        if u.op is not put or not u.value:
+            return None  # at the first one: nothing encoded in vain
     # ``version.join((prefix, value))`` is prefix + version + value in one call.
-    return keys, [(ver := u.version.raw).join((ver_len[len(ver)], u.value)) for u in batch]
+    return [u.key.encode() for u in batch], [
+        (ver := u.version.raw).join((ver_len[len(ver)], u.value)) for u in batch
+    ]
 
 
 def decode_record(key: str, record: bytes) -> KvEntry:
