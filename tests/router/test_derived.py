@@ -181,3 +181,26 @@ def test_an_fsync_dest_shows_copies_once_their_source_records_are_durable() -> N
     assert dest_data(engine, "dst") == []
     journal.sync("src")
     assert dest_data(engine, "dst") == [1, 2]
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_copies_of_records_sealed_in_segments(tmp_path: Path, guarantee: str) -> None:
+    engine, store, _ = open_engine(tmp_path, clock=ManualClock())
+    try:
+        engine.put_topic("src", ConfigPatch())
+        engine.append("src", [RecordIn.of({"i": i}, tag=f"t{i % 3}", node="n", meta={"m": "v"})
+                              for i in range(50)])  # fmt: skip
+        store.checkpoint(engine)  # src's records now read through the segment's mmap
+        engine.put_router("r", "src", "dst", guarantee=guarantee, filter={"tag": "t1"})
+        engine.get_router("r").cursor = 0  # forward what was sealed before the router
+        while engine.forward().pending:
+            pass
+        copies = engine.diff("dst", 0, limit=100).records()
+        assert [c["data"]["i"] for c in copies] == [i for i in range(50) if i % 3 == 1]
+        assert all(c["$tag"] == "t1" and c["$node"] == "n" for c in copies)
+        assert all(c["meta"]["m"] == "v" for c in copies)
+        if guarantee == "exactly_once":
+            assert [orjson.loads(c["meta"]["_topics_router"])[3] for c in copies] == [
+                i + 1 for i in range(50) if i % 3 == 1]  # fmt: skip
+    finally:
+        store.close()
