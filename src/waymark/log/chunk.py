@@ -82,6 +82,14 @@ class Chunk:
             return 0
         return CHUNK_RECORDS - len(self.ends)
 
+    def room_at(self, seq: int) -> int:
+        """How many records from ``seq`` on this chunk takes: 0 once it is sealed or full,
+        or when ``seq`` does not continue its contiguous range (after a hole)."""
+        n = len(self.ends)
+        if self.sealed or seq != self.base_seq + n or len(self.buf) >= CHUNK_BYTES:
+            return 0
+        return CHUNK_RECORDS - n
+
     def extend(self, first_seq: int, ts: int, records: Sequence[EncodedRecord]) -> None:
         """Append consecutive records: one buffer write and one extend per index array."""
         if len(records) == 1:  # the commonest write: skip the batch machinery's fixed cost

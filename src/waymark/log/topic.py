@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import msgspec
 import numpy as np
 from sortedcontainers import SortedDict
 
@@ -50,9 +51,10 @@ class LossRun:
     lost: int
 
 
-@dataclass(slots=True)
-class AppendPlan:
-    """An append validated against the topic, not yet applied (the commit seam)."""
+class AppendPlan(msgspec.Struct, gc=False):
+    """An append validated against the topic, not yet applied (the commit seam).
+
+    A Struct: every append builds one, and it is cheaper to build than a dataclass."""
 
     fresh: list[EncodedRecord]  # records that will get new seqs, in order
     seqs: list[int]  # the seq each requested record resolves to
@@ -176,7 +178,8 @@ class Topic:
             fresh_bytes = sum(r.size for r in fresh)
         if config.discard is Discard.REJECT:
             self._check_caps(len(fresh), fresh_bytes)
-        return AppendPlan(fresh, seqs, first, max(now, self.last_ts), fresh_bytes)
+        ts = now if now > self.last_ts else self.last_ts  # never backwards (not max(): slow)
+        return AppendPlan(fresh, seqs, first, ts, fresh_bytes)
 
     def _dedupe_batch(
         self, records: list[EncodedRecord], now: int
@@ -245,17 +248,16 @@ class Topic:
             if record.id is not None and dedupe:
                 self._dedupe[record.id] = (seq + i, ts)
                 self._dedupe_order.append((ts, record.id))
+        chunks = self.chunks
         done = 0
         while done < n:
-            last = self.chunks[-1] if self.chunks else None
+            chunk = chunks[-1] if chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
-            room = last.room() if last is not None and last.last_seq + 1 == seq + done else 0
-            if room:
-                chunk = last
-            else:
+            room = chunk.room_at(seq + done) if chunk is not None else 0
+            if not room:
                 chunk = self._new_chunk(seq + done)
                 room = chunk.room()
-            end = min(n, done + room)
+            end = done + room if done + room < n else n
             chunk.extend(seq + done, ts, fresh if end - done == n else fresh[done:end])
             done = end
         self.next_seq = seq + n
