@@ -98,15 +98,13 @@ class App:
         self.notifier.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The request path is inline, not a method: one coroutine less per request.
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self._lifespan(receive, send)
+            return
         start = perf_counter()
-        raw = scope.get("raw_path")
-        found = self.router.resolve(raw.decode("latin-1") if raw else scope["path"])
+        found = self.router.resolve(scope.get("raw_path") or scope["path"])
         if found is None:
             label, response = "unmatched", not_found(scope["path"])
         else:
@@ -127,7 +125,11 @@ class App:
                     error = as_topic_error(exc)
                     response = internal_error(exc) if error is None else error_response(error)
         self.metrics.observe(label, response.status, perf_counter() - start)
-        await response(send, receive)
+        if type(response) is Response:  # complete: sent here, one coroutine less per request
+            await send(response.start())
+            await send({"type": "http.response.body", "body": response.body})
+        else:
+            await response(send, receive)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

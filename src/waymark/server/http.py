@@ -99,18 +99,20 @@ class Response:
         self.content_type = content_type
         self.headers = headers
 
+    def start(self) -> Message:
+        """The ``http.response.start`` message."""
+        return {
+            "type": "http.response.start",
+            "status": self.status,
+            "headers": [
+                (b"content-type", self.content_type),
+                (b"content-length", b"%d" % len(self.body)),
+                *self.headers,
+            ],
+        }
+
     async def __call__(self, send: Send, receive: Receive) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": self.status,
-                "headers": [
-                    (b"content-type", self.content_type),
-                    (b"content-length", b"%d" % len(self.body)),
-                    *self.headers,
-                ],
-            }
-        )
+        await send(self.start())
         await send({"type": "http.response.body", "body": self.body})
 
 

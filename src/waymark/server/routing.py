@@ -44,16 +44,18 @@ class Router:
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
         self._by_length: dict[int, list[Route]] = {}
-        self._recent: dict[str, tuple[Route, dict[str, str]]] = {}
+        self._recent: dict[str | bytes, tuple[Route, dict[str, str]]] = {}
         for route in routes:
             self._by_length.setdefault(len(route.segments), []).append(route)
 
-    def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
-        """The route and path parameters for ``path`` (callers must not mutate them)."""
-        # Producers hit the same few paths over and over: remember recent answers.
+    def resolve(self, path: str | bytes) -> tuple[Route, dict[str, str]] | None:
+        """The route and path parameters for ``path``, a raw (latin-1) path as bytes or a
+        str (callers must not mutate the answer)."""
+        # Producers hit the same few paths over and over: remember recent answers, keyed
+        # by the path as given, so a hit decodes nothing.
         found = self._recent.get(path)
         if found is None:
-            found = self._resolve(path)
+            found = self._resolve(path.decode("latin-1") if isinstance(path, bytes) else path)
             if found is not None:
                 if len(self._recent) >= RECENT_PATHS:
                     self._recent.clear()
