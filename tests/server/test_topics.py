@@ -38,6 +38,14 @@ def test_put_with_an_empty_body_creates_with_defaults(http, topic) -> None:
     assert response.json()["config"] == DEFAULT_CONFIG
 
 
+def test_put_with_a_blank_body_is_invalid_json_and_creates_nothing(http, topic) -> None:
+    # Only an empty body means "the defaults"; whitespace is a body, and not JSON.
+    response = http.put(f"/v0/topics/{topic}", content=b"\r\n")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert http.get(f"/v0/topics/{topic}").status_code == 404
+
+
 def test_state_has_every_field_of_2_3_and_empty_watermarks(api, topic) -> None:
     state = api.put(topic, 201)
     assert set(state) == STATE_KEYS

@@ -105,7 +105,7 @@ class TopicApi:
         name = _topic(request)
         body = await request.body(self.max_body)
         # An empty body creates the topic with the defaults.
-        put = _put.decode(body) if body.strip() else TopicPut()
+        put = _put.decode(body) if body else TopicPut()
         state, created = self.engine.put_topic(name, put.patch(), put.type)
         await self._control_durable(name)
         return _json(state.to_wire(), 201 if created else 200)

@@ -215,7 +215,7 @@ class QueueApi:
     async def redrive(self, request: Request) -> Response:
         name = request.params["topic"]
         raw = await request.body(self.max_body)
-        body = _redrive.decode(raw) if raw.strip() else RedriveBody()
+        body = _redrive.decode(raw) if raw else RedriveBody()
         result = self.engine.redrive(name, body.max)
         if result.must_sync and result.commit is not None:
             await result.commit.wait()
