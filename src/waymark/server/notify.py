@@ -28,17 +28,30 @@ class Notifier:
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
+    def next_change(self, topic: str) -> asyncio.Future[None]:
+        """The future the next commit to ``topic`` completes. A reader that awaits
+        something (a send) between its read and its wait takes this *before* the read,
+        so a commit landing in between wakes it instead of being missed."""
+        changed = self._changed.get(topic)
+        if changed is None or changed.done():
+            changed = self._changed[topic] = asyncio.get_running_loop().create_future()
+        return changed
+
     async def wait(
-        self, topic: str, timeout: float, also: asyncio.Future[object] | None = None
+        self,
+        topic: str,
+        timeout: float,
+        also: asyncio.Future[object] | None = None,
+        changed: asyncio.Future[None] | None = None,
     ) -> bool:
-        """Wait until ``topic`` changes, ``timeout`` seconds pass, ``also`` completes or
-        the server closes. True when the topic changed."""
+        """Wait until ``topic`` changes (``changed``: since that future was taken),
+        ``timeout`` seconds pass, ``also`` completes or the server closes. True when
+        the topic changed."""
         if self.closing:
             return False
         loop = asyncio.get_running_loop()
-        changed = self._changed.get(topic)
-        if changed is None or changed.done():
-            changed = self._changed[topic] = loop.create_future()
+        if changed is None:
+            changed = self.next_change(topic)
         if self._closed is None:
             self._closed = loop.create_future()
         waits: set[asyncio.Future[object]] = {changed, self._closed}  # type: ignore[arg-type]

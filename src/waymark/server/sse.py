@@ -91,6 +91,9 @@ class EventStream(Response):
         self._engine, self._notifier, self._metrics = engine, notifier, metrics
         self._topic, self._first, self._nodes = topic, first, nodes
         self._batch, self._heartbeat_s = batch, heartbeat_s
+        # Taken in the same step as the first read (no await between): a commit while
+        # the stream starts or sends still wakes it.
+        self._changed = notifier.next_change(topic)
 
     async def __call__(self, send: Send, receive: Receive) -> None:
         await send(
@@ -116,22 +119,26 @@ class EventStream(Response):
     async def _pump(self, send: Send, disconnected: asyncio.Future[None]) -> None:
         result: DiffResult | None = self._first
         cursor, epoch = self._first.next_from_seq, self._first.epoch
-        while not (disconnected.done() or self._notifier.closing):
+        notifier, changed = self._notifier, self._changed
+        while not (disconnected.done() or notifier.closing):
             if result is not None:
                 chunk = frame(result)
                 if chunk:
+                    # A slow reader holds this send; commits meanwhile complete `changed`.
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._metrics.records_read += result.count
                 cursor, epoch = result.next_from_seq, result.epoch
                 if not result.caught_up:
                     # A long backlog: let other requests run between pages.
                     await asyncio.sleep(0)
+                    changed = notifier.next_change(self._topic)
                     result = self._read(cursor, epoch)
                     continue
-            changed = await self._notifier.wait(self._topic, self._heartbeat_s, disconnected)
-            if disconnected.done() or self._notifier.closing:
+            woke = await notifier.wait(self._topic, self._heartbeat_s, disconnected, changed)
+            if disconnected.done() or notifier.closing:
                 return
-            if changed:
+            if woke:
+                changed = notifier.next_change(self._topic)
                 result = self._read(cursor, epoch)
             else:
                 result = None
