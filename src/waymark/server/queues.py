@@ -292,6 +292,8 @@ class WorkStream(Response):
             self.held = {s: lease for s, lease in self.held.items()
                          if engine.queues.holds(self.name, s, node, lease)}  # fmt: skip
             credit = self.want.max - len(self.held)
+            # Taken before the claim: a commit while a cohort claim waits still wakes us.
+            changed = api.notifier.next_change(self.name)
             if credit > 0:
                 want = ClaimRequest(node, credit, self.want.lease_ms)
                 jobs = await api.cohorts.claim(self.name, want)
@@ -307,7 +309,7 @@ class WorkStream(Response):
             if due is not None:
                 # Expiry is strict (now > deadline): look again just after it.
                 timeout = min(timeout, (due - engine.clock.now_ms() + 1) / 1000)
-            await api.notifier.wait(self.name, max(timeout, 0.001), disconnected)
+            await api.notifier.wait(self.name, max(timeout, 0.001), disconnected, changed)
             if loop.time() - last_sent >= api.heartbeat_s:
                 await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
                 last_sent = loop.time()
