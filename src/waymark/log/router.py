@@ -84,9 +84,7 @@ def parse_filter(wire: Any) -> dict[str, Any] | None:
 def compile_filter(normal: dict[str, Any] | None) -> Admits | None:
     if normal is None:
         return None
-    tag = normal.get("tag")
-    match = TagMatch(tag[1] == "Eq", tag[2].removesuffix("*") if tag[1] == "Glob" else tag[2]) \
-        if tag else None  # fmt: skip
+    match = TagMatch.parse(normal["tag"]) if "tag" in normal else None
     only = frozenset(normal.get("node", ()))
     never = frozenset(normal.get("not_node", ()))
 
