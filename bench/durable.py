@@ -514,9 +514,9 @@ def fill(spec: str) -> None:
     ``checkpoint`` ends like a clean shutdown (records sealed into segments, WAL
     trimmed); without it everything stays in the WAL, like a crash before any checkpoint.
     """
-    from waymark.log.config import ConfigPatch, Durability
-    from waymark.log.records import Limits, RecordIn, encode_batch
+    from waymark.log.records import encode_batch
     from waymark.log.storage.recovery import open_engine
+    from waymark.protocol import ConfigPatch, Durability, Limits, RecordIn
 
     data_dir, n, checkpoint = json.loads(spec)
     engine, store, _ = open_engine(Path(data_dir))

@@ -38,11 +38,11 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from waymark.cli.demo import Stream, _server
+from waymark.protocol import Record
 from waymark.spark.demo_job import Aggregate, JobConfig, events, session
 from waymark.spark.partitions import ReadSettings, SeqRange
 from waymark.spark.schema import SOURCE_DDL
 from waymark.spark.source import PAGE, read_range, to_arrow
-from waymark.spark.wire import Row
 
 TOPIC = "bench.clicks"
 
@@ -68,9 +68,8 @@ class _Prebuilt(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         pages = self.per_batch // 2 // PAGE
         data = b'{"user":"user-012345","action":"click","page":"/product/1234","ts":1790000000000}'
-        batch = to_arrow(
-            "bench.clicks", [Row(i, 1_790_000_000_000, Raw(data)) for i in range(PAGE)]
-        )
+        rows = [Record(seq=i, ts=1_790_000_000_000, data=Raw(data)) for i in range(PAGE)]
+        batch = to_arrow("bench.clicks", rows)
         for _ in range(pages):
             yield batch
 

@@ -139,7 +139,7 @@ def test_a_refused_write_creates_no_topic(engine: Engine) -> None:
 def test_config_defaults(engine: Engine) -> None:
     state, created = engine.put_topic("t", ConfigPatch())
     assert created
-    assert state.config.to_wire() == {
+    assert msgspec.to_builtins(state.config) == {
         "ttl_ms": 0, "cap_records": 0, "cap_bytes": 0, "discard": "old", "durable": False,
         "durability": "disk", "priority": None, "auto_priority": True, "auto_create": True,
         "idempotency_window_ms": 120_000, "dedupe_node": True,
@@ -336,7 +336,7 @@ def test_tombstone_shape_and_resume(engine: Engine) -> None:
         engine.append("t", [rec(i)])
     page = engine.diff("t", 2)
     assert page.tombstone is not None
-    assert page.tombstone.to_wire() == {
+    assert msgspec.to_builtins(page.tombstone) == {
         "$type": "tombstone", "$seq": 8, "gap_from": 3, "gap_to": 7, "reason": "cap",
         "missed_estimate": 5, "earliest_seq": 8, "head_seq": 10,
     }

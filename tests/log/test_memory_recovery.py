@@ -15,12 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
 from waymark.log.storage.recovery import RecoveryReport, open_engine
 from waymark.log.storage.store import Store
+from waymark.protocol import QueueCounts
 
 MEMORY = ConfigPatch(durability=Durability.MEMORY)
 
@@ -87,7 +89,7 @@ def test_the_engine_is_usable_before_the_memory_topic_has_recovered(tmp_path: Pa
     assert state.recovering and state.config.durability is Durability.MEMORY
     assert (state.head_seq, state.count) == (0, 0)
     assert recovering(engine) == ["mem"]
-    assert engine.get_topic("mem").to_wire()["recovering"] is True
+    assert msgspec.to_builtins(engine.get_topic("mem"))["recovering"] is True
     assert data(engine, "disk") == list(range(500))
     # Steps apply it in order, a bounded slice at a time: counts only grow.
     assert engine.recovering is not None
@@ -98,7 +100,8 @@ def test_the_engine_is_usable_before_the_memory_topic_has_recovered(tmp_path: Pa
         steps += 1
         assert more == (engine.recovering is not None)
     assert steps > 10 and counts == sorted(counts) and counts[-1] == 2000
-    assert recovering(engine) == [] and "recovering" not in engine.get_topic("mem").to_wire()
+    assert recovering(engine) == []
+    assert "recovering" not in msgspec.to_builtins(engine.get_topic("mem"))
     assert pages(engine, "mem") == mem_pages
     crash(store)
 
@@ -289,8 +292,8 @@ def test_a_checkpoint_during_recovery_loses_nothing_set_aside(tmp_path: Path) ->
 def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None:
     """A queue's leases log is memory by default: its claims are all back before any
     job is handed out again. A memory topic's publish ledger is whole before a publish."""
-    from waymark.log.config import TopicType
     from waymark.log.staging import PartKey
+    from waymark.protocol import TopicType
 
     engine, store, _ = reopen(tmp_path)
     engine.put_topic("q", ConfigPatch(lease_ms=3_600_000), TopicType.QUEUE)
@@ -304,7 +307,7 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     crash(store)
     engine, store, report = reopen(tmp_path)
     assert report.deferred_topics == 2  # q$leases and out
-    assert engine.get_topic("q").queue == {"ready": 15, "in_flight": 5, "dead_lettered": 0}
+    assert engine.get_topic("q").queue == QueueCounts(15, 5, 0)
     assert not set(held) & {job.seq for job in engine.claim("q", "w2", 20)}
     again = engine.staging.publish("out", "sink", epoch, 1, [(part, 1)])
     assert (again.first_seq, again.replayed) == (first.first_seq, True)

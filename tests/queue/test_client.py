@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from waymark.client import ApiError, AsyncClient, Client, ConfigPatch, RecordIn, TopicType
+from waymark.protocol import QueueCounts
 
 
 def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> None:
@@ -22,7 +23,7 @@ def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> No
         assert client.nack(q, "w", [3]).released == [3]
         assert client.claim(q, "w") == []  # seq 3 is dead-lettered instead of redelivered
         state = client.get_topic(q, touch=False)
-        assert state.queue == {"ready": 0, "in_flight": 1, "dead_lettered": 1}
+        assert state.queue == QueueCounts(0, 1, 1)
         assert client.redrive(q).seqs == [4]
         client.put_topic("plain-log-for-client")
         with pytest.raises(ApiError) as refused:

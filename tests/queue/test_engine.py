@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
 from waymark.log.queue import ClaimRequest, leases_name
 from waymark.log.storage.recovery import open_engine
+from waymark.protocol import QueueCounts
 
 
 def queue(engine: Engine, jobs: int = 0, **config: object) -> None:
@@ -88,7 +90,7 @@ def test_jobs_removed_from_the_log_are_forgotten(engine: Engine, clock: ManualCl
     engine.delete("q", before_seq=3)  # a user's §7 delete of two leased jobs
     clock.advance(11)
     assert [j.seq for j in engine.claim("q", "w", 5)] == [3]
-    assert engine.get_topic("q").queue == {"ready": 0, "in_flight": 1, "dead_lettered": 0}
+    assert engine.get_topic("q").queue == QueueCounts(0, 1, 0)
 
 
 def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: ManualClock) -> None:
@@ -100,20 +102,21 @@ def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: Man
     leases = engine._topics[leases_name("q")]
     assert leases.live_count < 12_000  # 40 000 events written, most of them trimmed
     engine.queues._projections.clear()  # rebuild from what the log kept
-    assert engine.get_topic("q").queue == {"ready": 0, "in_flight": 40, "dead_lettered": 0}
+    assert engine.get_topic("q").queue == QueueCounts(0, 40, 0)
     clock.advance(1001)
     assert len(engine.claim("q", "x", 100)) == 40
 
 
 def test_queue_config_is_reported_and_validated(engine: Engine) -> None:
     state, _ = engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
-    config = state.to_wire()["config"]
+    config = msgspec.to_builtins(state)["config"]
     assert {k: config[k] for k in ("lease_ms", "max_deliveries", "dead_letter",
                                    "claim_jitter_ms", "leases_durable")} == {
         "lease_ms": 30_000, "max_deliveries": 0, "dead_letter": None, "claim_jitter_ms": 0,
         "leases_durable": False,
     }  # fmt: skip
-    assert "lease_ms" not in engine.put_topic("log", ConfigPatch())[0].to_wire()["config"]
+    log_state = engine.put_topic("log", ConfigPatch())[0]
+    assert "lease_ms" not in msgspec.to_builtins(log_state)["config"]
     with pytest.raises(TopicError) as refused:
         engine.put_topic("q", ConfigPatch(dead_letter="q"))
     assert refused.value.code is ErrorCode.INVALID_REQUEST
@@ -130,7 +133,7 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
     engine, store, _ = open_engine(tmp_path, clock=clock)
     try:
         assert engine.diff("q", 0).seqs == [2, 3, 4, 5]  # the acked job stays deleted
-        assert engine.get_topic("q").queue == {"ready": 2, "in_flight": 2, "dead_lettered": 0}
+        assert engine.get_topic("q").queue == QueueCounts(2, 2, 0)
         assert [j.seq for j in engine.claim("q", "x", 5)] == [4, 5]  # 2, 3 are still leased
         assert engine.ack("q", "w", [2]).done == [2]  # by the holder from before the restart
         store.checkpoint(engine)

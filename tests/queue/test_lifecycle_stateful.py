@@ -198,7 +198,7 @@ class LeaseLifecycle(RuleBasedStateMachine):
     def counts_agree(self) -> None:
         counts = self.engine.get_topic(Q, touch=False).queue
         assert counts is not None
-        assert counts["dead_lettered"] == len(self.dead_letters())
+        assert counts.dead_lettered == len(self.dead_letters())
 
 
 SETTINGS = settings(

@@ -10,10 +10,10 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
-from waymark.log.config import Durability
 from waymark.log.journal import decode_records
 from waymark.log.storage.frames import FrameKind, read_file
 from waymark.log.storage.recovery import open_engine
+from waymark.protocol import Durability
 
 from .test_engine import dest_data, produce
 

@@ -9,9 +9,9 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError
-from waymark.log.config import Discard
 from waymark.log.router import HOP_CAP
 from waymark.log.storage.recovery import open_engine
+from waymark.protocol import Discard
 
 
 @pytest.fixture

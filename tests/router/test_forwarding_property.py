@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
-from waymark.log.config import Discard
 from waymark.log.storage.recovery import open_engine
 from waymark.log.storage.store import Store
+from waymark.protocol import Discard
 
 Op = tuple[str, int]
 ops = st.lists(

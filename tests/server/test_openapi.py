@@ -15,8 +15,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from waymark.server.openapi import document
-from waymark.server.schemas import MAX_WAIT_MS
+from waymark.protocol import MAX_WAIT_MS
+from waymark.protocol.openapi import document
 
 ROUTES = {
     ("get", "/v0/health"), ("get", "/v0/topics"), ("put", "/v0/topics/{topic}"),

@@ -16,11 +16,11 @@ from pyspark import cloudpickle as spark_cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
+from waymark.client import ApiError
 from waymark.kv.stores.lmdb_store import LmdbStore
 from waymark.spark import FoldSink, TopicBatchSink
 from waymark.spark.datasource import WaymarkDataSource
 from waymark.spark.sink import StagedParts, WaymarkStreamWriter
-from waymark.spark.wire import WaymarkHttpError
 
 # The fault-injecting data source below is defined in this test module, which Spark's
 # Python workers cannot import: ship its classes by value.
@@ -140,7 +140,7 @@ def test_stale_epoch_writer_is_fenced(server: Any, topics: Any, topic: str) -> N
     zombie = WaymarkStreamWriter(options, schema)
     current = WaymarkStreamWriter(options, schema)
     assert current.epoch == zombie.epoch + 1
-    with pytest.raises(WaymarkHttpError) as fenced:
+    with pytest.raises(ApiError) as fenced:
         zombie.commit([StagedParts(0, 0, [(topic, 1, 1)])], 0)
     assert fenced.value.status == 409 and fenced.value.code == "fenced"
     assert topics.read(topic) == []
@@ -207,11 +207,11 @@ def test_foreach_batch_writers_publish_each_batch_id_once(
     table = pa.table({"data": ['{"i": 1}', '{"i": 2}'], "tag": ["a", None]})
     first = sink.publish(table, 0)[out]
     again = sink.publish(table, 0)[out]
-    assert again["replayed"] and (again["first_seq"], again["count"]) == (first["first_seq"], 2)
+    assert again.replayed and (again.first_seq, again.count) == (first.first_seq, 2)
     newer = TopicBatchSink(server.url, out, out)  # a restarted driver: the old one is fenced
-    with pytest.raises(WaymarkHttpError) as fenced:
+    with pytest.raises(ApiError) as fenced:
         sink.publish(table, 1)
     assert fenced.value.code == "fenced"
-    assert not newer.publish(table, 1)[out]["replayed"]
+    assert not newer.publish(table, 1)[out].replayed
     records = topics.read(out)
     assert [(r["data"]["i"], r.get("$tag")) for r in records] == [(1, "a"), (2, None)] * 2

@@ -135,9 +135,10 @@ def test_http_routes_fence_and_publish(http: httpx.Client, topic: str) -> None:
 def test_diff_page_to_arrow_matches_a_row_by_row_build() -> None:
     """The column-wise Arrow build (raw JSON slices + offsets, null columns without a
     per-row pass) equals the obvious row-by-row one, multi-byte text included."""
+    import msgspec
     import orjson
 
-    from waymark.spark import wire
+    from waymark.protocol import DiffResponse
     from waymark.spark.schema import ARROW_SCHEMA
     from waymark.spark.source import to_arrow
 
@@ -147,8 +148,9 @@ def test_diff_page_to_arrow_matches_a_row_by_row_build() -> None:
          "meta": {"k": "v"}},
         {"$seq": 9, "$ts": 1_790_000_000_125, "data": "plain"},
     ]  # fmt: skip
-    page = {"records": records, "tombstone": None, "next_from_seq": 9, "head_seq": 9, "epoch": 1}
-    rows = wire._page.decode(orjson.dumps(page)).records
+    page = {"records": records, "tombstone": None, "next_from_seq": 9, "head_seq": 9,
+            "earliest_seq": 7, "caught_up": True, "epoch": 1, "durability": "disk"}  # fmt: skip
+    rows = msgspec.json.decode(orjson.dumps(page), type=DiffResponse[msgspec.Raw]).records
     expected = pa.RecordBatch.from_pylist(
         [
             {

@@ -40,7 +40,7 @@ from waymark.checkpoint.tickets import QueuedTicket, SendingTicket
 from waymark.checkpoint.tracker import Tracker
 from waymark.client import ApiError, AsyncClient, DiffResponse, Record, RecordIn, Tombstone
 from waymark.clock import Clock, SystemClock
-from waymark.server.schemas import MAX_DIFF_LIMIT
+from waymark.protocol import MAX_DIFF_LIMIT
 
 log = logging.getLogger("waymark.ship")
 T = TypeVar("T")

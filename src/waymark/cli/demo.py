@@ -560,23 +560,23 @@ def _latest(directory: Path) -> int | None:
 
 def _read_topic(url: str, topic: str) -> list[dict[str, Any]]:
     """Every record's data in the topic, in seq order."""
-    import httpx
-    import orjson
+    from waymark.client import ApiError, Client, ErrorCode
+    from waymark.protocol import MAX_DIFF_LIMIT
 
     out: list[dict[str, Any]] = []
     cursor = 0
-    with httpx.Client(base_url=url, timeout=60) as http:
+    with Client(url, timeout=60) as client:
         while True:
-            body = orjson.dumps({"from_seq": cursor, "limit": 10_000})
-            response = http.post(f"/v0/topics/{topic}/diff", content=body)
-            if response.status_code == 404:
+            try:
+                page = client.diff(topic, cursor, limit=MAX_DIFF_LIMIT)
+            except ApiError as error:
+                if error.code == ErrorCode.TOPIC_NOT_FOUND:
+                    return out
+                raise
+            out += [r.data for r in page.records]
+            if page.caught_up:
                 return out
-            response.raise_for_status()
-            page = orjson.loads(response.content)
-            out += [r["data"] for r in page["records"]]
-            if page["caught_up"]:
-                return out
-            cursor = page["next_from_seq"]
+            cursor = page.next_from_seq
 
 
 @contextmanager

@@ -1,18 +1,35 @@
 """Python client for the waymark HTTP /v0 API: :class:`Client` (blocking) and
-:class:`AsyncClient` (asyncio), with the same typed calls, SSE included."""
+:class:`AsyncClient` (asyncio), with the same typed calls, SSE included.
 
-from ..log import ConfigPatch, RecordIn, TopicType
-from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
-from ..server.routers import RouterFilter, RouterOut
-from ..server.schemas import (
+It stands alone: it loads the wire contract (:mod:`waymark.protocol`) and httpx,
+never the engine or the server. The contract's types are re-exported here.
+"""
+
+from ..protocol import (
+    AckResponse,
     AppendResponse,
+    ConfigPatch,
+    ConfigView,
     DeleteResponse,
     DiffResponse,
+    ErrorCode,
+    ExtendResponse,
     Health,
+    Job,
+    NackResponse,
+    OpenWriterResponse,
+    PublishResponse,
     Record,
+    RecordIn,
+    RedriveResponse,
+    RouterFilter,
+    RouterOut,
+    StagedPart,
+    StageResponse,
     Tombstone,
-    TopicConfig,
+    TombstoneReason,
     TopicState,
+    TopicType,
 )
 from .aio import AsyncClient
 from .errors import ApiError
@@ -26,21 +43,27 @@ __all__ = [
     "AsyncClient",
     "Client",
     "ConfigPatch",
+    "ConfigView",
     "DeleteResponse",
     "DiffResponse",
+    "ErrorCode",
     "ExtendResponse",
     "Health",
     "Job",
     "NackResponse",
+    "OpenWriterResponse",
+    "PublishResponse",
     "Record",
     "RecordEvent",
     "RecordIn",
     "RedriveResponse",
     "RouterFilter",
     "RouterOut",
+    "StageResponse",
+    "StagedPart",
     "Tombstone",
     "TombstoneEvent",
-    "TopicConfig",
+    "TombstoneReason",
     "TopicState",
     "TopicType",
     "WatchEvent",

@@ -1,7 +1,8 @@
 """Request building and response parsing, shared by the sync and async clients.
 
 Each function returns a :class:`Call`: everything needed to send one request
-and to turn its response into a typed value. The clients only move bytes.
+and to turn its response into a typed value. The clients only move bytes. Methods
+and paths come from the protocol's endpoint table, bodies are protocol structs.
 """
 
 from __future__ import annotations
@@ -9,24 +10,26 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote
 
 import httpx
 import msgspec
 
-from ..log import ConfigPatch, RecordIn, TopicType
-from ..server.schemas import (
+from ..protocol import (
+    ENDPOINT,
     AppendRequest,
     AppendResponse,
+    ConfigPatch,
     DeleteRequest,
     DeleteResponse,
     DiffRequest,
     DiffResponse,
     Health,
+    RecordIn,
     TagRule,
     TopicList,
     TopicPut,
     TopicState,
+    TopicType,
 )
 from .errors import ApiError
 
@@ -46,8 +49,18 @@ class Call(Generic[T]):
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def topic_path(topic: str, suffix: str = "") -> str:
-    return f"/v0/topics/{quote(topic, safe='')}{suffix}"
+def call(
+    operation: str,
+    parse: Callable[[httpx.Response], T],
+    content: bytes | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    extra_wait_s: float = 0.0,
+    **path: str,
+) -> Call[T]:
+    """The call of endpoint ``operation``; ``path`` fills its path parameters."""
+    endpoint = ENDPOINT[operation]
+    return Call(endpoint.method, endpoint.url(**path), parse, content, params, extra_wait_s)
 
 
 def check(response: httpx.Response) -> httpx.Response:
@@ -56,25 +69,27 @@ def check(response: httpx.Response) -> httpx.Response:
     return response
 
 
-def _typed(type_: type[T]) -> Callable[[httpx.Response], T]:
+def typed(type_: Any) -> Callable[[httpx.Response], Any]:
+    """A parser decoding a successful response's body into ``type_``."""
     decoder = msgspec.json.Decoder(type_)
     return lambda response: decoder.decode(check(response).content)
 
 
-_health = _typed(Health)
-_state = _typed(TopicState)
-_topics = _typed(TopicList)
-_append = _typed(AppendResponse)
-_diff = _typed(DiffResponse)
-_delete = _typed(DeleteResponse)
+_health = typed(Health)
+_state = typed(TopicState)
+_topics = typed(TopicList)
+_append = typed(AppendResponse)
+_diff = typed(DiffResponse)
+_diff_raw = typed(DiffResponse[msgspec.Raw])
+_delete = typed(DeleteResponse)
 
 
 def health() -> Call[Health]:
-    return Call("GET", "/v0/health", _health)
+    return call("health", _health)
 
 
 def list_topics() -> Call[list[TopicState]]:
-    return Call("GET", "/v0/topics", lambda r: _topics(r).topics)
+    return call("listTopics", lambda r: _topics(r).topics)
 
 
 def put_topic(
@@ -82,13 +97,15 @@ def put_topic(
 ) -> Call[tuple[TopicState, bool]]:
     fields = msgspec.structs.asdict(config) if config is not None else {}
     body = TopicPut(**fields, type=type)
-    return Call(
-        "PUT", topic_path(topic), lambda r: (_state(r), r.status_code == 201), _encode(body)
-    )
+
+    def parse(response: httpx.Response) -> tuple[TopicState, bool]:
+        return _state(response), response.status_code == 201
+
+    return call("putTopic", parse, _encode(body), topic=topic)
 
 
 def get_topic(topic: str, touch: bool) -> Call[TopicState]:
-    return Call("GET", topic_path(topic), _state, params=None if touch else {"touch": "false"})
+    return call("getTopic", _state, params=None if touch else {"touch": "false"}, topic=topic)
 
 
 def _nothing(response: httpx.Response) -> None:
@@ -96,14 +113,14 @@ def _nothing(response: httpx.Response) -> None:
 
 
 def delete_topic(topic: str) -> Call[None]:
-    return Call("DELETE", topic_path(topic), _nothing)
+    return call("deleteTopic", _nothing, topic=topic)
 
 
 def append(
     topic: str, records: Sequence[RecordIn], create: bool | None, config: ConfigPatch | None
 ) -> Call[AppendResponse]:
     body = AppendRequest(list(records), create, config)
-    return Call("POST", topic_path(topic, "/records"), _append, _encode(body))
+    return call("append", _append, _encode(body), topic=topic)
 
 
 def diff(
@@ -113,22 +130,24 @@ def diff(
     node: str | Sequence[str] | None,
     epoch: int | None,
     wait_ms: int,
-) -> Call[DiffResponse]:
+    *,
+    raw: bool = False,
+) -> Call[DiffResponse[Any]]:
+    """``raw``: records keep ``data`` as the producer's JSON bytes (``msgspec.Raw``)."""
     nodes = node if node is None or isinstance(node, str) else list(node)
     body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
-    return Call(
-        "POST", topic_path(topic, "/diff"), _diff, _encode(body), extra_wait_s=wait_ms / 1000
-    )
+    return call("diff", _diff_raw if raw else _diff, _encode(body),
+                extra_wait_s=wait_ms / 1000, topic=topic)  # fmt: skip
 
 
 def delete(topic: str, before_seq: int | None, match: str | TagRule | None) -> Call[DeleteResponse]:
     body = DeleteRequest(before_seq, match)
-    return Call("POST", topic_path(topic, "/delete"), _delete, _encode(body))
+    return call("deleteRecords", _delete, _encode(body), topic=topic)
 
 
 def openapi() -> Call[dict[str, Any]]:
-    return Call("GET", "/v0/openapi.json", lambda r: msgspec.json.decode(check(r).content))
+    return call("openapi", lambda r: msgspec.json.decode(check(r).content))
 
 
 def metrics() -> Call[str]:
-    return Call("GET", "/metrics", lambda r: check(r).text)
+    return call("metrics", lambda r: check(r).text)

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import httpx
 import msgspec
 
-from ..server.schemas import Record, Tombstone
-from .calls import topic_path
+from ..protocol import ENDPOINT, Record, Tombstone
 from .errors import ApiError
 
 _record = msgspec.json.Decoder(Record)
@@ -52,7 +51,7 @@ class Watch:
         max_retries: int | None,
         max_backoff_s: float = 5.0,
     ) -> None:
-        self.path = topic_path(topic, "/watch")
+        self.path = ENDPOINT["watch"].url(topic=topic)
         params: list[tuple[str, str | int]] = [("from_seq", from_seq)]
         if epoch is not None:
             params.append(("epoch", epoch))
@@ -107,8 +106,7 @@ class Watch:
         event, id_, data = self._event, self._id, "\n".join(self._data)
         self._event, self._id, self._data = "", None, []
         if event == "error":
-            body = msgspec.json.decode(data)["error"]
-            raise ApiError(200, body["code"], body["message"], body["detail"])
+            raise ApiError.from_body(200, data)
         if id_ is None or event not in ("record", "tombstone"):
             return None
         self.cursor = id_

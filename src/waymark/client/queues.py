@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
-from ..server.queues import (
+from ..protocol import (
     AckBody,
     AckResponse,
     ClaimBody,
@@ -19,19 +20,19 @@ from ..server.queues import (
     RedriveBody,
     RedriveResponse,
 )
-from .calls import Call, _typed, topic_path
+from .calls import Call, call, typed
 
 _encode = msgspec.json.Encoder().encode
-_claim = _typed(ClaimResponse)
-_ack = _typed(AckResponse)
-_nack = _typed(NackResponse)
-_extend = _typed(ExtendResponse)
-_redrive = _typed(RedriveResponse)
+_claim = typed(ClaimResponse)
+_ack = typed(AckResponse)
+_nack = typed(NackResponse)
+_extend = typed(ExtendResponse)
+_redrive = typed(RedriveResponse)
 
 
-def claim(topic: str, node: str, max: int, lease_ms: int | None) -> Call[list[Job]]:
+def claim(topic: str, node: str, max: int, lease_ms: int | None) -> Call[list[Job[Any]]]:
     body = ClaimBody(node, max, lease_ms)
-    return Call("POST", topic_path(topic, "/claim"), lambda r: _claim(r).jobs, _encode(body))
+    return call("claimJobs", lambda r: _claim(r).jobs, _encode(body), topic=topic)
 
 
 def _ids(lease_ids: Sequence[str] | None) -> list[str] | None:
@@ -41,14 +42,14 @@ def _ids(lease_ids: Sequence[str] | None) -> list[str] | None:
 def ack(topic: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None
         ) -> Call[AckResponse]:  # fmt: skip
     body = AckBody(node, list(seqs), _ids(lease_ids))
-    return Call("POST", topic_path(topic, "/ack"), _ack, _encode(body))
+    return call("ackJobs", _ack, _encode(body), topic=topic)
 
 
 def nack(
     topic: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None, delay_ms: int
 ) -> Call[NackResponse]:
     body = NackBody(node, list(seqs), _ids(lease_ids), delay_ms)
-    return Call("POST", topic_path(topic, "/nack"), _nack, _encode(body))
+    return call("nackJobs", _nack, _encode(body), topic=topic)
 
 
 def extend(
@@ -59,8 +60,8 @@ def extend(
     lease_ms: int | None,
 ) -> Call[ExtendResponse]:
     body = ExtendBody(node, list(seqs), _ids(lease_ids), lease_ms)
-    return Call("POST", topic_path(topic, "/extend"), _extend, _encode(body))
+    return call("extendLeases", _extend, _encode(body), topic=topic)
 
 
 def redrive(topic: str, max: int) -> Call[RedriveResponse]:
-    return Call("POST", topic_path(topic, "/redrive"), _redrive, _encode(RedriveBody(max)))
+    return call("redrive", _redrive, _encode(RedriveBody(max)), topic=topic)

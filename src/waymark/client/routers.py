@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 import msgspec
 
-from ..server.routers import RouterDeleted, RouterList, RouterOut, RouterPut
-from .calls import Call, _typed
+from ..protocol import RouterDeleted, RouterList, RouterOut, RouterPut
+from .calls import Call, call, typed
 
 _encode = msgspec.json.Encoder().encode
-_router = _typed(RouterOut)
-_list = _typed(RouterList)
-_deleted = _typed(RouterDeleted)
-
-
-def _path(name: str) -> str:
-    return f"/v0/routers/{quote(name, safe='')}"
+_router = typed(RouterOut)
+_list = typed(RouterList)
+_deleted = typed(RouterDeleted)
 
 
 def put_router(name: str, body: RouterPut) -> Call[RouterOut]:
-    return Call("PUT", _path(name), _router, _encode(body))
+    return call("putRouter", _router, _encode(body), router=name)
 
 
 def get_router(name: str) -> Call[RouterOut]:
-    return Call("GET", _path(name), _router)
+    return call("getRouter", _router, router=name)
 
 
 def list_routers() -> Call[list[RouterOut]]:
-    return Call("GET", "/v0/routers", lambda r: _list(r).routers)
+    return call("listRouters", lambda r: _list(r).routers)
 
 
 def delete_router(name: str) -> Call[RouterDeleted]:
-    return Call("DELETE", _path(name), _deleted)
+    return call("deleteRouter", _deleted, router=name)

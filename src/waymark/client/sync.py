@@ -7,19 +7,33 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import httpx
+import msgspec
 
-from ..log import ConfigPatch, RecordIn, TopicType
-from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
-from ..server.routers import RouterDeleted, RouterFilter, RouterOut, RouterPut
-from ..server.schemas import (
+from ..protocol import (
+    AckResponse,
     AppendResponse,
+    ConfigPatch,
     DeleteResponse,
     DiffResponse,
+    ExtendResponse,
     Health,
+    Job,
+    NackResponse,
+    OpenWriterResponse,
+    PublishResponse,
+    RecordIn,
+    RedriveResponse,
+    RouterDeleted,
+    RouterFilter,
+    RouterOut,
+    RouterPut,
+    StagedPart,
+    StageResponse,
     TagRule,
     TopicState,
+    TopicType,
 )
-from . import calls, queues, routers
+from . import calls, queues, routers, writers
 from .events import Watch, WatchEvent
 
 T = TypeVar("T")
@@ -29,10 +43,18 @@ class Client:
     """A typed client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`."""
 
     def __init__(
-        self, base_url: str, *, timeout: float = 30.0, http: httpx.Client | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float | None = None,
+        http: httpx.Client | None = None,
     ) -> None:
         self.timeout = timeout
-        self._http = http or httpx.Client(base_url=base_url, timeout=timeout)
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._http = http or httpx.Client(
+            base_url=base_url, timeout=httpx.Timeout(timeout, connect=self.connect_timeout)
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -50,7 +72,7 @@ class Client:
             content=call.content,
             params=call.params,
             headers=call.headers,
-            timeout=self.timeout + call.extra_wait_s,
+            timeout=httpx.Timeout(self.timeout + call.extra_wait_s, connect=self.connect_timeout),
         )
         return call.parse(response)
 
@@ -94,10 +116,68 @@ class Client:
     ) -> DiffResponse:
         return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
 
+    def diff_raw(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> DiffResponse[msgspec.Raw]:
+        """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
+        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
+
     def delete(
         self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
     ) -> DeleteResponse:
         return self._run(calls.delete(topic, before_seq, match))
+
+    # --- exactly-once writers -------------------------------------------------------
+    def open_writer(self, writer: str) -> OpenWriterResponse:
+        """Start a new run of ``writer``: its new epoch fences every earlier run."""
+        return self._run(writers.open_writer(writer))
+
+    def stage(
+        self,
+        topic: str,
+        records: Sequence[RecordIn],
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """Stage one chunk of one task attempt's records, invisible until published."""
+        return self._run(writers.stage(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
+    def stage_encoded(
+        self,
+        topic: str,
+        records: Sequence[bytes],
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
+        return self._run(writers.stage_encoded(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
+    def publish(
+        self, topic: str, *, writer: str, epoch: int, batch_id: int,
+        parts: Sequence[StagedPart],
+    ) -> PublishResponse:  # fmt: skip
+        """Publish the staged parts of a batch as one atomic append (idempotent per
+        ``(writer, batch_id)``: a replay returns the original seqs)."""
+        return self._run(writers.publish(topic, writer, epoch, batch_id, parts))
 
     # --- routers (§8) -----------------------------------------------------------------
     def put_router(

@@ -1,16 +1,32 @@
-"""The topic log: records, topics, seq, watermarks, eviction, tombstones, deletion."""
+"""The topic log: records, topics, seq, watermarks, eviction, tombstones, deletion.
 
-from .config import ConfigPatch, Discard, Durability, TopicConfig, TopicType
+Its inputs and the results that are wire shapes are :mod:`waymark.protocol` types,
+re-exported here for code that embeds the engine.
+"""
+
+from ..protocol import (
+    ConfigPatch,
+    DeleteResponse,
+    Discard,
+    Durability,
+    ErrorCode,
+    Limits,
+    RecordIn,
+    Tombstone,
+    TopicConfig,
+    TopicState,
+    TopicType,
+)
 from .deletion import TagMatch
 from .engine import Engine
-from .errors import ErrorCode, TopicError
-from .records import Limits, RecordIn, check_topic_name
-from .results import AppendResult, DeleteResult, DiffResult, Tombstone, TopicState
+from .errors import TopicError
+from .records import check_topic_name
+from .results import AppendResult, DiffResult
 
 __all__ = [
     "AppendResult",
     "ConfigPatch",
-    "DeleteResult",
+    "DeleteResponse",
     "DiffResult",
     "Discard",
     "Durability",

@@ -14,18 +14,28 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..clock import Clock, SystemClock
+from ..protocol import (
+    ConfigPatch,
+    DeleteResponse,
+    Durability,
+    Limits,
+    RecordIn,
+    TopicConfig,
+    TopicState,
+    TopicType,
+)
 from . import journal as frames
-from .config import ConfigPatch, Durability, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, Journal
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
-from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
-from .results import AppendResult, DeleteResult, DiffResult, TopicState
+from .records import EncodedRecord, check_topic_name, encode_batch
+from .results import AppendResult, DiffResult
 from .router import Forwarded, Router, Routers
 from .staging import Staging
 from .topic import Hole, Topic
@@ -254,7 +264,7 @@ class Engine:
 
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None
-    ) -> DeleteResult:
+    ) -> DeleteResponse:
         """Permanent, point-in-time deletion (§7)."""
         if before_seq is None and match is None:
             raise TopicError(
@@ -271,7 +281,7 @@ class Engine:
         self._commit(topic)
         return result
 
-    def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResult:
+    def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResponse:
         """Permanently delete exactly ``seqs`` (§7): how a queue acks and dead-letters."""
         topic = self._existing(name)
         self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
@@ -380,7 +390,7 @@ class Engine:
         else:
             state = topic.state(now)
         if topic.type is TopicType.QUEUE:
-            state = replace(state, queue=self.queues.counts(topic))
+            state = msgspec.structs.replace(state, queue=self.queues.counts(topic))
         return state
 
     def _existing(self, name: str, *, recover: bool = True) -> Topic:

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .config import Durability, TopicConfig
+import msgspec
+
+from ..protocol import Durability, TopicConfig, TopicState, TopicType
 from .journal import decode_config, decode_json, records_topic
 from .priority import effective_priority
 from .replay import apply_frame
-from .results import TopicState
 from .storage.frames import Frame, FrameKind, frame_at
 
 if TYPE_CHECKING:
@@ -163,7 +163,10 @@ class GradualRecovery:
         state = topic.state(0)
         priority = effective_priority(config.priority, config.auto_priority, now,
                                       topic.last_consumed_at, topic.enqueued_at)  # fmt: skip
-        return replace(state, config=config, effective_priority=priority, recovering=True)
+        return msgspec.structs.replace(
+            state, config=config.view(topic.type is TopicType.QUEUE),
+            durability=config.durability, effective_priority=priority, recovering=True,
+        )  # fmt: skip
 
     def _apply(self, name: str, backlog: _Backlog, max_bytes: int | None) -> int:
         """Apply ``backlog``'s frames in order (up to about ``max_bytes``); returns the

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import msgspec
 import orjson
 
-from .config import TopicConfig, TopicType
+from ..protocol import TopicConfig, TopicType
 from .deletion import TagMatch
 from .records import EncodedRecord
 from .storage.frames import FrameKind, encode

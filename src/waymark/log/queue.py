@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .config import Durability, TopicConfig, TopicType
+from ..protocol import Durability, QueueCounts, RecordIn, TopicConfig, TopicType
 from .errors import ErrorCode, TopicError
 from .journal import drop_frame, topic_frame
-from .records import EncodedRecord, RecordIn
+from .records import EncodedRecord
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -233,15 +233,11 @@ class Queues:
         if leases is not None:
             self.engine._write(name, drop_frame(name, leases.epoch))
 
-    def counts(self, topic: Topic) -> dict[str, int]:
+    def counts(self, topic: Topic) -> QueueCounts:
         """The queue object of a topic's state (§10.5). in_flight counts leases not yet
         reclaimed; an expired lease is reclaimed lazily by the next claim pass."""
         p = self._projection(topic)
-        return {
-            "ready": max(0, topic.live_count - p.in_flight),
-            "in_flight": p.in_flight,
-            "dead_lettered": p.dead_lettered,
-        }
+        return QueueCounts(max(0, topic.live_count - p.in_flight), p.in_flight, p.dead_lettered)
 
     def jitter_ms(self, name: str) -> int:
         """The queue's coalescing window (404 if missing, 409 not_a_queue on a log)."""

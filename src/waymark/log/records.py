@@ -1,4 +1,4 @@
-"""Records on the way in: the request shape, the §1.2 limits, and the wire encoding.
+"""Records on the way in: validation against the contract's limits, and the wire encoding.
 
 A committed record is kept only as its encoded wire JSON (followed by a comma,
 so a run of consecutive records is one contiguous slice of a chunk buffer);
@@ -7,16 +7,13 @@ see :mod:`waymark.log.chunk`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import msgspec
 import orjson
 
-from .errors import ErrorCode, TopicError
-
-TOPIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}")
+from ..protocol import TOPIC_NAME, ErrorCode, Limits, RecordIn
+from .errors import TopicError
 
 
 def check_topic_name(name: str) -> None:
@@ -26,42 +23,6 @@ def check_topic_name(name: str) -> None:
             "topic names are 1-255 characters of [A-Za-z0-9._:-], starting alphanumeric",
             {"topic": name},
         )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Hard write limits (§1.2). Violations are 400s with a specific code."""
-
-    max_record_bytes: int = 1 << 20  # data + meta, canonical bytes
-    max_tag_bytes: int = 256
-    max_node_bytes: int = 128
-    max_meta_bytes: int = 16 << 10
-    max_meta_keys: int = 64
-    max_records_per_write: int = 10_000
-    max_body_bytes: int = 64 << 20
-
-
-class RecordIn(msgspec.Struct, forbid_unknown_fields=True):
-    """One record as a producer sends it. ``data`` stays raw JSON bytes end to end."""
-
-    data: msgspec.Raw
-    tag: str | None = None
-    node: str | None = None
-    meta: dict[str, str] | None = None
-    id: str | None = None
-
-    @classmethod
-    def of(
-        cls,
-        data: object,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        meta: dict[str, str] | None = None,
-        id: str | None = None,
-    ) -> RecordIn:
-        """Build a record from a Python value (for embedding the engine)."""
-        return cls(msgspec.Raw(orjson.dumps(data)), tag, node, meta, id)
 
 
 class EncodedRecord(msgspec.Struct, frozen=True, gc=False):

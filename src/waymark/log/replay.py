@@ -7,7 +7,7 @@ TTL expiry, deletion and dedupe state come out exactly as they were.
 
 from __future__ import annotations
 
-from .config import Durability, TopicType
+from ..protocol import Durability, TopicType
 from .deletion import TagMatch
 from .engine import Engine
 from .journal import decode_config, decode_json, decode_records

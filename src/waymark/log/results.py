@@ -1,4 +1,12 @@
-"""What engine operations return. Each result renders its own wire JSON."""
+"""What engine operations return that the protocol does not define.
+
+Where a result is a wire shape the engine returns the protocol's Struct itself
+(:class:`~waymark.protocol.TopicState`, :class:`~waymark.protocol.Tombstone`,
+:class:`~waymark.protocol.DeleteResponse`). The two results here carry more than
+their wire shape and are on the hot path, so they render their own JSON bytes; a
+contract test decodes that output with the protocol types
+(:class:`~waymark.protocol.AppendResponse`, :class:`~waymark.protocol.DiffResponse`).
+"""
 
 from __future__ import annotations
 
@@ -8,88 +16,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
-from .config import Durability, TopicConfig, TopicType
+from ..protocol import Durability, Tombstone
 
 if TYPE_CHECKING:
     from .journal import Commit
-
-
-@dataclass(frozen=True, slots=True)
-class Tombstone:
-    """An in-band gap signal (§5.4): live records in [gap_from, gap_to] were lost."""
-
-    seq: int  # == earliest_seq: the first live seq after the gap, a valid resume point
-    gap_from: int
-    gap_to: int
-    reason: str  # cap | ttl | mixed | recreated
-    missed_estimate: int
-    earliest_seq: int
-    head_seq: int
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "$type": "tombstone",
-            "$seq": self.seq,
-            "gap_from": self.gap_from,
-            "gap_to": self.gap_to,
-            "reason": self.reason,
-            "missed_estimate": self.missed_estimate,
-            "earliest_seq": self.earliest_seq,
-            "head_seq": self.head_seq,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TopicState:
-    """A topic's state (§2.3) at one instant."""
-
-    name: str
-    type: TopicType
-    epoch: int
-    config: TopicConfig
-    head_seq: int
-    earliest_seq: int
-    evict_floor: int
-    next_seq: int
-    count: int
-    bytes: int
-    effective_priority: int
-    created_ts: int
-    last_write_ts: int
-    last_read_ts: int
-    queue: dict[str, int] | None = None  # queue topics (§10.5): ready, in_flight, dead_lettered
-    # a memory topic whose WAL frames are still being applied after a restart (§2.2):
-    # its counts are those applied so far
-    recovering: bool = False
-
-    @property
-    def durability(self) -> Durability:
-        return self.config.durability
-
-    def to_wire(self) -> dict[str, Any]:
-        wire = {
-            "name": self.name,
-            "type": str(self.type),
-            "epoch": self.epoch,
-            "head_seq": self.head_seq,
-            "earliest_seq": self.earliest_seq,
-            "evict_floor": self.evict_floor,
-            "next_seq": self.next_seq,
-            "count": self.count,
-            "bytes": self.bytes,
-            "config": self.config.to_wire(),
-            "durability": str(self.config.durability),
-            "effective_priority": self.effective_priority,
-            "created_ts": self.created_ts,
-            "last_write_ts": self.last_write_ts,
-            "last_read_ts": self.last_read_ts,
-        }
-        if self.recovering:
-            wire["recovering"] = True
-        if self.queue is not None:
-            wire["config"].update(self.config.queue_wire())
-            wire["queue"] = self.queue
-        return wire
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -103,25 +33,8 @@ class AppendResult(msgspec.Struct, frozen=True):
     must_sync: bool = False  # the durability class acks only once ``commit`` is durable
 
     def to_wire(self) -> dict[str, Any]:
+        """The :class:`~waymark.protocol.AppendResponse` body, for orjson."""
         return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteResult:
-    deleted: int
-    earliest_seq: int
-    head_seq: int
-    count: int
-    bytes: int
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "deleted": self.deleted,
-            "earliest_seq": self.earliest_seq,
-            "head_seq": self.head_seq,
-            "count": self.count,
-            "bytes": self.bytes,
-        }
 
 
 @dataclass(slots=True)
@@ -154,9 +67,10 @@ class DiffResult:
         return orjson.loads(self.records_json())
 
     def to_json(self) -> bytes:
+        """The :class:`~waymark.protocol.DiffResponse` body."""
         tail = orjson.dumps(
             {
-                "tombstone": self.tombstone.to_wire() if self.tombstone else None,
+                "tombstone": msgspec.to_builtins(self.tombstone) if self.tombstone else None,
                 "next_from_seq": self.next_from_seq,
                 "head_seq": self.head_seq,
                 "earliest_seq": self.earliest_seq,

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
-from .config import ConfigPatch
+from ..protocol import ConfigPatch, RouterFilter, RouterOut
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import router_frame
@@ -118,20 +119,21 @@ class Router:
         return (self.source, self.dest, self.preserve_node, self.preserve_tag,
                 self.allow_cycle, self.guarantee, self.filter)  # fmt: skip
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "dest": self.dest,
-            "preserve_node": self.preserve_node,
-            "preserve_tag": self.preserve_tag,
-            "filter": self.filter,
-            "allow_cycle": self.allow_cycle,
-            "guarantee": self.guarantee,
-            "created_ts": self.created_ts,
-            "cursor": self.cursor,
-            "source_trimmed": self.trimmed,
-        }
+    def out(self) -> RouterOut:
+        """The router as the API reports it."""
+        return RouterOut(
+            name=self.name,
+            source=self.source,
+            dest=self.dest,
+            preserve_node=self.preserve_node,
+            preserve_tag=self.preserve_tag,
+            filter=None if self.filter is None else msgspec.convert(self.filter, RouterFilter),
+            allow_cycle=self.allow_cycle,
+            guarantee=self.guarantee,
+            created_ts=self.created_ts,
+            cursor=self.cursor,
+            source_trimmed=self.trimmed,
+        )
 
     def key_prefix(self) -> str:
         """``meta._topics_router`` of a copy is this plus ``"<source seq>]"``."""

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..protocol import PublishResponse, RecordIn
 from .errors import ErrorCode, TopicError
 from .journal import writer_frame
-from .records import EncodedRecord, RecordIn, check_topic_name, encode_batch
+from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -44,24 +45,6 @@ class PartKey:
 
     partition: int
     attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class Published:
-    """The outcome of publishing a batch: its seqs are ``first_seq .. first_seq+count-1``."""
-
-    first_seq: int
-    count: int
-    head_seq: int
-    replayed: bool  # the batch had been published before; nothing was appended now
-
-    def to_wire(self) -> dict[str, int | bool]:
-        return {
-            "first_seq": self.first_seq,
-            "count": self.count,
-            "head_seq": self.head_seq,
-            "replayed": self.replayed,
-        }
 
 
 @dataclass(slots=True)
@@ -145,7 +128,7 @@ class Staging:
         epoch: int,
         batch_id: int,
         parts: Sequence[tuple[PartKey, int]],
-    ) -> Published:
+    ) -> PublishResponse:
         """Append the staged ``parts`` (each with its chunk count) as one atomic write.
 
         Idempotent per ``(writer, batch_id)``: a batch already published returns its
@@ -156,7 +139,7 @@ class Staging:
         head = self._engine.get_topic(topic, touch=False).head_seq if topic in self._instance else 0
         if batch_id in state.ledger:
             first, count = state.ledger[batch_id]
-            return Published(first, count, head, replayed=True)
+            return PublishResponse(first, count, head, replayed=True)
         if batch_id <= state.forgotten_upto:
             raise TopicError(
                 ErrorCode.INVALID_REQUEST,
@@ -194,7 +177,7 @@ class Staging:
         self._bound_ledger(state)
         for key in [k for k in state.stages if k[0] == batch_id]:
             del state.stages[key]
-        return Published(first, count, head, replayed=False)
+        return PublishResponse(first, count, head, replayed=False)
 
     def staged_parts(self, topic: str, writer: str) -> int:
         """How many task attempts' outputs are staged and unpublished (for metrics, tests)."""

@@ -23,14 +23,14 @@ import msgspec
 import numpy as np
 from sortedcontainers import SortedDict
 
+from ..protocol import DeleteResponse, Discard, Tombstone, TopicConfig, TopicState, TopicType
 from .chunk import DELETED, Chunk
-from .config import Discard, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit
 from .priority import effective_priority
 from .records import EncodedRecord
-from .results import DeleteResult, DiffResult, Tombstone, TopicState
+from .results import DiffResult
 
 MAX_LOSS_RUNS = 1024
 
@@ -125,7 +125,8 @@ class Topic:
             name=self.name,
             type=self.type,
             epoch=self.epoch,
-            config=self.config,
+            config=self.config.view(self.type is TopicType.QUEUE),
+            durability=self.config.durability,
             head_seq=self.head_seq,
             earliest_seq=self.earliest_seq,
             evict_floor=self.evict_floor,
@@ -409,7 +410,7 @@ class Topic:
                 del self.tag_index[tag]
 
     # --- voluntary removal: deletion (§7) ------------------------------------------
-    def delete(self, bound: int, match: TagMatch | None, now: int) -> DeleteResult:
+    def delete(self, bound: int, match: TagMatch | None, now: int) -> DeleteResponse:
         """Delete below ``bound`` (min of before_seq and head_seq + 1 at call time: the
         point in time), every record or only those whose tag matches."""
         self.expire(now)
@@ -417,11 +418,11 @@ class Topic:
             deleted = self._remove_front(bound - 1, None) if bound > self.front else 0
         else:
             deleted = self._delete_tagged(match, bound)
-        return DeleteResult(
+        return DeleteResponse(
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
 
-    def delete_seqs(self, seqs: list[int], now: int) -> DeleteResult:
+    def delete_seqs(self, seqs: list[int], now: int) -> DeleteResponse:
         """Delete exactly these seqs (a queue's ack and dead-letter move, §10.2).
 
         Seqs already gone are skipped. Their tag index entries stay behind: every
@@ -434,7 +435,7 @@ class Topic:
             if self.front <= seq < self.next_seq and self._chunk_index(seq) >= 0
         )
         self._settle_front()
-        return DeleteResult(
+        return DeleteResponse(
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
 

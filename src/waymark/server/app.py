@@ -1,24 +1,29 @@
-"""The ASGI application: routes every /v0 request to its handler over one engine."""
+"""The ASGI application: routes every /v0 request to its handler over one engine.
+
+The routes are the protocol's endpoint table; :attr:`App.handlers` names the handler
+of each operation id.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from time import perf_counter
 
-import orjson
+import msgspec
 
 from ..clock import Clock
 from ..log import Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
+from ..protocol import ENDPOINTS
+from ..protocol.openapi import document
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
-from .http import Receive, Request, Response, Scope, Send
+from .http import Handler, Receive, Request, Response, Scope, Send
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
-from .openapi import document
 from .queues import QueueApi
 from .routers import Forwarder, RouterApi
-from .routing import Route, Router
+from .routing import PathTable
 from .staging import StagingApi
 
 
@@ -63,35 +68,35 @@ class App:
         heartbeat_s = (settings or Settings()).heartbeat_s
         queues = QueueApi(self.engine, self.limits, self.notifier, self.metrics, heartbeat_s)
         routers = RouterApi(self.engine, self.limits)
-        self._openapi = orjson.dumps(document())
-        topic = "/v0/topics/{topic}"
-        self.router = Router(
-            [
-                Route("/v0/health", {"GET": api.health}),
-                Route("/v0/topics", {"GET": api.list_topics}),
-                Route(
-                    topic, {"PUT": api.put_topic, "GET": api.get_topic, "DELETE": api.delete_topic}
-                ),
-                Route(f"{topic}/records", {"POST": api.append}),
-                Route(f"{topic}/diff", {"POST": api.diff}),
-                Route(f"{topic}/watch", {"GET": api.watch}),
-                Route(f"{topic}/delete", {"POST": api.delete}),
-                Route("/v0/writers", {"POST": staging.open_writer}),
-                Route(f"{topic}/stage", {"POST": staging.stage}),
-                Route(f"{topic}/publish", {"POST": staging.publish}),
-                Route(f"{topic}/claim", {"POST": queues.claim}),
-                Route(f"{topic}/ack", {"POST": queues.ack}),
-                Route(f"{topic}/nack", {"POST": queues.nack}),
-                Route(f"{topic}/extend", {"POST": queues.extend}),
-                Route(f"{topic}/redrive", {"POST": queues.redrive}),
-                Route(f"{topic}/work", {"GET": queues.work}),
-                Route("/v0/routers", {"GET": routers.list_routers}),
-                Route("/v0/routers/{router}", {"PUT": routers.put_router,
-                      "GET": routers.get_router, "DELETE": routers.delete_router}),
-                Route("/v0/openapi.json", {"GET": self._openapi_json}),
-                Route("/metrics", {"GET": self._metrics}),
-            ]
-        )
+        self._openapi = msgspec.json.encode(document())
+        # The handler of every operation id of the endpoint table.
+        self.handlers: dict[str, Handler] = {
+            "health": api.health,
+            "listTopics": api.list_topics,
+            "putTopic": api.put_topic,
+            "getTopic": api.get_topic,
+            "deleteTopic": api.delete_topic,
+            "append": api.append,
+            "diff": api.diff,
+            "watch": api.watch,
+            "deleteRecords": api.delete,
+            "openWriter": staging.open_writer,
+            "stage": staging.stage,
+            "publish": staging.publish,
+            "claimJobs": queues.claim,
+            "ackJobs": queues.ack,
+            "nackJobs": queues.nack,
+            "extendLeases": queues.extend,
+            "redrive": queues.redrive,
+            "work": queues.work,
+            "listRouters": routers.list_routers,
+            "putRouter": routers.put_router,
+            "getRouter": routers.get_router,
+            "deleteRouter": routers.delete_router,
+            "openapi": self._openapi_json,
+            "metrics": self._metrics,
+        }
+        self.paths = PathTable.build(ENDPOINTS, self.handlers)
 
     def close(self) -> None:
         """Begin shutdown: long-polls return and SSE streams end, so connections drain."""
@@ -104,7 +109,7 @@ class App:
                 await self._lifespan(receive, send)
             return
         start = perf_counter()
-        found = self.router.resolve(scope.get("raw_path") or scope["path"])
+        found = self.paths.resolve(scope.get("raw_path") or scope["path"])
         if found is None:
             label, response = "unmatched", not_found(scope["path"])
         else:

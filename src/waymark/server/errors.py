@@ -1,20 +1,21 @@
-"""Every refusal as ``{"error": {"code", "message", "detail"}}`` with the spec's status."""
+"""Every refusal as ``{"error": {"code", "message", "detail"}}`` with the code's status
+(the body and the codes: :mod:`waymark.protocol.errors`)."""
 
 from __future__ import annotations
 
 import logging
 
 import msgspec
-import orjson
 
 from ..log import ErrorCode, TopicError
 from .http import Response
 
 log = logging.getLogger("waymark.server")
+_encode = msgspec.json.encode
 
 
 def error_response(error: TopicError) -> Response:
-    return Response(orjson.dumps(error.to_wire()), error.status)
+    return Response(_encode(error.body()), error.status)
 
 
 def as_topic_error(exc: Exception) -> TopicError | None:
@@ -32,8 +33,7 @@ def as_topic_error(exc: Exception) -> TopicError | None:
 
 def internal_error(exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
-    body = {"error": {"code": "internal", "message": "internal server error", "detail": {}}}
-    return Response(orjson.dumps(body), 500)
+    return error_response(TopicError(ErrorCode.INTERNAL, "internal server error"))
 
 
 def not_found(path: str) -> Response:

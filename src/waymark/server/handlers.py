@@ -1,8 +1,9 @@
 """The /v0 route handlers: decode the request, call the engine, encode its result.
 
-Bodies are decoded by msgspec straight into the request structs (records keep
-their ``data`` as raw JSON bytes); responses are the engine results' own wire
-JSON. No per-record Python objects are built on the way in or out.
+Bodies are decoded by msgspec straight into the protocol's request structs (records
+keep their ``data`` as raw JSON bytes); answers are protocol structs encoded by
+msgspec, or on the append and diff paths the engine results' own wire JSON. No
+per-record Python objects are built on the way in or out.
 """
 
 from __future__ import annotations
@@ -14,16 +15,27 @@ import msgspec
 import orjson
 
 from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError
+from ..protocol import (
+    AppendRequest,
+    DeleteRequest,
+    DiffRequest,
+    Health,
+    TopicDeleted,
+    TopicList,
+    TopicPut,
+    parse_cursor,
+)
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
-from .schemas import AppendRequest, DeleteRequest, DiffRequest, TopicPut
-from .sse import EventStream, parse_cursor
+from .sse import EventStream
 
 _append = msgspec.json.Decoder(AppendRequest)
 _diff = msgspec.json.Decoder(DiffRequest)
 _delete = msgspec.json.Decoder(DeleteRequest)
 _put = msgspec.json.Decoder(TopicPut)
+_encode = msgspec.json.encode
+_HEALTH = _encode(Health("ok"))
 
 
 @dataclass(frozen=True)
@@ -37,10 +49,6 @@ class Settings:
 def _topic(request: Request) -> str:
     # The engine checks the name (400 invalid_topic_name) on every call that takes one.
     return request.params["topic"]
-
-
-def _json(body: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status)
 
 
 def _invalid(message: str, **detail: object) -> TopicError:
@@ -90,10 +98,10 @@ class TopicApi:
         self.settings = settings
 
     async def health(self, request: Request) -> Response:
-        return Response(b'{"status":"ok"}')
+        return Response(_HEALTH)
 
     async def list_topics(self, request: Request) -> Response:
-        return _json({"topics": [state.to_wire() for state in self.engine.list_topics()]})
+        return Response(_encode(TopicList(self.engine.list_topics())))
 
     async def _control_durable(self, name: str) -> None:
         # Topic config and deletions are control frames: acknowledged once durable.
@@ -108,17 +116,17 @@ class TopicApi:
         put = _put.decode(body) if body else TopicPut()
         state, created = self.engine.put_topic(name, put.patch(), put.type)
         await self._control_durable(name)
-        return _json(state.to_wire(), 201 if created else 200)
+        return Response(_encode(state), 201 if created else 200)
 
     async def get_topic(self, request: Request) -> Response:
         name = _topic(request)
-        return _json(self.engine.get_topic(name, touch=_flag(request, "touch", True)).to_wire())
+        return Response(_encode(self.engine.get_topic(name, touch=_flag(request, "touch", True))))
 
     async def delete_topic(self, request: Request) -> Response:
         name = _topic(request)
         self.engine.delete_topic(name)
         await self._control_durable(name)
-        return _json({"topic": name, "deleted": True})
+        return Response(_encode(TopicDeleted(name, True)))
 
     async def append(self, request: Request) -> Response:
         name = _topic(request)
@@ -172,7 +180,7 @@ class TopicApi:
             match = TagMatch.parse(body.match if isinstance(body.match, str) else list(body.match))
         result = self.engine.delete(name, before_seq=body.before_seq, match=match)
         await self._control_durable(name)
-        return _json(result.to_wire())
+        return Response(_encode(result))
 
     async def watch(self, request: Request) -> Response:
         name = _topic(request)
@@ -181,7 +189,7 @@ class TopicApi:
             epoch = epoch_param
         # A reconnecting EventSource repeats the original URL: Last-Event-ID wins.
         if last_id := request.header(b"last-event-id"):
-            epoch, cursor = parse_cursor(last_id.decode("latin-1"))
+            epoch, cursor = _cursor(last_id.decode("latin-1"))
         nodes = _nodes(request.query.get("node"))
         first = self.engine.diff(
             name,
@@ -201,6 +209,13 @@ class TopicApi:
             self.settings.sse_batch,
             self.settings.heartbeat_s,
         )
+
+
+def _cursor(value: str) -> tuple[int | None, int]:
+    try:
+        return parse_cursor(value)
+    except ValueError as exc:
+        raise _invalid(str(exc), cursor=value) from None
 
 
 def _empty(result: DiffResult) -> bool:

@@ -1,12 +1,10 @@
-"""The /v0 queue routes (§10) over :mod:`waymark.log.queue`.
+"""The /v0 queue routes (§10) over :mod:`waymark.log.queue`; their bodies are
+:mod:`waymark.protocol.queues`.
 
-* ``POST /v0/topics/{q}/claim`` ``{node, max, lease_ms?}`` -> ``{"jobs": [...]}``: each
-  job is the wire record plus ``lease_id``, ``deadline`` and ``delivery``.
-* ``POST /v0/topics/{q}/ack`` | ``/nack`` (``delay_ms``) | ``/extend`` (``lease_ms``)
-  ``{node, seqs, lease_ids?}``: seqs this node no longer holds are skipped, not refused.
-* ``GET /v0/topics/{q}/work?node=&max=&lease_ms=``: pushed workers, one SSE ``job``
-  event per lease, at most ``max`` held at once.
-* ``POST /v0/topics/{q}/redrive`` ``{max?}``: dead letters back into the queue.
+A claim's answer is assembled from each job's stored wire JSON plus its lease
+(:meth:`~waymark.log.queue.ClaimedJob.to_json`), not re-encoded; the other answers
+are protocol structs. ``GET /v0/topics/{q}/work`` pushes one SSE ``job`` event per
+lease, at most ``max`` held at once.
 
 A log topic answers every one of them with 409 ``not_a_queue``. With
 ``claim_jitter_ms`` > 0 a claim (or a /work stream wanting more) joins the queue's
@@ -17,97 +15,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Annotated
 
 import msgspec
 import orjson
-from msgspec import Meta, Struct
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.queue import ClaimedJob, ClaimRequest
+from ..protocol import (
+    AckBody,
+    AckResponse,
+    ClaimBody,
+    ExtendBody,
+    ExtendResponse,
+    NackBody,
+    NackResponse,
+    RedriveBody,
+    RedriveResponse,
+)
+from ..protocol.limits import MAX_BATCH
 from .http import Receive, Request, Response, Send
 from .metrics import Metrics
 from .notify import Notifier
-from .openapi import Operation
-from .schemas import Record, Seq
 
-Node = Annotated[str, Meta(min_length=1, max_length=128)]
-Max = Annotated[int, Meta(ge=1, le=10_000)]
-Millis = Annotated[int, Meta(ge=1, le=2**53)]
 HEARTBEAT = b": heartbeat\n\n"
-
-
-# --- wire ------------------------------------------------------------------------------
-
-
-class ClaimBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{q}/claim``: lease up to ``max`` jobs to ``node``."""
-
-    node: Node
-    max: Max = 1
-    lease_ms: Millis | None = None
-
-
-class AckBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{q}/ack``: done; the jobs are permanently deleted."""
-
-    node: Node
-    seqs: Annotated[list[Seq], Meta(min_length=1, max_length=10_000)]
-    lease_ids: list[str] | None = None
-
-
-class NackBody(AckBody, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{q}/nack``: release now; claimable again after ``delay_ms``."""
-
-    delay_ms: Annotated[int, Meta(ge=0, le=2**53)] = 0
-
-
-class ExtendBody(AckBody, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{q}/extend``: new deadline ``now + lease_ms`` (the queue's default
-    when absent)."""
-
-    lease_ms: Millis | None = None
-
-
-class RedriveBody(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{q}/redrive``: move up to ``max`` dead letters back."""
-
-    max: Max = 1000
-
-
-class Job(Record, kw_only=True, omit_defaults=True):
-    """A leased job: the stored record plus its lease."""
-
-    lease_id: str
-    deadline: int
-    delivery: int
-
-
-class ClaimResponse(Struct):
-    jobs: list[Job]
-
-
-class AckResponse(Struct):
-    acked: list[int]
-    skipped: list[int]
-
-
-class NackResponse(Struct):
-    released: list[int]
-    skipped: list[int]
-
-
-class ExtendResponse(Struct):
-    extended: list[int]
-    deadlines: list[int]
-    skipped: list[int]
-
-
-class RedriveResponse(Struct):
-    redriven: int
-    seqs: list[int]
-
-
+_encode = msgspec.json.encode
 _claim = msgspec.json.Decoder(ClaimBody)
 _ack = msgspec.json.Decoder(AckBody)
 _nack = msgspec.json.Decoder(NackBody)
@@ -189,27 +120,21 @@ class QueueApi:
         if settled.must_sync and settled.commit is not None:
             await settled.commit.wait()  # an fsync queue's ack is durable when answered
         self.metrics.jobs_acked += len(settled.done)
-        return Response(orjson.dumps({"acked": settled.done, "skipped": settled.skipped}))
+        return Response(_encode(AckResponse(settled.done, settled.skipped)))
 
     async def nack(self, request: Request) -> Response:
         name = request.params["topic"]
         body = _nack.decode(await request.body(self.max_body))
         settled = self.engine.nack(name, body.node, body.seqs, body.lease_ids, body.delay_ms)
         self.metrics.jobs_released += len(settled.done)
-        return Response(orjson.dumps({"released": settled.done, "skipped": settled.skipped}))
+        return Response(_encode(NackResponse(settled.done, settled.skipped)))
 
     async def extend(self, request: Request) -> Response:
         name = request.params["topic"]
         body = _extend.decode(await request.body(self.max_body))
         settled = self.engine.extend(name, body.node, body.seqs, body.lease_ids, body.lease_ms)
         return Response(
-            orjson.dumps(
-                {
-                    "extended": settled.done,
-                    "deadlines": settled.deadlines or [],
-                    "skipped": settled.skipped,
-                }
-            )
+            _encode(ExtendResponse(settled.done, settled.deadlines or [], settled.skipped))
         )
 
     async def redrive(self, request: Request) -> Response:
@@ -220,7 +145,7 @@ class QueueApi:
         if result.must_sync and result.commit is not None:
             await result.commit.wait()
         self.metrics.jobs_redriven += len(result.seqs)
-        return Response(orjson.dumps({"redriven": len(result.seqs), "seqs": result.seqs}))
+        return Response(_encode(RedriveResponse(len(result.seqs), result.seqs)))
 
     async def work(self, request: Request) -> Response:
         name = request.params["topic"]
@@ -229,8 +154,8 @@ class QueueApi:
             raise TopicError(ErrorCode.INVALID_REQUEST, "node is required: /work?node=<id>")
         most = _query_int(request, "max", 1)
         lease_ms = _query_int(request, "lease_ms", 0) or None
-        if not 1 <= most <= 10_000:
-            raise TopicError(ErrorCode.INVALID_REQUEST, "max is 1..10000", {"max": most})
+        if not 1 <= most <= MAX_BATCH:
+            raise TopicError(ErrorCode.INVALID_REQUEST, f"max is 1..{MAX_BATCH}", {"max": most})
         self.engine.queues.jitter_ms(name)  # 404 / 409 not_a_queue before the stream starts
         return WorkStream(self, name, ClaimRequest(node, most, lease_ms))
 
@@ -275,7 +200,7 @@ class WorkStream(Response):
         try:
             await self._pump(send, disconnected)
         except TopicError as error:
-            body = b"event: error\ndata: " + orjson.dumps(error.to_wire()) + b"\n\n"
+            body = b"event: error\ndata: " + _encode(error.body()) + b"\n\n"
             await send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
             self.api.metrics.watchers -= 1
@@ -331,36 +256,3 @@ def _event(job: ClaimedJob) -> bytes:
         data = orjson.dumps(orjson.loads(data))
     return b"event: job\nid: %d\ndata: %b\n\n" % (job.seq, data)
 
-
-_Q = "/v0/topics/{topic}"
-_CONFLICT = (400, 404, 409)
-
-OPERATIONS = (
-    Operation("post", f"{_Q}/claim", "claimJobs",
-              "Lease up to max jobs (reclaimed first, then fresh); 409 not_a_queue on a log",
-              ok_type=ClaimResponse, body=ClaimBody, errors=_CONFLICT),
-    Operation("post", f"{_Q}/ack", "ackJobs",
-              "Done: permanently delete jobs this node holds; others are skipped",
-              ok_type=AckResponse, body=AckBody, errors=_CONFLICT),
-    Operation("post", f"{_Q}/nack", "nackJobs",
-              "Release leases early; the jobs are claimable again after delay_ms",
-              ok_type=NackResponse, body=NackBody, errors=_CONFLICT),
-    Operation("post", f"{_Q}/extend", "extendLeases",
-              "Heartbeat: new deadline now + lease_ms; delivery counter unchanged",
-              ok_type=ExtendResponse, body=ExtendBody, errors=_CONFLICT),
-    Operation("post", f"{_Q}/redrive", "redrive",
-              "Move dead letters of this queue from its dead_letter topic back into it",
-              ok_type=RedriveResponse, body=RedriveBody, body_required=False, errors=_CONFLICT),
-    Operation("get", f"{_Q}/work", "work",
-              "Server-Sent Events for pushed workers: `event: job` per lease, at most max "
-              "held at once; the stream joins the claim cohort",
-              raw_ok=("text/event-stream", "An endless stream of leased jobs"), errors=_CONFLICT,
-              query=({"name": "node", "in": "query", "required": True,
-                      "schema": {"type": "string"}, "description": "the worker's node id"},
-                     {"name": "max", "in": "query", "required": False,
-                      "schema": {"type": "integer", "minimum": 1, "maximum": 10_000},
-                      "description": "leases held at once (default 1)"},
-                     {"name": "lease_ms", "in": "query", "required": False,
-                      "schema": {"type": "integer", "minimum": 1},
-                      "description": "lease length (default: the queue's lease_ms)"})),
-)  # fmt: skip

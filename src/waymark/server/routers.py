@@ -1,8 +1,5 @@
-"""The /v0 router routes (§8) and the task that drives forwarding.
-
-* ``PUT /v0/routers/{router}`` ``{source, dest, preserve_node?, preserve_tag?, allow_cycle?,
-  guarantee?, create_dest?}`` -> the router (201 when created).
-* ``GET /v0/routers/{router}``, ``DELETE /v0/routers/{router}``, ``GET /v0/routers``.
+"""The /v0 router routes (§8; bodies: :mod:`waymark.protocol.routers`) and the task
+that drives forwarding.
 
 Forwarding never runs inside a request: every commit schedules one coalesced pass on
 the event loop (:class:`Forwarder`), so a source append acks without waiting on it.
@@ -11,70 +8,21 @@ the event loop (:class:`Forwarder`), so a source append acks without waiting on 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
 
 import msgspec
-import orjson
-from msgspec import Meta, Struct
 
 from ..log import Engine, Limits
+from ..protocol import RouterDeleted, RouterList, RouterPut
 from .http import Request, Response
-from .openapi import Operation
-from .schemas import TagRule
 
-TopicName = Annotated[str, Meta(min_length=1, max_length=255)]
 # A dest refusing copies (discard: reject) is retried after this, doubling up to the cap.
 BACKOFF_S = 0.05
 BACKOFF_MAX_S = 2.0
 PASS_RECORDS = 1000  # per router per pass: one pass never holds the loop for long
 
 
-class RouterFilter(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Forward only records passing every key given: a tag match (as in deletes), a
-    $node among ``node``, a $node not among ``not_node``."""
-
-    tag: str | TagRule | None = None
-    node: Annotated[list[str], Meta(min_length=1)] | None = None
-    not_node: Annotated[list[str], Meta(min_length=1)] | None = None
-
-
-class RouterPut(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``PUT /v0/routers/{router}``: forward every record committed to source into dest."""
-
-    source: TopicName
-    dest: TopicName
-    preserve_node: bool = True
-    preserve_tag: bool = True
-    allow_cycle: bool = False
-    guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
-    create_dest: bool = True
-    filter: RouterFilter | None = None
-
-
-class RouterOut(Struct):
-    name: str
-    source: str
-    dest: str
-    preserve_node: bool
-    preserve_tag: bool
-    filter: RouterFilter | None
-    allow_cycle: bool
-    guarantee: str
-    created_ts: int
-    cursor: int  # the last source seq forwarded
-    source_trimmed: int  # source records evicted before forwarding (since start-up)
-
-
-class RouterList(Struct):
-    routers: list[RouterOut]
-
-
-class RouterDeleted(Struct):
-    router: str
-    deleted: bool
-
-
 _put = msgspec.json.Decoder(RouterPut)
+_encode = msgspec.json.encode
 
 
 class Forwarder:
@@ -128,21 +76,21 @@ class RouterApi:
             filter=None if body.filter is None else msgspec.to_builtins(body.filter),
         )  # fmt: skip
         await self._durable(router.source)
-        return Response(orjson.dumps(router.to_wire()), 201 if created else 200)
+        return Response(_encode(router.out()), 201 if created else 200)
 
     async def get_router(self, request: Request) -> Response:
-        return Response(orjson.dumps(self.engine.get_router(request.params["router"]).to_wire()))
+        return Response(_encode(self.engine.get_router(request.params["router"]).out()))
 
     async def list_routers(self, request: Request) -> Response:
-        routers = [r.to_wire() for r in self.engine.list_routers()]
-        return Response(orjson.dumps({"routers": routers}))
+        routers = [r.out() for r in self.engine.list_routers()]
+        return Response(_encode(RouterList(routers)))
 
     async def delete_router(self, request: Request) -> Response:
         name = request.params["router"]
         source = self.engine.get_router(name).source
         self.engine.delete_router(name)
         await self._durable(source)
-        return Response(orjson.dumps({"router": name, "deleted": True}))
+        return Response(_encode(RouterDeleted(name, True)))
 
     async def _durable(self, source: str) -> None:
         # Router definitions are control frames (in the source's shard): acked once durable.
@@ -150,25 +98,3 @@ class RouterApi:
         if commit is not None:
             await commit.wait()
 
-
-_R = "/v0/routers/{router}"
-_ROUTER_PARAM = {
-    "name": "router",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,254}$"},
-}
-
-OPERATIONS = (
-    Operation("put", _R, "putRouter",
-              "Create a router source -> dest (409 router_cycle, 409 router_dest_fan_in)",
-              ok_type=RouterOut, body=RouterPut, errors=(400, 404, 409),
-              query=(_ROUTER_PARAM,)),
-    Operation("get", _R, "getRouter", "A router and its forward cursor", ok_type=RouterOut,
-              query=(_ROUTER_PARAM,)),
-    Operation("delete", _R, "deleteRouter",
-              "Stop forwarding; copies already in dest remain", ok_type=RouterDeleted,
-              query=(_ROUTER_PARAM,)),
-    Operation("get", "/v0/routers", "listRouters", "Every router, by name",
-              ok_type=RouterList, errors=()),
-)  # fmt: skip

@@ -1,5 +1,8 @@
 """Path routing by segments: ``/v0/topics/{topic}/records`` and friends.
 
+The routes come from the protocol's endpoint table (:data:`waymark.protocol.ENDPOINTS`):
+:meth:`PathTable.build` pairs each endpoint with its handler by operation id.
+
 Topic names never contain ``/`` (§2.1), so splitting the path on ``/`` and
 comparing literal segments is exact and needs no regular expressions. Routing
 uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside
@@ -8,9 +11,11 @@ its segment and reaches the name check, rather than silently changing the route.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from ..protocol import Endpoint
 from .http import Handler
 
 RECENT_PATHS = 4096
@@ -40,13 +45,36 @@ class Route:
         return params
 
 
-class Router:
+class PathTable:
+    """Finds the route of a request path (the HTTP layer's matcher, not a §8 router)."""
+
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes
         self._by_length: dict[int, list[Route]] = {}
         self._recent: dict[str | bytes, tuple[Route, dict[str, str]]] = {}
         for route in routes:
             self._by_length.setdefault(len(route.segments), []).append(route)
+
+    @classmethod
+    def build(cls, endpoints: Iterable[Endpoint], handlers: Mapping[str, Handler]) -> PathTable:
+        """One route per path template; a path's methods in the table's order (which is
+        the order its ``Allow`` header lists them in). Every endpoint needs exactly one
+        handler and every handler an endpoint: anything else is a ValueError."""
+        endpoints = list(endpoints)
+        ids = [e.operation_id for e in endpoints]
+        duplicated = {i for i in ids if ids.count(i) > 1}
+        missing, extra = set(ids) - set(handlers), set(handlers) - set(ids)
+        if duplicated or missing or extra:
+            raise ValueError(f"endpoints without exactly one handler: duplicated ids "
+                             f"{sorted(duplicated)}, no handler {sorted(missing)}, "
+                             f"handlers without an endpoint {sorted(extra)}")  # fmt: skip
+        methods: dict[str, dict[str, Handler]] = {}
+        for endpoint in endpoints:
+            route = methods.setdefault(endpoint.path, {})
+            if endpoint.method in route:
+                raise ValueError(f"{endpoint.method} {endpoint.path} is declared twice")
+            route[endpoint.method] = handlers[endpoint.operation_id]
+        return cls([Route(path, by_method) for path, by_method in methods.items()])
 
     def resolve(self, path: str | bytes) -> tuple[Route, dict[str, str]] | None:
         """The route and path parameters for ``path``, a raw (latin-1) path as bytes or a

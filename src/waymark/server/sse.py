@@ -1,11 +1,8 @@
 """``GET /v0/topics/{topic}/watch``: a topic as a Server-Sent Events stream.
 
-Each event's ``id:`` is a resumable cursor ``"<epoch>:<seq>"``: the topic
-instance and the exclusive lower bound to resume from. A record's cursor is its
-own ``$seq``; a tombstone's is ``earliest_seq - 1``, the post-gap position, so a
-reconnect with ``Last-Event-ID`` never re-reports the gap nor skips the first
-live record after it. The epoch lets a resumed cursor detect a topic that was
-deleted and recreated meanwhile (§5.5).
+Each event's ``id:`` is a resumable cursor ``"<epoch>:<seq>"``
+(:mod:`waymark.protocol.cursors`). The epoch lets a resumed cursor detect a topic
+that was deleted and recreated meanwhile (§5.5).
 
 The stream pulls from the engine by cursor, one bounded batch at a time, and
 awaits the transport's flow control before reading more. A slow consumer
@@ -17,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import orjson
 
 from ..log import DiffResult, Engine, ErrorCode, TopicError
+from ..protocol.cursors import EVENT_ID, tombstone_cursor_seq
 from .http import Receive, Response, Send
 from .metrics import Metrics
 from .notify import Notifier
@@ -27,29 +26,16 @@ from .notify import Notifier
 HEARTBEAT = b": heartbeat\n\n"
 
 
-def parse_cursor(value: str) -> tuple[int | None, int]:
-    """``"<epoch>:<seq>"`` or a plain ``"<seq>"`` → (epoch, seq)."""
-    epoch, _, seq = value.strip().rpartition(":")
-    if seq.isdigit() and (not epoch or epoch.isdigit()):
-        return (int(epoch) if epoch else None), int(seq)
-    raise TopicError(
-        ErrorCode.INVALID_REQUEST,
-        'a cursor is "<epoch>:<seq>" or "<seq>" (non-negative integers)',
-        {"cursor": value},
-    )
-
-
 def frame(result: DiffResult) -> bytes:
     """The SSE events of one diff page (tombstone first), as one chunk."""
-    epoch = b"%d:" % result.epoch
+    epoch = result.epoch
     parts: list[bytes | memoryview] = []
     if (tomb := result.tombstone) is not None:
         parts += (
             b"event: tombstone\nid: ",
-            epoch,
-            b"%d" % (tomb.earliest_seq - 1),
+            EVENT_ID % (epoch, tombstone_cursor_seq(tomb)),
             b"\ndata: ",
-            orjson.dumps(tomb.to_wire()),
+            msgspec.json.encode(tomb),
             b"\n\n",
         )
     runs = result.runs
@@ -59,7 +45,7 @@ def frame(result: DiffResult) -> bytes:
     if b"\n" in joined or b"\r" in joined:
         runs = [orjson.dumps(orjson.loads(bytes(run)[:-1])) + b"," for run in runs]
     for run, seq in zip(runs, result.seqs, strict=True):
-        parts += (b"event: record\nid: ", epoch, b"%d" % seq, b"\ndata: ", run[:-1], b"\n\n")
+        parts += (b"event: record\nid: ", EVENT_ID % (epoch, seq), b"\ndata: ", run[:-1], b"\n\n")
     return b"".join(parts)
 
 
@@ -109,7 +95,7 @@ class EventStream(Response):
             await self._pump(send, disconnected)
         except TopicError as error:
             # The head is already sent: report the refusal in-band, then end the stream.
-            body = b"event: error\ndata: " + orjson.dumps(error.to_wire()) + b"\n\n"
+            body = b"event: error\ndata: " + msgspec.json.encode(error.body()) + b"\n\n"
             await send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
             self._metrics.watchers -= 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..client import Client
 from .schema import parse_data, with_parsed_data
 
 if TYPE_CHECKING:
@@ -17,6 +18,12 @@ if TYPE_CHECKING:
 
     from .fold_sink import FoldSink
     from .sink import TopicBatchSink
+
+
+def connect(url: str) -> Client:
+    """The waymark client the source and the sinks talk to ``url`` with (driver and
+    executors alike): a page or a stage may take a while, a dead server should not."""
+    return Client(url, timeout=60.0, connect_timeout=10.0)
 
 
 def register(spark: SparkSession) -> None:
@@ -40,4 +47,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(name)
 
 
-__all__ = ["FoldSink", "TopicBatchSink", "parse_data", "register", "with_parsed_data"]
+__all__ = ["FoldSink", "TopicBatchSink", "connect", "parse_data", "register", "with_parsed_data"]

@@ -48,7 +48,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from . import wire
+from ..client import Client, PublishResponse, StagedPart
+from . import connect
 
 log = logging.getLogger("waymark.spark.sink")
 
@@ -94,8 +95,8 @@ class _TwoPhaseWriter:
         self.url = url.rstrip("/")
         self.writer = writer_id(options)
         # Runs on the driver when the query starts: this run's epoch fences older runs.
-        with wire.client(self.url) as http:
-            self.epoch = wire.open_writer(http, self.writer)
+        with connect(self.url) as http:
+            self.epoch = http.open_writer(self.writer).epoch
         log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
 
     # --- executors --------------------------------------------------------------------
@@ -103,7 +104,7 @@ class _TwoPhaseWriter:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
         message = StagedParts(context.partitionId(), context.attemptNumber())
-        with wire.client(self.url) as http:
+        with connect(self.url) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in iterator:
                 for topic, records in encode_batch(batch, self.topic).items():
@@ -113,25 +114,24 @@ class _TwoPhaseWriter:
 
     # --- driver -------------------------------------------------------------------------
     def _publish(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        parts: dict[str, list[dict[str, int]]] = {}
+        parts: dict[str, list[StagedPart]] = {}
         for message in messages:
             if not isinstance(message, StagedParts):
                 continue
             for topic, chunks, _ in message.topics:
                 parts.setdefault(topic, []).append(
-                    {"partition": message.partition, "attempt": message.attempt, "chunks": chunks}
+                    StagedPart(message.partition, message.attempt, chunks)
                 )
-        with wire.client(self.url) as http:
+        with connect(self.url) as http:
             for topic in sorted(parts):
-                ordered = sorted(parts[topic], key=lambda p: p["partition"])
-                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batch_id,
-                        "parts": ordered}  # fmt: skip
-                result = wire.publish(http, topic, body)
+                ordered = sorted(parts[topic], key=lambda p: p.partition)
+                result = http.publish(topic, writer=self.writer, epoch=self.epoch,
+                                      batch_id=batch_id, parts=ordered)  # fmt: skip
                 log.info(
                     "waymark sink batch %d -> %s: seqs %d..%d%s",
-                    batch_id, topic, result["first_seq"],
-                    result["first_seq"] + result["count"] - 1,
-                    " (already published: replay)" if result["replayed"] else "",
+                    batch_id, topic, result.first_seq,
+                    result.first_seq + result.count - 1,
+                    " (already published: replay)" if result.replayed else "",
                 )  # fmt: skip
 
 
@@ -185,7 +185,7 @@ class _Stager:
 
     def __init__(
         self,
-        http: Any,
+        http: Client,
         writer: _TwoPhaseWriter | TopicBatchSink,
         batch_id: int,
         message: StagedParts,
@@ -218,7 +218,7 @@ class _Stager:
     def _flush(self, topic: str, records: list[bytes]) -> None:
         chunk = self.chunks.get(topic, 0)
         if topic not in self.published:
-            accepted = wire.stage(self.http, topic, {**self.head, "chunk": chunk}, records)
+            accepted = self.http.stage_encoded(topic, records, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
         self.chunks[topic] = chunk + 1
@@ -306,29 +306,29 @@ class TopicBatchSink:
         self.url = url.rstrip("/")
         self.topic = topic  # None: every row names its topic in a 'topic' column
         self.writer = writer_id({"writerId": writer})
-        with wire.client(self.url) as http:
-            self.epoch = wire.open_writer(http, self.writer)
+        with connect(self.url) as http:
+            self.epoch = http.open_writer(self.writer).epoch
 
-    def __call__(self, df: Any, batch_id: int) -> dict[str, dict[str, Any]]:
+    def __call__(self, df: Any, batch_id: int) -> dict[str, PublishResponse]:
         return self.publish(df.toArrow(), batch_id)
 
-    def publish(self, table: pa.Table, batch_id: int) -> dict[str, dict[str, Any]]:
+    def publish(self, table: pa.Table, batch_id: int) -> dict[str, PublishResponse]:
         """Stage ``table`` (the sink's columns: ``data``, optional ``tag``, ``node``,
         ``meta``, ``topic``) as one part and publish it as batch ``batch_id``.
 
         Returns the server's answer per topic (``first_seq``, ``count``, ``replayed``).
         """
         message = StagedParts(0, 0)
-        results: dict[str, dict[str, Any]] = {}
-        with wire.client(self.url) as http:
+        results: dict[str, PublishResponse] = {}
+        with connect(self.url) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in table.to_batches():
                 for topic, records in encode_batch(batch, self.topic).items():
                     stager.add(topic, records)
             stager.flush_all()
             for topic, chunks, _ in message.topics:
-                parts = [{"partition": 0, "attempt": 0, "chunks": chunks}]
-                body = {"writer": self.writer, "epoch": self.epoch, "batch_id": batch_id,
-                        "parts": parts}  # fmt: skip
-                results[topic] = wire.publish(http, topic, body)
+                results[topic] = http.publish(
+                    topic, writer=self.writer, epoch=self.epoch, batch_id=batch_id,
+                    parts=[StagedPart(0, 0, chunks)],
+                )  # fmt: skip
         return results

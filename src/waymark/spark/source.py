@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import httpx
+import msgspec
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -35,7 +35,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from . import wire
+from ..client import ApiError, Client, ErrorCode, Record, RecordIn, TopicState
+from . import connect
 from .offsets import (
     EARLIEST,
     LATEST,
@@ -111,21 +112,21 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             page=PAGE,
         )
         self._target: Offsets | None = None  # availableNow: never read past this
-        self._http: httpx.Client | None = None
+        self._http: Client | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # read() runs on a pickled copy in a Python worker: ship no connection.
         return {**self.__dict__, "_http": None}
 
     @property
-    def http(self) -> httpx.Client:
+    def http(self) -> Client:
         if self._http is None:
-            self._http = wire.client(self.settings.url)
+            self._http = connect(self.settings.url)
         return self._http
 
     # --- driver side ----------------------------------------------------------------
-    def _heads(self) -> dict[str, dict[str, Any] | None]:
-        return {topic: wire.topic_state(self.http, topic) for topic in self.topics}
+    def _heads(self) -> dict[str, TopicState | None]:
+        return {topic: _state(self.http, topic) for topic in self.topics}
 
     def initialOffset(self) -> dict:
         offsets: Offsets = {}
@@ -137,10 +138,10 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 offsets[topic] = TopicOffset(0, 0)  # read it from its first record once it exists
             elif start == EARLIEST:
                 # What is already gone when the query starts is not a gap of this query.
-                offsets[topic] = TopicOffset(state["epoch"], state["earliest_seq"] - 1)
+                offsets[topic] = TopicOffset(state.epoch, state.earliest_seq - 1)
             else:
                 assert start == LATEST
-                offsets[topic] = TopicOffset(state["epoch"], state["head_seq"])
+                offsets[topic] = TopicOffset(state.epoch, state.head_seq)
         return to_json(offsets)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -148,7 +149,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {
-            topic: TopicOffset(state["epoch"], state["head_seq"])
+            topic: TopicOffset(state.epoch, state.head_seq)
             for topic, state in self._heads().items()
             if state is not None
         }
@@ -162,7 +163,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if state is None:  # deleted (or not created yet): wait for an instance to read
                 base[topic], backlog[topic] = at, 0
                 continue
-            epoch, head = state["epoch"], state["head_seq"]
+            epoch, head = state.epoch, state.head_seq
             if at.epoch not in (0, epoch):
                 if self.settings.on_data_loss == "fail":
                     raise WaymarkDataLoss(
@@ -217,15 +218,15 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
     """Page through ``diff`` over ``(lo, hi]`` and yield the records as Arrow batches."""
     settings = part.settings
-    with wire.client(settings.url) as http:
+    with connect(settings.url) as http:
         if part.recreated is not None:
             # Only reached under skip: fail stopped the query when planning the batch.
             _gap(http, part, part.recreated.seq + 1, None, "recreated", 0)
         cursor = part.lo
         while cursor < part.hi:
-            page = wire.diff(
-                http, part.topic, cursor, min(settings.page, part.hi - cursor),
-                part.epoch, settings.node,
+            page = http.diff_raw(
+                part.topic, cursor, limit=min(settings.page, part.hi - cursor),
+                epoch=part.epoch, node=settings.node,
             )  # fmt: skip
             gone = page.tombstone
             if gone is not None:
@@ -246,8 +247,18 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
             cursor = page.next_from_seq
 
 
+def _state(http: Client, topic: str) -> TopicState | None:
+    """The topic's state without counting as consumption; None if it does not exist."""
+    try:
+        return http.get_topic(topic, touch=False)
+    except ApiError as error:
+        if error.code != ErrorCode.TOPIC_NOT_FOUND:
+            raise
+        return None
+
+
 def _gap(
-    http: httpx.Client,
+    http: Client,
     part: SeqRange,
     gap_from: int,
     gap_to: int | None,
@@ -271,14 +282,14 @@ def _gap(
     }
     # The id makes a retried task's report idempotent (the topic's dedupe window).
     record_id = f"{part.topic}:{gap['epoch']}:{gap_from}-{gap_to}:{reason}"
-    wire.append(http, settings.gaps_topic, [{"data": gap, "tag": part.topic, "id": record_id}])
+    http.append(settings.gaps_topic, [RecordIn.of(gap, tag=part.topic, id=record_id)])
 
 
 _TS_US = pa.timestamp("us", tz="UTC")
 _META = pa.map_(pa.string(), pa.string())
 
 
-def to_arrow(topic: str, rows: list[wire.Row]) -> pa.RecordBatch:
+def to_arrow(topic: str, rows: list[Record[msgspec.Raw]]) -> pa.RecordBatch:
     """One diff page as an Arrow batch, built column-wise.
 
     ``data`` is assembled from the raw JSON slices as one buffer plus offsets (no

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...protocol import Durability
 from ..chunk import Chunk
-from ..config import Durability
 from ..engine import Engine
 from .catalog import topic_dir_name, topic_entry, write_catalog
 from .fileio import FileIO

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 
 from ...clock import Clock
-from ..config import TopicConfig, TopicType
+from ...protocol import Limits, TopicConfig, TopicType
 from ..engine import Engine
 from ..gradual import GradualRecovery
 from ..journal import decode_config
-from ..records import Limits
 from ..replay import apply_frame, finish
 from ..topic import Topic
 from .catalog import read_catalog, restore_state

@@ -1,0 +1,71 @@
+"""Request building for the exactly-once sink's writer routes, shared by the sync and
+async clients.
+
+A stage takes either :class:`~waymark.protocol.RecordIn` values or records already
+encoded as RecordIn JSON objects (the Spark sink builds those from Arrow columns):
+the encoded ones are sent as they are, never decoded on the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from ..protocol import (
+    OpenWriterRequest,
+    OpenWriterResponse,
+    PublishRequest,
+    PublishResponse,
+    RecordIn,
+    StagedPart,
+    StageRequest,
+    StageResponse,
+)
+from .calls import Call, call, typed
+
+_encode = msgspec.json.Encoder().encode
+_opened = typed(OpenWriterResponse)
+_staged = typed(StageResponse)
+_published = typed(PublishResponse)
+
+
+def open_writer(writer: str) -> Call[OpenWriterResponse]:
+    return call("openWriter", _opened, _encode(OpenWriterRequest(writer)))
+
+
+def stage(
+    topic: str,
+    writer: str,
+    epoch: int,
+    batch_id: int,
+    partition: int,
+    attempt: int,
+    records: Sequence[RecordIn],
+    chunk: int,
+) -> Call[StageResponse]:
+    body = StageRequest(writer, epoch, batch_id, partition, attempt, list(records), chunk)
+    return call("stage", _staged, _encode(body), topic=topic)
+
+
+def stage_encoded(
+    topic: str,
+    writer: str,
+    epoch: int,
+    batch_id: int,
+    partition: int,
+    attempt: int,
+    records: Sequence[bytes],
+    chunk: int,
+) -> Call[StageResponse]:
+    """``records``: each a RecordIn JSON object, already encoded; sent byte for byte."""
+    array = msgspec.Raw(b"[" + b",".join(records) + b"]")
+    body = StageRequest(writer, epoch, batch_id, partition, attempt, array, chunk)
+    return call("stage", _staged, _encode(body), topic=topic)
+
+
+def publish(
+    topic: str, writer: str, epoch: int, batch_id: int, parts: Sequence[StagedPart]
+) -> Call[PublishResponse]:
+    body = PublishRequest(writer, epoch, batch_id, list(parts))
+    return call("publish", _published, _encode(body), topic=topic)

@@ -1,0 +1,133 @@
+"""The /v0 wire contract: every body the HTTP API takes or gives, as msgspec Structs.
+
+This package is the one definition of the contract. The server decodes requests
+into these types and builds its routes from :data:`ENDPOINTS`; the engine
+(:mod:`waymark.log`) returns these types where its results are wire shapes; the
+client (:mod:`waymark.client`) encodes requests and decodes answers with them;
+:mod:`.openapi` generates the OpenAPI document from the same table and types.
+
+It depends on msgspec and the standard library only, so importing it (or the
+client) never loads the engine. One module per concept:
+
+``records``    RecordIn, Record, Tombstone and its reasons, the tag match grammar
+``topics``     enums, ConfigPatch, TopicConfig, ConfigView, TopicState, topic bodies
+``errors``     ErrorCode with its HTTP status, the error body
+``queues``     claim/ack/nack/extend/redrive bodies, the leased Job
+``routers``    router bodies
+``writers``    the exactly-once sink's open/stage/publish bodies
+``cursors``    the SSE ``<epoch>:<seq>`` event id
+``limits``     the limits that are part of the contract
+``endpoints``  the endpoint table
+``openapi``    the OpenAPI 3.1 document (imported on its own: only the server needs it)
+"""
+
+from .cursors import Cursor, format_cursor, parse_cursor
+from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
+from .errors import Error, ErrorBody, ErrorCode
+from .limits import MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
+from .queues import (
+    AckBody,
+    AckResponse,
+    ClaimBody,
+    ClaimResponse,
+    ExtendBody,
+    ExtendResponse,
+    Job,
+    NackBody,
+    NackResponse,
+    RedriveBody,
+    RedriveResponse,
+)
+from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
+from .routers import RouterDeleted, RouterFilter, RouterList, RouterOut, RouterPut
+from .topics import (
+    AppendRequest,
+    AppendResponse,
+    ConfigPatch,
+    ConfigView,
+    DeleteRequest,
+    DeleteResponse,
+    DiffRequest,
+    DiffResponse,
+    Discard,
+    Durability,
+    QueueCounts,
+    TopicConfig,
+    TopicDeleted,
+    TopicList,
+    TopicPut,
+    TopicState,
+    TopicType,
+)
+from .writers import (
+    OpenWriterRequest,
+    OpenWriterResponse,
+    PublishRequest,
+    PublishResponse,
+    StagedPart,
+    StageRequest,
+    StageResponse,
+)
+
+__all__ = [
+    "ENDPOINT",
+    "ENDPOINTS",
+    "MAX_DIFF_LIMIT",
+    "MAX_WAIT_MS",
+    "TOPIC_NAME",
+    "AckBody",
+    "AckResponse",
+    "AppendRequest",
+    "AppendResponse",
+    "ClaimBody",
+    "ClaimResponse",
+    "ConfigPatch",
+    "ConfigView",
+    "Cursor",
+    "DeleteRequest",
+    "DeleteResponse",
+    "DiffRequest",
+    "DiffResponse",
+    "Discard",
+    "Durability",
+    "Endpoint",
+    "Error",
+    "ErrorBody",
+    "ErrorCode",
+    "ExtendBody",
+    "ExtendResponse",
+    "Health",
+    "Job",
+    "Limits",
+    "NackBody",
+    "NackResponse",
+    "OpenWriterRequest",
+    "OpenWriterResponse",
+    "PublishRequest",
+    "PublishResponse",
+    "QueryParam",
+    "QueueCounts",
+    "Record",
+    "RecordIn",
+    "RedriveBody",
+    "RedriveResponse",
+    "RouterDeleted",
+    "RouterFilter",
+    "RouterList",
+    "RouterOut",
+    "RouterPut",
+    "StageRequest",
+    "StageResponse",
+    "StagedPart",
+    "TagRule",
+    "Tombstone",
+    "TombstoneReason",
+    "TopicConfig",
+    "TopicDeleted",
+    "TopicList",
+    "TopicPut",
+    "TopicState",
+    "TopicType",
+    "format_cursor",
+    "parse_cursor",
+]

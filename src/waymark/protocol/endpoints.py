@@ -1,0 +1,184 @@
+"""The one table of /v0 endpoints.
+
+Each :class:`Endpoint` names its method, path template, operation id, the body it
+takes and the answer it gives. The server builds its routes from this table (a
+handler per operation id), :mod:`.openapi` generates the OpenAPI document from it,
+and the client builds its requests from it, so a route is declared exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+from msgspec import Struct
+
+from .limits import MAX_BATCH
+from .queues import (
+    AckBody,
+    AckResponse,
+    ClaimBody,
+    ClaimResponse,
+    ExtendBody,
+    ExtendResponse,
+    NackBody,
+    NackResponse,
+    RedriveBody,
+    RedriveResponse,
+)
+from .records import RecordIn
+from .routers import RouterDeleted, RouterList, RouterOut, RouterPut
+from .topics import (
+    AppendRequest,
+    AppendResponse,
+    DeleteRequest,
+    DeleteResponse,
+    DiffRequest,
+    DiffResponse,
+    TopicDeleted,
+    TopicList,
+    TopicPut,
+    TopicState,
+)
+from .writers import (
+    OpenWriterRequest,
+    OpenWriterResponse,
+    PublishRequest,
+    PublishResponse,
+    StageRequest,
+    StageResponse,
+)
+
+
+class Health(Struct):
+    status: Literal["ok"]
+
+
+@dataclass(frozen=True)
+class QueryParam:
+    name: str
+    schema: dict[str, Any]  # JSON Schema of the value
+    description: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str  # upper case, as HTTP sends it
+    path: str  # a template: "{topic}" and "{router}" are path parameters
+    operation_id: str
+    summary: str
+    request: Any = None  # the JSON body's type, None when it takes none
+    request_required: bool = True  # False: an empty body means the defaults
+    response: Any = None  # the JSON answer's type; None with ``stream``
+    status: int = 200
+    created: bool = False  # answers 201 instead of ``status`` when it created the resource
+    errors: tuple[int, ...] = (400, 404)  # the statuses of the refusals it documents
+    query: tuple[QueryParam, ...] = ()
+    stream: tuple[str, str] | None = None  # a non-JSON answer: (media type, description)
+
+    def url(self, **params: str) -> str:
+        """The path with ``params`` filled in, each percent-encoded as one segment."""
+        return self.path.format_map({k: quote(v, safe="") for k, v in params.items()})
+
+
+_SEQ = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_TOPIC = "/v0/topics/{topic}"
+_ROUTER = "/v0/routers/{router}"
+_QUEUE_ERRORS = (400, 404, 409)
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/v0/health", "health", "Readiness: 200 when the server serves requests",
+             response=Health, errors=()),
+    Endpoint("GET", "/v0/topics", "listTopics", "Every topic's state, sorted by name",
+             response=TopicList, errors=()),
+    # --- topics (the order of one path's methods is the order of its Allow header)
+    Endpoint("PUT", _TOPIC, "putTopic",
+             "Create (201) or update (200) a topic; config fields at the top level",
+             request=TopicPut, request_required=False, response=TopicState, created=True,
+             errors=(400, 409)),
+    Endpoint("GET", _TOPIC, "getTopic", "A topic's state; touch=false reads without consuming",
+             response=TopicState,
+             query=(QueryParam("touch", {"type": "boolean"}, "count this read as consumption"),)),
+    Endpoint("DELETE", _TOPIC, "deleteTopic",
+             "Delete a topic with its records, tag index and dedupe state",
+             response=TopicDeleted),
+    Endpoint("POST", f"{_TOPIC}/records", "append",
+             "Append records atomically; lazily creates the topic unless create=false",
+             request=AppendRequest, response=AppendResponse, errors=(400, 404, 409, 422)),
+    Endpoint("POST", f"{_TOPIC}/diff", "diff",
+             "Records with $seq > from_seq (a tombstone first if live records were lost); "
+             "wait_ms long-polls for new records",
+             request=DiffRequest, response=DiffResponse[Any]),
+    Endpoint("GET", f"{_TOPIC}/watch", "watch",
+             "Server-Sent Events: `event: record|tombstone`, `id: <epoch>:<seq>`; resumes "
+             "from Last-Event-ID; idle streams get `: heartbeat` comment lines",
+             stream=("text/event-stream", "An endless event stream"),
+             query=(QueryParam("from_seq", _SEQ, "exclusive lower bound; default 0"),
+                    QueryParam("epoch", _SEQ, "the topic instance the cursor belongs to"),
+                    QueryParam("node", {"type": "array", "items": {"type": "string"}},
+                               "reader node id(s): their own records are skipped"))),
+    Endpoint("POST", f"{_TOPIC}/delete", "deleteRecords",
+             "Permanently delete records by before_seq and/or tag match (silent, "
+             "point-in-time)",
+             request=DeleteRequest, response=DeleteResponse),
+    # --- the exactly-once sink's writers
+    Endpoint("POST", "/v0/writers", "openWriter",
+             "Start a new run of an exactly-once writer: returns its new epoch, which fences "
+             "(409 fenced) every stage and publish of earlier runs",
+             request=OpenWriterRequest, response=OpenWriterResponse, errors=(400,)),
+    Endpoint("POST", f"{_TOPIC}/stage", "stage",
+             "Stage one chunk of a task attempt's records under (writer, batch_id, partition, "
+             "attempt); invisible to readers until published; unpublished stages expire",
+             request=StageRequest[list[RecordIn]], response=StageResponse, errors=(400, 409)),
+    Endpoint("POST", f"{_TOPIC}/publish", "publish",
+             "Publish the named staged parts of a batch as one atomic append (contiguous "
+             "seqs); publishing an already published (writer, batch_id) returns its original "
+             "seqs",
+             request=PublishRequest, response=PublishResponse, errors=(400, 404, 409, 422)),
+    # --- queues
+    Endpoint("POST", f"{_TOPIC}/claim", "claimJobs",
+             "Lease up to max jobs (reclaimed first, then fresh); 409 not_a_queue on a log",
+             request=ClaimBody, response=ClaimResponse[Any], errors=_QUEUE_ERRORS),
+    Endpoint("POST", f"{_TOPIC}/ack", "ackJobs",
+             "Done: permanently delete jobs this node holds; others are skipped",
+             request=AckBody, response=AckResponse, errors=_QUEUE_ERRORS),
+    Endpoint("POST", f"{_TOPIC}/nack", "nackJobs",
+             "Release leases early; the jobs are claimable again after delay_ms",
+             request=NackBody, response=NackResponse, errors=_QUEUE_ERRORS),
+    Endpoint("POST", f"{_TOPIC}/extend", "extendLeases",
+             "Heartbeat: new deadline now + lease_ms; delivery counter unchanged",
+             request=ExtendBody, response=ExtendResponse, errors=_QUEUE_ERRORS),
+    Endpoint("POST", f"{_TOPIC}/redrive", "redrive",
+             "Move dead letters of this queue from its dead_letter topic back into it",
+             request=RedriveBody, request_required=False, response=RedriveResponse,
+             errors=_QUEUE_ERRORS),
+    Endpoint("GET", f"{_TOPIC}/work", "work",
+             "Server-Sent Events for pushed workers: `event: job` per lease, at most max "
+             "held at once; the stream joins the claim cohort",
+             stream=("text/event-stream", "An endless stream of leased jobs"),
+             errors=_QUEUE_ERRORS,
+             query=(QueryParam("node", {"type": "string"}, "the worker's node id", True),
+                    QueryParam("max", {"type": "integer", "minimum": 1, "maximum": MAX_BATCH},
+                               "leases held at once (default 1)"),
+                    QueryParam("lease_ms", {"type": "integer", "minimum": 1},
+                               "lease length (default: the queue's lease_ms)"))),
+    # --- routers
+    Endpoint("GET", "/v0/routers", "listRouters", "Every router, by name",
+             response=RouterList, errors=()),
+    Endpoint("PUT", _ROUTER, "putRouter",
+             "Create a router source -> dest (409 router_cycle, 409 router_dest_fan_in)",
+             request=RouterPut, response=RouterOut, created=True, errors=(400, 404, 409)),
+    Endpoint("GET", _ROUTER, "getRouter", "A router and its forward cursor",
+             response=RouterOut),
+    Endpoint("DELETE", _ROUTER, "deleteRouter",
+             "Stop forwarding; copies already in dest remain", response=RouterDeleted),
+    # --- the server itself
+    Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
+             stream=("application/json", "OpenAPI 3.1")),
+    Endpoint("GET", "/metrics", "metrics", "Prometheus metrics", errors=(),
+             stream=("text/plain", "Prometheus text exposition format")),
+)  # fmt: skip
+
+ENDPOINT: dict[str, Endpoint] = {e.operation_id: e for e in ENDPOINTS}

@@ -1,0 +1,75 @@
+"""Every refusal: ``{"error": {"code", "message", "detail"}}`` with the code's HTTP status.
+
+:class:`ErrorCode` lists every code a waymark server sends; each has one status.
+Clients decode :class:`Error` with ``code`` as a plain string, so a code added to a
+newer server still decodes (the client maps known ones onto :class:`ErrorCode`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from msgspec import Struct
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    INVALID_TOPIC_NAME = "invalid_topic_name"
+    RECORD_TOO_LARGE = "record_too_large"
+    TAG_TOO_LONG = "tag_too_long"
+    NODE_TOO_LONG = "node_too_long"
+    META_TOO_LARGE = "meta_too_large"
+    TOO_MANY_RECORDS = "too_many_records"
+    BODY_TOO_LARGE = "body_too_large"
+    TOPIC_NOT_FOUND = "topic_not_found"
+    TOPIC_FULL = "topic_full"
+    TOPIC_EXISTS_INCOMPATIBLE = "topic_exists_incompatible"
+    NOT_A_QUEUE = "not_a_queue"
+    ROUTER_CYCLE = "router_cycle"
+    ROUTER_NOT_FOUND = "router_not_found"
+    FENCED = "fenced"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
+    INTERNAL = "internal"  # a server fault, never a refusal of the request's content
+
+    @property
+    def status(self) -> int:
+        """The HTTP status every response with this code has."""
+        return STATUS[self]
+
+
+STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.INVALID_TOPIC_NAME: 400,
+    ErrorCode.RECORD_TOO_LARGE: 400,
+    ErrorCode.TAG_TOO_LONG: 400,
+    ErrorCode.NODE_TOO_LONG: 400,
+    ErrorCode.META_TOO_LARGE: 400,
+    ErrorCode.TOO_MANY_RECORDS: 400,
+    ErrorCode.BODY_TOO_LARGE: 400,
+    ErrorCode.TOPIC_NOT_FOUND: 404,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.ROUTER_NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: 409,
+    ErrorCode.NOT_A_QUEUE: 409,
+    ErrorCode.ROUTER_CYCLE: 409,
+    ErrorCode.FENCED: 409,
+    ErrorCode.TOPIC_FULL: 422,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.STORAGE_UNAVAILABLE: 503,
+}
+
+
+class ErrorBody(Struct):
+    code: str  # an ErrorCode value; str so that codes a newer server adds still decode
+    message: str
+    detail: dict[str, Any]
+
+
+class Error(Struct):
+    """The body of every 4xx/5xx answer, and of an SSE ``event: error``."""
+
+    error: ErrorBody

@@ -1,0 +1,44 @@
+"""The limits and value ranges that are part of the /v0 contract (§1.2).
+
+Both sides read them from here: the engine enforces :class:`Limits` (a server may be
+configured with other values; these are the defaults every waymark server starts
+with), request bodies carry the ranges as msgspec constraints, and the OpenAPI
+document states them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated
+
+from msgspec import Meta
+
+# 1-255 characters of [A-Za-z0-9._:-], starting alphanumeric; never a "/" (§2.1).
+TOPIC_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}"
+TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
+
+MAX_DIFF_LIMIT = 10_000  # records a diff page may scan
+DEFAULT_DIFF_LIMIT = 1000
+MAX_WAIT_MS = 60_000  # the longest diff long-poll
+MAX_BATCH = 10_000  # jobs per claim, leases per /work stream, seqs per ack/nack/extend
+
+Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Positive = Annotated[int, Meta(ge=1, le=2**63 - 1)]
+# Where a body names a topic that is then checked by the engine (404/400 with the
+# spec's code), not refused by the decoder as a malformed field.
+TopicName = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard write limits (§1.2). Violations are 400s with a specific code."""
+
+    max_record_bytes: int = 1 << 20  # data + meta, canonical bytes
+    max_tag_bytes: int = 256
+    max_node_bytes: int = 128
+    max_meta_bytes: int = 16 << 10
+    max_meta_keys: int = 64
+    max_records_per_write: int = 10_000
+    max_body_bytes: int = 64 << 20

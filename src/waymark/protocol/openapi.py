@@ -1,0 +1,110 @@
+"""``GET /v0/openapi.json``: the OpenAPI 3.1 document, generated from the endpoint table.
+
+Body schemas come from the same msgspec structs the server decodes requests into and
+the client decodes answers into, so the document cannot drift from either.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from .. import __version__
+from .endpoints import ENDPOINTS, Endpoint
+from .errors import STATUS, Error
+from .limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
+
+_REF = "#/components/schemas/{name}"
+_PATH_PARAM = re.compile(r"{(\w+)}")
+
+
+def document() -> dict[str, Any]:
+    types = [Error]
+    for endpoint in ENDPOINTS:
+        types += [t for t in (endpoint.request, endpoint.response) if t is not None]
+    types = list(dict.fromkeys(types))
+    refs, components = msgspec.json.schema_components(types, ref_template=_REF)
+    renamed, components = _plain_generic_names(components)
+    ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
+    paths: dict[str, dict[str, Any]] = {}
+    for endpoint in ENDPOINTS:
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
+            endpoint, ref
+        )
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "waymark topics",
+            "version": __version__,
+            "description": "Append-only topics with no silent loss: every involuntary gap "
+            f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records.",
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary}
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True,
+         "schema": {"type": "string", "pattern": f"^{TOPIC_NAME_PATTERN}$"}}
+        for name in _PATH_PARAM.findall(endpoint.path)
+    ]  # fmt: skip
+    params += [
+        {"name": q.name, "in": "query", "required": q.required, "schema": q.schema,
+         "description": q.description}
+        for q in endpoint.query
+    ]  # fmt: skip
+    if params:
+        spec["parameters"] = params
+    if endpoint.request is not None:
+        spec["requestBody"] = {
+            "required": endpoint.request_required,
+            "content": {"application/json": {"schema": ref[endpoint.request]}},
+        }
+    if endpoint.stream is not None:
+        media, description = endpoint.stream
+        ok = {"description": description, "content": {media: {"schema": {}}}}
+    else:
+        ok = {"description": "OK",
+              "content": {"application/json": {"schema": ref[endpoint.response]}}}  # fmt: skip
+    responses: dict[str, Any] = {str(endpoint.status): ok}
+    if endpoint.created:
+        responses["201"] = {**ok, "description": "Created"}
+    error = {"content": {"application/json": {"schema": ref[Error]}}}
+    for status in endpoint.errors:
+        codes = ", ".join(code.value for code, s in STATUS.items() if s == status)
+        responses[str(status)] = {**error, "description": f"Refused: {codes}"}
+    responses["default"] = {**error, "description": "Any other refusal"}
+    return spec | {"responses": responses}
+
+
+def _plain_generic_names(
+    components: dict[str, Any],
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Name ``DiffResponse[Any]`` plainly ``DiffResponse``: the document uses each generic
+    body with one parameter only, so the bare name is unambiguous."""
+    renamed = {
+        name: schema["title"].split("[", 1)[0]
+        for name, schema in components.items()
+        if "[" in schema.get("title", "")
+    }
+    if len(set(renamed.values())) != len(renamed) or set(renamed.values()) & set(components):
+        raise ValueError(f"generic bodies used with several parameters: {sorted(renamed)}")
+    text = msgspec.json.encode(components).decode()
+    for old, new in renamed.items():
+        text = text.replace(f'"{_REF.format(name=old)}"', f'"{_REF.format(name=new)}"')
+    out: dict[str, Any] = {}
+    for name, schema in msgspec.json.decode(text).items():
+        if name in renamed:
+            name = schema["title"] = renamed[name]
+        out[name] = schema
+    return renamed, out
+
+
+def _renamed(ref: dict[str, str], renamed: dict[str, str]) -> dict[str, str]:
+    name = ref["$ref"].rsplit("/", 1)[1]
+    return {"$ref": _REF.format(name=renamed.get(name, name))}

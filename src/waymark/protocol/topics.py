@@ -1,0 +1,263 @@
+"""Topics: configuration, state, and the bodies of the topic routes.
+
+A :class:`ConfigPatch` is what a client sends (every field optional); a
+:class:`TopicConfig` is the resolved configuration a topic runs with (the engine
+keeps and persists it); a :class:`ConfigView` is that configuration as a topic's
+state reports it (``durable`` included, the queue fields on queue topics only).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Generic, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from .limits import DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, NonNegative, Positive, Seq
+from .limits import TopicName as DeadLetterName
+from .records import Record, RecordIn, TagRule, Tombstone
+
+T = TypeVar("T")
+
+
+class Discard(StrEnum):
+    OLD = "old"
+    REJECT = "reject"
+
+
+class Durability(StrEnum):
+    """The four commit classes, weakest first."""
+
+    EPHEMERAL = "ephemeral"
+    MEMORY = "memory"
+    DISK = "disk"
+    FSYNC = "fsync"
+
+
+class TopicType(StrEnum):
+    LOG = "log"
+    QUEUE = "queue"
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+class ConfigPatch(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Config fields a request sets; absent fields keep their current value."""
+
+    ttl_ms: NonNegative | UnsetType = UNSET
+    cap_records: NonNegative | UnsetType = UNSET
+    cap_bytes: NonNegative | UnsetType = UNSET
+    discard: Discard | UnsetType = UNSET
+    durable: bool | UnsetType = UNSET
+    durability: Durability | UnsetType | None = UNSET
+    priority: Annotated[int, Meta(ge=-2 ** 31, le=2 ** 31 - 1)] | UnsetType | None = UNSET
+    auto_priority: bool | UnsetType = UNSET
+    auto_create: bool | UnsetType = UNSET
+    idempotency_window_ms: NonNegative | UnsetType = UNSET
+    dedupe_node: bool | UnsetType = UNSET
+    # --- queues (§10); accepted on any topic, used only by type "queue" ---
+    lease_ms: Positive | UnsetType = UNSET
+    max_deliveries: NonNegative | UnsetType = UNSET
+    dead_letter: DeadLetterName | UnsetType | None = UNSET
+    claim_jitter_ms: NonNegative | UnsetType = UNSET
+    leases_durable: bool | UnsetType = UNSET
+
+
+class TopicConfig(Struct, frozen=True):
+    """The resolved configuration of one topic, every field with its default (§2.2).
+
+    Its fields, in this order, are also what the engine persists for a topic.
+    """
+
+    ttl_ms: int = 0
+    cap_records: int = 0
+    cap_bytes: int = 0
+    discard: Discard = Discard.OLD
+    durability: Durability = Durability.DISK
+    priority: int | None = None
+    auto_priority: bool = True
+    auto_create: bool = True
+    idempotency_window_ms: int = 120_000
+    dedupe_node: bool = True
+    # --- queues (§10) ---
+    lease_ms: int = 30_000  # a claim's lease (the visibility timeout) unless it names one
+    max_deliveries: int = 0  # 0: reclaimed indefinitely; n: the (n+1)-th delivery dead-letters
+    dead_letter: str | None = None
+    claim_jitter_ms: int = 0  # 0: greedy claims; > 0: the coalescing window of a cohort
+    leases_durable: bool = False  # the leases log follows the jobs' class instead of memory
+
+    @property
+    def durable(self) -> bool:
+        # §2.2: durable is normalised to "the class is fsync".
+        return self.durability is Durability.FSYNC
+
+    def apply(self, patch: ConfigPatch) -> TopicConfig:
+        """This config with ``patch`` applied (upsert semantics)."""
+        changes: dict[str, Any] = {
+            f: getattr(patch, f)
+            for f in patch.__struct_fields__
+            if f not in ("durable", "durability") and getattr(patch, f) is not UNSET
+        }
+        # An explicit durability wins; a bare `durable` picks fsync or disk (§2.2).
+        if patch.durability is not UNSET and patch.durability is not None:
+            changes["durability"] = patch.durability
+        elif patch.durable is not UNSET:
+            changes["durability"] = Durability.FSYNC if patch.durable else Durability.DISK
+        elif patch.durability is None:
+            changes["durability"] = Durability.DISK
+        return msgspec.structs.replace(self, **changes) if changes else self
+
+    def view(self, queue: bool) -> ConfigView:
+        """This config as the state of a topic reports it (``queue``: a queue topic)."""
+        view = ConfigView(
+            ttl_ms=self.ttl_ms,
+            cap_records=self.cap_records,
+            cap_bytes=self.cap_bytes,
+            discard=self.discard,
+            durable=self.durable,
+            durability=self.durability,
+            priority=self.priority,
+            auto_priority=self.auto_priority,
+            auto_create=self.auto_create,
+            idempotency_window_ms=self.idempotency_window_ms,
+            dedupe_node=self.dedupe_node,
+        )
+        if queue:
+            view.lease_ms = self.lease_ms
+            view.max_deliveries = self.max_deliveries
+            view.dead_letter = self.dead_letter
+            view.claim_jitter_ms = self.claim_jitter_ms
+            view.leases_durable = self.leases_durable
+        return view
+
+
+class ConfigView(Struct, kw_only=True, omit_defaults=True):
+    """A topic's resolved config as its state reports it: every field present, plus
+    ``durable``; the queue fields (§10) only on queue topics."""
+
+    ttl_ms: int
+    cap_records: int
+    cap_bytes: int
+    discard: Discard
+    durable: bool
+    durability: Durability
+    priority: int | None
+    auto_priority: bool
+    auto_create: bool
+    idempotency_window_ms: int
+    dedupe_node: bool
+    lease_ms: int | UnsetType = UNSET
+    max_deliveries: int | UnsetType = UNSET
+    dead_letter: str | UnsetType | None = UNSET
+    claim_jitter_ms: int | UnsetType = UNSET
+    leases_durable: bool | UnsetType = UNSET
+
+
+# --- state -------------------------------------------------------------------------------
+
+
+class QueueCounts(Struct):
+    """The ``queue`` object of a queue topic's state (§10.5)."""
+
+    ready: int
+    in_flight: int  # leases not yet reclaimed; an expired lease is reclaimed lazily
+    dead_lettered: int
+
+
+class TopicState(Struct, kw_only=True, omit_defaults=True):
+    """A topic's state (§2.3) at one instant."""
+
+    name: str
+    type: TopicType
+    epoch: int
+    head_seq: int
+    earliest_seq: int
+    evict_floor: int
+    next_seq: int
+    count: int
+    bytes: int
+    config: ConfigView
+    durability: Durability
+    effective_priority: int
+    created_ts: int
+    last_write_ts: int
+    last_read_ts: int
+    queue: QueueCounts | None = None  # queue topics only
+    # present (true) while a memory topic's records are recovered after a restart (§2.2);
+    # its counts are then those applied so far
+    recovering: bool = False
+
+
+# --- topic routes ----------------------------------------------------------------------
+
+
+class TopicPut(ConfigPatch, forbid_unknown_fields=True, omit_defaults=True):
+    """``PUT /v0/topics/{topic}``: config fields at the top level, plus the immutable type."""
+
+    type: TopicType | None = None
+
+    def patch(self) -> ConfigPatch:
+        return ConfigPatch(**{f: getattr(self, f) for f in ConfigPatch.__struct_fields__})
+
+
+class TopicList(Struct):
+    topics: list[TopicState]
+
+
+class TopicDeleted(Struct):
+    topic: str
+    deleted: bool
+
+
+class AppendRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /v0/topics/{topic}/records``."""
+
+    records: Annotated[list[RecordIn], Meta(min_length=1)]
+    create: bool | None = None
+    config: ConfigPatch | None = None
+
+
+class AppendResponse(Struct):
+    seqs: list[int]
+    head_seq: int
+    durability: Durability
+
+
+class DiffRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /v0/topics/{topic}/diff``: records with ``$seq > from_seq``."""
+
+    from_seq: Seq
+    limit: Annotated[int, Meta(ge=1, le=MAX_DIFF_LIMIT)] = DEFAULT_DIFF_LIMIT
+    node: str | list[str] | None = None
+    epoch: Seq | None = None
+    wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS)] = 0
+
+
+class DiffResponse(Struct, Generic[T], kw_only=True, gc=False):
+    """One page of a cursor read: a tombstone (if any) comes before the records."""
+
+    records: list[Record[T]]
+    tombstone: Tombstone | None
+    next_from_seq: int
+    head_seq: int
+    earliest_seq: int
+    caught_up: bool
+    epoch: int
+    durability: Durability
+
+
+class DeleteRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /v0/topics/{topic}/delete``: at least one of the two selectors."""
+
+    before_seq: Seq | None = None
+    match: str | TagRule | None = None
+
+
+class DeleteResponse(Struct):
+    deleted: int
+    earliest_seq: int
+    head_seq: int
+    count: int
+    bytes: int

@@ -1,0 +1,80 @@
+"""The routes of the exactly-once sink's writers: open a run, stage, publish.
+
+* ``POST /v0/writers`` ``{writer}`` -> ``{writer, epoch}``: a new run of a writer; its
+  epoch fences every earlier run (409 ``fenced``).
+* ``POST /v0/topics/{topic}/stage``: one chunk of one task attempt's records,
+  invisible to readers until published.
+* ``POST /v0/topics/{topic}/publish``: the named parts as one atomic append;
+  idempotent per ``(writer, batch_id)``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Generic, TypeVar
+
+from msgspec import Meta, Struct
+
+from .limits import NonNegative
+
+Records = TypeVar("Records")
+
+WriterId = Annotated[str, Meta(min_length=1, max_length=255)]
+
+
+class OpenWriterRequest(Struct, forbid_unknown_fields=True):
+    """``POST /v0/writers``: start a new run of ``writer`` (one epoch for all its topics)."""
+
+    writer: WriterId
+
+
+class OpenWriterResponse(Struct):
+    writer: str
+    epoch: int
+
+
+class StageRequest(Struct, Generic[Records], forbid_unknown_fields=True, omit_defaults=True):
+    """``POST /v0/topics/{topic}/stage``: chunk ``chunk`` of one task attempt's rows.
+
+    ``records`` is a JSON array of RecordIn objects: the server decodes
+    ``StageRequest[list[RecordIn]]``; a sender whose records are already encoded sends
+    ``StageRequest[msgspec.Raw]`` with the array as one Raw value (the same bytes).
+    """
+
+    writer: WriterId
+    epoch: NonNegative
+    batch_id: NonNegative
+    partition: NonNegative
+    attempt: NonNegative
+    records: Records
+    chunk: NonNegative = 0
+
+
+class StageResponse(Struct):
+    staged: int
+    # False when the batch was already published: nothing was stored, nothing need be.
+    accepted: bool
+
+
+class StagedPart(Struct, forbid_unknown_fields=True):
+    partition: NonNegative
+    attempt: NonNegative
+    chunks: NonNegative
+
+
+class PublishRequest(Struct, forbid_unknown_fields=True):
+    """``POST /v0/topics/{topic}/publish``: the successful attempts' parts of a batch."""
+
+    writer: WriterId
+    epoch: NonNegative
+    batch_id: NonNegative
+    parts: list[StagedPart]
+
+
+class PublishResponse(Struct):
+    """Seqs ``first_seq .. first_seq+count-1``; ``replayed`` when published before."""
+
+    first_seq: int
+    count: int
+    head_seq: int
+    replayed: bool  # the batch had been published before; nothing was appended now
+
