@@ -37,8 +37,11 @@ from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import checkpoint as checkpoint_module
 from waymark.log.storage.recovery import open_engine
 from waymark.log.topic import Topic
+from waymark.protocol import DiffResponse
 
 TOPIC = "t"
+DIFF_PAGE = msgspec.json.Decoder(DiffResponse)
+RAW_DIFF_PAGE = msgspec.json.Decoder(DiffResponse[msgspec.Raw])
 TAGS = ["a", "ab", "b", None]
 NODES = ["n1", "n2", None]
 
@@ -236,9 +239,14 @@ class NoSilentLoss(RuleBasedStateMachine):
             assert next_from == max(stop, effective)
         expected = [r for r in window if not (reader.nodes and r.node in reader.nodes)]
         got = result.records()
-        wire = orjson.loads(result.to_json())  # the HTTP body agrees with the page
+        body = result.to_json()
+        wire = orjson.loads(body)  # the HTTP body agrees with the page
         assert wire["records"] == got and wire["next_from_seq"] == next_from
         assert wire["tombstone"] == (msgspec.to_builtins(tomb) if tomb else None)
+        # ... and is exactly the contract's DiffResponse: its types read every field back.
+        assert msgspec.to_builtins(DIFF_PAGE.decode(body)) == wire
+        raw = RAW_DIFF_PAGE.decode(body).records
+        assert [orjson.loads(bytes(r.data)) for r in raw] == [g["data"] for g in got]
         assert [g["$seq"] for g in got] == [r.seq for r in expected]
         for g, r in zip(got, expected, strict=True):
             assert g["data"] == r.data and g["$ts"] == r.ts

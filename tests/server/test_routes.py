@@ -1,10 +1,31 @@
-"""Routing and error shape: 404 for unknown routes, 405 with Allow, metrics."""
+"""Routing and error shape: routes from the endpoint table, 404 for unknown routes,
+405 with Allow, metrics."""
 
 from __future__ import annotations
 
 import re
 
 import httpx
+import pytest
+
+from waymark.protocol import ENDPOINTS
+from waymark.server import App
+from waymark.server.routing import PathTable
+
+
+def test_every_endpoint_has_exactly_one_handler_and_every_handler_an_endpoint() -> None:
+    app = App()
+    assert set(app.handlers) == {e.operation_id for e in ENDPOINTS}
+    served = {(method, route.template): handler
+              for route in app.paths.routes for method, handler in route.methods.items()}
+    assert served == {(e.method, e.path): app.handlers[e.operation_id] for e in ENDPOINTS}
+    missing = {k: v for k, v in app.handlers.items() if k != "diff"}
+    with pytest.raises(ValueError, match="no handler \\['diff'\\]"):
+        PathTable.build(ENDPOINTS, missing)
+    with pytest.raises(ValueError, match="without an endpoint \\['stray'\\]"):
+        PathTable.build(ENDPOINTS, {**app.handlers, "stray": app.handlers["health"]})
+    with pytest.raises(ValueError, match="duplicated ids \\['health'\\]"):
+        PathTable.build([*ENDPOINTS, ENDPOINTS[0]], app.handlers)
 
 
 def test_unknown_routes_are_404_not_found(http: httpx.Client, api) -> None:

@@ -1,0 +1,265 @@
+"""The wire contract end to end: everything the engine and the server can answer decodes
+through the shipped client. Every tombstone reason, produced for real, read by diff, by
+the raw diff Spark uses and over SSE; every error code, driven for real over HTTP.
+
+Time-driven cases (TTL) and the faults no request can cause (a full disk, a server
+bug) run on an in-process uvicorn server over a real socket, with a manual clock and
+fault injectors; the crash case runs a real ``waymark serve`` killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from waymark.client import (
+    ApiError,
+    Client,
+    ConfigPatch,
+    ErrorCode,
+    RecordIn,
+    StagedPart,
+    Tombstone,
+    TombstoneEvent,
+    TombstoneReason,
+    TopicType,
+)
+from waymark.clock import ManualClock
+from waymark.log.storage.fileio import FileIO
+from waymark.log.storage.recovery import open_engine
+from waymark.protocol import Discard, Durability, Limits
+from waymark.server import App
+from waymark.server.serving import listen
+
+
+@contextmanager
+def serving(app: App) -> Iterator[str]:
+    """``app`` on uvicorn in a thread, on a socket that listens before this returns (a
+    client may connect at once). The engine stays on the server's loop thread."""
+    sock = listen("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        app.close()
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def read_tombstone(
+    client: Client, topic: str, from_seq: int, epoch: int | None = None
+) -> Tombstone:
+    """The tombstone ahead of ``from_seq`` as diff, the raw diff and SSE deliver it: all
+    three decode it the same."""
+    page = client.diff(topic, from_seq, epoch=epoch)
+    raw = client.diff_raw(topic, from_seq, epoch=epoch)
+    assert page.tombstone is not None and raw.tombstone == page.tombstone
+    stream = client.watch(topic, from_seq=from_seq, epoch=epoch, max_retries=0)
+    try:
+        event = next(stream)
+    finally:
+        stream.close()
+    assert isinstance(event, TombstoneEvent) and event.tombstone == page.tombstone
+    assert event.cursor == f"{page.epoch}:{page.tombstone.earliest_seq - 1}"
+    return page.tombstone
+
+
+def test_every_tombstone_reason_decodes_through_the_client(
+    tmp_path: Path, spawn_server: Callable[..., Any]
+) -> None:
+    seen: dict[str, Tombstone] = {}
+    clock = ManualClock()
+    with serving(App(clock=clock)) as url, Client(url) as client:
+        client.put_topic("cap", ConfigPatch(cap_records=2))
+        client.append("cap", [RecordIn.of(i) for i in range(4)])
+        seen["cap"] = read_tombstone(client, "cap", 0)
+
+        client.put_topic("ttl", ConfigPatch(ttl_ms=1000))
+        client.append("ttl", [RecordIn.of("old")])
+        clock.advance(1001)
+        client.append("ttl", [RecordIn.of("new")])
+        seen["ttl"] = read_tombstone(client, "ttl", 0)
+
+        client.put_topic("mixed", ConfigPatch(ttl_ms=1000, cap_records=2))
+        client.append("mixed", [RecordIn.of("expires")])
+        clock.advance(1001)
+        client.append("mixed", [RecordIn.of(i) for i in range(3)])  # one over the cap
+        seen["mixed"] = read_tombstone(client, "mixed", 0)
+
+        client.append("again", [RecordIn.of(1), RecordIn.of(2)])
+        old_epoch = client.get_topic("again").epoch
+        client.delete_topic("again")
+        client.append("again", [RecordIn.of(3)])
+        seen["recreated"] = read_tombstone(client, "again", 2, epoch=old_epoch)
+
+        # The source evicts 1 and 2 within the append, before the router runs.
+        client.put_topic("source", ConfigPatch(cap_records=1))
+        client.put_router("r", "source", "dest")
+        client.append("source", [RecordIn.of(i) for i in range(3)])
+        assert client.diff("dest", 0, wait_ms=10_000).tombstone is not None  # forwarded
+        seen["source_trim"] = read_tombstone(client, "dest", 0)
+
+    # Acknowledged ephemeral records are gone after a crash, and say so.
+    server = spawn_server(tmp_path / "crash")
+    with Client(server.url) as client:
+        client.put_topic("e", ConfigPatch(durability=Durability.EPHEMERAL))
+        client.append("e", [RecordIn.of(i) for i in range(3)])
+        # An ephemeral append does not wait for the seq ceiling it journals; a config
+        # write is acknowledged once its WAL shard is durable, that ceiling included.
+        client.put_topic("e", ConfigPatch())
+    server.stop(signal.SIGKILL)
+    server = spawn_server(tmp_path / "crash")
+    with Client(server.url) as client:
+        seen["lost"] = read_tombstone(client, "e", 0)
+
+    assert {reason: t.reason for reason, t in seen.items()} == {r: r for r in seen}
+    # A reason added to the contract needs a case here.
+    assert set(seen) == set(TombstoneReason)
+
+
+class FullDisk(FileIO):
+    """Fault injector: while ``full`` is set every WAL write fails with ENOSPC."""
+
+    def __init__(self) -> None:
+        self.full = threading.Event()
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, data)
+
+
+class FailingClock(ManualClock):
+    """Fault injector: while ``failing`` is set reading the time raises, standing in for
+    any bug inside the engine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = threading.Event()
+
+    def now_ms(self) -> int:
+        if self.failing.is_set():
+            raise RuntimeError("fault injector: the clock broke")
+        return super().now_ms()
+
+
+@contextmanager
+def fault(flag: threading.Event) -> Iterator[None]:
+    flag.set()
+    try:
+        yield
+    finally:
+        flag.clear()
+
+
+LIMITS = Limits(max_record_bytes=64, max_tag_bytes=8, max_node_bytes=8, max_meta_bytes=64,
+                max_meta_keys=2, max_records_per_write=3, max_body_bytes=4096)  # fmt: skip
+
+
+@dataclass
+class Target:
+    """What an error case can reach: the client, the server's URL and the faults."""
+
+    client: Client
+    url: str
+    disk: FullDisk
+    clock: FailingClock
+
+
+def fenced(s: Target) -> None:
+    old = s.client.open_writer("w").epoch
+    s.client.open_writer("w")
+    s.client.stage("t", [RecordIn.of(1)], writer="w", epoch=old, batch_id=0, partition=0,
+                   attempt=0)  # fmt: skip
+
+
+def topic_full(s: Target) -> None:
+    s.client.put_topic("full", ConfigPatch(cap_records=1, discard=Discard.REJECT))
+    s.client.append("full", [RecordIn.of(1)])
+    s.client.append("full", [RecordIn.of(2)])
+
+
+def incompatible(s: Target) -> None:
+    s.client.put_topic("log")
+    s.client.put_topic("log", type=TopicType.QUEUE)
+
+
+def unstaged_publish(s: Target) -> None:
+    epoch = s.client.open_writer("never-staged").epoch
+    s.client.publish("t", writer="never-staged", epoch=epoch, batch_id=0,
+                     parts=[StagedPart(0, 0, 1)])  # fmt: skip
+
+
+def method_not_allowed(s: Target) -> None:
+    # No client call sends a method a route lacks: decode what the server answers one.
+    raise ApiError.from_response(httpx.patch(f"{s.url}/v0/topics/t"))
+
+
+def disk_full(s: Target) -> None:
+    with fault(s.disk.full):
+        s.client.append("synced", [RecordIn.of(1)])  # an fsync topic acks once synced
+
+
+def server_bug(s: Target) -> None:
+    with fault(s.clock.failing):
+        s.client.get_topic("t")
+
+
+CASES: dict[ErrorCode, Callable[[Target], object]] = {
+    ErrorCode.INVALID_REQUEST: lambda s: s.client.diff("t", 0, limit=0),
+    ErrorCode.INVALID_TOPIC_NAME: lambda s: s.client.get_topic("no/slash"),
+    ErrorCode.RECORD_TOO_LARGE: lambda s: s.client.append("t", [RecordIn.of("x" * 100)]),
+    ErrorCode.TAG_TOO_LONG: lambda s: s.client.append("t", [RecordIn.of(1, tag="t" * 9)]),
+    ErrorCode.NODE_TOO_LONG: lambda s: s.client.append("t", [RecordIn.of(1, node="n" * 9)]),
+    ErrorCode.META_TOO_LARGE: lambda s: s.client.append(
+        "t", [RecordIn.of(1, meta={"a": "1", "b": "2", "c": "3"})]),
+    ErrorCode.TOO_MANY_RECORDS: lambda s: s.client.append(
+        "t", [RecordIn.of(i) for i in range(4)]),
+    ErrorCode.BODY_TOO_LARGE: lambda s: s.client.delete("t", match="x" * 5000),
+    ErrorCode.TOPIC_NOT_FOUND: lambda s: s.client.get_topic("missing"),
+    ErrorCode.TOPIC_FULL: topic_full,
+    ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: incompatible,
+    ErrorCode.NOT_A_QUEUE: lambda s: s.client.claim("t", "worker"),
+    ErrorCode.ROUTER_CYCLE: lambda s: s.client.put_router("loop", "a", "a"),
+    ErrorCode.ROUTER_NOT_FOUND: lambda s: s.client.get_router("missing"),
+    ErrorCode.FENCED: fenced,
+    ErrorCode.NOT_FOUND: unstaged_publish,
+    ErrorCode.METHOD_NOT_ALLOWED: method_not_allowed,
+    ErrorCode.STORAGE_UNAVAILABLE: disk_full,
+    ErrorCode.INTERNAL: server_bug,
+}  # fmt: skip
+
+
+def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
+    # A code added to the contract needs a case here.
+    assert set(CASES) == set(ErrorCode)
+    disk, clock = FullDisk(), FailingClock()
+    engine, store, _ = open_engine(tmp_path, clock=clock, limits=LIMITS, fileio=disk)
+    try:
+        with serving(App(engine=engine, store=store)) as url, Client(url) as client:
+            client.append("t", [RecordIn.of(0)])
+            client.put_topic("synced", ConfigPatch(durability=Durability.FSYNC))
+            target = Target(client, url, disk, clock)
+            for code, case in CASES.items():
+                with pytest.raises(ApiError) as refused:
+                    case(target)
+                error = refused.value
+                assert error.code is code, (code, error)
+                assert error.status == code.status and error.message
+                assert isinstance(error.detail, dict)
+    finally:
+        engine.close()
+        store.close()
