@@ -16,8 +16,11 @@ from waymark.server.routing import PathTable
 def test_every_endpoint_has_exactly_one_handler_and_every_handler_an_endpoint() -> None:
     app = App()
     assert set(app.handlers) == {e.operation_id for e in ENDPOINTS}
-    served = {(method, route.template): handler
-              for route in app.paths.routes for method, handler in route.methods.items()}
+    served = {
+        (method, route.template): handler
+        for route in app.paths.routes
+        for method, handler in route.methods.items()
+    }
     assert served == {(e.method, e.path): app.handlers[e.operation_id] for e in ENDPOINTS}
     missing = {k: v for k, v in app.handlers.items() if k != "diff"}
     with pytest.raises(ValueError, match="no handler \\['diff'\\]"):

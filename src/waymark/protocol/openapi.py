@@ -30,9 +30,7 @@ def document() -> dict[str, Any]:
     ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in ENDPOINTS:
-        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
-            endpoint, ref
-        )
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(endpoint, ref)
     return {
         "openapi": "3.1.0",
         "info": {

@@ -52,7 +52,7 @@ class ConfigPatch(Struct, forbid_unknown_fields=True, omit_defaults=True):
     discard: Discard | UnsetType = UNSET
     durable: bool | UnsetType = UNSET
     durability: Durability | UnsetType | None = UNSET
-    priority: Annotated[int, Meta(ge=-2 ** 31, le=2 ** 31 - 1)] | UnsetType | None = UNSET
+    priority: Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)] | UnsetType | None = UNSET
     auto_priority: bool | UnsetType = UNSET
     auto_create: bool | UnsetType = UNSET
     idempotency_window_ms: NonNegative | UnsetType = UNSET

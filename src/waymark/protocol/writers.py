@@ -77,4 +77,3 @@ class PublishResponse(Struct):
     count: int
     head_seq: int
     replayed: bool  # the batch had been published before; nothing was appended now
-

@@ -255,4 +255,3 @@ def _event(job: ClaimedJob) -> bytes:
         # SSE data may not hold line breaks; a producer's JSON verbatim may.
         data = orjson.dumps(orjson.loads(data))
     return b"event: job\nid: %d\ndata: %b\n\n" % (job.seq, data)
-

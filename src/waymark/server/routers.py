@@ -97,4 +97,3 @@ class RouterApi:
         commit = self.engine.commit_point(source)
         if commit is not None:
             await commit.wait()
-

@@ -68,4 +68,3 @@ class StagingApi:
         commit = self.engine.commit_point(name)
         if commit is not None:
             await commit.wait()
-
