@@ -5,9 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
-from waymark.client import ApiError, AsyncClient, ConfigPatch, RecordIn, TombstoneEvent
+from waymark.client import (
+    ApiError,
+    AsyncClient,
+    ConfigPatch,
+    RecordIn,
+    StagedPart,
+    TombstoneEvent,
+)
 
 
 async def test_every_call_awaits_to_the_same_types(waymark_server: Any, topic: str) -> None:
@@ -47,3 +55,24 @@ async def test_async_watch_streams_live_and_reconnects(
         assert (await anext(events)).record.data == 2
         await events.aclose()
     assert proxy.connections == 2
+
+
+async def test_raw_diff_and_exactly_once_writer_calls(waymark_server: Any, topic: str) -> None:
+    async with AsyncClient(waymark_server.url) as client:
+        await client.append(topic, [RecordIn(msgspec.Raw(b'{"a": [1, 2]}'), tag="t")])
+        raw = await client.diff_raw(topic, 0)
+        assert bytes(raw.records[0].data) == b'{"a": [1, 2]}' and raw.records[0].tag == "t"
+        out = f"{topic}-out"
+        epoch = (await client.open_writer(topic)).epoch
+        head = {"writer": topic, "epoch": epoch, "batch_id": 0, "partition": 0, "attempt": 0}
+        staged = await client.stage(out, [RecordIn.of(1)], **head)
+        assert (staged.staged, staged.accepted) == (1, True)
+        encoded = await client.stage_encoded(out, [b'{"data":2}', b'{"data":3,"tag":"x"}'],
+                                             chunk=1, **head)  # fmt: skip
+        assert (encoded.staged, encoded.accepted) == (2, True)
+        parts = [StagedPart(0, 0, 2)]
+        published = await client.publish(out, writer=topic, epoch=epoch, batch_id=0, parts=parts)
+        assert (published.count, published.replayed) == (3, False)
+        again = await client.publish(out, writer=topic, epoch=epoch, batch_id=0, parts=parts)
+        assert again.replayed and again.first_seq == published.first_seq
+        assert [r.data for r in (await client.diff(out, 0)).records] == [1, 2, 3]
