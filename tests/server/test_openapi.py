@@ -15,7 +15,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from waymark.protocol import MAX_WAIT_MS
+from waymark.protocol import ENDPOINTS, MAX_WAIT_MS
 from waymark.protocol.openapi import document
 
 ROUTES = {
@@ -31,7 +31,9 @@ def test_the_document_is_openapi_3_1_and_covers_every_route(http: httpx.Client) 
     served = http.get("/v0/openapi.json").json()
     assert served == document()
     assert served["openapi"] == "3.1.0"
-    assert {(m, p) for p, ops in served["paths"].items() for m in ops} >= ROUTES
+    operations = {(m, p) for p, ops in served["paths"].items() for m in ops}
+    assert operations >= ROUTES
+    assert operations == {(e.method.lower(), e.path) for e in ENDPOINTS}  # one table
     schemas = served["components"]["schemas"]
     # Body schemas come from the msgspec structs the server decodes into.
     assert schemas["RecordIn"]["required"] == ["data"]
