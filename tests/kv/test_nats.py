@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -402,3 +403,86 @@ async def test_export_request_runs_between_flushes_at_the_stored_cursor(
 async def test_every_operation_is_bounded_by_a_timeout() -> None:
     with pytest.raises(Timeout):
         await timed(asyncio.sleep(10), 0.05, "sleep")
+
+
+class Progress:
+    """``on_applied`` for a test: the last cursor reported, and a way to wait for one."""
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self._changed = asyncio.Event()
+
+    def __call__(self, cursor: WatchCursor) -> None:
+        self.cursor = cursor.as_u64()
+        self._changed.set()
+
+    async def reach(self, target: int, loop_task: asyncio.Task[Any]) -> None:
+        """Wait until the cursor reaches ``target``; raise what ended ``loop_task`` first."""
+        while self.cursor < target:
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            done, _ = await asyncio.wait({changed, loop_task}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if loop_task in done:
+                loop_task.result()  # raises what killed the loop
+                raise AssertionError("watch_applied ended before reaching the cursor")
+
+
+async def test_an_export_requester_that_gave_up_does_not_kill_the_fold(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i}", b"v") for i in range(10)])
+    store = open_store(f"lmdb:{tmp_path / 'f'}")
+    requests: asyncio.Queue[ExportRequest] = asyncio.Queue()
+    stop = asyncio.Event()
+    progress = Progress()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            store=store,
+            export_requests=requests,
+            shutdown=stop,
+            on_applied=progress,
+        )
+    )
+    await asyncio.wait_for(progress.reach(10, task), 10)
+
+    # A requester gives up (its wait is cancelled, as wait_for's timeout does)
+    # while the export runs on the worker thread.
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    release = threading.Event()
+
+    def slow_export(s: SnapshotStore, c: WatchCursor) -> WatchCursor:
+        loop.call_soon_threadsafe(started.set)
+        release.wait(10)
+        return c
+
+    abandoned = ExportRequest(slow_export)
+    await requests.put(abandoned)
+    requester = asyncio.ensure_future(asyncio.wait_for(abandoned.reply, 30))
+    await asyncio.wait_for(started.wait(), 10)
+    requester.cancel()
+    await asyncio.gather(requester, return_exceptions=True)
+    assert abandoned.reply.cancelled()
+    release.set()
+
+    # One that gave up before its turn came: its export is not run at all.
+    ran: list[WatchCursor] = []
+    early = ExportRequest(lambda s, c: ran.append(c))
+    early.reply.cancel()
+    await requests.put(early)
+
+    # The fold keeps applying ...
+    await bulk_put(kv, [(f"k{i}", b"w") for i in range(10, 15)])
+    await asyncio.wait_for(progress.reach(15, task), 10)
+    # ... and a later export request is answered at the stored cursor.
+    later = ExportRequest(lambda s, c: (c, s.cursor))
+    await requests.put(later)
+    assert await asyncio.wait_for(later.reply, 10) == (WatchCursor.from_u64(15),) * 2
+    assert ran == []
+    stop.set()
+    assert await task == WatchCursor.from_u64(15)
+    store.close()
