@@ -190,7 +190,8 @@ class ExportRequest:
     The pending batch is flushed first, so the cursor handed to ``action`` is
     exactly the one the store holds. ``action`` runs on a worker thread; its
     result (or error) arrives on ``reply``. This is the hook the export of
-    fold artifacts plugs into.
+    fold artifacts plugs into. A requester may give up by cancelling ``reply``:
+    the request is then skipped, or its late result dropped.
     """
 
     action: Callable[[SnapshotStore, WatchCursor], Any]
