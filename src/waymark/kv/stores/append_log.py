@@ -12,14 +12,18 @@ File format (little-endian)::
 the page cache: a crash can only tear the end of that write, which ``open``
 drops. A CRC mismatch with more records after it is corruption. Compaction
 writes the sorted fold to a temp file, fsyncs it and renames it over the log;
-a compaction that fails after the old writer was closed poisons the store.
-Past ``compact_threshold`` appended bytes it runs once it would reclaim
-something: a superseded or deleted record, or cursor records making up an
-eighth of what was appended (a log of distinct puts is already compact).
+a compaction that fails before the rename leaves log and writer as they were,
+one that cannot reopen the renamed log poisons the store. Past
+``compact_threshold`` appended bytes it runs once it would reclaim something:
+a superseded or deleted record, or cursor records making up an eighth of what
+was appended (a log of distinct puts is already compact). ``apply`` never
+fails for a compaction: its batch is committed by then (see ``compaction_failures``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import struct
 import zlib
@@ -40,6 +44,8 @@ REC_DELETE = 2
 REC_CURSOR = 3
 
 DEFAULT_COMPACT_THRESHOLD = 8 * 1024 * 1024
+
+log = logging.getLogger("waymark.kv")
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -265,21 +271,36 @@ def replay_log(data: bytes) -> _Replay:
 
 def _write_compact(path: Path, fold: dict[str, _Entry], cursor: bytes) -> None:
     """Write ``fold`` sorted by key (a deterministic layout) via temp file + fsync + rename."""
+    os.replace(_write_temp(path, fold, cursor), path)
+    _fsync_dir(path.parent)
+
+
+def _write_temp(path: Path, fold: dict[str, _Entry], cursor: bytes) -> Path:
+    """The compacted log, fsynced, in a temp file beside ``path``; nothing left on failure."""
     tmp = path.with_name(path.name + ".compact.tmp")
-    with open(tmp, "wb") as f:
-        f.write(HEADER)
-        keys = sorted(fold)
-        chunk: list[bytes] = []
-        for i in range(0, len(keys), 4096):
-            part = keys[i : i + 4096]
-            _put_records(chunk, part, map(fold.__getitem__, part))
-            f.write(b"".join(chunk))
-            chunk.clear()
-        f.write(_cursor_record(cursor))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(HEADER)
+            keys = sorted(fold)
+            chunk: list[bytes] = []
+            for i in range(0, len(keys), 4096):
+                part = keys[i : i + 4096]
+                _put_records(chunk, part, map(fold.__getitem__, part))
+                f.write(b"".join(chunk))
+                chunk.clear()
+            f.write(_cursor_record(cursor))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        # A partial temp file only takes space (a full disk is a likely cause).
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -317,6 +338,11 @@ class AppendLogStore:
         # the cursor records but the last one.
         self._superseded = False
         self._cursor_bytes = 0
+        # A failed compaction is reported here, not by apply, and retried once
+        # another threshold's worth was appended: not a full rewrite per batch.
+        self.compaction_failures = 0
+        self.compaction_error: SnapshotIoError | None = None
+        self._compact_at = compact_threshold
 
     @property
     def cursor(self) -> WatchCursor:
@@ -362,8 +388,18 @@ class AppendLogStore:
                 else:
                     fold.pop(u.key, None)
         self._cursor = cursor
-        if self.bytes_since_compact >= self.compact_threshold and self._reclaimable():
+        if self.bytes_since_compact >= self._compact_at and self._reclaimable():
+            self._compact_after_commit()
+
+    def _compact_after_commit(self) -> None:
+        """Compact; on failure log and count, since the batch is already committed."""
+        try:
             self.compact()
+        except SnapshotIoError as e:
+            self.compaction_failures += 1
+            self.compaction_error = e
+            self._compact_at = self.bytes_since_compact + self.compact_threshold
+            log.warning("%s (failure %d); retried later", e, self.compaction_failures)
 
     def _reclaimable(self) -> bool:
         """Whether a compaction would shrink the log by more than a few cursor records.
@@ -390,19 +426,37 @@ class AppendLogStore:
             self._file = None
 
     def compact(self) -> None:
-        """Rewrite the log as the sorted fold plus one cursor record."""
+        """Rewrite the log as the sorted fold plus one cursor record.
+
+        Raises SnapshotIoError. Until the rename the old log and its writer
+        stay in use, so a failure there changes nothing; only a failure to
+        reopen the renamed log poisons the writer.
+        """
         f = self._writer()
         try:
+            tmp = _write_temp(self.path, self._fold, self._cursor.raw)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            raise SnapshotIoError(f"compaction of {self.path} failed, log unchanged: {e}") from e
+        # The path names the compacted file now: appends must go there.
+        self._file = None
+        try:
             f.close()
-            self._file = None
-            _write_compact(self.path, self._fold, self._cursor.raw)
             self._file = open(self.path, "ab")  # noqa: SIM115
         except OSError as e:
-            raise SnapshotIoError(f"compaction of {self.path} failed; writer poisoned: {e}") from e
+            raise SnapshotIoError(
+                f"reopening compacted {self.path} failed; writer poisoned: {e}"
+            ) from e
         self._size = self.path.stat().st_size
         self.bytes_since_compact = 0
         self._superseded = False
         self._cursor_bytes = 0
+        self._compact_at = self.compact_threshold
+        self.compaction_error = None
+        try:
+            _fsync_dir(self.path.parent)
+        except OSError as e:
+            raise SnapshotIoError(f"compaction of {self.path}: rename not synced: {e}") from e
 
     def get(self, key: str) -> KvEntry | None:
         hit = self._fold.get(key)
