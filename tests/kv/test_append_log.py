@@ -203,13 +203,19 @@ def test_a_failing_compaction_never_fails_the_apply_that_committed(
     s.close()
 
 
-def test_an_apply_that_fails_to_commit_leaves_nothing_of_its_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("records", [1, 100])
+def test_an_apply_that_fails_to_commit_leaves_nothing_of_its_batch(
+    tmp_path: Path, records: int
+) -> None:
+    """The write stops after the batch's first record: with one record, only its
+    cursor record is missing; with a hundred, most of the batch is."""
     path = tmp_path / "f.log"
     s = fill(path, 2)
     size = path.stat().st_size
-    batch = [KvUpdate.put(f"new{i}", b"x" * 50, 10 + i) for i in range(100)]
-    with file_size_limit(size + 1000), pytest.raises(SnapshotIoError):
-        s.apply(batch, WatchCursor.from_u64(200))  # about a seventh of it fits
+    batch = [KvUpdate.put(f"new{i}", b"x" * 50, 10 + i) for i in range(records)]
+    first = len(_put_record(b"new0", b"x" * 50, (10).to_bytes(8, "big")))
+    with file_size_limit(size + first), pytest.raises(SnapshotIoError):
+        s.apply(batch, WatchCursor.from_u64(200))
     assert s.cursor == WatchCursor.from_u64(2) and len(s) == 2 and s.get("new0") is None
     assert path.stat().st_size == size  # the torn part was cut off
     s.apply([KvUpdate.put("after", b"1", 300)], WatchCursor.from_u64(300))  # still usable

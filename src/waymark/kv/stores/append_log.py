@@ -23,13 +23,13 @@ fails for a compaction: its batch is committed by then (see ``compaction_failure
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
 from waymark.kv.stores.protocol import VER_LEN
@@ -307,6 +307,22 @@ def _fsync_dir(directory: Path) -> None:
         os.close(dir_fd)
 
 
+def _open_log(path: Path) -> io.FileIO:
+    # Unbuffered: a failed write must leave no bytes in a buffer that a later
+    # flush (or truncate, which flushes first) would write after the cut.
+    return io.FileIO(path, "ab")
+
+
+def _write_all(f: io.FileIO, blob: bytes) -> None:
+    """One write call in the common case; a short write (a file size limit, a
+    signal) continues until done or until the write raises."""
+    n = f.write(blob)
+    if n < len(blob):
+        view = memoryview(blob)[n:]
+        while view:
+            view = view[f.write(view) :]
+
+
 def _entry(key: str, hit: _Entry) -> KvEntry:
     return hit if type(hit) is KvEntry else KvEntry(key, hit.value, hit.version)
 
@@ -331,7 +347,7 @@ class AppendLogStore:
             self._fold, cursor = {}, b""
             _write_compact(self.path, self._fold, cursor)
         self._cursor = WatchCursor(cursor)
-        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - lives as long as the store
+        self._file: io.FileIO | None = _open_log(self.path)
         self._size = self.path.stat().st_size
         self.bytes_since_compact = 0
         # What a compaction would reclaim: superseded or deleted records, and
@@ -362,8 +378,7 @@ class AppendLogStore:
         parts.append(cursor_record)
         blob = b"".join(parts)
         try:
-            f.write(blob)
-            f.flush()
+            _write_all(f, blob)
         except OSError as e:
             self._rewind(f)
             raise SnapshotIoError(f"append to {self.path} failed: {e}") from e
@@ -411,18 +426,20 @@ class AppendLogStore:
         """
         return self._superseded or self._cursor_bytes * 8 >= self.bytes_since_compact
 
-    def _writer(self) -> BinaryIO:
+    def _writer(self) -> io.FileIO:
         if self._file is None:
             raise SnapshotIoError("snapshot writer poisoned")
         return self._file
 
-    def _rewind(self, f: BinaryIO) -> None:
+    def _rewind(self, f: io.FileIO) -> None:
         # A half-written batch followed by later appends would read back as
-        # mid-file corruption; cut it off, or poison the writer if we cannot.
+        # mid-file corruption, and even alone it would be data the caller was
+        # told did not commit: cut it off, or poison the writer if we cannot.
+        # The log is unbuffered and O_APPEND, so no stale buffer can write it
+        # again and the next append lands at the cut.
         try:
-            f.truncate(self._size)
-            f.seek(self._size)
-        except (OSError, ValueError):
+            os.ftruncate(f.fileno(), self._size)
+        except OSError:
             self._file = None
 
     def compact(self) -> None:
@@ -442,7 +459,7 @@ class AppendLogStore:
         self._file = None
         try:
             f.close()
-            self._file = open(self.path, "ab")  # noqa: SIM115
+            self._file = _open_log(self.path)
         except OSError as e:
             raise SnapshotIoError(
                 f"reopening compacted {self.path} failed; writer poisoned: {e}"
