@@ -304,7 +304,8 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     crash(store)
     engine, store, report = reopen(tmp_path)
     assert report.deferred_topics == 2  # q$leases and out
-    assert engine.get_topic("q").queue == {"ready": 15, "in_flight": 5, "dead_lettered": 0}
+    assert engine.get_topic("q").queue == {"ready": 15, "in_flight": 5, "dead_lettered": 0,
+                                           "dead_letter_parked": 0, "dead_letter_error": None}
     assert not set(held) & {job.seq for job in engine.claim("q", "w2", 20)}
     again = engine.staging.publish("out", "sink", epoch, 1, [(part, 1)])
     assert (again.first_seq, again.replayed) == (first.first_seq, True)

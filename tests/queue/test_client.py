@@ -22,7 +22,8 @@ def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> No
         assert client.nack(q, "w", [3]).released == [3]
         assert client.claim(q, "w") == []  # seq 3 is dead-lettered instead of redelivered
         state = client.get_topic(q, touch=False)
-        assert state.queue == {"ready": 0, "in_flight": 1, "dead_lettered": 1}
+        assert state.queue == {"ready": 0, "in_flight": 1, "dead_lettered": 1,
+                               "dead_letter_parked": 0, "dead_letter_error": None}
         assert client.redrive(q).seqs == [4]
         client.put_topic("plain-log-for-client")
         with pytest.raises(ApiError) as refused:

@@ -57,7 +57,9 @@ class TopicState:
     created_ts: int
     last_write_ts: int
     last_read_ts: int
-    queue: dict[str, int] | None = None  # queue topics (§10.5): ready, in_flight, dead_lettered
+    # queue topics (§10.5): ready, in_flight, dead_lettered, dead_letter_parked and
+    # dead_letter_error (the dead-letter topic's last refusal while jobs are parked)
+    queue: dict[str, Any] | None = None
     # a memory topic whose WAL frames are still being applied after a restart (§2.2):
     # its counts are those applied so far
     recovering: bool = False

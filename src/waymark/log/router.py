@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# allow_cycle routes stop forwarding a record after this many hops, so a cycle terminates.
+# A router on a cycle stops forwarding a record after this many hops, so a cycle terminates.
 HOP_CAP = 8
 AT_LEAST_ONCE, EXACTLY_ONCE = "at_least_once", "exactly_once"
 GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
@@ -149,9 +149,11 @@ class Routers:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._routers: dict[str, Router] = {}
-        # Hop counts of copies made by allow_cycle routers: (topic, epoch, seq) -> hops.
+        # Hop counts of copies made by routers on a cycle: (topic, epoch, seq) -> hops.
         # In memory only (§8.5): after a restart recopied records start again from 0.
         self._hops: dict[tuple[str, int, int], int] = {}
+        # Names of the routers on a directed cycle; None once the router set changed.
+        self._on_cycle: frozenset[str] | None = None
 
     # --- definitions --------------------------------------------------------------
     def put(
@@ -214,6 +216,7 @@ class Routers:
                         filter=normal_filter)  # fmt: skip
         engine._write(source, router_frame(name, asdict(router)))
         self._routers[name] = router
+        self._on_cycle = None
         return router, True
 
     def has_routers(self) -> bool:
@@ -233,6 +236,7 @@ class Routers:
         router = self.get(name)
         self._engine._write(router.source, router_frame(name, None))
         del self._routers[name]
+        self._on_cycle = None
 
     def topic_dropped(self, name: str, epoch: int) -> None:
         """A topic instance is gone: so are the routers touching it (§8.6). Called on the
@@ -241,6 +245,18 @@ class Routers:
             if (router.source, router.source_epoch) == (name, epoch) or (
                 router.dest, router.dest_epoch) == (name, epoch):  # fmt: skip
                 del self._routers[router.name]
+                self._on_cycle = None
+
+    def _cyclic(self) -> frozenset[str]:
+        """The routers on a directed cycle: they carry hop counts, whatever their own
+        allow_cycle. A cycle is admitted when its closing router has allow_cycle, but
+        the copies go round through every router on it, so all of them must count
+        (docs/routers.md)."""
+        if self._on_cycle is None:
+            self._on_cycle = frozenset(
+                r.name for r in self._routers.values() if self._path(r.dest, r.source)
+            )
+        return self._on_cycle
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """Topics along a router path start -> ... -> goal, if there is one."""
@@ -301,22 +317,23 @@ class Routers:
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
         source = engine._topics[router.source]
-        copies, hops = self._copies(router, source, page)
+        on_cycle = router.name in self._cyclic()
+        copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
             result = engine.append_encoded(
                 router.dest, copies, create=False, derived_from=router.source
             )
-            if router.allow_cycle:
+            if on_cycle:
                 epoch = engine._topics[router.dest].epoch
                 for seq, hop in zip(result.seqs, hops, strict=True):
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
-        if router.allow_cycle:
+        if on_cycle:
             self._forget_hops(router.source, source.epoch)
         return len(copies), page.next_from_seq < page.head_seq
 
     def _copies(
-        self, router: Router, source: Topic, page: DiffResult
+        self, router: Router, source: Topic, page: DiffResult, on_cycle: bool
     ) -> tuple[list[EncodedRecord], list[int]]:
         """The copies of a page's records (§8.3), and each one's hop count."""
         admits = compile_filter(router.filter)
@@ -337,7 +354,7 @@ class Routers:
             if admits is not None and not admits(node, tag):
                 continue
             hop = 0
-            if router.allow_cycle:
+            if on_cycle:
                 hop = self._hops.get((router.source, source.epoch, seq), 0)
                 if hop >= HOP_CAP:
                     continue
@@ -379,6 +396,7 @@ class Routers:
         for entry in entries:
             router = Router(**entry)
             self._routers[router.name] = router
+        self._on_cycle = None
 
     def replay(self, body: dict[str, Any]) -> None:
         """A router control frame, after the checkpoint the catalog restored."""
@@ -387,6 +405,7 @@ class Routers:
             self._routers.pop(name, None)
         elif name not in self._routers:
             self._routers[name] = Router(**definition)
+        self._on_cycle = None
 
     def settle_recovered(self) -> None:
         """After replay: a router whose endpoint instance is gone does not exist, and an
@@ -397,6 +416,7 @@ class Routers:
             if src is None or dst is None or (src.epoch, dst.epoch) != (
                 router.source_epoch, router.dest_epoch):  # fmt: skip
                 del self._routers[router.name]
+                self._on_cycle = None
             elif router.guarantee == EXACTLY_ONCE:
                 last = last_copied(router, dst)
                 if last is not None and last > router.cursor:

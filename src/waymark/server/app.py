@@ -55,7 +55,9 @@ class App:
         self.engine.add_listener(self.notifier.notify)
         self.forwarder = Forwarder(self.engine)  # routers (§8): off every append's ack path
         self.engine.add_listener(self.forwarder.poke)
-        self.metrics = Metrics(lambda: len(self.engine.list_topics()), self._recovering)
+        self.metrics = Metrics(
+            lambda: len(self.engine.list_topics()), self._recovering, self._dead_letters
+        )
         api = TopicApi(
             self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
         )
@@ -176,6 +178,10 @@ class App:
         recovering = self.engine.recovering
         while recovering is not None and recovering.step():
             await asyncio.sleep(0)
+
+    def _dead_letters(self) -> tuple[int, int]:
+        queues = self.engine.queues
+        return queues.parked(), queues.dead_letter_refused
 
     def _recovering(self) -> tuple[int, int]:
         recovering = self.engine.recovering

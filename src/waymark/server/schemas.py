@@ -98,7 +98,8 @@ class TopicState(Struct, kw_only=True):
     created_ts: int
     last_write_ts: int
     last_read_ts: int
-    queue: dict[str, int] | None = None  # queue topics: ready, in_flight, dead_lettered
+    # queue topics: ready, in_flight, dead_lettered, dead_letter_parked, dead_letter_error
+    queue: dict[str, Any] | None = None
     recovering: bool = False  # present (true) while a memory topic recovers after a restart
 
 
