@@ -103,3 +103,20 @@ def spawn_server() -> Iterator[Callable[..., ServerProcess]]:
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def spawn_module_server() -> Iterator[Callable[..., ServerProcess]]:
+    """``spawn_server`` for module-scoped fixtures: all are killed when the module ends."""
+    started: list[ServerProcess] = []
+
+    def spawn(data_dir: Path, *args: str) -> ServerProcess:
+        server = start_server(data_dir, *args)
+        started.append(server)
+        return server
+
+    yield spawn
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()

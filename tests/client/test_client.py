@@ -70,16 +70,6 @@ def test_refusals_raise_api_error_with_the_spec_code(client: Client, topic: str)
     assert caught.value.code == "invalid_request"
 
 
-def test_tombstones_decode(client: Client, topic: str) -> None:
-    client.append(topic, [RecordIn.of(1)], config=ConfigPatch(cap_records=1))
-    client.append(topic, [RecordIn.of(2)])
-    tomb = client.diff(topic, 0).tombstone
-    assert tomb is not None
-    assert (tomb.type, tomb.seq, tomb.gap_from, tomb.gap_to, tomb.reason) == (
-        "tombstone", 2, 1, 1, "cap",
-    )  # fmt: skip
-
-
 def test_long_poll_waits_for_the_next_record(client: Client, topic: str) -> None:
     client.append(topic, [RecordIn.of(0)])
     threading.Timer(0.2, client.append, (topic, [RecordIn.of("late")])).start()
