@@ -34,6 +34,7 @@ from waymark.server.serving import listen
 from waymark.spark import wire
 
 FUTURE = "a_reason_from_a_newer_server"
+IDLE = ("lost-idle-sync", "lost-idle-async")  # lost gaps with no record after them yet
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,17 @@ def crash_gaps(url_before: Callable[[], str], kill_and_restart: Callable[[], str
     with httpx.Client(base_url=url_before(), timeout=10) as http:
         # The first append to a disk topic syncs a seq ceiling 4096 above it; the crash
         # leaves those seqs unaccounted for, so they read as a `lost` gap.
-        ok(http.put("/v0/topics/lost", json={"durability": "disk"}))
-        assert append(http, "lost", 1, 2, 3) == [1, 2, 3]
+        for topic in ("lost", *IDLE):
+            ok(http.put(f"/v0/topics/{topic}", json={"durability": "disk"}))
+            assert append(http, topic, 1, 2, 3) == [1, 2, 3]
     url = kill_and_restart()
     gaps = []
     with httpx.Client(base_url=url, timeout=10) as http:
         [after] = append(http, "lost", 4)
         gaps.append(Gap(url, "lost", 3, epoch(http, "lost"), "lost", 4, after - 1, after))
+        # Nothing after the gap yet: a watch's last event is the tombstone.
+        for topic in IDLE:
+            gaps.append(Gap(url, topic, 0, epoch(http, topic), "lost", 4, after - 1, after))
 
         append(http, "cap", 1, 2, 3, 4, config={"cap_records": 2})
         gaps.append(Gap(url, "cap", 0, epoch(http, "cap"), "cap", 1, 2, 3))
@@ -210,9 +215,10 @@ def gaps(spawn_module_server, tmp_path_factory: pytest.TempPathFactory) -> Itera
     clocked = ClockedServer()
     try:
         found += clocked_gaps(clocked)
-        by_reason = {gap.reason: gap for gap in found}
-        by_reason[FUTURE] = replace(by_reason["cap"], reason=FUTURE, future=True)
-        yield by_reason
+        # By reason; the idle lost gaps by topic.
+        by_key = {(gap.topic if gap.topic in IDLE else gap.reason): gap for gap in found}
+        by_key[FUTURE] = replace(by_key["cap"], reason=FUTURE, future=True)
+        yield by_key
     finally:
         clocked.stop()
 
@@ -288,3 +294,44 @@ def test_the_spark_wire_client_decodes_every_reason(gaps: dict[str, Gap], reason
     assert page.tombstone is not None
     assert (page.tombstone.reason, page.tombstone.gap_from, page.tombstone.gap_to) == (
         gap.reason, gap.gap_from, gap.gap_to)  # fmt: skip
+
+
+def check_resumed_after_the_gap(gap: Gap, before: list[WatchEvent], after: WatchEvent,
+                                new: int) -> None:  # fmt: skip
+    *records, tomb = before
+    assert [r.record.seq for r in records if isinstance(r, RecordEvent)] == [1, 2, 3]
+    assert isinstance(tomb, TombstoneEvent) and tomb.tombstone.reason == "lost"
+    # The reconnect resumed after the gap: no record replayed, the gap not reported again.
+    assert isinstance(after, RecordEvent) and after.record.seq == new, after
+    assert tomb.cursor == f"{gap.epoch}:{tomb.tombstone.gap_to}"  # right after the gap
+
+
+def test_watch_reconnects_after_a_mid_topic_gap_without_replaying(gaps, proxy_to) -> None:
+    gap = gaps[IDLE[0]]
+    proxy = proxy_to(gap.url)
+    with Client(proxy.url) as client, httpx.Client(base_url=gap.url) as direct:
+        events = client.watch(gap.topic, read_timeout=5)
+        before = [next(events) for _ in range(4)]  # the tombstone is the last event sent
+        proxy.cut()  # the network drops the stream
+        [new] = append(direct, gap.topic, "after the gap")
+        after = next(events)
+        events.close()
+    check_resumed_after_the_gap(gap, before, after, new)
+    assert proxy.connections == 2
+
+
+async def test_async_watch_reconnects_after_a_mid_topic_gap_without_replaying(
+    gaps, proxy_to
+) -> None:
+    gap = gaps[IDLE[1]]
+    proxy = proxy_to(gap.url)
+    async with AsyncClient(proxy.url) as client:
+        events = client.watch(gap.topic, read_timeout=5)
+        before = [await anext(events) for _ in range(4)]
+        proxy.cut()
+        with httpx.Client(base_url=gap.url) as direct:
+            [new] = append(direct, gap.topic, "after the gap")
+        after = await anext(events)
+        await events.aclose()
+    check_resumed_after_the_gap(gap, before, after, new)
+    assert proxy.connections == 2

@@ -34,7 +34,9 @@ class TombstoneReason(StrEnum):
 class Tombstone:
     """An in-band gap signal (§5.4): live records in [gap_from, gap_to] were lost."""
 
-    seq: int  # == earliest_seq: the first live seq after the gap, a valid resume point
+    # The first seq after the gap; ``seq - 1`` is where the read went on from, so it is
+    # the cursor to resume from (the SSE id), for a gap mid-topic as at the front.
+    seq: int
     gap_from: int
     gap_to: int
     reason: str  # a TombstoneReason value

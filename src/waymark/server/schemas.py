@@ -145,7 +145,7 @@ class Tombstone(Struct, kw_only=True):
     crash, trimmed from a router's source, or the topic was recreated."""
 
     type: Literal["tombstone"] = field(name="$type")
-    seq: int = field(name="$seq")
+    seq: int = field(name="$seq")  # the first seq after the gap: resume from seq - 1
     gap_from: int
     gap_to: int
     reason: Reason
