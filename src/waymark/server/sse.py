@@ -5,8 +5,8 @@ instance and the exclusive lower bound to resume from. A record's cursor is its
 own ``$seq``; a tombstone's is its ``$seq - 1``, the position the read went on
 from after the gap (``gap_to`` for an evicted range or a crash hole, also one in
 the middle of the topic), so a reconnect with ``Last-Event-ID`` never re-reports
-the gap nor skips the first record after it. The epoch lets a resumed cursor detect a topic that was
-deleted and recreated meanwhile (§5.5).
+the gap nor skips the first record after it. The epoch lets a resumed cursor
+detect a topic that was deleted and recreated meanwhile (§5.5).
 
 The stream pulls from the engine by cursor, one bounded batch at a time, and
 awaits the transport's flow control before reading more. A slow consumer
