@@ -346,6 +346,32 @@ def test_tombstone_shape_and_resume(engine: Engine) -> None:
     assert engine.diff("t", 7).tombstone is None
 
 
+def test_resuming_from_a_hole_tombstone_meets_the_next_hole(engine: Engine) -> None:
+    # Two holes (router dest ranges with no record) with the records around them gone,
+    # so the front has passed both: the first hole's resume point must still lie
+    # before the second, or a reader resuming from an SSE id would skip it silently.
+    engine.append("t", [rec(i) for i in range(3)])  # 1..3
+    engine.skip_derived("t", 5, "source_trim")  # 4..8
+    engine.append("t", [rec(9, tag="gone")])  # 9
+    engine.skip_derived("t", 5, "source_trim")  # 10..14
+    engine.append("t", [rec(15)])  # 15
+    engine.delete("t", before_seq=4)
+    engine.delete("t", match=TagMatch.parse("gone"))
+    assert engine.get_topic("t").earliest_seq == 15
+    first = engine.diff("t", 3).tombstone
+    assert first is not None and (first.gap_from, first.gap_to, first.seq) == (4, 8, 9)
+    cursor, gaps, seqs = first.seq - 1, [], []  # what a reconnect with its SSE id reads
+    while True:
+        page = engine.diff("t", cursor, per_record=True)
+        if page.tombstone is not None:
+            gaps.append((page.tombstone.gap_from, page.tombstone.gap_to))
+        seqs += page.seqs
+        cursor = page.next_from_seq
+        if page.caught_up:
+            break
+    assert gaps == [(10, 14)] and seqs == [15]
+
+
 def test_mixed_reason(engine: Engine, clock: ManualClock) -> None:
     engine.put_topic("t", ConfigPatch(cap_records=2, ttl_ms=50))
     engine.append("t", [rec(1), rec(2)])

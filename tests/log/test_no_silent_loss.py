@@ -221,6 +221,9 @@ class NoSilentLoss(RuleBasedStateMachine):
             else:
                 assert tomb is None, f"tombstone {tomb} without involuntary loss"
                 effective = reader.cursor
+        if tomb is not None:
+            # $seq - 1 is the SSE id: resuming there must be where this read went on from.
+            assert tomb.seq - 1 == effective, f"tombstone {tomb} resumes elsewhere"
         # A page stops before the next hole, so that hole's tombstone opens the next page.
         next_hole = m.hole_after(effective)
         stop = next_hole[0] - 1 if next_hole else m.head

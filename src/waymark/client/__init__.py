@@ -1,7 +1,7 @@
 """Python client for the waymark HTTP /v0 API: :class:`Client` (blocking) and
 :class:`AsyncClient` (asyncio), with the same typed calls, SSE included."""
 
-from ..log import ConfigPatch, RecordIn, TopicType
+from ..log import ConfigPatch, RecordIn, TombstoneReason, TopicType
 from ..server.queues import AckResponse, ExtendResponse, Job, NackResponse, RedriveResponse
 from ..server.routers import RouterFilter, RouterOut
 from ..server.schemas import (
@@ -40,6 +40,7 @@ __all__ = [
     "RouterOut",
     "Tombstone",
     "TombstoneEvent",
+    "TombstoneReason",
     "TopicConfig",
     "TopicState",
     "TopicType",

@@ -5,7 +5,7 @@ from .deletion import TagMatch
 from .engine import Engine
 from .errors import ErrorCode, TopicError
 from .records import Limits, RecordIn, check_topic_name
-from .results import AppendResult, DeleteResult, DiffResult, Tombstone, TopicState
+from .results import AppendResult, DeleteResult, DiffResult, Tombstone, TombstoneReason, TopicState
 
 __all__ = [
     "AppendResult",
@@ -20,6 +20,7 @@ __all__ = [
     "RecordIn",
     "TagMatch",
     "Tombstone",
+    "TombstoneReason",
     "TopicConfig",
     "TopicError",
     "TopicState",

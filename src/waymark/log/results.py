@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -14,14 +15,31 @@ if TYPE_CHECKING:
     from .journal import Commit
 
 
+class TombstoneReason(StrEnum):
+    """Every reason this server puts in a tombstone (docs/http-api.md, "Tombstones").
+
+    The reason is informational, the gap range authoritative: a reader meeting a value
+    it does not know (a newer server's) treats it like any other gap.
+    """
+
+    CAP = "cap"  # evicted by cap_records / cap_bytes
+    TTL = "ttl"  # expired
+    MIXED = "mixed"  # both contributed
+    RECREATED = "recreated"  # the topic was deleted and recreated
+    LOST = "lost"  # seqs a crash may have lost (docs/durability.md)
+    SOURCE_TRIM = "source_trim"  # a router's source dropped them unforwarded (docs/routers.md)
+
+
 @dataclass(frozen=True, slots=True)
 class Tombstone:
     """An in-band gap signal (§5.4): live records in [gap_from, gap_to] were lost."""
 
-    seq: int  # == earliest_seq: the first live seq after the gap, a valid resume point
+    # The first seq after the gap; ``seq - 1`` is where the read went on from, so it is
+    # the cursor to resume from (the SSE id), for a gap mid-topic as at the front.
+    seq: int
     gap_from: int
     gap_to: int
-    reason: str  # cap | ttl | mixed | recreated
+    reason: str  # a TombstoneReason value
     missed_estimate: int
     earliest_seq: int
     head_seq: int

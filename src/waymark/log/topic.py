@@ -534,7 +534,9 @@ class Topic:
             # so does a router dest's source_trim range (§8.4).
             lo, hi = cursor + 1, hole.hi
             tombstone = Tombstone(
-                seq=max(hi + 1, self.front),
+                # Right after the hole, not the first live seq: a reader resuming from
+                # seq - 1 must still meet any later hole that front has already passed.
+                seq=hi + 1,
                 gap_from=lo,
                 gap_to=hi,
                 reason=hole.reason,

@@ -153,13 +153,19 @@ class TopicApi:
         or ``wait_ms`` runs out. Node-filtered commits advance the cursor silently."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + body.wait_ms / 1000
-        while _empty(result):
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await self.notifier.wait(name, remaining):
-                break
-            result = self.engine.diff(
-                name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
-            )
+        # No await between this and the first wait taking its change future: once
+        # /metrics counts this poll, the next commit wakes it (what tests wait for).
+        self.metrics.long_polls += 1
+        try:
+            while _empty(result):
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await self.notifier.wait(name, remaining):
+                    break
+                result = self.engine.diff(
+                    name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
+                )
+        finally:
+            self.metrics.long_polls -= 1
         return result
 
     async def delete(self, request: Request) -> Response:

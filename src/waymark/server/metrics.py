@@ -68,6 +68,7 @@ class Metrics(Collector):
         self.records_appended = 0
         self.records_read = 0
         self.watchers = 0
+        self.long_polls = 0  # diffs waiting for a commit (wait_ms)
         self.checkpoints = 0
         self.jobs_claimed = 0  # queues (§10)
         self.jobs_acked = 0
@@ -147,4 +148,9 @@ class Metrics(Collector):
         )
         yield GaugeMetricFamily(
             "waymark_sse_streams", "Open SSE watch streams", value=self.watchers
+        )
+        yield GaugeMetricFamily(
+            "waymark_long_polls",
+            "diff requests waiting for a commit (wait_ms)",
+            value=self.long_polls,
         )

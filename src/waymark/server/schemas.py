@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct, field
 
-from ..log import ConfigPatch, Discard, Durability, RecordIn, TopicType
+from ..log import ConfigPatch, Discard, Durability, RecordIn, TombstoneReason, TopicType
 
 Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 MAX_DIFF_LIMIT = 10_000
@@ -129,14 +129,27 @@ class Record(Struct, kw_only=True, omit_defaults=True):
     data: Any
 
 
+# A plain string, not an enum: a reason this client does not know (a newer server's)
+# must decode, since the reason is informational and the gap range authoritative
+# (docs/http-api.md, "Tombstones").
+Reason = Annotated[
+    str,
+    Meta(
+        description="Why the range was lost; informational, the gap range is authoritative. "
+        f"This server sends {', '.join(TombstoneReason)}; treat any other value as a gap too."
+    ),
+]
+
+
 class Tombstone(Struct, kw_only=True):
-    """Live records in [gap_from, gap_to] were lost to cap/TTL or a recreate (§5.4)."""
+    """Records in [gap_from, gap_to] were lost involuntarily: evicted, expired, lost in a
+    crash, trimmed from a router's source, or the topic was recreated."""
 
     type: Literal["tombstone"] = field(name="$type")
-    seq: int = field(name="$seq")
+    seq: int = field(name="$seq")  # the first seq after the gap: resume from seq - 1
     gap_from: int
     gap_to: int
-    reason: Literal["cap", "ttl", "mixed", "recreated"]
+    reason: Reason
     missed_estimate: int
     earliest_seq: int
     head_seq: int

@@ -2,10 +2,11 @@
 
 Each event's ``id:`` is a resumable cursor ``"<epoch>:<seq>"``: the topic
 instance and the exclusive lower bound to resume from. A record's cursor is its
-own ``$seq``; a tombstone's is ``earliest_seq - 1``, the post-gap position, so a
-reconnect with ``Last-Event-ID`` never re-reports the gap nor skips the first
-live record after it. The epoch lets a resumed cursor detect a topic that was
-deleted and recreated meanwhile (§5.5).
+own ``$seq``; a tombstone's is its ``$seq - 1``, the position the read went on
+from after the gap (``gap_to`` for an evicted range or a crash hole, also one in
+the middle of the topic), so a reconnect with ``Last-Event-ID`` never re-reports
+the gap nor skips the first record after it. The epoch lets a resumed cursor
+detect a topic that was deleted and recreated meanwhile (§5.5).
 
 The stream pulls from the engine by cursor, one bounded batch at a time, and
 awaits the transport's flow control before reading more. A slow consumer
@@ -47,7 +48,7 @@ def frame(result: DiffResult) -> bytes:
         parts += (
             b"event: tombstone\nid: ",
             epoch,
-            b"%d" % (tomb.earliest_seq - 1),
+            b"%d" % (tomb.seq - 1),
             b"\ndata: ",
             orjson.dumps(tomb.to_wire()),
             b"\n\n",
