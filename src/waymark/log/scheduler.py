@@ -55,9 +55,6 @@ class DeliveryScheduler(Generic[K]):
     def __len__(self) -> int:
         return len(self._heap)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._pending
-
     def add(self, key: K, topic: str) -> bool:
         """Enqueue work ``key`` for ``topic``; False if ``key`` is already pending (it
         keeps its place and its older enqueue time: one run serves both)."""
