@@ -315,7 +315,7 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
 def test_recovery_steps_one_topic_at_a_time_with_the_priority_it_recovers_to(
     tmp_path: Path,
 ) -> None:
-    """The server schedules recovery per topic by priority (§3): a step applies only its
+    """The server schedules recovery per topic by priority (docs/topics.md): a step applies only its
     topic, and the topic ranks with the config it is recovering to."""
     engine, store, _ = reopen(tmp_path)
     for name in ("low", "high"):

@@ -1,4 +1,4 @@
-"""The delivery scheduler (§3: higher P_eff served first, aging, no starvation), as a
+"""The delivery scheduler (higher P_eff served first, aging, no starvation), as a
 hypothesis state machine over the production scheduler and engine, under a manual clock.
 
 Topics get random manual priorities (clamped ones included), auto on or off; delivery
@@ -6,7 +6,7 @@ work for them is added, time passes, consumers read, priorities change, and roun
 ``budget`` pops serve the work. Checked at every pop and after every round:
 
 (a) ordering: no pending item ranks above the popped one. Ranks are P_eff computed by
-    the §3 formula from the model's configs at the scheduler's evaluation instant; an
+    the priority formula from the model's configs at the scheduler's evaluation instant; an
     item whose aging is saturated (starving) ranks above all, the longest-waiting first;
 (b) no starvation: once an item has waited AGE_CAP_MS + TICK_MS, it is served within
     ceil(K / budget) rounds (K: distinct keys);
@@ -132,7 +132,7 @@ class Scheduling(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 3))
     def consume(self, i: int) -> None:
-        self.engine.get_topic(f"t{i % len(self.topics)}")  # a touching GET (§3)
+        self.engine.get_topic(f"t{i % len(self.topics)}")  # a touching GET consumes
         self.clock.advance(TICK_MS)  # seen at the next tick
 
     @rule(i=st.integers(0, 3), priority=st.sampled_from(PRIORITIES), auto=st.booleans())
@@ -169,7 +169,7 @@ class Scheduling(RuleBasedStateMachine):
             self.clock.advance(TICK_MS)  # the reads consumed: seen at the next tick
 
     def rank(self, p: Pending, at: int) -> tuple[int, ...]:
-        """The §3 order, from the model: starving first (longest wait first), then
+        """The delivery order, from the model: starving first (longest wait first), then
         highest P_eff, then longest wait, then add order."""
         if at - p.enqueued_at >= AGE_CAP_MS:
             return (0, p.enqueued_at, p.order)

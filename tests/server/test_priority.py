@@ -1,6 +1,7 @@
-"""Topic priority (§3) through the real server: when more delivery work is ready than a
-round takes, the higher-priority topics' subscribers are served first, and priority
-changes neither the order nor the content of what each subscriber gets."""
+"""Topic priority (docs/topics.md, Priority) through the real server: when more
+delivery work is ready than a round takes, the higher-priority topics' subscribers are
+served first, and priority changes neither the order nor the content of what each
+subscriber gets."""
 
 from __future__ import annotations
 

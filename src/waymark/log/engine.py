@@ -117,10 +117,11 @@ class Engine:
         return self._state(topic, now)
 
     def delivery_priority(self, name: str, now: int, enqueued_at: int) -> int:
-        """P_eff (§3) of delivery work for ``name`` waiting since ``enqueued_at``: the
-        topic's manual priority and consumer recency, plus that work's own aging. A
-        recovering topic counts with the config it is recovering to; a topic gone
-        meanwhile with none (its work finds it gone)."""
+        """The effective priority of delivery work for ``name`` waiting since
+        ``enqueued_at`` (docs/topics.md, Priority): the topic's manual priority and
+        consumer recency, plus that work's own aging. A recovering topic counts with the
+        config it is recovering to; a topic gone meanwhile with none (its work finds it
+        gone)."""
         topic = self._topics.get(name)
         if topic is None:
             return effective_priority(None, False, now, 0, enqueued_at)

@@ -1,4 +1,6 @@
-"""Delivery scheduling by effective priority (§3): higher P_eff is served first.
+"""Delivery scheduling by effective priority: higher P_eff is served first.
+
+What priority does in waymark, and what it never does, is in docs/topics.md (Priority).
 
 Pending delivery work (waking a topic's readers after a commit, a forwarding step of
 a router source, a gradual-recovery step) waits here as one item per key, with its

@@ -52,7 +52,8 @@ class App:
         settings = settings or Settings()
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
-        # Readers' wakeups, forwarding and recovery steps run by topic priority (§3).
+        # Readers' wakeups, forwarding and recovery steps run by topic priority
+        # (docs/topics.md, Priority).
         self.deliveries = Deliveries(self.engine, settings.delivery_budget)
         self.notifier = Notifier(self.deliveries)
         self.engine.add_listener(self.notifier.notify)
@@ -140,7 +141,8 @@ class App:
             if message["type"] == "lifespan.startup":
                 self.forwarder.resume()
                 if self.engine.recovering is not None:
-                    # The server is ready before memory topics have recovered (§2.2).
+                    # The server is ready before memory topics have recovered
+                    # (docs/durability.md, memory topics recover in the background).
                     for name in self.engine.recovering.names():
                         self.deliveries.add(self._recover_step, name)
                 if self.store is not None:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # The work, called with its topic. It returns how much of a round it used, in items
 # (None: one), so one heavy step can take a whole round, as a recovery step does.
 Step = Callable[[str], int | None]
-ROUND_BUDGET = 32  # items per round: a round stays well under a millisecond of wakeups
+ROUND_BUDGET = 32  # items per round when the server is not told otherwise
 
 
 class Deliveries:
