@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgspec
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import (
@@ -20,7 +22,14 @@ from waymark.log import (
     TopicError,
     TopicType,
 )
-from waymark.log.priority import age_boost, auto_recency, effective_priority
+from waymark.log.priority import (
+    AUTO_FLOOR_MS,
+    AUTO_MAX,
+    HALF_LIFE_MS,
+    age_boost,
+    auto_recency,
+    effective_priority,
+)
 
 
 @pytest.fixture
@@ -205,6 +214,19 @@ def test_auto_recency_decay_table() -> None:
     table = {0: 500, 15_000: 354, 30_000: 250, 60_000: 125, 120_000: 31, 300_000: 0}
     for idle, expected in table.items():
         assert auto_recency(10**9 + idle, 10**9) == expected
+
+
+@given(idle=st.integers(0, AUTO_FLOOR_MS + 1_000), later=st.integers(0, 5_000))
+def test_auto_recency_follows_the_half_life(idle: int, later: int) -> None:
+    start = 10**12
+    got = auto_recency(start + idle, start)
+    if idle >= AUTO_FLOOR_MS:
+        assert got == 0  # after 5 min untouched, no math at all
+    else:
+        exact = AUTO_MAX * 2 ** (-idle / HALF_LIFE_MS)
+        # The 64-entry table steps every 1/64 of a half-life: at most a step above.
+        assert exact - 1 <= got <= exact * 2 ** (1 / 64) + 1
+    assert auto_recency(start + idle + later, start) <= got  # only ever decays
 
 
 def test_age_boost_and_clamp() -> None:

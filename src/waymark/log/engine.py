@@ -23,6 +23,7 @@ from .config import ConfigPatch, Durability, TopicConfig, TopicType
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, Journal
+from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, Limits, RecordIn, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult, TopicState
@@ -114,6 +115,23 @@ class Engine:
         if touch:
             topic.consumed(now)
         return self._state(topic, now)
+
+    def delivery_priority(self, name: str, now: int, enqueued_at: int) -> int:
+        """The effective priority of delivery work for ``name`` waiting since
+        ``enqueued_at`` (docs/topics.md, Priority): the topic's manual priority and
+        consumer recency, plus that work's own aging. A recovering topic counts with the
+        config it is recovering to; a topic gone meanwhile with none (its work finds it
+        gone)."""
+        topic = self._topics.get(name)
+        if topic is None:
+            return effective_priority(None, False, now, 0, enqueued_at)
+        config = topic.config
+        recovering = self.recovering
+        if recovering is not None and recovering.holds(topic):
+            config = recovering.config(topic)
+        return effective_priority(
+            config.priority, config.auto_priority, now, topic.last_consumed_at, enqueued_at
+        )
 
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
@@ -347,9 +365,10 @@ class Engine:
     def delete_router(self, name: str) -> None:
         self.routers.delete(name)
 
-    def forward(self, max_records: int = 1000) -> Forwarded:
-        """One forwarding step over every router (off every append's ack path)."""
-        return self.routers.forward(max_records)
+    def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
+        """One forwarding step over every router, or those reading ``source`` (off every
+        append's ack path)."""
+        return self.routers.forward(max_records, source)
 
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).

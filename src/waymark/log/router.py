@@ -222,6 +222,10 @@ class Routers:
     def has_routers(self) -> bool:
         return bool(self._routers)
 
+    def sources(self) -> set[str]:
+        """The topics some router reads."""
+        return {router.source for router in self._routers.values()}
+
     def get(self, name: str) -> Router:
         router = self._routers.get(name)
         if router is None:
@@ -273,11 +277,14 @@ class Routers:
         return None
 
     # --- forwarding ---------------------------------------------------------------
-    def forward(self, max_records: int = 1000) -> Forwarded:
-        """Forward up to ``max_records`` source records per router, in source order."""
+    def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
+        """Forward up to ``max_records`` source records per router (of ``source`` only,
+        if given), in source order."""
         copies = 0
         pending = blocked = False
         for router in self._routers.values():
+            if source is not None and router.source != source:
+                continue
             step = self._try(router, max_records)
             if step is None and max_records > 1:
                 # An append is atomic: a page too big for a full dest may fit one by one.

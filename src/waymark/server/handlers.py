@@ -14,6 +14,7 @@ import msgspec
 import orjson
 
 from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError
+from .delivery import ROUND_BUDGET
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -32,6 +33,7 @@ class Settings:
 
     heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
     sse_batch: int = 500  # records read from the engine per SSE chunk
+    delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
 
 
 def _topic(request: Request) -> str:
