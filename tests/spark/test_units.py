@@ -228,10 +228,14 @@ def test_sink_options_missing_fail_naming_the_option() -> None:
 # --- gaps: reported once, whole, with their true count ------------------------------------
 
 
-def _drain(reader: Any, start: dict, race: Any = None) -> tuple[dict, list[int]]:
+def _drain(
+    reader: Any, start: dict, race: Any = None, restarted: Any = None
+) -> tuple[dict, list[int]]:
     """Spark's micro-batch loop for one source, without Spark: plan a batch, read its
     ranges, repeat until nothing is left. ``race`` runs between the first batch's
-    planning and its reads."""
+    planning and its reads. With ``restarted`` (a new reader: a restarted driver),
+    the first batch is planned, then planned again by ``restarted`` from the offsets
+    alone, as Spark replays a batch its offset log holds but its commit log does not."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from waymark.spark.source import read_range
@@ -242,6 +246,9 @@ def _drain(reader: Any, start: dict, race: Any = None) -> tuple[dict, list[int]]
         if end == start:
             return start, seqs
         parts = reader.partitions(start, end)
+        if restarted is not None:
+            parts = restarted.partitions(start, end)
+            restarted = None
         if race is not None:
             race()
             race = None
@@ -251,12 +258,13 @@ def _drain(reader: Any, start: dict, race: Any = None) -> tuple[dict, list[int]]
         start = end
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     cap=st.integers(5, 100),
     first=st.integers(1, 100),
     more=st.integers(0, 300),
     racing=st.integers(0, 150),
+    restart=st.booleans(),
     max_rows=st.integers(5, 150),
     min_partitions=st.integers(1, 5),
     max_per_partition=st.integers(10, 200),
@@ -268,16 +276,18 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
     first: int,
     more: int,
     racing: int,
+    restart: bool,
     max_rows: int,
     min_partitions: int,
     max_per_partition: int,
 ) -> None:
     """A capped topic is read, then ``more`` records evict part of it before the next
     read, and ``racing`` more evict further between that read's planning and its
-    tasks. Every seq after the first read is delivered exactly once or lies in exactly
-    one gaps row; gaps rows add up to the records lost; and a gap that was there when
-    the batch was planned is one row with its whole range (``onDataLoss=fail``
-    names the whole range), however admission control and partitioning cut the seqs."""
+    tasks; or a restarted driver plans that batch again. Every seq after the first
+    read is delivered exactly once or lies in exactly one gaps row; gaps rows add up
+    to the records lost; and a gap that was there when the batch was planned is one
+    row with its whole range (``onDataLoss=fail`` names the whole range), however
+    admission control and partitioning cut the seqs."""
     from waymark.spark.source import WaymarkDataLoss, WaymarkStreamReader
 
     topic = f"gap-prop-{uuid.uuid4().hex[:10]}"
@@ -309,7 +319,8 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
             reader("fail").latestOffset(read_to, ReadAllAvailable())
         assert (failed.value.gap_from, failed.value.gap_to) == (first + 1, lost_to)
 
-    _, after = _drain(skip, read_to, race=lambda: write(racing))
+    restarted = reader("skip") if restart else None
+    _, after = _drain(skip, read_to, race=lambda: write(racing), restarted=restarted)
     head = written[0]  # the race runs only if a batch was planned
     gaps = [r["data"] for r in _read_all(http, f"{topic}-gaps")]
     covered = [s for g in gaps for s in range(g["gap_from"], g["gap_to"] + 1)]

@@ -111,11 +111,14 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             page=PAGE,
         )
         self._target: Offsets | None = None  # availableNow: never read past this
+        # Per topic, the start latestOffset last planned from and the gap it found
+        # there: partitions() of that batch need not ask the server again.
+        self._front_gaps: dict[str, tuple[TopicOffset, wire.Tombstone | None]] = {}
         self._http: httpx.Client | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # read() runs on a pickled copy in a Python worker: ship no connection.
-        return {**self.__dict__, "_http": None}
+        return {**self.__dict__, "_http": None, "_front_gaps": {}}
 
     @property
     def http(self) -> httpx.Client:
@@ -179,6 +182,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # hold no rows and cost no admission budget.
             past = at.seq
             gone = self._front_gap(topic, at, state)
+            self._front_gaps[topic] = (at, gone)
             if gone is not None:
                 if self.settings.on_data_loss == "fail":
                     raise WaymarkDataLoss(
@@ -230,11 +234,15 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Report a gap right after ``at`` once, from the driver, and return where the
         batch's reads start. Runs again if Spark replays the batch: the gaps row's id
         makes the report idempotent."""
-        state = wire.topic_state(self.http, topic)
-        gone = None if state is None else self._front_gap(topic, at, state)
+        planned = self._front_gaps.pop(topic, None)
+        if planned is not None and planned[0] == at:
+            gone = planned[1]
+        else:  # a batch Spark replays from its offset log: latestOffset did not plan it
+            state = wire.topic_state(self.http, topic)
+            gone = None if state is None else self._front_gap(topic, at, state)
         if gone is None:
             return at.seq
-        upto = min(gone.gap_to, hi)  # below gap_to only if eviction moved on since planning
+        upto = min(gone.gap_to, hi)  # below gap_to only if eviction moved on since planned
         report_gap(self.http, self.settings, topic, at.epoch, gone.gap_from, upto, gone.reason,
                    share(gone, upto))  # fmt: skip
         return upto
