@@ -281,7 +281,8 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
                     # planning sees the new epoch and follows onDataLoss there.
                     _gap(http, part, cursor + 1, part.hi, "recreated", part.hi - cursor)
                     return
-                # Met here only if the loss happened after the driver planned the batch:
+                # Met here if the loss happened after the driver planned the batch, or is
+                # a hole inside the range (a crash's `lost`, a router's `source_trim`):
                 # each range reports its own slice of the gap.
                 upto = min(gone.gap_to, part.hi)
                 _gap(http, part, gone.gap_from, upto, gone.reason, share(gone, upto))
