@@ -1,4 +1,4 @@
-"""The engine's MUSTs of topics-semantics §1-§7, one test each, without HTTP."""
+"""The engine's rules of docs/semantics/topics.md §1-§7, one test each, without HTTP."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def refused(code: ErrorCode, fn, *args, **kwargs) -> TopicError:
     return info.value
 
 
-# --- §1 records -----------------------------------------------------------------------
+# --- docs/semantics/topics.md §1 records ------------------------------------------------------
 
 
 def test_wire_keys_and_omission(engine: Engine) -> None:
@@ -111,7 +111,7 @@ def test_records_per_write_limit() -> None:
     assert engine.list_topics() == []
 
 
-# --- §2 topics ------------------------------------------------------------------------
+# --- docs/semantics/topics.md §2 topics -------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["a", "A9", "render-queue:tenantA", "x." + "y" * 253])
@@ -207,7 +207,7 @@ def test_delete_topic_tears_down_and_recreate_bumps_epoch(engine: Engine) -> Non
     assert engine.delete("t", match=TagMatch.parse("x")).deleted == 0
 
 
-# --- §3 priority ----------------------------------------------------------------------
+# --- docs/semantics/topics.md §3 priority -----------------------------------------------------
 
 
 def test_auto_recency_decay_table() -> None:
@@ -255,7 +255,7 @@ def test_touch_false_does_not_consume(engine: Engine, clock: ManualClock) -> Non
     assert engine.get_topic("t").last_read_ts == clock.now_ms()
 
 
-# --- §4 seq ---------------------------------------------------------------------------
+# --- docs/semantics/topics.md §4 seq ----------------------------------------------------------
 
 
 def test_seqs_are_contiguous_and_returned_in_write_order(engine: Engine) -> None:
@@ -296,7 +296,7 @@ def test_idempotent_append_returns_the_original_seq(engine: Engine, clock: Manua
     assert engine.append("u", [rec(id="a"), rec(id="a")]).seqs == [1, 2]
 
 
-# --- §5 watermarks, eviction, TTL, tombstones -------------------------------------------
+# --- docs/semantics/topics.md §5 watermarks, eviction, TTL, tombstones ------------------------
 
 
 def test_ttl_is_strict(engine: Engine, clock: ManualClock) -> None:
@@ -450,7 +450,7 @@ def test_chunks_are_reclaimed_whole(engine: Engine) -> None:
     assert engine.get_topic("t").count == 1000
 
 
-# --- §6 node filter -------------------------------------------------------------------
+# --- docs/semantics/topics.md §6 node filter --------------------------------------------------
 
 
 def test_node_filter_single_and_set(engine: Engine) -> None:
@@ -469,7 +469,7 @@ def test_dedupe_node_false_disables_the_filter(engine: Engine) -> None:
     assert len(engine.diff("t", 0, nodes=frozenset({"a"})).records()) == 1
 
 
-# --- §7 deletion ----------------------------------------------------------------------
+# --- docs/semantics/topics.md §7 deletion -----------------------------------------------------
 
 
 def test_delete_needs_a_selector(engine: Engine) -> None:

@@ -1,4 +1,5 @@
-"""Gradual recovery of memory-class topics (§2.2): it never blocks readiness.
+"""Gradual recovery of memory-class topics (docs/semantics/topics.md §2.2): it never blocks
+readiness.
 
 Recovery sets a memory topic's WAL frames aside and returns a usable engine; the
 frames are applied by steps, or all at once by the first use of the topic, in the

@@ -1,4 +1,5 @@
-"""The no-silent-loss contract (§9.2-§9.4), as a hypothesis state machine.
+"""The no-silent-loss contract (docs/semantics/topics.md §9.2-§9.4), as a hypothesis state
+machine.
 
 Random appends, deletions, cap/TTL eviction under a manual clock, recreates and
 reads run against the production engine and an independent model. Every read

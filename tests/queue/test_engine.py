@@ -1,5 +1,5 @@
-"""§10 in-process with a manual clock: exact time boundaries, the cohort pass, the
-leases log (trimming, rebuild) and the ack delete through durable storage."""
+"""Queues (docs/semantics/topics.md §10) in-process with a manual clock: exact time boundaries,
+the cohort pass, the leases log (trimming, rebuild) and the ack delete through durable storage."""
 
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def test_queue_routes_refuse_log_topics(engine: Engine) -> None:
 def test_jobs_removed_from_the_log_are_forgotten(engine: Engine, clock: ManualClock) -> None:
     queue(engine, 3, lease_ms=10)
     engine.claim("q", "w", 3)
-    engine.delete("q", before_seq=3)  # a user's §7 delete of two leased jobs
+    # A user's delete (docs/semantics/topics.md §7) of two leased jobs.
+    engine.delete("q", before_seq=3)
     clock.advance(11)
     assert [j.seq for j in engine.claim("q", "w", 5)] == [3]
     assert engine.get_topic("q").queue == {"ready": 0, "in_flight": 1, "dead_lettered": 0,

@@ -1,4 +1,5 @@
-"""§10 over HTTP against a real ``waymark serve``: one test per rule.
+"""Queues (docs/semantics/topics.md §10) over HTTP against a real ``waymark serve``: one test per
+rule.
 
 Time-driven rules are checked here with short real leases; their exact
 boundaries are checked in-process with a manual clock (test_engine.py), and nack

@@ -1,5 +1,6 @@
-"""§10 over HTTP in process, on a manual clock: the app runs on httpx's ASGI transport,
-so time moves only when a test says (nack delays, the dead-letter retry interval)."""
+"""Queues (docs/semantics/topics.md §10) over HTTP in process, on a manual clock: the app runs on
+httpx's ASGI transport, so time moves only when a test says (nack delays, the
+dead-letter retry interval)."""
 
 from __future__ import annotations
 

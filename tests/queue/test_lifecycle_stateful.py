@@ -1,4 +1,5 @@
-"""The lease lifecycle (§10.2) against an independent model, on the production engine.
+"""The lease lifecycle (docs/semantics/topics.md §10.2) against an independent model, on the
+production engine.
 
 A hypothesis state machine produces jobs, claims (alone and as cohorts), acks,
 nacks (with delays), extends, advances a manual clock and restarts the lease

@@ -1,7 +1,7 @@
-"""A hypothesis property of §8.5 (docs/routers.md, "DAG by default"): over random router
-graphs built in random order, with random allow_cycle flags, router deletions, appends
-and forwarding steps, every definition is either admitted or refused with
-``router_cycle`` (never with allow_cycle) or ``router_dest_fan_in``; forwarding then
+"""A hypothesis property of docs/semantics/topics.md §8.5 (docs/routers.md, "DAG by default"):
+over random router graphs built in random order, with random allow_cycle flags, router
+deletions, appends and forwarding steps, every definition is either admitted or refused
+with ``router_cycle`` (never with allow_cycle) or ``router_dest_fan_in``; forwarding then
 reaches quiescence within a bound, and the records stay bounded by the hop cap.
 
 The bound: a record appended once is forwarded by each router at most HOP_CAP + 1

@@ -1,5 +1,6 @@
-"""§8 in-process: the definition rules, forwarding, backpressure, hop-capped cycles,
-and router definitions and cursors through the WAL and a checkpoint."""
+"""Routers (docs/semantics/topics.md §8) in-process: the definition rules, forwarding,
+backpressure, hop-capped cycles, and router definitions and cursors through the WAL and
+a checkpoint."""
 
 from __future__ import annotations
 
@@ -243,7 +244,7 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     engine, store, _ = open_engine(tmp_path, clock=clock)
     assert [r.name for r in engine.list_routers()] == ["r"]
     assert engine.get_router("r").cursor == 0  # the cursor is only in checkpoints
-    assert dest_data(engine, "b") == []  # copies are derived: never journaled (§8.1)
+    assert dest_data(engine, "b") == []  # derived: never journaled (docs/semantics/topics.md §8.1)
     while engine.forward().pending:
         pass
     assert dest_data(engine, "b") == [1, 2]  # re-derived from the cursor

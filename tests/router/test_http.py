@@ -1,5 +1,5 @@
-"""§8 over HTTP against a real ``waymark serve``: one test per rule. Forwarding runs
-after the source's ack, so tests wait (bounded) for copies to appear."""
+"""Routers (docs/semantics/topics.md §8) over HTTP against a real ``waymark serve``: one test per
+rule. Forwarding runs after the source's ack, so tests wait (bounded) for copies to appear."""
 
 from __future__ import annotations
 

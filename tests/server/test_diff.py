@@ -1,5 +1,5 @@
-"""Diff over HTTP: cursors (§4.3), node filter (§6), caps and discard (§5.3), tombstones
-(§5.4, §5.5), deleted gaps (§5.1), long-poll."""
+"""Diff over HTTP (docs/semantics/topics.md §4.3, §5, §6): cursors, node filter, caps and discard,
+tombstones, recreated topics, deleted gaps, long-poll."""
 
 from __future__ import annotations
 

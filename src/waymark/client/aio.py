@@ -99,7 +99,7 @@ class AsyncClient:
     ) -> DeleteResponse:
         return await self._run(calls.delete(topic, before_seq, match))
 
-    # --- routers (§8) -----------------------------------------------------------------
+    # --- routers (docs/semantics/topics.md §8) ----------------------------------------------------
     async def put_router(
         self,
         name: str,
@@ -114,7 +114,8 @@ class AsyncClient:
         filter: RouterFilter | None = None,
     ) -> RouterOut:
         """Forward every record committed to ``source`` (that passes ``filter``) into
-        ``dest``; ``exactly_once`` copies carry an idempotency key (§8.2)."""
+        ``dest``; ``exactly_once`` copies carry an idempotency key
+        (docs/semantics/topics.md §8.2)."""
         body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
                          create_dest, filter)  # fmt: skip
         return await self._run(routers.put_router(name, body))
@@ -128,7 +129,7 @@ class AsyncClient:
     async def delete_router(self, name: str) -> RouterDeleted:
         return await self._run(routers.delete_router(name))
 
-    # --- queues (§10) -----------------------------------------------------------------
+    # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
     async def claim(
         self, topic: str, node: str, max: int = 1, *, lease_ms: int | None = None
     ) -> list[Job]:

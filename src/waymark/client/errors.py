@@ -11,7 +11,8 @@ from ..server.schemas import Error
 
 
 class ApiError(Exception):
-    """The server refused a request: its HTTP status and the spec's error code."""
+    """The server refused a request: its HTTP status and error code
+    (docs/semantics/topics.md §11)."""
 
     def __init__(self, status: int, code: str, message: str, detail: dict[str, Any]) -> None:
         super().__init__(f"{status} {code}: {message}")

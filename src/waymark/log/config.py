@@ -1,4 +1,5 @@
-"""Topic configuration: the fields of §2.2, their defaults, validation and upsert.
+"""Topic configuration (docs/semantics/topics.md §2.2): the fields, their defaults, validation
+and upsert.
 
 A :class:`ConfigPatch` is what a client sends (every field optional); a
 :class:`TopicConfig` is the resolved configuration a topic runs with.
@@ -51,7 +52,7 @@ class ConfigPatch(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     auto_create: bool | UnsetType = UNSET
     idempotency_window_ms: NonNegative | UnsetType = UNSET
     dedupe_node: bool | UnsetType = UNSET
-    # --- queues (§10); accepted on any topic, used only by type "queue" ---
+    # --- queues (docs/semantics/topics.md §10); accepted on any topic, used only by "queue" ---
     lease_ms: Positive | UnsetType = UNSET
     max_deliveries: NonNegative | UnsetType = UNSET
     dead_letter: TopicName | UnsetType | None = UNSET
@@ -72,7 +73,7 @@ class TopicConfig(msgspec.Struct, frozen=True):
     auto_create: bool = True
     idempotency_window_ms: int = 120_000
     dedupe_node: bool = True
-    # --- queues (§10) ---
+    # --- queues (docs/semantics/topics.md §10) ---
     lease_ms: int = 30_000  # a claim's lease (the visibility timeout) unless it names one
     max_deliveries: int = 0  # 0: reclaimed indefinitely; n: the (n+1)-th delivery dead-letters
     dead_letter: str | None = None
@@ -81,7 +82,7 @@ class TopicConfig(msgspec.Struct, frozen=True):
 
     @property
     def durable(self) -> bool:
-        # §2.2: durable is normalised to "the class is fsync".
+        # docs/semantics/topics.md §2.2: durable is normalised to "the class is fsync".
         return self.durability is Durability.FSYNC
 
     def apply(self, patch: ConfigPatch) -> TopicConfig:
@@ -91,7 +92,8 @@ class TopicConfig(msgspec.Struct, frozen=True):
             for f in patch.__struct_fields__
             if f not in ("durable", "durability") and getattr(patch, f) is not UNSET
         }
-        # An explicit durability wins; a bare `durable` picks fsync or disk (§2.2).
+        # An explicit durability wins; a bare `durable` picks fsync or disk
+        # (docs/semantics/topics.md §2.2).
         if patch.durability is not UNSET and patch.durability is not None:
             changes["durability"] = patch.durability
         elif patch.durable is not UNSET:
@@ -116,7 +118,7 @@ class TopicConfig(msgspec.Struct, frozen=True):
         }
 
     def queue_wire(self) -> dict[str, Any]:
-        """The queue fields (§10), reported on queue topics only."""
+        """The queue fields (docs/semantics/topics.md §10), reported on queue topics only."""
         return {
             "lease_ms": self.lease_ms,
             "max_deliveries": self.max_deliveries,

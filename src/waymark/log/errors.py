@@ -1,4 +1,4 @@
-"""Errors of the topic log, each with the spec's code and HTTP status.
+"""Errors of the topic log, each with its code and HTTP status (docs/semantics/topics.md §11).
 
 The engine raises :class:`TopicError`; the HTTP layer renders it as
 ``{"error": {"code", "message", "detail"}}`` with :attr:`TopicError.status`.

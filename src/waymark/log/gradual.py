@@ -1,4 +1,5 @@
-"""Gradual recovery of ``memory``-class topics: it never blocks readiness (§2.2).
+"""Gradual recovery of ``memory``-class topics: it never blocks readiness
+(docs/semantics/topics.md §2.2).
 
 While recovery reads the WAL, the frames of memory topics are set aside per topic
 (offsets into the file bytes already read, not decoded records); control frames

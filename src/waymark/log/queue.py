@@ -1,4 +1,5 @@
-"""Queues (§10): lease-based job delivery layered on a topic of type ``queue``.
+"""Queues (docs/semantics/topics.md §10): lease-based job delivery layered on a topic of type
+``queue``.
 
 A queue is two logs. The jobs log is the topic itself. The leases log is an
 internal companion topic, ``<queue>$leases`` (a ``$`` is never valid in a user
@@ -48,7 +49,8 @@ DEAD_LETTER_RETRY_MS = 1000
 
 
 def lease_expired(deadline: int, now: int) -> bool:
-    """A lease is live through its deadline and reclaimable once now > deadline (§10.6)."""
+    """A lease is live through its deadline and reclaimable once now > deadline
+    (docs/semantics/topics.md §10.6)."""
     return now > deadline
 
 
@@ -73,7 +75,7 @@ def check_queue_config(name: str, config: TopicConfig) -> None:
 class Lease:
     node: str
     lease_id: str
-    deadline: int  # absolute ms; the lease is live while now <= deadline (§10.6)
+    deadline: int  # absolute ms; live while now <= deadline (docs/semantics/topics.md §10.6)
 
 
 @dataclass(slots=True)
@@ -158,7 +160,7 @@ class Projection:
         if lease is None or lease.node != node or lease_expired(lease.deadline, now):
             return None
         if lease_id is not None and lease_id != lease.lease_id:
-            return None  # a stale token: that lease was superseded (§10.2 fencing)
+            return None  # a stale token: that lease was superseded (docs/semantics/topics.md §10.2)
         return lease
 
     def fresh(self, seq: int) -> bool:
@@ -255,8 +257,8 @@ class Queues:
             self.engine._write(name, drop_frame(name, leases.epoch))
 
     def counts(self, topic: Topic) -> dict[str, Any]:
-        """The queue object of a topic's state (§10.5). in_flight counts leases not yet
-        reclaimed; an expired lease is reclaimed lazily by the next claim pass.
+        """The queue object of a topic's state (docs/semantics/topics.md §10.5). in_flight counts
+        leases not yet reclaimed; an expired lease is reclaimed lazily by the next claim pass.
         dead_letter_parked counts dead jobs the dead-letter topic refused, and
         dead_letter_error is its last refusal while any are parked."""
         p = self._projection(topic)
@@ -290,7 +292,7 @@ class Queues:
         lease = self._projection(topic).holder(seq, node, lease_id, self.engine.clock.now_ms())
         return lease is not None
 
-    # --- claim (§10.3) -----------------------------------------------------------------
+    # --- claim (docs/semantics/topics.md §10.3) --------------------------------------------------
     def claim(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
         """One coordinator pass: expire, drain the freelist, then fresh jobs by the claim
         cursor, and share what was found across ``requests`` in proportion to their max."""
@@ -324,8 +326,8 @@ class Queues:
         return grants
 
     def _expire(self, topic: Topic, p: Projection, now: int) -> None:
-        """Lazy visibility timeout (§10.6): leases past their deadline are released onto
-        the freelist, recorded before this pass hands the jobs out again."""
+        """Lazy visibility timeout (docs/semantics/topics.md §10.6): leases past their deadline
+        are released onto the freelist, recorded before this pass hands the jobs out again."""
         events = []
         released: set[int] = set()  # the heap may hold one lease twice (an extend to the
         while p.expiry and lease_expired(p.expiry[0][0], now):  # same deadline, a restatement)
@@ -343,7 +345,8 @@ class Queues:
     def _reclaimable(
         self, topic: Topic, p: Projection, wanted: int, now: int
     ) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:
-        """Drain the reclaim freelist first (§10.3); jobs past max_deliveries go to ``dead``."""
+        """Drain the reclaim freelist first (docs/semantics/topics.md §10.3); jobs past
+        max_deliveries go to ``dead``."""
         config = topic.config
         limit = config.max_deliveries if config.dead_letter is not None else 0
         picked: list[tuple[int, bytes, int]] = []
@@ -394,8 +397,9 @@ class Queues:
     def _dead_letter(
         self, topic: Topic, p: Projection, dead: list[tuple[int, bytes, int]], now: int
     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
-        """Move dead jobs to the dead-letter topic (§10.7), parked ones first when their
-        retry is due; returns (seq, delivery) of those moved, newly parked and released.
+        """Move dead jobs to the dead-letter topic (docs/semantics/topics.md §10.7), parked ones
+        first when their retry is due; returns (seq, delivery) of those moved, newly
+        parked and released.
 
         The copy is appended before the job is deleted, so a crash in between leaves a
         duplicate, never a loss. Jobs the dead-letter topic refuses (full, missing) are
@@ -458,7 +462,7 @@ class Queues:
                                "topic": target, "ts": now}  # fmt: skip
         return done
 
-    # --- ack, nack, extend (§10.2, §10.5, §10.6) -------------------------------------------
+    # --- ack, nack, extend (docs/semantics/topics.md §10.2, §10.5, §10.6) ----------------------
     def ack(
         self, name: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None
     ) -> Settled:
@@ -602,8 +606,9 @@ class Queues:
         return p
 
     def _rebuild(self, topic: Topic) -> Projection:
-        """Replay the surviving lease events (§10.1). Lost events are self-healing: a
-        job without a replayed live lease is simply claimable again (§10.6)."""
+        """Replay the surviving lease events (docs/semantics/topics.md §10.1). Lost events are
+        self-healing: a job without a replayed live lease is simply claimable again
+        (docs/semantics/topics.md §10.6)."""
         p = Projection(topic.epoch)
         name = leases_name(topic.name)
         self.engine._recover(name)  # from every event that survived, not those applied so far
@@ -645,7 +650,7 @@ class Queues:
 
         Jobs whose latest event is old are restated (the same lease, or the same
         freelist place) so one long-held lease never pins the log; then every event
-        below the oldest one still needed is deleted (§7).
+        below the oldest one still needed is deleted (docs/semantics/topics.md §7).
         """
         p.events_since_trim = 0
         name = leases_name(topic.name)

@@ -1,4 +1,5 @@
-"""Records on the way in: the request shape, the §1.2 limits, and the wire encoding.
+"""Records on the way in: the request shape, the limits of docs/semantics/topics.md §1.2, and
+the wire encoding.
 
 A committed record is kept only as its encoded wire JSON (followed by a comma,
 so a run of consecutive records is one contiguous slice of a chunk buffer);
@@ -30,7 +31,8 @@ def check_topic_name(name: str) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """Hard write limits (§1.2). Violations are 400s with a specific code."""
+    """Hard write limits (docs/semantics/topics.md §1.2). Violations are 400s with a specific
+    code."""
 
     max_record_bytes: int = 1 << 20  # data + meta, canonical bytes
     max_tag_bytes: int = 256
@@ -104,7 +106,8 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
 
 
 def wire_body(data: bytes, node: str | None, tag: str | None, meta_json: bytes) -> bytes:
-    """A record's wire body from parts already validated (a router's copy, §8.3)."""
+    """A record's wire body from parts already validated (a router's copy,
+    docs/semantics/topics.md §8.3)."""
     head = b""
     if node is not None:
         head = b',"$node":' + orjson.dumps(node)

@@ -32,7 +32,8 @@ class TombstoneReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Tombstone:
-    """An in-band gap signal (§5.4): live records in [gap_from, gap_to] were lost."""
+    """An in-band gap signal (docs/semantics/topics.md §5.4): live records in [gap_from, gap_to]
+    were lost."""
 
     # The first seq after the gap; ``seq - 1`` is where the read went on from, so it is
     # the cursor to resume from (the SSE id), for a gap mid-topic as at the front.
@@ -59,7 +60,7 @@ class Tombstone:
 
 @dataclass(frozen=True, slots=True)
 class TopicState:
-    """A topic's state (§2.3) at one instant."""
+    """A topic's state (docs/semantics/topics.md §2.3) at one instant."""
 
     name: str
     type: TopicType
@@ -75,11 +76,12 @@ class TopicState:
     created_ts: int
     last_write_ts: int
     last_read_ts: int
-    # queue topics (§10.5): ready, in_flight, dead_lettered, dead_letter_parked and
-    # dead_letter_error (the dead-letter topic's last refusal while jobs are parked)
+    # queue topics (docs/semantics/topics.md §10.5): ready, in_flight, dead_lettered,
+    # dead_letter_parked and dead_letter_error (the dead-letter topic's last refusal
+    # while jobs are parked)
     queue: dict[str, Any] | None = None
-    # a memory topic whose WAL frames are still being applied after a restart (§2.2):
-    # its counts are those applied so far
+    # a memory topic whose WAL frames are still being applied after a restart
+    # (docs/semantics/topics.md §2.2): its counts are those applied so far
     recovering: bool = False
 
     @property
@@ -146,7 +148,7 @@ class DeleteResult:
 
 @dataclass(slots=True)
 class DiffResult:
-    """One page of a cursor read (§4.3, §7.3).
+    """One page of a cursor read (docs/semantics/topics.md §4.3, §7.3).
 
     ``runs`` are slices of chunk buffers, each holding one or more consecutive
     wire records separated and terminated by commas, so a page of N records is

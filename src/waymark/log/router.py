@@ -1,11 +1,12 @@
-"""Routers (§8): forwarding rules source -> dest, per-source FIFO.
+"""Routers (docs/semantics/topics.md §8): forwarding rules source -> dest, per-source FIFO.
 
 Forwarding is :meth:`Routers.forward`, a synchronous step the server schedules after
-commits, so a source append never waits on it. Copies are derived (§8.1): a dest
-journals only the seq ceilings its copies take, never the copies, so a source append
-costs one WAL write whatever the fan-out. A checkpoint seals the dests' copies and
-snapshots the router cursors in one cut; after a crash each router re-derives, from
-its cursor, the copies made since. Definitions are control frames.
+commits, so a source append never waits on it. Copies are derived
+(docs/semantics/topics.md §8.1): a dest journals only the seq ceilings its copies take,
+never the copies, so a source append costs one WAL write whatever the fan-out. A
+checkpoint seals the dests' copies and snapshots the router cursors in one cut; after a
+crash each router re-derives, from its cursor, the copies made since. Definitions are
+control frames.
 
 ``at_least_once``: a reader of dest who saw a copy made after the last checkpoint
 sees it again, at a new seq, after a crash. ``exactly_once`` copies carry an
@@ -40,11 +41,11 @@ log = logging.getLogger(__name__)
 HOP_CAP = 8
 AT_LEAST_ONCE, EXACTLY_ONCE = "at_least_once", "exactly_once"
 GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
-ROUTER_KEY = "_topics_router"  # the meta key exactly_once copies carry (§8.2)
+ROUTER_KEY = "_topics_router"  # the key exactly_once copies carry (docs/semantics/topics.md §8.2)
 # Recovery looks this far back from dest's head for an exactly_once router's last key.
 RESUME_SCAN = 100_000
-# A dest refusing these holds the cursor (§8.4): record_too_large is a page bigger than a
-# discard:"reject" dest's whole cap, which is retried record by record.
+# A dest refusing these holds the cursor (docs/semantics/topics.md §8.4): record_too_large is a
+# page bigger than a discard:"reject" dest's whole cap, which is retried record by record.
 PUSHBACK = (ErrorCode.TOPIC_FULL, ErrorCode.RECORD_TOO_LARGE, ErrorCode.STORAGE_UNAVAILABLE)
 
 Admits = Callable[[str | None, str | None], bool]
@@ -150,7 +151,8 @@ class Routers:
         self._engine = engine
         self._routers: dict[str, Router] = {}
         # Hop counts of copies made by routers on a cycle: (topic, epoch, seq) -> hops.
-        # In memory only (§8.5): after a restart recopied records start again from 0.
+        # In memory only (docs/semantics/topics.md §8.5): after a restart recopied records start
+        # again from 0.
         self._hops: dict[tuple[str, int, int], int] = {}
         # Names of the routers on a directed cycle; None once the router set changed.
         self._on_cycle: frozenset[str] | None = None
@@ -206,7 +208,8 @@ class Routers:
         if not create_dest:
             for topic in (source, dest):
                 engine._existing(topic)
-        # Lazily created endpoints (§8.6): an empty config patch takes the defaults.
+        # Lazily created endpoints (docs/semantics/topics.md §8.6): an empty config patch takes the
+        # defaults.
         for topic in (source, dest):
             if topic not in engine._topics:
                 engine.put_topic(topic, ConfigPatch())
@@ -243,8 +246,8 @@ class Routers:
         self._on_cycle = None
 
     def topic_dropped(self, name: str, epoch: int) -> None:
-        """A topic instance is gone: so are the routers touching it (§8.6). Called on the
-        live path and on replay, where the epochs keep a later instance's routers."""
+        """A topic instance is gone: so are the routers touching it (docs/semantics/topics.md §8.6).
+        Called on the live path and on replay, where the epochs keep a later instance's routers."""
         for router in list(self._routers.values()):
             if (router.source, router.source_epoch) == (name, epoch) or (
                 router.dest, router.dest_epoch) == (name, epoch):  # fmt: skip
@@ -313,8 +316,9 @@ class Routers:
         gap = page.tombstone
         if gap is not None:
             # Evicted, expired or lost before it was forwarded: dest readers meet the
-            # range as a source_trim tombstone (§8.4), never a silent skip. The cursor
-            # passes it at once, so a dest pushing back later does not skip it twice.
+            # range as a source_trim tombstone (docs/semantics/topics.md §8.4), never a silent skip.
+            # The cursor passes it at once, so a dest pushing back later does not skip it
+            # twice.
             n = max(1, gap.missed_estimate)
             engine.skip_derived(router.dest, n, "source_trim")
             router.cursor = gap.gap_to
@@ -342,7 +346,8 @@ class Routers:
     def _copies(
         self, router: Router, source: Topic, page: DiffResult, on_cycle: bool
     ) -> tuple[list[EncodedRecord], list[int]]:
-        """The copies of a page's records (§8.3), and each one's hop count."""
+        """The copies of a page's records (docs/semantics/topics.md §8.3), and each one's hop
+        count."""
         admits = compile_filter(router.filter)
         rebuild = not (router.preserve_node and router.preserve_tag) or (
             router.guarantee == EXACTLY_ONCE)  # fmt: skip
@@ -433,11 +438,12 @@ class Routers:
 
 
 def last_copied(router: Router, dest: Topic) -> int | None:
-    """The source seq in the newest copy ``router`` left in ``dest`` (§8.2's key check).
+    """The source seq in the newest copy ``router`` left in ``dest`` (the key check
+    of docs/semantics/topics.md §8.2).
 
     Copies arrive in source order, so the newest key found is the resume point. Only
     the last RESUME_SCAN seqs are searched: the keys are evidence kept in dest, and a
-    delete or eviction there removes it (§8.2).
+    delete or eviction there removes it (docs/semantics/topics.md §8.2).
     """
     marker = orjson.dumps(router.key_prefix())[:-1]  # as the key's start appears in JSON
     for seq in range(dest.head_seq, max(dest.front, dest.head_seq - RESUME_SCAN) - 1, -1):

@@ -57,7 +57,7 @@ class App:
         self.deliveries = Deliveries(self.engine, settings.delivery_budget)
         self.notifier = Notifier(self.deliveries)
         self.engine.add_listener(self.notifier.notify)
-        # routers (§8): off every append's ack path
+        # routers (docs/semantics/topics.md §8.1): off every append's ack path
         self.forwarder = Forwarder(self.engine, self.deliveries)
         self.engine.add_listener(self.forwarder.poke)
         self.metrics = Metrics(

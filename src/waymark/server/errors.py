@@ -1,4 +1,5 @@
-"""Every refusal as ``{"error": {"code", "message", "detail"}}`` with the spec's status."""
+"""Every refusal as ``{"error": {"code", "message", "detail"}}`` with its status
+(docs/semantics/topics.md §11)."""
 
 from __future__ import annotations
 

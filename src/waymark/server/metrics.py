@@ -70,7 +70,7 @@ class Metrics(Collector):
         self.watchers = 0
         self.long_polls = 0  # diffs waiting for a commit (wait_ms)
         self.checkpoints = 0
-        self.jobs_claimed = 0  # queues (§10)
+        self.jobs_claimed = 0  # queues (docs/semantics/topics.md §10)
         self.jobs_acked = 0
         self.jobs_released = 0
         self.jobs_redriven = 0

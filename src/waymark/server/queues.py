@@ -1,4 +1,4 @@
-"""The /v0 queue routes (§10) over :mod:`waymark.log.queue`.
+"""The /v0 queue routes (docs/semantics/topics.md §10) over :mod:`waymark.log.queue`.
 
 * ``POST /v0/topics/{q}/claim`` ``{node, max, lease_ms?}`` -> ``{"jobs": [...]}``: each
   job is the wire record plus ``lease_id``, ``deadline`` and ``delivery``.
@@ -123,7 +123,8 @@ def _jobs_json(jobs: list[ClaimedJob]) -> bytes:
 
 
 class Cohorts:
-    """Per queue, the claims waiting for the current window to close (§10.3)."""
+    """Per queue, the claims waiting for the current window to close
+    (docs/semantics/topics.md §10.3)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -1,4 +1,4 @@
-"""The /v0 router routes (§8) and the task that drives forwarding.
+"""The /v0 router routes (docs/semantics/topics.md §8) and the task that drives forwarding.
 
 * ``PUT /v0/routers/{router}`` ``{source, dest, preserve_node?, preserve_tag?, allow_cycle?,
   guarantee?, create_dest?}`` -> the router (201 when created).

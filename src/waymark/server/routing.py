@@ -1,9 +1,9 @@
 """Path routing by segments: ``/v0/topics/{topic}/records`` and friends.
 
-Topic names never contain ``/`` (§2.1), so splitting the path on ``/`` and
-comparing literal segments is exact and needs no regular expressions. Routing
-uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside
-its segment and reaches the name check, rather than silently changing the route.
+Topic names never contain ``/`` (docs/semantics/topics.md §2.1), so splitting the path on
+``/`` and comparing literal segments is exact and needs no regular expressions. Routing
+uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside its
+segment and reaches the name check, rather than silently changing the route.
 """
 
 from __future__ import annotations

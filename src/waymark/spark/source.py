@@ -8,7 +8,8 @@ Options (named like Spark's Kafka source where the meaning is the same):
 ``maxRecordsPerTrigger``  admission control: at most this many records per micro-batch
 ``minPartitions``         read each batch in at least this many tasks (default: driver cores)
 ``maxRecordsPerPartition`` no task reads more seqs than this (default 200000)
-``node``                  reader node id: records written by this node are skipped (§6)
+``node``                  reader node id: records written by this node are skipped
+                          (docs/semantics/topics.md §6)
 ``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
 ``gapsTopic``             where ``skip`` records each gap as a row (default ``waymark.gaps``)
 

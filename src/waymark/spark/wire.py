@@ -17,7 +17,8 @@ TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 
 class WaymarkHttpError(RuntimeError):
-    """A refusal from the server, with the spec's status and error code."""
+    """A refusal from the server, with its HTTP status and error code
+    (docs/semantics/topics.md §11)."""
 
     def __init__(self, status: int, code: str, message: str, detail: dict[str, Any]) -> None:
         super().__init__(f"{status} {code}: {message} {detail or ''}".rstrip())
