@@ -1,4 +1,5 @@
-"""Queue claim + ack throughput: waymark (§10) beside Redis Streams consumer groups.
+"""Queue claim + ack throughput: waymark (docs/semantics/topics.md §10) beside Redis Streams
+consumer groups.
 
 16 workers (2 processes x 8 asyncio tasks, so neither system is measured through
 one saturated client) loop ``claim max=B`` then ``ack`` those seqs, against:

@@ -1,4 +1,5 @@
-"""Router forwarding throughput (§8): one source fanned out to 0, 1 and 8 dests.
+"""Router forwarding throughput (docs/semantics/topics.md §8): one source fanned out to 0, 1 and
+8 dests.
 
 For each fan-out a fresh ``waymark serve --data-dir <tmp>`` (class ``disk``, the
 default; checkpoints off during the run so the WAL directory holds every frame
@@ -9,8 +10,8 @@ time. Measured:
 * delivered/s: source records per second until every router's cursor reached the
   source head (from the first append to the last copy), i.e. in all of its dests;
 * copies/s: records appended to dests per second over the same span;
-* WAL MB: the bytes of WAL frames written (one write per source append is the
-  spec's promise: derived copies are not journaled).
+* WAL MB: the bytes of WAL frames written (one write per source append whatever the
+  fan-out: derived copies are not journaled, docs/semantics/topics.md §8.1).
 
 The anchor is the plain append run (no router) on the same server build, measured in
 the same run; ratios are against its appends/s.

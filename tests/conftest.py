@@ -103,3 +103,46 @@ def spawn_server() -> Iterator[Callable[..., ServerProcess]]:
         if server.process.poll() is None:
             server.process.kill()
             server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def spawn_module_server() -> Iterator[Callable[..., ServerProcess]]:
+    """``spawn_server`` for module-scoped fixtures: all are killed when the module ends."""
+    started: list[ServerProcess] = []
+
+    def spawn(data_dir: Path, *args: str) -> ServerProcess:
+        server = start_server(data_dir, *args)
+        started.append(server)
+        return server
+
+    yield spawn
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
+@dataclass
+class LongPolls:
+    """A server's ``waymark_long_polls`` gauge: tests wait for it instead of sleeping."""
+
+    url: str
+
+    def count(self) -> int:
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("waymark_long_polls "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no waymark_long_polls in /metrics")
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> None:
+        """Return once ``count`` long-polls wait on the server: the next commit to a
+        topic then wakes each of its polls. Every check is a request; nothing sleeps."""
+        deadline = time.monotonic() + timeout
+        while self.count() < count:
+            assert time.monotonic() < deadline, f"{count} long-polls never waited"
+
+
+@pytest.fixture
+def long_polls() -> Callable[[str], LongPolls]:
+    """``long_polls(url)``: the long-poll gauge of the server at ``url``."""
+    return LongPolls

@@ -1,4 +1,4 @@
-"""The five properties of the checkpoint-ordering spec, checked by hypothesis.
+"""The five properties of docs/semantics/checkpoint.md §5, checked by hypothesis.
 
 The production tracker and store run under random interleavings; then the
 ordering guard is replaced by a naive one and hypothesis must find a
@@ -29,7 +29,7 @@ TestCheckpointProperties.settings = settings(
 
 
 class NaiveTracker(Tracker[int]):
-    """The spec's advance loop without its guard.
+    """The advance loop (docs/semantics/checkpoint.md §2) without its guard.
 
     It consumes pending acks lowest first but never asks whether an in-flight
     (or queued) batch lies below the lowest pending ack.

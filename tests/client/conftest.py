@@ -8,7 +8,7 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +71,21 @@ def proxy(waymark_server: Any) -> Iterator[CuttableProxy]:
     proxy = CuttableProxy((host, int(port)))
     yield proxy
     proxy.close()
+
+
+@pytest.fixture
+def proxy_to() -> Iterator[Callable[[str], CuttableProxy]]:
+    """A cuttable proxy in front of any server (e.g. one restarted after a crash)."""
+    proxies: list[CuttableProxy] = []
+
+    def make(url: str) -> CuttableProxy:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        proxies.append(CuttableProxy((host, int(port))))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
 
 
 @pytest.fixture

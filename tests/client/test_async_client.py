@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -50,7 +49,6 @@ async def test_async_watch_streams_live_and_reconnects(
         assert isinstance(first, TombstoneEvent)
         assert (await anext(events)).record.data == 1
         proxy.cut()
-        await asyncio.sleep(0.1)
         await direct.append(topic, [RecordIn.of(2)])
         assert (await anext(events)).record.data == 2
         await events.aclose()

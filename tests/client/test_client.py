@@ -3,7 +3,7 @@ and SSE with resumable cursors and automatic reconnect."""
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -70,22 +70,28 @@ def test_refusals_raise_api_error_with_the_spec_code(client: Client, topic: str)
     assert caught.value.code == "invalid_request"
 
 
-def test_tombstones_decode(client: Client, topic: str) -> None:
-    client.append(topic, [RecordIn.of(1)], config=ConfigPatch(cap_records=1))
-    client.append(topic, [RecordIn.of(2)])
-    tomb = client.diff(topic, 0).tombstone
-    assert tomb is not None
-    assert (tomb.type, tomb.seq, tomb.gap_from, tomb.gap_to, tomb.reason) == (
-        "tombstone", 2, 1, 1, "cap",
-    )  # fmt: skip
-
-
-def test_long_poll_waits_for_the_next_record(client: Client, topic: str) -> None:
+def test_long_poll_waits_for_the_next_record(
+    client: Client, topic: str, waymark_server, long_polls
+) -> None:
     client.append(topic, [RecordIn.of(0)])
-    threading.Timer(0.2, client.append, (topic, [RecordIn.of("late")])).start()
-    # The read timeout stretches by wait_ms, so a long wait does not time out.
-    page = Client(str(client._http.base_url), timeout=0.5).diff(topic, 1, wait_ms=5000)
+    polls = long_polls(waymark_server.url)
+    waiting = polls.count()
+    with ThreadPoolExecutor(1) as pool, Client(waymark_server.url) as poller:
+        poll = pool.submit(poller.diff, topic, 1, wait_ms=10_000)
+        polls.wait_for(waiting + 1)  # the poll waits on the server: the next commit wakes it
+        client.append(topic, [RecordIn.of("late")])
+        page = poll.result(timeout=10)
     assert [r.data for r in page.records] == ["late"]
+
+
+def test_a_long_poll_longer_than_the_timeout_does_not_time_out(
+    client: Client, topic: str, waymark_server
+) -> None:
+    client.append(topic, [RecordIn.of(0)])
+    # The read timeout stretches by wait_ms: the server answers after its 0.5 s wait.
+    with Client(waymark_server.url, timeout=0.2) as short:
+        page = short.diff(topic, 1, wait_ms=500)
+    assert page.records == [] and page.caught_up
 
 
 def test_openapi_and_metrics(client: Client) -> None:

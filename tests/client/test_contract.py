@@ -73,7 +73,7 @@ def read_tombstone(
     finally:
         stream.close()
     assert isinstance(event, TombstoneEvent) and event.tombstone == page.tombstone
-    assert event.cursor == f"{page.epoch}:{page.tombstone.earliest_seq - 1}"
+    assert event.cursor == f"{page.epoch}:{page.tombstone.seq - 1}"
     return page.tombstone
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import resource
+import signal
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from waymark.kv.stores.append_log import (
     _cursor_record,
     _delete_record,
     _put_record,
+    replay_log,
 )
 
 
@@ -113,21 +119,111 @@ def test_threshold_triggers_compaction(tmp_path: Path) -> None:
     s.close()
 
 
-def test_failed_compaction_poisons_the_writer(tmp_path: Path) -> None:
+def block_compaction(path: Path) -> Path:
+    """Fault injector: a directory squats on the compaction temp file's name, so
+    every compaction of ``path`` fails (a real filesystem error, not a mock).
+    Remove the returned directory to lift the fault."""
+    blocker = path.with_name(path.name + ".compact.tmp")
+    blocker.mkdir()
+    return blocker
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """A real write fault: past ``limit`` bytes a file write fails with EFBIG
+    (RLIMIT_FSIZE, with SIGXFSZ ignored so the process lives), after writing
+    what fits - a torn append."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_failed_compaction_leaves_log_and_writer_intact(tmp_path: Path) -> None:
     path = tmp_path / "f.log"
     s = fill(path, 2)
-    # A real fault, not a mock: the temp file's name is taken by a directory.
-    (tmp_path / "f.log.compact.tmp").mkdir()
-    with pytest.raises(SnapshotIoError):
+    blocker = block_compaction(path)
+    with pytest.raises(SnapshotIoError, match="compaction"):
         s.compact()
-    assert s.poisoned
-    with pytest.raises(SnapshotIoError, match="poisoned"):
-        s.apply([KvUpdate.put("x", b"y", 9)], WatchCursor.from_u64(9))
-    # The log on disk is untouched and still loads.
-    (tmp_path / "f.log.compact.tmp").rmdir()
+    assert not s.poisoned
+    s.apply([KvUpdate.put("x", b"y", 9)], WatchCursor.from_u64(9))
+    blocker.rmdir()
+    s.close()
     s2 = AppendLogStore(path)
-    assert s2.cursor == WatchCursor.from_u64(2)
+    assert s2.cursor == WatchCursor.from_u64(9) and s2.get("x") is not None and len(s2) == 3
     s2.close()
+
+
+def test_a_failing_compaction_never_fails_the_apply_that_committed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch and cursor are written before compaction runs: raising then would make
+    the caller re-queue a committed batch. Reported on the store and retried later."""
+    path = tmp_path / "f.log"
+    s = AppendLogStore(path, compact_threshold=2048)
+    rev = 0
+
+    def overwrite(value: bytes) -> None:  # each record supersedes the last: reclaimable
+        nonlocal rev
+        rev += 1
+        s.apply([KvUpdate.put("same", value, rev)], WatchCursor.from_u64(rev))
+
+    while s.bytes_since_compact < 1800:
+        overwrite(b"a" * 40)
+    blocker = block_compaction(path)
+    with caplog.at_level(logging.WARNING, logger="waymark.kv"):
+        while s.bytes_since_compact < 2048:
+            overwrite(b"b" * 40)  # the apply that crosses the threshold returns normally
+    assert s.compaction_failures == 1 and isinstance(s.compaction_error, SnapshotIoError)
+    assert "compaction" in caplog.text and not s.poisoned
+    assert s.cursor == WatchCursor.from_u64(rev) and s.get("same").value == b"b" * 40  # type: ignore[union-attr]
+    on_disk = replay_log(path.read_bytes())  # durable: what a restart would load
+    assert on_disk.cursor == WatchCursor.from_u64(rev).raw
+    assert on_disk.fold["same"].value == b"b" * 40
+
+    # Not retried on every apply (a full rewrite per batch), but after another threshold.
+    overwrite(b"c" * 40)
+    assert s.compaction_failures == 1
+    while s.compaction_failures == 1 and s.bytes_since_compact < 3 * 2048:
+        overwrite(b"d" * 40)
+    assert s.compaction_failures == 2  # retried, and the fault is still there
+    blocker.rmdir()
+    before = path.stat().st_size
+    while s.compaction_error is not None and s.bytes_since_compact < 5 * 2048:
+        overwrite(b"e" * 40)
+    assert s.compaction_error is None and s.compaction_failures == 2
+    assert path.stat().st_size < before  # the retry compacted the log
+    s.close()
+    s = AppendLogStore(path)
+    assert s.cursor == WatchCursor.from_u64(rev) and s.get("same").value == b"e" * 40  # type: ignore[union-attr]
+    s.close()
+
+
+@pytest.mark.parametrize("records", [1, 100])
+def test_an_apply_that_fails_to_commit_leaves_nothing_of_its_batch(
+    tmp_path: Path, records: int
+) -> None:
+    """The write stops after the batch's first record: with one record, only its
+    cursor record is missing; with a hundred, most of the batch is."""
+    path = tmp_path / "f.log"
+    s = fill(path, 2)
+    size = path.stat().st_size
+    batch = [KvUpdate.put(f"new{i}", b"x" * 50, 10 + i) for i in range(records)]
+    first = len(_put_record(b"new0", b"x" * 50, (10).to_bytes(8, "big")))
+    with file_size_limit(size + first), pytest.raises(SnapshotIoError):
+        s.apply(batch, WatchCursor.from_u64(200))
+    assert s.cursor == WatchCursor.from_u64(2) and len(s) == 2 and s.get("new0") is None
+    assert path.stat().st_size == size  # the torn part was cut off
+    s.apply([KvUpdate.put("after", b"1", 300)], WatchCursor.from_u64(300))  # still usable
+    s.close()
+    s = AppendLogStore(path)
+    assert s.cursor == WatchCursor.from_u64(300)
+    assert sorted(e.key for e in s.range()) == ["after", "k0", "k1"]
+    s.close()
 
 
 def test_load_skips_rewrite_of_a_compact_log(tmp_path: Path) -> None:

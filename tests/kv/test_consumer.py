@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nats.aio.msg import Msg
 from nats.js import api
 
 from waymark.kv import KvUpdate, Op, VersionToken
-from waymark.kv.consumer import ConsumerSpec, OrderedFeed
+from waymark.kv.consumer import ConsumerSpec, OrderedFeed, update_op
 
 
 class _Sub:
@@ -71,3 +73,16 @@ async def test_a_heartbeat_behind_the_last_update_hands_its_chunk_over() -> None
     )
     await feed._on_msg(feed._gen, heartbeat)
     assert queue.get_nowait() == [KvUpdate.put("a", b"1", 1)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(reason=st.text(min_size=1, max_size=20))
+async def test_every_marker_is_delivered_as_a_removal(reason: str) -> None:
+    """Whatever its reason, known or not, a marker is handed over (a listing counts
+    it) as a removal with no value, never skipped or read as a put."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    feed, _ = _feed(queue)
+    await feed._on_msg(feed._gen, _data(1, "k", b"", {"Nats-Marker-Reason": reason}))
+    [update] = queue.get_nowait()  # type: ignore[misc]
+    assert update.op in (Op.DELETE, Op.PURGE) and update.value == b"" and feed.delivered == 1
+    assert update_op({"Nats-Marker-Reason": reason}) is update.op

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.aio.msg import Msg
 from nats.js import api
 
 from waymark.kv import (
@@ -16,8 +18,10 @@ from waymark.kv import (
     Connection,
     CursorExpired,
     ExportRequest,
+    KvError,
     KvStore,
     KvUpdate,
+    NatsConnectionConfig,
     Op,
     RevisionMismatch,
     SnapshotIoError,
@@ -30,7 +34,10 @@ from waymark.kv import (
     open_store,
     watch_applied,
 )
+from waymark.kv import bucket as bucket_module
 from waymark.kv.connection import timed
+from waymark.kv.consumer import OrderedFeed
+from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.protocol import SnapshotStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -402,3 +409,183 @@ async def test_export_request_runs_between_flushes_at_the_stored_cursor(
 async def test_every_operation_is_bounded_by_a_timeout() -> None:
     with pytest.raises(Timeout):
         await timed(asyncio.sleep(10), 0.05, "sleep")
+
+
+class Progress:
+    """``on_applied`` for a test: the last cursor reported, and a way to wait for one."""
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self._changed = asyncio.Event()
+
+    def __call__(self, cursor: WatchCursor) -> None:
+        self.cursor = cursor.as_u64()
+        self._changed.set()
+
+    async def reach(self, target: int, loop_task: asyncio.Task[Any]) -> None:
+        """Wait until the cursor reaches ``target``; raise what ended ``loop_task`` first."""
+        while self.cursor < target:
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            done, _ = await asyncio.wait({changed, loop_task}, return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            if loop_task in done:
+                loop_task.result()  # raises what killed the loop
+                raise AssertionError("watch_applied ended before reaching the cursor")
+
+
+async def test_an_export_requester_that_gave_up_does_not_kill_the_fold(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i}", b"v") for i in range(10)])
+    store = open_store(f"lmdb:{tmp_path / 'f'}")
+    requests: asyncio.Queue[ExportRequest] = asyncio.Queue()
+    stop = asyncio.Event()
+    progress = Progress()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            store=store,
+            export_requests=requests,
+            shutdown=stop,
+            on_applied=progress,
+        )
+    )
+    await asyncio.wait_for(progress.reach(10, task), 10)
+
+    # A requester gives up (its wait is cancelled, as wait_for's timeout does)
+    # while the export runs on the worker thread.
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    release = threading.Event()
+
+    def slow_export(s: SnapshotStore, c: WatchCursor) -> WatchCursor:
+        loop.call_soon_threadsafe(started.set)
+        release.wait(10)
+        return c
+
+    abandoned = ExportRequest(slow_export)
+    await requests.put(abandoned)
+    requester = asyncio.ensure_future(asyncio.wait_for(abandoned.reply, 30))
+    await asyncio.wait_for(started.wait(), 10)
+    requester.cancel()
+    await asyncio.gather(requester, return_exceptions=True)
+    assert abandoned.reply.cancelled()
+    release.set()
+
+    # One that gave up before its turn came: its export is not run at all.
+    ran: list[WatchCursor] = []
+    early = ExportRequest(lambda s, c: ran.append(c))
+    early.reply.cancel()
+    await requests.put(early)
+
+    # The fold keeps applying ...
+    await bulk_put(kv, [(f"k{i}", b"w") for i in range(10, 15)])
+    await asyncio.wait_for(progress.reach(15, task), 10)
+    # ... and a later export request is answered at the stored cursor.
+    later = ExportRequest(lambda s, c: (c, s.cursor))
+    await requests.put(later)
+    assert await asyncio.wait_for(later.reply, 10) == (WatchCursor.from_u64(15),) * 2
+    assert ran == []
+    stop.set()
+    assert await task == WatchCursor.from_u64(15)
+    store.close()
+
+
+async def test_an_unknown_marker_reason_reads_as_a_removal_without_stalling(
+    nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """A marker of a kind this client does not know (a newer server's) has no value:
+    listings, reads and folds treat it as a delete. Skipping it instead left it
+    uncounted, so a listing waited out its whole timeout."""
+    # The default 30 s timeout: the stall this used to be.
+    async with Connection(NatsConnectionConfig(url=nats_server.url)) as conn:
+        kv = await conn.store(bucket_name)
+        w = kv.writer()
+        for key in ("a", "gone", "z"):
+            await w.put(key, b"v-" + key.encode())
+        store = open_store(f"lmdb:{tmp_path / 'f'}")
+        await fold(kv, store)
+        await kv.js.publish(
+            f"{kv.subject_prefix}gone", b"", headers={"Nats-Marker-Reason": "SomeFutureReason"}
+        )
+        r = kv.reader()
+        assert await asyncio.wait_for(r.keys(), 5) == ["a", "z"]
+        scanned = await asyncio.wait_for(r.scan(), 5)
+        assert [(e.key, e.value) for e in scanned] == [("a", b"v-a"), ("z", b"v-z")]
+        assert await r.get("gone") is None
+        watch = await kv.watcher().watch_all()
+        chunk = await asyncio.wait_for(watch.next_chunk(), 5)
+        assert [(u.op, u.key) for u in chunk] == [(Op.PUT, "a"), (Op.PUT, "z"), (Op.DELETE, "gone")]
+        await watch.stop()
+        await fold(kv, store)  # resumes from the cursor: the marker arrives as a delete
+        assert fold_state(store) == {"a": b"v-a", "z": b"v-z"}
+        store.close()
+
+
+def losing_one_delivery(
+    at: int, change: Callable[[], Awaitable[None]] | None = None, *, every_consumer: bool = False
+) -> type[OrderedFeed]:
+    """Fault injector: a listing's consumer loses its ``at``-th delivery in transit, as a
+    dropped message would, after ``change()`` wrote to the bucket under it. The gap in
+    consumer sequence is what makes a real ordered consumer reset mid-listing."""
+    fired = False
+
+    class LosingFeed(OrderedFeed):
+        lost_one = False
+
+        async def _on_msg(self, gen: int, msg: Msg) -> None:
+            nonlocal fired
+            lose = not self.lost_one and (every_consumer or not fired)
+            if lose and msg.reply and self.delivered == at - 1:
+                fired = self.lost_one = True
+                if change is not None:
+                    await change()
+                return
+            await super()._on_msg(gen, msg)
+
+    return LosingFeed
+
+
+@pytest.mark.parametrize("read", ["scan", "keys"])
+async def test_a_consumer_reset_mid_listing_still_lists_the_current_contents(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    contents = {f"k{i:03}": b"v0" for i in range(300)}
+    await bulk_put(kv, list(contents.items()))
+    w = kv.writer()
+
+    async def change() -> None:
+        """Keys already listed and keys not yet listed change while the listing runs."""
+        for key in ("k010", "k200"):
+            await w.put(key, b"new")
+            contents[key] = b"new"
+        for key in ("k020", "k250"):
+            await w.delete(key)
+            del contents[key]
+        await w.put("k999", b"added")
+        contents["k999"] = b"added"
+
+    monkeypatch.setattr(bucket_module, "OrderedFeed", losing_one_delivery(100, change))
+    r = kv.reader()
+    if read == "scan":
+        listed = await asyncio.wait_for(r.scan(), 20)
+        assert sorted((e.key, e.value) for e in listed) == sorted(contents.items())
+        current = [await r.get(e.key) for e in listed]
+        assert [e.version for e in listed] == [c.version for c in current if c is not None]
+    else:
+        assert sorted(await asyncio.wait_for(r.keys(), 20)) == sorted(contents)
+
+
+async def test_a_listing_whose_consumer_keeps_getting_lost_fails_instead_of_looping(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i}", b"v") for i in range(50)])
+    monkeypatch.setattr(bucket_module, "OrderedFeed", losing_one_delivery(10, every_consumer=True))
+    with pytest.raises(KvError, match="lost"):
+        await asyncio.wait_for(kv.reader().keys(), 20)
+    assert (await kv.js.stream_info(kv.stream)).state.consumer_count == 0

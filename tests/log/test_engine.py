@@ -1,10 +1,12 @@
-"""The engine's MUSTs of topics-semantics §1-§7, one test each, without HTTP."""
+"""The engine's rules of docs/semantics/topics.md §1-§7, one test each, without HTTP."""
 
 from __future__ import annotations
 
 import msgspec
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import (
@@ -20,7 +22,14 @@ from waymark.log import (
     TopicError,
     TopicType,
 )
-from waymark.log.priority import age_boost, auto_recency, effective_priority
+from waymark.log.priority import (
+    AUTO_FLOOR_MS,
+    AUTO_MAX,
+    HALF_LIFE_MS,
+    age_boost,
+    auto_recency,
+    effective_priority,
+)
 
 
 @pytest.fixture
@@ -44,7 +53,7 @@ def refused(code: ErrorCode, fn, *args, **kwargs) -> TopicError:
     return info.value
 
 
-# --- §1 records -----------------------------------------------------------------------
+# --- docs/semantics/topics.md §1 records ------------------------------------------------------
 
 
 def test_wire_keys_and_omission(engine: Engine) -> None:
@@ -102,7 +111,7 @@ def test_records_per_write_limit() -> None:
     assert engine.list_topics() == []
 
 
-# --- §2 topics ------------------------------------------------------------------------
+# --- docs/semantics/topics.md §2 topics -------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["a", "A9", "render-queue:tenantA", "x." + "y" * 253])
@@ -198,13 +207,26 @@ def test_delete_topic_tears_down_and_recreate_bumps_epoch(engine: Engine) -> Non
     assert engine.delete("t", match=TagMatch.parse("x")).deleted == 0
 
 
-# --- §3 priority ----------------------------------------------------------------------
+# --- docs/semantics/topics.md §3 priority -----------------------------------------------------
 
 
 def test_auto_recency_decay_table() -> None:
     table = {0: 500, 15_000: 354, 30_000: 250, 60_000: 125, 120_000: 31, 300_000: 0}
     for idle, expected in table.items():
         assert auto_recency(10**9 + idle, 10**9) == expected
+
+
+@given(idle=st.integers(0, AUTO_FLOOR_MS + 1_000), later=st.integers(0, 5_000))
+def test_auto_recency_follows_the_half_life(idle: int, later: int) -> None:
+    start = 10**12
+    got = auto_recency(start + idle, start)
+    if idle >= AUTO_FLOOR_MS:
+        assert got == 0  # after 5 min untouched, no math at all
+    else:
+        exact = AUTO_MAX * 2 ** (-idle / HALF_LIFE_MS)
+        # The 64-entry table steps every 1/64 of a half-life: at most a step above.
+        assert exact - 1 <= got <= exact * 2 ** (1 / 64) + 1
+    assert auto_recency(start + idle + later, start) <= got  # only ever decays
 
 
 def test_age_boost_and_clamp() -> None:
@@ -233,7 +255,7 @@ def test_touch_false_does_not_consume(engine: Engine, clock: ManualClock) -> Non
     assert engine.get_topic("t").last_read_ts == clock.now_ms()
 
 
-# --- §4 seq ---------------------------------------------------------------------------
+# --- docs/semantics/topics.md §4 seq ----------------------------------------------------------
 
 
 def test_seqs_are_contiguous_and_returned_in_write_order(engine: Engine) -> None:
@@ -274,7 +296,7 @@ def test_idempotent_append_returns_the_original_seq(engine: Engine, clock: Manua
     assert engine.append("u", [rec(id="a"), rec(id="a")]).seqs == [1, 2]
 
 
-# --- §5 watermarks, eviction, TTL, tombstones -------------------------------------------
+# --- docs/semantics/topics.md §5 watermarks, eviction, TTL, tombstones ------------------------
 
 
 def test_ttl_is_strict(engine: Engine, clock: ManualClock) -> None:
@@ -346,6 +368,32 @@ def test_tombstone_shape_and_resume(engine: Engine) -> None:
     assert engine.diff("t", 7).tombstone is None
 
 
+def test_resuming_from_a_hole_tombstone_meets_the_next_hole(engine: Engine) -> None:
+    # Two holes (router dest ranges with no record) with the records around them gone,
+    # so the front has passed both: the first hole's resume point must still lie
+    # before the second, or a reader resuming from an SSE id would skip it silently.
+    engine.append("t", [rec(i) for i in range(3)])  # 1..3
+    engine.skip_derived("t", 5, "source_trim")  # 4..8
+    engine.append("t", [rec(9, tag="gone")])  # 9
+    engine.skip_derived("t", 5, "source_trim")  # 10..14
+    engine.append("t", [rec(15)])  # 15
+    engine.delete("t", before_seq=4)
+    engine.delete("t", match=TagMatch.parse("gone"))
+    assert engine.get_topic("t").earliest_seq == 15
+    first = engine.diff("t", 3).tombstone
+    assert first is not None and (first.gap_from, first.gap_to, first.seq) == (4, 8, 9)
+    cursor, gaps, seqs = first.seq - 1, [], []  # what a reconnect with its SSE id reads
+    while True:
+        page = engine.diff("t", cursor, per_record=True)
+        if page.tombstone is not None:
+            gaps.append((page.tombstone.gap_from, page.tombstone.gap_to))
+        seqs += page.seqs
+        cursor = page.next_from_seq
+        if page.caught_up:
+            break
+    assert gaps == [(10, 14)] and seqs == [15]
+
+
 def test_mixed_reason(engine: Engine, clock: ManualClock) -> None:
     engine.put_topic("t", ConfigPatch(cap_records=2, ttl_ms=50))
     engine.append("t", [rec(1), rec(2)])
@@ -402,7 +450,7 @@ def test_chunks_are_reclaimed_whole(engine: Engine) -> None:
     assert engine.get_topic("t").count == 1000
 
 
-# --- §6 node filter -------------------------------------------------------------------
+# --- docs/semantics/topics.md §6 node filter --------------------------------------------------
 
 
 def test_node_filter_single_and_set(engine: Engine) -> None:
@@ -421,7 +469,7 @@ def test_dedupe_node_false_disables_the_filter(engine: Engine) -> None:
     assert len(engine.diff("t", 0, nodes=frozenset({"a"})).records()) == 1
 
 
-# --- §7 deletion ----------------------------------------------------------------------
+# --- docs/semantics/topics.md §7 deletion -----------------------------------------------------
 
 
 def test_delete_needs_a_selector(engine: Engine) -> None:

@@ -1,4 +1,5 @@
-"""Gradual recovery of memory-class topics (§2.2): it never blocks readiness.
+"""Gradual recovery of memory-class topics (docs/semantics/topics.md §2.2): it never blocks
+readiness.
 
 Recovery sets a memory topic's WAL frames aside and returns a usable engine; the
 frames are applied by steps, or all at once by the first use of the topic, in the
@@ -312,6 +313,33 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     again = engine.staging.publish("out", "sink", epoch, 1, [(part, 1)])
     assert (again.first_seq, again.replayed) == (first.first_seq, True)
     assert data(engine, "out") == ["a", "b"]
+    crash(store)
+
+
+def test_recovery_steps_one_topic_at_a_time_with_the_priority_it_recovers_to(
+    tmp_path: Path,
+) -> None:
+    """The server schedules recovery per topic by priority (docs/topics.md): a step applies only its
+    topic, and the topic ranks with the config it is recovering to."""
+    engine, store, _ = reopen(tmp_path)
+    for name in ("low", "high"):
+        engine.put_topic(name, MEMORY)
+        fill(engine, name, 200)
+    engine.put_topic("high", ConfigPatch(priority=1000))  # set aside behind its records
+    crash(store)
+    engine, store, _ = reopen(tmp_path)
+    assert engine.recovering is not None and engine.recovering.names() == ["low", "high"]
+    now = engine.clock.now_ms()
+    assert engine.delivery_priority("high", now, now) == 1000
+    assert engine.delivery_priority("low", now, now) == 0
+    steps = 0
+    while engine.recovering.step_topic("high", max_bytes=1024):
+        steps += 1
+    assert steps > 3 and recovering(engine) == ["low"]
+    assert engine.get_topic("low").count == 0  # untouched by high's steps
+    assert not engine.recovering.step_topic("high")  # nothing left: a no-op
+    assert data(engine, "high") == list(range(200)) and data(engine, "low") == list(range(200))
+    assert engine.recovering is None
     crash(store)
 
 

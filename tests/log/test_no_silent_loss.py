@@ -1,4 +1,5 @@
-"""The no-silent-loss contract (§9.2-§9.4), as a hypothesis state machine.
+"""The no-silent-loss contract (docs/semantics/topics.md §9.2-§9.4), as a hypothesis state
+machine.
 
 Random appends, deletions, cap/TTL eviction under a manual clock, recreates and
 reads run against the production engine and an independent model. Every read
@@ -225,6 +226,9 @@ class NoSilentLoss(RuleBasedStateMachine):
             else:
                 assert tomb is None, f"tombstone {tomb} without involuntary loss"
                 effective = reader.cursor
+        if tomb is not None:
+            # $seq - 1 is the SSE id: resuming there must be where this read went on from.
+            assert tomb.seq - 1 == effective, f"tombstone {tomb} resumes elsewhere"
         # A page stops before the next hole, so that hole's tombstone opens the next page.
         next_hole = m.hole_after(effective)
         stop = next_hole[0] - 1 if next_hole else m.head

@@ -135,7 +135,8 @@ def test_everything_recovers(tmp_path: Path) -> None:
     pages = {name: engine.diff(name, 0).to_json() for name in before}
     shut(engine, wal)
     engine, wal = reopen(tmp_path, clock=clock)
-    # The memory topic's records recover gradually (§2.2): see test_memory_recovery.py.
+    # The memory topic's records recover gradually (docs/semantics/topics.md §2.2): see
+    # test_memory_recovery.py.
     assert [t.name for t in engine.list_topics() if t.recovering] == ["mem"]
     assert engine.recovering is not None
     engine.recovering.finish_all()

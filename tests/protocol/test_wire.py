@@ -63,7 +63,7 @@ def check_frames(result: DiffResult) -> list[RecordEvent | TombstoneEvent]:
     else:
         [event] = tombstones
         assert event is events[0] and event.tombstone == result.tombstone
-        assert event.cursor == format_cursor(result.epoch, result.tombstone.earliest_seq - 1)
+        assert event.cursor == format_cursor(result.epoch, result.tombstone.seq - 1)
     delivered = [e for e in events if isinstance(e, RecordEvent)]
     assert [msgspec.to_builtins(e.record) for e in delivered] == records
     for event in delivered:

@@ -1,5 +1,5 @@
 """SIGKILL a real ``waymark serve --data-dir`` holding a queue: jobs survive, acked jobs
-stay gone, and in-flight jobs become claimable again (§10.1, §10.6)."""
+stay gone, and in-flight jobs become claimable again (docs/semantics/topics.md §10.1, §10.6)."""
 
 from __future__ import annotations
 

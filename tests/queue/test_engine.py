@@ -1,5 +1,5 @@
-"""§10 in-process with a manual clock: exact time boundaries, the cohort pass, the
-leases log (trimming, rebuild) and the ack delete through durable storage."""
+"""Queues (docs/semantics/topics.md §10) in-process with a manual clock: exact time boundaries,
+the cohort pass, the leases log (trimming, rebuild) and the ack delete through durable storage."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
-from waymark.log.queue import ClaimRequest, leases_name
+from waymark.log.queue import DEAD_LETTER_RETRY_MS, ClaimRequest, leases_name
 from waymark.log.storage.recovery import open_engine
-from waymark.protocol import QueueCounts
+from waymark.protocol import Discard, QueueCounts
 
 
 def queue(engine: Engine, jobs: int = 0, **config: object) -> None:
@@ -87,7 +87,8 @@ def test_queue_routes_refuse_log_topics(engine: Engine) -> None:
 def test_jobs_removed_from_the_log_are_forgotten(engine: Engine, clock: ManualClock) -> None:
     queue(engine, 3, lease_ms=10)
     engine.claim("q", "w", 3)
-    engine.delete("q", before_seq=3)  # a user's §7 delete of two leased jobs
+    # A user's delete (docs/semantics/topics.md §7) of two leased jobs.
+    engine.delete("q", before_seq=3)
     clock.advance(11)
     assert [j.seq for j in engine.claim("q", "w", 5)] == [3]
     assert engine.get_topic("q").queue == QueueCounts(0, 1, 0)
@@ -144,3 +145,81 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
         assert engine.diff("q", 0).seqs == [3, 4, 5]
     finally:
         store.close()
+
+
+def park_one(engine: Engine) -> None:
+    """A job dead-lettered into a full discard:reject topic: it is parked."""
+    engine.put_topic("dlq", ConfigPatch(cap_records=1, discard=Discard.REJECT))
+    engine.append("dlq", [RecordIn.of("already here")])
+    queue(engine, 1, max_deliveries=1, dead_letter="dlq")
+    engine.claim("q", "w", 1)
+    engine.nack("q", "w", [1])
+    assert engine.claim("q", "w", 1) == []
+
+
+def test_a_parked_job_never_makes_a_pushed_worker_wake_at_once(
+    engine: Engine, clock: ManualClock
+) -> None:
+    # /work waits until next_due: one in the past would have it claim in a loop.
+    park_one(engine)
+
+    def ahead() -> bool:
+        due = engine.queues.next_due("q")
+        return due is None or due > clock.now_ms()
+
+    assert engine.queues.next_due("q") == clock.now_ms() + DEAD_LETTER_RETRY_MS
+    for _ in range(3):
+        clock.advance(DEAD_LETTER_RETRY_MS)
+        assert ahead()  # due, yet no wake-up: the next claim pass (any) tries again
+        assert engine.claim("q", "w", 1) == []
+        assert ahead()
+    assert engine.queues.dead_letter_refused == 4
+
+
+def _counts(engine: Engine) -> QueueCounts:
+    counts = engine.get_topic("q").queue
+    assert counts is not None
+    return counts
+
+
+def test_parked_jobs_stay_parked_through_trimming_and_a_rebuild(
+    engine: Engine, clock: ManualClock
+) -> None:
+    park_one(engine)
+    for _ in range(10):  # enough events to trim the leases log past the parked event
+        engine.append("q", [RecordIn.of(i) for i in range(500)])
+        jobs = engine.claim("q", "w", 500)
+        engine.ack("q", "w", [j.seq for j in jobs])
+    engine.queues._projections.clear()
+    assert _counts(engine).dead_letter_parked == 1
+    engine.delete("dlq", before_seq=2)
+    assert engine.claim("q", "w", 1) == []  # a rebuilt projection tries at once
+    assert [r["data"] for r in engine.diff("dlq", 0).records()] == [0]
+    assert _counts(engine).dead_lettered == 1
+
+
+def test_a_parked_job_rebuilt_from_its_events_is_dead_lettered_once(engine: Engine) -> None:
+    park_one(engine)
+    engine.queues._projections.clear()  # replays claimed, released, parked for job 1
+    engine.put_topic("dlq", ConfigPatch(cap_records=10))
+    assert engine.claim("q", "w", 5) == []
+    assert [r["data"] for r in engine.diff("dlq", 0).records()] == ["already here", 0]
+    assert _counts(engine).dead_lettered == 1
+
+
+def test_a_released_jobs_delivery_count_survives_trimming_and_a_rebuild(
+    engine: Engine, clock: ManualClock
+) -> None:
+    queue(engine, 1, lease_ms=1000)
+    engine.claim("q", "w", 1)
+    engine.nack("q", "w", [1], delay_ms=60_000)
+    for _ in range(10):  # the claimed event of job 1 is trimmed; its restatement stays
+        engine.append("q", [RecordIn.of(i) for i in range(500)])
+        jobs = engine.claim("q", "w", 500)
+        assert 1 not in [j.seq for j in jobs]
+        engine.ack("q", "w", [j.seq for j in jobs])
+    engine.queues._projections.clear()
+    assert engine.claim("q", "w", 1) == []  # still waiting out its nack delay
+    clock.advance(60_000)
+    [job] = engine.claim("q", "w", 1)
+    assert (job.seq, job.delivery) == (1, 2)

@@ -1,7 +1,9 @@
-"""§10 over HTTP against a real ``waymark serve``: one test per rule.
+"""Queues (docs/semantics/topics.md §10) over HTTP against a real ``waymark serve``: one test per
+rule.
 
 Time-driven rules are checked here with short real leases; their exact
-boundaries are checked in-process with a manual clock (test_engine.py).
+boundaries are checked in-process with a manual clock (test_engine.py), and nack
+delays and dead-letter retries over HTTP on a manual clock (test_http_clock.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def test_missing_queue_is_404(qhttp: QueueHttp, q: str) -> None:
 def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) -> None:
     state = qhttp.queue(q, lease_ms=5000)
     assert state["type"] == "queue"
-    assert state["queue"] == {"ready": 0, "in_flight": 0, "dead_lettered": 0}
+    assert state["queue"] == {"ready": 0, "in_flight": 0, "dead_lettered": 0,
+                              "dead_letter_parked": 0, "dead_letter_error": None}
     assert state["config"]["lease_ms"] == 5000 and state["config"]["leases_durable"] is False
     ok(qhttp.post(q, "records", records=[{"data": {"n": 1}, "tag": "t", "meta": {"k": "v"}}]))
     before = int(time.time() * 1000)
@@ -48,7 +51,8 @@ def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) 
     assert {k: job[k] for k in record} == record  # the record exactly as a diff gives it
     assert job["delivery"] == 1 and isinstance(job["lease_id"], str) and job["lease_id"]
     assert before + 5000 <= job["deadline"] <= int(time.time() * 1000) + 5000
-    assert qhttp.state(q)["queue"] == {"ready": 0, "in_flight": 1, "dead_lettered": 0}
+    assert qhttp.state(q)["queue"] == {"ready": 0, "in_flight": 1, "dead_lettered": 0,
+                                       "dead_letter_parked": 0, "dead_letter_error": None}
     assert qhttp.claim(q, "w2", 5) == []  # a leased job is not claimable
 
 
@@ -120,20 +124,6 @@ def test_ack_after_the_deadline_is_skipped_and_the_job_is_reclaimed(
     assert qhttp.settle(q, "ack", "slow-worker", [1])["skipped"] == [1]
     [again] = qhttp.claim(q, "other")
     assert again["$seq"] == job["$seq"] and again["delivery"] == 2
-
-
-def test_nack_releases_at_once_or_after_delay_ms(qhttp: QueueHttp, q: str) -> None:
-    qhttp.queue(q)
-    qhttp.produce(q, "a", "b")
-    qhttp.claim(q, "w", 2)
-    assert qhttp.settle(q, "nack", "w", [1]) == {"released": [1], "skipped": []}
-    assert qhttp.settle(q, "nack", "w", [2], delay_ms=400) == {"released": [2], "skipped": []}
-    [now] = qhttp.claim(q, "w", 5)
-    assert now["$seq"] == 1 and now["delivery"] == 2
-    assert qhttp.claim(q, "w", 5) == []  # seq 2 waits out its delay
-    time.sleep(0.5)
-    [later] = qhttp.claim(q, "w", 5)
-    assert later["$seq"] == 2 and later["delivery"] == 2
 
 
 def test_extend_moves_the_deadline_and_keeps_the_delivery(qhttp: QueueHttp, q: str) -> None:
@@ -229,7 +219,8 @@ def test_diff_reads_the_jobs_log_without_touching_leases(qhttp: QueueHttp, q: st
     qhttp.queue(q)
     qhttp.produce(q, "a", "b")
     assert len(qhttp.diff(q)["records"]) == 2
-    assert qhttp.state(q)["queue"] == {"ready": 2, "in_flight": 0, "dead_lettered": 0}
+    assert qhttp.state(q)["queue"] == {"ready": 2, "in_flight": 0, "dead_lettered": 0,
+                                       "dead_letter_parked": 0, "dead_letter_error": None}
     assert len(qhttp.claim(q, "w", 5)) == 2
 
 

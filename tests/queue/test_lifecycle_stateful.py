@@ -1,16 +1,22 @@
-"""The lease lifecycle (§10.2) against an independent model, on the production engine.
+"""The lease lifecycle (docs/semantics/topics.md §10.2) against an independent model, on the
+production engine.
 
 A hypothesis state machine produces jobs, claims (alone and as cohorts), acks,
 nacks (with delays), extends, advances a manual clock and restarts the lease
-projection from the leases log. After every step: no job is lost (each is in the
-queue, acked, or in the dead-letter topic — exactly one of them), no job is
+projection from the leases log, and fills (discard:"reject") or opens the
+dead-letter topic. After every step: no job is lost (each is in the queue, acked,
+or in the dead-letter topic — exactly one of them, and there once), no job is
 handed out while another live lease holds it, every ack/nack/extend applies to
-exactly the seqs whose lease the caller holds, and a dead letter was delivered
-exactly max_deliveries times. A drain rule checks nothing is stuck: far past every
-deadline, one claim gets every job still in the queue.
+exactly the seqs whose lease the caller holds, a dead letter was delivered
+exactly max_deliveries times, and a refused dead-letter move is tried again at
+most once per DEAD_LETTER_RETRY_MS (or after a rebuild), never per claim. A drain
+rule checks nothing is stuck: far past every deadline and retry, one claim gets
+every job still in the queue but those delivered max_deliveries times, which are
+dead-lettered, or parked while the dead-letter topic is full.
 
-Two deliberate mutations of the guards (an expiry check off by one; a claim cursor
-that does not skip leased jobs) are each caught.
+Three deliberate mutations of the guards (an expiry check off by one; a claim cursor
+that does not skip leased jobs; a refused dead-letter move retried on every claim)
+are each caught.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TopicType
 from waymark.log import queue as queue_module
+from waymark.log.queue import DEAD_LETTER_RETRY_MS
+from waymark.protocol import Discard
 
 Q, DLQ = "jobs", "dead"
 MAX_DELIVERIES = 3
@@ -47,6 +55,10 @@ class LeaseLifecycle(RuleBasedStateMachine):
         self.engine = Engine(clock=self.clock)
         config = ConfigPatch(lease_ms=10, max_deliveries=MAX_DELIVERIES, dead_letter=DLQ)
         self.engine.put_topic(Q, config, TopicType.QUEUE)
+        self.engine.put_topic(DLQ, ConfigPatch(discard=Discard.REJECT))
+        self.dead_letter_open = True
+        self.refused = 0  # the engine's count of refused dead-letter moves, last seen
+        self.retry_from = 0  # no refused move may be tried again before this
         self.produced: set[int] = set()
         self.acked: set[int] = set()
         self.leases: dict[int, ModelLease] = {}
@@ -65,12 +77,18 @@ class LeaseLifecycle(RuleBasedStateMachine):
         return set(page.seqs)
 
     def dead_letters(self) -> dict[int, int]:
-        try:
-            records = self.engine.diff(DLQ, 0, limit=10_000).records()
-        except Exception:
-            return {}
-        return {int(r["meta"]["$dead_letter_seq"]): int(r["meta"]["$dead_letter_deliveries"])
-                for r in records}  # fmt: skip
+        records = self.engine.diff(DLQ, 0, limit=10_000).records()
+        letters = [(int(r["meta"]["$dead_letter_seq"]), int(r["meta"]["$dead_letter_deliveries"]))
+                   for r in records if "meta" in r]  # fmt: skip
+        assert len({seq for seq, _ in letters}) == len(letters), "a job dead-lettered twice"
+        return dict(letters)
+
+    def claimed(self) -> None:
+        """After a claim pass: it tried a refused dead-letter move again only when due."""
+        refused = self.engine.queues.dead_letter_refused
+        if refused > self.refused:
+            assert refused == self.refused + 1 and self.now() >= self.retry_from
+            self.refused, self.retry_from = refused, self.now() + DEAD_LETTER_RETRY_MS
 
     def take(self, node: str, jobs: list) -> None:
         for job in jobs:
@@ -90,11 +108,13 @@ class LeaseLifecycle(RuleBasedStateMachine):
     @rule(node=NODES, most=st.integers(1, 4), lease_ms=LEASE)
     def claim(self, node: str, most: int, lease_ms: int) -> None:
         self.take(node, self.engine.claim(Q, node, most, lease_ms))
+        self.claimed()
 
     @rule(maxes=st.lists(st.tuples(NODES, st.integers(1, 3)), min_size=2, max_size=4))
     def cohort(self, maxes: list[tuple[str, int]]) -> None:
         requests = [queue_module.ClaimRequest(node, most) for node, most in maxes]
         grants = self.engine.claim_cohort(Q, requests)
+        self.claimed()
         total = sum(len(g) for g in grants)
         for (node, most), jobs in zip(maxes, grants, strict=True):
             assert len(jobs) <= most
@@ -170,17 +190,39 @@ class LeaseLifecycle(RuleBasedStateMachine):
     def restart(self) -> None:
         # The projection is rebuilt from the leases log, as after a restart that kept it.
         self.engine.queues._projections.clear()
+        self.retry_from = 0  # a rebuilt projection tries parked jobs at its first pass
+
+    @rule()
+    def fill_dead_letters(self) -> None:
+        count = self.engine.get_topic(DLQ, touch=False).count
+        if not count:
+            self.engine.append(DLQ, [RecordIn.of("filler")])
+            count = 1
+        self.engine.put_topic(DLQ, ConfigPatch(cap_records=count))
+        self.dead_letter_open = False
+
+    @rule()
+    def open_dead_letters(self) -> None:
+        self.engine.put_topic(DLQ, ConfigPatch(cap_records=0))
+        self.dead_letter_open = True
 
     @rule()
     def drain(self) -> None:
-        self.clock.advance(max(self.max_delay, 20) + 1)
+        self.clock.advance(max(self.max_delay, 20, DEAD_LETTER_RETRY_MS) + 1)
         self.leases.clear()  # every lease is past its deadline now
         self.max_delay = 0
         before = self.queued()
+        spent = {s for s in before if self.deliveries.get(s) == MAX_DELIVERIES}
         jobs = self.engine.claim(Q, "drainer", 10_000, 10)
+        self.claimed()
         self.take("drainer", jobs)
         dead_now = {s for s in before if s in self.dead_letters()}
-        assert {j.seq for j in jobs} == before - dead_now, "a queued job was not claimable"
+        spent -= dead_now
+        assert {j.seq for j in jobs} == before - dead_now - spent, "a job was not claimable"
+        # Delivered max_deliveries times and still here: only while dead letters are refused.
+        counts = self.engine.get_topic(Q, touch=False).queue
+        assert counts is not None and counts.dead_letter_parked == len(spent)
+        assert not spent or not self.dead_letter_open
 
     # --- invariants -----------------------------------------------------------------------
     @invariant()
@@ -221,5 +263,13 @@ def test_expiry_off_by_one_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_claim_cursor_taking_leased_jobs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(queue_module.Projection, "fresh", lambda self, seq: True)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(LeaseLifecycle, settings=MUTANT)
+
+
+def test_retrying_a_refused_dead_letter_on_every_claim_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(queue_module, "DEAD_LETTER_RETRY_MS", 0)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(LeaseLifecycle, settings=MUTANT)

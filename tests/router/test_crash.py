@@ -1,6 +1,7 @@
 """SIGKILL a real ``waymark serve --data-dir`` while a router forwards: after the
 restart every source record reaches dest at least once, in source order, and with
-``exactly_once`` dest holds each source record once, under its key (§8.2)."""
+``exactly_once`` dest holds each source record once, under its key
+(docs/semantics/topics.md §8.2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""§8.1/§8.2 in-process: copies are derived (never journaled), what a crash does to
-them, exactly_once keys and the recovery key check, filters, and fsync dests."""
+"""Routers (docs/semantics/topics.md §8.1/§8.2) in-process: copies are derived (never
+journaled), what a crash does to them, exactly_once keys and the recovery key check,
+filters, and fsync dests."""
 
 from __future__ import annotations
 

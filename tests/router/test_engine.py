@@ -1,8 +1,10 @@
-"""§8 in-process: the definition rules, forwarding, backpressure, hop-capped cycles,
-and router definitions and cursors through the WAL and a checkpoint."""
+"""Routers (docs/semantics/topics.md §8) in-process: the definition rules, forwarding,
+backpressure, hop-capped cycles, and router definitions and cursors through the WAL and
+a checkpoint."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,55 @@ def test_allow_cycle_terminates_at_the_hop_cap(engine: Engine) -> None:
     assert total == 1 + HOP_CAP
 
 
+def forward_to_quiescence(engine: Engine, topics: str) -> int:
+    """Forward until nothing moves; the records in ``topics`` then."""
+    for _ in range(100):
+        step = engine.forward()
+        if not (step.copies or step.pending):
+            return sum(len(dest_data(engine, t)) for t in topics)
+    raise AssertionError("forwarding around the cycle did not terminate")
+
+
+def test_a_cycle_through_plain_routers_terminates_at_the_hop_cap(engine: Engine) -> None:
+    # Only the closing router has allow_cycle; the copies still go round through the
+    # plain ones, so those count hops too.
+    engine.put_router("ab", "a", "b")
+    engine.put_router("bc", "b", "c")
+    engine.put_router("ca", "c", "a", allow_cycle=True)
+    produce(engine, "a", "x", "y")
+    assert forward_to_quiescence(engine, "abc") == 2 * (1 + HOP_CAP)
+    # And in the other order the plain router would close it: refused.
+    engine.put_router("ed", "e", "d", allow_cycle=True)
+    assert refused(lambda: engine.put_router("de", "d", "e"), ErrorCode.ROUTER_CYCLE) == {
+        "cycle": ["d", "e", "d"]}  # fmt: skip
+
+
+def test_a_mixed_cycle_still_terminates_after_a_restart(tmp_path: Path) -> None:
+    clock = ManualClock()
+    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine.put_router("ab", "a", "b")
+    engine.put_router("ba", "b", "a", allow_cycle=True)
+    store.sync_blocking()
+    store.close()  # the definitions come back from the WAL
+    engine, store, _ = open_engine(tmp_path, clock=clock)
+    try:
+        produce(engine, "a", "x")
+        assert forward_to_quiescence(engine, "ab") == 1 + HOP_CAP
+    finally:
+        store.close()
+
+
+def test_allow_cycle_routers_off_any_cycle_forward_past_the_hop_cap(engine: Engine) -> None:
+    # A chain is no cycle: its routers count no hops, whatever their allow_cycle.
+    chain = [f"t{i}" for i in range(HOP_CAP + 3)]
+    for source, dest in pairwise(chain):
+        engine.put_router(f"{source}-{dest}", source, dest, allow_cycle=True)
+    produce(engine, "t0", "x")
+    while engine.forward().copies:
+        pass
+    assert dest_data(engine, chain[-1]) == ["x"]
+
+
 def test_identical_put_is_idempotent_and_a_different_one_conflicts(engine: Engine) -> None:
     assert engine.put_router("r", "a", "b")[1] is True
     assert engine.put_router("r", "a", "b")[1] is False
@@ -193,7 +244,7 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     engine, store, _ = open_engine(tmp_path, clock=clock)
     assert [r.name for r in engine.list_routers()] == ["r"]
     assert engine.get_router("r").cursor == 0  # the cursor is only in checkpoints
-    assert dest_data(engine, "b") == []  # copies are derived: never journaled (§8.1)
+    assert dest_data(engine, "b") == []  # derived: never journaled (docs/semantics/topics.md §8.1)
     while engine.forward().pending:
         pass
     assert dest_data(engine, "b") == [1, 2]  # re-derived from the cursor

@@ -1,6 +1,6 @@
-"""A hypothesis property of §8.1/§8.2: whatever the interleaving of source appends,
-forwarding steps of any size, a full discard:"reject" dest being drained, checkpoints
-and restarts, every source record reaches dest, and the first copy of each is in
+"""A hypothesis property of docs/semantics/topics.md §8.1/§8.2: whatever the interleaving of
+source appends, forwarding steps of any size, a full discard:"reject" dest being drained,
+checkpoints and restarts, every source record reaches dest, and the first copy of each is in
 source order (at-least-once: repeats only after a restart). With ``exactly_once``,
 dest never holds two copies with one key at once, and a key always names its data."""
 

@@ -1,9 +1,11 @@
-"""§8 over HTTP against a real ``waymark serve``: one test per rule. Forwarding runs
-after the source's ack, so tests wait (bounded) for copies to appear."""
+"""Routers (docs/semantics/topics.md §8) over HTTP against a real ``waymark serve``: one test per
+rule. Forwarding runs after the source's ack, so tests wait (bounded) for copies to appear."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from waymark.log.router import HOP_CAP
 
 from .conftest import RouterHttp, error, eventually, ok
 
@@ -62,6 +64,55 @@ def test_allow_cycle_forwarding_terminates(rhttp: RouterHttp, n: Callable[[str],
     eventually(settled)
     total = len(rhttp.data(n("a"))) + len(rhttp.data(n("b")))
     assert 1 < total < 20  # it bounced, then the hop cap stopped it
+
+
+def settle_cycle(rhttp: RouterHttp, topics: list[str], appended: int) -> int:
+    """Wait until every router has forwarded its source's head; the records in
+    ``topics`` then. Fails at once if they pass the hop cap's bound, not at the timeout."""
+    bound = appended * (1 + HOP_CAP)  # each record and its copies round one cycle
+    names = set(topics)
+
+    def settled() -> bool:
+        heads = {t: ok(rhttp.http.get(f"/v0/topics/{t}"))["head_seq"] for t in topics}
+        assert sum(heads.values()) <= bound, f"forwarding around the cycle ran away: {heads}"
+        routers = ok(rhttp.http.get("/v0/routers"))["routers"]
+        return all(r["cursor"] == heads[r["source"]] for r in routers if r["source"] in names)
+
+    eventually(settled)
+    return sum(len(rhttp.data(t)) for t in topics)
+
+
+def test_a_cycle_closed_by_allow_cycle_terminates_through_plain_routers(
+    rhttp: RouterHttp, n: Callable[[str], str]
+) -> None:
+    """The routers already on the cycle carry the hop count too (docs/routers.md)."""
+    ok(rhttp.put_router(n("ab"), source=n("a"), dest=n("b")), 201)
+    ok(rhttp.put_router(n("ba"), source=n("b"), dest=n("a"), allow_cycle=True), 201)
+    rhttp.produce(n("a"), 1, 2, 3)
+    assert settle_cycle(rhttp, [n("a"), n("b")], 3) == 3 * (1 + HOP_CAP)
+
+
+def test_a_plain_router_closing_a_cycle_is_409_whatever_the_cycle_holds(
+    rhttp: RouterHttp, n: Callable[[str], str]
+) -> None:
+    ok(rhttp.put_router(n("ba"), source=n("b"), dest=n("a"), allow_cycle=True), 201)
+    refused = error(rhttp.put_router(n("ab"), source=n("a"), dest=n("b")), 409, "router_cycle")
+    assert refused["detail"]["cycle"] == [n("a"), n("b"), n("a")]
+    error(rhttp.http.get(f"/v0/routers/{n('ab')}"), 404, "router_not_found")
+    ok(rhttp.put_router(n("ab"), source=n("a"), dest=n("b"), allow_cycle=True), 201)
+    rhttp.produce(n("b"), "x")
+    assert settle_cycle(rhttp, [n("a"), n("b")], 1) == 1 + HOP_CAP
+
+
+def test_a_longer_cycle_with_one_allow_cycle_router_terminates(
+    rhttp: RouterHttp, n: Callable[[str], str]
+) -> None:
+    ok(rhttp.put_router(n("ab"), source=n("a"), dest=n("b")), 201)
+    ok(rhttp.put_router(n("ca"), source=n("c"), dest=n("a")), 201)
+    error(rhttp.put_router(n("bc"), source=n("b"), dest=n("c")), 409, "router_cycle")
+    ok(rhttp.put_router(n("bc"), source=n("b"), dest=n("c"), allow_cycle=True), 201)
+    rhttp.produce(n("c"), "x", "y")
+    assert settle_cycle(rhttp, [n("a"), n("b"), n("c")], 2) == 2 * (1 + HOP_CAP)
 
 
 def test_deleting_a_topic_deletes_its_routers(rhttp: RouterHttp, n: Callable[[str], str]) -> None:

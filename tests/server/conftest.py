@@ -46,7 +46,8 @@ class Api:
 
     @staticmethod
     def error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-        """Assert ``response`` is the spec's error shape with this status and code."""
+        """Assert ``response`` is an error with this status and code
+        (docs/semantics/topics.md §11)."""
         assert response.status_code == status, response.text
         body = response.json()
         assert set(body) == {"error"}

@@ -1,4 +1,5 @@
-"""Deletion over HTTP (§7): before_seq, tag Eq/Glob, combined, point-in-time, silent."""
+"""Deletion over HTTP (docs/semantics/topics.md §7): before_seq, tag Eq/Glob, combined,
+point-in-time, silent."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""Diff over HTTP: cursors (§4.3), node filter (§6), caps and discard (§5.3), tombstones
-(§5.4, §5.5), deleted gaps (§5.1), long-poll."""
+"""Diff over HTTP (docs/semantics/topics.md §4.3, §5, §6): cursors, node filter, caps and discard,
+tombstones, recreated topics, deleted gaps, long-poll."""
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-import httpx
+import pytest
 
 DIFF_KEYS = {"records", "tombstone", "next_from_seq", "head_seq", "earliest_seq", "caught_up",
              "epoch", "durability"}  # fmt: skip
@@ -14,6 +15,11 @@ DIFF_KEYS = {"records", "tombstone", "next_from_seq", "head_seq", "earliest_seq"
 
 def seqs(page: dict) -> list[int]:
     return [r["$seq"] for r in page["records"]]
+
+
+@pytest.fixture
+def polls(waymark_server: Any, long_polls: Any) -> Any:
+    return long_polls(waymark_server.url)
 
 
 def test_cursor_is_an_exclusive_lower_bound(api, topic) -> None:
@@ -173,21 +179,16 @@ def test_a_current_epoch_is_not_a_recreate(api, topic) -> None:
     assert page["tombstone"] is None and seqs(page) == [2]
 
 
-def test_wait_ms_long_polls_until_a_record_arrives(api, topic) -> None:
+def test_wait_ms_long_polls_until_a_record_arrives(api, topic, polls) -> None:
     api.write(topic, "first")
-
-    def late_write() -> None:
-        time.sleep(0.3)
+    waiting = polls.count()
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(api.diff, topic, 1, wait_ms=10_000)
+        polls.wait_for(waiting + 1)  # the poll found nothing and waits on the server
+        assert not poll.done()
         api.write(topic, "late")
-
-    writer = threading.Thread(target=late_write)
-    start = time.monotonic()
-    writer.start()
-    page = api.diff(topic, 1, wait_ms=10_000)
-    elapsed = time.monotonic() - start
-    writer.join()
+        page = poll.result(timeout=10)
     assert [r["data"] for r in page["records"]] == ["late"]
-    assert 0.25 < elapsed < 5
 
 
 def test_wait_ms_returns_empty_when_nothing_arrives(api, topic) -> None:
@@ -198,19 +199,15 @@ def test_wait_ms_returns_empty_when_nothing_arrives(api, topic) -> None:
     assert page["records"] == [] and page["caught_up"]
 
 
-def test_wait_ms_ignores_own_node_records_and_keeps_waiting(api, topic) -> None:
+def test_wait_ms_ignores_own_node_records_and_keeps_waiting(api, topic, polls) -> None:
     api.write(topic, 0)
-
-    def writes() -> None:
-        time.sleep(0.2)
-        api.append(topic, {"data": "mine", "node": "me"})
-        time.sleep(0.2)
+    waiting = polls.count()
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(api.diff, topic, 1, wait_ms=10_000, node="me")
+        polls.wait_for(waiting + 1)
+        api.append(topic, {"data": "mine", "node": "me"})  # wakes it: nothing for it, it waits on
         api.append(topic, {"data": "theirs", "node": "you"})
-
-    writer = threading.Thread(target=writes)
-    writer.start()
-    page = api.diff(topic, 1, wait_ms=10_000, node="me")
-    writer.join()
+        page = poll.result(timeout=10)
     assert [r["data"] for r in page["records"]] == ["theirs"]
     assert page["next_from_seq"] == 3
 
@@ -222,19 +219,12 @@ def test_wait_ms_returns_at_once_when_records_are_there(api, topic) -> None:
     assert time.monotonic() - start < 1
 
 
-def test_many_long_polls_wake_together(http: httpx.Client, api, topic) -> None:
+def test_many_long_polls_wake_together(api, topic, polls) -> None:
     api.write(topic, 0)
-    results: list[list[int]] = []
-
-    def poll() -> None:
-        results.append(seqs(api.diff(topic, 1, wait_ms=10_000)))
-
-    with httpx.Client(base_url=str(http.base_url), timeout=10) as other:
-        pollers = [threading.Thread(target=poll) for _ in range(5)]
-        for p in pollers:
-            p.start()
-        time.sleep(0.3)
-        other.post(f"/v0/topics/{topic}/records", json={"records": [{"data": 1}]})
-        for p in pollers:
-            p.join()
+    waiting = polls.count()
+    with ThreadPoolExecutor(5) as pool:
+        pollers = [pool.submit(api.diff, topic, 1, wait_ms=10_000) for _ in range(5)]
+        polls.wait_for(waiting + 5)  # all five wait on the server; one commit wakes them
+        api.write(topic, 1)
+        results = [seqs(p.result(timeout=10)) for p in pollers]
     assert results == [[2]] * 5

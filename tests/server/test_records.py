@@ -1,5 +1,5 @@
-"""Appends over HTTP: seq assignment (§4), wire keys and omission (§1.1), size limits
-(§1.2), lazy create, atomic writes, idempotent ids."""
+"""Appends over HTTP (docs/semantics/topics.md §4, §1.1, §1.2): seq assignment, wire keys and
+omission, size limits, lazy create, atomic writes, idempotent ids."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ def test_serve_prints_its_url_creates_the_data_dir_and_stops_on_sigint(
     assert "waymark stopped" in server.process.stdout.read()
 
 
-def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark) -> None:
+def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark, long_polls) -> None:
     server = start_waymark()
     httpx.post(f"{server.url}/v0/topics/t/records", json={"records": [{"data": 1}]})
     opened, ended = threading.Event(), threading.Event()
@@ -44,7 +43,7 @@ def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark) -> Non
     poll.start()
     # Both must be in flight before the signal, or the test measures a race, not shutdown.
     assert opened.wait(10), "the SSE stream never opened"
-    time.sleep(0.3)  # the long-poll was sent before the stream; let it reach the server
+    long_polls(server.url).wait_for(1)
     # Prompt, well inside the 60 s long-poll and the stream's lifetime.
     assert server.stop(signal.SIGTERM, timeout=10) == 0
     watcher.join(5)

@@ -1,5 +1,5 @@
-"""Topics over HTTP: naming, upsert, state (§2.3), config defaults and durability (§2.2),
-delete and the per-instance epoch, effective priority (§3)."""
+"""Topics over HTTP (docs/semantics/topics.md §2, §3): naming, upsert, state, config defaults and
+durability, delete and the per-instance epoch, effective priority."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TTL (§5.2) and the mixed tombstone, in process with a manual clock.
+"""TTL (docs/semantics/topics.md §5.2) and the mixed tombstone, in process with a manual clock.
 
 The app runs on httpx's ASGI transport, so time moves only when the test says.
 """

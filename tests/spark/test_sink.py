@@ -215,3 +215,43 @@ def test_foreach_batch_writers_publish_each_batch_id_once(
     assert not newer.publish(table, 1)[out].replayed
     records = topics.read(out)
     assert [(r["data"]["i"], r.get("$tag")) for r in records] == [(1, "a"), (2, None)] * 2
+
+
+def test_sink_needs_no_writer_id_the_checkpoint_names_it(
+    spark: Any, server: Any, http: Any, topics: Any, run_all: Any, topic: str, tmp_path: Path
+) -> None:
+    """Options as for the Kafka sink (``url``, ``topic``, ``checkpointLocation``): the
+    writer id comes from the checkpoint. A restart of the query from its checkpoint is
+    the same writer — its replay of a batch published before the crash (``commits/1``
+    deleted) appends nothing — and a query with another checkpoint is another writer,
+    whose batches 0 and 1 are its own, not replays of the first query's."""
+    other = f"{topic}-other"
+    topics.write(topic, [{"i": i} for i in range(150)])
+    topics.write(other, [{"j": j} for j in range(120)])
+    out = f"{topic}-out"
+
+    def copy(source: str, checkpoint: Path, url: str | None = server.url) -> Any:
+        writer = _stream(spark, server, source).select("data").writeStream.format("waymark")
+        if url is not None:
+            writer = writer.option("url", url)
+        return writer.option("topic", out).option("checkpointLocation", str(checkpoint))
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for query in run_all(copy(topic, first)):
+        assert not isinstance(query, Exception), query
+    assert [r["data"]["i"] for r in topics.read(out)] == list(range(150))
+    for name in ("1", ".1.crc"):
+        (first / "commits" / name).unlink(missing_ok=True)
+    topics.write(topic, [{"i": i} for i in range(150, 200)])
+    no_url = copy(topic, tmp_path / "no-url", url=None)
+    restarted, another, failed = run_all(copy(topic, first), copy(other, second), no_url)
+    assert not isinstance(restarted, Exception) and not isinstance(another, Exception)
+    assert "option 'url' must be specified for the waymark sink" in str(failed)
+    records = [r["data"] for r in topics.read(out)]
+    assert [r["i"] for r in records if "i" in r] == list(range(200))
+    assert [r["j"] for r in records if "j" in r] == list(range(120))
+    # Both runs of the first query opened epochs of the one writer its checkpoint names.
+    from waymark.spark.sink import checkpoint_writer_id
+
+    opened = http.post("/v0/writers", json={"writer": checkpoint_writer_id(str(first))})
+    assert opened.json()["epoch"] >= 3

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.errors import StreamingQueryException
 
 from waymark.spark import with_parsed_data
@@ -92,3 +93,35 @@ def test_gaps_fail_with_the_gap_named_or_are_skipped_into_the_gaps_topic(
     assert out == [0, 1, 2, 3, 4, "new-1", "new-2", "new-3"]
     gaps = [r["data"] for r in topics.read(f"{recreated}-gaps")]
     assert [(g["gap_from"], g["reason"]) for g in gaps] == [(6, "recreated")]
+
+
+def test_a_gap_is_reported_once_whole_however_the_batches_are_cut(
+    spark: Any, server: Any, http: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+) -> None:
+    """A capped topic evicts seqs 1001..3000 before the query reads them; batches of
+    at most 500 records, each read in 3 tasks, cut the range in many places: ``fail``
+    names the whole range and ``skip`` writes one gaps row with it and its true count."""
+    http.put(f"/v0/topics/{topic}", json={"cap_records": 1000}).raise_for_status()
+    topics.write(topic, list(range(1000)))
+    out, gaps_topic = f"{topic}-out", f"{topic}-gaps"
+
+    def query(**options: Any) -> Any:
+        stream = _stream(spark, server, topic, maxRecordsPerTrigger=500, minPartitions=3,
+                         gapsTopic=gaps_topic, **options)  # fmt: skip
+        writer = (
+            stream.select("data").writeStream.format("waymark").option("url", server.url)
+            .option("topic", out).option("checkpointLocation", str(tmp_path / "ck"))
+        )  # fmt: skip
+        return run(writer)
+
+    query()
+    topics.write(topic, list(range(1000, 4000)))  # cap 1000: seqs 1001..3000 are evicted
+    with pytest.raises(StreamingQueryException) as failed:
+        query()
+    assert f"waymark topic '{topic}' lost records [1001, 3000] (reason: cap)" in str(failed.value)
+    query(onDataLoss="skip")
+    assert [r["data"] for r in topics.read(out)] == [*range(1000), *range(3000, 4000)]
+    gaps = [r["data"] for r in topics.read(gaps_topic)]
+    assert [(g["gap_from"], g["gap_to"], g["reason"], g["missed_estimate"]) for g in gaps] == [
+        (1001, 3000, "cap", 2000)
+    ]

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import uuid
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql.datasource import CaseInsensitiveDict
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, ErrorCode, RecordIn, TopicError
@@ -171,3 +178,164 @@ def test_diff_page_to_arrow_matches_a_row_by_row_build() -> None:
     assert plain.column("data").to_pylist() == ['{"u":"é✓","n":1}', '"plain"']
     assert plain.column("meta").null_count == 2 and plain.column("topic").to_pylist() == ["t.x"] * 2
     assert to_arrow("t.x", []).num_rows == 0
+
+
+# --- the sink's writer id and options ---------------------------------------------------
+
+
+def test_sink_writer_id_comes_from_the_checkpoint_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One checkpoint directory, however Spark is told it, is one writer; another
+    directory is another writer; ``writerId`` overrides the derivation."""
+    from waymark.spark.sink import checkpoint_writer_id, writer_id
+
+    monkeypatch.chdir(tmp_path)
+    ck = tmp_path / "queries" / "clicks-copy"
+    spellings = [str(ck), f"{ck}/", f"{tmp_path}/queries/./clicks-copy", f"file://{ck}",
+                 f"file:{ck}/", "queries/clicks-copy"]  # fmt: skip
+    ids = {writer_id(CaseInsensitiveDict(checkpointLocation=s), streaming=True) for s in spellings}
+    assert ids == {checkpoint_writer_id(str(ck))}
+    (only,) = ids
+    assert only.startswith("checkpoint:queries/clicks-copy:") and len(only) <= 255
+    others = [
+        f"{ck}-2",
+        str(tmp_path / "other" / "clicks-copy"),
+        "s3a://bucket/queries/clicks-copy",
+    ]
+    assert len({checkpoint_writer_id(o) for o in others} | ids) == 4
+    assert checkpoint_writer_id("s3a://bucket/q/ck/") == checkpoint_writer_id("s3a://bucket/q//ck")
+    # Spark hands the sink lower-cased keys beside the user's own.
+    given = CaseInsensitiveDict({"checkpointlocation": str(ck), "queryname": "q", "writerId": "w"})
+    assert writer_id(given, streaming=True) == "w"
+
+
+def test_sink_options_missing_fail_naming_the_option() -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from waymark.spark.sink import WaymarkBatchWriter, WaymarkStreamWriter
+
+    schema = StructType([StructField("data", StringType())])
+    cases = [
+        (WaymarkStreamWriter, {"topic": "t", "checkpointLocation": "/ck"}, "option 'url' must"),
+        (WaymarkStreamWriter, {"url": "http://x", "checkpointLocation": "/ck"}, "option 'topic'"),
+        (WaymarkStreamWriter, {"url": "http://x", "topic": "t"}, "option 'checkpointLocation'"),
+        (WaymarkBatchWriter, {"url": "http://x", "topic": "t", "batchId": "0"}, "'writerId'"),
+    ]
+    for writer, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            writer(CaseInsensitiveDict(options), schema)
+
+
+# --- gaps: reported once, whole, with their true count ------------------------------------
+
+
+def _drain(
+    reader: Any, start: dict, race: Any = None, restarted: Any = None
+) -> tuple[dict, list[int]]:
+    """Spark's micro-batch loop for one source, without Spark: plan a batch, read its
+    ranges, repeat until nothing is left. ``race`` runs between the first batch's
+    planning and its reads. With ``restarted`` (a new reader: a restarted driver),
+    the first batch is planned, then planned again by ``restarted`` from the offsets
+    alone, as Spark replays a batch its offset log holds but its commit log does not."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from waymark.spark.source import read_range
+
+    seqs: list[int] = []
+    while True:
+        end = reader.latestOffset(start, ReadMaxRows(reader.max_rows))
+        if end == start:
+            return start, seqs
+        parts = reader.partitions(start, end)
+        if restarted is not None:
+            parts = restarted.partitions(start, end)
+            restarted = None
+        if race is not None:
+            race()
+            race = None
+        for part in parts:
+            for batch in read_range(part):
+                seqs += batch.column("seq").to_pylist()
+        start = end
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cap=st.integers(5, 100),
+    first=st.integers(1, 100),
+    more=st.integers(0, 300),
+    racing=st.integers(0, 150),
+    restart=st.booleans(),
+    max_rows=st.integers(5, 150),
+    min_partitions=st.integers(1, 5),
+    max_per_partition=st.integers(10, 200),
+)
+def test_source_reports_each_lost_seq_once_however_batches_are_cut(
+    server: Any,
+    http: httpx.Client,
+    cap: int,
+    first: int,
+    more: int,
+    racing: int,
+    restart: bool,
+    max_rows: int,
+    min_partitions: int,
+    max_per_partition: int,
+) -> None:
+    """A capped topic is read, then ``more`` records evict part of it before the next
+    read, and ``racing`` more evict further between that read's planning and its
+    tasks; or a restarted driver plans that batch again. Every seq after the first
+    read is delivered exactly once or lies in exactly one gaps row; gaps rows add up
+    to the records lost; and a gap that was there when the batch was planned is one
+    row with its whole range (``onDataLoss=fail`` names the whole range), however
+    admission control and partitioning cut the seqs."""
+    from waymark.spark.source import WaymarkDataLoss, WaymarkStreamReader
+
+    topic = f"gap-prop-{uuid.uuid4().hex[:10]}"
+    http.put(f"/v0/topics/{topic}", json={"cap_records": cap}).raise_for_status()
+
+    written = [0]
+
+    def write(n: int) -> None:
+        written[0] += n
+        for i in range(0, n, 5000):
+            records = [{"data": j} for j in range(i, min(n, i + 5000))]
+            http.post(f"/v0/topics/{topic}/records", json={"records": records}).raise_for_status()
+
+    def reader(on_data_loss: str) -> WaymarkStreamReader:
+        return WaymarkStreamReader({
+            "url": server.url, "topics": topic, "onDataLoss": on_data_loss,
+            "gapsTopic": f"{topic}-gaps", "maxRecordsPerTrigger": str(max_rows),
+            "minPartitions": str(min_partitions), "maxRecordsPerPartition": str(max_per_partition),
+        })  # fmt: skip
+
+    write(first)
+    skip = reader("skip")
+    read_to, before = _drain(skip, skip.initialOffset())
+    assert before == list(range(max(1, first - cap + 1), first + 1))
+    write(more)
+    lost_to = http.get(f"/v0/topics/{topic}").json()["earliest_seq"] - 1
+    if first < lost_to:
+        with pytest.raises(WaymarkDataLoss) as failed:
+            reader("fail").latestOffset(read_to, ReadAllAvailable())
+        assert (failed.value.gap_from, failed.value.gap_to) == (first + 1, lost_to)
+
+    restarted = reader("skip") if restart else None
+    _, after = _drain(skip, read_to, race=lambda: write(racing), restarted=restarted)
+    head = written[0]  # the race runs only if a batch was planned
+    gaps = [r["data"] for r in _read_all(http, f"{topic}-gaps")]
+    covered = [s for g in gaps for s in range(g["gap_from"], g["gap_to"] + 1)]
+    assert sorted(after + covered) == list(range(first + 1, head + 1))  # each seq once
+    assert sum(g["missed_estimate"] for g in gaps) == len(covered)  # no deletions: all lost
+    assert {(g["topic"], g["reason"]) for g in gaps} <= {(topic, "cap")}
+    if first < lost_to:  # lost when the batch was planned: one row, whole, its true count
+        assert (gaps[0]["gap_from"], gaps[0]["gap_to"]) == (first + 1, lost_to)
+        assert gaps[0]["missed_estimate"] == lost_to - first
+    if racing == 0:
+        assert len(gaps) <= 1
+
+
+def _read_all(http: httpx.Client, topic: str) -> list[dict[str, Any]]:
+    response = http.post(f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 10000})
+    return [] if response.status_code == 404 else response.json()["records"]

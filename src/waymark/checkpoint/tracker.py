@@ -1,6 +1,6 @@
 """The ordered checkpoint tracker: a pure state machine, no I/O.
 
-Per source it keeps the three structures of the checkpoint-ordering spec:
+Per source it keeps the three structures of docs/semantics/checkpoint.md §1:
 
 - ``committed``: the safe restart point, the checkpoint of the highest batch below
   which every batch is terminally resolved;

@@ -43,6 +43,14 @@ def register(app: typer.Typer) -> None:
         heartbeat_s: Annotated[
             float, typer.Option(help="Seconds of silence before an SSE heartbeat comment.")
         ] = 15.0,
+        delivery_budget: Annotated[
+            int,
+            typer.Option(
+                min=1,
+                help="Delivery work (readers' wakeups, router forwarding and recovery "
+                "steps) run per turn of the event loop, highest topic priority first.",
+            ),
+        ] = 32,
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         from waymark.log.storage.frames import CorruptFrame
@@ -72,7 +80,8 @@ def register(app: typer.Typer) -> None:
         )
         sock = listen(host, port)
         app = App(engine=engine, store=store, checkpoint_interval_s=checkpoint_interval_s,
-                  settings=Settings(heartbeat_s=heartbeat_s))  # fmt: skip
+                  settings=Settings(heartbeat_s=heartbeat_s,
+                                    delivery_budget=delivery_budget))  # fmt: skip
         server = Server(app)
         shown = f"[{host}]" if ":" in host else host
         # Printed once the socket is bound, so a parent process can wait for this line.

@@ -179,7 +179,7 @@ class AsyncClient:
         ``(writer, batch_id)``: a replay returns the original seqs)."""
         return await self._run(writers.publish(topic, writer, epoch, batch_id, parts))
 
-    # --- routers (§8) -----------------------------------------------------------------
+    # --- routers (docs/semantics/topics.md §8) ---------------------------------------
     async def put_router(
         self,
         name: str,
@@ -194,7 +194,8 @@ class AsyncClient:
         filter: RouterFilter | None = None,
     ) -> RouterOut:
         """Forward every record committed to ``source`` (that passes ``filter``) into
-        ``dest``; ``exactly_once`` copies carry an idempotency key (§8.2)."""
+        ``dest``; ``exactly_once`` copies carry an idempotency key
+        (docs/semantics/topics.md §8.2)."""
         body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
                          create_dest, filter)  # fmt: skip
         return await self._run(routers.put_router(name, body))
@@ -208,7 +209,7 @@ class AsyncClient:
     async def delete_router(self, name: str) -> RouterDeleted:
         return await self._run(routers.delete_router(name))
 
-    # --- queues (§10) -----------------------------------------------------------------
+    # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
     async def claim(
         self, topic: str, node: str, max: int = 1, *, lease_ms: int | None = None
     ) -> list[Job]:

@@ -14,7 +14,8 @@ _CODES = {code.value: code for code in ErrorCode}
 
 
 class ApiError(Exception):
-    """The server refused a request: its HTTP status and the contract's error code.
+    """The server refused a request: its HTTP status and the contract's error code
+    (docs/semantics/topics.md §11).
 
     ``code`` is an :class:`~waymark.protocol.ErrorCode` when it is one this client
     knows, else the string as sent (``"http_error"`` for an answer that is not a

@@ -26,7 +26,7 @@ class RecordEvent:
 
 @dataclass(frozen=True, slots=True)
 class TombstoneEvent:
-    cursor: str  # "<epoch>:<earliest_seq - 1>": resume right after the gap
+    cursor: str  # "<epoch>:<$seq - 1>": resume right after the gap
     tombstone: Tombstone
 
 

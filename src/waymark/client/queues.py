@@ -1,4 +1,5 @@
-"""Request building for the queue routes (§10), shared by the sync and async clients."""
+"""Request building for the queue routes (docs/semantics/topics.md §10), shared by the sync and
+async clients."""
 
 from __future__ import annotations
 

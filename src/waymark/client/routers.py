@@ -1,4 +1,5 @@
-"""Request building for the router routes (§8), shared by the sync and async clients."""
+"""Request building for the router routes (docs/semantics/topics.md §8), shared by the sync and
+async clients."""
 
 from __future__ import annotations
 

@@ -190,7 +190,8 @@ class ExportRequest:
     The pending batch is flushed first, so the cursor handed to ``action`` is
     exactly the one the store holds. ``action`` runs on a worker thread; its
     result (or error) arrives on ``reply``. This is the hook the export of
-    fold artifacts plugs into.
+    fold artifacts plugs into. A requester may give up by cancelling ``reply``:
+    the request is then skipped, or its late result dropped.
     """
 
     action: Callable[[SnapshotStore, WatchCursor], Any]
@@ -397,15 +398,38 @@ async def _export(
     store: SnapshotStore | None,
     request: ExportRequest,
 ) -> None:
+    reply = request.reply
+    if reply.done():
+        # The requester gave up (a cancelled wait cancels the future) before
+        # its turn: nobody would see the result, so spare the fold the export.
+        log.info("export request withdrawn before it ran; skipped")
+        return
     await flush()
     if store is None or core.has_work:
-        request.reply.set_exception(
-            WatchError("export refused: no fold store, or the store is behind the applied cursor")
+        _answer(
+            reply,
+            error=WatchError(
+                "export refused: no fold store, or the store is behind the applied cursor"
+            ),
         )
         return
     try:
         result = await asyncio.to_thread(request.action, store, core.stored_cursor)
     except Exception as e:
-        request.reply.set_exception(e)
+        _answer(reply, error=e)
     else:
-        request.reply.set_result(result)
+        _answer(reply, result)
+
+
+def _answer(
+    reply: asyncio.Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
+    """Settle ``reply`` unless the requester gave up meanwhile; the fold goes on either way."""
+    if reply.done():
+        if error is not None:
+            log.warning("export failed after its requester gave up: %s", error)
+        return
+    if error is not None:
+        reply.set_exception(error)
+    else:
+        reply.set_result(result)

@@ -15,7 +15,7 @@ import nats.js.errors
 from nats.js import api
 
 from waymark.kv.connection import timed
-from waymark.kv.consumer import END, ConsumerSpec, Failed, OrderedFeed, update_op
+from waymark.kv.consumer import END, ConsumerLost, ConsumerSpec, Failed, OrderedFeed, update_op
 from waymark.kv.errors import AlreadyExists, KvError, RevisionMismatch, Timeout
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _STREAM_EXISTS = 10058
+_LISTING_ATTEMPTS = 5
+"""Fresh consumers a scan/keys tries, each after losing the last, before it fails."""
 
 
 @dataclass(frozen=True)
@@ -147,20 +149,32 @@ class KvReader:
     ) -> list[KvUpdate]:
         s = self._s
         prefixes = [prefix] if isinstance(prefix, str) else list(prefix)
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
-        feed = OrderedFeed(
-            s.js,
-            ConsumerSpec(
-                s.stream,
-                s.subject_prefix,
-                s.filters([p for p in prefixes if p]),
-                api.DeliverPolicy.LAST_PER_SUBJECT,
-                headers_only=headers_only,
-            ),
-            queue,
-            chunk_max=1024,
-            timeout=s.timeout,
+        spec = ConsumerSpec(
+            s.stream,
+            s.subject_prefix,
+            s.filters([p for p in prefixes if p]),
+            api.DeliverPolicy.LAST_PER_SUBJECT,
+            headers_only=headers_only,
         )
+        # A lost consumer cannot be resumed from a sequence (that would list
+        # every later revision, not the last per key): discard what it listed
+        # and list again from a fresh one.
+        lost: ConsumerLost | None = None
+        for _ in range(_LISTING_ATTEMPTS):
+            try:
+                return await self._list(spec)
+            except ConsumerLost as e:
+                lost = e
+        raise KvError(
+            f"listing failed: {_LISTING_ATTEMPTS} consumers lost in a row ({lost})"
+        ) from lost
+
+    async def _list(self, spec: ConsumerSpec) -> list[KvUpdate]:
+        """One point-in-time listing through one last-per-subject consumer."""
+        s = self._s
+        headers_only = spec.headers_only
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
+        feed = OrderedFeed(s.js, spec, queue, chunk_max=1024, timeout=s.timeout, resumable=False)
         await feed.start()
         out: list[KvUpdate] = []
         try:

@@ -5,8 +5,9 @@ watches, ``scan`` and ``keys`` all use this consumer. It subscribes to its
 inbox *before* creating the consumer (no early message can miss the
 subscription), never acks (``AckPolicy.NONE``: an explicit-ack consumer stalls
 after ``max_ack_pending`` messages), and keeps ordered-consumer discipline: a
-gap in consumer sequence or lost heartbeats recreates it from the last stream
-sequence seen.
+gap in consumer sequence or lost heartbeats recreates a watch's consumer from
+the last stream sequence seen. A listing (``scan``/``keys``) is not resumable
+that way: it fails with :class:`ConsumerLost` and the reader starts over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from waymark.kv.connection import timed
-from waymark.kv.errors import WatchError
+from waymark.kv.errors import KvError, WatchError
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
 
 KV_OPERATION = "KV-Operation"
@@ -32,6 +33,9 @@ MARKER_REASON = "Nats-Marker-Reason"
 MSG_SIZE = "Nats-Msg-Size"
 _OPS = {"DEL": Op.DELETE, "PURGE": Op.PURGE}
 _MARKER_OPS = {"MaxAge": Op.PURGE, "Purge": Op.PURGE, "Remove": Op.DELETE}
+# A marker says the key's value is gone, whatever its reason; one of a reason
+# this client does not know (a newer server's) carries no value either.
+_UNKNOWN_MARKER_OP = Op.DELETE
 
 HEARTBEAT = 5.0
 _PUT = Op.PUT
@@ -56,8 +60,8 @@ def parse_ack(reply: str) -> tuple[int, int, int] | None:
     return None
 
 
-def update_op(headers: dict[str, str] | None) -> Op | None:
-    """The KV operation a message carries; None for a marker of an unknown kind."""
+def update_op(headers: dict[str, str] | None) -> Op:
+    """The KV operation a message carries; a marker of an unknown reason is a delete."""
     if not headers:
         return Op.PUT
     op = headers.get(KV_OPERATION)
@@ -65,7 +69,7 @@ def update_op(headers: dict[str, str] | None) -> Op | None:
         return _OPS.get(op, Op.PUT)
     reason = headers.get(MARKER_REASON)
     if reason is not None:
-        return _MARKER_OPS.get(reason)
+        return _MARKER_OPS.get(reason, _UNKNOWN_MARKER_OP)
     return Op.PUT
 
 
@@ -92,6 +96,15 @@ END = object()
 """Put on a feed's queue when the feed is stopped cleanly."""
 
 
+class ConsumerLost(KvError):
+    """A listing's consumer was lost (a delivery gap, silent heartbeats).
+
+    A last-per-subject listing cannot resume from a stream sequence: that
+    would deliver every later revision, deletes included, rather than the
+    last value of each key. The listing starts over with a fresh consumer.
+    """
+
+
 FloorCheck = Callable[[int, int], Awaitable[None]]
 
 
@@ -99,7 +112,9 @@ class OrderedFeed:
     """An ordered push consumer that hands chunks of :class:`KvUpdate` to a bounded queue.
 
     ``floor_check(frontier, delivered)`` runs before a delivery that skipped
-    stream sequences is processed; it raises to fail the feed.
+    stream sequences is processed; it raises to fail the feed. A feed that is
+    not ``resumable`` (a listing) fails with :class:`ConsumerLost` where a
+    watch's feed recreates its consumer from the frontier.
     """
 
     def __init__(
@@ -113,6 +128,7 @@ class OrderedFeed:
         floor_check: FloorCheck | None = None,
         frontier: int = 0,
         heartbeat: float = HEARTBEAT,
+        resumable: bool = True,
     ) -> None:
         self._js = js
         self._nc: Client = js._nc  # the core client that owns the inbox subscriptions
@@ -122,6 +138,7 @@ class OrderedFeed:
         self._timeout = timeout
         self._floor_check = floor_check
         self._heartbeat = heartbeat
+        self._resumable = resumable
         self.frontier = frontier  # last stream sequence delivered
         self._plen = len(spec.subject_prefix)
         self._dseq = 1
@@ -146,6 +163,8 @@ class OrderedFeed:
 
     async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
         self._gen += 1
+        # Decided now: deliveries (and a reset bumping _gen) may come before the reply.
+        first = self._gen == 1
         self._dseq = 1
         self._answered_fc, self._stall_strikes = None, 0
         inbox = self._nc.new_inbox()
@@ -178,7 +197,7 @@ class OrderedFeed:
             self._js.add_consumer(spec.stream, config=config), self._timeout, "create consumer"
         )
         self._consumer = info.name
-        if self._gen == 1:
+        if first:
             self.initial_pending = info.num_pending or 0
 
     async def _on_msg(self, gen: int, msg: Msg) -> None:
@@ -216,8 +235,6 @@ class OrderedFeed:
             version = VersionToken(sseq.to_bytes(8, "big"))  # VersionToken.from_u64, inlined
         if headers:
             op = update_op(headers)
-            if op is None:
-                return  # a marker kind this client does not know: nothing to fold
             if op is not _PUT:
                 data = b""
             elif self._spec.headers_only and headers.get(MSG_SIZE) == "0":
@@ -261,6 +278,9 @@ class OrderedFeed:
         task, which is where most resets are decided.
         """
         if self._resetting or self._stopped:
+            return
+        if not self._resumable:
+            self._fail_now(ConsumerLost(f"listing consumer lost after {self.delivered} deliveries"))
             return
         self._resetting = True
         self._gen += 1  # whatever the old consumer still delivers is ignored
@@ -310,6 +330,9 @@ class OrderedFeed:
     async def fail(self, error: BaseException) -> None:
         """Stop with ``error`` for the reader. Safe to call from the delivery callback:
         the reader learns first, the consumer is torn down in a task of its own."""
+        self._fail_now(error)
+
+    def _fail_now(self, error: BaseException) -> None:
         if self._stopped:
             return
         self._halt()
@@ -318,10 +341,12 @@ class OrderedFeed:
         t.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        if self._stopped:
-            return
-        self._halt()
-        self._put_final(END)
+        if not self._stopped:
+            self._halt()
+            self._put_final(END)
+        # After fail() the teardown runs in a task, maybe before the consumer's
+        # creation returned: wait for it, then drop whatever is left.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._drop_consumer()
 
     def _halt(self) -> None:

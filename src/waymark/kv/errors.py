@@ -1,8 +1,8 @@
 """Typed errors of the KV layer and of the fold stores.
 
-Every failure the spec names has its own class so callers branch on the kind,
-not on message text. Causes from nats-py are flattened into the message at the
-boundary: the caller needs the context, not the client library's type.
+Every failure has its own class (docs/semantics/kv.md §8) so callers branch on
+the kind, not on message text. Causes from nats-py are flattened into the message
+at the boundary: the caller needs the context, not the client library's type.
 """
 
 from __future__ import annotations

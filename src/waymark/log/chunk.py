@@ -5,7 +5,7 @@ comma, appended to one ``bytearray``; parallel typed arrays hold its end offset,
 timestamp, interned node and tag ids, size, and a deleted flag. No Python object
 exists per record, so millions of records cost the garbage collector nothing, and
 a run of consecutive records reads out as one slice. Chunks are also the unit of
-physical reclaim (the in-memory analogue of a segment, §5.6).
+physical reclaim (the in-memory analogue of a segment, docs/semantics/topics.md §5.6).
 """
 
 from __future__ import annotations
@@ -126,5 +126,6 @@ class Chunk:
         return bytes(self.buf[self.start(i) : self.ends[j - 1]])
 
     def release_payloads(self) -> None:
-        """Free the bytes of a sealed chunk whose every slot is dead (§7.1: payloads freed)."""
+        """Free the bytes of a sealed chunk whose every slot is dead
+        (docs/semantics/topics.md §7.1)."""
         self.buf = bytearray()

@@ -1,4 +1,4 @@
-"""Deletion selectors (§7.1): tag matches parsed from the wire grammar."""
+"""Deletion selectors (docs/semantics/topics.md §7.1): tag matches parsed from the wire grammar."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ that fails validation, or that the journal cannot take, changes nothing.
 Callers that wake on new data register a listener with :meth:`Engine.add_listener`;
 it runs synchronously after each commit.
 
-Durability classes (§2.2) decide what reaches the journal and what an
-acknowledgement waits for; results carry the :class:`~waymark.log.journal.Commit`
+Durability classes (docs/semantics/topics.md §2.2) decide what reaches the journal and
+what an acknowledgement waits for; results carry the :class:`~waymark.log.journal.Commit`
 to wait on and whether the class requires waiting.
 """
 
@@ -33,6 +33,7 @@ from . import journal as frames
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, Journal
+from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DiffResult
@@ -66,9 +67,10 @@ class Engine:
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
         self._listeners: list[Listener] = []
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
-        self.queues = Queues(self)  # lease state of queue topics (§10)
-        self.routers = Routers(self)  # forwarding rules and their cursors (§8)
-        # memory topics whose WAL frames recovery set aside; applied before any use (§2.2)
+        self.queues = Queues(self)  # lease state of queue topics (docs/semantics/topics.md §10)
+        self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
+        # memory topics whose WAL frames recovery set aside; applied before any use
+        # (docs/semantics/topics.md §2.2)
         self.recovering: GradualRecovery | None = None
 
     # --- topics -----------------------------------------------------------------
@@ -118,19 +120,38 @@ class Engine:
         return self._state(topic, now), False
 
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
-        """State of a topic (404 topic_not_found); ``touch`` counts as consumption (§3)."""
+        """State of a topic (404 topic_not_found); ``touch`` counts as consumption
+        (docs/semantics/topics.md §3)."""
         topic = self._existing(name, recover=False)  # a recovering topic says so
         now = self.clock.now_ms()
         if touch:
             topic.consumed(now)
         return self._state(topic, now)
 
+    def delivery_priority(self, name: str, now: int, enqueued_at: int) -> int:
+        """The effective priority of delivery work for ``name`` waiting since
+        ``enqueued_at`` (docs/topics.md, Priority): the topic's manual priority and
+        consumer recency, plus that work's own aging. A recovering topic counts with the
+        config it is recovering to; a topic gone meanwhile with none (its work finds it
+        gone)."""
+        topic = self._topics.get(name)
+        if topic is None:
+            return effective_priority(None, False, now, 0, enqueued_at)
+        config = topic.config
+        recovering = self.recovering
+        if recovering is not None and recovering.holds(topic):
+            config = recovering.config(topic)
+        return effective_priority(
+            config.priority, config.auto_priority, now, topic.last_consumed_at, enqueued_at
+        )
+
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         topic = self._existing(name, recover=False)  # what is still set aside never applies
         self._write(name, frames.drop_frame(name, topic.epoch))
         del self._topics[name]
-        self.routers.topic_dropped(name, topic.epoch)  # §8.6: its routers go with it
+        # Its routers go with it (docs/semantics/topics.md §8.6).
+        self.routers.topic_dropped(name, topic.epoch)
         if topic.type is TopicType.QUEUE:
             self.queues.dropped(topic)
         self._commit(topic)
@@ -176,10 +197,10 @@ class Engine:
         A sink batch published by :mod:`waymark.log.staging` is many staged parts
         committed together, so it is not bound by ``max_records_per_write``;
         ``extra`` travels in the same journal frame (a publish's ledger entry).
-        ``derived_from`` names the source of a router's copies (§8.1): they are not
-        journaled (a crash re-derives them from the router cursor), only the seqs
-        they take are reserved, and an fsync dest shows them once the source records
-        they copy are durable.
+        ``derived_from`` names the source of a router's copies (docs/semantics/topics.md §8.1):
+        they are not journaled (a crash re-derives them from the router cursor), only
+        the seqs they take are reserved, and an fsync dest shows them once the source
+        records they copy are durable.
         """
         if self.recovering is not None:  # (inlined: every append passes here)
             self.recovering.finish(name)
@@ -227,7 +248,8 @@ class Engine:
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole:
         """Hand out ``n`` seqs of a router dest that hold no record: the range of source
-        records it can no longer derive, read as a ``reason`` tombstone (§8.4).
+        records it can no longer derive, read as a ``reason`` tombstone
+        (docs/semantics/topics.md §8.4).
         Like the copies, the range is not journaled; its seqs are reserved."""
         topic = self._existing(name)
         if self.journal is not None:
@@ -252,8 +274,9 @@ class Engine:
     ) -> DiffResult:
         """Records with seq > from_seq, in seq order, at most ``limit`` scanned.
 
-        ``nodes`` drops records whose $node is in the set (§6); ``epoch`` names the
-        topic instance the cursor belongs to, so a recreated topic is detected (§5.5).
+        ``nodes`` drops records whose $node is in the set (docs/semantics/topics.md §6);
+        ``epoch`` names the topic instance the cursor belongs to, so a recreated topic
+        is detected (docs/semantics/topics.md §5.5).
         """
         if from_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
@@ -265,7 +288,7 @@ class Engine:
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None
     ) -> DeleteResponse:
-        """Permanent, point-in-time deletion (§7)."""
+        """Permanent, point-in-time deletion (docs/semantics/topics.md §7)."""
         if before_seq is None and match is None:
             raise TopicError(
                 ErrorCode.INVALID_REQUEST, "a delete names before_seq, match, or both"
@@ -282,14 +305,15 @@ class Engine:
         return result
 
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResponse:
-        """Permanently delete exactly ``seqs`` (§7): how a queue acks and dead-letters."""
+        """Permanently delete exactly ``seqs`` (docs/semantics/topics.md §7): how a queue acks
+        and dead-letters."""
         topic = self._existing(name)
         self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
         result = topic.delete_seqs(seqs, self.clock.now_ms())
         self._commit(topic)
         return result
 
-    # --- queues (§10): thin entry points; the lease logic is waymark.log.queue -------
+    # --- queues (docs/semantics/topics.md §10): thin entry points; the logic is waymark.log.queue
     def claim(
         self, name: str, node: str, max: int, lease_ms: int | None = None
     ) -> list[ClaimedJob]:
@@ -297,7 +321,8 @@ class Engine:
         return self.queues.claim(name, [ClaimRequest(node, max, lease_ms)])[0]
 
     def claim_cohort(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
-        """One coordinator pass sharing the available jobs across a cohort (§10.3)."""
+        """One coordinator pass sharing the available jobs across a cohort
+        (docs/semantics/topics.md §10.3)."""
         return self.queues.claim(name, requests)
 
     def ack(
@@ -328,7 +353,7 @@ class Engine:
     def redrive(self, name: str, max: int = 1000) -> Redriven:
         return self.queues.redrive(name, max)
 
-    # --- routers (§8): thin entry points; the logic is waymark.log.router -------------
+    # --- routers (docs/semantics/topics.md §8): thin entry points; the logic is waymark.log.router
     def put_router(
         self,
         name: str,
@@ -357,9 +382,10 @@ class Engine:
     def delete_router(self, name: str) -> None:
         self.routers.delete(name)
 
-    def forward(self, max_records: int = 1000) -> Forwarded:
-        """One forwarding step over every router (off every append's ack path)."""
-        return self.routers.forward(max_records)
+    def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
+        """One forwarding step over every router, or those reading ``source`` (off every
+        append's ack path)."""
+        return self.routers.forward(max_records, source)
 
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).
@@ -425,7 +451,8 @@ class Engine:
 
     def _reserve(self, topic: Topic, last: int) -> bool:
         """Journal a seq ceiling above ``last`` unless one covers it; True if written.
-        memory topics keep none: their head may regress after a crash (§2.2)."""
+        memory topics keep none: their head may regress after a crash
+        (docs/semantics/topics.md §2.2)."""
         if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
             return False
         topic.ceiling = last + SEQ_RESERVE

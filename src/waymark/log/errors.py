@@ -1,4 +1,5 @@
-"""The one exception of the topic log, carrying the contract's error code.
+"""The one exception of the topic log, carrying the contract's error code
+(docs/semantics/topics.md §11).
 
 The engine raises :class:`TopicError`; the HTTP layer renders :meth:`TopicError.body`
 with :attr:`TopicError.status` (codes and statuses: :mod:`waymark.protocol.errors`).

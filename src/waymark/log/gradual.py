@@ -1,11 +1,13 @@
-"""Gradual recovery of ``memory``-class topics: it never blocks readiness (§2.2).
+"""Gradual recovery of ``memory``-class topics: it never blocks readiness
+(docs/semantics/topics.md §2.2).
 
 While recovery reads the WAL, the frames of memory topics are set aside per topic
 (offsets into the file bytes already read, not decoded records); control frames
 that create or drop a topic still apply at once, so every topic exists with its
 config before the server listens. The set-aside frames are then applied a step at
-a time (:meth:`GradualRecovery.step`, scheduled by the server between requests),
-each topic's in the order they were written.
+a time (:meth:`GradualRecovery.step`, or one topic's with :meth:`~GradualRecovery.step_topic`,
+which the server schedules between requests by the topics' priority), each topic's in
+the order they were written.
 
 Anything that uses a topic first applies what is left of it
 (:meth:`GradualRecovery.finish`, called by the engine), so no record is appended
@@ -144,6 +146,22 @@ class GradualRecovery:
         self._done()
         return bool(self._backlogs)
 
+    def names(self) -> list[str]:
+        """The topics still recovering, in the order their first frame was read."""
+        return list(self._backlogs)
+
+    def step_topic(self, name: str, max_bytes: int = STEP_BYTES) -> bool:
+        """Apply about ``max_bytes`` of ``name``'s set-aside frames; True while some of
+        them are left. The server schedules these steps by the topics' priority."""
+        backlog = self._backlogs.get(name)
+        if backlog is None:
+            return False
+        self._apply(name, backlog, max_bytes)
+        if not backlog.frames:
+            self._backlogs.pop(name, None)
+        self._done()
+        return name in self._backlogs
+
     def finish(self, name: str) -> None:
         """Apply what is left of ``name``'s backlog: the topic is about to be used."""
         backlog = self._backlogs.pop(name, None)
@@ -155,9 +173,13 @@ class GradualRecovery:
         for name in list(self._backlogs):
             self.finish(name)
 
+    def config(self, topic: Topic) -> TopicConfig:
+        """The latest config among a recovering topic's frames: the one it recovers to."""
+        return self._backlogs[topic.name].config
+
     def state(self, topic: Topic, now: int) -> TopicState:
         """A recovering topic's state: its latest config, the counts applied so far."""
-        config = self._backlogs[topic.name].config
+        config = self.config(topic)
         # Observed at time 0, where no TTL takes anything: expiring now, under the
         # config applied so far, could remove records a later config keeps.
         state = topic.state(0)

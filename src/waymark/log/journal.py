@@ -75,7 +75,8 @@ def writer_frame(writer: str, epoch: int) -> bytes:
 
 
 def router_frame(name: str, definition: dict[str, Any] | None) -> bytes:
-    """A router's definition with its starting cursor (§8), or (None) its deletion."""
+    """A router's definition with its starting cursor (docs/semantics/topics.md §8), or (None) its
+    deletion."""
     return encode(FrameKind.ROUTER, orjson.dumps({"router": name, "def": definition}))
 
 
@@ -89,7 +90,8 @@ def delete_frame(
     *,
     now: int | None = None,
 ) -> bytes:
-    """A §7 delete; ``seqs`` (a queue's acks) deletes exactly those seqs instead.
+    """A delete (docs/semantics/topics.md §7); ``seqs`` (a queue's acks) deletes exactly those seqs
+    instead.
     ``now``: when it happened, for replay at that time."""
     body: dict[str, Any] = {
         "name": name,

@@ -1,4 +1,5 @@
-"""Effective priority (§3), in integer arithmetic with a 64-entry table for 2^-x."""
+"""Effective priority (docs/semantics/topics.md §3), in integer arithmetic with a 64-entry table
+for 2^-x."""
 
 from __future__ import annotations
 

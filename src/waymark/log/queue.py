@@ -1,9 +1,11 @@
-"""Queues (§10): lease-based job delivery layered on a topic of type ``queue``.
+"""Queues (docs/semantics/topics.md §10): lease-based job delivery layered on a topic of type
+``queue``.
 
 A queue is two logs. The jobs log is the topic itself. The leases log is an
 internal companion topic, ``<queue>$leases`` (a ``$`` is never valid in a user
 topic name, so nobody can create, write or read it through the API), holding one
-record per lifecycle event: claimed, released, extended, acked, dead_lettered.
+record per lifecycle event: claimed, released, extended, acked, dead_lettered,
+parked (a dead job the dead-letter topic refused).
 The lease state — lease table, reclaim freelist, delivery counters — is the
 :class:`Projection` of those events, held in memory and rebuilt from the leases
 log the first time a queue is used after a restart. Because the leases log is an
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..protocol import Durability, QueueCounts, RecordIn, TopicConfig, TopicType
+from ..protocol import DeadLetterError, Durability, QueueCounts, RecordIn, TopicConfig, TopicType
 from .errors import ErrorCode, TopicError
 from .journal import drop_frame, topic_frame
 from .records import EncodedRecord
@@ -41,10 +43,14 @@ DEAD_LETTER_META = "$dead_letter_"
 TRIM_SLACK = 4096
 # Fresh jobs read from the jobs log per page of a claim pass.
 CLAIM_PAGE = 1000
+# Parked jobs (their dead-letter topic refused them) are tried again by the first claim
+# pass this long after the last refusal: never a retry per claim (docs/queues.md).
+DEAD_LETTER_RETRY_MS = 1000
 
 
 def lease_expired(deadline: int, now: int) -> bool:
-    """A lease is live through its deadline and reclaimable once now > deadline (§10.6)."""
+    """A lease is live through its deadline and reclaimable once now > deadline
+    (docs/semantics/topics.md §10.6)."""
     return now > deadline
 
 
@@ -69,7 +75,7 @@ def check_queue_config(name: str, config: TopicConfig) -> None:
 class Lease:
     node: str
     lease_id: str
-    deadline: int  # absolute ms; the lease is live while now <= deadline (§10.6)
+    deadline: int  # absolute ms; live while now <= deadline (docs/semantics/topics.md §10.6)
 
 
 @dataclass(slots=True)
@@ -97,20 +103,29 @@ class Projection:
     in_flight: int = 0
     dead_lettered: int = 0
     events_since_trim: int = 0
+    # Dead jobs the dead-letter topic refused (full, missing): neither delivered nor
+    # retried until a claim pass at or after retry_at. retry_at and the error are in
+    # memory only: after a rebuild the first claim pass tries again and finds out.
+    parked: set[int] = field(default_factory=set)
+    retry_at: int = 0
+    dead_letter_error: DeadLetterError | None = None
 
     def apply(self, event: dict[str, Any], event_seq: int) -> None:
         kind, seq = event["event"], event["seq"]
+        self.dead_lettered = max(self.dead_lettered, event["dead_lettered"])
         job = self.jobs.get(seq)
+        if job is None:
+            if kind not in ("claimed", "released", "parked"):
+                return  # a later event for a job whose state is gone: nothing to undo
+            # A claim starts a job's state; a released or parked restatement (_trim) may
+            # have outlived the job's earlier events, and carries its state itself.
+            job = self.jobs[seq] = JobState(event["delivery"])
         if kind == "claimed":
-            if job is None:
-                job = self.jobs[seq] = JobState(0)
             if job.lease is None:
                 self.in_flight += 1
             job.delivery = event["delivery"]
             job.lease = Lease(event["node"], event["lease_id"], event["deadline"])
             heapq.heappush(self.expiry, (event["deadline"], seq, event["lease_id"]))
-        elif job is None:
-            pass  # a later event for a job whose state is gone: nothing to undo
         elif kind == "extended" and job.lease is not None:
             job.lease.deadline = event["deadline"]
             heapq.heappush(self.expiry, (event["deadline"], seq, job.lease.lease_id))
@@ -120,19 +135,23 @@ class Projection:
             job.lease = None
             job.available_at = event["deadline"]
             heapq.heappush(self.freelist, (job.available_at, seq))
+            self.parked.discard(seq)
+        elif kind == "parked":
+            self.parked.add(seq)  # off the freelist already: the claim pass popped it
         elif kind in ("acked", "dead_lettered"):
             if job.lease is not None:
                 self.in_flight -= 1
             del self.jobs[seq]
-        if job is not None and seq in self.jobs:
+            self.parked.discard(seq)
+        if seq in self.jobs:
             job.event_seq = event_seq
-        self.dead_lettered = max(self.dead_lettered, event["dead_lettered"])
 
     def forget(self, seq: int) -> None:
         """Drop a job the jobs log no longer holds (TTL, cap or a user's delete)."""
         job = self.jobs.pop(seq, None)
         if job is not None and job.lease is not None:
             self.in_flight -= 1
+        self.parked.discard(seq)
 
     def holder(self, seq: int, node: str, lease_id: str | None, now: int) -> Lease | None:
         """The live lease ``node`` holds on ``seq`` (matching ``lease_id`` when given)."""
@@ -141,16 +160,19 @@ class Projection:
         if lease is None or lease.node != node or lease_expired(lease.deadline, now):
             return None
         if lease_id is not None and lease_id != lease.lease_id:
-            return None  # a stale token: that lease was superseded (§10.2 fencing)
+            return None  # a stale token: that lease was superseded (docs/semantics/topics.md §10.2)
         return lease
 
     def fresh(self, seq: int) -> bool:
         """Never leased (as far as the surviving events tell): the claim cursor may take it."""
         return seq not in self.jobs
 
-    def next_due(self) -> int | None:
-        """The earliest time a lease may expire or a delayed job become claimable."""
+    def next_due(self, now: int) -> int | None:
+        """The earliest time a lease may expire, a delayed job become claimable or parked
+        jobs be tried again (only a retry still ahead: one due waits for a claim pass)."""
         times = [t for heap in (self.freelist, self.expiry) if heap for t in (heap[0][0],)]
+        if self.parked and self.retry_at > now:
+            times.append(self.retry_at)
         return min(times) if times else None
 
 
@@ -206,6 +228,7 @@ class Queues:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._projections: dict[str, Projection] = {}
+        self.dead_letter_refused = 0  # claim passes whose dead-letter move was refused
 
     # --- hooks from the engine ---------------------------------------------------------
     def configured(self, topic: Topic) -> None:
@@ -234,10 +257,22 @@ class Queues:
             self.engine._write(name, drop_frame(name, leases.epoch))
 
     def counts(self, topic: Topic) -> QueueCounts:
-        """The queue object of a topic's state (§10.5). in_flight counts leases not yet
-        reclaimed; an expired lease is reclaimed lazily by the next claim pass."""
+        """The queue object of a topic's state (docs/semantics/topics.md §10.5). in_flight
+        counts leases not yet reclaimed; an expired lease is reclaimed lazily by the next
+        claim pass. dead_letter_parked counts dead jobs the dead-letter topic refused, and
+        dead_letter_error is its last refusal while any are parked."""
         p = self._projection(topic)
-        return QueueCounts(max(0, topic.live_count - p.in_flight), p.in_flight, p.dead_lettered)
+        return QueueCounts(
+            ready=max(0, topic.live_count - p.in_flight - len(p.parked)),
+            in_flight=p.in_flight,
+            dead_lettered=p.dead_lettered,
+            dead_letter_parked=len(p.parked),
+            dead_letter_error=p.dead_letter_error if p.parked else None,
+        )
+
+    def parked(self) -> int:
+        """Parked jobs across the queues whose lease state is loaded (for /metrics)."""
+        return sum(len(p.parked) for p in self._projections.values())
 
     def jitter_ms(self, name: str) -> int:
         """The queue's coalescing window (404 if missing, 409 not_a_queue on a log)."""
@@ -248,7 +283,7 @@ class Queues:
         topic = self.engine._topics.get(name)
         if topic is None or topic.type is not TopicType.QUEUE:
             return None
-        return self._projection(topic).next_due()
+        return self._projection(topic).next_due(self.engine.clock.now_ms())
 
     def holds(self, name: str, seq: int, node: str, lease_id: str) -> bool:
         topic = self.engine._topics.get(name)
@@ -257,7 +292,7 @@ class Queues:
         lease = self._projection(topic).holder(seq, node, lease_id, self.engine.clock.now_ms())
         return lease is not None
 
-    # --- claim (§10.3) -----------------------------------------------------------------
+    # --- claim (docs/semantics/topics.md §10.3) --------------------------------------------------
     def claim(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
         """One coordinator pass: expire, drain the freelist, then fresh jobs by the claim
         cursor, and share what was found across ``requests`` in proportion to their max."""
@@ -280,17 +315,19 @@ class Queues:
             deadline = now + (request.lease_ms or topic.config.lease_ms)
             events.append(_event("claimed", p, seq, request.node, lease_id, deadline, delivery))
             grants[owner].append(ClaimedJob(seq, record, lease_id, deadline, delivery))
-        moved = self._dead_letter(topic, dead)
+        moved, parked, released = self._dead_letter(topic, p, dead, now)
         for count, (seq, delivery) in enumerate(moved, p.dead_lettered + 1):
             events.append(_event("dead_lettered", p, seq, "", "", now, delivery, count))
+        events += [_event("parked", p, seq, "", "", now, delivery) for seq, delivery in parked]
+        events += [_event("released", p, seq, "", "", now, d) for seq, d in released]
         self._record(topic, p, events)
         if moved:
             self.engine.delete_seqs(name, [seq for seq, _ in moved])
         return grants
 
     def _expire(self, topic: Topic, p: Projection, now: int) -> None:
-        """Lazy visibility timeout (§10.6): leases past their deadline are released onto
-        the freelist, recorded before this pass hands the jobs out again."""
+        """Lazy visibility timeout (docs/semantics/topics.md §10.6): leases past their deadline
+        are released onto the freelist, recorded before this pass hands the jobs out again."""
         events = []
         released: set[int] = set()  # the heap may hold one lease twice (an extend to the
         while p.expiry and lease_expired(p.expiry[0][0], now):  # same deadline, a restatement)
@@ -308,7 +345,8 @@ class Queues:
     def _reclaimable(
         self, topic: Topic, p: Projection, wanted: int, now: int
     ) -> tuple[list[tuple[int, bytes, int]], list[tuple[int, bytes, int]]]:
-        """Drain the reclaim freelist first (§10.3); jobs past max_deliveries go to ``dead``."""
+        """Drain the reclaim freelist first (docs/semantics/topics.md §10.3); jobs past
+        max_deliveries go to ``dead``."""
         config = topic.config
         limit = config.max_deliveries if config.dead_letter is not None else 0
         picked: list[tuple[int, bytes, int]] = []
@@ -319,6 +357,8 @@ class Queues:
             job = p.jobs.get(seq)
             if job is None or job.lease is not None or job.available_at != available_at:
                 continue  # a stale entry: the job was claimed, acked or released again since
+            if seq in p.parked:
+                continue  # a rebuild replayed its release before its parking
             if seq in taken:
                 continue
             taken.add(seq)
@@ -355,40 +395,75 @@ class Queues:
         return picked
 
     def _dead_letter(
-        self, topic: Topic, dead: list[tuple[int, bytes, int]]
-    ) -> list[tuple[int, int]]:
-        """Move jobs to the dead-letter topic (§10.7); (seq, delivery) of those moved.
+        self, topic: Topic, p: Projection, dead: list[tuple[int, bytes, int]], now: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
+        """Move dead jobs to the dead-letter topic (docs/semantics/topics.md §10.7), parked ones
+        first when their retry is due; returns (seq, delivery) of those moved, newly
+        parked and released.
 
-        The copy is appended before the job is deleted, so a crash in between leaves
-        a duplicate, never a loss. A dead-letter topic that refuses the write (full,
-        say) leaves the jobs in the queue, on the freelist, to be tried again.
+        The copy is appended before the job is deleted, so a crash in between leaves a
+        duplicate, never a loss. Jobs the dead-letter topic refuses (full, missing) are
+        parked: not delivered again, and tried again by the first claim pass
+        DEAD_LETTER_RETRY_MS after the refusal, so a broken dead-letter topic costs one
+        append attempt per interval, never one per claim. Until then new dead jobs join
+        the parked ones untried, keeping their order. A parked job that the queue no
+        longer dead-letters (dead_letter or max_deliveries changed) is released.
         """
-        if not dead:
-            return []
-        records = []
-        for seq, record, delivery in dead:
-            wire = orjson.loads(record)
-            meta = {
-                **wire.get("meta", {}),
-                f"{DEAD_LETTER_META}queue": topic.name,
-                f"{DEAD_LETTER_META}seq": str(seq),
-                f"{DEAD_LETTER_META}deliveries": str(delivery),
-                f"{DEAD_LETTER_META}reason": "max_deliveries",
-            }
-            records.append(
-                RecordIn.of(wire["data"], tag=wire.get("$tag"), node=wire.get("$node"), meta=meta)
-            )
-        assert topic.config.dead_letter is not None
-        try:
-            self.engine.append(topic.config.dead_letter, records)
-        except TopicError:
-            p = self._projection(topic)
-            for seq, _, _ in dead:
-                heapq.heappush(p.freelist, (p.jobs[seq].available_at, seq))
-            return []
-        return [(seq, delivery) for seq, _, delivery in dead]
+        if p.parked and now < p.retry_at:
+            return [], [(seq, delivery) for seq, _, delivery in dead], []
+        config = topic.config
+        limit = config.max_deliveries if config.dead_letter is not None else 0
+        jobs: list[tuple[int, bytes, int]] = []
+        released: list[tuple[int, int]] = []
+        for seq in sorted(p.parked):
+            delivery = p.jobs[seq].delivery
+            record = _read_one(topic, seq, now)
+            if record is None:
+                p.forget(seq)  # deleted from the jobs log while parked
+            elif limit and delivery >= limit:
+                jobs.append((seq, record, delivery))
+            else:
+                released.append((seq, delivery))
+        jobs += dead
+        if not jobs:
+            return [], [], released
+        done = self._move(topic, p, jobs, now)
+        moved = [(seq, delivery) for seq, _, delivery in jobs[:done]]
+        parked = [(seq, delivery) for seq, _, delivery in jobs[done:] if seq not in p.parked]
+        return moved, parked, released
 
-    # --- ack, nack, extend (§10.2, §10.5, §10.6) -------------------------------------------
+    def _move(self, topic: Topic, p: Projection, jobs: list[tuple[int, bytes, int]],
+              now: int) -> int:  # fmt: skip
+        """Append the dead letters of ``jobs``, in order; how many were appended (a
+        prefix). An append is atomic, so a refused batch is retried one by one: a full
+        dead-letter topic fills up to its cap, then the rest waits."""
+        records = [_dead_letter_record(topic.name, *job) for job in jobs]
+        assert topic.config.dead_letter is not None
+        target = topic.config.dead_letter
+        try:
+            self.engine.append(target, records)
+            return len(records)
+        except TopicError as error:
+            refused = error
+        done = 0
+        if len(records) > 1:
+            for record in records:
+                try:
+                    self.engine.append(target, [record])
+                except TopicError as error:
+                    refused = error
+                    break
+                done += 1
+            if done == len(records):
+                return done
+        self.dead_letter_refused += 1
+        p.retry_at = now + DEAD_LETTER_RETRY_MS
+        p.dead_letter_error = DeadLetterError(
+            code=str(refused.code), message=refused.message, topic=target, ts=now
+        )
+        return done
+
+    # --- ack, nack, extend (docs/semantics/topics.md §10.2, §10.5, §10.6) ----------------------
     def ack(
         self, name: str, node: str, seqs: Sequence[int], lease_ids: Sequence[str] | None
     ) -> Settled:
@@ -532,8 +607,9 @@ class Queues:
         return p
 
     def _rebuild(self, topic: Topic) -> Projection:
-        """Replay the surviving lease events (§10.1). Lost events are self-healing: a
-        job without a replayed live lease is simply claimable again (§10.6)."""
+        """Replay the surviving lease events (docs/semantics/topics.md §10.1). Lost events are
+        self-healing: a job without a replayed live lease is simply claimable again
+        (docs/semantics/topics.md §10.6)."""
         p = Projection(topic.epoch)
         name = leases_name(topic.name)
         self.engine._recover(name)  # from every event that survived, not those applied so far
@@ -575,7 +651,7 @@ class Queues:
 
         Jobs whose latest event is old are restated (the same lease, or the same
         freelist place) so one long-held lease never pins the log; then every event
-        below the oldest one still needed is deleted (§7).
+        below the oldest one still needed is deleted (docs/semantics/topics.md §7).
         """
         p.events_since_trim = 0
         name = leases_name(topic.name)
@@ -589,6 +665,8 @@ class Queues:
                 lease = job.lease
                 restate.append(_event("claimed", p, seq, lease.node, lease.lease_id,
                                       lease.deadline, job.delivery))  # fmt: skip
+            elif seq in p.parked:
+                restate.append(_event("parked", p, seq, "", "", job.available_at, job.delivery))
             else:
                 restate.append(_event("released", p, seq, "", "", job.available_at, job.delivery))
         self._record(topic, p, restate)
@@ -626,6 +704,19 @@ def _event(
         "delivery": delivery,
         "dead_lettered": p.dead_lettered if dead_lettered is None else dead_lettered,
     }
+
+
+def _dead_letter_record(queue: str, seq: int, record: bytes, delivery: int) -> RecordIn:
+    """The dead letter of a job: its tag, node, meta and data, plus its provenance."""
+    wire = orjson.loads(record)
+    meta = {
+        **wire.get("meta", {}),
+        f"{DEAD_LETTER_META}queue": queue,
+        f"{DEAD_LETTER_META}seq": str(seq),
+        f"{DEAD_LETTER_META}deliveries": str(delivery),
+        f"{DEAD_LETTER_META}reason": "max_deliveries",
+    }
+    return RecordIn.of(wire["data"], tag=wire.get("$tag"), node=wire.get("$node"), meta=meta)
 
 
 def _read_one(topic: Topic, seq: int, now: int) -> bytes | None:

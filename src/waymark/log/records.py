@@ -1,4 +1,5 @@
-"""Records on the way in: validation against the contract's limits, and the wire encoding.
+"""Records on the way in: validation against the limits of docs/semantics/topics.md §1.2
+(the contract's), and the wire encoding.
 
 A committed record is kept only as its encoded wire JSON (followed by a comma,
 so a run of consecutive records is one contiguous slice of a chunk buffer);
@@ -65,7 +66,8 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
 
 
 def wire_body(data: bytes, node: str | None, tag: str | None, meta_json: bytes) -> bytes:
-    """A record's wire body from parts already validated (a router's copy, §8.3)."""
+    """A record's wire body from parts already validated (a router's copy,
+    docs/semantics/topics.md §8.3)."""
     head = b""
     if node is not None:
         head = b',"$node":' + orjson.dumps(node)

@@ -89,7 +89,7 @@ def finish(engine: Engine) -> None:
     engine.routers.settle_recovered()
     for topic in engine._topics.values():
         if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
-            continue  # memory topics carry no ceiling: their head may regress (§2.2)
+            continue  # memory: no ceiling, the head may move back (docs/semantics/topics.md §2.2)
         if topic.config.durability is not Durability.FSYNC:
             topic.holes.append(Hole(topic.next_seq, topic.ceiling))
         topic.next_seq = topic.ceiling + 1

@@ -39,7 +39,7 @@ class AppendResult(msgspec.Struct, frozen=True):
 
 @dataclass(slots=True)
 class DiffResult:
-    """One page of a cursor read (§4.3, §7.3).
+    """One page of a cursor read (docs/semantics/topics.md §4.3, §7.3).
 
     ``runs`` are slices of chunk buffers, each holding one or more consecutive
     wire records separated and terminated by commas, so a page of N records is

@@ -1,11 +1,12 @@
-"""Routers (§8): forwarding rules source -> dest, per-source FIFO.
+"""Routers (docs/semantics/topics.md §8): forwarding rules source -> dest, per-source FIFO.
 
 Forwarding is :meth:`Routers.forward`, a synchronous step the server schedules after
-commits, so a source append never waits on it. Copies are derived (§8.1): a dest
-journals only the seq ceilings its copies take, never the copies, so a source append
-costs one WAL write whatever the fan-out. A checkpoint seals the dests' copies and
-snapshots the router cursors in one cut; after a crash each router re-derives, from
-its cursor, the copies made since. Definitions are control frames.
+commits, so a source append never waits on it. Copies are derived
+(docs/semantics/topics.md §8.1): a dest journals only the seq ceilings its copies take,
+never the copies, so a source append costs one WAL write whatever the fan-out. A
+checkpoint seals the dests' copies and snapshots the router cursors in one cut; after a
+crash each router re-derives, from its cursor, the copies made since. Definitions are
+control frames.
 
 ``at_least_once``: a reader of dest who saw a copy made after the last checkpoint
 sees it again, at a new seq, after a crash. ``exactly_once`` copies carry an
@@ -37,15 +38,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# allow_cycle routes stop forwarding a record after this many hops, so a cycle terminates.
+# A router on a cycle stops forwarding a record after this many hops, so a cycle terminates.
 HOP_CAP = 8
 AT_LEAST_ONCE, EXACTLY_ONCE = "at_least_once", "exactly_once"
 GUARANTEES = (AT_LEAST_ONCE, EXACTLY_ONCE)
-ROUTER_KEY = "_topics_router"  # the meta key exactly_once copies carry (§8.2)
+ROUTER_KEY = "_topics_router"  # the key exactly_once copies carry (docs/semantics/topics.md §8.2)
 # Recovery looks this far back from dest's head for an exactly_once router's last key.
 RESUME_SCAN = 100_000
-# A dest refusing these holds the cursor (§8.4): record_too_large is a page bigger than a
-# discard:"reject" dest's whole cap, which is retried record by record.
+# A dest refusing these holds the cursor (docs/semantics/topics.md §8.4): record_too_large is a
+# page bigger than a discard:"reject" dest's whole cap, which is retried record by record.
 PUSHBACK = (ErrorCode.TOPIC_FULL, ErrorCode.RECORD_TOO_LARGE, ErrorCode.STORAGE_UNAVAILABLE)
 
 Admits = Callable[[str | None, str | None], bool]
@@ -151,9 +152,12 @@ class Routers:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._routers: dict[str, Router] = {}
-        # Hop counts of copies made by allow_cycle routers: (topic, epoch, seq) -> hops.
-        # In memory only (§8.5): after a restart recopied records start again from 0.
+        # Hop counts of copies made by routers on a cycle: (topic, epoch, seq) -> hops.
+        # In memory only (docs/semantics/topics.md §8.5): after a restart recopied records start
+        # again from 0.
         self._hops: dict[tuple[str, int, int], int] = {}
+        # Names of the routers on a directed cycle; None once the router set changed.
+        self._on_cycle: frozenset[str] | None = None
 
     # --- definitions --------------------------------------------------------------
     def put(
@@ -206,7 +210,8 @@ class Routers:
         if not create_dest:
             for topic in (source, dest):
                 engine._existing(topic)
-        # Lazily created endpoints (§8.6): an empty config patch takes the defaults.
+        # Lazily created endpoints (docs/semantics/topics.md §8.6): an empty config patch takes the
+        # defaults.
         for topic in (source, dest):
             if topic not in engine._topics:
                 engine.put_topic(topic, ConfigPatch())
@@ -216,10 +221,15 @@ class Routers:
                         filter=normal_filter)  # fmt: skip
         engine._write(source, router_frame(name, asdict(router)))
         self._routers[name] = router
+        self._on_cycle = None
         return router, True
 
     def has_routers(self) -> bool:
         return bool(self._routers)
+
+    def sources(self) -> set[str]:
+        """The topics some router reads."""
+        return {router.source for router in self._routers.values()}
 
     def get(self, name: str) -> Router:
         router = self._routers.get(name)
@@ -235,14 +245,27 @@ class Routers:
         router = self.get(name)
         self._engine._write(router.source, router_frame(name, None))
         del self._routers[name]
+        self._on_cycle = None
 
     def topic_dropped(self, name: str, epoch: int) -> None:
-        """A topic instance is gone: so are the routers touching it (§8.6). Called on the
-        live path and on replay, where the epochs keep a later instance's routers."""
+        """A topic instance is gone: so are the routers touching it (docs/semantics/topics.md §8.6).
+        Called on the live path and on replay, where the epochs keep a later instance's routers."""
         for router in list(self._routers.values()):
             if (router.source, router.source_epoch) == (name, epoch) or (
                 router.dest, router.dest_epoch) == (name, epoch):  # fmt: skip
                 del self._routers[router.name]
+                self._on_cycle = None
+
+    def _cyclic(self) -> frozenset[str]:
+        """The routers on a directed cycle: they carry hop counts, whatever their own
+        allow_cycle. A cycle is admitted when its closing router has allow_cycle, but
+        the copies go round through every router on it, so all of them must count
+        (docs/routers.md)."""
+        if self._on_cycle is None:
+            self._on_cycle = frozenset(
+                r.name for r in self._routers.values() if self._path(r.dest, r.source)
+            )
+        return self._on_cycle
 
     def _path(self, start: str, goal: str) -> list[str] | None:
         """Topics along a router path start -> ... -> goal, if there is one."""
@@ -259,11 +282,14 @@ class Routers:
         return None
 
     # --- forwarding ---------------------------------------------------------------
-    def forward(self, max_records: int = 1000) -> Forwarded:
-        """Forward up to ``max_records`` source records per router, in source order."""
+    def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
+        """Forward up to ``max_records`` source records per router (of ``source`` only,
+        if given), in source order."""
         copies = 0
         pending = blocked = False
         for router in self._routers.values():
+            if source is not None and router.source != source:
+                continue
             step = self._try(router, max_records)
             if step is None and max_records > 1:
                 # An append is atomic: a page too big for a full dest may fit one by one.
@@ -292,8 +318,9 @@ class Routers:
         gap = page.tombstone
         if gap is not None:
             # Evicted, expired or lost before it was forwarded: dest readers meet the
-            # range as a source_trim tombstone (§8.4), never a silent skip. The cursor
-            # passes it at once, so a dest pushing back later does not skip it twice.
+            # range as a source_trim tombstone (docs/semantics/topics.md §8.4), never a silent skip.
+            # The cursor passes it at once, so a dest pushing back later does not skip it
+            # twice.
             n = max(1, gap.missed_estimate)
             engine.skip_derived(router.dest, n, "source_trim")
             router.cursor = gap.gap_to
@@ -303,24 +330,26 @@ class Routers:
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
         source = engine._topics[router.source]
-        copies, hops = self._copies(router, source, page)
+        on_cycle = router.name in self._cyclic()
+        copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
             result = engine.append_encoded(
                 router.dest, copies, create=False, derived_from=router.source
             )
-            if router.allow_cycle:
+            if on_cycle:
                 epoch = engine._topics[router.dest].epoch
                 for seq, hop in zip(result.seqs, hops, strict=True):
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
-        if router.allow_cycle:
+        if on_cycle:
             self._forget_hops(router.source, source.epoch)
         return len(copies), page.next_from_seq < page.head_seq
 
     def _copies(
-        self, router: Router, source: Topic, page: DiffResult
+        self, router: Router, source: Topic, page: DiffResult, on_cycle: bool
     ) -> tuple[list[EncodedRecord], list[int]]:
-        """The copies of a page's records (§8.3), and each one's hop count."""
+        """The copies of a page's records (docs/semantics/topics.md §8.3), and each one's hop
+        count."""
         admits = compile_filter(router.filter)
         rebuild = not (router.preserve_node and router.preserve_tag) or (
             router.guarantee == EXACTLY_ONCE)  # fmt: skip
@@ -339,7 +368,7 @@ class Routers:
             if admits is not None and not admits(node, tag):
                 continue
             hop = 0
-            if router.allow_cycle:
+            if on_cycle:
                 hop = self._hops.get((router.source, source.epoch, seq), 0)
                 if hop >= HOP_CAP:
                     continue
@@ -381,6 +410,7 @@ class Routers:
         for entry in entries:
             router = Router(**entry)
             self._routers[router.name] = router
+        self._on_cycle = None
 
     def replay(self, body: dict[str, Any]) -> None:
         """A router control frame, after the checkpoint the catalog restored."""
@@ -389,6 +419,7 @@ class Routers:
             self._routers.pop(name, None)
         elif name not in self._routers:
             self._routers[name] = Router(**definition)
+        self._on_cycle = None
 
     def settle_recovered(self) -> None:
         """After replay: a router whose endpoint instance is gone does not exist, and an
@@ -399,6 +430,7 @@ class Routers:
             if src is None or dst is None or (src.epoch, dst.epoch) != (
                 router.source_epoch, router.dest_epoch):  # fmt: skip
                 del self._routers[router.name]
+                self._on_cycle = None
             elif router.guarantee == EXACTLY_ONCE:
                 last = last_copied(router, dst)
                 if last is not None and last > router.cursor:
@@ -408,11 +440,12 @@ class Routers:
 
 
 def last_copied(router: Router, dest: Topic) -> int | None:
-    """The source seq in the newest copy ``router`` left in ``dest`` (§8.2's key check).
+    """The source seq in the newest copy ``router`` left in ``dest`` (the key check
+    of docs/semantics/topics.md §8.2).
 
     Copies arrive in source order, so the newest key found is the resume point. Only
     the last RESUME_SCAN seqs are searched: the keys are evidence kept in dest, and a
-    delete or eviction there removes it (§8.2).
+    delete or eviction there removes it (docs/semantics/topics.md §8.2).
     """
     marker = orjson.dumps(router.key_prefix())[:-1]  # as the key's start appears in JSON
     for seq in range(dest.head_seq, max(dest.front, dest.head_seq - RESUME_SCAN) - 1, -1):

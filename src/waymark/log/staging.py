@@ -2,8 +2,8 @@
 
 A sink writer (say one Spark streaming query) is named by a *writer id* that is
 stable across its restarts, and carries an *epoch* that every restart bumps
-(:meth:`Staging.open_writer`, one epoch per writer across all its topics): the
-FenceEpoch of the relocatable-pipeline spec applied to sinks. Its tasks *stage*
+(:meth:`Staging.open_writer`, one epoch per writer across all its topics), which
+fences its older runs (docs/semantics/topics.md §12). Its tasks *stage*
 records under ``(writer, batch, partition, attempt)``; staged records are
 invisible to readers. Its coordinator then *publishes* the parts of the attempts
 that succeeded: they are appended as one atomic write (contiguous seqs, through

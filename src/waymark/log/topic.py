@@ -1,11 +1,11 @@
 """One topic instance: its records, watermarks, eviction, tombstones, deletion, reads.
 
-Watermarks (§5.1). ``front`` is the first seq not yet removed from the head of the
-log by eviction, expiry or deletion, settled so that it is always a live record
-or ``next_seq``; it *is* ``earliest_seq``. Involuntary removal of live records
-(cap, TTL) also raises ``cap_floor`` / ``ttl_floor``; ``evict_floor`` derives from
-them and is the only tombstone trigger. Deletion moves ``front`` but never a floor,
-which is what keeps a purely deleted gap silent.
+Watermarks (docs/semantics/topics.md §5.1). ``front`` is the first seq not yet removed from
+the head of the log by eviction, expiry or deletion, settled so that it is always a
+live record or ``next_seq``; it *is* ``earliest_seq``. Involuntary removal of live
+records (cap, TTL) also raises ``cap_floor`` / ``ttl_floor``; ``evict_floor`` derives
+from them and is the only tombstone trigger. Deletion moves ``front`` but never a
+floor, which is what keeps a purely deleted gap silent.
 
 Time is always passed in (``now``): TTL expiry is applied lazily, at the start of
 every operation, before anything is observed.
@@ -95,7 +95,8 @@ class Topic:
         # before the oldest, so nothing they see can be taken back by a crash.
         self.unsynced: deque[tuple[int, Commit]] = deque()
         # Seq ranges with no record that readers must hear about: seqs a crash lost
-        # (handed out, never durable) and a router dest's source_trim ranges (§8.4).
+        # (handed out, never durable) and a router dest's source_trim ranges
+        # (docs/semantics/topics.md §8.4).
         # Each reads as a tombstone; those below the evict floor are covered by its own.
         self.holes: list[Hole] = []
         self.created_ts = now
@@ -103,7 +104,7 @@ class Topic:
         self.last_write_ts = 0
         self.last_read_ts = 0
         self.last_consumed_at = 0
-        self.enqueued_at = 0  # when the oldest unconsumed write arrived (§3 aging)
+        self.enqueued_at = 0  # oldest unconsumed write's arrival (docs/semantics/topics.md §3)
 
     # --- derived watermarks -------------------------------------------------------
     @property
@@ -206,8 +207,8 @@ class Topic:
         return fresh, seqs
 
     def _check_caps(self, n: int, nbytes: int) -> None:
-        """discard=reject refuses before any seq is assigned (§5.3); discard=old never does,
-        so callers check only discard=reject topics."""
+        """discard=reject refuses before any seq is assigned (docs/semantics/topics.md §5.3);
+        discard=old never does, so callers check only discard=reject topics."""
         cfg = self.config
         if (cfg.cap_records and n > cfg.cap_records) or (cfg.cap_bytes and nbytes > cfg.cap_bytes):
             raise TopicError(
@@ -287,7 +288,7 @@ class Topic:
 
     # --- involuntary removal: TTL and cap ------------------------------------------
     def expire(self, now: int) -> None:
-        """Remove records with now - ts > ttl_ms from the head (§5.2)."""
+        """Remove records with now - ts > ttl_ms from the head (docs/semantics/topics.md §5.2)."""
         ttl = self.config.ttl_ms
         if not ttl or self.front >= self.next_seq:
             return
@@ -305,7 +306,8 @@ class Topic:
             self._remove_front(upto, "ttl")
 
     def _evict_to_cap(self) -> None:
-        """discard=old: drop the oldest live records until back within both caps (§5.3).
+        """discard=old: drop the oldest live records until back within both caps
+        (docs/semantics/topics.md §5.3).
 
         Scans forward from the front in geometrically growing windows, so the work
         is proportional to what is evicted, not to the size of the topic.
@@ -409,7 +411,7 @@ class Topic:
             if not seqs:
                 del self.tag_index[tag]
 
-    # --- voluntary removal: deletion (§7) ------------------------------------------
+    # --- voluntary removal: deletion (docs/semantics/topics.md §7) -----------------------------
     def delete(self, bound: int, match: TagMatch | None, now: int) -> DeleteResponse:
         """Delete below ``bound`` (min of before_seq and head_seq + 1 at call time: the
         point in time), every record or only those whose tag matches."""
@@ -423,7 +425,8 @@ class Topic:
         )
 
     def delete_seqs(self, seqs: list[int], now: int) -> DeleteResponse:
-        """Delete exactly these seqs (a queue's ack and dead-letter move, §10.2).
+        """Delete exactly these seqs (a queue's ack and dead-letter move,
+        docs/semantics/topics.md §10.2).
 
         Seqs already gone are skipped. Their tag index entries stay behind: every
         reader of the index skips deleted slots, and chunk drops prune them.
@@ -471,10 +474,11 @@ class Topic:
         self.live_count -= 1
         self.live_bytes -= int(chunk.size[i])
         if chunk.live == 0 and chunk is not self.chunks[-1]:
-            chunk.release_payloads()  # §7.1: a wholly deleted sealed chunk frees its bytes
+            # A wholly deleted sealed chunk frees its bytes (docs/semantics/topics.md §7.1).
+            chunk.release_payloads()
         return True
 
-    # --- reads (§4.3, §5.4, §6, §7.3) -------------------------------------------------
+    # --- reads (docs/semantics/topics.md §4.3, §5.4, §6, §7.3) ------------------------------
     def note_unsynced(self, first_seq: int, commit: Commit) -> None:
         """Remember an fsync append until its commit is durable. Entries already durable
         are dropped here too, so a topic nobody reads holds only what is still waiting."""
@@ -505,7 +509,8 @@ class Topic:
         tombstone = None
         cursor = from_seq
         if (epoch is not None and epoch != self.epoch) or (epoch is None and from_seq > head):
-            # §5.5: the cursor belongs to an earlier instance of this topic.
+            # The cursor belongs to an earlier instance of this topic
+            # (docs/semantics/topics.md §5.5).
             tombstone = Tombstone(
                 seq=self.earliest_seq,
                 gap_from=self.seq_base,
@@ -531,11 +536,14 @@ class Topic:
             cursor = gap_to
         hole = self._hole_after(cursor)
         if tombstone is None and hole is not None and hole.lo <= cursor + 1:
-            # §4.2: acknowledged records lost in a crash read exactly like eviction;
-            # so does a router dest's source_trim range (§8.4).
+            # Acknowledged records lost in a crash read exactly like eviction
+            # (docs/semantics/topics.md §4.2); so does a router dest's source_trim range
+            # (docs/semantics/topics.md §8.4).
             lo, hi = cursor + 1, hole.hi
             tombstone = Tombstone(
-                seq=max(hi + 1, self.front),
+                # Right after the hole, not the first live seq: a reader resuming from
+                # seq - 1 must still meet any later hole that front has already passed.
+                seq=hi + 1,
                 gap_from=lo,
                 gap_to=hi,
                 reason=hole.reason,

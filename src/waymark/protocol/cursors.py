@@ -1,9 +1,11 @@
 """The SSE cursor: every ``event: record|tombstone`` has ``id: <epoch>:<seq>``.
 
 ``epoch`` names the topic instance, ``seq`` is the exclusive lower bound to resume
-from: a record's own ``$seq``, or for a tombstone ``earliest_seq - 1``, the position
-just after the gap, so a reconnect (``Last-Event-ID``) neither reports the gap again
-nor skips the first live record after it. A plain ``<seq>`` is accepted on the way
+from: a record's own ``$seq``, or for a tombstone its ``$seq - 1``, the position the
+read went on from after the gap (its ``gap_to`` for an evicted range or a crash hole,
+also one in the middle of the topic; for ``recreated`` the new instance's
+``earliest_seq - 1``), so a reconnect (``Last-Event-ID``) neither reports the gap
+again nor skips the first record after it. A plain ``<seq>`` is accepted on the way
 in, without the epoch check.
 """
 
@@ -27,8 +29,10 @@ def format_cursor(epoch: int, seq: int) -> str:
 
 
 def tombstone_cursor_seq(tombstone: Tombstone) -> int:
-    """The resume position a tombstone's event id carries: just after the gap."""
-    return tombstone.earliest_seq - 1
+    """The resume position a tombstone's event id carries: its ``$seq - 1``, where the
+    read went on from after the gap (a hole's tombstone has ``$seq = gap_to + 1``, so
+    a later hole that ``earliest_seq`` already passed is still met on resume)."""
+    return tombstone.seq - 1
 
 
 def parse_cursor(value: str) -> Cursor:

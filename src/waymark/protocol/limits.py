@@ -1,4 +1,5 @@
-"""The limits and value ranges that are part of the /v0 contract (§1.2).
+"""The limits and value ranges that are part of the /v0 contract
+(docs/semantics/topics.md §1.2).
 
 Both sides read them from here: the engine enforces :class:`Limits` (a server may be
 configured with other values; these are the defaults every waymark server starts
@@ -14,7 +15,8 @@ from typing import Annotated
 
 from msgspec import Meta
 
-# 1-255 characters of [A-Za-z0-9._:-], starting alphanumeric; never a "/" (§2.1).
+# 1-255 characters of [A-Za-z0-9._:-], starting alphanumeric; never a "/"
+# (docs/semantics/topics.md §2.1).
 TOPIC_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}"
 TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
 
@@ -27,13 +29,14 @@ Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 NonNegative = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 Positive = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 # Where a body names a topic that is then checked by the engine (404/400 with the
-# spec's code), not refused by the decoder as a malformed field.
+# code of docs/semantics/topics.md §11), not refused by the decoder as a malformed field.
 TopicName = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Hard write limits (§1.2). Violations are 400s with a specific code."""
+    """Hard write limits (docs/semantics/topics.md §1.2). Violations are 400s with a
+    specific code."""
 
     max_record_bytes: int = 1 << 20  # data + meta, canonical bytes
     max_tag_bytes: int = 256

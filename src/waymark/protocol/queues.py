@@ -1,4 +1,5 @@
-"""The queue routes (§10): claim, ack, nack, extend, redrive, and the leased job.
+"""The queue routes (docs/semantics/topics.md §10): claim, ack, nack, extend, redrive, and
+the leased job.
 
 * ``POST /v0/topics/{q}/claim`` ``{node, max, lease_ms?}`` -> ``{"jobs": [...]}``: each
   job is the stored record plus ``lease_id``, ``deadline`` and ``delivery``.

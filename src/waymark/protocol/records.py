@@ -1,5 +1,5 @@
 """Records on the wire: what a producer sends, what a reader gets back, and the
-tombstone that stands in for records a reader lost (§5.4).
+tombstone that stands in for records a reader lost (docs/semantics/topics.md §5.4).
 
 :class:`Record` and the pages that hold records are generic in the type of
 ``data``: ``Record`` (``data`` decoded to Python values) for applications, and
@@ -11,14 +11,15 @@ definition serves both.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 import msgspec
-from msgspec import Struct, field
+from msgspec import Meta, Struct, field
 
 T = TypeVar("T")
 
-# ["tag", "Eq", "X"] or ["tag", "Glob", "X*"]; a bare string means Eq (§7.1).
+# ["tag", "Eq", "X"] or ["tag", "Glob", "X*"]; a bare string means Eq
+# (docs/semantics/topics.md §7.1).
 TagRule = tuple[Literal["tag"], Literal["Eq", "Glob"], str]
 
 
@@ -65,23 +66,44 @@ class TombstoneReason(StrEnum):
     CAP = "cap"  # evicted by cap_records / cap_bytes
     TTL = "ttl"  # expired
     MIXED = "mixed"  # both of the above
-    RECREATED = "recreated"  # the topic was deleted and created again (§5.5)
-    LOST = "lost"  # acknowledged under a class that does not survive a crash (§4.2)
-    SOURCE_TRIM = "source_trim"  # a router's source evicted them before forwarding (§8.4)
+    # the topic was deleted and created again (docs/semantics/topics.md §5.5)
+    RECREATED = "recreated"
+    # seqs a crash may have lost: acknowledged under a class that does not survive one
+    # (docs/semantics/topics.md §4.2, docs/durability.md)
+    LOST = "lost"
+    # a router's source evicted them before they were forwarded
+    # (docs/semantics/topics.md §8.4, docs/routers.md)
+    SOURCE_TRIM = "source_trim"
+
+
+# A plain string, not the enum: a reason this client does not know (a newer server's)
+# must decode, since the reason is informational and the gap range authoritative
+# (docs/http-api.md, "Tombstones").
+Reason = Annotated[
+    str,
+    Meta(
+        description="Why the range was lost; informational, the gap range is authoritative. "
+        f"This server sends {', '.join(TombstoneReason)}; treat any other value as a gap too."
+    ),
+]
 
 
 class Tombstone(Struct, kw_only=True):
-    """Live records in [gap_from, gap_to] were lost involuntarily (§5.4).
+    """Records in [gap_from, gap_to] were lost involuntarily (docs/semantics/topics.md §5.4):
+    evicted, expired, lost in a crash, trimmed from a router's source, or the topic was
+    recreated.
 
     ``reason`` is a plain string: one of :class:`TombstoneReason` from this server,
     and kept as sent (never refused) if a newer server adds another.
     """
 
     type: Literal["tombstone"] = field(default="tombstone", name="$type")
-    seq: int = field(name="$seq")  # the first seq after the gap: a resume point
+    # The first seq after the gap; ``seq - 1`` is where the read went on from, so it is
+    # the cursor to resume from (the SSE id), for a gap mid-topic as at the front.
+    seq: int = field(name="$seq")
     gap_from: int
     gap_to: int
-    reason: str
+    reason: Reason
     missed_estimate: int
     earliest_seq: int
     head_seq: int

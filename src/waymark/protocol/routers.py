@@ -1,4 +1,5 @@
-"""The router routes (§8): a router forwards every record committed to ``source``
+"""The router routes (docs/semantics/topics.md §8): a router forwards every record committed
+to ``source``
 (that passes its ``filter``) into ``dest``.
 
 * ``PUT /v0/routers/{router}`` :class:`RouterPut` -> :class:`RouterOut` (201 when created).

@@ -57,7 +57,7 @@ class ConfigPatch(Struct, forbid_unknown_fields=True, omit_defaults=True):
     auto_create: bool | UnsetType = UNSET
     idempotency_window_ms: NonNegative | UnsetType = UNSET
     dedupe_node: bool | UnsetType = UNSET
-    # --- queues (§10); accepted on any topic, used only by type "queue" ---
+    # --- queues (docs/semantics/topics.md §10); accepted on any topic, used only by "queue" ---
     lease_ms: Positive | UnsetType = UNSET
     max_deliveries: NonNegative | UnsetType = UNSET
     dead_letter: DeadLetterName | UnsetType | None = UNSET
@@ -66,7 +66,8 @@ class ConfigPatch(Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class TopicConfig(Struct, frozen=True):
-    """The resolved configuration of one topic, every field with its default (§2.2).
+    """The resolved configuration of one topic, every field with its default
+    (docs/semantics/topics.md §2.2).
 
     Its fields, in this order, are also what the engine persists for a topic.
     """
@@ -81,7 +82,7 @@ class TopicConfig(Struct, frozen=True):
     auto_create: bool = True
     idempotency_window_ms: int = 120_000
     dedupe_node: bool = True
-    # --- queues (§10) ---
+    # --- queues (docs/semantics/topics.md §10) ---
     lease_ms: int = 30_000  # a claim's lease (the visibility timeout) unless it names one
     max_deliveries: int = 0  # 0: reclaimed indefinitely; n: the (n+1)-th delivery dead-letters
     dead_letter: str | None = None
@@ -90,7 +91,7 @@ class TopicConfig(Struct, frozen=True):
 
     @property
     def durable(self) -> bool:
-        # §2.2: durable is normalised to "the class is fsync".
+        # docs/semantics/topics.md §2.2: durable is normalised to "the class is fsync".
         return self.durability is Durability.FSYNC
 
     def apply(self, patch: ConfigPatch) -> TopicConfig:
@@ -100,7 +101,8 @@ class TopicConfig(Struct, frozen=True):
             for f in patch.__struct_fields__
             if f not in ("durable", "durability") and getattr(patch, f) is not UNSET
         }
-        # An explicit durability wins; a bare `durable` picks fsync or disk (§2.2).
+        # An explicit durability wins; a bare `durable` picks fsync or disk
+        # (docs/semantics/topics.md §2.2).
         if patch.durability is not UNSET and patch.durability is not None:
             changes["durability"] = patch.durability
         elif patch.durable is not UNSET:
@@ -135,7 +137,7 @@ class TopicConfig(Struct, frozen=True):
 
 class ConfigView(Struct, kw_only=True, omit_defaults=True):
     """A topic's resolved config as its state reports it: every field present, plus
-    ``durable``; the queue fields (§10) only on queue topics."""
+    ``durable``; the queue fields (docs/semantics/topics.md §10) only on queue topics."""
 
     ttl_ms: int
     cap_records: int
@@ -158,16 +160,31 @@ class ConfigView(Struct, kw_only=True, omit_defaults=True):
 # --- state -------------------------------------------------------------------------------
 
 
-class QueueCounts(Struct):
-    """The ``queue`` object of a queue topic's state (§10.5)."""
+class DeadLetterError(Struct, kw_only=True):
+    """The last refusal of a dead-letter move by the ``dead_letter`` topic (full with
+    ``discard: reject``, missing and not created lazily, a full disk; docs/queues.md)."""
 
-    ready: int
+    code: str  # an ErrorCode value; str so that codes a newer server adds still decode
+    message: str
+    topic: str  # the dead-letter topic that refused
+    ts: int  # when, on the server's clock (ms)
+
+
+class QueueCounts(Struct):
+    """The ``queue`` object of a queue topic's state (docs/semantics/topics.md §10.5)."""
+
+    ready: int  # the queue's other records, nacked ones waiting out a delay included
     in_flight: int  # leases not yet reclaimed; an expired lease is reclaimed lazily
     dead_lettered: int
+    # Dead jobs the dead-letter topic refused: kept in the queue, neither ready nor
+    # delivered again, moved once it has room. (Defaults: what an older server means.)
+    dead_letter_parked: int = 0
+    # The last refusal, while any job is parked; null otherwise.
+    dead_letter_error: DeadLetterError | None = None
 
 
 class TopicState(Struct, kw_only=True, omit_defaults=True):
-    """A topic's state (§2.3) at one instant."""
+    """A topic's state (docs/semantics/topics.md §2.3) at one instant."""
 
     name: str
     type: TopicType
@@ -185,8 +202,8 @@ class TopicState(Struct, kw_only=True, omit_defaults=True):
     last_write_ts: int
     last_read_ts: int
     queue: QueueCounts | None = None  # queue topics only
-    # present (true) while a memory topic's records are recovered after a restart (§2.2);
-    # its counts are then those applied so far
+    # present (true) while a memory topic's records are recovered after a restart
+    # (docs/semantics/topics.md §2.2); its counts are then those applied so far
     recovering: bool = False
 
 

@@ -16,6 +16,7 @@ from ..log import Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
 from ..protocol import ENDPOINTS
 from ..protocol.openapi import document
+from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
 from .http import Handler, Receive, Request, Response, Scope, Send
@@ -53,20 +54,25 @@ class App:
         self.store = store
         self.checkpoint_interval_s = checkpoint_interval_s
         self._checkpoints: asyncio.Task[None] | None = None
-        self._recovery: asyncio.Task[None] | None = None
+        settings = settings or Settings()
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
-        self.notifier = Notifier()
+        # Readers' wakeups, forwarding and recovery steps run by topic priority
+        # (docs/topics.md, Priority).
+        self.deliveries = Deliveries(self.engine, settings.delivery_budget)
+        self.notifier = Notifier(self.deliveries)
         self.engine.add_listener(self.notifier.notify)
-        self.forwarder = Forwarder(self.engine)  # routers (§8): off every append's ack path
+        # routers (docs/semantics/topics.md §8.1): off every append's ack path
+        self.forwarder = Forwarder(self.engine, self.deliveries)
         self.engine.add_listener(self.forwarder.poke)
-        self.metrics = Metrics(lambda: len(self.engine.list_topics()), self._recovering)
-        api = TopicApi(
-            self.engine, self.limits, self.notifier, self.metrics, settings or Settings()
+        self.metrics = Metrics(
+            lambda: len(self.engine.list_topics()), self._recovering, self._dead_letters
         )
+        api = TopicApi(self.engine, self.limits, self.notifier, self.metrics, settings)
         staging = StagingApi(self.engine, self.limits, self.metrics)
-        heartbeat_s = (settings or Settings()).heartbeat_s
-        queues = QueueApi(self.engine, self.limits, self.notifier, self.metrics, heartbeat_s)
+        queues = QueueApi(
+            self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
+        )
         routers = RouterApi(self.engine, self.limits)
         self._openapi = msgspec.json.encode(document())
         # The handler of every operation id of the endpoint table.
@@ -140,10 +146,12 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                # Recovered routers resume from their cursors without waiting for a write.
-                self.forwarder.poke("")
+                self.forwarder.resume()
                 if self.engine.recovering is not None:
-                    self._recovery = asyncio.create_task(self._recover_gradually())
+                    # The server is ready before memory topics have recovered
+                    # (docs/durability.md, memory topics recover in the background).
+                    for name in self.engine.recovering.names():
+                        self.deliveries.add(self._recover_step, name)
                 if self.store is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
                 await send({"type": "lifespan.startup.complete"})
@@ -151,8 +159,6 @@ class App:
                 self.close()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
-                if self._recovery is not None:
-                    self._recovery.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -175,12 +181,20 @@ class App:
             finally:
                 checkpointer.running.release()
 
-    async def _recover_gradually(self) -> None:
-        """Apply the WAL frames recovery set aside for memory topics a step at a time,
-        between requests: the server is ready before they are (§2.2)."""
+    def _recover_step(self, name: str) -> int | None:
+        """Apply a step of the WAL frames recovery set aside for memory topic ``name``;
+        the rest is another step, in a later round. A step is milliseconds of work:
+        it takes the whole round."""
         recovering = self.engine.recovering
-        while recovering is not None and recovering.step():
-            await asyncio.sleep(0)
+        if self.notifier.closing or recovering is None:
+            return None
+        if recovering.step_topic(name):
+            self.deliveries.add(self._recover_step, name)
+        return self.deliveries.budget
+
+    def _dead_letters(self) -> tuple[int, int]:
+        queues = self.engine.queues
+        return queues.parked(), queues.dead_letter_refused
 
     def _recovering(self) -> tuple[int, int]:
         recovering = self.engine.recovering

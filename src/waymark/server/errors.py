@@ -1,5 +1,5 @@
 """Every refusal as ``{"error": {"code", "message", "detail"}}`` with the code's status
-(the body and the codes: :mod:`waymark.protocol.errors`)."""
+(docs/semantics/topics.md §11; the body and the codes: :mod:`waymark.protocol.errors`)."""
 
 from __future__ import annotations
 

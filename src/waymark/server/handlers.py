@@ -25,6 +25,7 @@ from ..protocol import (
     TopicPut,
     parse_cursor,
 )
+from .delivery import ROUND_BUDGET
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -44,6 +45,7 @@ class Settings:
 
     heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
     sse_batch: int = 500  # records read from the engine per SSE chunk
+    delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
 
 
 def _topic(request: Request) -> str:
@@ -161,13 +163,19 @@ class TopicApi:
         or ``wait_ms`` runs out. Node-filtered commits advance the cursor silently."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + body.wait_ms / 1000
-        while _empty(result):
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await self.notifier.wait(name, remaining):
-                break
-            result = self.engine.diff(
-                name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
-            )
+        # No await between this and the first wait taking its change future: once
+        # /metrics counts this poll, the next commit wakes it (what tests wait for).
+        self.metrics.long_polls += 1
+        try:
+            while _empty(result):
+                remaining = deadline - loop.time()
+                if remaining <= 0 or not await self.notifier.wait(name, remaining):
+                    break
+                result = self.engine.diff(
+                    name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
+                )
+        finally:
+            self.metrics.long_polls -= 1
         return result
 
     async def delete(self, request: Request) -> Response:

@@ -55,17 +55,22 @@ class _Latency:
 
 class Metrics(Collector):
     def __init__(
-        self, topic_count: Callable[[], int], recovering: Callable[[], tuple[int, int]]
+        self,
+        topic_count: Callable[[], int],
+        recovering: Callable[[], tuple[int, int]],
+        dead_letters: Callable[[], tuple[int, int]],
     ) -> None:
         self._topic_count = topic_count
         self._recovering = recovering  # (topics, frames) of gradual recovery still to apply
+        self._dead_letters = dead_letters  # (jobs parked now, dead-letter moves refused)
         self.requests: dict[tuple[str, int], int] = {}
         self.latency: dict[str, _Latency] = {}
         self.records_appended = 0
         self.records_read = 0
         self.watchers = 0
+        self.long_polls = 0  # diffs waiting for a commit (wait_ms)
         self.checkpoints = 0
-        self.jobs_claimed = 0  # queues (§10)
+        self.jobs_claimed = 0  # queues (docs/semantics/topics.md §10)
         self.jobs_acked = 0
         self.jobs_released = 0
         self.jobs_redriven = 0
@@ -121,6 +126,16 @@ class Metrics(Collector):
             yield CounterMetricFamily(
                 f"waymark_queue_jobs_{what}", f"Queue jobs {what}", value=value
             )  # fmt: skip
+        parked, refused = self._dead_letters()
+        yield CounterMetricFamily(
+            "waymark_queue_dead_letter_refused",
+            "Claim passes whose dead-letter move the dead-letter topic refused",
+            value=refused,
+        )
+        yield GaugeMetricFamily(
+            "waymark_queue_jobs_parked",
+            "Dead jobs waiting for their dead-letter topic to accept them", value=parked,
+        )  # fmt: skip
         yield GaugeMetricFamily("waymark_topics", "Topics that exist", value=self._topic_count())
         topics, frames = self._recovering()
         yield GaugeMetricFamily(
@@ -133,4 +148,9 @@ class Metrics(Collector):
         )
         yield GaugeMetricFamily(
             "waymark_sse_streams", "Open SSE watch streams", value=self.watchers
+        )
+        yield GaugeMetricFamily(
+            "waymark_long_polls",
+            "diff requests waiting for a commit (wait_ms)",
+            value=self.long_polls,
         )

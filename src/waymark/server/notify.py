@@ -1,23 +1,32 @@
-"""Wake long-polls and SSE streams when a topic changes.
+"""Wake long-polls, SSE streams and queue ``/work`` streams when a topic changes.
 
 The engine calls :meth:`Notifier.notify` synchronously after every commit, on
 the event-loop thread. All waiters of one topic share a single future, so a
-commit costs one dict lookup when nobody waits and one ``set_result`` when
-many do, however many readers there are.
+commit costs one dict lookup when nobody waits. When someone does, the wakeup is
+delivery work for the topic's priority (:mod:`waymark.server.delivery`): it runs in
+the next round, higher-priority topics first, and one ``set_result`` wakes every
+reader of the topic, however many commits came before it ran.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from .delivery import Deliveries
+
 
 class Notifier:
-    def __init__(self) -> None:
+    def __init__(self, deliveries: Deliveries) -> None:
+        self._deliveries = deliveries
         self._changed: dict[str, asyncio.Future[None]] = {}
         self._closed: asyncio.Future[None] | None = None
         self.closing = False
 
     def notify(self, topic: str) -> None:
+        if topic in self._changed:
+            self._deliveries.add(self._wake, topic)
+
+    def _wake(self, topic: str) -> None:
         future = self._changed.pop(topic, None)
         if future is not None and not future.done():
             future.set_result(None)

@@ -1,5 +1,5 @@
-"""The /v0 queue routes (§10) over :mod:`waymark.log.queue`; their bodies are
-:mod:`waymark.protocol.queues`.
+"""The /v0 queue routes (docs/semantics/topics.md §10) over :mod:`waymark.log.queue`; their
+bodies are :mod:`waymark.protocol.queues`.
 
 A claim's answer is assembled from each job's stored wire JSON plus its lease
 (:meth:`~waymark.log.queue.ClaimedJob.to_json`), not re-encoded; the other answers
@@ -54,7 +54,8 @@ def _jobs_json(jobs: list[ClaimedJob]) -> bytes:
 
 
 class Cohorts:
-    """Per queue, the claims waiting for the current window to close (§10.3)."""
+    """Per queue, the claims waiting for the current window to close
+    (docs/semantics/topics.md §10.3)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -1,8 +1,9 @@
-"""The /v0 router routes (§8; bodies: :mod:`waymark.protocol.routers`) and the task
-that drives forwarding.
+"""The /v0 router routes (docs/semantics/topics.md §8; bodies:
+:mod:`waymark.protocol.routers`) and the task that drives forwarding.
 
-Forwarding never runs inside a request: every commit schedules one coalesced pass on
-the event loop (:class:`Forwarder`), so a source append acks without waiting on it.
+Forwarding never runs inside a request: a commit to a router source adds a forwarding
+step of that source to the delivery rounds (:class:`Forwarder`), which run it after the
+request, ordered by the source's priority; a source append acks without waiting on it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import msgspec
 
 from ..log import Engine, Limits
 from ..protocol import RouterDeleted, RouterList, RouterPut
+from .delivery import Deliveries
 from .http import Request, Response
 
 # A dest refusing copies (discard: reject) is retried after this, doubling up to the cap.
@@ -26,39 +28,50 @@ _encode = msgspec.json.encode
 
 
 class Forwarder:
-    """Runs :meth:`Engine.forward` on the loop after commits, coalescing bursts."""
+    """Forwards a source's routers in delivery rounds after its commits; the steps of
+    one source coalesce until one runs."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, deliveries: Deliveries) -> None:
         self.engine = engine
-        self._task: asyncio.Task[None] | None = None
-        self._again = False
+        self.deliveries = deliveries
+        self._backoff: dict[str, float] = {}  # source -> next retry delay after a refusal
+        self._held: set[str] = set()  # sources waiting out that delay
 
     def poke(self, topic: str) -> None:
-        """An engine listener: something committed; forward soon (never now)."""
-        if not self.engine.routers.has_routers():
-            return
-        if self._task is not None and not self._task.done():
-            self._again = True
+        """An engine listener: something committed; forward ``topic`` soon (never now)
+        if a router reads it."""
+        routers = self.engine.routers
+        if not routers.has_routers() or topic in self._held or topic not in routers.sources():
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:
             return  # an engine used outside the server: its owner calls forward()
-        self._task = loop.create_task(self._run())
+        self.deliveries.add(self._step, topic)
 
-    async def _run(self) -> None:
-        backoff = BACKOFF_S
-        while True:
-            await asyncio.sleep(0)  # after the committing request has been answered
-            self._again = False
-            result = self.engine.forward(PASS_RECORDS)
-            if result.blocked:
-                await asyncio.sleep(backoff)  # dest backpressure: the cursor held
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
-            else:
-                backoff = BACKOFF_S
-            if not (result.pending or self._again):
-                return
+    def resume(self) -> None:
+        """Recovered routers resume from their cursors without waiting for a write."""
+        for source in self.engine.routers.sources():
+            self.poke(source)
+
+    def _step(self, source: str) -> None:
+        result = self.engine.forward(PASS_RECORDS, source)
+        if result.blocked:
+            # dest backpressure: the cursor held; retry after a doubling delay.
+            delay = self._backoff.get(source, BACKOFF_S)
+            self._backoff[source] = min(delay * 2, BACKOFF_MAX_S)
+            self._held.add(source)
+            asyncio.get_running_loop().call_later(delay, self._retry, source)
+            return
+        self._backoff.pop(source, None)
+        if result.pending:
+            self.deliveries.add(self._step, source)
+
+    def _retry(self, source: str) -> None:
+        self._held.discard(source)
+        if source not in self.engine.routers.sources():
+            self._backoff.pop(source, None)  # its routers are gone
+        self.poke(source)
 
 
 class RouterApi:

@@ -3,10 +3,10 @@
 The routes come from the protocol's endpoint table (:data:`waymark.protocol.ENDPOINTS`):
 :meth:`PathTable.build` pairs each endpoint with its handler by operation id.
 
-Topic names never contain ``/`` (§2.1), so splitting the path on ``/`` and
-comparing literal segments is exact and needs no regular expressions. Routing
-uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside
-its segment and reaches the name check, rather than silently changing the route.
+Topic names never contain ``/`` (docs/semantics/topics.md §2.1), so splitting the path on
+``/`` and comparing literal segments is exact and needs no regular expressions. Routing
+uses the raw (still percent-encoded) path so that an encoded ``%2F`` stays inside its
+segment and reaches the name check, rather than silently changing the route.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Route:
 
 
 class PathTable:
-    """Finds the route of a request path (the HTTP layer's matcher, not a §8 router)."""
+    """Finds the route of a request path (the HTTP layer's matcher, not a router of
+    docs/semantics/topics.md §8)."""
 
     def __init__(self, routes: list[Route]) -> None:
         self.routes = routes

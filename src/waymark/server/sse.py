@@ -1,8 +1,13 @@
 """``GET /v0/topics/{topic}/watch``: a topic as a Server-Sent Events stream.
 
 Each event's ``id:`` is a resumable cursor ``"<epoch>:<seq>"``
-(:mod:`waymark.protocol.cursors`). The epoch lets a resumed cursor detect a topic
-that was deleted and recreated meanwhile (§5.5).
+(:mod:`waymark.protocol.cursors`): the topic instance and the exclusive lower bound
+to resume from. A record's cursor is its own ``$seq``; a tombstone's is its
+``$seq - 1``, the position the read went on from after the gap (``gap_to`` for an
+evicted range or a crash hole, also one in the middle of the topic), so a reconnect
+with ``Last-Event-ID`` never re-reports the gap nor skips the first record after it.
+The epoch lets a resumed cursor detect a topic that was deleted and recreated
+meanwhile (docs/semantics/topics.md §5.5).
 
 The stream pulls from the engine by cursor, one bounded batch at a time, and
 awaits the transport's flow control before reading more. A slow consumer
@@ -144,5 +149,6 @@ class EventStream(Response):
             if error.code is not ErrorCode.TOPIC_NOT_FOUND:
                 raise
             # Deleted while watched: keep the cursor and its epoch, so that if the
-            # topic is recreated the reader gets the `recreated` tombstone (§5.5).
+            # topic is recreated the reader gets the `recreated` tombstone
+            # (docs/semantics/topics.md §5.5).
             return None

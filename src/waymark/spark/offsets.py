@@ -2,10 +2,11 @@
 
 An offset is ``{"<topic>": {"epoch": E, "seq": S}}``: every record of topic
 instance ``E`` with ``$seq <= S`` has been handed to Spark (``S`` is the
-exclusive lower bound of the next read, the log's own cursor convention, §4.3).
-Carrying the epoch is what makes a deleted-and-recreated topic visible (§5.5):
-its new instance has a new epoch, so a checkpointed offset can never be read as
-if it continued into it. Epoch 0 names a topic that did not exist yet.
+exclusive lower bound of the next read, the log's own cursor convention,
+docs/semantics/topics.md §4.3). Carrying the epoch is what makes a deleted-and-recreated
+topic visible (docs/semantics/topics.md §5.5): its new instance has a new epoch, so a
+checkpointed offset can never be read as if it continued into it. Epoch 0 names a
+topic that did not exist yet.
 """
 
 from __future__ import annotations

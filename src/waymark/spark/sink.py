@@ -15,9 +15,11 @@ A two-phase commit over the log (:mod:`waymark.log.staging`):
    id and possibly another partitioning — returns the original seqs and appends
    nothing.
 
-Options: ``url`` (required), ``topic`` (unless a ``topic`` column names one per
-row), ``writerId`` (required: names the query; the same across its restarts
-from one checkpoint, different between queries).
+Options, as for Spark's Kafka sink: ``url`` (required), ``topic`` (unless a
+``topic`` column names one per row) and the query's ``checkpointLocation``. The
+writer id that keys the two-phase commit is derived from the checkpoint location
+(:func:`checkpoint_writer_id`): the same across restarts of one query, distinct
+between queries. ``writerId`` overrides it.
 
 The same protocol serves ``foreachBatch``: ``df.write.format("waymark")`` with
 options ``writerId`` and ``batchId`` (the id ``foreachBatch`` passes) publishes the
@@ -32,10 +34,15 @@ the matching JSON; invalid JSON fails the batch), optional ``tag``, ``node``,
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import posixpath
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 import orjson
@@ -65,35 +72,80 @@ class StagedParts(WriterCommitMessage):
     topics: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-def writer_id(options: Mapping[str, str]) -> str:
-    # Spark hands a Python sink neither its checkpoint location nor its query id on the
-    # driver, so the stable identity of the query has to be named by the user.
+def writer_id(options: Mapping[str, str], *, streaming: bool = False) -> str:
+    """The writer id: option ``writerId`` if given, else (a streaming query) derived
+    from the ``checkpointLocation`` Spark passes to the sink beside the user's options."""
     explicit = options.get("writerId")
-    if not explicit:
+    if explicit:
+        return explicit
+    checkpoint = options.get("checkpointLocation") if streaming else None
+    if checkpoint:
+        return checkpoint_writer_id(checkpoint)
+    if streaming:
+        # Spark also accepts a spark.sql.streaming.checkpointLocation root, but then passes
+        # the sink only the query name, which is not unique across applications.
         raise ValueError(
-            "the waymark sink needs option 'writerId': a name for this query that stays the "
-            "same across its restarts (with the same checkpoint) and differs between queries"
+            "option 'checkpointLocation' must be specified on the query for the waymark sink "
+            "(it names the sink's writer); or name the writer with option 'writerId'"
         )
-    return explicit
+    raise ValueError(
+        "option 'writerId' must be specified for a waymark batch write: a name that stays the "
+        "same when the same batches are written again and differs between jobs"
+    )
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):")
+
+
+def normalise_checkpoint(location: str) -> str:
+    """The absolute form of a checkpoint location, so that one directory has one name.
+
+    A local path (plain or ``file:``) is made absolute against the working directory,
+    as Spark resolves it; another scheme keeps its authority and gets a normalised path.
+    """
+    match = _SCHEME.match(location)
+    scheme = match.group(1).lower() if match else None
+    if scheme is None:
+        return os.path.abspath(location)
+    parts = urlsplit(location)
+    if scheme == "file":
+        return os.path.abspath(unquote(parts.path))
+    return f"{scheme}://{parts.netloc}{posixpath.normpath(parts.path or '/')}"
+
+
+def checkpoint_writer_id(location: str) -> str:
+    """A writer id for the query checkpointed at ``location``: its last two path
+    components (readable) and a digest of the whole normalised location (distinct)."""
+    normal = normalise_checkpoint(location)
+    digest = hashlib.sha256(normal.encode()).hexdigest()[:16]
+    tail = "/".join(part for part in normal.rsplit("/", 2)[-2:] if part)
+    return f"checkpoint:{tail[-64:]}:{digest}"
 
 
 class _TwoPhaseWriter:
     """What the streaming and the batch writer share: options, epoch, stage, publish."""
 
+    streaming = False  # a streaming query's writer id can come from its checkpoint
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         url = options.get("url")
         if not url:
-            raise ValueError("the waymark sink needs option 'url' (the server's base URL)")
+            raise ValueError(
+                "option 'url' must be specified for the waymark sink (the server's base URL)"
+            )
         names = {f.name for f in schema.fields}
         if "data" not in names:
             raise ValueError(f"the waymark sink needs a 'data' column; the columns are {names}")
         self.topic = options.get("topic")
         if self.topic is None and "topic" not in names:
-            raise ValueError("the waymark sink needs option 'topic' or a 'topic' column")
+            raise ValueError(
+                "option 'topic' must be specified for the waymark sink when no 'topic' column "
+                "names each row's topic"
+            )
         if "topic" in names and not isinstance(schema["topic"].dataType, StringType):
             raise ValueError("the 'topic' column is a string")
         self.url = url.rstrip("/")
-        self.writer = writer_id(options)
+        self.writer = writer_id(options, streaming=self.streaming)
         # Runs on the driver when the query starts: this run's epoch fences older runs.
         with connect(self.url) as http:
             self.epoch = http.open_writer(self.writer).epoch
@@ -137,6 +189,8 @@ class _TwoPhaseWriter:
 
 class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
     """``writeStream.format("waymark")``: the batch id comes from Spark's task properties."""
+
+    streaming = True
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
         context = TaskContext.get()

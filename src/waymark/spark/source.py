@@ -8,7 +8,8 @@ Options (named like Spark's Kafka source where the meaning is the same):
 ``maxRecordsPerTrigger``  admission control: at most this many records per micro-batch
 ``minPartitions``         read each batch in at least this many tasks (default: driver cores)
 ``maxRecordsPerPartition`` no task reads more seqs than this (default 200000)
-``node``                  reader node id: records written by this node are skipped (§6)
+``node``                  reader node id: records written by this node are skipped
+                          (docs/semantics/topics.md §6)
 ``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
 ``gapsTopic``             where ``skip`` records each gap as a row (default ``waymark.gaps``)
 
@@ -35,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..client import ApiError, Client, ErrorCode, Record, RecordIn, TopicState
+from ..client import ApiError, Client, ErrorCode, Record, RecordIn, Tombstone, TopicState
 from . import connect
 from .offsets import (
     EARLIEST,
@@ -112,11 +113,14 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             page=PAGE,
         )
         self._target: Offsets | None = None  # availableNow: never read past this
+        # Per topic, the start latestOffset last planned from and the gap it found
+        # there: partitions() of that batch need not ask the server again.
+        self._front_gaps: dict[str, tuple[TopicOffset, Tombstone | None]] = {}
         self._http: Client | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # read() runs on a pickled copy in a Python worker: ship no connection.
-        return {**self.__dict__, "_http": None}
+        return {**self.__dict__, "_http": None, "_front_gaps": {}}
 
     @property
     def http(self) -> Client:
@@ -157,11 +161,12 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start)
         base: Offsets = {}
+        skipped: dict[str, int] = {}  # per topic: where the batch's records start
         backlog: dict[str, int] = {}
         for topic, state in self._heads().items():
             at = begin.get(topic, TopicOffset(0, 0))
             if state is None:  # deleted (or not created yet): wait for an instance to read
-                base[topic], backlog[topic] = at, 0
+                base[topic], skipped[topic], backlog[topic] = at, at.seq, 0
                 continue
             epoch, head = state.epoch, state.head_seq
             if at.epoch not in (0, epoch):
@@ -174,13 +179,35 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 at = TopicOffset(epoch, 0)  # skip: the new instance, from its start
             elif at.epoch == 0:
                 at = TopicOffset(epoch, 0)
+            # A gap at the start is planned whole into this batch (partitions() reports
+            # it once), so no batch or partition boundary cuts it into slices; its seqs
+            # hold no rows and cost no admission budget.
+            past = at.seq
+            gone = self._front_gap(topic, at, state)
+            self._front_gaps[topic] = (at, gone)
+            if gone is not None:
+                if self.settings.on_data_loss == "fail":
+                    raise WaymarkDataLoss(
+                        topic, gone.gap_from, gone.gap_to, gone.reason, _SKIP_HINT
+                    )
+                past = max(past, gone.gap_to)
             if self._target is not None:
                 target = self._target.get(topic)
-                head = min(head, target.seq) if target and target.epoch == epoch else at.seq
-            base[topic], backlog[topic] = at, max(0, head - at.seq)
+                head = min(head, target.seq) if target and target.epoch == epoch else past
+            base[topic], skipped[topic], backlog[topic] = at, past, max(0, head - past)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         grant = admit(backlog, max_rows)
-        return to_json({t: TopicOffset(o.epoch, o.seq + grant[t]) for t, o in base.items()})
+        return to_json({t: TopicOffset(o.epoch, skipped[t] + grant[t]) for t, o in base.items()})
+
+    def _front_gap(self, topic: str, at: TopicOffset, state: TopicState) -> Tombstone | None:
+        """The tombstone a read after ``at`` meets first, if records from ``at.seq + 1``
+        on were lost to cap/TTL eviction; asks the server only when the topic's
+        ``evict_floor`` says so (the tombstone carries the reason and the count)."""
+        if state.epoch != at.epoch or at.seq + 1 >= state.evict_floor:
+            return None
+        page = self.http.diff_raw(topic, at.seq, limit=1, epoch=at.epoch, node=self.settings.node)
+        gone = page.tombstone
+        return None if gone is None or gone.reason == "recreated" else gone
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, finish = from_json(start), from_json(end)
@@ -193,6 +220,8 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 lo = 0
                 if first.epoch != 0:
                     recreated = Recreated(first.epoch, first.seq)
+            if lo < last.seq:
+                lo = self._report_front_gap(topic, TopicOffset(last.epoch, lo), last.seq)
             ranges.append((topic, last.epoch, lo, last.seq, recreated))
         return split(
             self.settings,
@@ -200,6 +229,23 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             min_partitions=self.min_partitions,
             max_per_partition=self.max_per_partition,
         )
+
+    def _report_front_gap(self, topic: str, at: TopicOffset, hi: int) -> int:
+        """Report a gap right after ``at`` once, from the driver, and return where the
+        batch's reads start. Runs again if Spark replays the batch: the gaps row's id
+        makes the report idempotent."""
+        planned = self._front_gaps.pop(topic, None)
+        if planned is not None and planned[0] == at:
+            gone = planned[1]
+        else:  # a batch Spark replays from its offset log: latestOffset did not plan it
+            state = _state(self.http, topic)
+            gone = None if state is None else self._front_gap(topic, at, state)
+        if gone is None:
+            return at.seq
+        upto = min(gone.gap_to, hi)  # below gap_to only if eviction moved on since planned
+        report_gap(self.http, self.settings, topic, at.epoch, gone.gap_from, upto, gone.reason,
+                   share(gone, upto))  # fmt: skip
+        return upto
 
     def commit(self, end: dict) -> None:
         """Nothing to release: progress is the checkpoint's offsets, not server state."""
@@ -235,8 +281,11 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
                     # planning sees the new epoch and follows onDataLoss there.
                     _gap(http, part, cursor + 1, part.hi, "recreated", part.hi - cursor)
                     return
-                _gap(http, part, gone.gap_from, min(gone.gap_to, part.hi), gone.reason,
-                     gone.missed_estimate)  # fmt: skip
+                # Met here if the loss happened after the driver planned the batch, or is
+                # a hole inside the range (a crash's `lost`, a router's `source_trim`):
+                # each range reports its own slice of the gap.
+                upto = min(gone.gap_to, part.hi)
+                _gap(http, part, gone.gap_from, upto, gone.reason, share(gone, upto))
             rows = page.records
             if rows and rows[-1].seq > part.hi:
                 rows = [r for r in rows if r.seq <= part.hi]
@@ -265,24 +314,50 @@ def _gap(
     reason: str,
     missed: int,
 ) -> None:
-    settings = part.settings
+    old = part.recreated
+    epoch = old.epoch if reason == "recreated" and old is not None else part.epoch
+    report_gap(http, part.settings, part.topic, epoch, gap_from, gap_to, reason, missed)
+
+
+def share(gone: Tombstone, upto: int) -> int:
+    """The tombstone's ``missed_estimate`` for its gap cut at ``upto``, in proportion,
+    so that the slices of one gap add up to its count rather than each claiming it."""
+    if upto >= gone.gap_to:
+        return gone.missed_estimate
+    whole = gone.gap_to - gone.gap_from + 1
+    return max(1, gone.missed_estimate * (upto - gone.gap_from + 1) // whole)
+
+
+def report_gap(
+    http: Client,
+    settings: ReadSettings,
+    topic: str,
+    epoch: int,
+    gap_from: int,
+    gap_to: int | None,
+    reason: str,
+    missed: int,
+) -> None:
+    """Follow ``onDataLoss`` for records of ``topic`` instance ``epoch`` that were lost."""
     if settings.on_data_loss == "fail":
-        raise WaymarkDataLoss(part.topic, gap_from, gap_to, reason, _SKIP_HINT)
+        raise WaymarkDataLoss(topic, gap_from, gap_to, reason, _SKIP_HINT)
     log.warning(
         "waymark topic %r lost records [%s, %s] (reason: %s); skipping, recorded in %r",
-        part.topic, gap_from, gap_to, reason, settings.gaps_topic,
+        topic, gap_from, gap_to, reason, settings.gaps_topic,
     )  # fmt: skip
     gap = {
-        "topic": part.topic,
-        "epoch": part.recreated.epoch if reason == "recreated" and part.recreated else part.epoch,
+        "topic": topic,
+        "epoch": epoch,
         "gap_from": gap_from,
         "gap_to": gap_to,
         "reason": reason,
         "missed_estimate": missed,
     }
-    # The id makes a retried task's report idempotent (the topic's dedupe window).
-    record_id = f"{part.topic}:{gap['epoch']}:{gap_from}-{gap_to}:{reason}"
-    http.append(settings.gaps_topic, [RecordIn.of(gap, tag=part.topic, id=record_id)])
+    # The id makes a retried task's or a replayed batch's report idempotent (the topic's
+    # dedupe window). It names the gap by its range, which is authoritative; the
+    # reason is informational and may read differently on a retry.
+    record_id = f"{topic}:{epoch}:{gap_from}-{gap_to}"
+    http.append(settings.gaps_topic, [RecordIn.of(gap, tag=topic, id=record_id)])
 
 
 _TS_US = pa.timestamp("us", tz="UTC")

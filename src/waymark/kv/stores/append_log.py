@@ -12,20 +12,24 @@ File format (little-endian)::
 the page cache: a crash can only tear the end of that write, which ``open``
 drops. A CRC mismatch with more records after it is corruption. Compaction
 writes the sorted fold to a temp file, fsyncs it and renames it over the log;
-a compaction that fails after the old writer was closed poisons the store.
-Past ``compact_threshold`` appended bytes it runs once it would reclaim
-something: a superseded or deleted record, or cursor records making up an
-eighth of what was appended (a log of distinct puts is already compact).
+a compaction that fails before the rename leaves log and writer as they were,
+one that cannot reopen the renamed log poisons the store. Past
+``compact_threshold`` appended bytes it runs once it would reclaim something:
+a superseded or deleted record, or cursor records making up an eighth of what
+was appended (a log of distinct puts is already compact). ``apply`` never
+fails for a compaction: its batch is committed by then (see ``compaction_failures``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
 
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
 from waymark.kv.stores.protocol import VER_LEN
@@ -40,6 +44,8 @@ REC_DELETE = 2
 REC_CURSOR = 3
 
 DEFAULT_COMPACT_THRESHOLD = 8 * 1024 * 1024
+
+log = logging.getLogger("waymark.kv")
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -265,25 +271,56 @@ def replay_log(data: bytes) -> _Replay:
 
 def _write_compact(path: Path, fold: dict[str, _Entry], cursor: bytes) -> None:
     """Write ``fold`` sorted by key (a deterministic layout) via temp file + fsync + rename."""
+    os.replace(_write_temp(path, fold, cursor), path)
+    _fsync_dir(path.parent)
+
+
+def _write_temp(path: Path, fold: dict[str, _Entry], cursor: bytes) -> Path:
+    """The compacted log, fsynced, in a temp file beside ``path``; nothing left on failure."""
     tmp = path.with_name(path.name + ".compact.tmp")
-    with open(tmp, "wb") as f:
-        f.write(HEADER)
-        keys = sorted(fold)
-        chunk: list[bytes] = []
-        for i in range(0, len(keys), 4096):
-            part = keys[i : i + 4096]
-            _put_records(chunk, part, map(fold.__getitem__, part))
-            f.write(b"".join(chunk))
-            chunk.clear()
-        f.write(_cursor_record(cursor))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(HEADER)
+            keys = sorted(fold)
+            chunk: list[bytes] = []
+            for i in range(0, len(keys), 4096):
+                part = keys[i : i + 4096]
+                _put_records(chunk, part, map(fold.__getitem__, part))
+                f.write(b"".join(chunk))
+                chunk.clear()
+            f.write(_cursor_record(cursor))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        # A partial temp file only takes space (a full disk is a likely cause).
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _open_log(path: Path) -> io.FileIO:
+    # Unbuffered: a failed write must leave no bytes in a buffer that a later
+    # flush (or truncate, which flushes first) would write after the cut.
+    return io.FileIO(path, "ab")
+
+
+def _write_all(f: io.FileIO, blob: bytes) -> None:
+    """One write call in the common case; a short write (a file size limit, a
+    signal) continues until done or until the write raises."""
+    n = f.write(blob)
+    if n < len(blob):
+        view = memoryview(blob)[n:]
+        while view:
+            view = view[f.write(view) :]
 
 
 def _entry(key: str, hit: _Entry) -> KvEntry:
@@ -310,13 +347,18 @@ class AppendLogStore:
             self._fold, cursor = {}, b""
             _write_compact(self.path, self._fold, cursor)
         self._cursor = WatchCursor(cursor)
-        self._file: BinaryIO | None = open(self.path, "ab")  # noqa: SIM115 - lives as long as the store
+        self._file: io.FileIO | None = _open_log(self.path)
         self._size = self.path.stat().st_size
         self.bytes_since_compact = 0
         # What a compaction would reclaim: superseded or deleted records, and
         # the cursor records but the last one.
         self._superseded = False
         self._cursor_bytes = 0
+        # A failed compaction is reported here, not by apply, and retried once
+        # another threshold's worth was appended: not a full rewrite per batch.
+        self.compaction_failures = 0
+        self.compaction_error: SnapshotIoError | None = None
+        self._compact_at = compact_threshold
 
     @property
     def cursor(self) -> WatchCursor:
@@ -336,8 +378,7 @@ class AppendLogStore:
         parts.append(cursor_record)
         blob = b"".join(parts)
         try:
-            f.write(blob)
-            f.flush()
+            _write_all(f, blob)
         except OSError as e:
             self._rewind(f)
             raise SnapshotIoError(f"append to {self.path} failed: {e}") from e
@@ -362,8 +403,18 @@ class AppendLogStore:
                 else:
                     fold.pop(u.key, None)
         self._cursor = cursor
-        if self.bytes_since_compact >= self.compact_threshold and self._reclaimable():
+        if self.bytes_since_compact >= self._compact_at and self._reclaimable():
+            self._compact_after_commit()
+
+    def _compact_after_commit(self) -> None:
+        """Compact; on failure log and count, since the batch is already committed."""
+        try:
             self.compact()
+        except SnapshotIoError as e:
+            self.compaction_failures += 1
+            self.compaction_error = e
+            self._compact_at = self.bytes_since_compact + self.compact_threshold
+            log.warning("%s (failure %d); retried later", e, self.compaction_failures)
 
     def _reclaimable(self) -> bool:
         """Whether a compaction would shrink the log by more than a few cursor records.
@@ -375,34 +426,54 @@ class AppendLogStore:
         """
         return self._superseded or self._cursor_bytes * 8 >= self.bytes_since_compact
 
-    def _writer(self) -> BinaryIO:
+    def _writer(self) -> io.FileIO:
         if self._file is None:
             raise SnapshotIoError("snapshot writer poisoned")
         return self._file
 
-    def _rewind(self, f: BinaryIO) -> None:
+    def _rewind(self, f: io.FileIO) -> None:
         # A half-written batch followed by later appends would read back as
-        # mid-file corruption; cut it off, or poison the writer if we cannot.
+        # mid-file corruption, and even alone it would be data the caller was
+        # told did not commit: cut it off, or poison the writer if we cannot.
+        # The log is unbuffered and O_APPEND, so no stale buffer can write it
+        # again and the next append lands at the cut.
         try:
-            f.truncate(self._size)
-            f.seek(self._size)
-        except (OSError, ValueError):
+            os.ftruncate(f.fileno(), self._size)
+        except OSError:
             self._file = None
 
     def compact(self) -> None:
-        """Rewrite the log as the sorted fold plus one cursor record."""
+        """Rewrite the log as the sorted fold plus one cursor record.
+
+        Raises SnapshotIoError. Until the rename the old log and its writer
+        stay in use, so a failure there changes nothing; only a failure to
+        reopen the renamed log poisons the writer.
+        """
         f = self._writer()
         try:
-            f.close()
-            self._file = None
-            _write_compact(self.path, self._fold, self._cursor.raw)
-            self._file = open(self.path, "ab")  # noqa: SIM115
+            tmp = _write_temp(self.path, self._fold, self._cursor.raw)
+            os.replace(tmp, self.path)
         except OSError as e:
-            raise SnapshotIoError(f"compaction of {self.path} failed; writer poisoned: {e}") from e
+            raise SnapshotIoError(f"compaction of {self.path} failed, log unchanged: {e}") from e
+        # The path names the compacted file now: appends must go there.
+        self._file = None
+        try:
+            f.close()
+            self._file = _open_log(self.path)
+        except OSError as e:
+            raise SnapshotIoError(
+                f"reopening compacted {self.path} failed; writer poisoned: {e}"
+            ) from e
         self._size = self.path.stat().st_size
         self.bytes_since_compact = 0
         self._superseded = False
         self._cursor_bytes = 0
+        self._compact_at = self.compact_threshold
+        self.compaction_error = None
+        try:
+            _fsync_dir(self.path.parent)
+        except OSError as e:
+            raise SnapshotIoError(f"compaction of {self.path}: rename not synced: {e}") from e
 
     def get(self, key: str) -> KvEntry | None:
         hit = self._fold.get(key)

@@ -71,7 +71,8 @@ class Checkpointer:
         hot_segments: int = 4,
     ) -> None:
         """``cold_dir``: where sealed segments older than each topic's newest
-        ``hot_segments`` are moved (the cold tier, §5.6); None keeps everything hot."""
+        ``hot_segments`` are moved (the cold tier, docs/semantics/topics.md §5.6); None keeps
+        everything hot."""
         self.data_dir = data_dir
         self.topics_dir = data_dir / TOPICS
         self.cold_dir = cold_dir
@@ -98,7 +99,7 @@ class Checkpointer:
             kept = [c for c in ([] if ephemeral else topic.chunks) if c.live]
             for position, chunk in enumerate(kept):
                 # (A chunk with nothing live is wholly deleted or evicted: left out, so
-                # its files go — the whole-segment drop of §7.4.)
+                # its files go — the whole-segment drop of docs/semantics/topics.md §7.4.)
                 chunk.sealed = True
                 dead = bytes(chunk.dead)
                 home = directory
@@ -118,7 +119,8 @@ class Checkpointer:
             entry = topic_entry(topic, segments)
             entry["cold"] = cold_segments
             if ephemeral:
-                # Resident-only records: keep the head, so seqs are never reused (§2.2).
+                # Resident-only records: keep the head, so seqs are never reused
+                # (docs/semantics/topics.md §2.2).
                 entry["ceiling"] = max(topic.ceiling, topic.head_seq)
             entries.append(entry)
         plan.catalog = {

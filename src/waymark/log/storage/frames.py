@@ -30,7 +30,7 @@ class FrameKind(IntEnum):
     HEAD = 5  # the seq ceiling a topic may hand out (never reuse a seq after a crash)
     CATALOG = 6  # a checkpoint: every topic's state, its segments, where the WAL resumes
     WRITER = 7  # a sink writer's new epoch (fences its older runs)
-    ROUTER = 8  # create or delete a router (§8; a control frame)
+    ROUTER = 8  # create or delete a router (a control frame, docs/semantics/topics.md §8.6)
 
 
 class CorruptFrame(Exception):

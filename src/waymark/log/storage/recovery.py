@@ -35,7 +35,8 @@ class RecoveryReport:
     torn_bytes: int  # cut from the ends of WAL files: writes that never fully landed
     topics: int
     seconds: float
-    # memory topics whose frames are set aside: they recover after this returns (§2.2)
+    # memory topics whose frames are set aside: they recover after this returns
+    # (docs/semantics/topics.md §2.2)
     deferred_topics: int = 0
     deferred_frames: int = 0
 
