@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from waymark.client import ApiError, AsyncClient, Client, ConfigPatch, RecordIn, TopicType
-from waymark.protocol import QueueCounts
+from waymark.protocol import DeadLetterError, Discard, ErrorCode, QueueCounts
 
 
 def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> None:
@@ -29,6 +29,28 @@ def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> No
         with pytest.raises(ApiError) as refused:
             client.claim("plain-log-for-client", "w")
         assert (refused.value.status, refused.value.code) == (409, "not_a_queue")
+
+
+def test_the_client_decodes_a_parked_dead_letter_as_typed_counts(
+    waymark_server: Any, q: str
+) -> None:
+    """A dead-letter move the dead-letter topic refuses parks the job; the state's
+    queue counts carry it as protocol types, the refusal a DeadLetterError."""
+    dlq = f"{q}.full-dlq"
+    with Client(waymark_server.url) as client:
+        client.put_topic(dlq, ConfigPatch(cap_records=1, discard=Discard.REJECT))
+        client.append(dlq, [RecordIn.of("already here")])
+        client.put_topic(q, ConfigPatch(max_deliveries=1, dead_letter=dlq), type=TopicType.QUEUE)
+        client.append(q, [RecordIn.of("poison")])
+        [job] = client.claim(q, "w")
+        client.nack(q, "w", [job.seq])
+        assert client.claim(q, "w") == []  # dead, and the dead-letter topic refuses it
+        counts = client.get_topic(q, touch=False).queue
+        assert isinstance(counts, QueueCounts)
+        error = counts.dead_letter_error
+        assert isinstance(error, DeadLetterError)
+        assert (error.code, error.topic) == (ErrorCode.TOPIC_FULL, dlq) and error.message
+        assert counts == QueueCounts(0, 0, 0, dead_letter_parked=1, dead_letter_error=error)
 
 
 async def test_async_client_claims_and_acks(waymark_server: Any, q: str) -> None:
