@@ -7,10 +7,13 @@ of a full replay. See docs/kv.md.
 """
 
 from waymark.kv.applied import AppliedCursor, BatchConfig, ExportRequest, watch_applied
+from waymark.kv.artifact import ExportInfo, ExportManifest, import_artifact
 from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
 from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
 from waymark.kv.errors import (
     AlreadyExists,
+    ArtifactInvalid,
+    ArtifactUnavailable,
     Corrupted,
     CursorExpired,
     InvalidFormat,
@@ -40,11 +43,15 @@ __all__ = [
     "UNKNOWN_VERSION",
     "AlreadyExists",
     "AppliedCursor",
+    "ArtifactInvalid",
+    "ArtifactUnavailable",
     "BatchConfig",
     "Connection",
     "ConnectionCapabilities",
     "Corrupted",
     "CursorExpired",
+    "ExportInfo",
+    "ExportManifest",
     "ExportRequest",
     "InvalidFormat",
     "KvConnectionError",
@@ -68,6 +75,7 @@ __all__ = [
     "WatchCursor",
     "WatchError",
     "WatchScope",
+    "import_artifact",
     "open_store",
     "stale_keys",
     "watch_applied",
