@@ -25,7 +25,10 @@ from waymark.kv.errors import (
     Timeout,
     WatchError,
 )
+from waymark.kv.export import RoundReport, RoundResult, RoundState, export_via, run_export_round
+from waymark.kv.lease import ExportLease, LeaseGuard, LeaseRecord
 from waymark.kv.stores import SnapshotStore, open_store, stale_keys
+from waymark.kv.transport import ObjectStoreTransport, PublishOutcome
 from waymark.kv.types import (
     NO_CURSOR,
     UNKNOWN_VERSION,
@@ -51,6 +54,7 @@ __all__ = [
     "Corrupted",
     "CursorExpired",
     "ExportInfo",
+    "ExportLease",
     "ExportManifest",
     "ExportRequest",
     "InvalidFormat",
@@ -62,9 +66,16 @@ __all__ = [
     "KvUpdate",
     "KvWatcher",
     "KvWriter",
+    "LeaseGuard",
+    "LeaseRecord",
     "NatsConnectionConfig",
+    "ObjectStoreTransport",
     "Op",
+    "PublishOutcome",
     "RevisionMismatch",
+    "RoundReport",
+    "RoundResult",
+    "RoundState",
     "SnapshotError",
     "SnapshotIoError",
     "SnapshotStore",
@@ -75,8 +86,10 @@ __all__ = [
     "WatchCursor",
     "WatchError",
     "WatchScope",
+    "export_via",
     "import_artifact",
     "open_store",
+    "run_export_round",
     "stale_keys",
     "watch_applied",
 ]
