@@ -267,15 +267,8 @@ class ObjectStoreTransport:
         """One compare-and-swap against what was ``observed``; None when the race was lost."""
         if not pointer_publish_allowed(observed.state, uploaded.manifest.rank):
             return PublishOutcome.SupersededByNewer
-        if observed.manifest is None:
-            # The pointer is absent or corrupt, so nothing orders this candidate:
-            # a prune under an earlier, newer pointer may have deleted its
-            # payload. Pruning stops while the pointer is unparseable, and any
-            # new pointer fails the compare below, so this check cannot go stale.
-            try:
-                self.store.head(uploaded.payload_key)
-            except ObjectNotFound:
-                return PublishOutcome.SupersededByNewer
+        if not self._still_fetchable(observed, uploaded):
+            return PublishOutcome.SupersededByNewer
         mode: PutMode
         if not self.atomic:
             mode = OVERWRITE  # allow_non_atomic_pointer: checked, but not atomically
@@ -288,6 +281,24 @@ class ObjectStoreTransport:
         except (ObjectExists, PreconditionFailed):
             return None
         return PublishOutcome.Published
+
+    def _still_fetchable(self, observed: PointerObservation, uploaded: UploadedPayload) -> bool:
+        """Whether the candidate's payload can still be named by the pointer.
+
+        Under a parseable pointer the guards guarantee it: a payload is pruned
+        only below the pointer, and such a candidate is refused. An absent or
+        corrupt pointer orders nothing, and a prune under an earlier, newer
+        pointer may have deleted the candidate's payload, so it is looked up.
+        Pruning stops while the pointer is unparseable and any new pointer fails
+        the compare-and-swap, so the answer cannot go stale before the swap.
+        """
+        if observed.manifest is not None:
+            return True
+        try:
+            self.store.head(uploaded.payload_key)
+        except ObjectNotFound:
+            return False
+        return True
 
     def swap_pointer(self, uploaded: UploadedPayload) -> PublishOutcome:
         """Make the pointer name ``uploaded`` unless a newer artifact is published."""
