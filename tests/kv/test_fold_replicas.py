@@ -151,7 +151,9 @@ def test_a_refused_artifact_exits_non_zero_and_leaves_no_store(tmp_path: Path) -
     assert "ArtifactInvalid" in result.output and "BLAKE3" in result.output
     assert not dest.exists()
 
-    # A backend that does not match is refused the same way, before anything is opened.
+    # A backend that does not match is refused from the pointer alone, before the payload
+    # is fetched (here it is gone: fetching it would be ArtifactUnavailable, exit 4).
+    transport.store.delete(payload)
     result = CliRunner().invoke(
         app,
         [

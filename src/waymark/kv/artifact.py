@@ -166,6 +166,16 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    """Every file, then every directory under ``root`` (deepest first), and ``root``."""
+    dirs = {root}
+    for p in _tree(root):
+        _fsync(p)
+        dirs.add(p.parent)
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        _fsync(d)
+
+
 def _tree(data_dir: Path) -> list[Path]:
     """Every entry under ``data_dir``; raises ArtifactInvalid for anything but files and dirs."""
     out = []
@@ -204,11 +214,10 @@ def export_store(
                 f"export of {store.backend} fold failed verification: the copy recovers "
                 f"cursor {recovered}, the live fold is at {live}"
             )
-        files = []
-        for p in _tree(data):
-            _fsync(p)
-            rel = p.relative_to(stage).as_posix()
-            files.append(ArtifactFile(rel, p.stat().st_size, file_digest(p)))
+        _fsync_tree(data)
+        # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
+        rels = sorted((p.relative_to(stage).as_posix(), p) for p in _tree(data))
+        files = [ArtifactFile(rel, p.stat().st_size, file_digest(p)) for rel, p in rels]
         manifest = ExportManifest(
             schema_version=SCHEMA_VERSION,
             backend=store.backend,
@@ -224,8 +233,7 @@ def export_store(
             f.write(manifest.encode())
             f.flush()
             os.fsync(f.fileno())
-        for d in sorted({p.parent for p in _tree(data)} | {data, stage}, reverse=True):
-            _fsync(d)
+        _fsync(stage)
         os.rename(stage, dest)
         _fsync(dest.parent)
     except BaseException:
@@ -250,10 +258,16 @@ def backend_class(backend: str) -> type[ArtifactBackend]:
     return store_class(backend)  # type: ignore[return-value]
 
 
-def _check_source(
-    manifest: ExportManifest, backend: str, bucket: str | None, scope: tuple[str, ...] | None
+def check_source(
+    manifest: ExportManifest,
+    backend: str,
+    bucket: str | None = None,
+    scope: tuple[str, ...] | None = None,
 ) -> type[ArtifactBackend]:
-    """Everything decidable from the manifest alone, before any file is opened."""
+    """Everything decidable from the manifest alone, before any file is fetched or opened.
+
+    Raises ArtifactInvalid; returns the backend's store class.
+    """
     if manifest.backend != backend:
         raise ArtifactInvalid(
             f"artifact is a {manifest.backend} fold, this node's store is {backend}"
@@ -323,7 +337,7 @@ def import_artifact(
     backend, dest = _store_spec(store_spec)
     src = Path(artifact_dir)
     _, manifest = read_manifest(src)
-    cls = _check_source(manifest, backend, bucket, scope)
+    cls = check_source(manifest, backend, bucket, scope)
     if not destination_is_empty(dest):
         raise FileExistsError(f"{dest} is not empty: an artifact is imported into a new store")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -352,6 +366,7 @@ def import_artifact(
             raise ArtifactInvalid(
                 f"the copy recovers cursor {recovered}, the manifest says {manifest.cursor}"
             )
+        _fsync_tree(stage / DATA_DIR)  # durable before it is renamed into place
         _place(staged, dest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

@@ -39,6 +39,7 @@ from waymark.kv.artifact import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     ExportManifest,
+    check_source,
     content_address,
     import_artifact,
     read_manifest,
@@ -369,8 +370,12 @@ class ObjectStoreTransport:
         moves it). Raises ArtifactInvalid / ArtifactUnavailable with nothing
         left at PATH, or FileExistsError if PATH is not empty.
         """
-        dest = Path(store_spec.partition(":")[2])
-        _, artifact = self.download(key, dest.parent)
+        backend, _, path = store_spec.partition(":")
+        dest = Path(path)
+        observed = self.read_pointer(key)
+        if observed.manifest is not None:  # refuse a mismatch before downloading anything
+            check_source(observed.manifest, backend, bucket, scope)
+        _, artifact = self.download(key, dest.parent, pointer=observed)
         try:
             return import_artifact(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
