@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    import asyncio
+
     from rich.console import Console
 
-    from waymark.kv import KvStore, SnapshotStore
+    from waymark.kv import ExportRequest, KvStore, SnapshotStore
 
 EXIT_ARTIFACT_INVALID = 3
 EXIT_ARTIFACT_UNAVAILABLE = 4
@@ -161,9 +163,9 @@ def _bootstrap(
 async def _export_rounds(
     console: Console,
     replicas: Replicas,
-    conn_kv: KvStore,
+    leases: KvStore,
     fold_store: SnapshotStore,
-    requests: Any,
+    requests: asyncio.Queue[ExportRequest],
     bucket: str,
     prefixes: tuple[str, ...],
     spec: str,
@@ -184,7 +186,7 @@ async def _export_rounds(
     node = replicas.node_id or f"{socket.gethostname()}-{os.getpid()}"
     transport = ObjectStoreTransport(open_objstore(replicas.export_to, clock=clock), clock=clock)
     lease = ExportLease(
-        conn_kv.reader(), conn_kv.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
+        leases.reader(), leases.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
     )
     export = export_via(requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes))
     workdir = Path(spec.partition(":")[2]).absolute().parent
@@ -232,7 +234,6 @@ async def _run(
     from waymark.kv import (
         BatchConfig,
         Connection,
-        ExportRequest,
         NatsConnectionConfig,
         StoreConfig,
         WatchCursor,

@@ -332,7 +332,8 @@ class ObjectStoreTransport:
         The payload key is derived from the pointer bytes; the payload's
         embedded manifest must equal them. Returns the manifest and the
         artifact directory (the caller imports and removes it). Raises
-        ArtifactUnavailable (no pointer, payload gone) or ArtifactInvalid.
+        ArtifactUnavailable (no pointer, payload gone, the store failing) or
+        ArtifactInvalid.
         """
         observed = pointer if pointer is not None else self.read_pointer(key)
         if observed.body is None:
@@ -344,13 +345,14 @@ class ObjectStoreTransport:
         artifact = Path(tempfile.mkdtemp(prefix=".download-", dir=into))
         try:
             try:
-                stream = self.store.stream(payload)
+                with self.store.stream(payload) as stream:
+                    extract_payload(stream, artifact, observed.body)
             except ObjectNotFound:
                 raise ArtifactUnavailable(
                     f"the pointer names {payload}, which is gone (pruned?)"
                 ) from None
-            with stream:
-                extract_payload(stream, artifact, observed.body)
+            except ObjectStoreError as e:  # the store failed mid-fetch: nothing was refused
+                raise ArtifactUnavailable(f"fetching {payload} failed: {e}") from e
         except BaseException:
             shutil.rmtree(artifact, ignore_errors=True)
             raise
