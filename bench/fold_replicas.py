@@ -17,16 +17,20 @@ Per backend, on one bucket of ``--keys`` keys (values of ``--value-bytes``):
    Throughput is bytes of the artifact's files per second.
 
 Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000]
-     [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix]
+     [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
+``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
+free port and uses a bucket there, over HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -50,7 +54,7 @@ from waymark.kv import (
     watch_applied,
 )
 from waymark.kv.artifact import ExportInfo
-from waymark.kv.server import EmbeddedNats
+from waymark.kv.server import EmbeddedNats, free_port
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.objstore import PART_SIZE
 from waymark.objstore import open_store as open_objstore
@@ -92,6 +96,40 @@ async def fold_until(kv: KvStore, store: SnapshotStore, last: int) -> float:
     return time.perf_counter() - t
 
 
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server in its own process (not this one's GIL); yields an s3:// URL."""
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+    }
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for _ in range(200):
+            try:
+                client.create_bucket(Bucket="replicas")
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.05)
+        yield "s3://replicas/bench"
+    finally:
+        server.kill()
+        server.wait()
+
+
 def tar_upload(transport: ObjectStoreTransport, key: str, artifact: Path) -> float:
     """The anchor: ``tar -cf -`` of the artifact's files piped into an upload."""
     t = time.perf_counter()
@@ -126,7 +164,7 @@ class Row:
 
 async def run(args: argparse.Namespace, root: Path, console: Console) -> list[Row]:
     backends = args.backends.split(",")
-    url = args.store_url or (root / "objects").as_uri()
+    url = args.url
     transport = ObjectStoreTransport(open_objstore(url))
     rows = {b: Row(b) for b in backends}
     value = b"v" * args.value_bytes
@@ -194,17 +232,26 @@ def main() -> None:
     parser.add_argument("--tail", type=int, default=10_000, help="updates written after export")
     parser.add_argument("--value-bytes", type=int, default=32)
     parser.add_argument("--backends", default=",".join(BACKENDS))
-    parser.add_argument("--store-url", help="object store (default: file:// in a temp dir)")
+    parser.add_argument(
+        "--store-url", help="object store URL, or 'moto' (default: file:// in a temp dir)"
+    )
     args = parser.parse_args()
     console = Console(width=150)
     root = Path(tempfile.mkdtemp(prefix="waymark-bench-replicas-"))
     try:
-        rows = asyncio.run(run(args, root, console))
+        with contextlib.ExitStack() as stack:
+            if args.store_url == "moto":
+                args.url = stack.enter_context(moto_s3())
+            else:
+                args.url = args.store_url or (root / "objects").as_uri()
+            rows = asyncio.run(run(args, root, console))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
     load1, load5, _ = os.getloadavg()
-    where = args.store_url or "file:// (local disk)"
+    where = {None: "file:// (local disk)", "moto": "S3 (moto server, HTTP)"}.get(
+        args.store_url, args.store_url
+    )
     t = Table(
         title=f"fold replicas, {args.keys:,} keys of {args.value_bytes} B + {args.tail:,} tail,"
         f" {where}, {os.cpu_count()} cores, load average {load1:.1f} / {load5:.1f} (1 / 5 min)"
