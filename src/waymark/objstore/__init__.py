@@ -89,9 +89,6 @@ class ObjectStore(Protocol):
         ...
 
 
-SCHEMES = ("file", "s3")
-
-
 def open_store(url: str, *, clock: Clock | None = None) -> ObjectStore:
     """The store at ``file:///dir`` or ``s3://bucket[/prefix]``.
 
@@ -121,7 +118,6 @@ __all__ = [
     "CREATE",
     "OVERWRITE",
     "PART_SIZE",
-    "SCHEMES",
     "UPLOAD_CONCURRENCY",
     "Capabilities",
     "ConditionalWriteUnsupported",
