@@ -134,6 +134,8 @@ def _bootstrap(
     console: Console, replicas: Replicas, spec: str, bucket: str, prefixes: tuple[str, ...]
 ) -> None:
     """Import the published artifact into the empty store path, or exit non-zero."""
+    from rich.markup import escape
+
     from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
     from waymark.kv.artifact import destination_is_empty
     from waymark.objstore import open_store as open_objstore
@@ -147,10 +149,10 @@ def _bootstrap(
     try:
         manifest = transport.bootstrap(replicas.key, spec, bucket=bucket, scope=prefixes)
     except ArtifactInvalid as e:
-        console.print(f"[red]ArtifactInvalid[/red]: {e.reason} (nothing written at {path})")
+        console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
         raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
     except ArtifactUnavailable as e:
-        console.print(f"[red]ArtifactUnavailable[/red]: {e}")
+        console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
         raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
     size = sum(f.size for f in manifest.files)
     console.print(
@@ -174,6 +176,8 @@ async def _export_rounds(
     import asyncio
     import os
     import socket
+
+    from rich.markup import escape
 
     from waymark.clock import SystemClock
     from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
@@ -207,7 +211,7 @@ async def _export_rounds(
                 f" (pruned {len(report.pruned)})"
             )
         elif report.result is RoundResult.Failed:
-            console.print(f"[yellow]export round failed[/yellow]: {report.error}")
+            console.print(f"[yellow]export round failed[/yellow]: {escape(str(report.error))}")
         elif report.result is RoundResult.SupersededByNewer:
             console.print("export: superseded by a newer artifact")
 
