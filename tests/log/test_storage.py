@@ -348,3 +348,72 @@ def test_a_write_only_fsync_topic_does_not_accumulate_sync_bookkeeping(tmp_path:
     # Nobody read the topic: only the appends still waiting for their sync are remembered.
     assert len(engine._topics["f"].unsynced) <= 1
     shut(engine, store)
+
+
+# --- ephemeral topics skip the WAL for records and their deletions ----------------------------
+
+
+class SyncGate(FileIO):
+    """Fault injector: while ``held`` is set, every fdatasync of the WAL waits for it to
+    clear — a disk that takes as long as the test says to make anything durable."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.released = threading.Event()
+        self.released.set()
+
+    def hold(self) -> None:
+        self.released.clear()
+        self.held.set()
+
+    def release(self) -> None:
+        self.held.clear()
+        self.released.set()
+
+    def fdatasync(self, fd: int) -> None:
+        self.released.wait()
+        super().fdatasync(fd)
+
+
+def test_an_ephemeral_delete_writes_no_wal_frame_and_waits_for_no_sync(tmp_path: Path) -> None:
+    import httpx
+
+    from waymark.server import App
+
+    gate = SyncGate()
+    engine, store, _ = open_engine(tmp_path, shards=1, fileio=gate)  # every topic, one shard
+    wal = store.wal
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=App(engine=engine, store=store))
+        async with httpx.AsyncClient(transport=transport, base_url="http://waymark") as http:
+            put = await http.put("/v0/topics/e", json={"durability": "ephemeral"})
+            assert put.status_code == 201
+            for tag in ("a", "b", "a", "b"):
+                await http.post("/v0/topics/e/records", json={"records": [{"data": 1, "tag": tag}]})
+            await http.put("/v0/topics/d", json={"durability": "disk"})
+            gate.hold()  # from now on nothing becomes durable, and the shard has frames
+            engine.append("d", [RecordIn.of(1)])  # waiting for their sync, as under load
+            frames_before = wal.submitted()
+            delete = http.post("/v0/topics/e/delete", json={"match": "a"})
+            response = await asyncio.wait_for(delete, 10)
+            assert response.status_code == 200 and response.json()["deleted"] == 2
+            assert wal.submitted() == frames_before, "an ephemeral delete reached the WAL"
+            assert [r["data"] for r in engine.diff("e", 0).records()] == [1, 1]
+            # The injector does hold syncs: a disk topic's delete still waits for its frame.
+            disk_delete = asyncio.ensure_future(http.post("/v0/topics/d/delete",
+                                                          json={"before_seq": 2}))  # fmt: skip
+            for _ in range(50):  # every step the in-process request can take without a sync
+                await asyncio.sleep(0)
+            assert not disk_delete.done() and wal.submitted() == frames_before + 1
+            gate.release()
+            assert (await disk_delete).status_code == 200
+            # A queue's acks are deletions too: an ephemeral queue's never reach the WAL.
+            engine.delete_seqs("e", [2])
+            assert wal.submitted() == frames_before + 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.release()
+    shut(engine, store)

@@ -265,19 +265,23 @@ class Engine:
         topic = self._existing(name)
         bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
         now = self.clock.now_ms()
-        frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
-        self._write(name, frame)
+        commit = None
+        if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
+            frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
+            commit = self._write(name, frame)
         result = topic.delete(bound, match, now)
         self._commit(topic)
-        return result
+        return replace(result, commit=commit)
 
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResult:
         """Permanently delete exactly ``seqs`` (§7): how a queue acks and dead-letters."""
         topic = self._existing(name)
-        self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
+        commit = None
+        if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
+            commit = self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
         result = topic.delete_seqs(seqs, self.clock.now_ms())
         self._commit(topic)
-        return result
+        return replace(result, commit=commit)
 
     # --- queues (§10): thin entry points; the lease logic is waymark.log.queue -------
     def claim(
@@ -400,9 +404,8 @@ class Engine:
         if self.recovering is not None:
             self.recovering.finish(name)
 
-    def _write(self, name: str, frame: bytes) -> None:
-        if self.journal is not None:
-            self.journal.write(name, frame)
+    def _write(self, name: str, frame: bytes) -> Commit | None:
+        return self.journal.write(name, frame) if self.journal is not None else None
 
     def _write_topic(self, topic: Topic) -> None:
         self._write(
