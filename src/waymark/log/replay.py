@@ -84,10 +84,14 @@ def finish(engine: Engine) -> None:
     Seqs between the last recovered record and the ceiling may belong to records
     that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
     reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
-    producer or reader saw, so it just moves past them.
+    producer or reader saw, so it just moves past them. An ephemeral topic comes
+    back empty whatever a checkpoint knew of it (§2.2).
     """
     engine.routers.settle_recovered()
     for topic in engine._topics.values():
+        if topic.config.durability is Durability.EPHEMERAL:
+            topic.lose_resident_records()
+            continue
         if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
             continue  # memory topics carry no ceiling: their head may regress (§2.2)
         if topic.config.durability is not Durability.FSYNC:

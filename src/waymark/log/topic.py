@@ -615,6 +615,21 @@ class Topic:
         self._settle_front()
         return hole
 
+    def lose_resident_records(self) -> None:
+        """After a restart, an ephemeral topic holds no record (§2.2), yet keeps its head
+        so no seq is handed out twice. Its records from the front up to the ceiling (what
+        may have been handed out) are gone: a reader that had not passed them gets a
+        ``lost`` tombstone; what was deleted or tombstoned before stays as it was."""
+        hi = max(self.ceiling, self.head_seq)
+        if self.front <= hi:
+            self.holes = [h for h in self.holes if h.hi < self.front]  # the new one covers them
+            self.holes.append(Hole(self.front, hi))
+        self.next_seq = self.front = hi + 1
+        self.chunks.clear()
+        self._bases.clear()
+        self.tag_index.clear()
+        self.live_count = self.live_bytes = 0
+
     @staticmethod
     def _reader_node_ids(chunk: Chunk, nodes: frozenset[str] | None) -> frozenset[int] | None:
         """The reader's own node ids in ``chunk``'s table (None: nothing to drop)."""
