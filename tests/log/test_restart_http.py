@@ -4,17 +4,23 @@ cursors are told afterwards, and which seqs new records get (docs/durability.md)
 - ``ephemeral``: a clean restart (SIGTERM: exact heads, a checkpoint) brings the topic
   back empty with its head kept; records live before the restart read as a ``lost``
   gap to a reader that had not passed them, and deleted ones stay silent.
+- ``disk``: a SIGKILL while the topic is idle loses nothing, so readers are told of
+  no loss: the seq ceiling of an idle topic is its exact head.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
+
+from waymark.log.storage.frames import FrameKind, scan
 
 
 def diff(http: httpx.Client, topic: str, from_seq: int) -> dict[str, Any]:
@@ -78,3 +84,51 @@ def test_an_ephemeral_topic_after_a_clean_restart(
         assert after["seqs"] == [7]
         event, data = first_event(http, "e", 6)
         assert event == "record" and (data["$seq"], data["data"]) == (7, "new")
+
+
+def journaled_ceiling(data_dir: Path, topic: str) -> int | None:
+    """The last seq ceiling the server's WAL holds for ``topic`` (what a SIGKILL keeps:
+    it loses only frames the server never wrote)."""
+    ceiling = None
+    for path in sorted((data_dir / "wal").glob("shard-*/*.wal")):
+        frames, _ = scan(path.read_bytes(), path)
+        for frame in frames:
+            if frame.kind is FrameKind.HEAD and orjson.loads(frame.payload)["name"] == topic:
+                ceiling = orjson.loads(frame.payload)["ceiling"]
+    return ceiling
+
+
+def test_a_sigkill_while_idle_reports_nothing_lost(
+    tmp_path: Path, spawn_server: Callable[..., Any]
+) -> None:
+    data_dir = tmp_path / "data"
+    server = spawn_server(data_dir, "--checkpoint-interval-s", "3600")  # all in the WAL
+    expected = []
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        for batch in range(6):  # a burst: the ceiling runs ahead of the head meanwhile
+            body = {"records": [{"data": [batch, i]} for i in range(50)]}
+            response = http.post("/v0/topics/d/records", json=body)
+            assert response.status_code == 200 and response.json()["durability"] == "disk"
+            expected += body["records"]
+        head = response.json()["head_seq"]
+    assert head == 300
+    # Idle now: the server writes the exact head within a few trim passes (50 ms each).
+    deadline = time.monotonic() + 5
+    while journaled_ceiling(data_dir, "d") != head and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait()
+    server = spawn_server(data_dir)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        records, cursor = [], 0
+        while True:
+            page = diff(http, "d", cursor)
+            assert page["tombstone"] is None, f"told of a loss that never happened: {page}"
+            records += page["records"]
+            cursor = page["next_from_seq"]
+            if page["caught_up"]:
+                break
+        assert [r["$seq"] for r in records] == list(range(1, 301))
+        assert [r["data"] for r in records] == [r["data"] for r in expected]
+        after = http.post("/v0/topics/d/records", json={"records": [{"data": "next"}]})
+        assert after.json()["seqs"] == [301]  # continues right above the head

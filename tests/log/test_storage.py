@@ -173,18 +173,107 @@ def test_ephemeral_records_are_lost_on_restart_but_never_silently(tmp_path: Path
 
 
 def test_a_crash_never_lets_a_seq_be_reused(tmp_path: Path) -> None:
-    engine, wal = reopen(tmp_path)
-    for i in range(10):
+    engine, wal = reopen(tmp_path, clock=ManualClock())  # a burst: the ceiling leads
+    for i in range(12):
         engine.append("d", [RecordIn.of(i)])
+    assert engine._topics["d"].ceiling > 12
     shut(engine, wal, clean=False)  # no exact head: only the synced ceiling is known
     engine, wal = reopen(tmp_path)
-    assert seqs(engine, "d") == list(range(1, 11))
+    assert seqs(engine, "d") == list(range(1, 13))
     new = engine.append("d", [RecordIn.of("after")]).seqs[0]
-    assert new > 10
-    page = engine.diff("d", 10)
+    assert new > 13
+    page = engine.diff("d", 12)
     assert page.tombstone is not None and page.tombstone.reason == "lost"
     assert page.tombstone.gap_to == new - 1 and [r["$seq"] for r in page.records()] == [new]
+    # What may have been lost is bounded by what the burst handed out, not a fixed block.
+    assert page.tombstone.gap_to - page.tombstone.gap_from + 1 <= 12
     shut(engine, wal)
+
+
+def test_a_crash_while_idle_reports_nothing_lost(tmp_path: Path) -> None:
+    engine, wal = reopen(tmp_path, clock=ManualClock())
+    for i in range(12):
+        engine.append("d", [RecordIn.of(i)])
+    assert engine.trim_ceilings() == 0  # written since the previous pass: not idle yet
+    assert engine.trim_ceilings() == 1  # nothing handed out since: its ceiling is its head
+    shut(engine, wal, clean=False)
+    engine, wal = reopen(tmp_path)
+    new = engine.append("d", [RecordIn.of("after")])
+    assert new.seqs == [13] and new.must_sync  # above the durable ceiling: the ack waits
+    assert seqs(engine, "d") == list(range(1, 14))
+    assert engine.diff("d", 0, limit=100).tombstone is None
+    shut(engine, wal)
+
+
+class UnsyncedWritesLost(FileIO):
+    """Fault injector: a disk whose writes reach the file only at fdatasync, while
+    ``hold`` keeps every sync waiting. :meth:`crash` then drops what was never synced,
+    as a power cut does, and lets the WAL threads end."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, list[bytes]] = {}
+        self.released = threading.Event()
+        self.released.set()
+        self.crashed = False
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self.pending.setdefault(fd, []).append(bytes(data))
+        return len(data)
+
+    def fdatasync(self, fd: int) -> None:
+        self.released.wait()
+        for data in self.pending.pop(fd, []):
+            if not self.crashed:
+                super().write(fd, data)
+        super().fdatasync(fd)
+
+    def hold(self) -> None:
+        self.released.clear()
+
+    def crash(self) -> None:
+        self.crashed = True
+        self.released.set()
+
+
+def test_acknowledged_records_lost_in_a_crash_read_as_a_bounded_gap(tmp_path: Path) -> None:
+    disk = UnsyncedWritesLost()
+    engine, store, _ = open_engine(tmp_path, clock=ManualClock(), fileio=disk)
+
+    async def acked(data: int) -> int:
+        result = engine.append("d", [RecordIn.of(data)])
+        if result.must_sync:
+            await result.commit.wait()  # type: ignore[union-attr]
+        return result.seqs[0]
+
+    async def scenario() -> int:
+        for i in range(1, 9):  # a burst: the durable ceiling leads the head
+            assert await acked(i) == i
+        ceiling = engine._topics["d"].ceiling
+        assert ceiling > 8
+        await asyncio.to_thread(store.sync_blocking)  # 1..8 are on disk
+        disk.hold()  # nothing reaches the disk from now on
+        # Acknowledged at once (under the durable ceiling) and readable: then lost.
+        for i in range(9, ceiling + 1):
+            result = engine.append("d", [RecordIn.of(i)])
+            assert not result.must_sync and result.seqs == [i]
+        assert [r["$seq"] for r in engine.diff("d", 0, limit=100).records()][-1] == ceiling
+        # Above it: not acknowledged until the new ceiling is durable.
+        beyond = engine.append("d", [RecordIn.of(0)])
+        assert beyond.must_sync and beyond.seqs == [ceiling + 1]
+        return ceiling
+
+    ceiling = asyncio.run(scenario())
+    disk.crash()
+    store.close()
+    engine, store, _ = open_engine(tmp_path)
+    assert seqs(engine, "d", 0)[:8] == list(range(1, 9))
+    page = engine.diff("d", 8)
+    # The acknowledged 9..ceiling are gone and reported; the seq above the ceiling,
+    # never acknowledged, is handed out again.
+    assert page.tombstone is not None and page.tombstone.reason == "lost"
+    assert (page.tombstone.gap_from, page.tombstone.gap_to) == (9, ceiling)
+    assert engine.append("d", [RecordIn.of("next")]).seqs == [ceiling + 1]
+    shut(engine, store)
 
 
 # --- a disk that fills up -----------------------------------------------------------------
@@ -414,6 +503,27 @@ def test_an_ephemeral_delete_writes_no_wal_frame_and_waits_for_no_sync(tmp_path:
 
     try:
         asyncio.run(scenario())
+    finally:
+        gate.release()
+    shut(engine, store)
+
+
+def test_no_ack_under_a_seq_ceiling_before_it_is_durable(tmp_path: Path) -> None:
+    """A disk append is acknowledged at once only under a ceiling already synced: one
+    that a raise just wrote could still be lost with it, and its seqs handed out again."""
+    gate = SyncGate()
+    engine, store, _ = open_engine(tmp_path, clock=ManualClock(), fileio=gate)
+    engine.put_topic("d", ConfigPatch(durability=Durability.DISK))
+    store.sync_blocking()
+    try:
+        gate.hold()
+        raised = engine.append("d", [RecordIn.of(1), RecordIn.of(2)])
+        assert raised.must_sync and engine._topics["d"].ceiling > 3  # it leads the head
+        under = engine.append("d", [RecordIn.of(3)])  # under the ceiling, not yet synced
+        assert under.must_sync
+        gate.release()
+        store.sync_blocking()
+        assert not engine.append("d", [RecordIn.of(4)]).must_sync  # under a synced one
     finally:
         gate.release()
     shut(engine, store)

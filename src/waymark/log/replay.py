@@ -89,12 +89,15 @@ def finish(engine: Engine) -> None:
     """
     engine.routers.settle_recovered()
     for topic in engine._topics.values():
-        if topic.config.durability is Durability.EPHEMERAL:
+        durability = topic.config.durability
+        # (memory topics carry no ceiling: their head may regress, §2.2)
+        if durability is Durability.EPHEMERAL:
             topic.lose_resident_records()
-            continue
-        if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
-            continue  # memory topics carry no ceiling: their head may regress (§2.2)
-        if topic.config.durability is not Durability.FSYNC:
-            topic.holes.append(Hole(topic.next_seq, topic.ceiling))
-        topic.next_seq = topic.ceiling + 1
-        topic._settle_front()
+        elif durability is not Durability.MEMORY and topic.ceiling >= topic.next_seq:
+            if durability is not Durability.FSYNC:
+                topic.holes.append(Hole(topic.next_seq, topic.ceiling))
+            topic.next_seq = topic.ceiling + 1
+            topic._settle_front()
+        # Restarted, a topic is idle: its next ceiling leads by what it hands out from here.
+        topic.idle_from = topic.reserved_from = topic.head_seq
+        topic.durable_ceiling = topic.ceiling  # read back from disk

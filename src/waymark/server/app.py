@@ -21,6 +21,10 @@ from .routers import Forwarder, RouterApi
 from .routing import Route, Router
 from .staging import StagingApi
 
+# Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
+# exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
+TRIM_INTERVAL_S = 0.05
+
 
 class App:
     """The waymark HTTP server as an ASGI callable.
@@ -48,6 +52,7 @@ class App:
         self.store = store
         self.checkpoint_interval_s = checkpoint_interval_s
         self._checkpoints: asyncio.Task[None] | None = None
+        self._trims: asyncio.Task[None] | None = None
         self._recovery: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
@@ -141,11 +146,14 @@ class App:
                     self._recovery = asyncio.create_task(self._recover_gradually())
                 if self.store is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
+                    self._trims = asyncio.create_task(self._trim_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
+                if self._trims is not None:
+                    self._trims.cancel()
                 if self._recovery is not None:
                     self._recovery.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
@@ -169,6 +177,11 @@ class App:
                 self.metrics.checkpoints += 1
             finally:
                 checkpointer.running.release()
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            self.engine.trim_ceilings()
 
     async def _recover_gradually(self) -> None:
         """Apply the WAL frames recovery set aside for memory topics a step at a time,
