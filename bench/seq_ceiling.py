@@ -53,9 +53,13 @@ async def engine_figures(seconds: float, sporadic: int) -> dict[str, float]:
 
         trimming = asyncio.ensure_future(trimmer())
 
+        waits = 0
+
         async def append(topic: str, batch: list) -> None:
+            nonlocal waits
             result = engine.append(topic, batch)
             if result.must_sync and result.commit is not None:
+                waits += 1
                 await result.commit.wait()
 
         async def producer(topic: str, batch: list, until: float) -> int:
@@ -73,8 +77,10 @@ async def engine_figures(seconds: float, sporadic: int) -> dict[str, float]:
             topic = f"t-{len(figures)}"
             engine.put_topic(topic, ConfigPatch(durability=Durability.DISK))
             until = time.perf_counter() + seconds
+            waits = 0
             counts = await asyncio.gather(*(producer(topic, batch, until) for _ in range(tasks)))
             figures[f"engine {name}: records/s"] = sum(counts) * len(batch) / seconds
+            figures[f"engine {name}: acks waiting/s"] = waits / seconds
         engine.put_topic("sporadic", ConfigPatch(durability=Durability.DISK))
         latencies = []
         for _ in range(sporadic):

@@ -52,8 +52,9 @@ def test_one_wal_write_per_source_append_whatever_the_fan_out(tmp_path: Path) ->
     assert counts[("src", FrameKind.RECORDS)] == 10
     for i in range(8):
         assert ("d" + str(i), FrameKind.RECORDS) not in counts  # copies are derived
-        # A few seq reservations cover them: each leads by what was handed out before.
-        assert counts[(f"d{i}", FrameKind.HEAD)] <= 4
+        # A few seq reservations cover them, fewer than the appends: each one leads by
+        # what the dest was handed out before it.
+        assert counts[(f"d{i}", FrameKind.HEAD)] <= 8
 
 
 def test_a_crash_re_derives_copies_made_since_the_checkpoint(tmp_path: Path) -> None:

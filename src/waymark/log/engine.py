@@ -471,9 +471,11 @@ class Engine:
         pending = topic.ceiling_commit
         if pending is not None and pending.durable:
             topic.durable_ceiling, topic.ceiling_commit, pending = topic.ceiling, None, None
-        # Raised early, once half the lead is used, so that under steady appends the new
-        # ceiling is durable before anyone needs it.
-        if last > topic.ceiling or (pending is None and last > topic.refill_at):
+        # Raised early, once a quarter of the lead is used, so that under steady appends
+        # the new ceiling is durable before anyone needs it; raised again when an append
+        # must wait anyway, so that one wait buys a whole lead from here.
+        stalled = last > topic.durable_ceiling
+        if last > topic.ceiling or (last > topic.refill_at and (pending is None or stalled)):
             # Lead by RESERVE_WINDOW_MS of appends at the rate since the previous raise
             # (falling by half at most per raise, so one slow sync does not shrink it to
             # nothing), but never by more than the topic handed out since it was last
@@ -484,10 +486,10 @@ class Engine:
             commit = self._write(topic.name, frames.head_frame(topic.name, topic.epoch,
                                                                 last + lead))  # fmt: skip
             topic.ceiling, topic.ceiling_commit, topic.lead = last + lead, commit, lead
-            topic.refill_at = last + lead // 2
+            topic.refill_at = last + lead // 4
             topic.reserved_from, topic.reserved_at = last, now
             self._ahead[topic.name] = topic
-        return last > topic.durable_ceiling
+        return stalled
 
     def _latest(self, name: str) -> Commit | None:
         return self.journal.latest(name) if self.journal is not None else None
