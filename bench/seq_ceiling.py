@@ -10,7 +10,8 @@ and ratios from one run, each variant measured in its own process, alternating.
   of 1-record and of 100-record appends back to back; 32 concurrent producers of one
   record each; and a sporadic producer, one record every 150 ms, timed from the append
   to its ack. Where the engine has ``trim_ceilings`` a task calls it every 50 ms, as
-  ``waymark serve`` does.
+  ``waymark serve`` does. Besides records/s: the process's CPU per record, and how many
+  acks had to wait for a sync.
 - ``http``: a real ``waymark serve --data-dir`` process; one keep-alive client of
   1-record appends back to back, and one record every 150 ms (request to answer).
 """
@@ -77,9 +78,13 @@ async def engine_figures(seconds: float, sporadic: int) -> dict[str, float]:
             topic = f"t-{len(figures)}"
             engine.put_topic(topic, ConfigPatch(durability=Durability.DISK))
             until = time.perf_counter() + seconds
-            waits = 0
+            waits, cpu = 0, time.process_time()
             counts = await asyncio.gather(*(producer(topic, batch, until) for _ in range(tasks)))
-            figures[f"engine {name}: records/s"] = sum(counts) * len(batch) / seconds
+            records = sum(counts) * len(batch)
+            figures[f"engine {name}: records/s"] = records / seconds
+            # CPU of the whole process (the WAL writer included) per record: what the
+            # other tenants of a shared machine disturb least.
+            figures[f"engine {name}: CPU ns/record"] = (time.process_time() - cpu) / records * 1e9
             figures[f"engine {name}: acks waiting/s"] = waits / seconds
         engine.put_topic("sporadic", ConfigPatch(durability=Durability.DISK))
         latencies = []
