@@ -8,10 +8,13 @@ import contextlib
 import errno
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TagMatch, TopicError
@@ -527,3 +530,83 @@ def test_no_ack_under_a_seq_ceiling_before_it_is_durable(tmp_path: Path) -> None
     finally:
         gate.release()
     shut(engine, store)
+
+
+# --- ephemeral restarts, from every reader's point of view ------------------------------------
+
+EPHEMERAL_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 4), st.sampled_from(["a", "b", None])),
+        st.tuples(st.just("delete_below"), st.integers(0, 30), st.none()),
+        st.tuples(st.just("delete_tag"), st.just(0), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("cap"), st.integers(0, 6), st.none()),
+    ),
+    max_size=14,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=EPHEMERAL_OPS, restart=st.sampled_from(["sigterm", "checkpoint_then_kill", "kill"]))
+def test_an_ephemeral_restart_tells_each_reader_of_exactly_its_loss(
+    ops: list[tuple[str, int, str | None]], restart: str
+) -> None:
+    """After any restart an ephemeral topic is empty with its head kept. A reader at any
+    cursor is told (a tombstone) of every record that was live past it, and, when the
+    restart knew the topic (a checkpoint), of nothing else: deletions stay silent."""
+    status: dict[int, str] = {}  # seq -> live | deleted | cap
+    tags: dict[int, str | None] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, store = reopen(Path(tmp), clock=ManualClock())
+        engine.put_topic("e", ConfigPatch(durability=Durability.EPHEMERAL))
+        for op, n, tag in ops:
+            live = [s for s in sorted(status) if status[s] == "live"]
+            if op == "append":
+                seqs = engine.append("e", [RecordIn.of(0, tag=tag)] * n).seqs
+                status.update(dict.fromkeys(seqs, "live"))
+                tags.update(dict.fromkeys(seqs, tag))
+            elif op == "delete_below":
+                engine.delete("e", before_seq=n)
+                status.update(dict.fromkeys((s for s in live if s < n), "deleted"))
+            elif op == "delete_tag":
+                engine.delete("e", match=TagMatch.parse(tag))
+                status.update(dict.fromkeys((s for s in live if tags[s] == tag), "deleted"))
+            else:
+                engine.put_topic("e", ConfigPatch(cap_records=n))
+            live = [s for s in sorted(status) if status[s] == "live"]
+            cap = engine.get_topic("e").config.cap_records
+            if cap and len(live) > cap:
+                status.update(dict.fromkeys(live[: len(live) - cap], "cap"))
+        head = engine.get_topic("e").head_seq
+        if restart == "sigterm":  # what waymark serve does on SIGTERM
+            engine.close()
+        if restart != "kill":
+            store.checkpoint(engine)
+        store.sync_blocking()
+        store.close()
+        engine, store = reopen(Path(tmp))
+        state = engine.get_topic("e")
+        assert state.count == 0 and state.head_seq >= head
+        exact = restart != "kill"  # the catalog knew the topic's front and floors
+        if restart == "sigterm":
+            assert state.head_seq == head  # exact heads: no lead
+        # Seqs above the old head are the ceiling's lead, left by a kill: never more than
+        # the topic handed out (it was never idle here).
+        lead = set(range(head + 1, state.head_seq + 1))
+        assert len(lead) <= head
+        for cursor in range(head + 1):
+            told: set[int] = set()
+            page = engine.diff("e", cursor)
+            for _ in range(10):
+                assert page.records() == []
+                if page.tombstone is not None:
+                    told.update(range(page.tombstone.gap_from, page.tombstone.gap_to + 1))
+                if page.caught_up:
+                    break
+                page = engine.diff("e", page.next_from_seq)
+            assert page.caught_up
+            gone = {s for s, st_ in status.items() if s > cursor and st_ in ("live", "cap")}
+            assert gone <= told, f"reader at {cursor} not told of {sorted(gone - told)}"
+            if exact and not gone:
+                assert told <= lead, f"reader at {cursor} told of a loss that never happened"
+        assert engine.append("e", [RecordIn.of("next")]).seqs == [state.head_seq + 1]
+        shut(engine, store)
