@@ -284,12 +284,11 @@ class Engine:
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResult:
         """Permanently delete exactly ``seqs`` (§7): how a queue acks and dead-letters."""
         topic = self._existing(name)
-        commit = None
         if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
-            commit = self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
+            self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
         result = topic.delete_seqs(seqs, self.clock.now_ms())
         self._commit(topic)
-        return replace(result, commit=commit)
+        return result
 
     # --- queues (§10): thin entry points; the lease logic is waymark.log.queue -------
     def claim(

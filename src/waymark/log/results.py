@@ -113,7 +113,7 @@ class DeleteResult:
     head_seq: int
     count: int
     bytes: int
-    # The journal commit an acknowledgement of this delete waits for; None when there is
+    # The journal commit an acknowledgement of Engine.delete waits for; None when there is
     # none: in memory, or an ephemeral topic, whose deletes skip the WAL (§2.2).
     commit: Commit | None = None
 
