@@ -136,7 +136,8 @@ class DeleteResult:
     count: int
     bytes: int
     # The journal commit an acknowledgement of Engine.delete waits for; None when there is
-    # none: in memory, or an ephemeral topic, whose deletes skip the WAL (docs/semantics/topics.md §2.2).
+    # none: in memory, or an ephemeral topic, whose deletes skip the WAL
+    # (docs/semantics/topics.md §2.2).
     commit: Commit | None = None
 
     def to_wire(self) -> dict[str, Any]:

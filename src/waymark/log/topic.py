@@ -635,7 +635,8 @@ class Topic:
         return hole
 
     def lose_resident_records(self) -> None:
-        """After a restart, an ephemeral topic holds no record (docs/semantics/topics.md §2.2), yet keeps its head
+        """After a restart, an ephemeral topic holds no record
+        (docs/semantics/topics.md §2.2), yet keeps its head
         so no seq is handed out twice. Its records from the front up to the ceiling (what
         may have been handed out) are gone: a reader that had not passed them gets a
         ``lost`` tombstone; what was deleted or tombstoned before stays as it was."""
