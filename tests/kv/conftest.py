@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# moto's S3 server and a store URL per backend (file://, s3://), shared with tests/objstore.
+from tests.objstore.s3 import moto_s3, s3_url, store_url  # noqa: F401
+
 from waymark.kv import Connection, NatsConnectionConfig, open_store
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.protocol import SnapshotStore

@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waymark.kv.guards import delivery_is_gap, resume_window_ok, resume_within_stream
+from waymark.kv.guards import (
+    POINTER_ABSENT,
+    PointerState,
+    delivery_is_gap,
+    payload_prunable,
+    pointer_publish_allowed,
+    resume_window_ok,
+    resume_within_stream,
+)
 
 seqs = st.integers(min_value=0, max_value=2**64 - 2)
 
@@ -33,3 +41,36 @@ def test_cursor_beyond_last_sequence_is_refused(revision: int, last: int) -> Non
 @given(frontier=seqs, step=st.integers(min_value=1, max_value=5))
 def test_only_a_skip_is_a_gap(frontier: int, step: int) -> None:
     assert delivery_is_gap(frontier, frontier + step) == (step > 1)
+
+
+def test_pointer_publish_allowed_boundaries() -> None:
+    assert pointer_publish_allowed(POINTER_ABSENT, 0)  # an open slot
+    assert pointer_publish_allowed(PointerState(True, None), 0)  # corrupt: replaceable
+    assert pointer_publish_allowed(PointerState(True, 7), 7)  # equal: allowed
+    assert pointer_publish_allowed(PointerState(True, 7), 8)
+    assert not pointer_publish_allowed(PointerState(True, 7), 6)  # stale publish refused
+
+
+@given(current=st.one_of(st.none(), seqs), candidate=seqs)
+def test_a_publish_is_refused_exactly_when_it_would_regress(
+    current: int | None, candidate: int
+) -> None:
+    state = PointerState(True, current)
+    assert pointer_publish_allowed(state, candidate) == (current is None or candidate >= current)
+
+
+@given(
+    payload=st.one_of(st.none(), seqs),
+    pointer=seqs,
+    target=st.booleans(),
+    aged=st.booleans(),
+)
+def test_only_an_aged_non_target_payload_strictly_below_the_pointer_is_prunable(
+    payload: int | None, pointer: int, target: bool, aged: bool
+) -> None:
+    prunable = payload_prunable(payload, pointer, target, aged)
+    assert prunable == (not target and aged and payload is not None and payload < pointer)
+    # Whatever may be pruned can never be published over this pointer afterwards.
+    if prunable:
+        assert payload is not None
+        assert not pointer_publish_allowed(PointerState(True, pointer), payload)

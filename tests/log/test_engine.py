@@ -204,7 +204,7 @@ def test_delete_topic_tears_down_and_recreate_bumps_epoch(engine: Engine) -> Non
     state = engine.get_topic("t")
     # seq restarts at the base, dedupe state and tag index are gone, epoch is new.
     assert result.seqs == [1] and state.epoch > first
-    assert engine.delete("t", match=TagMatch.parse("x")).deleted == 0
+    assert engine.delete("t", match=TagMatch.parse("x")).response.deleted == 0
 
 
 # --- docs/semantics/topics.md §3 priority -----------------------------------------------------
@@ -483,9 +483,9 @@ def test_tag_eq_glob_and_combination(engine: Engine) -> None:
     tags = ["chat-42:1", "chat-42:2", "chat-420", "chat-4", "other", None, "chat-42:3"]
     engine.append("t", [rec(i, tag=t) for i, t in enumerate(tags)])
     assert engine.delete("t", match=TagMatch.parse(["tag", "Glob", "chat-42:*"]),
-                         before_seq=7).deleted == 2
-    assert engine.delete("t", match=TagMatch.parse("chat-4")).deleted == 1
-    result = engine.delete("t", match=TagMatch.parse(["tag", "Eq", "chat-42:3"]))
+                         before_seq=7).response.deleted == 2
+    assert engine.delete("t", match=TagMatch.parse("chat-4")).response.deleted == 1
+    result = engine.delete("t", match=TagMatch.parse(["tag", "Eq", "chat-42:3"])).response
     assert result.deleted == 1
     assert [r["$seq"] for r in engine.diff("t", 0).records()] == [3, 5, 6]
     assert (result.count, result.earliest_seq, result.head_seq) == (3, 3, 7)
@@ -511,8 +511,8 @@ def test_delete_never_counts_already_gone_records(engine: Engine) -> None:
     engine.put_topic("t", ConfigPatch(cap_records=2))
     for i in range(5):
         engine.append("t", [rec(i, tag="x")])
-    assert engine.delete("t", match=TagMatch.parse("x")).deleted == 2
-    assert engine.delete("t", before_seq=100).deleted == 0
+    assert engine.delete("t", match=TagMatch.parse("x")).response.deleted == 2
+    assert engine.delete("t", before_seq=100).response.deleted == 0
 
 
 def test_listener_sees_every_commit(engine: Engine) -> None:

@@ -31,8 +31,10 @@ from hypothesis.stateful import (
 )
 
 from waymark.clock import ManualClock
-from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
+from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
 from waymark.log import chunk as chunk_module
+from waymark.log import engine as engine_module
+from waymark.log import journal as journal_module
 from waymark.log.chunk import Chunk
 from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import checkpoint as checkpoint_module
@@ -75,7 +77,12 @@ class Model:
     next_seq: int = 1
     cap_records: int = 0
     ttl_ms: int = 0
-    holes: list[tuple[int, int]] = field(default_factory=list)  # seqs skipped by a crash
+    # Seqs skipped by a crash: (lo, hi, the most the model says that crash could lose).
+    holes: list[tuple[int, int, int]] = field(default_factory=list)
+    # Seqs handed out since the topic was last idle (two trim passes with no seq handed
+    # out between them): what a crash may take, since everything before is synced.
+    idle_head: int = 0
+    pass_mark: int = 0  # next_seq at the previous trim pass
 
     @property
     def head(self) -> int:
@@ -88,7 +95,11 @@ class Model:
         live = self.live()
         return live[0].seq if live else self.head + 1
 
-    def hole_after(self, cursor: int) -> tuple[int, int] | None:
+    @property
+    def exposed(self) -> int:
+        return self.head - self.idle_head
+
+    def hole_after(self, cursor: int) -> tuple[int, int, int] | None:
         return next((h for h in self.holes if h[1] > cursor), None)
 
     def lost(self) -> list[ModelRecord]:
@@ -164,7 +175,7 @@ class NoSilentLoss(RuleBasedStateMachine):
         if before is None and match is None:
             return
         selector = TagMatch.parse(match) if match is not None else None
-        result = self.engine.delete(TOPIC, before_seq=before, match=selector)
+        result = self.engine.delete(TOPIC, before_seq=before, match=selector).response
         m = self.model
         bound = m.next_seq if before is None else min(m.next_seq, before)
         deleted = 0
@@ -222,6 +233,9 @@ class NoSilentLoss(RuleBasedStateMachine):
                 # Seqs a crash skipped read like eviction: a tombstone, never silence.
                 assert tomb is not None and tomb.reason == "lost", f"silent crash hole {hole}"
                 assert (tomb.gap_from, tomb.gap_to) == (reader.cursor + 1, hole[1])
+                assert tomb.gap_to - tomb.gap_from + 1 <= hole[2], (
+                    f"told of {tomb.gap_to - tomb.gap_from + 1} lost seqs; at most "
+                    f"{hole[2]} could have been lost")
                 effective = hole[1]
             else:
                 assert tomb is None, f"tombstone {tomb} without involuntary loss"
@@ -345,7 +359,9 @@ def test_catches_a_read_that_skips_the_node_filter_boundary(
 class DurableNoSilentLoss(NoSilentLoss):
     """The machine above over durable storage, with checkpoints and restarts thrown in:
     every watermark, floor, deletion and epoch must come back exactly as it was, and a
-    crash may only skip seqs — which readers must then see as a ``lost`` tombstone."""
+    crash may only skip seqs — which readers must then see as a ``lost`` tombstone, and
+    never more of them than the topic handed out since it was last idle (everything
+    before that was synced, so only those could have been lost)."""
 
     def open(self) -> Engine:
         self.directory = Path(tempfile.mkdtemp(prefix="waymark-machine-"))
@@ -354,24 +370,44 @@ class DurableNoSilentLoss(NoSilentLoss):
 
     @rule()
     def checkpoint(self) -> None:
+        """The server's background work: a trim pass, and a checkpoint."""
+        self.trim_pass()
         self.store.checkpoint(self.engine)
 
-    @rule(clean=st.booleans())
-    def restart(self, clean: bool) -> None:
+    def trim_pass(self) -> None:
+        """A topic idle since the previous pass gets its ceiling trimmed to its head, so
+        the model's exposure starts again from there."""
+        self.engine.trim_ceilings()
+        m = self.model
+        if m.next_seq == m.pass_mark:
+            m.idle_head = m.head
+        m.pass_mark = m.next_seq
+
+    @rule(clean=st.booleans(), idle=st.booleans())
+    def restart(self, clean: bool, idle: bool) -> None:
+        if idle:  # the crash comes after the topic sat idle for two passes
+            self.trim_pass()
+            self.trim_pass()
         if clean:
             self.engine.close()  # exact heads: no skipped seqs
         self.store.sync_blocking()  # an in-process "crash" loses no synced frame
         self.store.close()
-        before = self.model.next_seq
+        m = self.model
+        before = m.next_seq
         self.engine, self.store, _ = open_engine(self.directory, clock=self.clock)
         after = self.engine.get_topic(TOPIC, touch=False).next_seq
         if clean:
             assert after == before, "a clean restart skipped seqs"
         else:
             assert after >= before, "a seq could be handed out twice"
+            # The reported gap never exceeds what the crash could have taken.
+            assert after - before <= m.exposed, (
+                f"a crash skipped {after - before} seqs; at most {m.exposed} were handed "
+                "out since the topic was last idle")
             if after > before:
-                self.model.holes.append((before, after - 1))
-                self.model.next_seq = after
+                m.holes.append((before, after - 1, m.exposed))
+                m.next_seq = after
+        m.idle_head, m.pass_mark = m.head, 0  # restarted: idle; no pass has looked yet
 
     def teardown(self) -> None:
         self.store.close()
@@ -403,3 +439,32 @@ def test_catches_a_catalog_that_forgets_the_eviction_floor(
             DurableNoSilentLoss,
             settings=settings(MUTATION_SETTINGS, max_examples=2000),
         )
+
+
+LOST_TOO_MUCH = r"could have been lost|since the topic was last idle"
+
+
+def test_catches_a_fixed_seq_reservation(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: the old fixed block of 4096 seqs ahead of every append that needs more;
+    # a crash then reports thousands of seqs as lost when a few at most could be.
+    def fixed_block(self: Engine, topic: Topic, last: int, now: int) -> bool:
+        if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
+            return False
+        topic.ceiling = last + engine_module.SEQ_RESERVE
+        self._write(topic.name, journal_module.head_frame(topic.name, topic.epoch, topic.ceiling))
+        return True
+
+    monkeypatch.setattr(Engine, "_reserve", fixed_block)
+    with pytest.raises(AssertionError, match=LOST_TOO_MUCH):
+        run_state_machine_as_test(DurableNoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+def test_catches_ceilings_that_stay_ahead_of_an_idle_topic(
+    small_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: idle topics keep their lead, so a crash while idle reports a gap.
+    monkeypatch.setattr(Engine, "trim_ceilings", lambda self: 0)
+    with pytest.raises(AssertionError, match=LOST_TOO_MUCH):
+        run_state_machine_as_test(DurableNoSilentLoss, settings=MUTATION_SETTINGS)

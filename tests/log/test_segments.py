@@ -3,11 +3,13 @@ recovery from segments + WAL, and crashes at every step of a checkpoint."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import msgspec
-import numpy as np
+import orjson
 import pytest
+import xxhash
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
@@ -15,7 +17,7 @@ from waymark.log import chunk as chunk_module
 from waymark.log.storage.catalog import CATALOG
 from waymark.log.storage.checkpoint import TOPICS
 from waymark.log.storage.recovery import open_engine
-from waymark.log.storage.segment import DELETED_FLAG, SealedChunk, SegmentError
+from waymark.log.storage.segment import SealedChunk, SegmentError
 from waymark.log.storage.store import Store
 
 
@@ -47,6 +49,29 @@ def everything(engine: Engine, topic: str) -> tuple[list[dict], list[dict]]:
             return records, tombstones
 
 
+def data_frames(path: Path) -> list[tuple[int, dict, int, int]]:
+    """(seq, record, flag byte, the flag's file offset) of every frame of a ``.data``
+    file, parsed here from the layout docs/durability.md documents —
+    ``u32 length | u64 seq | wire JSON | u64 XXH3 | u8 delete flag``, the length counting
+    everything after itself — so a wrong offset helper in the code cannot hide a wrong
+    layout on disk."""
+    raw = path.read_bytes()
+    frames, offset = [], 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<I", raw, offset)
+        body = raw[offset + 4 : offset + 4 + length - 9]  # seq + JSON: what the sum covers
+        (checksum,) = struct.unpack_from("<Q", raw, offset + 4 + length - 9)
+        assert checksum == xxhash.xxh3_64_intdigest(body), f"bad checksum at {offset}"
+        (seq,) = struct.unpack_from("<Q", body)
+        record = orjson.loads(body[8:].removesuffix(b","))
+        assert record["$seq"] == seq
+        flag_at = offset + 4 + length - 1
+        frames.append((seq, record, raw[flag_at], flag_at))
+        offset += 4 + length
+    assert offset == len(raw), "the last frame runs past the end of the file"
+    return frames
+
+
 def segment_files(data_dir: Path) -> list[Path]:
     return sorted((data_dir / TOPICS).glob("*/*.data"))
 
@@ -76,7 +101,7 @@ def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
     # Node filters and tag deletes work on sealed records (tables travel with segments).
     page = engine.diff("t", 0, nodes=frozenset({"n0"}), limit=100)
     assert all(r.get("$node") != "n0" for r in page.records())
-    assert engine.delete("t", match=TagMatch.parse("k1")).deleted == 12
+    assert engine.delete("t", match=TagMatch.parse("k1")).response.deleted == 12
     crash(store)
 
 
@@ -89,9 +114,11 @@ def test_deleted_sealed_records_survive_a_wal_trim_and_restart(tmp_path: Path) -
     store.checkpoint(engine)  # flips the flags, then trims the WAL that held the Delete frame
     sealed = engine._topics["t"].chunks[0]
     assert isinstance(sealed, SealedChunk)
-    raw = np.frombuffer(sealed.data_path.read_bytes(), np.uint8)
-    flags = raw[sealed.flag_offsets(np.arange(sealed.n))]
-    assert list(flags == DELETED_FLAG) == [i % 2 == 0 for i in range(10)]
+    frames = data_frames(sealed.data_path)
+    assert [(seq, record["data"]) for seq, record, _, _ in frames] == [
+        (i + 1, i) for i in range(10)]  # fmt: skip
+    # Deleted: exactly 0xD5; live: the 0x00 the segment was written with.
+    assert [flag for _, _, flag, _ in frames] == [0xD5 if i % 2 == 0 else 0 for i in range(10)]
     assert all(len(p.read_bytes()) < 200 for p in wal_files(tmp_path))  # only the new tail
     crash(store)
     engine, store = reopen(tmp_path)
@@ -106,7 +133,7 @@ def test_any_flag_value_but_the_sentinel_reads_live(tmp_path: Path) -> None:
     store.checkpoint(engine)
     sealed = engine._topics["t"].chunks[0]
     data = bytearray(sealed.data_path.read_bytes())
-    positions = sealed.flag_offsets(np.arange(3))
+    positions = [at for _, _, _, at in data_frames(sealed.data_path)[:3]]
     for position, value in zip(positions, (0xD4, 0x01, 0xD5), strict=True):
         data[position] = value  # a torn flip leaves some other byte: still live
     crash(store)
@@ -228,9 +255,8 @@ def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Pa
     store.checkpoint(engine)
     first = engine._topics["t"].chunks[0]
     assert isinstance(first, SealedChunk) and first.data_path.is_relative_to(cold)
-    raw = np.frombuffer(first.data_path.read_bytes(), np.uint8)
-    assert list(raw[first.flag_offsets(np.arange(first.n))] == DELETED_FLAG) == [
-        i % 2 == 0 for i in range(10)]  # fmt: skip
+    assert [flag for _, _, flag, _ in data_frames(first.data_path)] == [
+        0xD5 if i % 2 == 0 else 0 for i in range(10)]  # fmt: skip
     crash(store)
     engine, store = reopen(data, cold_dir=cold, hot_segments=2)
     assert [r["data"] for r in everything(engine, "t")[0]] == list(range(1, 60, 2))

@@ -53,7 +53,9 @@ def test_one_wal_write_per_source_append_whatever_the_fan_out(tmp_path: Path) ->
     assert counts[("src", FrameKind.RECORDS)] == 10
     for i in range(8):
         assert ("d" + str(i), FrameKind.RECORDS) not in counts  # copies are derived
-        assert counts[(f"d{i}", FrameKind.HEAD)] == 1  # one seq reservation covers them
+        # A few seq reservations cover them, fewer than the appends: each one leads by
+        # what the dest was handed out before it.
+        assert counts[(f"d{i}", FrameKind.HEAD)] <= 8
 
 
 def test_a_crash_re_derives_copies_made_since_the_checkpoint(tmp_path: Path) -> None:
@@ -69,6 +71,7 @@ def test_a_crash_re_derives_copies_made_since_the_checkpoint(tmp_path: Path) -> 
     produce(engine, "src", 4, 5)
     store.sync_blocking()
     engine.forward()
+    store.sync_blocking()  # the dest's seq ceiling for the copies, which fsync readers need
     assert dest_data(engine, "dst") == [1, 2, 3, 4, 5]
     store.sync_blocking()
     store.close()  # a kill after the last sync

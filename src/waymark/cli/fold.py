@@ -1,11 +1,28 @@
-"""``waymark fold``: keep a durable local fold of a NATS KV bucket; ``fold show`` prints one."""
+"""``waymark fold``: keep a durable local fold of a NATS KV bucket; ``fold show`` prints one.
+
+With ``--export-to`` the node also takes part in export rounds (lease, export,
+upload, pointer swap); with ``--bootstrap-from`` a new node starts from the
+published artifact instead of replaying the bucket; ``fold inspect`` shows what
+is published. See docs/kv.md.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from rich.console import Console
+
+    from waymark.kv import ExportRequest, KvStore, SnapshotStore
+
+EXIT_ARTIFACT_INVALID = 3
+EXIT_ARTIFACT_UNAVAILABLE = 4
 
 fold_app = typer.Typer(
     help="Fold a NATS JetStream KV bucket into a local durable store, resuming after restarts.",
@@ -43,6 +60,33 @@ def fold(
     ] = None,
     window_ms: Annotated[int, typer.Option(help="Batch window in milliseconds.")] = 10,
     batch_max: Annotated[int, typer.Option(help="Flush a batch at this many updates.")] = 1000,
+    export_to: Annotated[
+        str | None,
+        typer.Option(
+            help="Take part in export rounds, publishing artifacts to this object store "
+            "(file:///dir or s3://bucket/prefix)."
+        ),
+    ] = None,
+    export_every_s: Annotated[
+        float, typer.Option(min=0.01, help="Seconds between this node's export rounds.")
+    ] = 300.0,
+    lease_ttl_s: Annotated[
+        float | None,
+        typer.Option(min=1.0, help="Export lease TTL (default: --export-every-s); prune grace 4x."),
+    ] = None,
+    node_id: Annotated[
+        str | None, typer.Option(help="This node's name in the lease (default: host-pid).")
+    ] = None,
+    bootstrap_from: Annotated[
+        str | None,
+        typer.Option(
+            help="Start an empty store from the artifact published at this object store URL, "
+            "then fold only the tail."
+        ),
+    ] = None,
+    artifact_key: Annotated[
+        str | None, typer.Option(help="Artifact key in the object store (default: the bucket).")
+    ] = None,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
     if ctx.invoked_subcommand is not None:
@@ -51,9 +95,125 @@ def fold(
         raise typer.BadParameter("--bucket and --store are required to run a fold")
     import asyncio
 
-    asyncio.run(
-        _run(nats, bucket, store, _prefixes(prefix), creds, nats_dir, window_ms / 1000, batch_max)
+    replicas = Replicas(
+        export_to=export_to,
+        every_s=export_every_s,
+        ttl_s=lease_ttl_s or max(export_every_s, 1.0),
+        node_id=node_id,
+        bootstrap_from=bootstrap_from,
+        key=artifact_key or bucket,
     )
+    asyncio.run(
+        _run(
+            nats,
+            bucket,
+            store,
+            _prefixes(prefix),
+            creds,
+            nats_dir,
+            window_ms / 1000,
+            batch_max,
+            replicas,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """The export/bootstrap options of a fold node."""
+
+    export_to: str | None
+    every_s: float
+    ttl_s: float
+    node_id: str | None
+    bootstrap_from: str | None
+    key: str
+
+
+def _bootstrap(
+    console: Console, replicas: Replicas, spec: str, bucket: str, prefixes: tuple[str, ...]
+) -> None:
+    """Import the published artifact into the empty store path, or exit non-zero."""
+    from rich.markup import escape
+
+    from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
+    from waymark.kv.artifact import destination_is_empty
+    from waymark.objstore import open_store as open_objstore
+
+    assert replicas.bootstrap_from is not None
+    path = Path(spec.partition(":")[2])
+    if not destination_is_empty(path):
+        console.print(f"{path} already holds a fold: resuming it instead of bootstrapping")
+        return
+    transport = ObjectStoreTransport(open_objstore(replicas.bootstrap_from))
+    try:
+        manifest = transport.bootstrap(replicas.key, spec, bucket=bucket, scope=prefixes)
+    except ArtifactInvalid as e:
+        console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
+        raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
+    except ArtifactUnavailable as e:
+        console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
+        raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
+    size = sum(f.size for f in manifest.files)
+    console.print(
+        f"bootstrapped from {replicas.bootstrap_from} ({replicas.key}): cursor "
+        f"{manifest.rank}, {manifest.backend}, {len(manifest.files)} file(s), {size:,} bytes, "
+        f"exported by {manifest.exporter or '?'}"
+    )
+
+
+async def _export_rounds(
+    console: Console,
+    replicas: Replicas,
+    leases: KvStore,
+    fold_store: SnapshotStore,
+    requests: asyncio.Queue[ExportRequest],
+    bucket: str,
+    prefixes: tuple[str, ...],
+    spec: str,
+) -> None:
+    """Every ``every_s`` seconds, an export round if the fold moved since the last one."""
+    import asyncio
+    import os
+    import socket
+
+    from rich.markup import escape
+
+    from waymark.clock import SystemClock
+    from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
+    from waymark.kv.artifact import ExportInfo
+    from waymark.kv.export import export_via, run_export_round
+    from waymark.objstore import open_store as open_objstore
+
+    assert replicas.export_to is not None
+    clock = SystemClock()
+    node = replicas.node_id or f"{socket.gethostname()}-{os.getpid()}"
+    transport = ObjectStoreTransport(open_objstore(replicas.export_to, clock=clock), clock=clock)
+    lease = ExportLease(
+        leases.reader(), leases.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
+    )
+    export = export_via(requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes))
+    workdir = Path(spec.partition(":")[2]).absolute().parent
+    last = None
+    while True:
+        await asyncio.sleep(replicas.every_s)
+        cursor = fold_store.cursor
+        if cursor.is_none or cursor == last:
+            continue  # nothing folded yet, or nothing new since this node's last export
+        report = await run_export_round(
+            lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir
+        )
+        if report.result is RoundResult.Published:
+            assert report.manifest is not None
+            last = report.manifest.cursor
+            console.print(
+                f"export: published cursor {report.manifest.rank} to {replicas.export_to}"
+                f" (pruned {len(report.pruned)})"
+            )
+        elif report.result is RoundResult.Failed:
+            console.print(f"[yellow]export round failed[/yellow]: {escape(str(report.error))}")
+        elif report.result is RoundResult.SupersededByNewer:
+            console.print("export: superseded by a newer artifact")
 
 
 async def _run(
@@ -65,8 +225,10 @@ async def _run(
     nats_dir: Path | None,
     window: float,
     batch_max: int,
+    replicas: Replicas,
 ) -> None:
     import asyncio
+    import contextlib
     import signal
     import time
 
@@ -86,12 +248,18 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
+    if replicas.bootstrap_from is not None:
+        _bootstrap(console, replicas, spec, bucket, prefixes)
     server = None
     if url is None:
         server = EmbeddedNats(nats_dir).start()
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
     fold_store = open_store(spec)
+    requests: asyncio.Queue[ExportRequest] | None = (
+        asyncio.Queue() if replicas.export_to is not None else None
+    )
+    exporter: asyncio.Task[None] | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -110,6 +278,14 @@ async def _run(
     try:
         async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as conn:
             kv = await conn.store(bucket, StoreConfig(max_bytes=None) if server else None)
+            if requests is not None:
+                # The lease lives in a bucket of its own: in the folded one it would be folded.
+                leases = await conn.store(f"{bucket}-export")
+                exporter = asyncio.create_task(
+                    _export_rounds(
+                        console, replicas, leases, fold_store, requests, bucket, prefixes, spec
+                    )
+                )
             with Live(status(resumed), console=console, refresh_per_second=4) as live:
 
                 def count(batch: list[object]) -> None:
@@ -128,9 +304,14 @@ async def _run(
                     config=BatchConfig(window=window, max=batch_max, channel_capacity=batch_max),
                     on_applied=on_applied,
                     shutdown=stop,
+                    export_requests=requests,
                 )
-        console.print(f"stopped at cursor {cursor}")
+        console.print(f"stopped at cursor {cursor} ({applied:,} updates applied)")
     finally:
+        if exporter is not None:
+            exporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await exporter
         fold_store.close()
         if server is not None:
             server.stop()
@@ -172,6 +353,76 @@ def show(
                 typer.echo(orjson.dumps(line).decode())
     finally:
         fold_store.close()
+
+
+@fold_app.command()
+def inspect(
+    url: Annotated[
+        str, typer.Argument(help="The object store: file:///dir or s3://bucket/prefix.")
+    ],
+    key: Annotated[
+        list[str] | None, typer.Option(help="Only this artifact key (repeatable).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Show the published artifacts: each pointer, its manifest, and the payloads."""
+    import orjson
+
+    from waymark.kv import ObjectStoreTransport
+    from waymark.objstore import open_store as open_objstore
+
+    transport = ObjectStoreTransport(open_objstore(url))
+    docs = [transport.inspect(k) for k in (key or transport.keys())]
+    if as_json:
+        typer.echo(orjson.dumps(docs, option=orjson.OPT_INDENT_2).decode())
+        return
+    _print_inspection(docs)
+
+
+def _print_inspection(docs: list[dict[str, Any]]) -> None:
+    import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    def when(ms: int) -> str:
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime(
+            "%Y-%m-%d %H:%M:%S"
+        )
+
+    console = Console()
+    if not docs:
+        console.print("no artifacts published here")
+    for doc in docs:
+        pointer = doc["pointer"]
+        table = Table(title=f"{doc['key']} @ {doc['url']}", show_header=False)
+        if pointer is None:
+            table.add_row("pointer", "none")
+        elif pointer["manifest"] is None:
+            table.add_row(
+                "pointer", f"{pointer['key']} [red]corrupt[/red] (etag {pointer['etag']})"
+            )
+        else:
+            m = pointer["manifest"]
+            table.add_row("pointer", f"{pointer['key']} (etag {pointer['etag']})")
+            table.add_row("cursor", f"{m['cursor']} ({m['cursor_hex']})")
+            table.add_row("backend", f"{m['backend']}, format generation {m['format_generation']}")
+            table.add_row("source", f"bucket {m['bucket']}, scope {m['scope'] or 'all'}")
+            table.add_row("exported", f"by {m['exporter'] or '?'} at {when(m['exported_at_ms'])}")
+            size = sum(f["size"] for f in m["files"])
+            table.add_row("files", f"{len(m['files'])}, {size:,} bytes")
+            table.add_row("payload", pointer["payload"])
+        console.print(table)
+        payloads = Table("payload", "size", "modified", "cursor", "target")
+        for p in doc["payloads"]:
+            payloads.add_row(
+                p["key"],
+                f"{p['size']:,}",
+                when(p["last_modified_ms"]),
+                "?" if p["rank"] is None else str(p["rank"]),
+                "yes" if p["target"] else "",
+            )
+        console.print(payloads)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,10 +7,13 @@ of a full replay. See docs/kv.md.
 """
 
 from waymark.kv.applied import AppliedCursor, BatchConfig, ExportRequest, watch_applied
+from waymark.kv.artifact import ExportInfo, ExportManifest, import_artifact
 from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
 from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
 from waymark.kv.errors import (
     AlreadyExists,
+    ArtifactInvalid,
+    ArtifactUnavailable,
     Corrupted,
     CursorExpired,
     InvalidFormat,
@@ -22,7 +25,10 @@ from waymark.kv.errors import (
     Timeout,
     WatchError,
 )
+from waymark.kv.export import RoundReport, RoundResult, RoundState, export_via, run_export_round
+from waymark.kv.lease import ExportLease, LeaseGuard, LeaseRecord
 from waymark.kv.stores import SnapshotStore, open_store, stale_keys
+from waymark.kv.transport import ObjectStoreTransport, PublishOutcome
 from waymark.kv.types import (
     NO_CURSOR,
     UNKNOWN_VERSION,
@@ -40,11 +46,16 @@ __all__ = [
     "UNKNOWN_VERSION",
     "AlreadyExists",
     "AppliedCursor",
+    "ArtifactInvalid",
+    "ArtifactUnavailable",
     "BatchConfig",
     "Connection",
     "ConnectionCapabilities",
     "Corrupted",
     "CursorExpired",
+    "ExportInfo",
+    "ExportLease",
+    "ExportManifest",
     "ExportRequest",
     "InvalidFormat",
     "KvConnectionError",
@@ -55,9 +66,16 @@ __all__ = [
     "KvUpdate",
     "KvWatcher",
     "KvWriter",
+    "LeaseGuard",
+    "LeaseRecord",
     "NatsConnectionConfig",
+    "ObjectStoreTransport",
     "Op",
+    "PublishOutcome",
     "RevisionMismatch",
+    "RoundReport",
+    "RoundResult",
+    "RoundState",
     "SnapshotError",
     "SnapshotIoError",
     "SnapshotStore",
@@ -68,7 +86,10 @@ __all__ = [
     "WatchCursor",
     "WatchError",
     "WatchScope",
+    "export_via",
+    "import_artifact",
     "open_store",
+    "run_export_round",
     "stale_keys",
     "watch_applied",
 ]

@@ -63,3 +63,21 @@ class InvalidFormat(SnapshotError):
 
 class SnapshotIoError(SnapshotError):
     """An I/O failure in a fold store, including use of a poisoned writer."""
+
+
+class ArtifactInvalid(SnapshotError):
+    """A fold artifact was refused at import; nothing was written at the destination.
+
+    Raised for a wrong backend or format generation (before anything is
+    opened), a manifest that does not parse, a file missing, extra or not
+    matching its BLAKE3 digest, a payload whose embedded manifest is not the
+    pointer, or a copy whose recovered cursor differs from the manifest's.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ArtifactUnavailable(KvError):
+    """No artifact could be fetched: no pointer, or its payload is gone (pruned)."""

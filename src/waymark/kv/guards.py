@@ -6,6 +6,8 @@ functions, so the models check the guard that ships, not a copy of it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def resume_window_ok(revision: int, first_sequence: int) -> bool:
     """Whether resuming after ``revision`` misses nothing.
@@ -44,3 +46,50 @@ def fallback_may_start(resync_acknowledged: bool) -> bool:
     same key would delete a key that was recreated during the gap.
     """
     return resync_acknowledged
+
+
+@dataclass(frozen=True, slots=True)
+class PointerState:
+    """What a pointer swap observed before deciding: absent, or present with a rank.
+
+    ``rank`` is the published artifact's cursor, or None when the pointer does
+    not parse (corrupt). Used only by :func:`pointer_publish_allowed`; never stored.
+    """
+
+    present: bool
+    rank: int | None = None
+
+
+POINTER_ABSENT = PointerState(False)
+
+
+def pointer_publish_allowed(current: PointerState, candidate_rank: int) -> bool:
+    """Whether a candidate artifact may replace the pointer: the monotonic pointer guard.
+
+    An open slot or a corrupt pointer may be replaced (a corrupt pointer must
+    not wedge the fleet); a parseable one only by a candidate at or above its
+    rank, so the published cursor never regresses and a slow exporter gets
+    SupersededByNewer instead.
+    """
+    if not current.present or current.rank is None:
+        return True
+    return candidate_rank >= current.rank
+
+
+def payload_prunable(
+    payload_rank: int | None, pointer_rank: int, is_pointer_target: bool, aged_out: bool
+) -> bool:
+    """Whether a payload may be deleted: the prune guard.
+
+    Only a payload that is not the pointer's target, has aged past the grace,
+    and whose rank is known and *strictly* below the pointer's. Strictly:
+    :func:`pointer_publish_allowed` refuses only candidates below the pointer,
+    and the pointer never moves down, so a payload deleted by this rule can
+    never be published afterwards; an equal-rank payload still could be.
+    """
+    return (
+        not is_pointer_target
+        and aged_out
+        and payload_rank is not None
+        and payload_rank < pointer_rank
+    )

@@ -22,12 +22,13 @@ from .deletion import TagMatch
 from .engine import Engine
 from .errors import TopicError
 from .records import check_topic_name
-from .results import AppendResult, DiffResult
+from .results import AppendResult, DeleteResult, DiffResult
 
 __all__ = [
     "AppendResult",
     "ConfigPatch",
     "DeleteResponse",
+    "DeleteResult",
     "DiffResult",
     "Discard",
     "Durability",

@@ -36,7 +36,7 @@ from .journal import Commit, Journal
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
-from .results import AppendResult, DiffResult
+from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
 from .staging import Staging
 from .topic import Hole, Topic
@@ -46,9 +46,14 @@ if TYPE_CHECKING:
 
 Listener = Callable[[str], None]
 
-# disk and fsync topics reserve seqs in blocks, syncing the ceiling before handing any
-# out, so a crash that loses acknowledged records never lets their seqs be reused.
+# Topics other than memory ones journal a seq ceiling before handing out any seq above
+# it, so a crash that loses acknowledged records never lets their seqs be reused. What
+# a crash may report as lost is the ceiling's lead over the head, so it stays short
+# (docs/durability.md): a raised ceiling leads by about RESERVE_WINDOW_MS of the
+# topic's recent appends, by no more than it handed out since it was last idle, and by
+# at most SEQ_RESERVE seqs; an idle topic's ceiling is trimmed to its exact head.
 SEQ_RESERVE = 4096
+RESERVE_WINDOW_MS = 100
 
 
 class Engine:
@@ -69,6 +74,9 @@ class Engine:
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (docs/semantics/topics.md §10)
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
+        # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
+        # looks at, so its cost follows the topics written lately, not all of them.
+        self._ahead: dict[str, Topic] = {}
         # memory topics whose WAL frames recovery set aside; applied before any use
         # (docs/semantics/topics.md §2.2)
         self.recovering: GradualRecovery | None = None
@@ -223,7 +231,7 @@ class Engine:
             self.journal.check_available(name)
             if created:
                 self._write_topic(topic)
-            if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1):
+            if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
                 # disk and fsync ack no seq above a durable ceiling; ephemeral is never
                 # fsync-gated, so its ceiling is best effort.
                 must_sync = must_sync or durability is Durability.DISK
@@ -254,7 +262,7 @@ class Engine:
         topic = self._existing(name)
         if self.journal is not None:
             self.journal.check_available(name)
-            self._reserve(topic, topic.next_seq + n - 1)
+            self._reserve(topic, topic.next_seq + n - 1, self.clock.now_ms())
         hole = topic.skip(n, reason)
         commit = self._latest(name)
         if topic.config.durability is Durability.FSYNC and commit is not None:
@@ -287,7 +295,7 @@ class Engine:
 
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None
-    ) -> DeleteResponse:
+    ) -> DeleteResult:
         """Permanent, point-in-time deletion (docs/semantics/topics.md §7)."""
         if before_seq is None and match is None:
             raise TopicError(
@@ -298,17 +306,20 @@ class Engine:
         topic = self._existing(name)
         bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
         now = self.clock.now_ms()
-        frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
-        self._write(name, frame)
+        commit = None
+        if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
+            frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
+            commit = self._write(name, frame)
         result = topic.delete(bound, match, now)
         self._commit(topic)
-        return result
+        return DeleteResult(result, commit)
 
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResponse:
         """Permanently delete exactly ``seqs`` (docs/semantics/topics.md §7): how a queue acks
         and dead-letters."""
         topic = self._existing(name)
-        self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
+        if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
+            self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
         result = topic.delete_seqs(seqs, self.clock.now_ms())
         self._commit(topic)
         return result
@@ -395,6 +406,41 @@ class Engine:
         """
         return self._latest(name)
 
+    def trim_ceilings(self) -> int:
+        """Lower to its exact head the seq ceiling of every topic that handed out no seq
+        since the previous call, so a crash while it is idle reports nothing as lost
+        (docs/durability.md). ``waymark serve`` calls this every 50 ms; embedded, call it
+        now and then. Returns how many ceilings were lowered.
+
+        Safe at any moment: the frame follows every earlier frame of the topic in its
+        WAL shard, so if it survives a crash they all did. Its cost is that the topic's
+        next append waits for a sync, as one that raises the ceiling always does.
+        """
+        trimmed = 0
+        for name, topic in list(self._ahead.items()):
+            if self._topics.get(name) is not topic or topic.config.durability is Durability.MEMORY:
+                del self._ahead[name]  # dropped, recreated, or keeping no ceiling any more
+            elif topic.ceiling <= topic.head_seq:
+                pending = topic.ceiling_commit
+                if pending is None or pending.durable:
+                    topic.ceiling_commit = None
+                    del self._ahead[name]  # exact and durable: nothing left to do
+            elif topic.trim_mark != topic.next_seq:
+                topic.trim_mark = topic.next_seq  # written since the previous call
+            else:
+                try:
+                    commit = self._write(name, frames.head_frame(name, topic.epoch,
+                                                                  topic.head_seq))  # fmt: skip
+                except TopicError:
+                    continue  # its WAL shard cannot write now: the wider ceiling stays
+                # Acks above the head wait again until a raise is durable: should this
+                # frame survive a crash without the raise, the head is the ceiling.
+                topic.ceiling = topic.durable_ceiling = topic.head_seq
+                topic.idle_from = topic.reserved_from = topic.head_seq
+                topic.ceiling_commit = commit
+                trimmed += 1
+        return trimmed
+
     def close(self) -> None:
         """Record every topic's exact head, so a clean restart continues seqs without a gap."""
         if self.journal is None:
@@ -403,6 +449,7 @@ class Engine:
             if topic.config.durability is not Durability.MEMORY:
                 topic.ceiling = topic.head_seq
                 self._write(topic.name, frames.head_frame(topic.name, topic.epoch, topic.ceiling))
+        self._ahead.clear()
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(topic)`` after every commit that changes ``topic``."""
@@ -436,9 +483,8 @@ class Engine:
         if self.recovering is not None:
             self.recovering.finish(name)
 
-    def _write(self, name: str, frame: bytes) -> None:
-        if self.journal is not None:
-            self.journal.write(name, frame)
+    def _write(self, name: str, frame: bytes) -> Commit | None:
+        return self.journal.write(name, frame) if self.journal is not None else None
 
     def _write_topic(self, topic: Topic) -> None:
         self._write(
@@ -449,15 +495,36 @@ class Engine:
             ),
         )
 
-    def _reserve(self, topic: Topic, last: int) -> bool:
-        """Journal a seq ceiling above ``last`` unless one covers it; True if written.
-        memory topics keep none: their head may regress after a crash
-        (docs/semantics/topics.md §2.2)."""
-        if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
+    def _reserve(self, topic: Topic, last: int, now: int) -> bool:
+        """Make a journaled seq ceiling cover ``last``; True while no durable one does
+        (disk acks then wait for the sync). memory topics keep none: their head may
+        regress after a crash (docs/semantics/topics.md §2.2)."""
+        if topic.config.durability is Durability.MEMORY:
             return False
-        topic.ceiling = last + SEQ_RESERVE
-        self._write(topic.name, frames.head_frame(topic.name, topic.epoch, topic.ceiling))
-        return True
+        if last <= topic.refill_at and last <= topic.durable_ceiling:
+            return False  # (every append but a few per lead passes here)
+        pending = topic.ceiling_commit
+        if pending is not None and pending.durable:
+            topic.durable_ceiling, topic.ceiling_commit, pending = topic.ceiling, None, None
+        # Raised early, once a quarter of the lead is used, so that under steady appends
+        # the new ceiling is durable before anyone needs it; raised again when an append
+        # must wait anyway, so that one wait buys a whole lead from here.
+        stalled = last > topic.durable_ceiling
+        if last > topic.ceiling or (last > topic.refill_at and (pending is None or stalled)):
+            # Lead by RESERVE_WINDOW_MS of appends at the rate since the previous raise
+            # (falling by half at most per raise, so one slow sync does not shrink it to
+            # nothing), but never by more than the topic handed out since it was last
+            # idle: a burst starts with short leads that grow with it.
+            elapsed = now - topic.reserved_at
+            by_rate = (last - topic.reserved_from) * RESERVE_WINDOW_MS // max(elapsed, 1)
+            lead = min(max(by_rate, topic.lead // 2), last - topic.idle_from, SEQ_RESERVE)
+            commit = self._write(topic.name, frames.head_frame(topic.name, topic.epoch,
+                                                                last + lead))  # fmt: skip
+            topic.ceiling, topic.ceiling_commit, topic.lead = last + lead, commit, lead
+            topic.refill_at = last + lead // 4
+            topic.reserved_from, topic.reserved_at = last, now
+            self._ahead[topic.name] = topic
+        return stalled
 
     def _latest(self, name: str) -> Commit | None:
         return self.journal.latest(name) if self.journal is not None else None

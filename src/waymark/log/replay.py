@@ -84,13 +84,20 @@ def finish(engine: Engine) -> None:
     Seqs between the last recovered record and the ceiling may belong to records
     that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
     reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
-    producer or reader saw, so it just moves past them.
+    producer or reader saw, so it just moves past them. An ephemeral topic comes
+    back empty whatever a checkpoint knew of it (docs/semantics/topics.md §2.2).
     """
     engine.routers.settle_recovered()
     for topic in engine._topics.values():
-        if topic.config.durability is Durability.MEMORY or topic.ceiling < topic.next_seq:
-            continue  # memory: no ceiling, the head may move back (docs/semantics/topics.md §2.2)
-        if topic.config.durability is not Durability.FSYNC:
-            topic.holes.append(Hole(topic.next_seq, topic.ceiling))
-        topic.next_seq = topic.ceiling + 1
-        topic._settle_front()
+        durability = topic.config.durability
+        # (memory topics carry no ceiling: their head may regress, docs/semantics/topics.md §2.2)
+        if durability is Durability.EPHEMERAL:
+            topic.lose_resident_records()
+        elif durability is not Durability.MEMORY and topic.ceiling >= topic.next_seq:
+            if durability is not Durability.FSYNC:
+                topic.holes.append(Hole(topic.next_seq, topic.ceiling))
+            topic.next_seq = topic.ceiling + 1
+            topic._settle_front()
+        # Restarted, a topic is idle: its next ceiling leads by what it hands out from here.
+        topic.idle_from = topic.reserved_from = topic.head_seq
+        topic.durable_ceiling = topic.ceiling  # read back from disk

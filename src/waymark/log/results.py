@@ -2,10 +2,13 @@
 
 Where a result is a wire shape the engine returns the protocol's Struct itself
 (:class:`~waymark.protocol.TopicState`, :class:`~waymark.protocol.Tombstone`,
-:class:`~waymark.protocol.DeleteResponse`). The two results here carry more than
-their wire shape and are on the hot path, so they render their own JSON bytes; a
-contract test decodes that output with the protocol types
-(:class:`~waymark.protocol.AppendResponse`, :class:`~waymark.protocol.DiffResponse`).
+:class:`~waymark.protocol.DeleteResponse` of a queue's ``delete_seqs``). The results
+here carry more than their wire shape. An append's and a read's are on the hot path,
+so they render their own JSON bytes; a contract test decodes that output with the
+protocol types (:class:`~waymark.protocol.AppendResponse`,
+:class:`~waymark.protocol.DiffResponse`). A delete's holds the protocol's
+:class:`~waymark.protocol.DeleteResponse` beside the commit its acknowledgement
+waits for.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import orjson
 
-from ..protocol import Durability, Tombstone
+from ..protocol import DeleteResponse, Durability, Tombstone
 
 if TYPE_CHECKING:
     from .journal import Commit
@@ -35,6 +38,18 @@ class AppendResult(msgspec.Struct, frozen=True):
     def to_wire(self) -> dict[str, Any]:
         """The :class:`~waymark.protocol.AppendResponse` body, for orjson."""
         return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}
+
+
+class DeleteResult(msgspec.Struct, frozen=True):
+    """What :meth:`~waymark.log.Engine.delete` returns: its answer and the journal commit
+    an acknowledgement of it waits for.
+
+    ``commit`` is None when there is none: in memory, or an ephemeral topic, whose
+    deletes skip the WAL (docs/semantics/topics.md §2.2).
+    """
+
+    response: DeleteResponse
+    commit: Commit | None = None
 
 
 @dataclass(slots=True)

@@ -90,7 +90,18 @@ class Topic:
         self.tag_index: SortedDict = SortedDict()  # tag -> array("Q") of seqs, ascending
         self._dedupe: dict[str, tuple[int, int]] = {}  # id -> (seq, ts)
         self._dedupe_order: deque[tuple[int, str]] = deque()
-        self.ceiling = 0  # no seq above this was ever handed out (durable in the journal)
+        self.ceiling = 0  # no seq above this was ever handed out (journaled)
+        self.durable_ceiling = 0  # nor above this one, whose frame is synced
+        self.ceiling_commit: Commit | None = None  # the frame of the ceiling, until durable
+        self.refill_at = 0  # an append past this raises the ceiling before it runs out
+        self.lead = 0  # how far the last raise put the ceiling above the head
+        # What sizes the next lead (docs/durability.md): the head when the topic was last
+        # idle, and the head and time of the last ceiling raise; and the next_seq the
+        # engine's previous trim pass saw.
+        self.idle_from = seq_base - 1
+        self.reserved_from = seq_base - 1
+        self.reserved_at = now
+        self.trim_mark = 0
         # fsync topics: (first seq, commit) of appends not yet durable. Readers stop
         # before the oldest, so nothing they see can be taken back by a crash.
         self.unsynced: deque[tuple[int, Commit]] = deque()
@@ -623,6 +634,22 @@ class Topic:
         self.next_seq = hole.hi + 1
         self._settle_front()
         return hole
+
+    def lose_resident_records(self) -> None:
+        """After a restart, an ephemeral topic holds no record
+        (docs/semantics/topics.md §2.2), yet keeps its head
+        so no seq is handed out twice. Its records from the front up to the ceiling (what
+        may have been handed out) are gone: a reader that had not passed them gets a
+        ``lost`` tombstone; what was deleted or tombstoned before stays as it was."""
+        hi = max(self.ceiling, self.head_seq)
+        if self.front <= hi:
+            self.holes = [h for h in self.holes if h.hi < self.front]  # the new one covers them
+            self.holes.append(Hole(self.front, hi))
+        self.next_seq = self.front = hi + 1
+        self.chunks.clear()
+        self._bases.clear()
+        self.tag_index.clear()
+        self.live_count = self.live_bytes = 0
 
     @staticmethod
     def _reader_node_ids(chunk: Chunk, nodes: frozenset[str] | None) -> frozenset[int] | None:

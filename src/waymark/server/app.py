@@ -27,6 +27,10 @@ from .routers import Forwarder, RouterApi
 from .routing import PathTable
 from .staging import StagingApi
 
+# Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
+# exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
+TRIM_INTERVAL_S = 0.05
+
 
 class App:
     """The waymark HTTP server as an ASGI callable.
@@ -55,6 +59,7 @@ class App:
         self.checkpoint_interval_s = checkpoint_interval_s
         self._checkpoints: asyncio.Task[None] | None = None
         settings = settings or Settings()
+        self._trims: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
         # Readers' wakeups, forwarding and recovery steps run by topic priority
@@ -154,11 +159,14 @@ class App:
                         self.deliveries.add(self._recover_step, name)
                 if self.store is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
+                    self._trims = asyncio.create_task(self._trim_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
+                if self._trims is not None:
+                    self._trims.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -180,6 +188,11 @@ class App:
                 self.metrics.checkpoints += 1
             finally:
                 checkpointer.running.release()
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            self.engine.trim_ceilings()
 
     def _recover_step(self, name: str) -> int | None:
         """Apply a step of the WAL frames recovery set aside for memory topic ``name``;

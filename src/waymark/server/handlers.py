@@ -187,8 +187,9 @@ class TopicApi:
         if body.match is not None:
             match = TagMatch.parse(body.match if isinstance(body.match, str) else list(body.match))
         result = self.engine.delete(name, before_seq=body.before_seq, match=match)
-        await self._control_durable(name)
-        return Response(_encode(result))
+        if result.commit is not None:
+            await result.commit.wait()  # a journaled delete is acknowledged once durable
+        return Response(_encode(result.response))
 
     async def watch(self, request: Request) -> Response:
         name = _topic(request)

@@ -8,27 +8,39 @@ from waymark.kv.stores.protocol import SnapshotStore, stale_keys
 BACKENDS = ("append-log", "lmdb", "rocksdb")
 
 
-def open_store(spec: str) -> SnapshotStore:
-    """Open a fold store from ``append-log:PATH``, ``lmdb:PATH`` or ``rocksdb:PATH``.
+def store_class(backend: str) -> type[SnapshotStore]:
+    """The store class of a backend name.
 
     The on-disk backends are imported only when named, so the default needs neither.
     """
-    backend, sep, path = spec.partition(":")
-    if not sep or not path:
-        raise ValueError(f"store spec {spec!r} must look like BACKEND:PATH ({', '.join(BACKENDS)})")
     if backend == "append-log":
-        return AppendLogStore(path)
+        return AppendLogStore
     if backend == "lmdb":
         from waymark.kv.stores.lmdb_store import LmdbStore
 
-        return LmdbStore(path)
+        return LmdbStore
     if backend == "rocksdb":
         from waymark.kv.stores.rocksdb_store import RocksDbStore
 
-        return RocksDbStore(path)
+        return RocksDbStore
     raise ValueError(
         f"unknown fold store backend {backend!r} (expected one of {', '.join(BACKENDS)})"
     )
 
 
-__all__ = ["BACKENDS", "AppendLogStore", "SnapshotStore", "open_store", "stale_keys"]
+def open_store(spec: str) -> SnapshotStore:
+    """Open a fold store from ``append-log:PATH``, ``lmdb:PATH`` or ``rocksdb:PATH``."""
+    backend, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise ValueError(f"store spec {spec!r} must look like BACKEND:PATH ({', '.join(BACKENDS)})")
+    return store_class(backend)(path)  # type: ignore[call-arg]
+
+
+__all__ = [
+    "BACKENDS",
+    "AppendLogStore",
+    "SnapshotStore",
+    "open_store",
+    "stale_keys",
+    "store_class",
+]

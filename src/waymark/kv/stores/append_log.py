@@ -31,12 +31,17 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
 from waymark.kv.stores.protocol import VER_LEN
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken, WatchCursor
 
 MAGIC = b"PGSS"
 FORMAT_VERSION = 1
+FORMAT_GENERATION = 1
+"""The on-disk format generation recorded in export artifacts; bumped with FORMAT_VERSION."""
+LOG_NAME = "fold.log"
+"""The log's file name inside an artifact's ``data/``."""
 HEADER = MAGIC + struct.pack("<H", FORMAT_VERSION)
 
 REC_PUT = 1
@@ -278,8 +283,18 @@ def _write_compact(path: Path, fold: dict[str, _Entry], cursor: bytes) -> None:
 def _write_temp(path: Path, fold: dict[str, _Entry], cursor: bytes) -> Path:
     """The compacted log, fsynced, in a temp file beside ``path``; nothing left on failure."""
     tmp = path.with_name(path.name + ".compact.tmp")
+    _write_log(tmp, fold, cursor)
+    return tmp
+
+
+def _write_log(target: Path, fold: dict[str, _Entry], cursor: bytes) -> None:
+    """Write ``fold`` sorted by key plus one cursor record to ``target``, fsynced.
+
+    On failure ``target`` is removed: a partial file only takes space (a full
+    disk is a likely cause).
+    """
     try:
-        with open(tmp, "wb") as f:
+        with open(target, "wb") as f:
             f.write(HEADER)
             keys = sorted(fold)
             chunk: list[bytes] = []
@@ -292,11 +307,9 @@ def _write_temp(path: Path, fold: dict[str, _Entry], cursor: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
     except OSError:
-        # A partial temp file only takes space (a full disk is a likely cause).
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            target.unlink()
         raise
-    return tmp
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -331,6 +344,7 @@ class AppendLogStore:
     """Append-only CRC log + in-RAM fold. For folds that fit in memory."""
 
     backend = "append-log"
+    format_generation = FORMAT_GENERATION
 
     def __init__(
         self, path: str | os.PathLike[str], *, compact_threshold: int = DEFAULT_COMPACT_THRESHOLD
@@ -474,6 +488,25 @@ class AppendLogStore:
             _fsync_dir(self.path.parent)
         except OSError as e:
             raise SnapshotIoError(f"compaction of {self.path}: rename not synced: {e}") from e
+
+    def export_to(
+        self, dest: str | os.PathLike[str], info: ExportInfo | None = None
+    ) -> ExportManifest:
+        """Export the fold as an artifact directory at ``dest``; see waymark.kv.artifact."""
+        return export_store(self, dest, info)
+
+    def write_copy(self, data_dir: Path) -> None:
+        """A compacted log written from the in-RAM fold (exactly what the log replays to)."""
+        data_dir.mkdir()
+        _write_log(data_dir / LOG_NAME, self._fold, self._cursor.raw)
+
+    @classmethod
+    def recover_cursor(cls, data_dir: Path) -> WatchCursor:
+        return WatchCursor(replay_log((data_dir / LOG_NAME).read_bytes()).cursor)
+
+    @classmethod
+    def path_in(cls, data_dir: Path) -> Path:
+        return data_dir / LOG_NAME
 
     def get(self, key: str) -> KvEntry | None:
         hit = self._fold.get(key)

@@ -13,12 +13,16 @@ Three invariants bind every backend:
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from waymark.kv.errors import Corrupted
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken, WatchCursor, WatchScope
+
+if TYPE_CHECKING:
+    from waymark.kv.artifact import ExportInfo, ExportManifest
 
 
 @runtime_checkable
@@ -26,6 +30,8 @@ class SnapshotStore(Protocol):
     """A durable fold of a KV bucket plus the watch cursor it is consistent with."""
 
     backend: str
+    format_generation: int
+    """The on-disk format generation an artifact of this store records."""
 
     @property
     def cursor(self) -> WatchCursor:
@@ -51,6 +57,16 @@ class SnapshotStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def export_to(
+        self, dest: str | os.PathLike[str], info: ExportInfo | None = None
+    ) -> ExportManifest:
+        """Write a verified artifact of the fold at ``dest`` (see waymark.kv.artifact).
+
+        Never concurrently with ``apply``: inside ``watch_applied`` export through
+        an ``ExportRequest``.
+        """
+        ...
 
 
 def stale_keys(store: SnapshotStore, live: Iterable[str], scope: WatchScope) -> list[str]:

@@ -118,10 +118,6 @@ class Checkpointer:
                 plan.keep.update(segment_paths(home, chunk.base_seq))
             entry = topic_entry(topic, segments)
             entry["cold"] = cold_segments
-            if ephemeral:
-                # Resident-only records: keep the head, so seqs are never reused
-                # (docs/semantics/topics.md §2.2).
-                entry["ceiling"] = max(topic.ceiling, topic.head_seq)
             entries.append(entry)
         plan.catalog = {
             "version": 1,

@@ -1,0 +1,292 @@
+"""Benchmark: fold replicas. Bootstrap from an artifact vs a cold replay, and export
+throughput vs a plain ``tar`` + upload of the same files. One run, ratios.
+
+Per backend, on one bucket of ``--keys`` keys (values of ``--value-bytes``):
+
+1. **Bootstrap** (goal >= 10x): a node folds the bucket (``watch_applied`` from
+   an empty store), exports and publishes an artifact; then ``--tail`` more
+   updates are written. A new node bootstraps: ``ObjectStoreTransport.bootstrap``
+   (download the pointer's payload, stream-extract it, re-hash every file, open
+   it, rename it into place) and then ``watch_applied`` from the artifact's
+   cursor until it has folded the tail. The anchor is a cold replay of the same
+   bucket into an empty store up to the same last sequence, run just after it.
+2. **Export** (goal >= 0.8x): ``store.export_to`` (the backend's copy, verify by
+   reopening, BLAKE3 of every file, manifest) plus ``transport.upload`` (the tar
+   streamed as a multipart upload, then the pointer swap), against ``tar -cf -``
+   of the same files (the artifact's) piped into an upload to the same store.
+   Throughput is bytes of the artifact's files per second.
+
+Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000]
+     [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
+``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
+free port and uses a bucket there, over HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from waymark.kv import (
+    BatchConfig,
+    Connection,
+    KvStore,
+    NatsConnectionConfig,
+    ObjectStoreTransport,
+    PublishOutcome,
+    StoreConfig,
+    WatchCursor,
+    WatchScope,
+    open_store,
+    watch_applied,
+)
+from waymark.kv.artifact import ExportInfo
+from waymark.kv.server import EmbeddedNats, free_port
+from waymark.kv.stores.protocol import SnapshotStore
+from waymark.objstore import PART_SIZE
+from waymark.objstore import open_store as open_objstore
+
+BACKENDS = ("append-log", "lmdb", "rocksdb")
+BATCH = 1000
+
+
+def spec(backend: str, root: Path) -> str:
+    return f"{backend}:{root / ('fold.log' if backend == 'append-log' else 'db')}"
+
+
+async def load(kv: KvStore, items: Iterator[tuple[str, bytes]]) -> None:
+    for key, value in items:
+        await kv.js.publish_async(f"{kv.subject_prefix}{key}", value)
+    await kv.js.publish_async_completed()
+
+
+async def fold_until(kv: KvStore, store: SnapshotStore, last: int) -> float:
+    """Seconds for ``watch_applied`` to take ``store`` from its cursor to ``last``."""
+    done = asyncio.Event()
+
+    def on_applied(cursor: WatchCursor) -> None:
+        if cursor.as_u64() >= last:
+            done.set()
+
+    if store.cursor.as_u64() >= last:
+        done.set()
+    t = time.perf_counter()
+    await watch_applied(
+        kv.watcher(),
+        WatchScope.all(),
+        store=store,
+        reader=kv.reader(),
+        config=BatchConfig(window=0.05, max=BATCH * 4, channel_capacity=BATCH),
+        on_applied=on_applied,
+        shutdown=done,
+    )
+    return time.perf_counter() - t
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """moto's S3 server in its own process (not this one's GIL); yields an s3:// URL."""
+    import boto3
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+    }
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for _ in range(200):
+            try:
+                client.create_bucket(Bucket="replicas")
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.05)
+        yield "s3://replicas/bench"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def tar_upload(transport: ObjectStoreTransport, key: str, artifact: Path) -> float:
+    """The anchor: ``tar -cf -`` of the artifact's files piped into an upload."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(
+        ["tar", "-cf", "-", "-C", str(artifact), "MANIFEST.json", "data"], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+
+    def chunks() -> Iterator[bytes]:
+        while chunk := proc.stdout.read(PART_SIZE):  # type: ignore[union-attr]
+            yield chunk
+
+    transport.store.upload(f"anchor/{key}.tar", chunks())
+    if proc.wait() != 0:
+        raise RuntimeError("tar failed")
+    return time.perf_counter() - t
+
+
+@dataclass
+class Row:
+    backend: str
+    cold_s: float = 0.0
+    bootstrap_s: float = 0.0
+    download_import_s: float = 0.0
+    open_s: float = 0.0
+    tail_s: float = 0.0
+    export_s: float = 0.0
+    export_copy_s: float = 0.0
+    tar_s: float = 0.0
+    artifact_bytes: int = 0
+
+
+async def run(args: argparse.Namespace, root: Path, console: Console) -> list[Row]:
+    backends = args.backends.split(",")
+    url = args.url
+    transport = ObjectStoreTransport(open_objstore(url))
+    rows = {b: Row(b) for b in backends}
+    value = b"v" * args.value_bytes
+    with EmbeddedNats(root / "nats") as server:
+        async with Connection(NatsConnectionConfig(url=server.url, timeout=60)) as conn:
+            kv = await conn.store("bench", StoreConfig(max_bytes=None))
+            console.print(f"loading {args.keys:,} keys …")
+            await load(kv, ((f"key.{i:08}", value) for i in range(args.keys)))
+            _, exported_at = await kv.stream_bounds()
+
+            for b in backends:
+                console.print(f"{b}: exporter folds the bucket, exports, publishes …")
+                store = open_store(spec(b, root / b / "exporter"))
+                await fold_until(kv, store, exported_at)
+                art = root / b / "artifact"
+                t = time.perf_counter()
+                store.export_to(art, ExportInfo(exporter="bench", bucket="bench"))
+                copied = time.perf_counter() - t
+                _, outcome = transport.upload(b, art)
+                rows[b].export_s = time.perf_counter() - t
+                rows[b].export_copy_s = copied
+                assert outcome is PublishOutcome.Published
+                rows[b].artifact_bytes = sum(
+                    p.stat().st_size for p in (art / "data").rglob("*") if p.is_file()
+                )
+                rows[b].tar_s = tar_upload(transport, b, art)
+                store.close()
+                shutil.rmtree(art)
+
+            console.print(f"writing a tail of {args.tail:,} updates …")
+            await load(
+                kv,
+                (
+                    (f"key.{i:08}", b"tail")
+                    for i in range(0, args.keys, max(1, args.keys // max(args.tail, 1)))
+                ),
+            )
+            _, last = await kv.stream_bounds()
+
+            for b in backends:
+                console.print(f"{b}: bootstrap, then the cold replay anchor …")
+                dest = spec(b, root / b / "bootstrapped")
+                t = time.perf_counter()
+                manifest = transport.bootstrap(b, dest)
+                rows[b].download_import_s = time.perf_counter() - t
+                assert manifest.rank == exported_at
+                opened = time.perf_counter()
+                store = open_store(dest)
+                rows[b].open_s = time.perf_counter() - opened
+                rows[b].tail_s = await fold_until(kv, store, last)
+                rows[b].bootstrap_s = time.perf_counter() - t
+                store.close()
+                shutil.rmtree(root / b / "bootstrapped", ignore_errors=True)
+
+                cold = open_store(spec(b, root / b / "cold"))
+                rows[b].cold_s = await fold_until(kv, cold, last)
+                cold.close()
+                shutil.rmtree(root / b, ignore_errors=True)
+    return list(rows.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--tail", type=int, default=10_000, help="updates written after export")
+    parser.add_argument("--value-bytes", type=int, default=32)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument(
+        "--store-url", help="object store URL, or 'moto' (default: file:// in a temp dir)"
+    )
+    args = parser.parse_args()
+    console = Console(width=150)
+    root = Path(tempfile.mkdtemp(prefix="waymark-bench-replicas-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.store_url == "moto":
+                args.url = stack.enter_context(moto_s3())
+            else:
+                args.url = args.store_url or (root / "objects").as_uri()
+            rows = asyncio.run(run(args, root, console))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    load1, load5, _ = os.getloadavg()
+    where = {None: "file:// (local disk)", "moto": "S3 (moto server, HTTP)"}.get(
+        args.store_url, args.store_url
+    )
+    t = Table(
+        title=f"fold replicas, {args.keys:,} keys of {args.value_bytes} B + {args.tail:,} tail,"
+        f" {where}, {os.cpu_count()} cores, load average {load1:.1f} / {load5:.1f} (1 / 5 min)"
+    )
+    for col in ("measure", "backend", "ours", "anchor", "ratio", "goal"):
+        t.add_column(col, justify="left" if col in ("measure", "backend") else "right")
+    for r in rows:
+        t.add_row(
+            "bootstrap (fetch+verify+import, open, tail) vs cold replay",
+            r.backend,
+            f"{r.bootstrap_s:.2f} s ({r.download_import_s:.2f} + {r.open_s:.2f} + {r.tail_s:.2f})",
+            f"{r.cold_s:.2f} s",
+            f"{r.cold_s / r.bootstrap_s:.1f}x",
+            "≥10x",
+        )
+    for r in rows:
+        mb = r.artifact_bytes / 1e6
+        t.add_row(
+            "export (export_to + upload) vs tar + upload",
+            r.backend,
+            f"{mb / r.export_s:,.0f} MB/s"
+            f" ({r.export_copy_s:.2f} + {r.export_s - r.export_copy_s:.2f} s)",
+            f"{mb / r.tar_s:,.0f} MB/s ({r.tar_s:.2f} s)",
+            f"{r.tar_s / r.export_s:.2f}x",
+            "≥0.80x",
+        )
+    console.print(t)
+    console.print(
+        "artifact sizes: "
+        + ", ".join(f"{r.backend} {r.artifact_bytes / 1e6:,.1f} MB" for r in rows)
+        + ";"
+        " export time = export_to (copy, verify by reopening, BLAKE3, manifest) + upload (tar"
+        " stream, multipart put, pointer swap)"
+    )
+
+
+if __name__ == "__main__":
+    main()

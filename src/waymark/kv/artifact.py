@@ -1,0 +1,391 @@
+"""Fold artifacts: a verified, self-describing copy of a fold store at an exact cursor.
+
+An artifact is a directory::
+
+    MANIFEST.json   schema version, backend, format generation, cursor, and
+                    every file's path, size and BLAKE3 digest
+    data/...        the backend's own files
+
+Export stages it in a hidden directory beside the destination, verifies the
+copy by reopening it (its recovered cursor must equal the live one: every
+``apply`` commits data and cursor together, so that is a complete tail-loss
+detector), writes the manifest last and renames the stage into place: an
+artifact that exists is complete. Import trusts nothing it is handed: it
+checks backend and format generation before opening anything, re-hashes every
+file, opens the staged copy and requires the manifest's cursor, and only then
+renames it into place; any failure is :class:`ArtifactInvalid` and leaves
+nothing at the destination. The manifest is serialised deterministically and
+its BLAKE3 prefix is the artifact's content address. See docs/kv.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import blake3
+import msgspec
+
+from waymark.kv.errors import ArtifactInvalid, SnapshotError
+from waymark.kv.types import WatchCursor
+
+if TYPE_CHECKING:
+    from waymark.kv.stores.protocol import SnapshotStore
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "MANIFEST.json"
+DATA_DIR = "data"
+ADDRESS_BYTES = 8
+"""Bytes of the manifest's BLAKE3 digest that make up the content address."""
+
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+
+_SAFE_PATH = re.compile(r"^data(/[^/\0]+)+$")
+
+
+class ArtifactFile(msgspec.Struct, frozen=True):
+    path: str
+    size: int
+    blake3: str
+
+
+class ExportManifest(msgspec.Struct, frozen=True):
+    """What an artifact holds. ``cursor_hex`` is the exact watch cursor of the copy."""
+
+    schema_version: int
+    backend: str
+    format_generation: int
+    cursor_hex: str
+    files: tuple[ArtifactFile, ...]
+    exporter: str = ""
+    exported_at_ms: int = 0
+    bucket: str | None = None
+    scope: tuple[str, ...] = ()
+
+    @property
+    def cursor(self) -> WatchCursor:
+        return WatchCursor(bytes.fromhex(self.cursor_hex))
+
+    @property
+    def rank(self) -> int:
+        """The cursor as a number: what the pointer guard and the prune guard compare."""
+        return self.cursor.as_u64()
+
+    def encode(self) -> bytes:
+        """Deterministic bytes: sorted keys, no whitespace, files in path order."""
+        return msgspec.json.encode(self, order="sorted")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ExportManifest:
+        """Parse and validate untrusted manifest bytes; ArtifactInvalid if they are not one."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ArtifactInvalid(f"manifest of {len(raw)} bytes is larger than any we write")
+        try:
+            m = msgspec.json.decode(raw, type=cls)
+        except msgspec.ValidationError as e:
+            raise ArtifactInvalid(f"manifest does not parse: {e}") from e
+        except msgspec.DecodeError as e:
+            raise ArtifactInvalid(f"manifest is not JSON: {e}") from e
+        if m.schema_version != SCHEMA_VERSION:
+            raise ArtifactInvalid(
+                f"manifest schema version {m.schema_version}, this node reads {SCHEMA_VERSION}"
+            )
+        try:
+            cursor = bytes.fromhex(m.cursor_hex)
+        except ValueError:
+            raise ArtifactInvalid(f"manifest cursor {m.cursor_hex!r} is not hex") from None
+        if len(cursor) > 255:
+            raise ArtifactInvalid("manifest cursor longer than 255 bytes")
+        paths = [f.path for f in m.files]
+        if paths != sorted(set(paths)):
+            raise ArtifactInvalid("manifest files are not unique and in path order")
+        for f in m.files:
+            if not _SAFE_PATH.match(f.path) or any(p in (".", "..") for p in f.path.split("/")):
+                raise ArtifactInvalid(f"manifest names an unsafe path {f.path!r}")
+            if f.size < 0 or not re.fullmatch(r"[0-9a-f]{64}", f.blake3):
+                raise ArtifactInvalid(f"manifest entry for {f.path} has a bad size or digest")
+        return m
+
+
+def content_address(manifest_bytes: bytes) -> str:
+    """The artifact's content address: the hex BLAKE3 prefix of its manifest bytes."""
+    return blake3.blake3(manifest_bytes).digest(length=32)[:ADDRESS_BYTES].hex()
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    """Where an export came from: recorded in the manifest, checked on bootstrap."""
+
+    exporter: str = ""
+    exported_at_ms: int = 0
+    bucket: str | None = None
+    scope: tuple[str, ...] = ()
+
+
+class ArtifactBackend(Protocol):
+    """The backend side of export/import, implemented by each fold store class."""
+
+    backend: str
+    format_generation: int
+
+    @property
+    def cursor(self) -> WatchCursor: ...
+
+    def write_copy(self, data_dir: Path) -> None:
+        """Write a consistent copy of the store's files into ``data_dir`` (not yet existing)."""
+        ...
+
+    @classmethod
+    def recover_cursor(cls, data_dir: Path) -> WatchCursor:
+        """Open a copy read-only through the engine and return the cursor it recovers."""
+        ...
+
+    @classmethod
+    def path_in(cls, data_dir: Path) -> Path:
+        """Where the store's own path is inside ``data_dir`` (a file or the directory)."""
+        ...
+
+
+def file_digest(path: Path) -> str:
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if path.stat().st_size:
+        h.update_mmap(path)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file, then every directory under ``root`` (deepest first), and ``root``."""
+    dirs = {root}
+    for p in _tree(root):
+        _fsync(p)
+        dirs.add(p.parent)
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        _fsync(d)
+
+
+def _tree(data_dir: Path) -> list[Path]:
+    """Every entry under ``data_dir``; raises ArtifactInvalid for anything but files and dirs."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(data_dir):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            if p.is_symlink() or not (p.is_file() or p.is_dir()):
+                raise ArtifactInvalid(f"{p.relative_to(data_dir.parent)} is not a plain file")
+            if p.is_file():
+                out.append(p)
+    return sorted(out)
+
+
+def export_store(
+    store: ArtifactBackend, dest: str | os.PathLike[str], info: ExportInfo | None = None
+) -> ExportManifest:
+    """Export ``store`` as an artifact directory at ``dest`` (which must not exist).
+
+    Must not run concurrently with ``apply``: inside ``watch_applied`` go
+    through an ``ExportRequest``. Raises SnapshotError if the copy does not
+    recover the live cursor; nothing is left at ``dest`` then.
+    """
+    info = info or ExportInfo()
+    dest = Path(dest)
+    if dest.exists():
+        raise FileExistsError(f"artifact destination {dest} exists")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stage-", dir=dest.parent))
+    try:
+        live = store.cursor
+        data = stage / DATA_DIR
+        store.write_copy(data)
+        recovered = type(store).recover_cursor(data)
+        if recovered != live:
+            raise SnapshotError(
+                f"export of {store.backend} fold failed verification: the copy recovers "
+                f"cursor {recovered}, the live fold is at {live}"
+            )
+        _fsync_tree(data)
+        # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
+        rels = sorted((p.relative_to(stage).as_posix(), p) for p in _tree(data))
+        files = [ArtifactFile(rel, p.stat().st_size, file_digest(p)) for rel, p in rels]
+        manifest = ExportManifest(
+            schema_version=SCHEMA_VERSION,
+            backend=store.backend,
+            format_generation=store.format_generation,
+            cursor_hex=live.raw.hex(),
+            files=tuple(files),
+            exporter=info.exporter,
+            exported_at_ms=info.exported_at_ms,
+            bucket=info.bucket,
+            scope=tuple(info.scope),
+        )
+        with open(stage / MANIFEST_NAME, "wb") as f:
+            f.write(manifest.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(stage)
+        os.rename(stage, dest)
+        _fsync(dest.parent)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+
+def read_manifest(artifact_dir: str | os.PathLike[str]) -> tuple[bytes, ExportManifest]:
+    """The manifest bytes of an artifact directory and what they say (ArtifactInvalid if bad)."""
+    path = Path(artifact_dir) / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ArtifactInvalid(f"no {MANIFEST_NAME} in {artifact_dir}") from None
+    return raw, ExportManifest.decode(raw)
+
+
+def backend_class(backend: str) -> type[ArtifactBackend]:
+    from waymark.kv.stores import store_class
+
+    return store_class(backend)  # type: ignore[return-value]
+
+
+def check_source(
+    manifest: ExportManifest,
+    backend: str,
+    bucket: str | None = None,
+    scope: tuple[str, ...] | None = None,
+) -> type[ArtifactBackend]:
+    """Everything decidable from the manifest alone, before any file is fetched or opened.
+
+    Raises ArtifactInvalid; returns the backend's store class.
+    """
+    if manifest.backend != backend:
+        raise ArtifactInvalid(
+            f"artifact is a {manifest.backend} fold, this node's store is {backend}"
+        )
+    cls = backend_class(backend)
+    if manifest.format_generation != cls.format_generation:
+        raise ArtifactInvalid(
+            f"artifact has {backend} format generation {manifest.format_generation}, "
+            f"this node reads generation {cls.format_generation}"
+        )
+    if bucket is not None and manifest.bucket not in (None, bucket):
+        raise ArtifactInvalid(f"artifact folds bucket {manifest.bucket!r}, not {bucket!r}")
+    if scope is not None and tuple(manifest.scope) != tuple(scope):
+        raise ArtifactInvalid(
+            f"artifact folds scope {list(manifest.scope) or 'all'}, "
+            f"this node watches {list(scope) or 'all'}"
+        )
+    return cls
+
+
+def verify_files(manifest: ExportManifest, root: Path) -> None:
+    """Every file the manifest lists, and nothing else, with its size and BLAKE3 digest."""
+    data = root / DATA_DIR
+    present = {p.relative_to(root).as_posix(): p for p in _tree(data)} if data.is_dir() else {}
+    listed = {f.path: f for f in manifest.files}
+    if extra := sorted(present.keys() - listed.keys()):
+        raise ArtifactInvalid(f"files not in the manifest: {', '.join(extra)}")
+    if missing := sorted(listed.keys() - present.keys()):
+        raise ArtifactInvalid(f"files missing: {', '.join(missing)}")
+    for path, f in listed.items():
+        p = present[path]
+        if p.stat().st_size != f.size:
+            raise ArtifactInvalid(f"{path} is {p.stat().st_size} bytes, the manifest says {f.size}")
+        if file_digest(p) != f.blake3:
+            raise ArtifactInvalid(f"{path} does not match its BLAKE3 digest")
+
+
+def _store_spec(spec: str) -> tuple[str, Path]:
+    backend, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise ValueError(f"store spec {spec!r} must look like BACKEND:PATH")
+    return backend, Path(path)
+
+
+def destination_is_empty(path: Path) -> bool:
+    """Whether an import may create the store at ``path``: nothing there, or an empty directory."""
+    if not path.exists() and not path.is_symlink():
+        return True
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def import_artifact(
+    artifact_dir: str | os.PathLike[str],
+    store_spec: str,
+    *,
+    consume: bool = False,
+    bucket: str | None = None,
+    scope: tuple[str, ...] | None = None,
+) -> ExportManifest:
+    """Import an artifact as the fold store ``BACKEND:PATH`` (PATH must be empty).
+
+    With ``consume`` the artifact's files are moved rather than copied (a
+    downloaded artifact on the same file system). ``bucket`` and ``scope``,
+    when given, must match what the manifest records. Raises ArtifactInvalid
+    (nothing written at PATH) or FileExistsError (PATH not empty).
+    """
+    backend, dest = _store_spec(store_spec)
+    src = Path(artifact_dir)
+    _, manifest = read_manifest(src)
+    cls = check_source(manifest, backend, bucket, scope)
+    if not destination_is_empty(dest):
+        raise FileExistsError(f"{dest} is not empty: an artifact is imported into a new store")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.import-", dir=dest.parent))
+    try:
+        if (src / DATA_DIR).is_dir():
+            if consume:
+                try:
+                    os.rename(src / DATA_DIR, stage / DATA_DIR)
+                except OSError:  # another file system: copy instead
+                    shutil.copytree(src / DATA_DIR, stage / DATA_DIR, symlinks=True)
+            else:
+                shutil.copytree(src / DATA_DIR, stage / DATA_DIR, symlinks=True)
+        # Hash the staged copy itself: the source is untrusted and could change meanwhile.
+        verify_files(manifest, stage)
+        staged = cls.path_in(stage / DATA_DIR)
+        try:
+            store = open_backend(backend, staged)
+        except Exception as e:
+            raise ArtifactInvalid(f"the {backend} copy does not open: {e}") from e
+        try:
+            recovered = store.cursor
+        finally:
+            store.close()
+        if recovered != manifest.cursor:
+            raise ArtifactInvalid(
+                f"the copy recovers cursor {recovered}, the manifest says {manifest.cursor}"
+            )
+        _fsync_tree(stage / DATA_DIR)  # durable before it is renamed into place
+        _place(staged, dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
+    return manifest
+
+
+def open_backend(backend: str, path: Path) -> SnapshotStore:
+    from waymark.kv.stores import open_store
+
+    return open_store(f"{backend}:{path}")
+
+
+def _place(staged: Path, dest: Path) -> None:
+    """Move the verified store into place atomically, never over something that appeared."""
+    if staged.is_dir():
+        os.rename(staged, dest)  # replaces an empty directory, fails on a non-empty one
+    else:
+        os.link(staged, dest)  # fails if dest exists; unlike rename it never replaces
+        staged.unlink()
+    _fsync(dest.parent)

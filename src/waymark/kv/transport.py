@@ -1,0 +1,495 @@
+"""Fold artifacts on an object store: write-once payloads and a monotonic CAS pointer.
+
+Layout under the store's URL, for an artifact key ``K``::
+
+    K.payloads/<content address>.tar   the artifact as a tar, MANIFEST.json first;
+                                       written once (content-addressed)
+    K.manifest.json                    the pointer: the published manifest's bytes,
+                                       written last, only by compare-and-swap
+
+Publishing uploads the payload, then swaps the pointer: read it, ask
+``pointer_publish_allowed`` (absent, corrupt, or the candidate's cursor at or
+above the current one), and put it create-only or If-Match on the ETag read,
+re-reading after a lost race. The pointer therefore never moves to an older
+cursor, and a slow exporter gets ``SupersededByNewer`` instead of an error.
+Readers derive the payload key from the pointer bytes themselves, so a pointer
+and its payload always belong together. Pruning deletes only what
+``payload_prunable`` allows: not the target, aged past the grace, and a rank
+strictly below the pointer's, which can never become the pointer again. See
+docs/kv.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from waymark.clock import Clock, SystemClock
+from waymark.kv.artifact import (
+    DATA_DIR,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    ExportManifest,
+    check_source,
+    content_address,
+    import_artifact,
+    read_manifest,
+)
+from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable
+from waymark.kv.guards import (
+    POINTER_ABSENT,
+    PointerState,
+    payload_prunable,
+    pointer_publish_allowed,
+)
+from waymark.objstore import (
+    CREATE,
+    OVERWRITE,
+    PART_SIZE,
+    ConditionalWriteUnsupported,
+    IfMatch,
+    ObjectExists,
+    ObjectMeta,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectVersion,
+    PreconditionFailed,
+    PutMode,
+)
+
+log = logging.getLogger("waymark.kv")
+
+MAX_SWAP_RETRIES = 8
+"""Re-reads of the pointer after a lost compare-and-swap before the swap gives up."""
+
+POINTER_SUFFIX = ".manifest.json"
+PAYLOADS_SUFFIX = ".payloads/"
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_BLOCK = tarfile.BLOCKSIZE
+
+
+class PublishOutcome(enum.Enum):
+    """The result of a pointer swap; neither is an error."""
+
+    Published = "published"
+    """The pointer now names this artifact."""
+    SupersededByNewer = "superseded-by-newer"
+    """Refused: the pointer names a newer artifact (or the race was lost 1 + 8 times)."""
+
+
+@dataclass(frozen=True)
+class PointerObservation:
+    """The pointer as read before a swap: its state for the guard, and its version for CAS."""
+
+    state: PointerState
+    version: ObjectVersion | None = None
+    body: bytes | None = None
+    manifest: ExportManifest | None = None
+
+
+@dataclass(frozen=True)
+class UploadedPayload:
+    key: str
+    manifest_bytes: bytes
+    manifest: ExportManifest
+    payload_key: str
+
+
+@dataclass
+class PruneReport:
+    deleted: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+def check_key(key: str) -> str:
+    if not _KEY.match(key):
+        raise ValueError(f"artifact key {key!r} must be letters, digits, '.', '_' or '-'")
+    return key
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * (-n % _BLOCK)
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    """A header with nothing but name and size: the same artifact always tars to the same bytes."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    # GNU headers carry sizes beyond ustar's 8 GiB and names beyond 100 bytes.
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+def tar_stream(
+    artifact_dir: Path, manifest_bytes: bytes, manifest: ExportManifest
+) -> Iterator[bytes]:
+    """The artifact as a tar, MANIFEST.json first, then the files in manifest order.
+
+    Generated on the fly: a multi-gigabyte fold is never held in memory or
+    written to disk twice. A file whose size no longer matches the manifest
+    fails the upload (the artifact changed under it).
+    """
+    yield (
+        _tar_header(MANIFEST_NAME, len(manifest_bytes)) + manifest_bytes + _pad(len(manifest_bytes))
+    )
+    for f in manifest.files:
+        path = artifact_dir / f.path
+        with open(path, "rb") as src:
+            if os.fstat(src.fileno()).st_size != f.size:
+                raise ArtifactInvalid(f"{f.path} changed size since it was exported")
+            yield _tar_header(f.path, f.size)
+            left = f.size
+            while left:
+                chunk = src.read(min(PART_SIZE, left))
+                if not chunk:
+                    raise ArtifactInvalid(f"{f.path} shrank while it was uploaded")
+                left -= len(chunk)
+                yield chunk
+        yield _pad(f.size)
+    yield b"\0" * (2 * _BLOCK)
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
+    if member.size > limit:
+        raise ArtifactInvalid(f"{member.name} is {member.size} bytes, more than {limit}")
+    f = tar.extractfile(member)
+    assert f is not None
+    return f.read()
+
+
+def extract_payload(stream: IO[bytes], dest: Path, pointer_bytes: bytes) -> None:
+    """Stream a payload tar into ``dest``: its manifest must be the pointer, byte for byte.
+
+    Only regular files that the manifest lists are written (at most once, at
+    the listed size); anything else refuses the payload. Digests are checked by
+    the import that follows.
+    """
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            first = tar.next()
+            if first is None or first.name != MANIFEST_NAME or not first.isreg():
+                raise ArtifactInvalid(f"payload does not start with {MANIFEST_NAME}")
+            embedded = _read_member(tar, first, MAX_MANIFEST_BYTES)
+            if embedded != pointer_bytes:
+                raise ArtifactInvalid("the payload's embedded manifest is not the pointer's")
+            manifest = ExportManifest.decode(embedded)
+            sizes = {f.path: f.size for f in manifest.files}
+            (dest / MANIFEST_NAME).write_bytes(embedded)
+            (dest / DATA_DIR).mkdir()
+            while (member := tar.next()) is not None:
+                if not member.isreg() or sizes.pop(member.name, None) != member.size:
+                    raise ArtifactInvalid(f"payload member {member.name!r} is not in the manifest")
+                target = dest / member.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(member)
+                assert src is not None
+                with open(target, "wb") as out:
+                    shutil.copyfileobj(src, out, PART_SIZE)
+    except (tarfile.TarError, EOFError) as e:
+        raise ArtifactInvalid(f"payload is not a complete tar: {e}") from e
+
+
+class ObjectStoreTransport:
+    """Publishes, fetches and prunes fold artifacts on an :class:`ObjectStore`.
+
+    A store without conditional writes fails closed (ConditionalWriteUnsupported)
+    unless ``allow_non_atomic_pointer`` is set (development only: two racing
+    publishers could then move the pointer backwards). ``clock`` ages payloads
+    for pruning.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        allow_non_atomic_pointer: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.allow_non_atomic_pointer = allow_non_atomic_pointer
+        self.clock = clock or SystemClock()
+
+    @property
+    def atomic(self) -> bool:
+        return self.store.capabilities.conditional_put
+
+    def pointer_key(self, key: str) -> str:
+        return check_key(key) + POINTER_SUFFIX
+
+    def payload_key(self, key: str, address: str) -> str:
+        return f"{check_key(key)}{PAYLOADS_SUFFIX}{address}.tar"
+
+    def _check_atomic(self) -> None:
+        if not self.atomic and not self.allow_non_atomic_pointer:
+            raise ConditionalWriteUnsupported(
+                f"{self.store.url} has no conditional writes: the pointer swap fails closed "
+                "(allow_non_atomic_pointer is for development only)"
+            )
+
+    # -- publish ---------------------------------------------------------------
+
+    def upload_payload(self, key: str, artifact_dir: str | os.PathLike[str]) -> UploadedPayload:
+        """Upload the artifact's payload (multipart, 8 MiB parts); the pointer is untouched."""
+        self._check_atomic()
+        artifact = Path(artifact_dir)
+        raw, manifest = read_manifest(artifact)
+        payload = self.payload_key(key, content_address(raw))
+        self.store.upload(payload, tar_stream(artifact, raw, manifest))
+        return UploadedPayload(key, raw, manifest, payload)
+
+    def read_pointer(self, key: str) -> PointerObservation:
+        try:
+            got = self.store.get(self.pointer_key(key))
+        except ObjectNotFound:
+            return PointerObservation(POINTER_ABSENT)
+        try:
+            manifest: ExportManifest | None = ExportManifest.decode(got.data)
+        except ArtifactInvalid:
+            manifest = None
+        rank = manifest.rank if manifest is not None else None
+        return PointerObservation(
+            PointerState(True, rank), got.meta.object_version, got.data, manifest
+        )
+
+    def try_swap(
+        self, observed: PointerObservation, uploaded: UploadedPayload
+    ) -> PublishOutcome | None:
+        """One compare-and-swap against what was ``observed``; None when the race was lost."""
+        if not pointer_publish_allowed(observed.state, uploaded.manifest.rank):
+            return PublishOutcome.SupersededByNewer
+        if not self._still_fetchable(observed, uploaded):
+            return PublishOutcome.SupersededByNewer
+        mode: PutMode
+        if not self.atomic:
+            mode = OVERWRITE  # allow_non_atomic_pointer: checked, but not atomically
+        elif observed.version is None:
+            mode = CREATE
+        else:
+            mode = IfMatch(observed.version)
+        try:
+            self.store.put(self.pointer_key(uploaded.key), uploaded.manifest_bytes, mode=mode)
+        except (ObjectExists, PreconditionFailed):
+            return None
+        return PublishOutcome.Published
+
+    def _still_fetchable(self, observed: PointerObservation, uploaded: UploadedPayload) -> bool:
+        """Whether the candidate's payload can still be named by the pointer.
+
+        Under a parseable pointer the guards guarantee it: a payload is pruned
+        only below the pointer, and such a candidate is refused. An absent or
+        corrupt pointer orders nothing, and a prune under an earlier, newer
+        pointer may have deleted the candidate's payload, so it is looked up.
+        Pruning stops while the pointer is unparseable and any new pointer fails
+        the compare-and-swap, so the answer cannot go stale before the swap.
+        """
+        if observed.manifest is not None:
+            return True
+        try:
+            self.store.head(uploaded.payload_key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def swap_pointer(self, uploaded: UploadedPayload) -> PublishOutcome:
+        """Make the pointer name ``uploaded`` unless a newer artifact is published."""
+        self._check_atomic()
+        for _ in range(1 + MAX_SWAP_RETRIES):
+            outcome = self.try_swap(self.read_pointer(uploaded.key), uploaded)
+            if outcome is not None:
+                return outcome
+        log.warning(
+            "pointer %s: lost the swap %d times in a row to concurrent publishers; giving up",
+            self.pointer_key(uploaded.key),
+            1 + MAX_SWAP_RETRIES,
+        )
+        return PublishOutcome.SupersededByNewer
+
+    def upload(
+        self, key: str, artifact_dir: str | os.PathLike[str]
+    ) -> tuple[ExportManifest, PublishOutcome]:
+        """Upload the payload, then swap the pointer (published last)."""
+        uploaded = self.upload_payload(key, artifact_dir)
+        return uploaded.manifest, self.swap_pointer(uploaded)
+
+    # -- fetch -----------------------------------------------------------------
+
+    def download(
+        self, key: str, into: str | os.PathLike[str], *, pointer: PointerObservation | None = None
+    ) -> tuple[ExportManifest, Path]:
+        """Fetch the pointer's artifact into a new directory under ``into``.
+
+        The payload key is derived from the pointer bytes; the payload's
+        embedded manifest must equal them. Returns the manifest and the
+        artifact directory (the caller imports and removes it). Raises
+        ArtifactUnavailable (no pointer, payload gone, the store failing) or
+        ArtifactInvalid.
+        """
+        observed = pointer if pointer is not None else self.read_pointer(key)
+        if observed.body is None:
+            raise ArtifactUnavailable(f"no artifact published at {self.pointer_key(key)}")
+        if observed.manifest is None:
+            raise ArtifactInvalid(f"the pointer {self.pointer_key(key)} is not a valid manifest")
+        payload = self.payload_key(key, content_address(observed.body))
+        Path(into).mkdir(parents=True, exist_ok=True)
+        artifact = Path(tempfile.mkdtemp(prefix=".download-", dir=into))
+        try:
+            try:
+                with self.store.stream(payload) as stream:
+                    extract_payload(stream, artifact, observed.body)
+            except ObjectNotFound:
+                raise ArtifactUnavailable(
+                    f"the pointer names {payload}, which is gone (pruned?)"
+                ) from None
+            except ObjectStoreError as e:  # the store failed mid-fetch: nothing was refused
+                raise ArtifactUnavailable(f"fetching {payload} failed: {e}") from e
+        except BaseException:
+            shutil.rmtree(artifact, ignore_errors=True)
+            raise
+        return observed.manifest, artifact
+
+    def bootstrap(
+        self,
+        key: str,
+        store_spec: str,
+        *,
+        bucket: str | None = None,
+        scope: tuple[str, ...] | None = None,
+    ) -> ExportManifest:
+        """Download the pointer's artifact and import it as the new store ``BACKEND:PATH``.
+
+        The download is staged beside PATH (same file system: the import
+        moves it). Raises ArtifactInvalid / ArtifactUnavailable with nothing
+        left at PATH, or FileExistsError if PATH is not empty.
+        """
+        backend, _, path = store_spec.partition(":")
+        dest = Path(path)
+        observed = self.read_pointer(key)
+        if observed.manifest is not None:  # refuse a mismatch before downloading anything
+            check_source(observed.manifest, backend, bucket, scope)
+        _, artifact = self.download(key, dest.parent, pointer=observed)
+        try:
+            return import_artifact(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
+        finally:
+            shutil.rmtree(artifact, ignore_errors=True)
+
+    def payload_rank(self, payload_key: str) -> int | None:
+        """The cursor a payload's embedded manifest names (read from its first bytes).
+
+        None if it cannot be read: such a payload is never pruned.
+        """
+        try:
+            header = tarfile.TarInfo.frombuf(
+                self.store.get_range(payload_key, 0, _BLOCK), "utf-8", "surrogateescape"
+            )
+            if header.name != MANIFEST_NAME or not header.isreg():
+                return None
+            if header.size > MAX_MANIFEST_BYTES:
+                return None
+            raw = self.store.get_range(payload_key, _BLOCK, _BLOCK + header.size)
+            return ExportManifest.decode(raw).rank
+        except (tarfile.TarError, ArtifactInvalid, ObjectStoreError):
+            return None
+
+    # -- prune -----------------------------------------------------------------
+
+    def prune(self, key: str, grace_ms: int) -> PruneReport:
+        """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds).
+
+        With no parseable pointer nothing is provably older, so nothing goes.
+        """
+        report = PruneReport()
+        observed = self.read_pointer(key)
+        payloads = list(self.store.list(check_key(key) + PAYLOADS_SUFFIX))
+        if observed.manifest is None or observed.body is None:
+            report.kept = [m.key for m in payloads]
+            return report
+        target = self.payload_key(key, content_address(observed.body))
+        now = self.clock.now_ms()
+        for meta in payloads:
+            is_target = meta.key == target
+            aged_out = now - meta.last_modified_ms >= grace_ms
+            # Reading a rank costs two range reads; only a candidate needs it.
+            rank = self.payload_rank(meta.key) if aged_out and not is_target else None
+            if payload_prunable(rank, observed.manifest.rank, is_target, aged_out):
+                try:
+                    self._delete(meta)
+                except PreconditionFailed:
+                    report.kept.append(meta.key)  # re-uploaded since it was listed
+                    continue
+                report.deleted.append(meta.key)
+            else:
+                report.kept.append(meta.key)
+        return report
+
+    def _delete(self, meta: ObjectMeta) -> None:
+        if self.store.capabilities.conditional_delete:
+            self.store.delete(meta.key, if_match=meta.object_version)
+        else:
+            self.store.delete(meta.key)
+
+    # -- inspect ---------------------------------------------------------------
+
+    def keys(self) -> list[str]:
+        """Artifact keys with a pointer under this store."""
+        return [
+            m.key[: -len(POINTER_SUFFIX)]
+            for m in self.store.list()
+            if m.key.endswith(POINTER_SUFFIX) and "/" not in m.key
+        ]
+
+    def inspect(self, key: str) -> dict[str, Any]:
+        """The pointer, its manifest and every payload, as plain data (for ``fold inspect``)."""
+        observed = self.read_pointer(key)
+        target = (
+            self.payload_key(key, content_address(observed.body))
+            if observed.body is not None
+            else None
+        )
+        pointer: dict[str, Any] | None = None
+        if observed.body is not None:
+            pointer = {
+                "key": self.pointer_key(key),
+                "etag": observed.version.etag if observed.version else None,
+                "valid": observed.manifest is not None,
+                "payload": target,
+                "manifest": _manifest_doc(observed.manifest),
+            }
+        payloads = [
+            {
+                "key": m.key,
+                "size": m.size,
+                "last_modified_ms": m.last_modified_ms,
+                "rank": self.payload_rank(m.key),
+                "target": m.key == target,
+            }
+            for m in self.store.list(check_key(key) + PAYLOADS_SUFFIX)
+        ]
+        return {"key": key, "url": self.store.url, "pointer": pointer, "payloads": payloads}
+
+
+def _manifest_doc(m: ExportManifest | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "cursor": m.rank,
+        "cursor_hex": m.cursor_hex,
+        "backend": m.backend,
+        "format_generation": m.format_generation,
+        "schema_version": m.schema_version,
+        "exporter": m.exporter,
+        "exported_at_ms": m.exported_at_ms,
+        "bucket": m.bucket,
+        "scope": list(m.scope),
+        "files": [{"path": f.path, "size": f.size, "blake3": f.blake3} for f in m.files],
+    }

@@ -1,0 +1,352 @@
+"""The export lease and export rounds against a real nats-server, folds and object stores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from obstore.store import LocalStore
+
+from waymark.clock import ManualClock
+from waymark.kv import (
+    Connection,
+    ExportRequest,
+    KvStore,
+    KvUpdate,
+    RevisionMismatch,
+    StoreConfig,
+    WatchCursor,
+    WatchScope,
+    open_store,
+    watch_applied,
+)
+from waymark.kv.artifact import ExportInfo
+from waymark.kv.export import RoundResult, RoundState, export_via, run_export_round
+from waymark.kv.lease import ExportLease, LeaseRecord
+from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.transport import ObjectStoreTransport
+from waymark.objstore import ObstoreObjectStore
+from waymark.objstore import open_store as open_objstore
+
+pytestmark = pytest.mark.timeout(90)
+
+KEY = "fold"
+TTL = 30.0
+
+
+async def bulk_put(kv: KvStore, items: list[tuple[str, bytes]]) -> None:
+    for key, value in items:
+        await kv.js.publish_async(f"{kv.subject_prefix}{key}", value)
+    await kv.js.publish_async_completed()
+
+
+def lease_for(kv: KvStore, holder: str, clock: ManualClock, ttl: float = TTL) -> ExportLease:
+    """The lease lives in its own bucket (``leases``), as with ``waymark fold``: in the
+    folded bucket its writes would be folded too."""
+    return ExportLease(kv.reader(), kv.writer(), "lease.fold", holder, ttl, clock)
+
+
+# -- the lease ---------------------------------------------------------------
+
+
+async def test_lease_create_wins_a_live_lease_is_not_yours_an_expired_one_is_taken(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    clock = ManualClock()
+    a, b = lease_for(kv, "a", clock), lease_for(kv, "b", clock)
+    guard = await a.try_acquire()
+    assert guard is not None and not guard.took_over
+    assert await b.try_acquire() is None
+    raw = (await kv.reader().get("lease.fold")).value  # type: ignore[union-attr]
+    assert json.loads(raw) == {
+        "holder_id": "a",
+        "acquired_at_unix": clock.now_ms() // 1000,
+        "expires_at_unix": clock.now_ms() // 1000 + 30,
+        "completed_cursor_hex": None,
+        "completed_at_unix": None,
+    }
+    clock.advance(29_000)
+    assert await b.try_acquire() is None
+    clock.advance(1_000)  # expiry is in the value, compared by the contender
+    stolen = await b.try_acquire()
+    assert stolen is not None and stolen.took_over
+    with pytest.raises(RevisionMismatch):  # the old holder cannot stamp a round it lost
+        await guard.complete(WatchCursor.from_u64(5))
+    await stolen.complete(WatchCursor.from_u64(9))
+    record = await b.current()
+    assert record is not None and record.holder_id == "b"
+    assert record.completed_cursor_hex == WatchCursor.from_u64(9).raw.hex()
+    assert record.completed_at_unix == clock.now_ms() // 1000
+
+
+async def test_a_corrupt_lease_is_taken_over_and_abandon_frees_the_round(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    clock = ManualClock()
+    await kv.writer().put("lease.fold", b"\x00not json")
+    a, b = lease_for(kv, "a", clock), lease_for(kv, "b", clock)
+    guard = await a.try_acquire()
+    assert guard is not None and guard.took_over  # one bad write cannot wedge the fleet
+    assert await b.try_acquire() is None
+    await guard.abandon()
+    assert await kv.reader().get("lease.fold") is None
+    assert await b.try_acquire() is not None  # elected at once, no expiry to wait out
+    assert LeaseRecord.parse(b'{"holder_id": 1}') is None
+
+
+# -- rounds ------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """A folding node: watch_applied into its store, with an export request queue."""
+
+    store: SnapshotStore
+    requests: asyncio.Queue[ExportRequest]
+    task: asyncio.Task[WatchCursor]
+    stop: asyncio.Event
+    deliveries: list[KvUpdate]
+
+    async def reach(self, target: int) -> None:
+        while self.store.cursor.as_u64() < target:
+            if self.task.done():
+                self.task.result()
+                raise AssertionError("watch_applied ended early")
+            await asyncio.sleep(0.01)
+
+    async def shutdown(self) -> WatchCursor:
+        self.stop.set()
+        cursor = await asyncio.wait_for(self.task, 10)
+        self.store.close()
+        return cursor
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[list[Node]]:
+    started: list[Node] = []
+    yield started
+    for n in started:
+        if not n.task.done():
+            await n.shutdown()
+
+
+async def start_node(kv: KvStore, spec: str, nodes: list[Node], *, with_store: bool = True) -> Node:
+    store = open_store(spec)
+    deliveries: list[KvUpdate] = []
+
+    def parse(u: KvUpdate) -> KvUpdate:
+        deliveries.append(u)
+        return u
+
+    requests: asyncio.Queue[ExportRequest] = asyncio.Queue()
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            lambda batch: None,  # parse runs only for an apply
+            parse=parse,
+            store=store if with_store else None,
+            resume=store.cursor,
+            reader=kv.reader(),
+            export_requests=requests,
+            shutdown=stop,
+        )
+    )
+    node = Node(store, requests, task, stop, deliveries)
+    nodes.append(node)
+    return node
+
+
+async def test_a_round_publishes_completes_and_leaves_nothing_local(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node]
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(200)])
+    clock = ManualClock()
+    a = await start_node(kv, f"lmdb:{tmp_path / 'a'}", nodes)
+    await a.reach(200)
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    lease = lease_for(leases, "a", clock)
+    export = export_via(a.requests, lambda: ExportInfo("a", clock.now_ms(), bucket_name))
+    work = tmp_path / "work"
+
+    report = await run_export_round(
+        lease=lease, export=export, transport=transport, key=KEY, workdir=work
+    )
+    assert report.result is RoundResult.Published, report.error
+    assert report.states == [
+        RoundState.Idle,
+        RoundState.Acquiring,
+        RoundState.Exporting,
+        RoundState.Uploading,
+        RoundState.Completing,
+        RoundState.Idle,
+    ]
+    assert report.manifest is not None and report.manifest.rank == 200
+    assert transport.read_pointer(KEY).state.rank == 200
+    record = await lease.current()
+    assert record is not None and record.completed_cursor_hex == a.store.cursor.raw.hex()
+    assert os.listdir(work) == []  # the local artifact is always deleted
+
+    # The lease is live after a completed round: the next trigger anywhere is not its turn.
+    b_lease = lease_for(leases, "b", clock)
+    again = await run_export_round(
+        lease=b_lease, export=export, transport=transport, key=KEY, workdir=work
+    )
+    assert again.result is RoundResult.NotYours
+    assert again.states == [RoundState.Idle, RoundState.Acquiring, RoundState.Idle]
+
+
+async def test_a_superseded_or_failed_round_abandons_the_lease(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node]
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(50)])
+    clock = ManualClock()
+    await bulk_put(kv, [(f"k.{i}", b"w") for i in range(50)])
+    ahead = await start_node(kv, f"append-log:{tmp_path / 'ahead.log'}", nodes)
+    await ahead.reach(100)
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    work = tmp_path / "work"
+    published = await run_export_round(
+        lease=lease_for(leases, "ahead", clock),
+        export=export_via(ahead.requests),
+        transport=transport,
+        key=KEY,
+        workdir=work,
+    )
+    assert published.result is RoundResult.Published
+
+    # A node that fell behind (its fold at 50) wins a later lease, exports an older cursor.
+    clock.advance(int(TTL * 1000))
+    slow_store = open_store(f"append-log:{tmp_path / 'behind.log'}")
+    slow_store.apply([KvUpdate.put("k.0", b"v", 50)], WatchCursor.from_u64(50))
+
+    async def export_frozen(dest: Path) -> Any:
+        return await asyncio.to_thread(slow_store.export_to, dest)
+
+    lease = lease_for(leases, "behind", clock)
+    superseded = await run_export_round(
+        lease=lease, export=export_frozen, transport=transport, key=KEY, workdir=work
+    )
+    assert superseded.result is RoundResult.SupersededByNewer
+    assert superseded.states[-3:] == [RoundState.Uploading, RoundState.Abandoning, RoundState.Idle]
+    assert await lease.current() is None  # abandoned: the next trigger elects at once
+    assert transport.read_pointer(KEY).state.rank == 100
+    slow_store.close()
+
+    # An upload that fails (a store without conditional writes fails closed) abandons too.
+    no_cas = ObjectStoreTransport(
+        ObstoreObjectStore(
+            LocalStore(str(tmp_path / "plain"), mkdir=True),
+            "file:///plain",
+            conditional_put=False,
+            conditional_delete=False,
+        )
+    )
+    failed = await run_export_round(
+        lease=lease, export=export_via(ahead.requests), transport=no_cas, key=KEY, workdir=work
+    )
+    assert failed.result is RoundResult.Failed and "fails closed" in str(failed.error)
+    assert failed.states[-3:] == [RoundState.Uploading, RoundState.Abandoning, RoundState.Idle]
+    assert await lease.current() is None
+
+    # So does an export that fails: here watch_applied refuses it (no fold store wired).
+    storeless = await start_node(kv, f"append-log:{tmp_path / 'x.log'}", nodes, with_store=False)
+    no_export = await run_export_round(
+        lease=lease, export=export_via(storeless.requests), transport=transport, key=KEY,
+        workdir=work,
+    )  # fmt: skip
+    assert no_export.result is RoundResult.Failed and "export refused" in str(no_export.error)
+    assert no_export.states[-3:] == [RoundState.Exporting, RoundState.Abandoning, RoundState.Idle]
+    assert await lease.current() is None
+    assert os.listdir(work) == []
+
+
+async def test_a_round_whose_lease_was_taken_over_meanwhile_still_publishes(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node]
+) -> None:
+    """A failed complete is not fatal: the lease is dedup, the pointer is the gate."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(20)])
+    clock = ManualClock()
+    a = await start_node(kv, f"lmdb:{tmp_path / 'a'}", nodes)
+    await a.reach(20)
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    thief = lease_for(leases, "thief", clock)
+    stolen: list[object] = []
+
+    async def export_outliving_its_lease(dest: Path) -> Any:
+        manifest = await export_via(a.requests)(dest)
+        clock.advance(int(TTL * 1000))  # the export took longer than the TTL ...
+        stolen.append(await thief.try_acquire())  # ... and another node took the lease over
+        return manifest
+
+    lease = lease_for(leases, "a", clock)
+    report = await run_export_round(
+        lease=lease,
+        export=export_outliving_its_lease,
+        transport=transport,
+        key=KEY,
+        workdir=tmp_path / "work",
+    )
+    assert stolen[0] is not None
+    assert report.result is RoundResult.Published and report.states[-2] is RoundState.Completing
+    record = await lease.current()
+    assert record is not None and record.holder_id == "thief"  # complete lost its CAS
+    assert transport.read_pointer(KEY).state.rank == 20
+
+
+async def test_two_nodes_a_bootstrapped_node_fetches_only_the_tail(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node], store_url: str
+) -> None:
+    """Delta-only resume, by delivery count: a full replay would converge just as well."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i:04}", b"v%d" % i) for i in range(600)])
+    await bulk_put(kv, [(f"k.{i:04}", b"" if i % 3 else b"w") for i in range(0, 600, 7)])
+    for i in range(0, 600, 11):
+        await kv.writer().delete(f"k.{i:04}")
+    _, exported_at = await kv.stream_bounds()
+    clock = ManualClock()
+    a = await start_node(kv, f"rocksdb:{tmp_path / 'a'}", nodes)
+    await a.reach(exported_at)
+    transport = ObjectStoreTransport(open_objstore(store_url, clock=clock), clock=clock)
+    report = await run_export_round(
+        lease=lease_for(leases, "a", clock),
+        export=export_via(a.requests),
+        transport=transport,
+        key=KEY,
+        workdir=tmp_path / "work",
+    )
+    assert report.result is RoundResult.Published and report.manifest is not None
+    assert report.manifest.rank == exported_at
+
+    tail = [(f"k.{i:04}", b"tail") for i in range(0, 600, 13)] + [("new.key", b"n")]
+    await bulk_put(kv, tail)
+    await kv.writer().delete("k.0001")
+    _, last = await kv.stream_bounds()
+
+    spec = f"rocksdb:{tmp_path / 'b'}"
+    assert transport.bootstrap(KEY, spec, bucket=None, scope=()).rank == exported_at
+    b = await start_node(kv, spec, nodes)
+    await b.reach(last)
+    assert len(b.deliveries) == len(tail) + 1 == last - exported_at
+    assert all((u.revision or 0) > exported_at for u in b.deliveries)
+    await a.reach(last)
+    assert {e.key: e.value for e in b.store.range()} == {e.key: e.value for e in a.store.range()}
+    assert {e.key: e.value for e in b.store.range()} == {
+        e.key: e.value for e in await kv.reader().scan()
+    }

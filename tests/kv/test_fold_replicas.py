@@ -1,0 +1,191 @@
+"""``waymark fold --export-to / --bootstrap-from`` and ``fold inspect`` as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waymark.cli import app
+from waymark.kv import Connection, KvStore, KvUpdate, StoreConfig, WatchCursor
+from waymark.kv.server import EmbeddedNats
+from waymark.kv.stores.lmdb_store import LmdbStore
+from waymark.kv.transport import ObjectStoreTransport
+from waymark.objstore import open_store as open_objstore
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def waymark(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "waymark"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def bulk_put(kv: KvStore, items: list[tuple[str, bytes]]) -> None:
+    for key, value in items:
+        await kv.js.publish_async(f"{kv.subject_prefix}{key}", value)
+    await kv.js.publish_async_completed()
+
+
+def lmdb_cursor(path: Path) -> int:
+    if not (path / "data.mdb").exists():
+        return 0
+    store = LmdbStore(path)  # LMDB readers may share the fold with its writer
+    try:
+        return store.cursor.as_u64()
+    finally:
+        store.close()
+
+
+async def until(condition: object, proc: subprocess.Popen[str], what: str) -> None:
+    for _ in range(1500):
+        if condition():  # type: ignore[operator]
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{what}: the process exited: {proc.stderr.read()}")  # type: ignore[union-attr]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return " ".join(err.split())  # rich wraps lines at 80 columns without a terminal
+
+
+async def test_an_exporting_node_and_a_bootstrapped_node_that_fetches_only_the_tail(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:05}", b"first-%d" % i) for i in range(3000)])
+    _, exported_at = await kv.stream_bounds()
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+
+    a = waymark("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+                "--store", f"lmdb:{tmp_path / 'a'}", "--export-to", url,
+                "--export-every-s", "0.2", "--lease-ttl-s", "1", "--node-id", "node-a")  # fmt: skip
+    try:
+        await until(
+            lambda: transport.read_pointer(bucket_name).state.rank == exported_at, a, "a publish"
+        )
+    finally:
+        err_a = stop(a)
+    assert f"export: published cursor {exported_at}" in err_a
+
+    tail = [(f"k.{i:05}", b"second-%d" % i) for i in range(0, 3000, 10)]
+    await bulk_put(kv, tail)
+    _, last = await kv.stream_bounds()
+    b = waymark("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+                "--store", f"lmdb:{tmp_path / 'b'}", "--bootstrap-from", url)  # fmt: skip
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "b") == last, b, "node b to catch up")
+    finally:
+        err_b = stop(b)
+    assert f"bootstrapped from {url} ({bucket_name}): cursor {exported_at}" in err_b
+    applied = re.search(r"stopped at cursor (\d+) \(([\d,]+) updates applied\)", err_b)
+    assert applied is not None, err_b
+    # Delta only, by delivery count: a full replay would reach the same state with 3000 more.
+    assert int(applied[1]) == last and int(applied[2].replace(",", "")) == len(tail)
+    store = LmdbStore(tmp_path / "b")
+    assert {e.key: e.value for e in store.range()} == {
+        e.key: e.value for e in await kv.reader().scan()
+    }
+    store.close()
+
+    # fold inspect: the pointer, its manifest and the payloads.
+    result = CliRunner().invoke(app, ["fold", "inspect", url, "--json"])
+    assert result.exit_code == 0, result.output
+    (doc,) = json.loads(result.output)
+    assert doc["key"] == bucket_name and doc["pointer"]["manifest"]["cursor"] == exported_at
+    assert doc["pointer"]["manifest"]["exporter"] == "node-a"
+    assert doc["pointer"]["manifest"]["bucket"] == bucket_name
+    assert [p["target"] for p in doc["payloads"]] == [True]
+    table = CliRunner().invoke(app, ["fold", "inspect", url, "--key", bucket_name])
+    assert table.exit_code == 0 and str(exported_at) in table.output and "lmdb" in table.output
+
+
+def test_a_refused_artifact_exits_non_zero_and_leaves_no_store(tmp_path: Path) -> None:
+    store = LmdbStore(tmp_path / "src")
+    store.apply(
+        [KvUpdate.put(f"k{i}", b"v" * 100, i + 1) for i in range(50)], WatchCursor.from_u64(50)
+    )
+    store.export_to(tmp_path / "art")
+    store.close()
+    url = (tmp_path / "objects").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    transport.upload("routes", tmp_path / "art")
+    payload = next(transport.store.list("routes.payloads/")).key
+    data = bytearray(transport.store.get(payload).data)
+    data[-5000] ^= 0xFF  # inside data.mdb
+    transport.store.put(payload, bytes(data))
+
+    dest = tmp_path / "new"
+    result = CliRunner().invoke(
+        app,
+        [
+            "fold",
+            "--bucket",
+            "routes",
+            "--store",
+            f"lmdb:{dest}",
+            "--bootstrap-from",
+            url,
+            "--nats",
+            "nats://127.0.0.1:1",
+        ],
+    )
+    assert result.exit_code == 3, result.output
+    assert "ArtifactInvalid" in result.output and "BLAKE3" in result.output
+    assert not dest.exists()
+
+    # A backend that does not match is refused from the pointer alone, before the payload
+    # is fetched (here it is gone: fetching it would be ArtifactUnavailable, exit 4).
+    transport.store.delete(payload)
+    result = CliRunner().invoke(
+        app,
+        [
+            "fold",
+            "--bucket",
+            "routes",
+            "--store",
+            f"rocksdb:{dest}",
+            "--bootstrap-from",
+            url,
+            "--nats",
+            "nats://127.0.0.1:1",
+        ],
+    )
+    assert result.exit_code == 3 and "artifact is a lmdb fold" in result.output
+    assert not dest.exists()
+
+    # Nothing published at all.
+    empty = (tmp_path / "empty").as_uri()
+    result = CliRunner().invoke(
+        app,
+        [
+            "fold",
+            "--bucket",
+            "routes",
+            "--store",
+            f"lmdb:{dest}",
+            "--bootstrap-from",
+            empty,
+            "--nats",
+            "nats://127.0.0.1:1",
+        ],
+    )
+    assert result.exit_code == 4 and "ArtifactUnavailable" in result.output
+    assert not dest.exists()
