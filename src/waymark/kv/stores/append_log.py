@@ -597,6 +597,15 @@ class AppendLogStore:
         data_dir.mkdir()
         _write_log(data_dir / LOG_NAME, self._fold, self._cursor.raw)
 
+    def relocated(self, path: str | os.PathLike[str]) -> None:
+        """The log was renamed to ``path`` while open (an import placing it).
+
+        The open O_APPEND descriptor follows the file; compactions write beside
+        and rename onto ``path`` from now on. Lets an import hand over the store
+        its verification opened instead of replaying the log a second time.
+        """
+        self.path = Path(path)
+
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
         return WatchCursor(replay_log((data_dir / LOG_NAME).read_bytes(), build=False).cursor)
