@@ -96,6 +96,25 @@ def test_import_and_open_hands_over_a_store_that_lives_at_the_destination(
     store.close()
 
 
+def test_an_append_log_of_distinct_puts_exports_its_own_bytes(tmp_path: Path) -> None:
+    """Nothing superseded: the export is the live log's committed bytes (no re-encoding);
+    once a record is superseded it is the compacted fold. Both import to the same fold."""
+    store = AppendLogStore(tmp_path / "live.log", compact_threshold=1 << 30)
+    for i in range(0, 200, 50):
+        batch = [KvUpdate.put(f"k.{j:04}", b"v%d" % j, j + 1) for j in range(i, i + 50)]
+        store.apply(batch, WatchCursor.from_u64(i + 50))
+    store.export_to(tmp_path / "copied")
+    assert (tmp_path / "copied/data/fold.log").read_bytes() == (tmp_path / "live.log").read_bytes()
+    store.apply([KvUpdate.put("k.0003", b"again", 201)], WatchCursor.from_u64(201))
+    store.export_to(tmp_path / "rewritten")
+    rewritten = (tmp_path / "rewritten/data/fold.log").read_bytes()
+    assert len(rewritten) < (tmp_path / "live.log").stat().st_size
+    _, copy = import_and_open(tmp_path / "rewritten", f"append-log:{tmp_path / 'b.log'}")
+    assert copy.cursor == store.cursor and contents(copy) == contents(store)
+    copy.close()
+    store.close()
+
+
 def test_manifest_bytes_are_deterministic_and_address_the_artifact() -> None:
     m = ExportManifest(1, "lmdb", 1, "00000000000000ff", (), exporter="n", exported_at_ms=5)
     raw = m.encode()
