@@ -15,9 +15,11 @@ from waymark.kv.artifact import (
     ExportInfo,
     ExportManifest,
     content_address,
+    import_and_open,
     import_artifact,
     read_manifest,
 )
+from waymark.kv.stores import append_log
 from waymark.kv.stores.append_log import AppendLogStore, _write_log
 from waymark.kv.stores.protocol import SnapshotStore
 
@@ -62,6 +64,55 @@ def test_export_then_import_gives_the_same_fold_at_the_same_cursor(
     copy.close()
     store.close()
     assert not [n for n in os.listdir(tmp_path / "node-b") if n.startswith(".")]  # no stage left
+
+
+def test_import_and_open_hands_over_a_store_that_lives_at_the_destination(
+    make_store: Factory, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store the import verified is the one returned (an append log is replayed once,
+    not twice), and it is the store at PATH: what it applies and compacts lands there."""
+    store = make_store()
+    fill(store)
+    store.export_to(tmp_path / "art")
+    replays = []
+    real_replay = append_log.replay_log
+    monkeypatch.setattr(
+        append_log, "replay_log", lambda data, **kw: replays.append(1) or real_replay(data, **kw)
+    )
+    dest = spec_for(backend, tmp_path / "node-b")
+    manifest, copy = import_and_open(tmp_path / "art", dest)
+    assert copy.cursor == manifest.cursor == store.cursor
+    assert contents(copy) == contents(store)
+    assert len(replays) == (1 if backend == "append-log" else 0)
+    copy.apply([KvUpdate.put("k.after", b"x", 302)], WatchCursor.from_u64(302))
+    if isinstance(copy, AppendLogStore):
+        copy.compact()  # writes beside the placed log and renames onto it
+    copy.close()
+    assert not [n for n in os.listdir(tmp_path / "node-b") if n.startswith(".")]
+    again = open_store(dest)
+    assert again.cursor == WatchCursor.from_u64(302) and again.get("k.after") is not None
+    assert len(contents(again)) == len(contents(store)) + 1
+    again.close()
+    store.close()
+
+
+def test_an_append_log_of_distinct_puts_exports_its_own_bytes(tmp_path: Path) -> None:
+    """Nothing superseded: the export is the live log's committed bytes (no re-encoding);
+    once a record is superseded it is the compacted fold. Both import to the same fold."""
+    store = AppendLogStore(tmp_path / "live.log", compact_threshold=1 << 30)
+    for i in range(0, 200, 50):
+        batch = [KvUpdate.put(f"k.{j:04}", b"v%d" % j, j + 1) for j in range(i, i + 50)]
+        store.apply(batch, WatchCursor.from_u64(i + 50))
+    store.export_to(tmp_path / "copied")
+    assert (tmp_path / "copied/data/fold.log").read_bytes() == (tmp_path / "live.log").read_bytes()
+    store.apply([KvUpdate.put("k.0003", b"again", 201)], WatchCursor.from_u64(201))
+    store.export_to(tmp_path / "rewritten")
+    rewritten = (tmp_path / "rewritten/data/fold.log").read_bytes()
+    assert len(rewritten) < (tmp_path / "live.log").stat().st_size
+    _, copy = import_and_open(tmp_path / "rewritten", f"append-log:{tmp_path / 'b.log'}")
+    assert copy.cursor == store.cursor and contents(copy) == contents(store)
+    copy.close()
+    store.close()
 
 
 def test_manifest_bytes_are_deterministic_and_address_the_artifact() -> None:

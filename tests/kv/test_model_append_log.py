@@ -120,7 +120,7 @@ class AtomicApply(RuleBasedStateMachine):
     def disk_holds_exactly_the_committed_applies(self) -> None:
         on_disk = replay_log(self.path.read_bytes())  # what a restart would load
         assert WatchCursor(on_disk.cursor) == self.cursor
-        assert {k: e.value for k, e in on_disk.fold.items()} == self.committed
+        assert {k: e.value for k, e in on_disk.entries().items()} == self.committed
 
 
 TestAtomicApply = AtomicApply.TestCase

@@ -239,8 +239,10 @@ def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Pin hypothesis' pool of "local constants" (empty) for a mutation run.
 
     Hypothesis also draws values from the literals of every local module imported so
-    far, so a derandomized search still changed with what else the process had run: in
-    the full suite the aging mutant went uncaught in 400 examples, alone it was caught.
+    far, so a derandomized search still changed with what else the process had run (in
+    the full suite the machine missed the no-starvation mutant that it caught alone;
+    that one now has a fixed scenario). Pinned, the searches below are the same in
+    every run.
     """
     empty = hypothesis_providers.Constants()
     monkeypatch.setattr(hypothesis_providers, "_get_local_constants", lambda: empty)
@@ -272,20 +274,36 @@ def test_catches_no_aging(monkeypatch: pytest.MonkeyPatch) -> None:
         run_state_machine_as_test(Scheduling, settings=MUTATION_SETTINGS)
 
 
-class StarvationOnly(Scheduling):
-    """The machine with the ordering check off: the starvation bound on its own."""
+def _rounds_until_served(low_priority: int, rounds: int) -> int | None:
+    """A priority ``low_priority`` topic's one item against two +1000 topics that have
+    fresh work every round (budget 1, 100 ms a round): the round that serves it."""
+    clock = ManualClock()
+    engine = Engine(clock=clock)
+    engine.put_topic("low", ConfigPatch(priority=low_priority, auto_priority=False))
+    for name in ("hi0", "hi1"):
+        engine.put_topic(name, ConfigPatch(priority=1000, auto_priority=False))
+    scheduler: DeliveryScheduler[str] = DeliveryScheduler(clock, engine.delivery_priority)
+    scheduler.add("low", "low")
+    for n in range(rounds):
+        scheduler.add(f"hi{n % 2}", f"hi{n % 2}")
+        if scheduler.pop() == "low":
+            return n
+        clock.advance(100)
+    return None
 
-    def check_order(self, key: tuple[str, str]) -> None:
-        pass
+
+def test_low_priority_work_is_served_under_sustained_high_priority_load() -> None:
+    # Waiting AGE_CAP_MS makes it starving, and starving work goes first.
+    served = _rounds_until_served(-1000, rounds=500)
+    assert served is not None and served <= (AGE_CAP_MS + TICK_MS) // 100 + 1
 
 
-@pytest.mark.usefixtures("fixed_constants")
 def test_catches_aging_that_cannot_prevent_starvation(monkeypatch: pytest.MonkeyPatch) -> None:
     # Mutation: aging as the formula has it (capped at +1000), no starving tier: a
-    # priority -1000 topic's work waits forever behind busy +1000 topics.
+    # priority -1000 topic's work waits forever behind busy +1000 topics. A fixed
+    # scenario, because the machine's search did not reach it in every run.
     monkeypatch.setattr(scheduler_module, "AGE_CAP_MS", 10**12)
-    with pytest.raises(AssertionError, match="starved"):
-        run_state_machine_as_test(StarvationOnly, settings=MUTATION_SETTINGS)
+    assert _rounds_until_served(-1000, rounds=500) is None
 
 
 @pytest.mark.usefixtures("fixed_constants")

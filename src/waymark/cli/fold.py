@@ -132,8 +132,10 @@ class Replicas:
 
 def _bootstrap(
     console: Console, replicas: Replicas, spec: str, bucket: str, prefixes: tuple[str, ...]
-) -> None:
-    """Import the published artifact into the empty store path, or exit non-zero."""
+) -> SnapshotStore | None:
+    """Import the published artifact into the empty store path and return the store open
+    (an append log replays once, in the import's verification), or exit non-zero; None
+    when the path already holds a fold."""
     from rich.markup import escape
 
     from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
@@ -144,10 +146,12 @@ def _bootstrap(
     path = Path(spec.partition(":")[2])
     if not destination_is_empty(path):
         console.print(f"{path} already holds a fold: resuming it instead of bootstrapping")
-        return
+        return None
     transport = ObjectStoreTransport(open_objstore(replicas.bootstrap_from))
     try:
-        manifest = transport.bootstrap(replicas.key, spec, bucket=bucket, scope=prefixes)
+        manifest, store = transport.bootstrap_open(
+            replicas.key, spec, bucket=bucket, scope=prefixes
+        )
     except ArtifactInvalid as e:
         console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
         raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
@@ -160,6 +164,7 @@ def _bootstrap(
         f"{manifest.rank}, {manifest.backend}, {len(manifest.files)} file(s), {size:,} bytes, "
         f"exported by {manifest.exporter or '?'}"
     )
+    return store
 
 
 async def _export_rounds(
@@ -248,14 +253,15 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
+    bootstrapped = None
     if replicas.bootstrap_from is not None:
-        _bootstrap(console, replicas, spec, bucket, prefixes)
+        bootstrapped = _bootstrap(console, replicas, spec, bucket, prefixes)
     server = None
     if url is None:
         server = EmbeddedNats(nats_dir).start()
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
-    fold_store = open_store(spec)
+    fold_store = bootstrapped if bootstrapped is not None else open_store(spec)
     requests: asyncio.Queue[ExportRequest] | None = (
         asyncio.Queue() if replicas.export_to is not None else None
     )

@@ -7,7 +7,7 @@ of a full replay. See docs/kv.md.
 """
 
 from waymark.kv.applied import AppliedCursor, BatchConfig, ExportRequest, watch_applied
-from waymark.kv.artifact import ExportInfo, ExportManifest, import_artifact
+from waymark.kv.artifact import ExportInfo, ExportManifest, import_and_open, import_artifact
 from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
 from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
 from waymark.kv.errors import (
@@ -87,6 +87,7 @@ __all__ = [
     "WatchError",
     "WatchScope",
     "export_via",
+    "import_and_open",
     "import_artifact",
     "open_store",
     "run_export_round",

@@ -334,6 +334,38 @@ def import_artifact(
     when given, must match what the manifest records. Raises ArtifactInvalid
     (nothing written at PATH) or FileExistsError (PATH not empty).
     """
+    manifest, _ = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=False)
+    return manifest
+
+
+def import_and_open(
+    artifact_dir: str | os.PathLike[str],
+    store_spec: str,
+    *,
+    consume: bool = False,
+    bucket: str | None = None,
+    scope: tuple[str, ...] | None = None,
+) -> tuple[ExportManifest, SnapshotStore]:
+    """:func:`import_artifact`, returning the imported store open at PATH.
+
+    The store the verification opened is handed over when its backend can be
+    moved while open (the append log, whose open replays the whole log), so a
+    bootstrap opens it once; the others are reopened at PATH.
+    """
+    manifest, store = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=True)
+    assert store is not None
+    return manifest, store
+
+
+def _import(
+    artifact_dir: str | os.PathLike[str],
+    store_spec: str,
+    consume: bool,
+    bucket: str | None,
+    scope: tuple[str, ...] | None,
+    *,
+    keep_open: bool,
+) -> tuple[ExportManifest, SnapshotStore | None]:
     backend, dest = _store_spec(store_spec)
     src = Path(artifact_dir)
     _, manifest = read_manifest(src)
@@ -342,6 +374,7 @@ def import_artifact(
         raise FileExistsError(f"{dest} is not empty: an artifact is imported into a new store")
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.import-", dir=dest.parent))
+    store: SnapshotStore | None = None
     try:
         if (src / DATA_DIR).is_dir():
             if consume:
@@ -358,21 +391,28 @@ def import_artifact(
             store = open_backend(backend, staged)
         except Exception as e:
             raise ArtifactInvalid(f"the {backend} copy does not open: {e}") from e
-        try:
-            recovered = store.cursor
-        finally:
-            store.close()
-        if recovered != manifest.cursor:
+        if store.cursor != manifest.cursor:
             raise ArtifactInvalid(
-                f"the copy recovers cursor {recovered}, the manifest says {manifest.cursor}"
+                f"the copy recovers cursor {store.cursor}, the manifest says {manifest.cursor}"
             )
         _fsync_tree(stage / DATA_DIR)  # durable before it is renamed into place
-        _place(staged, dest)
+        relocated = getattr(store, "relocated", None)
+        if keep_open and relocated is not None:
+            _place(staged, dest)
+            relocated(dest)
+        else:
+            store.close()
+            store = None
+            _place(staged, dest)
+            if keep_open:
+                store = open_backend(backend, dest)
     except BaseException:
+        if store is not None:
+            store.close()
         shutil.rmtree(stage, ignore_errors=True)
         raise
     shutil.rmtree(stage, ignore_errors=True)
-    return manifest
+    return manifest, store
 
 
 def open_backend(backend: str, path: Path) -> SnapshotStore:

@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from waymark.clock import Clock, SystemClock
 from waymark.kv.artifact import (
@@ -41,6 +41,7 @@ from waymark.kv.artifact import (
     ExportManifest,
     check_source,
     content_address,
+    import_and_open,
     import_artifact,
     read_manifest,
 )
@@ -66,6 +67,9 @@ from waymark.objstore import (
     PreconditionFailed,
     PutMode,
 )
+
+if TYPE_CHECKING:
+    from waymark.kv.stores.protocol import SnapshotStore
 
 log = logging.getLogger("waymark.kv")
 
@@ -372,16 +376,37 @@ class ObjectStoreTransport:
         moves it). Raises ArtifactInvalid / ArtifactUnavailable with nothing
         left at PATH, or FileExistsError if PATH is not empty.
         """
-        backend, _, path = store_spec.partition(":")
-        dest = Path(path)
-        observed = self.read_pointer(key)
-        if observed.manifest is not None:  # refuse a mismatch before downloading anything
-            check_source(observed.manifest, backend, bucket, scope)
-        _, artifact = self.download(key, dest.parent, pointer=observed)
+        artifact = self._fetch_for(key, store_spec, bucket, scope)
         try:
             return import_artifact(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
             shutil.rmtree(artifact, ignore_errors=True)
+
+    def bootstrap_open(
+        self,
+        key: str,
+        store_spec: str,
+        *,
+        bucket: str | None = None,
+        scope: tuple[str, ...] | None = None,
+    ) -> tuple[ExportManifest, SnapshotStore]:
+        """:meth:`bootstrap`, returning the new store open (see ``import_and_open``):
+        an append log is replayed once, by the verification, instead of twice."""
+        artifact = self._fetch_for(key, store_spec, bucket, scope)
+        try:
+            return import_and_open(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
+        finally:
+            shutil.rmtree(artifact, ignore_errors=True)
+
+    def _fetch_for(
+        self, key: str, store_spec: str, bucket: str | None, scope: tuple[str, ...] | None
+    ) -> Path:
+        backend, _, path = store_spec.partition(":")
+        observed = self.read_pointer(key)
+        if observed.manifest is not None:  # refuse a mismatch before downloading anything
+            check_source(observed.manifest, backend, bucket, scope)
+        _, artifact = self.download(key, Path(path).parent, pointer=observed)
+        return artifact
 
     def payload_rank(self, payload_key: str) -> int | None:
         """The cursor a payload's embedded manifest names (read from its first bytes).
