@@ -331,3 +331,53 @@ def test_ack_deletes_in_every_durability_class(qhttp: QueueHttp, q: str, durabil
     qhttp.claim(q, "w")
     assert qhttp.settle(q, "ack", "w", [1])["acked"] == [1]
     assert qhttp.state(q)["count"] == 0
+
+
+def _sse_streams(qhttp: QueueHttp) -> float:
+    for line in qhttp.http.get("/metrics").text.splitlines():
+        if line.startswith("waymark_sse_streams "):
+            return float(line.split()[1])
+    raise AssertionError("no waymark_sse_streams")
+
+
+def test_an_idle_work_stream_gets_heartbeats_then_still_pushes(
+    waymark_server: Any, qhttp: QueueHttp, q: str
+) -> None:
+    qhttp.queue(q)
+    params = {"node": "idle"}
+    with (
+        httpx.Client(base_url=waymark_server.url, timeout=httpx.Timeout(10, read=5)) as client,
+        client.stream("GET", f"/v0/topics/{q}/work", params=params) as stream,
+    ):
+        lines = stream.iter_lines()
+        # The test server beats every 0.2 s: two beats, then a produced job arrives.
+        beats = [line for line in (next(lines) for _ in range(4)) if line]
+        assert beats == [": heartbeat"] * 2
+        qhttp.produce(q, "after")
+        got: list[str] = []
+        while not _sse_jobs(got):
+            got.append(next(lines))
+    assert [j["data"] for j in _sse_jobs(got)] == ["after"]
+
+
+def test_a_work_stream_whose_queue_is_deleted_ends_with_an_error_event_and_is_released(
+    waymark_server: Any, qhttp: QueueHttp, q: str
+) -> None:
+    qhttp.queue(q)
+    qhttp.produce(q, 1)
+    base = _sse_streams(qhttp)
+    with (
+        httpx.Client(base_url=waymark_server.url, timeout=httpx.Timeout(10, read=5)) as client,
+        client.stream("GET", f"/v0/topics/{q}/work", params={"node": "w"}) as stream,
+    ):
+        lines = stream.iter_lines()
+        got: list[str] = []
+        while not _sse_jobs(got):
+            got.append(next(lines))
+        assert _sse_streams(qhttp) == base + 1
+        ok(qhttp.http.delete(f"/v0/topics/{q}"))
+        # The head is sent, so the refusal comes in-band and the stream ends.
+        rest = [line for line in lines if line]
+    assert rest[0] == "event: error"
+    assert orjson.loads(rest[1].removeprefix("data: "))["error"]["code"] == "topic_not_found"
+    assert _sse_streams(qhttp) == base

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -272,3 +273,28 @@ def test_disconnected_streams_are_released(http, api, topic) -> None:
     while streams() != base:
         assert time.monotonic() < deadline, "the server kept a closed stream"
         time.sleep(0.05)
+
+
+def test_a_node_filtered_watch_on_a_busy_topic_still_gets_heartbeats(http, api, topic) -> None:
+    # The filtered node's own commits wake the stream but send it nothing: silence is what
+    # counts, so a proxy still sees a heartbeat every 0.2 s (the test server's interval).
+    api.write(topic, 1)
+    beat = threading.Event()
+
+    def busy() -> None:
+        body = {"records": [{"data": 0, "node": "me"}]}
+        with httpx.Client(base_url=http.base_url) as other:
+            while not beat.is_set():
+                other.post(f"/v0/topics/{topic}/records", json=body).raise_for_status()
+
+    writer = threading.Thread(target=busy)
+    with watch(http, topic, from_seq=1, node="me") as stream:
+        writer.start()
+        try:
+            line = next(line for line in stream.lines if line)
+        finally:
+            beat.set()
+            writer.join()
+        assert line == ": heartbeat"
+        api.write(topic, "other")
+        assert stream.next().data["data"] == "other"

@@ -29,7 +29,7 @@ from .delivery import ROUND_BUDGET
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
-from .sse import EventStream
+from .sse import EventStream, TopicFeed
 
 _append = msgspec.json.Decoder(AppendRequest)
 _diff = msgspec.json.Decoder(DiffRequest)
@@ -208,16 +208,8 @@ class TopicApi:
             epoch=epoch,
             per_record=True,
         )
-        return EventStream(
-            self.engine,
-            self.notifier,
-            self.metrics,
-            name,
-            first,
-            nodes,
-            self.settings.sse_batch,
-            self.settings.heartbeat_s,
-        )
+        feed = TopicFeed(self.engine, self.metrics, name, first, nodes, self.settings.sse_batch)
+        return EventStream(feed, self.notifier, self.metrics, self.settings.heartbeat_s)
 
 
 def _cursor(value: str) -> tuple[int | None, int]:

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 
 import msgspec
-import orjson
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.queue import ClaimedJob, ClaimRequest
@@ -33,11 +32,11 @@ from ..protocol import (
     RedriveResponse,
 )
 from ..protocol.limits import MAX_BATCH
-from .http import Receive, Request, Response, Send
+from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
+from .sse import EventStream, one_line
 
-HEARTBEAT = b": heartbeat\n\n"
 _encode = msgspec.json.encode
 _claim = msgspec.json.Decoder(ClaimBody)
 _ack = msgspec.json.Decoder(AckBody)
@@ -158,7 +157,8 @@ class QueueApi:
         if not 1 <= most <= MAX_BATCH:
             raise TopicError(ErrorCode.INVALID_REQUEST, f"max is 1..{MAX_BATCH}", {"max": most})
         self.engine.queues.jitter_ms(name)  # 404 / 409 not_a_queue before the stream starts
-        return WorkStream(self, name, ClaimRequest(node, most, lease_ms))
+        feed = WorkFeed(self, name, ClaimRequest(node, most, lease_ms))
+        return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
 
 
 def _query(request: Request, name: str) -> str | None:
@@ -175,84 +175,46 @@ def _query_int(request: Request, name: str, default: int) -> int:
     return int(value)
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class WorkStream(Response):
-    """Pushed delivery: the stream claims for its worker whenever it holds fewer than
-    ``max`` live leases, as a member of the claim cohort. Leases it still holds when the
-    worker disconnects are released at once rather than left to expire."""
+class WorkFeed:
+    """Pushed delivery, the feed of a /work :class:`~waymark.server.sse.EventStream`: it
+    claims for its worker whenever it holds fewer than ``max`` live leases, as a member
+    of the claim cohort. Leases it still holds when the stream ends are released at once
+    rather than left to expire."""
 
     def __init__(self, api: QueueApi, name: str, want: ClaimRequest) -> None:
-        super().__init__(
-            b"", 200, b"text/event-stream",
-            ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")),
-        )  # fmt: skip
-        self.api, self.name, self.want = api, name, want
+        self.api, self.topic, self.want = api, name, want
         self.held: dict[int, str] = {}  # seq -> lease_id delivered on this stream
 
-    async def __call__(self, send: Send, receive: Receive) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", self.content_type), *self.headers]})  # fmt: skip
-        disconnected = asyncio.ensure_future(_disconnected(receive))
-        self.api.metrics.watchers += 1
-        try:
-            await self._pump(send, disconnected)
-        except TopicError as error:
-            body = b"event: error\ndata: " + _encode(error.body()) + b"\n\n"
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-        finally:
-            self.api.metrics.watchers -= 1
-            disconnected.cancel()
-            self._release()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def next(self) -> tuple[bytes, bool]:
+        api, engine, node = self.api, self.api.engine, self.want.node
+        self.held = {s: lease for s, lease in self.held.items()
+                     if engine.queues.holds(self.topic, s, node, lease)}  # fmt: skip
+        credit = self.want.max - len(self.held)
+        if credit <= 0:
+            return b"", False
+        jobs = await api.cohorts.claim(self.topic, ClaimRequest(node, credit, self.want.lease_ms))
+        if not jobs:
+            return b"", False
+        api.metrics.jobs_claimed += len(jobs)
+        self.held.update((job.seq, job.lease_id) for job in jobs)
+        return b"".join(_event(job) for job in jobs), True
 
-    async def _pump(self, send: Send, disconnected: asyncio.Future[None]) -> None:
-        api, engine = self.api, self.api.engine
-        loop = asyncio.get_running_loop()
-        last_sent = loop.time()
-        while not (disconnected.done() or api.notifier.closing):
-            node = self.want.node
-            self.held = {s: lease for s, lease in self.held.items()
-                         if engine.queues.holds(self.name, s, node, lease)}  # fmt: skip
-            credit = self.want.max - len(self.held)
-            # Taken before the claim: a commit while a cohort claim waits still wakes us.
-            changed = api.notifier.next_change(self.name)
-            if credit > 0:
-                want = ClaimRequest(node, credit, self.want.lease_ms)
-                jobs = await api.cohorts.claim(self.name, want)
-                if jobs:
-                    api.metrics.jobs_claimed += len(jobs)
-                    self.held.update((job.seq, job.lease_id) for job in jobs)
-                    chunk = b"".join(_event(job) for job in jobs)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    last_sent = loop.time()
-                    continue
-            timeout = api.heartbeat_s - (loop.time() - last_sent)
-            due = engine.queues.next_due(self.name)
-            if due is not None:
-                # Expiry is strict (now > deadline): look again just after it.
-                timeout = min(timeout, (due - engine.clock.now_ms() + 1) / 1000)
-            await api.notifier.wait(self.name, max(timeout, 0.001), disconnected, changed)
-            if loop.time() - last_sent >= api.heartbeat_s:
-                await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
-                last_sent = loop.time()
+    def due_s(self) -> float | None:
+        due = self.api.engine.queues.next_due(self.topic)
+        if due is None:
+            return None
+        # Expiry is strict (now > deadline): look again just after it.
+        return (due - self.api.engine.clock.now_ms() + 1) / 1000
 
-    def _release(self) -> None:
+    def close(self) -> None:
         if not self.held:
             return
         # If the queue is gone or storage refuses, the leases simply expire instead.
         with contextlib.suppress(TopicError):
             self.api.engine.nack(
-                self.name, self.want.node, list(self.held), list(self.held.values())
+                self.topic, self.want.node, list(self.held), list(self.held.values())
             )
 
 
 def _event(job: ClaimedJob) -> bytes:
-    data = job.to_json()
-    if b"\n" in data or b"\r" in data:
-        # SSE data may not hold line breaks; a producer's JSON verbatim may.
-        data = orjson.dumps(orjson.loads(data))
-    return b"event: job\nid: %d\ndata: %b\n\n" % (job.seq, data)
+    return b"event: job\nid: %d\ndata: %b\n\n" % (job.seq, one_line(job.to_json()))
