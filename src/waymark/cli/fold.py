@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from waymark.cli.extras import require
+
 fold_app = typer.Typer(
     help="Fold a NATS JetStream KV bucket into a local durable store, resuming after restarts.",
     invoke_without_command=True,
@@ -45,6 +47,7 @@ def fold(
     batch_max: Annotated[int, typer.Option(help="Flush a batch at this many updates.")] = 1000,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
+    require("fold", "kv")  # here, so that `fold show` is covered too
     if ctx.invoked_subcommand is not None:
         return
     if bucket is None or store is None:
