@@ -127,8 +127,13 @@ def test_every_base_dependency_is_imported_by_a_base_module(
     requires: dict[str, set[str]],
 ) -> None:
     providers = metadata.packages_distributions()
-    imported = {norm(dist) for module, path in modules() if not extra_of(module)
-                for name in third_party_imports(path) for dist in providers.get(name, [name])}  # fmt: skip
+    imported = {
+        norm(dist)
+        for module, path in modules()
+        if not extra_of(module)
+        for name in third_party_imports(path)
+        for dist in providers.get(name, [name])
+    }
     assert requires[""] <= imported, f"declared, never imported: {requires[''] - imported}"
 
 
