@@ -30,8 +30,8 @@ class QueueHttp:
         records = [{"data": d} for d in data]
         return ok(self.post(topic, "records", records=records))["seqs"]
 
-    def claim(self, topic: str, node: str, max: int = 1, **body: Any) -> list[dict[str, Any]]:
-        return ok(self.post(topic, "claim", node=node, max=max, **body))["jobs"]
+    def claim(self, topic: str, node: str, max_jobs: int = 1, **body: Any) -> list[dict[str, Any]]:
+        return ok(self.post(topic, "claim", node=node, max=max_jobs, **body))["jobs"]
 
     def settle(self, topic: str, action: str, node: str, seqs: list[int], **body: Any
                ) -> dict[str, Any]:  # fmt: skip

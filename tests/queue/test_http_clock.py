@@ -32,8 +32,8 @@ class ClockedQueue:
     async def produce(self, topic: str, *data: Any) -> list[int]:
         return (await self.post(topic, "records", records=[{"data": d} for d in data]))["seqs"]
 
-    async def claim(self, topic: str, node: str = "w", max: int = 10) -> list[dict[str, Any]]:
-        return (await self.post(topic, "claim", node=node, max=max))["jobs"]
+    async def claim(self, topic: str, node: str = "w", max_jobs: int = 10) -> list[dict[str, Any]]:
+        return (await self.post(topic, "claim", node=node, max=max_jobs))["jobs"]
 
     async def state(self, topic: str) -> dict[str, Any]:
         response = await self.http.get(f"/v0/topics/{topic}", params={"touch": "false"})
@@ -74,7 +74,7 @@ async def test_nack_releases_at_once_or_after_exactly_delay_ms(
 ) -> None:
     await api.put("q", type="queue")
     await api.produce("q", "a", "b")
-    await api.claim("q", max=2)
+    await api.claim("q", max_jobs=2)
     assert await api.post("q", "nack", node="w", seqs=[1]) == {"released": [1], "skipped": []}
     answer = await api.post("q", "nack", node="w", seqs=[2], delay_ms=400)
     assert answer == {"released": [2], "skipped": []}
@@ -93,7 +93,7 @@ async def test_nack_releases_at_once_or_after_exactly_delay_ms(
 async def dead_job(api: ClockedQueue, queue: str = "q") -> None:
     """Deliver the queue's next job once and give it back: with max_deliveries 1 the
     next claim pass dead-letters it."""
-    [job] = await api.claim(queue, max=1)
+    [job] = await api.claim(queue, max_jobs=1)
     await api.post(queue, "nack", node="w", seqs=[job["$seq"]])
 
 

@@ -129,7 +129,7 @@ def test_exactly_once_keeps_meta_and_adds_the_key() -> None:
 
 def test_filter_by_tag_and_node_advances_past_what_it_drops() -> None:
     engine = Engine(clock=ManualClock())
-    engine.put_router("r", "src", "dst", filter={"tag": "keep", "node": ["a", "b"]})
+    engine.put_router("r", "src", "dst", record_filter={"tag": "keep", "node": ["a", "b"]})
     engine.append("src", [
         RecordIn.of(1, tag="keep", node="a"), RecordIn.of(2, tag="drop", node="a"),
         RecordIn.of(3, tag="keep", node="c"), RecordIn.of(4, tag="keep"),
@@ -195,7 +195,7 @@ def test_copies_of_records_sealed_in_segments(tmp_path: Path, guarantee: str) ->
         engine.append("src", [RecordIn.of({"i": i}, tag=f"t{i % 3}", node="n", meta={"m": "v"})
                               for i in range(50)])  # fmt: skip
         store.checkpoint(engine)  # src's records now read through the segment's mmap
-        engine.put_router("r", "src", "dst", guarantee=guarantee, filter={"tag": "t1"})
+        engine.put_router("r", "src", "dst", guarantee=guarantee, record_filter={"tag": "t1"})
         engine.get_router("r").cursor = 0  # forward what was sealed before the router
         while engine.forward().pending:
             pass

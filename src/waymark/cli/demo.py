@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from waymark.cli.extras import require
+
 if TYPE_CHECKING:
     import numpy as np
     from rich.console import Console
@@ -86,6 +88,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the main job: click stream -> Spark (SIGKILLed and restarted) -> topic + fold,
         verified against the ground truth (lost = 0, duplicated = 0)."""
+        require("demo", "server", "kv", "spark")
         from rich.console import Console
 
         from waymark.kv.stores import BACKENDS

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from waymark.cli.extras import require
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -89,6 +91,7 @@ def fold(
     ] = None,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
+    require("fold", "kv")  # here, so that `fold show` is covered too
     if ctx.invoked_subcommand is not None:
         return
     if bucket is None or store is None:

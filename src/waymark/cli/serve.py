@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from waymark.cli.extras import require
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
         ] = 32,
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
+        require("serve", "server")
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.recovery import open_engine
         from waymark.log.storage.segment import SegmentError

@@ -93,10 +93,10 @@ def list_topics() -> Call[list[TopicState]]:
 
 
 def put_topic(
-    topic: str, config: ConfigPatch | None, type: TopicType | None
+    topic: str, config: ConfigPatch | None, topic_type: TopicType | None
 ) -> Call[tuple[TopicState, bool]]:
     fields = msgspec.structs.asdict(config) if config is not None else {}
-    body = TopicPut(**fields, type=type)
+    body = TopicPut(**fields, type=topic_type)
 
     def parse(response: httpx.Response) -> tuple[TopicState, bool]:
         return _state(response), response.status_code == 201

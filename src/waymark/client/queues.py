@@ -31,8 +31,8 @@ _extend = typed(ExtendResponse)
 _redrive = typed(RedriveResponse)
 
 
-def claim(topic: str, node: str, max: int, lease_ms: int | None) -> Call[list[Job[Any]]]:
-    body = ClaimBody(node, max, lease_ms)
+def claim(topic: str, node: str, max_jobs: int, lease_ms: int | None) -> Call[list[Job[Any]]]:
+    body = ClaimBody(node, max_jobs, lease_ms)
     return call("claimJobs", lambda r: _claim(r).jobs, _encode(body), topic=topic)
 
 
@@ -64,5 +64,5 @@ def extend(
     return call("extendLeases", _extend, _encode(body), topic=topic)
 
 
-def redrive(topic: str, max: int) -> Call[RedriveResponse]:
-    return call("redrive", _redrive, _encode(RedriveBody(max)), topic=topic)
+def redrive(topic: str, max_jobs: int) -> Call[RedriveResponse]:
+    return call("redrive", _redrive, _encode(RedriveBody(max_jobs)), topic=topic)

@@ -83,7 +83,11 @@ class Client:
         return self._run(calls.list_topics())
 
     def put_topic(
-        self, topic: str, config: ConfigPatch | None = None, *, type: TopicType | None = None
+        self,
+        topic: str,
+        config: ConfigPatch | None = None,
+        *,
+        type: TopicType | None = None,  # noqa: A002 -- the wire field's name
     ) -> tuple[TopicState, bool]:
         """Create or update; returns the state and whether it was created."""
         return self._run(calls.put_topic(topic, config, type))
@@ -191,7 +195,7 @@ class Client:
         allow_cycle: bool = False,
         guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once",
         create_dest: bool = True,
-        filter: RouterFilter | None = None,
+        filter: RouterFilter | None = None,  # noqa: A002 -- the wire field's name
     ) -> RouterOut:
         """Forward every record committed to ``source`` (that passes ``filter``) into
         ``dest``; ``exactly_once`` copies carry an idempotency key
@@ -211,7 +215,12 @@ class Client:
 
     # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
     def claim(
-        self, topic: str, node: str, max: int = 1, *, lease_ms: int | None = None
+        self,
+        topic: str,
+        node: str,
+        max: int = 1,  # noqa: A002 -- the wire field's name
+        *,
+        lease_ms: int | None = None,
     ) -> list[Job]:
         """Lease up to ``max`` jobs; each carries ``lease_id``, ``deadline``, ``delivery``."""
         return self._run(queues.claim(topic, node, max, lease_ms))
@@ -243,7 +252,9 @@ class Client:
     ) -> ExtendResponse:
         return self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
 
-    def redrive(self, topic: str, max: int = 1000) -> RedriveResponse:
+    def redrive(
+        self, topic: str, max: int = 1000  # noqa: A002 -- the wire field's name
+    ) -> RedriveResponse:
         return self._run(queues.redrive(topic, max))
 
     def openapi(self) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class Engine:
         return [self._state(self._topics[n], now) for n in sorted(self._topics) if "$" not in n]
 
     def put_topic(
-        self, name: str, patch: ConfigPatch, type: TopicType | None = None
+        self, name: str, patch: ConfigPatch, topic_type: TopicType | None = None
     ) -> tuple[TopicState, bool]:
         """Create or update a topic; returns (state, created). The type is immutable:
         a different type for an existing topic is 409 topic_exists_incompatible."""
@@ -98,9 +98,9 @@ class Engine:
         topic = self._topics.get(name)
         if topic is None:
             config = self.defaults.apply(patch)
-            if type is TopicType.QUEUE:
+            if topic_type is TopicType.QUEUE:
                 check_queue_config(name, config)
-            topic = Topic(name, type or TopicType.LOG, config, 0, now)
+            topic = Topic(name, topic_type or TopicType.LOG, config, 0, now)
             topic.epoch = self._last_epoch + 1
             self._write_topic(topic)
             self._register(topic)
@@ -108,11 +108,11 @@ class Engine:
                 self.queues.configured(topic)
             self._commit(topic)
             return self._state(topic, now), True
-        if type is not None and type is not topic.type:
+        if topic_type is not None and topic_type is not topic.type:
             raise TopicError(
                 ErrorCode.TOPIC_EXISTS_INCOMPATIBLE,
                 f"topic {name!r} exists with type {topic.type!s}; a topic's type never changes",
-                {"topic": name, "type": str(topic.type), "requested": str(type)},
+                {"topic": name, "type": str(topic.type), "requested": str(topic_type)},
             )
         config = topic.config.apply(patch)
         if topic.type is TopicType.QUEUE:
@@ -326,10 +326,10 @@ class Engine:
 
     # --- queues (docs/semantics/topics.md §10): thin entry points; the logic is waymark.log.queue
     def claim(
-        self, name: str, node: str, max: int, lease_ms: int | None = None
+        self, name: str, node: str, max_jobs: int, lease_ms: int | None = None
     ) -> list[ClaimedJob]:
-        """Lease up to ``max`` jobs to ``node`` now (a cohort of one)."""
-        return self.queues.claim(name, [ClaimRequest(node, max, lease_ms)])[0]
+        """Lease up to ``max_jobs`` jobs to ``node`` now (a cohort of one)."""
+        return self.queues.claim(name, [ClaimRequest(node, max_jobs, lease_ms)])[0]
 
     def claim_cohort(self, name: str, requests: Sequence[ClaimRequest]) -> list[list[ClaimedJob]]:
         """One coordinator pass sharing the available jobs across a cohort
@@ -361,8 +361,8 @@ class Engine:
     ) -> Settled:
         return self.queues.extend(name, node, seqs, lease_ids, lease_ms)
 
-    def redrive(self, name: str, max: int = 1000) -> Redriven:
-        return self.queues.redrive(name, max)
+    def redrive(self, name: str, max_jobs: int = 1000) -> Redriven:
+        return self.queues.redrive(name, max_jobs)
 
     # --- routers (docs/semantics/topics.md §8): thin entry points; the logic is waymark.log.router
     def put_router(
@@ -376,12 +376,13 @@ class Engine:
         allow_cycle: bool = False,
         guarantee: str = "at_least_once",
         create_dest: bool = True,
-        filter: dict[str, Any] | None = None,
+        record_filter: dict[str, Any] | None = None,
     ) -> tuple[Router, bool]:
         self._recover(source)  # a new router starts at the source's whole head
         return self.routers.put(
             name, source, dest, preserve_node=preserve_node, preserve_tag=preserve_tag,
-            allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest, filter=filter,
+            allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest,
+            record_filter=record_filter,
         )  # fmt: skip
 
     def get_router(self, name: str) -> Router:

@@ -42,7 +42,7 @@ class Journal(Protocol):
 
 def topic_frame(
     name: str,
-    type: TopicType,
+    topic_type: TopicType,
     epoch: int,
     config: TopicConfig,
     created: int,
@@ -53,7 +53,7 @@ def topic_frame(
     expired under which TTL comes back exactly as it was."""
     body = {
         "name": name,
-        "type": str(type),
+        "type": str(topic_type),
         "epoch": epoch,
         "created_ts": created,
         "config": msgspec.structs.asdict(config),

@@ -543,15 +543,15 @@ class Queues:
         return topic, p, now, held, skipped
 
     # --- redrive ----------------------------------------------------------------------------
-    def redrive(self, name: str, max: int) -> Redriven:
-        """Move up to ``max`` dead letters of queue ``name`` back into it, as new jobs.
+    def redrive(self, name: str, max_jobs: int) -> Redriven:
+        """Move up to ``max_jobs`` dead letters of queue ``name`` back into it, as new jobs.
 
         Reads the queue's dead_letter topic for records whose provenance names this
         queue, appends them to the queue without the ``$dead_letter_*`` meta, then
         permanently deletes them from the dead-letter topic (append first: a crash in
         between duplicates, never loses).
         """
-        if max < 1:
+        if max_jobs < 1:
             raise TopicError(ErrorCode.INVALID_REQUEST, "max is at least 1")
         topic = self._queue(name)
         target = topic.config.dead_letter
@@ -562,12 +562,12 @@ class Queues:
         moved: list[int] = []
         records: list[RecordIn] = []
         cursor = 0
-        while len(records) < max:
+        while len(records) < max_jobs:
             page = source.read(cursor, CLAIM_PAGE, None, None, now, True)
             for run in page.runs:
                 wire = orjson.loads(bytes(run[:-1]))
                 meta = wire.get("meta") or {}
-                if meta.get(f"{DEAD_LETTER_META}queue") != name or len(records) == max:
+                if meta.get(f"{DEAD_LETTER_META}queue") != name or len(records) == max_jobs:
                     continue
                 kept = {k: v for k, v in meta.items() if not k.startswith(DEAD_LETTER_META)}
                 records.append(RecordIn.of(wire["data"], tag=wire.get("$tag"),

@@ -171,7 +171,7 @@ class Routers:
         allow_cycle: bool = False,
         guarantee: str = AT_LEAST_ONCE,
         create_dest: bool = True,
-        filter: Any = None,
+        record_filter: Any = None,
     ) -> tuple[Router, bool]:
         """Create a router (or return the identical existing one); returns (router, created)."""
         check_topic_name(name)
@@ -181,7 +181,7 @@ class Routers:
             raise TopicError(ErrorCode.INVALID_REQUEST,
                              "guarantee is at_least_once or exactly_once",
                              {"guarantee": guarantee})  # fmt: skip
-        normal_filter = parse_filter(filter)
+        normal_filter = parse_filter(record_filter)
         if source == dest:
             raise TopicError(ErrorCode.ROUTER_CYCLE, "a router cannot forward a topic to itself",
                              {"cycle": [source, source]})  # fmt: skip

@@ -67,14 +67,14 @@ class Topic:
     def __init__(
         self,
         name: str,
-        type: TopicType,
+        topic_type: TopicType,
         config: TopicConfig,
         epoch: int,
         now: int,
         seq_base: int = 1,
     ) -> None:
         self.name = name
-        self.type = type
+        self.type = topic_type
         self.config = config
         self.epoch = epoch
         self.seq_base = seq_base

@@ -40,7 +40,7 @@ class RecordIn(Struct, forbid_unknown_fields=True):
         tag: str | None = None,
         node: str | None = None,
         meta: dict[str, str] | None = None,
-        id: str | None = None,
+        id: str | None = None,  # noqa: A002 -- the wire field's name
     ) -> RecordIn:
         """Build a record from a Python value."""
         return cls(msgspec.Raw(msgspec.json.encode(data)), tag, node, meta, id)

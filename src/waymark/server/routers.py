@@ -86,7 +86,7 @@ class RouterApi:
             name, body.source, body.dest, preserve_node=body.preserve_node,
             preserve_tag=body.preserve_tag, allow_cycle=body.allow_cycle,
             guarantee=body.guarantee, create_dest=body.create_dest,
-            filter=None if body.filter is None else msgspec.to_builtins(body.filter),
+            record_filter=None if body.filter is None else msgspec.to_builtins(body.filter),
         )  # fmt: skip
         await self._durable(router.source)
         return Response(_encode(router.out()), 201 if created else 200)

@@ -1,1 +1,0 @@
-"""waymark.recovery."""
