@@ -347,5 +347,5 @@ def test_a_write_only_fsync_topic_does_not_accumulate_sync_bookkeeping(tmp_path:
     store.sync_blocking()
     engine.append("f", [RecordIn.of("last")])
     # Nobody read the topic: only the appends still waiting for their sync are remembered.
-    assert len(engine._topics["f"].unsynced) <= 1
+    assert len(engine.kernel.existing("f").unsynced) <= 1
     shut(engine, store)
