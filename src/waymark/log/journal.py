@@ -3,7 +3,7 @@
 Each frame kind is a msgspec Struct; the union of them is tagged by the frame's kind
 byte (:class:`~waymark.log.storage.frames.FrameKind`), not by a field, so the bytes
 on disk are those the engine always wrote. :func:`decode` turns a stored frame into
-its Struct once; replay matches on the type (docs/architecture.md, The engine kernel).
+its Struct once; replay matches on the type (docs/architecture.md#the-engine-kernel).
 
 Pure: this module only encodes and decodes. Writing frames somewhere durable is
 a :class:`Journal`'s job (the WAL in :mod:`waymark.log.storage.wal`).

@@ -4,7 +4,7 @@ It owns the topics, the epochs that name topic instances, the journal the frames
 to, what memory recovery still holds back, and the listeners woken by each commit.
 The engine and its parts (queues, routers, writers, replay, sealing, restore) reach
 topics only through it; none of them touches another object's private state
-(docs/architecture.md, The engine kernel).
+(docs/architecture.md#the-engine-kernel).
 """
 
 from __future__ import annotations
