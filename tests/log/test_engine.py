@@ -445,7 +445,7 @@ def test_chunks_are_reclaimed_whole(engine: Engine) -> None:
     engine.put_topic("t", ConfigPatch(cap_records=1000))
     for _ in range(100):
         engine.append("t", [rec(i) for i in range(1000)])
-    topic = engine._topics["t"]
+    topic = engine.kernel.existing("t")
     assert len(topic.chunks) <= 2  # old chunks dropped whole, not per-record deletes
     assert engine.get_topic("t").count == 1000
 
@@ -500,7 +500,7 @@ def test_delete_is_point_in_time(engine: Engine) -> None:
 
 def test_delete_prunes_the_tag_index(engine: Engine) -> None:
     engine.append("t", [rec(i, tag=f"k{i % 2}") for i in range(6)])
-    topic = engine._topics["t"]
+    topic = engine.kernel.existing("t")
     engine.delete("t", match=TagMatch.parse("k0"))
     assert "k0" not in topic.tag_index and list(topic.tag_index["k1"]) == [2, 4, 6]
     engine.delete("t", match=TagMatch.parse("k1"), before_seq=5)

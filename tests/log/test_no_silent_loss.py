@@ -38,6 +38,7 @@ from waymark.log import journal as journal_module
 from waymark.log.chunk import Chunk
 from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import checkpoint as checkpoint_module
+from waymark.log.storage.catalog import TopicEntry
 from waymark.log.storage.recovery import open_engine
 from waymark.log.topic import Topic
 from waymark.protocol import DiffResponse
@@ -428,9 +429,9 @@ def test_catches_a_catalog_that_forgets_the_eviction_floor(
     # read silently.
     original = catalog_module.topic_entry
 
-    def forgetful(topic: Topic, segments: list[int]) -> dict:
+    def forgetful(topic: Topic, segments: list[int]) -> TopicEntry:
         entry = original(topic, segments)
-        entry["cap_floor"] = 0
+        entry.cap_floor = 0
         return entry
 
     monkeypatch.setattr(checkpoint_module, "topic_entry", forgetful)

@@ -176,7 +176,7 @@ class Scheduling(RuleBasedStateMachine):
         if at - p.enqueued_at >= AGE_CAP_MS:
             return (0, p.enqueued_at, p.order)
         model = self.topics[p.topic]
-        consumed = self.engine._topics[p.topic].last_consumed_at
+        consumed = self.engine.kernel.existing(p.topic).last_consumed_at
         p_eff = effective_priority(model.priority, model.auto, at, consumed, p.enqueued_at)
         return (RANKED, -p_eff, p.enqueued_at, p.order)
 

@@ -86,7 +86,7 @@ def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
         engine.append("t", [RecordIn.of({"i": i}, tag=f"k{i % 3}", node=f"n{i % 2}")])
     before, _ = everything(engine, "t")
     store.checkpoint(engine)
-    topic = engine._topics["t"]
+    topic = engine.kernel.existing("t")
     assert all(isinstance(c, SealedChunk) for c in topic.chunks)
     assert len(segment_files(tmp_path)) == 4
     assert everything(engine, "t")[0] == before  # reads come from the segments now
@@ -112,7 +112,7 @@ def test_deleted_sealed_records_survive_a_wal_trim_and_restart(tmp_path: Path) -
     store.checkpoint(engine)
     engine.delete("t", match=TagMatch.parse("k0"))
     store.checkpoint(engine)  # flips the flags, then trims the WAL that held the Delete frame
-    sealed = engine._topics["t"].chunks[0]
+    sealed = engine.kernel.existing("t").chunks[0]
     assert isinstance(sealed, SealedChunk)
     frames = data_frames(sealed.data_path)
     assert [(seq, record["data"]) for seq, record, _, _ in frames] == [
@@ -131,7 +131,7 @@ def test_any_flag_value_but_the_sentinel_reads_live(tmp_path: Path) -> None:
     for i in range(10):
         engine.append("t", [RecordIn.of(i)])
     store.checkpoint(engine)
-    sealed = engine._topics["t"].chunks[0]
+    sealed = engine.kernel.existing("t").chunks[0]
     data = bytearray(sealed.data_path.read_bytes())
     positions = [at for _, _, _, at in data_frames(sealed.data_path)[:3]]
     for position, value in zip(positions, (0xD4, 0x01, 0xD5), strict=True):
@@ -199,7 +199,7 @@ def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str)
 
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
-            write_segment(new.directory, new.chunk, new.dead, checkpointer._io)
+            write_segment(new.directory, new.chunk, new.dead, checkpointer.fileio)
     else:
         plan.new[0].directory.mkdir(parents=True, exist_ok=True)
         (plan.new[0].directory / f"{plan.new[0].chunk.base_seq:020d}.data.tmp").write_bytes(b"x")
@@ -207,11 +207,11 @@ def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str)
         from waymark.log.storage.segment import flip_deleted
 
         for chunk, dead in plan.flips:
-            flip_deleted(chunk, dead, checkpointer._io)
+            flip_deleted(chunk, dead, checkpointer.fileio)
     if step == "trim":
         from waymark.log.storage.catalog import write_catalog
 
-        write_catalog(tmp_path, plan.catalog, checkpointer._io)
+        write_catalog(tmp_path, plan.catalog, checkpointer.fileio)
     crash(store)
     engine, store = reopen(tmp_path)
     assert everything(engine, "t")[0] == expected
@@ -253,7 +253,7 @@ def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Pa
     # A deletion reaches cold segments too: their flags are flipped in the cold copy.
     engine.delete("t", match=TagMatch.parse("k0"))
     store.checkpoint(engine)
-    first = engine._topics["t"].chunks[0]
+    first = engine.kernel.existing("t").chunks[0]
     assert isinstance(first, SealedChunk) and first.data_path.is_relative_to(cold)
     assert [flag for _, _, flag, _ in data_frames(first.data_path)] == [
         0xD5 if i % 2 == 0 else 0 for i in range(10)]  # fmt: skip

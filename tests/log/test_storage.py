@@ -180,7 +180,7 @@ def test_a_crash_never_lets_a_seq_be_reused(tmp_path: Path) -> None:
     engine, wal = reopen(tmp_path, clock=ManualClock())  # a burst: the ceiling leads
     for i in range(12):
         engine.append("d", [RecordIn.of(i)])
-    assert engine._topics["d"].ceiling > 12
+    assert engine.kernel.existing("d").ceiling > 12
     shut(engine, wal, clean=False)  # no exact head: only the synced ceiling is known
     engine, wal = reopen(tmp_path)
     assert seqs(engine, "d") == list(range(1, 13))
@@ -252,7 +252,7 @@ def test_acknowledged_records_lost_in_a_crash_read_as_a_bounded_gap(tmp_path: Pa
     async def scenario() -> int:
         for i in range(1, 9):  # a burst: the durable ceiling leads the head
             assert await acked(i) == i
-        ceiling = engine._topics["d"].ceiling
+        ceiling = engine.kernel.existing("d").ceiling
         assert 8 < ceiling <= 16  # it leads, by no more than the burst handed out
         await asyncio.to_thread(store.sync_blocking)  # 1..8 are on disk
         disk.hold()  # nothing reaches the disk from now on
@@ -439,7 +439,7 @@ def test_a_write_only_fsync_topic_does_not_accumulate_sync_bookkeeping(tmp_path:
     store.sync_blocking()
     engine.append("f", [RecordIn.of("last")])
     # Nobody read the topic: only the appends still waiting for their sync are remembered.
-    assert len(engine._topics["f"].unsynced) <= 1
+    assert len(engine.kernel.existing("f").unsynced) <= 1
     shut(engine, store)
 
 
@@ -522,7 +522,7 @@ def test_no_ack_under_a_seq_ceiling_before_it_is_durable(tmp_path: Path) -> None
     try:
         gate.hold()
         raised = engine.append("d", [RecordIn.of(1), RecordIn.of(2)])
-        assert raised.must_sync and engine._topics["d"].ceiling > 3  # it leads the head
+        assert raised.must_sync and engine.kernel.existing("d").ceiling > 3  # it leads the head
         under = engine.append("d", [RecordIn.of(3)])  # under the ceiling, not yet synced
         assert under.must_sync
         gate.release()

@@ -100,7 +100,7 @@ def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: Man
         engine.append("q", [RecordIn.of(i) for i in range(500)])
         jobs = engine.claim("q", "w", 500)
         engine.ack("q", "w", [j.seq for j in jobs[:-1]])  # one job stays leased each round
-    leases = engine._topics[leases_name("q")]
+    leases = engine.kernel.existing(leases_name("q"))
     assert leases.live_count < 12_000  # 40 000 events written, most of them trimmed
     engine.queues._projections.clear()  # rebuild from what the log kept
     assert engine.get_topic("q").queue == QueueCounts(0, 40, 0)
@@ -126,7 +126,7 @@ def test_queue_config_is_reported_and_validated(engine: Engine) -> None:
 def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: ManualClock) -> None:
     engine, store, _ = open_engine(tmp_path, clock=clock)
     queue(engine, 5, leases_durable=True, lease_ms=1000)
-    assert engine._topics[leases_name("q")].config.durability.value == "disk"
+    assert engine.kernel.existing(leases_name("q")).config.durability.value == "disk"
     jobs = engine.claim("q", "w", 3)
     engine.ack("q", "w", [jobs[0].seq])
     store.sync_blocking()

@@ -1,10 +1,12 @@
 """The topic log engine: synchronous, in-process, no I/O.
 
-The engine owns every topic. Every mutation is validated first, then handed to
-the journal as frame bytes (when the engine has one), then applied: a mutation
-that fails validation, or that the journal cannot take, changes nothing.
-Callers that wake on new data register a listener with :meth:`Engine.add_listener`;
-it runs synchronously after each commit.
+The engine owns every topic, through its :class:`~waymark.log.kernel.Kernel` (the
+topic table, epochs, journal and listeners, which queues, routers, writers, replay
+and sealing use too). Every mutation is validated first, then handed to the journal
+as frame bytes (when the engine has one), then applied: a mutation that fails
+validation, or that the journal cannot take, changes nothing. Callers that wake on
+new data register a listener with :meth:`Engine.add_listener`; it runs synchronously
+after each commit.
 
 Durability classes (docs/semantics/topics.md §2.2) decide what reaches the journal and
 what an acknowledgement waits for; results carry the :class:`~waymark.log.journal.Commit`
@@ -13,7 +15,7 @@ to wait on and whether the class requires waiting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -29,10 +31,10 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
-from . import journal as frames
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .journal import Commit, Journal
+from .journal import Commit, DeleteFrame, DropFrame, HeadFrame, Journal, TopicFrame, records_frame
+from .kernel import Kernel, Listener
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
@@ -43,8 +45,6 @@ from .topic import Hole, Topic
 
 if TYPE_CHECKING:
     from .gradual import GradualRecovery
-
-Listener = Callable[[str], None]
 
 # Topics other than memory ones journal a seq ceiling before handing out any seq above
 # it, so a crash that loses acknowledged records never lets their seqs be reused. What
@@ -65,27 +65,40 @@ class Engine:
         journal: Journal | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
-        self.journal = journal
+        self.kernel = Kernel(journal)
         self.defaults = defaults or TopicConfig()
         self.limits = limits or Limits()
-        self._topics: dict[str, Topic] = {}
-        self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
-        self._listeners: list[Listener] = []
         self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (docs/semantics/topics.md §10)
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
         # looks at, so its cost follows the topics written lately, not all of them.
         self._ahead: dict[str, Topic] = {}
-        # memory topics whose WAL frames recovery set aside; applied before any use
-        # (docs/semantics/topics.md §2.2)
-        self.recovering: GradualRecovery | None = None
+
+    @property
+    def journal(self) -> Journal | None:
+        return self.kernel.journal
+
+    @journal.setter
+    def journal(self, journal: Journal | None) -> None:
+        self.kernel.journal = journal
+
+    @property
+    def recovering(self) -> GradualRecovery | None:
+        """memory topics whose WAL frames replay set aside; applied before any use
+        (docs/semantics/topics.md §2.2)."""
+        return self.kernel.recovering
+
+    @recovering.setter
+    def recovering(self, recovering: GradualRecovery | None) -> None:
+        self.kernel.recovering = recovering
 
     # --- topics -----------------------------------------------------------------
     def list_topics(self) -> list[TopicState]:
         """Every topic's state, sorted by name; a queue's internal leases log is not one."""
         now = self.clock.now_ms()
-        return [self._state(self._topics[n], now) for n in sorted(self._topics) if "$" not in n]
+        topics = sorted(self.kernel.topics(), key=lambda t: t.name)
+        return [self._state(t, now) for t in topics if "$" not in t.name]
 
     def put_topic(
         self, name: str, patch: ConfigPatch, topic_type: TopicType | None = None
@@ -94,19 +107,18 @@ class Engine:
         a different type for an existing topic is 409 topic_exists_incompatible."""
         check_topic_name(name)
         now = self.clock.now_ms()
-        self._recover(name)
-        topic = self._topics.get(name)
+        kernel = self.kernel
+        kernel.recover(name)
+        topic = kernel.get(name)
         if topic is None:
             config = self.defaults.apply(patch)
             if topic_type is TopicType.QUEUE:
                 check_queue_config(name, config)
-            topic = Topic(name, topic_type or TopicType.LOG, config, 0, now)
-            topic.epoch = self._last_epoch + 1
-            self._write_topic(topic)
-            self._register(topic)
+            topic = Topic(name, topic_type or TopicType.LOG, config, kernel.next_epoch(), now)
+            kernel.create(topic)
             if topic.type is TopicType.QUEUE:
                 self.queues.configured(topic)
-            self._commit(topic)
+            kernel.commit(topic)
             return self._state(topic, now), True
         if topic_type is not None and topic_type is not topic.type:
             raise TopicError(
@@ -117,20 +129,18 @@ class Engine:
         config = topic.config.apply(patch)
         if topic.type is TopicType.QUEUE:
             check_queue_config(name, config)
-        frame = frames.topic_frame(
-            name, topic.type, topic.epoch, config, topic.created_ts, now=now
-        )
-        self._write(name, frame)
+        frame = TopicFrame.of(name, topic.type, topic.epoch, config, topic.created_ts, now=now)
+        kernel.write(name, frame.encode())
         topic.reconfigure(config, now)
         if topic.type is TopicType.QUEUE:
             self.queues.configured(topic)
-        self._commit(topic)
+        kernel.commit(topic)
         return self._state(topic, now), False
 
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
         """State of a topic (404 topic_not_found); ``touch`` counts as consumption
         (docs/semantics/topics.md §3)."""
-        topic = self._existing(name, recover=False)  # a recovering topic says so
+        topic = self.kernel.existing(name, recover=False)  # a recovering topic says so
         now = self.clock.now_ms()
         if touch:
             topic.consumed(now)
@@ -142,7 +152,7 @@ class Engine:
         consumer recency, plus that work's own aging. A recovering topic counts with the
         config it is recovering to; a topic gone meanwhile with none (its work finds it
         gone)."""
-        topic = self._topics.get(name)
+        topic = self.kernel.get(name)
         if topic is None:
             return effective_priority(None, False, now, 0, enqueued_at)
         config = topic.config
@@ -155,14 +165,15 @@ class Engine:
 
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
-        topic = self._existing(name, recover=False)  # what is still set aside never applies
-        self._write(name, frames.drop_frame(name, topic.epoch))
-        del self._topics[name]
+        kernel = self.kernel
+        topic = kernel.existing(name, recover=False)  # what is still set aside never applies
+        kernel.write(name, DropFrame(name, topic.epoch).encode())
+        kernel.drop(name)
         # Its routers go with it (docs/semantics/topics.md §8.6).
         self.routers.topic_dropped(name, topic.epoch)
         if topic.type is TopicType.QUEUE:
             self.queues.dropped(topic)
-        self._commit(topic)
+        kernel.commit(topic)
 
     # --- records ----------------------------------------------------------------
     def append(
@@ -210,10 +221,11 @@ class Engine:
         the seqs they take are reserved, and an fsync dest shows them once the source
         records they copy are durable.
         """
-        if self.recovering is not None:  # (inlined: every append passes here)
-            self.recovering.finish(name)
+        kernel = self.kernel
+        if kernel.recovering is not None:  # (inlined: every append passes here)
+            kernel.recovering.finish(name)
         now = self.clock.now_ms()
-        topic = self._topics.get(name)
+        topic = kernel.get(name)
         created = topic is None
         if topic is None:
             check_topic_name(name)  # an existing topic's name was checked when it was made
@@ -223,35 +235,36 @@ class Engine:
                     ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
                 )
             # Not registered until the write is known to fit: a refused write creates nothing.
-            topic = Topic(name, TopicType.LOG, topic_config, self._last_epoch + 1, now)
+            topic = Topic(name, TopicType.LOG, topic_config, kernel.next_epoch(), now)
         plan = topic.plan_append(encoded, now)
         durability = topic.config.durability
         must_sync = durability is Durability.FSYNC
-        if self.journal is not None:
-            self.journal.check_available(name)
+        journal = kernel.journal
+        if journal is not None:
+            journal.check_available(name)
             if created:
-                self._write_topic(topic)
+                kernel.write_topic(topic)
             if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
                 # disk and fsync ack no seq above a durable ceiling; ephemeral is never
                 # fsync-gated, so its ceiling is best effort.
                 must_sync = must_sync or durability is Durability.DISK
             if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                self._write(
+                journal.write(
                     name,
-                    frames.records_frame(
+                    records_frame(
                         name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra, now=now
                     ),
                 )
         if created:
-            self._register(topic)
+            kernel.register(topic)
         topic.apply_append(plan, now)
-        commit = self._latest(name)
+        commit = kernel.latest(name)
         if durability is Durability.FSYNC and commit is not None and plan.fresh:
             topic.note_unsynced(plan.first_seq, commit)
-            source = self._latest(derived_from) if derived_from is not None else None
+            source = kernel.latest(derived_from) if derived_from is not None else None
             if source is not None:
                 topic.note_unsynced(plan.first_seq, source)
-        self._commit(topic)
+        kernel.commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole:
@@ -259,15 +272,15 @@ class Engine:
         records it can no longer derive, read as a ``reason`` tombstone
         (docs/semantics/topics.md §8.4).
         Like the copies, the range is not journaled; its seqs are reserved."""
-        topic = self._existing(name)
-        if self.journal is not None:
-            self.journal.check_available(name)
+        topic = self.kernel.existing(name)
+        if self.kernel.journal is not None:
+            self.kernel.journal.check_available(name)
             self._reserve(topic, topic.next_seq + n - 1, self.clock.now_ms())
         hole = topic.skip(n, reason)
-        commit = self._latest(name)
+        commit = self.kernel.latest(name)
         if topic.config.durability is Durability.FSYNC and commit is not None:
             topic.note_unsynced(hole.lo, commit)
-        self._commit(topic)
+        self.kernel.commit(topic)
         return hole
 
     def diff(
@@ -290,7 +303,7 @@ class Engine:
             raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
         if limit < 1:
             raise TopicError(ErrorCode.INVALID_REQUEST, "limit is at least 1")
-        topic = self._existing(name)
+        topic = self.kernel.existing(name)
         return topic.read(from_seq, limit, nodes, epoch, self.clock.now_ms(), per_record)
 
     def delete(
@@ -303,25 +316,26 @@ class Engine:
             )
         if before_seq is not None and before_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "before_seq is a seq: 0 or more")
-        topic = self._existing(name)
+        topic = self.kernel.existing(name)
         bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
         now = self.clock.now_ms()
         commit = None
         if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
-            frame = frames.delete_frame(name, topic.epoch, before_seq, match, bound, now=now)
-            commit = self._write(name, frame)
+            frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now)
+            commit = self.kernel.write(name, frame.encode())
         result = topic.delete(bound, match, now)
-        self._commit(topic)
+        self.kernel.commit(topic)
         return DeleteResult(result, commit)
 
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResponse:
         """Permanently delete exactly ``seqs`` (docs/semantics/topics.md §7): how a queue acks
         and dead-letters."""
-        topic = self._existing(name)
+        topic = self.kernel.existing(name)
         if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
-            self._write(name, frames.delete_frame(name, topic.epoch, None, None, 0, seqs))
+            frame = DeleteFrame.of(name, topic.epoch, None, None, 0, seqs)
+            self.kernel.write(name, frame.encode())
         result = topic.delete_seqs(seqs, self.clock.now_ms())
-        self._commit(topic)
+        self.kernel.commit(topic)
         return result
 
     # --- queues (docs/semantics/topics.md §10): thin entry points; the logic is waymark.log.queue
@@ -378,7 +392,7 @@ class Engine:
         create_dest: bool = True,
         record_filter: dict[str, Any] | None = None,
     ) -> tuple[Router, bool]:
-        self._recover(source)  # a new router starts at the source's whole head
+        self.kernel.recover(source)  # a new router starts at the source's whole head
         return self.routers.put(
             name, source, dest, preserve_node=preserve_node, preserve_tag=preserve_tag,
             allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest,
@@ -405,7 +419,7 @@ class Engine:
         Control mutations (topic config, topic deletion, record deletion) always
         survive a crash once this commit is durable.
         """
-        return self._latest(name)
+        return self.kernel.latest(name)
 
     def trim_ceilings(self) -> int:
         """Lower to its exact head the seq ceiling of every topic that handed out no seq
@@ -419,7 +433,7 @@ class Engine:
         """
         trimmed = 0
         for name, topic in list(self._ahead.items()):
-            if self._topics.get(name) is not topic or topic.config.durability is Durability.MEMORY:
+            if self.kernel.get(name) is not topic or topic.config.durability is Durability.MEMORY:
                 del self._ahead[name]  # dropped, recreated, or keeping no ceiling any more
             elif topic.ceiling <= topic.head_seq:
                 pending = topic.ceiling_commit
@@ -430,8 +444,8 @@ class Engine:
                 topic.trim_mark = topic.next_seq  # written since the previous call
             else:
                 try:
-                    commit = self._write(name, frames.head_frame(name, topic.epoch,
-                                                                  topic.head_seq))  # fmt: skip
+                    frame = HeadFrame(name, topic.epoch, topic.head_seq)
+                    commit = self.kernel.write(name, frame.encode())
                 except TopicError:
                     continue  # its WAL shard cannot write now: the wider ceiling stays
                 # Acks above the head wait again until a raise is durable: should this
@@ -444,17 +458,18 @@ class Engine:
 
     def close(self) -> None:
         """Record every topic's exact head, so a clean restart continues seqs without a gap."""
-        if self.journal is None:
+        if self.kernel.journal is None:
             return
-        for topic in self._topics.values():
+        for topic in self.kernel.topics():
             if topic.config.durability is not Durability.MEMORY:
                 topic.ceiling = topic.head_seq
-                self._write(topic.name, frames.head_frame(topic.name, topic.epoch, topic.ceiling))
+                frame = HeadFrame(topic.name, topic.epoch, topic.ceiling)
+                self.kernel.write(topic.name, frame.encode())
         self._ahead.clear()
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(topic)`` after every commit that changes ``topic``."""
-        self._listeners.append(listener)
+        self.kernel.add_listener(listener)
 
     # --- internals ----------------------------------------------------------------
     def _state(self, topic: Topic, now: int) -> TopicState:
@@ -466,35 +481,6 @@ class Engine:
         if topic.type is TopicType.QUEUE:
             state = msgspec.structs.replace(state, queue=self.queues.counts(topic))
         return state
-
-    def _existing(self, name: str, *, recover: bool = True) -> Topic:
-        if recover and self.recovering is not None:
-            self.recovering.finish(name)
-        topic = self._topics.get(name)
-        if topic is None:
-            check_topic_name(name)
-            raise TopicError(
-                ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
-            )
-        return topic
-
-    def _recover(self, name: str) -> None:
-        """Apply what recovery set aside for ``name`` before it is used, so nothing is
-        appended or read out of order."""
-        if self.recovering is not None:
-            self.recovering.finish(name)
-
-    def _write(self, name: str, frame: bytes) -> Commit | None:
-        return self.journal.write(name, frame) if self.journal is not None else None
-
-    def _write_topic(self, topic: Topic) -> None:
-        self._write(
-            topic.name,
-            frames.topic_frame(
-                topic.name, topic.type, topic.epoch, topic.config, topic.created_ts,
-                now=topic.created_ts,
-            ),
-        )
 
     def _reserve(self, topic: Topic, last: int, now: int) -> bool:
         """Make a journaled seq ceiling cover ``last``; True while no durable one does
@@ -519,22 +505,10 @@ class Engine:
             elapsed = now - topic.reserved_at
             by_rate = (last - topic.reserved_from) * RESERVE_WINDOW_MS // max(elapsed, 1)
             lead = min(max(by_rate, topic.lead // 2), last - topic.idle_from, SEQ_RESERVE)
-            commit = self._write(topic.name, frames.head_frame(topic.name, topic.epoch,
-                                                                last + lead))  # fmt: skip
+            frame = HeadFrame(topic.name, topic.epoch, last + lead)
+            commit = self.kernel.write(topic.name, frame.encode())
             topic.ceiling, topic.ceiling_commit, topic.lead = last + lead, commit, lead
             topic.refill_at = last + lead // 4
             topic.reserved_from, topic.reserved_at = last, now
             self._ahead[topic.name] = topic
         return stalled
-
-    def _latest(self, name: str) -> Commit | None:
-        return self.journal.latest(name) if self.journal is not None else None
-
-    def _register(self, topic: Topic) -> None:
-        self._last_epoch = topic.epoch
-        self._topics[topic.name] = topic
-
-    def _commit(self, topic: Topic) -> None:
-        """The single commit point: every applied mutation passes here."""
-        for listener in self._listeners:
-            listener(topic.name)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..protocol import Durability, TopicConfig, TopicState, TopicType
-from .journal import decode_config, decode_json, records_topic
+from .journal import TopicFrame, decode, frame_topic
 from .priority import effective_priority
 from .replay import apply_frame
 from .storage.frames import Frame, FrameKind, frame_at
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 # Frame bytes applied per step: a few milliseconds of work between two requests.
 STEP_BYTES = 256 * 1024
-_TOPIC_KINDS = (FrameKind.TOPIC, FrameKind.DROP, FrameKind.DELETE, FrameKind.HEAD)
 
 
 class _Backlog:
@@ -79,18 +78,15 @@ class GradualRecovery:
         """Keep ``frame`` (read from ``data``) for later if it belongs to a memory
         topic's backlog; False: recovery applies it now."""
         kind = frame.kind
-        if kind is FrameKind.RECORDS:
-            name, epoch = records_topic(frame.payload)
-        elif kind in _TOPIC_KINDS:
-            body = decode_json(frame.payload)
-            name, epoch = body["name"], body["epoch"]
-        else:
+        instance = frame_topic(frame)
+        if instance is None:
             return False  # a sink writer's epoch, a router definition: not one topic's
+        name, epoch = instance
         backlog = self._backlogs.get(name)
         if backlog is None:
             # A backlog starts with a memory topic's first records; what came before
             # them (its creation, deletions of records from the checkpoint) applies now.
-            topic = self._engine._topics.get(name)
+            topic = self._engine.kernel.get(name)
             if (kind is not FrameKind.RECORDS or topic is None or topic.epoch != epoch
                     or topic.config.durability is not Durability.MEMORY):  # fmt: skip
                 return False
@@ -104,7 +100,9 @@ class GradualRecovery:
         elif epoch != backlog.epoch:
             return False  # written for an older instance: replay ignores it
         elif kind is FrameKind.TOPIC:
-            backlog.config = decode_config(body["config"])
+            entry = decode(frame)
+            assert isinstance(entry, TopicFrame)
+            backlog.config = entry.config
         backlog.add(data, frame.offset)
         return True
 
@@ -197,7 +195,7 @@ class GradualRecovery:
         engine = self._engine
         spent = 0
         while max_bytes is None or spent < max_bytes:
-            topic = engine._topics.get(name)
+            topic = engine.kernel.get(name)
             if topic is None or topic.epoch != backlog.epoch:
                 backlog.files.clear()  # the instance was dropped meanwhile: nothing applies
                 backlog.frames = 0

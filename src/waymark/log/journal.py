@@ -1,4 +1,9 @@
-"""Mutations as frame bytes, and the journal they are handed to.
+"""Mutations as typed journal frames, and the journal they are handed to.
+
+Each frame kind is a msgspec Struct; the union of them is tagged by the frame's kind
+byte (:class:`~waymark.log.storage.frames.FrameKind`), not by a field, so the bytes
+on disk are those the engine always wrote. :func:`decode` turns a stored frame into
+its Struct once; replay matches on the type (docs/architecture.md#the-engine-kernel).
 
 Pure: this module only encodes and decodes. Writing frames somewhere durable is
 a :class:`Journal`'s job (the WAL in :mod:`waymark.log.storage.wal`).
@@ -7,15 +12,15 @@ a :class:`Journal`'s job (the WAL in :mod:`waymark.log.storage.wal`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import msgspec
-import orjson
+from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
 from .deletion import TagMatch
 from .records import EncodedRecord
-from .storage.frames import FrameKind, encode
+from .storage.frames import Frame, FrameKind, encode
 
 
 class Commit(Protocol):
@@ -37,73 +42,128 @@ class Journal(Protocol):
         ...
 
 
-# --- encoding ---------------------------------------------------------------------------
+# --- frames -----------------------------------------------------------------------------
+# Field order is the order of the keys on disk: do not reorder.
 
 
-def topic_frame(
-    name: str,
-    topic_type: TopicType,
-    epoch: int,
-    config: TopicConfig,
-    created: int,
-    *,
-    now: int | None = None,
-) -> bytes:
-    """``now``: when the config took effect. Replay applies it at that time, so what
-    expired under which TTL comes back exactly as it was."""
-    body = {
-        "name": name,
-        "type": str(topic_type),
-        "epoch": epoch,
-        "created_ts": created,
-        "config": msgspec.structs.asdict(config),
-        "now": now,
-    }
-    return encode(FrameKind.TOPIC, orjson.dumps(body))
+class _Json(Struct):
+    """A frame whose payload is one JSON object."""
+
+    KIND: ClassVar[FrameKind]
+
+    def encode(self) -> bytes:
+        return encode(self.KIND, _encoder.encode(self))
 
 
-def drop_frame(name: str, epoch: int) -> bytes:
-    return encode(FrameKind.DROP, orjson.dumps({"name": name, "epoch": epoch}))
+class TopicFrame(_Json):
+    """Create or reconfigure a topic instance. ``now``: when the config took effect;
+    replay applies it at that time, so what expired under which TTL comes back exactly
+    as it was."""
+
+    KIND = FrameKind.TOPIC
+    name: str
+    type: TopicType
+    epoch: int
+    created_ts: int
+    config: TopicConfig
+    now: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        topic_type: TopicType,
+        epoch: int,
+        config: TopicConfig,
+        created: int,
+        *,
+        now: int | None = None,
+    ) -> TopicFrame:
+        return cls(name, topic_type, epoch, created, config, now)
 
 
-def head_frame(name: str, epoch: int, ceiling: int) -> bytes:
-    return encode(FrameKind.HEAD, orjson.dumps({"name": name, "epoch": epoch, "ceiling": ceiling}))
+class DropFrame(_Json):
+    """Delete a topic instance."""
+
+    KIND = FrameKind.DROP
+    name: str
+    epoch: int
 
 
-def writer_frame(writer: str, epoch: int) -> bytes:
-    return encode(FrameKind.WRITER, orjson.dumps({"writer": writer, "epoch": epoch}))
+class HeadFrame(_Json):
+    """The seq ceiling a topic instance may hand out."""
+
+    KIND = FrameKind.HEAD
+    name: str
+    epoch: int
+    ceiling: int
 
 
-def router_frame(name: str, definition: dict[str, Any] | None) -> bytes:
-    """A router's definition with its starting cursor (docs/semantics/topics.md §8), or (None) its
-    deletion."""
-    return encode(FrameKind.ROUTER, orjson.dumps({"router": name, "def": definition}))
+class WriterFrame(_Json):
+    """A sink writer's new epoch (fences its older runs)."""
+
+    KIND = FrameKind.WRITER
+    writer: str
+    epoch: int
 
 
-def delete_frame(
-    name: str,
-    epoch: int,
-    before_seq: int | None,
-    match: TagMatch | None,
-    bound: int,
-    seqs: list[int] | None = None,
-    *,
-    now: int | None = None,
-) -> bytes:
-    """A delete (docs/semantics/topics.md §7); ``seqs`` (a queue's acks) deletes exactly those seqs
-    instead.
-    ``now``: when it happened, for replay at that time."""
-    body: dict[str, Any] = {
-        "name": name,
-        "epoch": epoch,
-        "before_seq": before_seq,
-        "match": None if match is None else [match.exact, match.value],
-        "bound": bound,
-        "now": now,
-    }
-    if seqs is not None:
-        body["seqs"] = seqs
-    return encode(FrameKind.DELETE, orjson.dumps(body))
+class RouterFrame(_Json, rename={"definition": "def"}):
+    """A router's definition with its starting cursor (docs/semantics/topics.md §8), or
+    (None) its deletion."""
+
+    KIND = FrameKind.ROUTER
+    router: str
+    definition: dict[str, Any] | None
+
+
+class DeleteFrame(_Json):
+    """A delete (docs/semantics/topics.md §7) of the seqs below ``bound`` (those matching
+    ``match``, a ``[exact, value]`` pair, if given); ``seqs`` (a queue's acks) deletes
+    exactly those seqs instead. ``now``: when it happened, for replay at that time."""
+
+    KIND = FrameKind.DELETE
+    name: str
+    epoch: int
+    before_seq: int | None
+    match: tuple[bool, str] | None
+    bound: int
+    now: int | None = None
+    seqs: list[int] | UnsetType = UNSET  # absent from the JSON unless given
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        epoch: int,
+        before_seq: int | None,
+        match: TagMatch | None,
+        bound: int,
+        seqs: list[int] | None = None,
+        *,
+        now: int | None = None,
+    ) -> DeleteFrame:
+        pair = None if match is None else (match.exact, match.value)
+        return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs)
+
+    @property
+    def selector(self) -> TagMatch | None:
+        return None if self.match is None else TagMatch(*self.match)
+
+
+class RecordsHeader(Struct):
+    """The JSON line that opens a records frame; the records' bodies follow it."""
+
+    name: str
+    epoch: int
+    first_seq: int
+    ts: int
+    now: int | None
+    lens: list[int]
+    sizes: list[int]
+    nodes: list[str | None]
+    tags: list[str | None]
+    ids: list[str | None] | None
+    extra: dict[str, Any] | None
 
 
 def records_frame(
@@ -119,29 +179,21 @@ def records_frame(
     """One atomic append: a JSON header line, then the records' encoded bodies.
     ``now``: when it happened (``ts`` never decreases, the clock might)."""
     ids = [r.id for r in records]
-    header = {
-        "name": name,
-        "epoch": epoch,
-        "first_seq": first_seq,
-        "ts": ts,
-        "now": now,
-        "lens": [len(r.body) for r in records],
-        "sizes": [r.size for r in records],
-        "nodes": [r.node for r in records],
-        "tags": [r.tag for r in records],
-        "ids": ids if any(i is not None for i in ids) else None,
-        "extra": extra,
-    }
+    header = RecordsHeader(
+        name, epoch, first_seq, ts, now,
+        [len(r.body) for r in records], [r.size for r in records],
+        [r.node for r in records], [r.tag for r in records],
+        ids if any(i is not None for i in ids) else None, extra,
+    )  # fmt: skip
     return encode(
-        FrameKind.RECORDS, orjson.dumps(header) + b"\n" + b"".join(r.body for r in records)
+        FrameKind.RECORDS, _encoder.encode(header) + b"\n" + b"".join(r.body for r in records)
     )
-
-
-# --- decoding ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class RecordsFrame:
+    """A decoded records frame: one atomic append."""
+
     name: str
     epoch: int
     first_seq: int
@@ -151,35 +203,58 @@ class RecordsFrame:
     now: int  # when the append happened
 
 
-def decode_json(payload: memoryview) -> dict[str, Any]:
-    return orjson.loads(payload)
+JournalFrame = TopicFrame | DropFrame | HeadFrame | WriterFrame | RouterFrame | DeleteFrame
+"""Every frame but records, each a JSON object; the frame kind byte is the tag."""
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[FrameKind, msgspec.json.Decoder[Any]] = {
+    kind.KIND: msgspec.json.Decoder(kind)
+    for kind in (TopicFrame, DropFrame, HeadFrame, WriterFrame, RouterFrame, DeleteFrame)
+}
+_header = msgspec.json.Decoder(RecordsHeader)
+
+
+def decode(frame: Frame) -> JournalFrame | RecordsFrame:
+    """The typed form of a journal frame (any kind but the catalog's)."""
+    if frame.kind is FrameKind.RECORDS:
+        return decode_records(frame.payload)
+    return _decoders[frame.kind].decode(frame.payload)
 
 
 def decode_records(payload: memoryview) -> RecordsFrame:
     data = bytes(payload)
     newline = data.index(b"\n")
-    header = orjson.loads(data[:newline])
-    ids = header["ids"] or [None] * len(header["lens"])
+    header = _header.decode(data[:newline])
+    ids = header.ids or [None] * len(header.lens)
     records = []
     offset = newline + 1
     for length, size, node, tag, ident in zip(
-        header["lens"], header["sizes"], header["nodes"], header["tags"], ids, strict=True
+        header.lens, header.sizes, header.nodes, header.tags, ids, strict=True
     ):
         records.append(EncodedRecord(data[offset : offset + length], size, node, tag, ident))
         offset += length
     return RecordsFrame(
-        header["name"], header["epoch"], header["first_seq"], header["ts"], records,
-        header["extra"], header.get("now") or header["ts"],
+        header.name, header.epoch, header.first_seq, header.ts, records, header.extra,
+        header.now or header.ts,
     )  # fmt: skip
 
 
-def records_topic(payload: memoryview) -> tuple[str, int]:
-    """The topic instance (name, epoch) a records frame was written for; its records
-    stay undecoded."""
-    data = bytes(payload)
-    header = orjson.loads(data[: data.index(b"\n")])
-    return header["name"], header["epoch"]
+class _Instance(Struct):
+    name: str
+    epoch: int
 
 
-def decode_config(body: dict[str, Any]) -> TopicConfig:
-    return msgspec.convert(body, TopicConfig)
+_instance = msgspec.json.Decoder(_Instance)
+
+
+def frame_topic(frame: Frame) -> tuple[str, int] | None:
+    """The topic instance (name, epoch) a frame was written for, decoding no records;
+    None for a writer or router frame, which belong to no topic."""
+    if frame.kind is FrameKind.RECORDS:
+        data = bytes(frame.payload)
+        header = _instance.decode(data[: data.index(b"\n")])
+    elif frame.kind in (FrameKind.WRITER, FrameKind.ROUTER):
+        return None
+    else:
+        header = _instance.decode(frame.payload)
+    return header.name, header.epoch

@@ -29,7 +29,7 @@ import orjson
 
 from ..protocol import DeadLetterError, Durability, QueueCounts, RecordIn, TopicConfig, TopicType
 from .errors import ErrorCode, TopicError
-from .journal import drop_frame, topic_frame
+from .journal import DropFrame, TopicFrame
 from .records import EncodedRecord
 from .topic import Topic
 
@@ -235,26 +235,25 @@ class Queues:
         """A queue was created or reconfigured: give its leases log the right class."""
         engine = self.engine
         name = leases_name(topic.name)
-        engine._recover(name)  # a reconfiguration applies after every recovered event
+        kernel = engine.kernel
+        kernel.recover(name)  # a reconfiguration applies after every recovered event
         config = _leases_config(topic.config)
-        leases = engine._topics.get(name)
+        leases = kernel.get(name)
         now = engine.clock.now_ms()
         if leases is None:
-            leases = Topic(name, TopicType.LOG, config, engine._last_epoch + 1, now)
-            engine._write_topic(leases)
-            engine._register(leases)
+            kernel.create(Topic(name, TopicType.LOG, config, kernel.next_epoch(), now))
         elif leases.config != config:
-            engine._write(name, topic_frame(name, leases.type, leases.epoch, config,
-                                            leases.created_ts))  # fmt: skip
+            kernel.write(name, TopicFrame.of(name, leases.type, leases.epoch, config,
+                                             leases.created_ts).encode())  # fmt: skip
             leases.reconfigure(config, now)
 
     def dropped(self, topic: Topic) -> None:
         """A queue was deleted: its leases log and lease state go with it."""
         self._projections.pop(topic.name, None)
         name = leases_name(topic.name)
-        leases = self.engine._topics.pop(name, None)
+        leases = self.engine.kernel.drop(name)
         if leases is not None:
-            self.engine._write(name, drop_frame(name, leases.epoch))
+            self.engine.kernel.write(name, DropFrame(name, leases.epoch).encode())
 
     def counts(self, topic: Topic) -> QueueCounts:
         """The queue object of a topic's state (docs/semantics/topics.md §10.5). in_flight
@@ -280,13 +279,13 @@ class Queues:
 
     def next_due(self, name: str) -> int | None:
         """When a lease of ``name`` may expire or a delayed nack become claimable."""
-        topic = self.engine._topics.get(name)
+        topic = self.engine.kernel.get(name)
         if topic is None or topic.type is not TopicType.QUEUE:
             return None
         return self._projection(topic).next_due(self.engine.clock.now_ms())
 
     def holds(self, name: str, seq: int, node: str, lease_id: str) -> bool:
-        topic = self.engine._topics.get(name)
+        topic = self.engine.kernel.get(name)
         if topic is None or topic.type is not TopicType.QUEUE:
             return False
         lease = self._projection(topic).holder(seq, node, lease_id, self.engine.clock.now_ms())
@@ -496,7 +495,7 @@ class Queues:
                   for s, lease in held]  # fmt: skip
         self._record(topic, p, events)
         if events:
-            self.engine._commit(topic)
+            self.engine.kernel.commit(topic)
         return Settled([s for s, _ in held], skipped)
 
     def extend(
@@ -555,9 +554,9 @@ class Queues:
             raise TopicError(ErrorCode.INVALID_REQUEST, "max is at least 1")
         topic = self._queue(name)
         target = topic.config.dead_letter
-        if target is None or target not in self.engine._topics:
+        source = None if target is None else self.engine.kernel.get(target)
+        if source is None:
             return Redriven([])
-        source = self.engine._topics[target]
         now = self.engine.clock.now_ms()
         moved: list[int] = []
         records: list[RecordIn] = []
@@ -584,7 +583,7 @@ class Queues:
 
     # --- internals ----------------------------------------------------------------------
     def _queue(self, name: str) -> Topic:
-        topic = self.engine._existing(name)
+        topic = self.engine.kernel.existing(name)
         if topic.type is not TopicType.QUEUE:
             raise TopicError(
                 ErrorCode.NOT_A_QUEUE,
@@ -612,8 +611,8 @@ class Queues:
         (docs/semantics/topics.md §10.6)."""
         p = Projection(topic.epoch)
         name = leases_name(topic.name)
-        self.engine._recover(name)  # from every event that survived, not those applied so far
-        leases = self.engine._topics.get(name)
+        self.engine.kernel.recover(name)  # from every event that survived, not those applied so far
+        leases = self.engine.kernel.get(name)
         if leases is None:
             return p
         now = self.engine.clock.now_ms()
@@ -633,7 +632,7 @@ class Queues:
         if not events:
             return
         name = leases_name(topic.name)
-        if name not in self.engine._topics:
+        if name not in self.engine.kernel:
             self.configured(topic)
         encoded = []
         for event in events:
@@ -655,7 +654,7 @@ class Queues:
         """
         p.events_since_trim = 0
         name = leases_name(topic.name)
-        leases = self.engine._topics[name]
+        leases = self.engine.kernel.existing(name, recover=False)
         horizon = leases.next_seq - TRIM_SLACK
         restate = []
         for seq, job in p.jobs.items():

@@ -28,7 +28,7 @@ import orjson
 from ..protocol import ConfigPatch, RouterFilter, RouterOut
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .journal import router_frame
+from .journal import RouterFrame
 from .records import EncodedRecord, check_topic_name, wire_body
 from .results import DiffResult
 
@@ -209,17 +209,17 @@ class Routers:
                                  {"cycle": [source, *path]})  # fmt: skip
         if not create_dest:
             for topic in (source, dest):
-                engine._existing(topic)
+                engine.kernel.existing(topic)
         # Lazily created endpoints (docs/semantics/topics.md §8.6): an empty config patch takes the
         # defaults.
         for topic in (source, dest):
-            if topic not in engine._topics:
+            if topic not in engine.kernel:
                 engine.put_topic(topic, ConfigPatch())
-        src, dst = engine._topics[source], engine._topics[dest]
+        src, dst = engine.kernel.existing(source), engine.kernel.existing(dest)
         router = Router(name, source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
                         engine.clock.now_ms(), src.epoch, dst.epoch, src.head_seq,
                         filter=normal_filter)  # fmt: skip
-        engine._write(source, router_frame(name, asdict(router)))
+        engine.kernel.write(source, RouterFrame(name, asdict(router)).encode())
         self._routers[name] = router
         self._on_cycle = None
         return router, True
@@ -243,7 +243,7 @@ class Routers:
 
     def delete(self, name: str) -> None:
         router = self.get(name)
-        self._engine._write(router.source, router_frame(name, None))
+        self._engine.kernel.write(router.source, RouterFrame(name, None).encode())
         del self._routers[name]
         self._on_cycle = None
 
@@ -329,7 +329,7 @@ class Routers:
                 "router %s: source %s lost %d..%d (%s) before forwarding",
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
-        source = engine._topics[router.source]
+        source = engine.kernel.existing(router.source, recover=False)
         on_cycle = router.name in self._cyclic()
         copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
@@ -337,7 +337,7 @@ class Routers:
                 router.dest, copies, create=False, derived_from=router.source
             )
             if on_cycle:
-                epoch = engine._topics[router.dest].epoch
+                epoch = engine.kernel.existing(router.dest, recover=False).epoch
                 for seq, hop in zip(result.seqs, hops, strict=True):
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
@@ -412,9 +412,8 @@ class Routers:
             self._routers[router.name] = router
         self._on_cycle = None
 
-    def replay(self, body: dict[str, Any]) -> None:
-        """A router control frame, after the checkpoint the catalog restored."""
-        name, definition = body["router"], body["def"]
+    def replay(self, name: str, definition: dict[str, Any] | None) -> None:
+        """A router control frame, after the snapshot the catalog restored."""
         if definition is None:
             self._routers.pop(name, None)
         elif name not in self._routers:
@@ -424,9 +423,9 @@ class Routers:
     def settle_recovered(self) -> None:
         """After replay: a router whose endpoint instance is gone does not exist, and an
         exactly_once router resumes past the last copy dest already holds."""
-        topics = self._engine._topics
+        kernel = self._engine.kernel
         for router in list(self._routers.values()):
-            src, dst = topics.get(router.source), topics.get(router.dest)
+            src, dst = kernel.get(router.source), kernel.get(router.dest)
             if src is None or dst is None or (src.epoch, dst.epoch) != (
                 router.source_epoch, router.dest_epoch):  # fmt: skip
                 del self._routers[router.name]

@@ -7,7 +7,7 @@ fences its older runs (docs/semantics/topics.md §12). Its tasks *stage*
 records under ``(writer, batch, partition, attempt)``; staged records are
 invisible to readers. Its coordinator then *publishes* the parts of the attempts
 that succeeded: they are appended as one atomic write (contiguous seqs, through
-:meth:`Engine.append_encoded` and thus :meth:`Engine._commit`), and the ledger
+:meth:`Engine.append_encoded` and thus :meth:`Kernel.commit`), and the ledger
 remembers ``(writer, batch) -> seqs``, so publishing the same batch again returns
 the original seqs and appends nothing.
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import PublishResponse, RecordIn
 from .errors import ErrorCode, TopicError
-from .journal import writer_frame
+from .journal import WriterFrame
 from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Staging:
         """
         _check_writer(writer)
         epoch = self._epochs.get(writer, 0) + 1
-        self._engine._write(writer, writer_frame(writer, epoch))
+        self._engine.kernel.write(writer, WriterFrame(writer, epoch).encode())
         self._epochs[writer] = epoch
         return epoch
 
@@ -248,7 +248,7 @@ class Staging:
     def _fenced(self, topic: str, writer: str, epoch: int) -> _Writer:
         _check_writer(writer)
         # A recovering topic's publish ledger is whole only once its frames are applied.
-        self._engine._recover(topic)
+        self._engine.kernel.recover(topic)
         current = self._epochs.get(writer, 0)
         if epoch != current or not current:
             raise TopicError(

@@ -285,9 +285,24 @@ class Topic:
 
     def _new_chunk(self, base_seq: int) -> Chunk:
         chunk = Chunk(base_seq)
+        self.add_chunk(chunk)
+        return chunk
+
+    def add_chunk(self, chunk: Chunk) -> None:
+        """Append ``chunk`` after the last one (recovery adds the sealed segments)."""
         self.chunks.append(chunk)
         self._bases.append(chunk.base_seq)
-        return chunk
+
+    def dedupe_entries(self) -> list[tuple[str, int, int]]:
+        """The idempotency ids still inside the window: ``(id, seq, ts)`` each."""
+        horizon = self.last_ts - self.config.idempotency_window_ms
+        return [(i, s, t) for i, (s, t) in self._dedupe.items() if t >= horizon]
+
+    def restore_dedupe(self, entries: list[tuple[str, int, int]]) -> None:
+        """Take back what :meth:`dedupe_entries` exported."""
+        for ident, seq, ts in sorted(entries, key=lambda d: d[2]):
+            self._dedupe[ident] = (seq, ts)
+            self._dedupe_order.append((ts, ident))
 
     def _prune_dedupe(self, now: int) -> None:
         horizon = now - self.config.idempotency_window_ms
@@ -375,7 +390,7 @@ class Topic:
                 self.ttl_floor = max(self.ttl_floor, last_live)
             self._record_loss(self.front, upto, reason, removed)
         self.front = upto + 1
-        self._settle_front()
+        self.settle_front()
         return removed
 
     def _record_loss(self, lo: int, hi: int, reason: str, lost: int) -> None:
@@ -390,7 +405,7 @@ class Topic:
             merged = first.reason if first.reason == second.reason else "mixed"
             runs[0:2] = [LossRun(first.lo, second.hi, merged, first.lost + second.lost)]
 
-    def _settle_front(self) -> None:
+    def settle_front(self) -> None:
         """Advance front past deleted slots and holes; drop chunks wholly below it."""
         while self.front < self.next_seq:
             index = self._chunk_index(self.front)
@@ -448,7 +463,7 @@ class Topic:
             for seq in seqs
             if self.front <= seq < self.next_seq and self._chunk_index(seq) >= 0
         )
-        self._settle_front()
+        self.settle_front()
         return DeleteResponse(
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
@@ -471,7 +486,7 @@ class Topic:
             del seqs[:cut]
             if not seqs:
                 del self.tag_index[tag]
-        self._settle_front()
+        self.settle_front()
         return deleted
 
     def _mark_deleted(self, seq: int) -> bool:
@@ -632,7 +647,7 @@ class Topic:
         hole = Hole(self.next_seq, self.next_seq + n - 1, reason)
         self.holes.append(hole)
         self.next_seq = hole.hi + 1
-        self._settle_front()
+        self.settle_front()
         return hole
 
     def lose_resident_records(self) -> None:

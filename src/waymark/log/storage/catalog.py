@@ -1,10 +1,13 @@
-"""The catalog: what a checkpoint knows, written atomically as one checksummed frame.
+"""The catalog: what a snapshot knows, written atomically as one checksummed frame.
 
 It names every topic with the state that segments alone cannot tell (config, epoch,
 watermarks and eviction floors, crash holes, the seq ceiling, recent idempotency
 ids), the segments that hold its records, and, per WAL shard, the first file to
 replay. Anything on disk that it does not name is left over from an interrupted
-checkpoint and is removed at recovery.
+snapshot and is removed at restore.
+
+The catalog and its topic entries are msgspec Structs; their field order is the
+order of the keys on disk, so the file is byte for byte what the engine always wrote.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import orjson
 
+from ...protocol import TopicConfig, TopicType
 from ..topic import Hole, LossRun, Topic
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
@@ -22,53 +25,72 @@ from .frames import CorruptFrame, FrameKind, encode, read_file
 CATALOG = "catalog"
 
 
+class TopicEntry(msgspec.Struct):
+    """One topic instance in the catalog."""
+
+    name: str
+    type: TopicType
+    epoch: int
+    created_ts: int
+    config: TopicConfig
+    dir: str
+    segments: list[int]  # base seqs of its segments
+    next_seq: int
+    front: int
+    cap_floor: int
+    ttl_floor: int
+    losses: list[tuple[int, int, str, int]]  # (lo, hi, reason, lost) runs
+    ceiling: int
+    holes: list[list[int | str]]  # (lo, hi, reason)
+    last_ts: int
+    last_write_ts: int
+    dedupe: list[tuple[str, int, int]]  # (id, seq, ts) inside the idempotency window
+    cold: list[int] = msgspec.field(default_factory=list)  # those segments in the cold tier
+
+    def topic(self) -> Topic:
+        """The topic this entry describes, without its segments."""
+        topic = Topic(self.name, self.type, self.config, self.epoch, self.created_ts)
+        topic.next_seq = self.next_seq
+        topic.front = self.front
+        topic.cap_floor = self.cap_floor
+        topic.ttl_floor = self.ttl_floor
+        topic.losses = [LossRun(*run) for run in self.losses]
+        topic.ceiling = self.ceiling
+        topic.holes = [Hole(*h) for h in self.holes]  # type: ignore[arg-type]
+        topic.last_ts = self.last_ts
+        topic.last_write_ts = self.last_write_ts
+        topic.restore_dedupe(self.dedupe)
+        return topic
+
+
+class Catalog(msgspec.Struct):
+    version: int
+    last_epoch: int
+    wal: dict[str, int]  # per WAL shard, the first file to replay
+    topics: list[TopicEntry]
+    staging: dict[str, Any]  # the writers' epochs and publish ledgers
+    routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
+
+
 def topic_dir_name(topic: Topic) -> str:
     return f"{topic.epoch:010d}-{topic.name}"
 
 
-def topic_entry(topic: Topic, segments: list[int]) -> dict[str, Any]:
-    horizon = topic.last_ts - topic.config.idempotency_window_ms
-    return {
-        "name": topic.name,
-        "type": str(topic.type),
-        "epoch": topic.epoch,
-        "created_ts": topic.created_ts,
-        "config": msgspec.structs.asdict(topic.config),
-        "dir": topic_dir_name(topic),
-        "segments": segments,
-        "next_seq": topic.next_seq,
-        "front": topic.front,
-        "cap_floor": topic.cap_floor,
-        "ttl_floor": topic.ttl_floor,
-        "losses": [[r.lo, r.hi, r.reason, r.lost] for r in topic.losses],
-        "ceiling": topic.ceiling,
-        "holes": [list(h) for h in topic.holes],
-        "last_ts": topic.last_ts,
-        "last_write_ts": topic.last_write_ts,
-        "dedupe": [[i, s, t] for i, (s, t) in topic._dedupe.items() if t >= horizon],
-    }
+def topic_entry(topic: Topic, segments: list[int]) -> TopicEntry:
+    return TopicEntry(
+        topic.name, topic.type, topic.epoch, topic.created_ts, topic.config,
+        topic_dir_name(topic), segments, topic.next_seq, topic.front, topic.cap_floor,
+        topic.ttl_floor, [(r.lo, r.hi, r.reason, r.lost) for r in topic.losses],
+        topic.ceiling, [list(h) for h in topic.holes], topic.last_ts, topic.last_write_ts,
+        topic.dedupe_entries(),
+    )  # fmt: skip
 
 
-def restore_state(topic: Topic, entry: dict[str, Any]) -> None:
-    topic.next_seq = entry["next_seq"]
-    topic.front = entry["front"]
-    topic.cap_floor = entry["cap_floor"]
-    topic.ttl_floor = entry["ttl_floor"]
-    topic.losses = [LossRun(*run) for run in entry["losses"]]
-    topic.ceiling = entry["ceiling"]
-    topic.holes = [Hole(*h) for h in entry["holes"]]
-    topic.last_ts = entry["last_ts"]
-    topic.last_write_ts = entry["last_write_ts"]
-    for ident, seq, ts in sorted(entry["dedupe"], key=lambda d: d[2]):
-        topic._dedupe[ident] = (seq, ts)
-        topic._dedupe_order.append((ts, ident))
+def write_catalog(data_dir: Path, catalog: Catalog, fileio: FileIO) -> None:
+    fileio.replace_file(data_dir / CATALOG, encode(FrameKind.CATALOG, msgspec.json.encode(catalog)))
 
 
-def write_catalog(data_dir: Path, body: dict[str, Any], fileio: FileIO) -> None:
-    fileio.replace_file(data_dir / CATALOG, encode(FrameKind.CATALOG, orjson.dumps(body)))
-
-
-def read_catalog(data_dir: Path) -> dict[str, Any] | None:
+def read_catalog(data_dir: Path) -> Catalog | None:
     path = data_dir / CATALOG
     if not path.exists():
         return None
@@ -76,4 +98,4 @@ def read_catalog(data_dir: Path) -> dict[str, Any] | None:
     if len(frames) != 1 or end != path.stat().st_size or frames[0].kind is not FrameKind.CATALOG:
         # Written under a temporary name and renamed: a damaged catalog is not a torn write.
         raise CorruptFrame(path, end, "the catalog is not one whole frame")
-    return orjson.loads(frames[0].payload)
+    return msgspec.json.decode(frames[0].payload, type=Catalog)

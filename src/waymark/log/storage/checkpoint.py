@@ -20,12 +20,11 @@ import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ...protocol import Durability
 from ..chunk import Chunk
 from ..engine import Engine
-from .catalog import topic_dir_name, topic_entry, write_catalog
+from .catalog import Catalog, topic_dir_name, topic_entry, write_catalog
 from .fileio import FileIO
 from .segment import SealedChunk, flip_deleted, segment_paths, write_segment
 from .wal import Wal
@@ -46,7 +45,7 @@ class NewSegment:
 @dataclass
 class CheckpointPlan:
     wal_start: dict[str, int]
-    catalog: dict[str, Any]
+    catalog: Catalog | None = None
     new: list[NewSegment] = field(default_factory=list)
     flips: list[tuple[SealedChunk, bytes]] = field(default_factory=list)
     to_cold: list[tuple[SealedChunk, Path]] = field(default_factory=list)  # (chunk, cold dir)
@@ -78,7 +77,7 @@ class Checkpointer:
         self.cold_dir = cold_dir
         self.hot_segments = hot_segments
         self.wal = wal
-        self._io = fileio
+        self.fileio = fileio
         self.running = threading.Lock()  # one checkpoint at a time
 
     def begin(self, engine: Engine) -> CheckpointPlan:
@@ -88,9 +87,9 @@ class Checkpointer:
             # gradual recovery to end before it checkpoints; shutdown does not).
             engine.recovering.finish_all()
         wal_start = self.wal.rotate()
-        plan = CheckpointPlan(wal_start, {})
+        plan = CheckpointPlan(wal_start)
         entries = []
-        for topic in engine._topics.values():
+        for topic in engine.kernel.topics():
             directory = self.topics_dir / topic_dir_name(topic)
             cold = self.cold_dir / topic_dir_name(topic) if self.cold_dir else None
             segments: list[int] = []
@@ -117,25 +116,19 @@ class Checkpointer:
                     cold_segments.append(chunk.base_seq)
                 plan.keep.update(segment_paths(home, chunk.base_seq))
             entry = topic_entry(topic, segments)
-            entry["cold"] = cold_segments
+            entry.cold = cold_segments
             entries.append(entry)
-        plan.catalog = {
-            "version": 1,
-            "last_epoch": engine._last_epoch,
-            "wal": wal_start,
-            "topics": entries,
-            "staging": engine.staging.snapshot(),
-            "routers": engine.routers.snapshot(),
-        }
+        plan.catalog = Catalog(1, engine.kernel.last_epoch, wal_start, entries,
+                               engine.staging.snapshot(), engine.routers.snapshot())  # fmt: skip
         return plan
 
     def write(self, plan: CheckpointPlan) -> CheckpointReport:
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
-            write_segment(new.directory, new.chunk, new.dead, self._io)
+            write_segment(new.directory, new.chunk, new.dead, self.fileio)
             # Mapped here, off the engine thread: finish() only swaps it in.
             new.sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq), new.dead)
-        flipped = sum(flip_deleted(chunk, dead, self._io) for chunk, dead in plan.flips)
+        flipped = sum(flip_deleted(chunk, dead, self.fileio) for chunk, dead in plan.flips)
         for chunk, cold in plan.to_cold:
             # Copied (the cold tier may be another file system) and synced before the
             # catalog names it; the hot pair goes once the catalog is durable.
@@ -143,8 +136,9 @@ class Checkpointer:
             for hot_path, cold_path in zip(
                 (chunk.data_path, chunk.idx_path), segment_paths(cold, chunk.base_seq), strict=True
             ):
-                self._io.replace_file(cold_path, hot_path.read_bytes())
-        write_catalog(self.data_dir, plan.catalog, self._io)
+                self.fileio.replace_file(cold_path, hot_path.read_bytes())
+        assert plan.catalog is not None, "write() runs after begin()"
+        write_catalog(self.data_dir, plan.catalog, self.fileio)
         # The catalog is durable: what it does not name is no longer needed.
         self.wal.trim(plan.wal_start)
         removed = remove_unreferenced(self.topics_dir, plan.keep)
@@ -158,7 +152,7 @@ class Checkpointer:
 
     def finish(self, engine: Engine, plan: CheckpointPlan) -> None:
         for new in plan.new:
-            topic = engine._topics.get(new.topic)
+            topic = engine.kernel.get(new.topic)
             if topic is None or topic.epoch != new.epoch or new.chunk not in topic.chunks:
                 continue  # dropped or evicted meanwhile
             sealed = new.sealed

@@ -9,18 +9,16 @@ import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ...clock import Clock
-from ...protocol import Limits, TopicConfig, TopicType
+from ...protocol import Limits, TopicConfig
 from ..engine import Engine
 from ..gradual import GradualRecovery
-from ..journal import decode_config
 from ..replay import apply_frame, finish
 from ..topic import Topic
-from .catalog import read_catalog, restore_state
+from .catalog import Catalog, read_catalog
 from .checkpoint import TOPICS, Checkpointer, remove_unreferenced
 from .fileio import FileIO
 from .segment import SealedChunk, SegmentError, segment_paths
@@ -69,7 +67,7 @@ def open_engine(
         segments = load_checkpoint(engine, data_dir, catalog, cold_dir)
     count = torn = 0
     gradual = GradualRecovery(engine)
-    start = catalog["wal"] if catalog else None
+    start = catalog.wal if catalog else None
     for path, data, frames, end in Wal.existing_frames(wal_dir, start):
         size = path.stat().st_size
         if end < size:
@@ -85,7 +83,7 @@ def open_engine(
     engine.recovering = gradual if gradual.topics else None
     wal = Wal(wal_dir, shards=shards, fileio=fileio)
     engine.journal = wal
-    report = RecoveryReport(count, segments, torn, len(engine._topics),
+    report = RecoveryReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,
                             gradual.frames)  # fmt: skip
     checkpointer = Checkpointer(data_dir, wal, fileio, cold_dir, hot_segments)
@@ -93,33 +91,29 @@ def open_engine(
 
 
 def load_checkpoint(
-    engine: Engine, data_dir: Path, catalog: dict[str, Any], cold_dir: Path | None
+    engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None
 ) -> int:
     keep: set[Path] = set()
-    for entry in catalog["topics"]:
-        topic = Topic(entry["name"], TopicType(entry["type"]), decode_config(entry["config"]),
-                      entry["epoch"], entry["created_ts"])  # fmt: skip
-        restore_state(topic, entry)
-        directory = data_dir / TOPICS / entry["dir"]
-        cold = set(entry["cold"])
+    for entry in catalog.topics:
+        topic = entry.topic()
+        directory = data_dir / TOPICS / entry.dir
+        cold = set(entry.cold)
         if cold and cold_dir is None:
             raise SegmentError(
-                f"topic {entry['name']!r} has segments in a cold tier: pass its --cold-dir"
+                f"topic {entry.name!r} has segments in a cold tier: pass its --cold-dir"
             )
-        for base_seq in entry["segments"]:
-            home = cold_dir / entry["dir"] if base_seq in cold and cold_dir else directory
+        for base_seq in entry.segments:
+            home = cold_dir / entry.dir if base_seq in cold and cold_dir else directory
             paths = segment_paths(home, base_seq)
             keep.update(paths)
-            chunk = SealedChunk(*paths)
-            topic.chunks.append(chunk)
-            topic._bases.append(chunk.base_seq)
+            topic.add_chunk(SealedChunk(*paths))
         recount(topic)
         for chunk in topic.chunks:
             chunk.drop_cached_pages()
-        engine._topics[topic.name] = topic
-    engine._last_epoch = catalog["last_epoch"]
-    engine.staging.restore(catalog["staging"])
-    engine.routers.restore(catalog.get("routers", []))  # catalogs from before routers: none
+        engine.kernel.register(topic)
+    engine.kernel.restore_epoch(catalog.last_epoch)
+    engine.staging.restore(catalog.staging)
+    engine.routers.restore(catalog.routers)
     remove_unreferenced(data_dir / TOPICS, keep)
     if cold_dir is not None:
         remove_unreferenced(cold_dir, keep)
