@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis.internal.conjecture import providers as hypothesis_providers
 
 
 @dataclass
@@ -146,3 +147,19 @@ class LongPolls:
 def long_polls() -> Callable[[str], LongPolls]:
     """``long_polls(url)``: the long-poll gauge of the server at ``url``."""
     return LongPolls
+
+
+@pytest.fixture
+def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pin hypothesis' pool of "local constants" (empty) for a mutation run.
+
+    Hypothesis also draws values from the literals of every local module imported so
+    far, so a derandomized search still changed with what else the process had run (in
+    the full suite, machines missed mutants they caught alone). Pinned, a mutation
+    test's search is the same in every run, alone or in the suite.
+    """
+    empty = hypothesis_providers.Constants()
+    monkeypatch.setattr(hypothesis_providers, "_get_local_constants", lambda: empty)
+    hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the real pool
+    yield
+    hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the empty one

@@ -115,6 +115,7 @@ TestFloorGuard = FloorGuard.TestCase
 TestFloorGuard.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
 
 
+@pytest.mark.usefixtures("fixed_constants")
 @pytest.mark.parametrize(("in_band", "backstop"), [(False, False), (False, True)])
 def test_unguarded_and_periodic_only_variants_diverge(in_band: bool, backstop: bool) -> None:
     variant = type("Variant", (FloorGuard,), {"in_band": in_band, "backstop": backstop})

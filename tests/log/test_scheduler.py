@@ -24,13 +24,11 @@ The mutation tests at the bottom break the scheduler and assert the machine noti
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.internal.conjecture import providers as hypothesis_providers
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -232,23 +230,6 @@ def test_scheduler_orders_by_priority_ages_and_never_starves() -> None:
 MUTATION_SETTINGS = settings(
     SETTINGS, max_examples=400, database=None, derandomize=True, phases=[Phase.generate]
 )
-
-
-@pytest.fixture
-def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Pin hypothesis' pool of "local constants" (empty) for a mutation run.
-
-    Hypothesis also draws values from the literals of every local module imported so
-    far, so a derandomized search still changed with what else the process had run (in
-    the full suite the machine missed the no-starvation mutant that it caught alone;
-    that one now has a fixed scenario). Pinned, the searches below are the same in
-    every run.
-    """
-    empty = hypothesis_providers.Constants()
-    monkeypatch.setattr(hypothesis_providers, "_get_local_constants", lambda: empty)
-    hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the real pool
-    yield
-    hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the empty one
 
 
 def _fifo(self, key, topic, enqueued_at, serial):  # type: ignore[no-untyped-def]

@@ -150,7 +150,7 @@ class Aggregate:
             "topic_s": round(topic - aggregated, 3),
             "fold_s": round(time.perf_counter() - topic, 3),
             "users": table.num_rows,
-            "topic_replayed": any(r["replayed"] for r in published.values()),
+            "topic_replayed": any(r.replayed for r in published.values()),
             "fold_skipped": not folded,
         }
 
