@@ -141,3 +141,14 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
         assert engine.diff("q", 0).seqs == [3, 4, 5]
     finally:
         store.close()
+
+
+def test_claims_and_the_lease_replay_are_not_consumption(engine: Engine) -> None:
+    queue(engine, 3)
+    engine.claim("q", "w", 2)
+    engine.queues._projections.clear()  # the next pass replays the leases log
+    assert len(engine.claim("q", "w", 2)) == 1
+    # §3: neither log was read by a consumer: no read time, no recency bonus.
+    for name in ("q", leases_name("q")):
+        state = engine.get_topic(name, touch=False)
+        assert (state.last_read_ts, state.effective_priority) == (0, 0)

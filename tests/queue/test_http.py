@@ -340,3 +340,20 @@ def test_ack_deletes_in_every_durability_class(qhttp: QueueHttp, q: str, durabil
     qhttp.claim(q, "w")
     assert qhttp.settle(q, "ack", "w", [1])["acked"] == [1]
     assert qhttp.state(q)["count"] == 0
+
+
+def test_claims_dead_letters_and_redrive_are_not_consumption(qhttp: QueueHttp, q: str) -> None:
+    # §3: only a GET (with touch), a diff or an SSE read consumes a topic. The server's
+    # own reads of the jobs log (claims) and of the dead-letter topic (redrive) do not.
+    dlq = f"{q}.dlq"
+    qhttp.queue(q, max_deliveries=1, dead_letter=dlq)
+    qhttp.produce(q, "a", "b")
+    qhttp.claim(q, "w", 2)
+    qhttp.settle(q, "nack", "w", [1, 2])
+    assert qhttp.claim(q, "w", 2) == []  # both move to the dead-letter topic
+    assert ok(qhttp.post(q, "redrive"))["redriven"] == 2
+    assert len(qhttp.claim(q, "w", 2)) == 2
+    assert qhttp.state(q)["last_read_ts"] == 0
+    assert qhttp.state(dlq)["last_read_ts"] == 0
+    qhttp.diff(q)  # a consumer's read does count
+    assert qhttp.state(q)["last_read_ts"] > 0

@@ -239,18 +239,25 @@ class Engine:
         nodes: frozenset[str] | None = None,
         epoch: int | None = None,
         per_record: bool = False,
+        touch: bool = True,
     ) -> DiffResult:
         """Records with seq > from_seq, in seq order, at most ``limit`` scanned.
 
         ``nodes`` drops records whose $node is in the set (§6); ``epoch`` names the
         topic instance the cursor belongs to, so a recreated topic is detected (§5.5).
+        ``touch`` counts the read as consumption (§3); the engine's own readers (a
+        router forwarding) pass False, so only consumers make a topic look consumed.
         """
         if from_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
         if limit < 1:
             raise TopicError(ErrorCode.INVALID_REQUEST, "limit is at least 1")
         topic = self._existing(name)
-        return topic.read(from_seq, limit, nodes, epoch, self.clock.now_ms(), per_record)
+        now = self.clock.now_ms()
+        page = topic.read(from_seq, limit, nodes, epoch, now, per_record)
+        if touch:
+            topic.consumed(now)
+        return page
 
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None

@@ -499,6 +499,8 @@ class Topic:
         now: int,
         per_record: bool,
     ) -> DiffResult:
+        # Not consumption by itself: internal readers (queue claims, lease replay) read
+        # here too; Engine.diff marks the topic consumed for consumers' reads (§3).
         self.expire(now)
         head = self.readable_head()
         tombstone = None
@@ -583,7 +585,6 @@ class Topic:
             seq = chunk.base_seq + i
         if seq > stop:
             next_from = max(next_from, stop)
-        self.consumed(now)
         return DiffResult(
             runs=runs,
             seqs=seqs,
