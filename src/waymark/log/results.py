@@ -47,7 +47,9 @@ class TopicState:
     type: TopicType
     epoch: int
     config: TopicConfig
-    head_seq: int
+    head_seq: int  # the highest seq readers can read (§2.3)
+    # the highest seq handed out: above head_seq while fsync appends wait for their sync
+    assigned_head_seq: int
     earliest_seq: int
     evict_floor: int
     next_seq: int
@@ -72,6 +74,7 @@ class TopicState:
             "type": str(self.type),
             "epoch": self.epoch,
             "head_seq": self.head_seq,
+            "assigned_head_seq": self.assigned_head_seq,
             "earliest_seq": self.earliest_seq,
             "evict_floor": self.evict_floor,
             "next_seq": self.next_seq,

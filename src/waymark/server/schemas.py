@@ -86,7 +86,8 @@ class TopicState(Struct, kw_only=True):
     name: str
     type: TopicType
     epoch: int
-    head_seq: int
+    head_seq: int  # what readers can read
+    assigned_head_seq: int  # above head_seq while fsync appends wait for their sync
     earliest_seq: int
     evict_floor: int
     next_seq: int
