@@ -56,6 +56,9 @@ class OrderedJournal:
     def latest(self, topic: str) -> OrderedCommit:
         return OrderedCommit(self, self.submitted)
 
+    def sync_ms(self, topic: str) -> int:
+        return 0
+
     def sync(self, upto: int) -> None:
         self.synced = max(self.synced, min(upto, self.submitted))
 

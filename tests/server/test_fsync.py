@@ -1,10 +1,11 @@
 """fsync topics over HTTP (§2.2, §2.3): while concurrent writers wait for their group
 commit, the state reports what readers can read, and a reader starting from it is
-neither rewound nor told the topic was recreated.
+neither rewound nor told the topic was recreated; fsync_ms reports real sync times.
 
 The app runs in process on a real WAL whose file layer is a fault injector: its
 ``fdatasync`` returns only when the test lets it, so the window in which appends are
-written but not yet synced is as long as the test needs, and deterministic.
+written but not yet synced is as long as the test needs, and deterministic; and each
+sync takes as long as the test says on the injected clock.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from waymark.clock import ManualClock
 from waymark.log import Engine
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.recovery import open_engine
@@ -26,11 +28,13 @@ from waymark.server import App
 
 class HeldSyncs(FileIO):
     """Fault injector: between :meth:`hold` and :meth:`release` a WAL shard's
-    ``fdatasync`` blocks, so nothing written meanwhile becomes durable."""
+    ``fdatasync`` blocks, so nothing written meanwhile becomes durable; and every
+    ``fdatasync`` takes ``takes_ms`` of ``clock``."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: ManualClock | None = None, takes_ms: int = 0) -> None:
         self._open = threading.Event()
         self._open.set()
+        self.clock, self.takes_ms = clock, takes_ms
 
     def hold(self) -> None:
         self._open.clear()
@@ -40,17 +44,24 @@ class HeldSyncs(FileIO):
 
     def fdatasync(self, fd: int) -> None:
         self._open.wait()  # on the shard's writer thread
+        if self.clock is not None:
+            self.clock.advance(self.takes_ms)
         super().fdatasync(fd)
 
 
 @pytest.fixture
-def syncs() -> HeldSyncs:
-    return HeldSyncs()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def engine(tmp_path: Path, syncs: HeldSyncs) -> Iterator[Engine]:
-    engine, store, _ = open_engine(tmp_path, fileio=syncs, shards=1)
+def syncs(clock: ManualClock) -> HeldSyncs:
+    return HeldSyncs(clock, takes_ms=7)
+
+
+@pytest.fixture
+def engine(tmp_path: Path, syncs: HeldSyncs, clock: ManualClock) -> Iterator[Engine]:
+    engine, store, _ = open_engine(tmp_path, fileio=syncs, shards=1, clock=clock)
     yield engine
     syncs.release()  # a failed test must not leave the writer thread blocked
     store.sync_blocking()
@@ -130,3 +141,38 @@ async def test_state_and_reads_agree_while_concurrent_writers_wait_for_their_syn
     assert seen == list(zip(range(4, 10), "defghi", strict=True))
     state = await call(http.get("/v0/topics/t"))
     assert (state["head_seq"], state["assigned_head_seq"], state["count"]) == (9, 9, 9)
+
+
+async def test_fsync_ms_is_the_measured_sync_time_for_fsync_topics_and_0_otherwise(
+    http: httpx.AsyncClient, engine: Engine, syncs: HeldSyncs
+) -> None:
+    async def append(topic: str) -> dict[str, Any]:
+        body = {"records": [{"data": topic}]}
+        return await call(http.post(f"/v0/topics/{topic}/records", json=body))
+
+    # Every sync of the (single) WAL shard takes 7 ms on the injected clock.
+    created = await call(http.put("/v0/topics/f", json={"durability": "fsync"}))
+    assert created["fsync_ms"] == 7  # as of its own sync
+    await append("f")  # its first write also reserves a seq ceiling: two syncs, maybe
+    for other in ("ephemeral", "memory", "disk"):
+        # Never fsync-gated: 0, though a disk topic's first write waits for its ceiling.
+        assert (await call(http.put(f"/v0/topics/{other}", json={"durability": other})))[
+            "fsync_ms"] == 0  # fmt: skip
+        assert (await append(other))["fsync_ms"] == 0
+        assert (await call(http.get(f"/v0/topics/{other}")))["fsync_ms"] == 0
+    await call(http.put("/v0/topics/f", json={}))  # acked once everything before is synced
+
+    # The disk slows down: this write's ack waits one 23 ms sync, and the state's figure
+    # (a moving average of the shard's syncs, weight 1/8) moves towards it.
+    syncs.takes_ms = 23
+    syncs.hold()
+    written = appended_upto(engine, "f", 2)
+    ack = asyncio.ensure_future(append("f"))
+    await written.wait()
+    syncs.release()
+    assert (await ack)["fsync_ms"] == 23
+    state = await call(http.get("/v0/topics/f"))
+    assert state["fsync_ms"] == round(7 + (23 - 7) / 8)
+    listed = (await call(http.get("/v0/topics")))["topics"]
+    assert {t["name"]: t["fsync_ms"] for t in listed} == {
+        "f": state["fsync_ms"], "ephemeral": 0, "memory": 0, "disk": 0}  # fmt: skip

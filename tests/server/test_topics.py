@@ -7,8 +7,8 @@ import httpx
 
 STATE_KEYS = {
     "name", "type", "epoch", "head_seq", "assigned_head_seq", "earliest_seq", "evict_floor",
-    "next_seq", "count", "bytes", "config", "durability", "effective_priority", "created_ts",
-    "last_write_ts", "last_read_ts",
+    "next_seq", "count", "bytes", "config", "durability", "fsync_ms", "effective_priority",
+    "created_ts", "last_write_ts", "last_read_ts",
 }  # fmt: skip
 DEFAULT_CONFIG = {
     "ttl_ms": 0, "cap_records": 0, "cap_bytes": 0, "discard": "old", "durable": False,

@@ -358,6 +358,11 @@ class Engine:
         """One forwarding step over every router (off every append's ack path)."""
         return self.routers.forward(max_records)
 
+    def sync_ms(self, name: str) -> int:
+        """How long making ``name``'s journal frames durable takes lately, in ms (0 in
+        memory): what an fsync topic reports as fsync_ms (§2.2)."""
+        return self.journal.sync_ms(name) if self.journal is not None else 0
+
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).
 
@@ -386,6 +391,8 @@ class Engine:
             state = recovering.state(topic, now)
         else:
             state = topic.state(now)
+        if topic.config.durability is Durability.FSYNC:
+            state = replace(state, fsync_ms=self.sync_ms(topic.name))
         if topic.type is TopicType.QUEUE:
             state = replace(state, queue=self.queues.counts(topic))
         return state

@@ -36,6 +36,10 @@ class Journal(Protocol):
         """The commit of the last frame written for ``topic``'s shard."""
         ...
 
+    def sync_ms(self, topic: str) -> int:
+        """How long making ``topic``'s frames durable takes lately, in ms (§2.2 fsync_ms)."""
+        ...
+
 
 # --- encoding ---------------------------------------------------------------------------
 

@@ -59,6 +59,9 @@ class TopicState:
     created_ts: int
     last_write_ts: int
     last_read_ts: int
+    # §2.2: how long an fsync topic's acks wait for their sync lately (its WAL shard's
+    # group commit); 0 for the other classes, which are never fsync-gated
+    fsync_ms: int = 0
     queue: dict[str, int] | None = None  # queue topics (§10.5): ready, in_flight, dead_lettered
     # a memory topic whose WAL frames are still being applied after a restart (§2.2):
     # its counts are those applied so far
@@ -82,6 +85,7 @@ class TopicState:
             "bytes": self.bytes,
             "config": self.config.to_wire(),
             "durability": str(self.config.durability),
+            "fsync_ms": self.fsync_ms,
             "effective_priority": self.effective_priority,
             "created_ts": self.created_ts,
             "last_write_ts": self.last_write_ts,
@@ -105,8 +109,14 @@ class AppendResult(msgspec.Struct, frozen=True):
     commit: Commit | None = None  # the journal commit of this write (None in memory)
     must_sync: bool = False  # the durability class acks only once ``commit`` is durable
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}
+    def to_wire(self, fsync_ms: int = 0) -> dict[str, Any]:
+        """``fsync_ms``: how long the ack waited for the sync (§2.2; fsync class only)."""
+        return {
+            "seqs": self.seqs,
+            "head_seq": self.head_seq,
+            "durability": str(self.durability),
+            "fsync_ms": fsync_ms,
+        }
 
 
 @dataclass(frozen=True, slots=True)

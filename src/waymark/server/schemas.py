@@ -95,6 +95,7 @@ class TopicState(Struct, kw_only=True):
     bytes: int
     config: TopicConfig
     durability: Durability
+    fsync_ms: int  # fsync class: how long acks wait for their sync lately; else 0
     effective_priority: int
     created_ts: int
     last_write_ts: int
@@ -116,6 +117,7 @@ class AppendResponse(Struct):
     seqs: list[int]
     head_seq: int
     durability: Durability
+    fsync_ms: int  # fsync class: how long this ack waited for the sync; else 0
 
 
 class Record(Struct, kw_only=True, omit_defaults=True):

@@ -83,7 +83,7 @@ def open_engine(
     gradual.settle()
     finish(engine)
     engine.recovering = gradual if gradual.topics else None
-    wal = Wal(wal_dir, shards=shards, fileio=fileio)
+    wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock)
     engine.journal = wal
     report = RecoveryReport(count, segments, torn, len(engine._topics),
                             time.perf_counter() - started, gradual.topics,
