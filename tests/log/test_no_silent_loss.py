@@ -454,7 +454,8 @@ def test_catches_a_fixed_seq_reservation(
         if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
             return False
         topic.ceiling = last + engine_module.SEQ_RESERVE
-        self._write(topic.name, journal_module.head_frame(topic.name, topic.epoch, topic.ceiling))
+        frame = journal_module.HeadFrame(topic.name, topic.epoch, topic.ceiling)
+        self.kernel.write(topic.name, frame.encode())
         return True
 
     monkeypatch.setattr(Engine, "_reserve", fixed_block)
