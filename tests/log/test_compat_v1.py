@@ -58,7 +58,14 @@ def observe(data_dir: Path, work: Path) -> dict[str, Any]:
 
 def test_a_v1_data_dir_recovers_as_before(tmp_path: Path) -> None:
     expected = json.loads((FIXTURES / "expected_v1.json").read_text())
-    assert observe(FIXTURES / "datadir_v1", tmp_path / "data") == expected
+    seen = observe(FIXTURES / "datadir_v1", tmp_path / "data")
+    # Fields the topic state gained after the fixture was captured: nothing waits for a
+    # sync after recovery, so the assigned head is the readable one, and no group commit
+    # has been timed yet.
+    for state in seen["topics"]:
+        assert state.pop("assigned_head_seq") == state["head_seq"]
+        assert state.pop("fsync_ms") == 0
+    assert seen == expected
 
 
 def _frame_cases() -> dict[str, bytes]:

@@ -12,7 +12,7 @@ import pytest
 import xxhash
 
 from waymark.clock import ManualClock
-from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch
+from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch, TopicType
 from waymark.log import chunk as chunk_module
 from waymark.log.storage.catalog import CATALOG
 from waymark.log.storage.checkpoint import TOPICS
@@ -102,6 +102,26 @@ def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
     page = engine.diff("t", 0, nodes=frozenset({"n0"}), limit=100)
     assert all(r.get("$node") != "n0" for r in page.records())
     assert engine.delete("t", match=TagMatch.parse("k1")).response.deleted == 12
+    crash(store)
+
+
+def test_topics_with_the_longest_names_checkpoint_and_recover(tmp_path: Path) -> None:
+    # 255 characters is a valid name (docs/semantics/topics.md §2.1); a queue's leases
+    # log adds a suffix to it.
+    log, queue = "L" + "-" * 253 + "g", "Q" + ":" * 253 + "q"
+    engine, store = reopen(tmp_path)
+    engine.put_topic(queue, ConfigPatch(), TopicType.QUEUE)
+    for i in range(15):
+        engine.append(log, [RecordIn.of(i)])
+        engine.append(queue, [RecordIn.of(i)])
+    claimed = [job.seq for job in engine.claim(queue, "w", 3)]
+    store.checkpoint(engine)
+    assert all(len(p.parent.name) <= 255 for p in segment_files(tmp_path))
+    crash(store)
+    engine, store = reopen(tmp_path)
+    for name in (log, queue):
+        assert [r["data"] for r in everything(engine, name)[0]] == list(range(15))
+    assert engine.queues.counts(engine.kernel.existing(queue)).in_flight == len(claimed)
     crash(store)
 
 

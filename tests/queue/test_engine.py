@@ -223,3 +223,15 @@ def test_a_released_jobs_delivery_count_survives_trimming_and_a_rebuild(
     clock.advance(60_000)
     [job] = engine.claim("q", "w", 1)
     assert (job.seq, job.delivery) == (1, 2)
+
+
+def test_claims_and_the_lease_replay_are_not_consumption(engine: Engine) -> None:
+    queue(engine, 3)
+    engine.claim("q", "w", 2)
+    engine.queues._projections.clear()  # the next pass replays the leases log
+    assert len(engine.claim("q", "w", 2)) == 1
+    # docs/semantics/topics.md §3: neither log was read by a consumer: no read time,
+    # no recency bonus.
+    for name in ("q", leases_name("q")):
+        state = engine.get_topic(name, touch=False)
+        assert (state.last_read_ts, state.effective_priority) == (0, 0)

@@ -381,3 +381,21 @@ def test_a_work_stream_whose_queue_is_deleted_ends_with_an_error_event_and_is_re
     assert rest[0] == "event: error"
     assert orjson.loads(rest[1].removeprefix("data: "))["error"]["code"] == "topic_not_found"
     assert _sse_streams(qhttp) == base
+
+
+def test_claims_dead_letters_and_redrive_are_not_consumption(qhttp: QueueHttp, q: str) -> None:
+    # docs/semantics/topics.md §3: only a GET (with touch), a diff or an SSE read
+    # consumes a topic. The server's own reads of the jobs log (claims) and of the
+    # dead-letter topic (redrive) do not.
+    dlq = f"{q}.dlq"
+    qhttp.queue(q, max_deliveries=1, dead_letter=dlq)
+    qhttp.produce(q, "a", "b")
+    qhttp.claim(q, "w", 2)
+    qhttp.settle(q, "nack", "w", [1, 2])
+    assert qhttp.claim(q, "w", 2) == []  # both move to the dead-letter topic
+    assert ok(qhttp.post(q, "redrive"))["redriven"] == 2
+    assert len(qhttp.claim(q, "w", 2)) == 2
+    assert qhttp.state(q)["last_read_ts"] == 0
+    assert qhttp.state(dlq)["last_read_ts"] == 0
+    qhttp.diff(q)  # a consumer's read does count
+    assert qhttp.state(q)["last_read_ts"] > 0

@@ -169,6 +169,9 @@ class HeldJournal:
     def latest(self, topic: str) -> HeldCommit:
         return self.commits.setdefault(topic, HeldCommit())
 
+    def sync_ms(self, topic: str) -> int:
+        return 0
+
     def sync(self, topic: str) -> None:
         self.commits[topic].durable = True
 

@@ -266,3 +266,15 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
         assert engine.list_routers() == []  # the drop replays and takes its router with it
     finally:
         store.close()
+
+
+def test_forwarding_does_not_make_the_source_look_consumed() -> None:
+    engine = Engine(clock=ManualClock())
+    engine.put_router("r", "src", "dst")
+    produce(engine, "src", 1, 2)
+    engine.forward()
+    assert dest_data(engine, "dst") == [1, 2]
+    state = engine.get_topic("src", touch=False)
+    # docs/semantics/topics.md §3: no consumer read it, so no recency bonus either (and
+    # no time passed: no aging).
+    assert (state.last_read_ts, state.effective_priority) == (0, 0)

@@ -194,3 +194,17 @@ def test_source_trim_is_a_tombstone_in_dest(rhttp: RouterHttp, n: Callable[[str]
     assert (tomb["reason"], tomb["gap_from"], tomb["gap_to"]) == ("source_trim", 3, 4)
     assert [r["data"] for r in page["records"]] == [5, 6]
     assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["source_trimmed"] == 2
+
+
+def test_forwarding_is_not_consumption(rhttp: RouterHttp, n: Callable[[str], str]) -> None:
+    # docs/semantics/topics.md §3: a routed source nobody reads stays unconsumed; the
+    # router's reads are internal.
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    rhttp.produce(n("a"), 1, 2, 3)
+    # Woken by the copies' commit (a long-poll), not by polling.
+    wait = {"from_seq": 0, "wait_ms": 10_000}
+    page = ok(rhttp.http.post(f"/v0/topics/{n('b')}/diff", json=wait))
+    assert [r["data"] for r in page["records"]] == [1, 2, 3]  # one append of the page
+    assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["cursor"] == 3
+    source = ok(rhttp.http.get(f"/v0/topics/{n('a')}", params={"touch": "false"}))
+    assert source["last_read_ts"] == 0

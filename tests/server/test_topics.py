@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 
 STATE_KEYS = {
-    "name", "type", "epoch", "head_seq", "earliest_seq", "evict_floor", "next_seq", "count",
-    "bytes", "config", "durability", "effective_priority", "created_ts", "last_write_ts",
-    "last_read_ts",
+    "name", "type", "epoch", "head_seq", "assigned_head_seq", "earliest_seq", "evict_floor",
+    "next_seq", "count", "bytes", "config", "durability", "fsync_ms", "effective_priority",
+    "created_ts", "last_write_ts", "last_read_ts",
 }  # fmt: skip
 DEFAULT_CONFIG = {
     "ttl_ms": 0, "cap_records": 0, "cap_bytes": 0, "discard": "old", "durable": False,
@@ -83,11 +83,25 @@ def test_list_topics_is_sorted_by_name(api, http, topic) -> None:
     assert {f"{topic}-a", f"{topic}-b", f"{topic}-c"} <= set(names)
 
 
-def test_topic_names_follow_the_naming_rule(http, api) -> None:
-    for good in ("a", "render-queue:tenantA", "x.y_z-1", "9" + "a" * 254):
+def test_topic_names_follow_the_naming_rule(http, api, topic) -> None:
+    unique = topic.rsplit("-", 1)[1]  # the session's server is shared: names of our own
+    edges = [
+        "a", "Z", "7",  # one character (shared with other runs: only round-trips are checked)
+        f"render-queue:tenantA.{unique}", f"x.y_z-1:{unique}", f"{unique}-",
+        unique + "._:-" * 61 + "z" * (255 - len(unique) - 244),  # 255 characters
+    ]  # fmt: skip
+    for good in edges:
+        assert len(good) <= 255
         assert http.put(f"/v0/topics/{good}", json={}).status_code in (200, 201)
-    for bad in ("-a", ".a", "a b", "ü", "a" * 256, "a%2Fb"):
+        # The name round-trips: the state, the list and the records are under it, exactly.
+        [seq] = api.write(good, good)
+        state = api.state(good)
+        assert state["name"] == good and state["head_seq"] == seq
+        assert api.diff(good, seq - 1)["records"][0]["data"] == good
+        assert good in {t["name"] for t in http.get("/v0/topics").json()["topics"]}
+    for bad in ("-a", ".a", "_a", ":a", "a b", "ü", "a" * 256, "a%2Fb", "a%0A"):
         api.error(http.put(f"/v0/topics/{bad}", json={}), 400, "invalid_topic_name")
+        api.error(http.get(f"/v0/topics/{bad}"), 400, "invalid_topic_name")
     api.error(http.post("/v0/topics/-x/records", json={"records": [{"data": 1}]}), 400,
               "invalid_topic_name")  # fmt: skip
 

@@ -292,19 +292,26 @@ class Engine:
         nodes: frozenset[str] | None = None,
         epoch: int | None = None,
         per_record: bool = False,
+        touch: bool = True,
     ) -> DiffResult:
         """Records with seq > from_seq, in seq order, at most ``limit`` scanned.
 
         ``nodes`` drops records whose $node is in the set (docs/semantics/topics.md §6);
         ``epoch`` names the topic instance the cursor belongs to, so a recreated topic
-        is detected (docs/semantics/topics.md §5.5).
+        is detected (docs/semantics/topics.md §5.5). ``touch`` counts the read as
+        consumption (docs/semantics/topics.md §3); the engine's own readers (a router
+        forwarding) pass False, so only consumers make a topic look consumed.
         """
         if from_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
         if limit < 1:
             raise TopicError(ErrorCode.INVALID_REQUEST, "limit is at least 1")
         topic = self.kernel.existing(name)
-        return topic.read(from_seq, limit, nodes, epoch, self.clock.now_ms(), per_record)
+        now = self.clock.now_ms()
+        page = topic.read(from_seq, limit, nodes, epoch, now, per_record)
+        if touch:
+            topic.consumed(now)
+        return page
 
     def delete(
         self, name: str, *, before_seq: int | None = None, match: TagMatch | None = None
@@ -413,6 +420,11 @@ class Engine:
         append's ack path)."""
         return self.routers.forward(max_records, source)
 
+    def sync_ms(self, name: str) -> int:
+        """How long making ``name``'s journal frames durable takes lately, in ms (0 in
+        memory): what an fsync topic reports as fsync_ms (docs/semantics/topics.md §2.2)."""
+        return self.kernel.sync_ms(name)
+
     def commit_point(self, name: str) -> Commit | None:
         """The journal commit covering every mutation of ``name`` so far (None in memory).
 
@@ -478,6 +490,8 @@ class Engine:
             state = recovering.state(topic, now)
         else:
             state = topic.state(now)
+        if state.durability is Durability.FSYNC:
+            state = msgspec.structs.replace(state, fsync_ms=self.sync_ms(topic.name))
         if topic.type is TopicType.QUEUE:
             state = msgspec.structs.replace(state, queue=self.queues.counts(topic))
         return state

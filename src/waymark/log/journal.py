@@ -41,6 +41,11 @@ class Journal(Protocol):
         """The commit of the last frame written for ``topic``'s shard."""
         ...
 
+    def sync_ms(self, topic: str) -> int:
+        """How long making ``topic``'s frames durable takes lately, in ms (the fsync_ms of
+        docs/semantics/topics.md §2.2)."""
+        ...
+
 
 # --- frames -----------------------------------------------------------------------------
 # Field order is the order of the keys on disk: do not reorder.

@@ -113,6 +113,10 @@ class Kernel:
         """The journal commit covering every frame of ``name`` so far (None in memory)."""
         return self.journal.latest(name) if self.journal is not None else None
 
+    def sync_ms(self, name: str) -> int:
+        """How long making ``name``'s frames durable takes lately, in ms (0 in memory)."""
+        return self.journal.sync_ms(name) if self.journal is not None else 0
+
     # --- listeners ----------------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -35,9 +35,16 @@ class AppendResult(msgspec.Struct, frozen=True):
     commit: Commit | None = None  # the journal commit of this write (None in memory)
     must_sync: bool = False  # the durability class acks only once ``commit`` is durable
 
-    def to_wire(self) -> dict[str, Any]:
-        """The :class:`~waymark.protocol.AppendResponse` body, for orjson."""
-        return {"seqs": self.seqs, "head_seq": self.head_seq, "durability": str(self.durability)}
+    def to_wire(self, fsync_ms: int = 0) -> dict[str, Any]:
+        """The :class:`~waymark.protocol.AppendResponse` body, for orjson. ``fsync_ms``:
+        how long the ack waited for the sync (docs/semantics/topics.md §2.2; the fsync
+        class only, 0 for the others)."""
+        return {
+            "seqs": self.seqs,
+            "head_seq": self.head_seq,
+            "durability": str(self.durability),
+            "fsync_ms": fsync_ms,
+        }
 
 
 class DeleteResult(msgspec.Struct, frozen=True):

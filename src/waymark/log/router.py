@@ -314,7 +314,7 @@ class Routers:
 
     def _forward_one(self, router: Router, limit: int) -> tuple[int, bool]:
         engine = self._engine
-        page = engine.diff(router.source, router.cursor, limit=limit)
+        page = engine.diff(router.source, router.cursor, limit=limit, touch=False)
         gap = page.tombstone
         if gap is not None:
             # Evicted, expired or lost before it was forwarded: dest readers meet the

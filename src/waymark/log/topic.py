@@ -132,19 +132,32 @@ class Topic:
         return min(max(floor, self.seq_base), self.next_seq)
 
     def state(self, now: int) -> TopicState:
+        """The state readers can act on: for an fsync topic, appends still waiting for
+        their sync are left out of head, earliest, count and bytes, exactly as reads
+        leave them out (a reader diffing from this head_seq misses nothing and is never
+        taken for a stale cursor); ``assigned_head_seq`` still counts them."""
         self.expire(now)
+        head = self.readable_head()
+        count, nbytes = self.live_count, self.live_bytes
+        if head < self.head_seq:
+            waiting, waiting_bytes = self._live_between(head + 1, self.head_seq)
+            count -= waiting
+            nbytes -= waiting_bytes
+        earliest = self._readable_earliest(head)
         return TopicState(
             name=self.name,
             type=self.type,
             epoch=self.epoch,
             config=self.config.view(self.type is TopicType.QUEUE),
             durability=self.config.durability,
-            head_seq=self.head_seq,
-            earliest_seq=self.earliest_seq,
-            evict_floor=self.evict_floor,
+            fsync_ms=0,  # the engine fills in an fsync topic's (it knows the journal)
+            head_seq=head,
+            assigned_head_seq=self.head_seq,
+            earliest_seq=earliest,
+            evict_floor=min(self.evict_floor, earliest),
             next_seq=self.next_seq,
-            count=self.live_count,
-            bytes=self.live_bytes,
+            count=count,
+            bytes=nbytes,
             effective_priority=effective_priority(
                 self.config.priority,
                 self.config.auto_priority,
@@ -516,6 +529,21 @@ class Topic:
         self._drop_synced()
         return self.unsynced[0][0] - 1 if self.unsynced else self.head_seq
 
+    def _readable_earliest(self, head: int) -> int:
+        # The first live record may still wait for its sync: then nothing is readable yet.
+        return min(self.front, head + 1)
+
+    def _live_between(self, lo_seq: int, hi_seq: int) -> tuple[int, int]:
+        """How many live records, and their bytes, seqs [lo_seq, hi_seq] hold."""
+        count = nbytes = 0
+        # Below the front nothing is live, whatever its slot says (a prefix delete only
+        # moves the front).
+        for chunk, lo, hi in self._spans(max(lo_seq, self.front), hi_seq):
+            live = np.frombuffer(chunk.dead, np.uint8)[lo:hi] == 0
+            count += int(np.count_nonzero(live))
+            nbytes += int(np.frombuffer(chunk.size, np.uint32)[lo:hi][live].sum())
+        return count, nbytes
+
     def _drop_synced(self) -> None:
         unsynced = self.unsynced
         while unsynced and unsynced[0][1].durable:
@@ -530,11 +558,17 @@ class Topic:
         now: int,
         per_record: bool,
     ) -> DiffResult:
+        # Not consumption by itself: internal readers (queue claims, lease replay) read
+        # here too; Engine.diff marks the topic consumed for consumers' reads
+        # (docs/semantics/topics.md §3).
         self.expire(now)
         head = self.readable_head()
         tombstone = None
         cursor = from_seq
-        if (epoch is not None and epoch != self.epoch) or (epoch is None and from_seq > head):
+        # Against the assigned head, not the readable one: a cursor at a seq this instance
+        # handed out (an fsync append still waiting for its sync) is not from the past.
+        stale = epoch != self.epoch if epoch is not None else from_seq > self.head_seq
+        if stale:
             # The cursor belongs to an earlier instance of this topic
             # (docs/semantics/topics.md §5.5).
             tombstone = Tombstone(
@@ -618,7 +652,6 @@ class Topic:
             seq = chunk.base_seq + i
         if seq > stop:
             next_from = max(next_from, stop)
-        self.consumed(now)
         return DiffResult(
             runs=runs,
             seqs=seqs,
@@ -626,7 +659,7 @@ class Topic:
             tombstone=tombstone,
             next_from_seq=next_from,
             head_seq=head,
-            earliest_seq=self.earliest_seq,
+            earliest_seq=self._readable_earliest(head),
             epoch=self.epoch,
             durability=self.config.durability,
             caught_up=next_from >= head,

@@ -189,7 +189,11 @@ class TopicState(Struct, kw_only=True, omit_defaults=True):
     name: str
     type: TopicType
     epoch: int
+    # What readers can read (docs/semantics/topics.md §2.3): head_seq, earliest_seq,
+    # count and bytes leave out an fsync topic's appends still waiting for their sync.
     head_seq: int
+    # The highest seq handed out: above head_seq while fsync appends wait for their sync.
+    assigned_head_seq: int
     earliest_seq: int
     evict_floor: int
     next_seq: int
@@ -197,6 +201,10 @@ class TopicState(Struct, kw_only=True, omit_defaults=True):
     bytes: int
     config: ConfigView
     durability: Durability
+    # fsync class: how long a group commit of its WAL shard takes lately, in ms (the
+    # time its acks wait for their sync; docs/semantics/topics.md §2.2); else 0.
+    # Required, so that omit_defaults never drops it from the wire.
+    fsync_ms: int
     effective_priority: int
     created_ts: int
     last_write_ts: int
@@ -240,6 +248,9 @@ class AppendResponse(Struct):
     seqs: list[int]
     head_seq: int
     durability: Durability
+    # fsync class: how long this ack waited for the sync, in ms
+    # (docs/semantics/topics.md §2.2); 0 for the others, never fsync-gated.
+    fsync_ms: int = 0
 
 
 class DiffRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):

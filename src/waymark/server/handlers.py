@@ -19,6 +19,7 @@ from ..protocol import (
     AppendRequest,
     DeleteRequest,
     DiffRequest,
+    Durability,
     Health,
     TopicDeleted,
     TopicList,
@@ -118,6 +119,9 @@ class TopicApi:
         put = _put.decode(body) if body else TopicPut()
         state, created = self.engine.put_topic(name, put.patch(), put.type)
         await self._control_durable(name)
+        if state.durability is Durability.FSYNC:
+            # The figure as of this PUT's own sync, which has just landed.
+            state = msgspec.structs.replace(state, fsync_ms=self.engine.sync_ms(name))
         return Response(_encode(state), 201 if created else 200)
 
     async def get_topic(self, request: Request) -> Response:
@@ -134,15 +138,22 @@ class TopicApi:
         name = _topic(request)
         body = _append.decode(await request.body(self.max_body))
         result = self.engine.append(name, body.records, create=body.create, config=body.config)
+        fsync_ms = 0
         if result.must_sync and result.commit is not None:
             # fsync class, or a new seq ceiling: ack once durable. Readers of an fsync
             # topic see the records only then, so wake them when the sync lands, even
             # if this producer has gone away meanwhile.
+            clock = self.engine.clock
+            started = clock.now_ms()
             synced = asyncio.ensure_future(result.commit.wait())
             synced.add_done_callback(lambda _: self.notifier.notify(name))
             await asyncio.shield(synced)
+            if result.durability is Durability.FSYNC:
+                # Only the fsync class is fsync-gated (docs/semantics/topics.md §2.2): a
+                # disk write waiting for its seq ceiling still reports 0.
+                fsync_ms = max(0, clock.now_ms() - started)
         self.metrics.records_appended += len(result.seqs)
-        return Response(orjson.dumps(result.to_wire()))
+        return Response(orjson.dumps(result.to_wire(fsync_ms)))
 
     async def diff(self, request: Request) -> Response:
         name = _topic(request)

@@ -25,6 +25,11 @@ from .frames import CorruptFrame, FrameKind, encode, read_file
 CATALOG = "catalog"
 
 
+# A topic name may be 255 characters (a queue's leases log a few more), the longest
+# file name most file systems take: the folder keeps a prefix of it.
+DIR_NAME_CHARS = 200
+
+
 class TopicEntry(msgspec.Struct):
     """One topic instance in the catalog."""
 
@@ -73,7 +78,9 @@ class Catalog(msgspec.Struct):
 
 
 def topic_dir_name(topic: Topic) -> str:
-    return f"{topic.epoch:010d}-{topic.name}"
+    # The epoch alone makes the folder unique (no two topic instances share one in an
+    # engine's life); the name is only there for people looking at the data directory.
+    return f"{topic.epoch:010d}-{topic.name[:DIR_NAME_CHARS]}"
 
 
 def topic_entry(topic: Topic, segments: list[int]) -> TopicEntry:

@@ -81,7 +81,7 @@ def open_engine(
     gradual.settle()
     finish(engine)
     engine.recovering = gradual if gradual.topics else None
-    wal = Wal(wal_dir, shards=shards, fileio=fileio)
+    wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock)
     engine.journal = wal
     report = RecoveryReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,

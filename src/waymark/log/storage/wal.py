@@ -22,12 +22,14 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from ...clock import Clock, SystemClock
 from ..errors import ErrorCode, TopicError
 from .fileio import FileIO
 from .frames import Frame, scan
 
 WAL_SUFFIX = ".wal"
 _ROTATE = b""  # queued like a frame: the writer moves to the next file at this point
+SYNC_EWMA_WEIGHT = 0.125  # of each new round in the reported sync time: recent rounds count
 
 
 def wal_path(directory: Path, index: int) -> Path:
@@ -60,7 +62,12 @@ class Commit:
 
 class WalShard:
     def __init__(
-        self, directory: Path, fileio: FileIO, retry_s: float = 0.05, max_retry_s: float = 1.0
+        self,
+        directory: Path,
+        fileio: FileIO,
+        retry_s: float = 0.05,
+        max_retry_s: float = 1.0,
+        clock: Clock | None = None,
     ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -79,6 +86,12 @@ class WalShard:
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
+        self._clock = clock or SystemClock()
+        # How long a group commit (its write and fdatasync) takes, in ms: a moving average
+        # of the rounds so far, what an fsync topic's state reports as fsync_ms
+        # (docs/semantics/topics.md §2.2).
+        self.sync_ms = 0.0
+        self._rounds = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -149,6 +162,7 @@ class WalShard:
                 pending.extend(self._queue)
                 self._queue.clear()
                 upto = self.submitted
+            started = self._clock.now_ms()
             try:
                 self._write_pending(pending)
             except OSError as exc:
@@ -157,7 +171,13 @@ class WalShard:
                 delay = min(delay * 2, self._max_retry_s)
                 continue
             delay = self._retry_s
+            self._measured(max(0, self._clock.now_ms() - started))
             self._synced(upto)
+
+    def _measured(self, elapsed_ms: int) -> None:
+        self._rounds += 1
+        weight = 1.0 if self._rounds == 1 else SYNC_EWMA_WEIGHT
+        self.sync_ms += (elapsed_ms - self.sync_ms) * weight
 
     def _write_pending(self, pending: list[bytes]) -> None:
         """Write and sync ``pending`` in order, switching files at each rotation mark.
@@ -235,11 +255,18 @@ def unavailable(exc: OSError) -> TopicError:
 class Wal:
     """The WAL of one data directory: ``shards`` files, a topic always in the same one."""
 
-    def __init__(self, directory: Path, shards: int = 2, fileio: FileIO | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        shards: int = 2,
+        fileio: FileIO | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """``clock`` times the group commits (the fsync_ms an fsync topic reports)."""
         self.directory = directory
         self._io = fileio or FileIO()
         self.shards = [
-            WalShard(directory / f"shard-{i}", self._io) for i in range(shards)
+            WalShard(directory / f"shard-{i}", self._io, clock=clock) for i in range(shards)
         ]
         self._shard_of: dict[str, WalShard] = {}
 
@@ -260,6 +287,10 @@ class Wal:
     def latest(self, topic: str) -> Commit:
         shard = self.shard_of(topic)
         return Commit(shard, shard.submitted)
+
+    def sync_ms(self, topic: str) -> int:
+        """How long a group commit of ``topic``'s shard takes lately, in whole ms."""
+        return round(self.shard_of(topic).sync_ms)
 
     def check_available(self, topic: str) -> None:
         error = self.shard_of(topic).error
