@@ -515,7 +515,7 @@ def fill(spec: str) -> None:
     trimmed); without it everything stays in the WAL, like a crash before any checkpoint.
     """
     from waymark.log.records import encode_batch
-    from waymark.log.storage.recovery import open_engine
+    from waymark.log.storage.restore import open_engine
     from waymark.protocol import ConfigPatch, Durability, Limits, RecordIn
 
     data_dir, n, checkpoint = json.loads(spec)
@@ -527,7 +527,7 @@ def fill(spec: str) -> None:
     engine.close()
     store.sync_blocking()
     if checkpoint:
-        store.checkpoint(engine)
+        store.seal(engine)
     store.close()
 
 

@@ -43,7 +43,7 @@ def start_waymark(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     exe = str(Path(sys.executable).parent / "waymark")
     process = subprocess.Popen(
         [exe, "serve", "--port", "0", "--data-dir", str(data_dir),
-         "--checkpoint-interval-s", "3600"],
+         "--seal-interval-s", "3600"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert process.stdout is not None

@@ -40,7 +40,7 @@ SPORADIC_GAP_S = 0.15
 
 async def engine_figures(seconds: float, sporadic: int) -> dict[str, float]:
     from waymark.log import ConfigPatch, Durability, RecordIn
-    from waymark.log.storage.recovery import open_engine
+    from waymark.log.storage.restore import open_engine
 
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="waymark-bench-") as tmp:

@@ -36,7 +36,7 @@ from waymark.client import (
 )
 from waymark.clock import ManualClock
 from waymark.log.storage.fileio import FileIO
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard, Durability, Limits
 from waymark.server import App
 from waymark.server.serving import listen

@@ -33,7 +33,7 @@ from waymark.log.journal import (
 from waymark.log.records import encode_batch
 from waymark.log.storage.catalog import CATALOG, read_catalog
 from waymark.log.storage.frames import FrameKind, encode, scan
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import ConfigPatch, Durability, Limits, RecordIn, TopicConfig, TopicType
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -51,7 +51,7 @@ def observe(data_dir: Path, work: Path) -> dict[str, Any]:
     for state in states:
         seen["diffs"][state.name] = orjson.loads(engine.diff(state.name, 0, limit=10_000).to_json())
     seen["routers"] = orjson.loads(msgspec.json.encode(engine.list_routers()))
-    seen["writer_epoch"] = engine.staging.open_writer("w1")
+    seen["writer_epoch"] = engine.writers.open_writer("w1")
     store.close()
     return seen
 

@@ -1,6 +1,6 @@
 """Crash tests with real processes: writers append over HTTP while the server is
 killed with SIGKILL at random moments, again and again on the same data directory.
-The server checkpoints every 50 ms, so kills land while segments are sealed, delete
+The server seals every 50 ms, so kills land while segments are sealed, delete
 flags flipped, the WAL trimmed and evicted segments unlinked.
 
 - ``fsync`` topics: every acknowledged record is present after restart, byte for byte,
@@ -95,7 +95,7 @@ def test_sigkill_under_load(
     heads_seen: dict[str, int] = {"f": 0, "d": 0, "c": 0}
     deleted_below = [0]  # every doomed f record at or below this was deleted, acked
     for cycle in range(CYCLES):
-        server = spawn_server(data_dir, "--checkpoint-interval-s", "0.05")
+        server = spawn_server(data_dir, "--seal-interval-s", "0.05")
         with httpx.Client(base_url=server.url, timeout=10) as client:
             if cycle == 0:
                 assert client.put("/v0/topics/f", json={"durability": "fsync"}).status_code == 201

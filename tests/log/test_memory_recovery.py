@@ -1,4 +1,4 @@
-"""Gradual recovery of memory-class topics (docs/semantics/topics.md §2.2): it never blocks
+"""Gradual replay of memory-class topics (docs/semantics/topics.md §2.2): it never blocks
 readiness.
 
 Recovery sets a memory topic's WAL frames aside and returns a usable engine; the
@@ -21,19 +21,19 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
-from waymark.log.storage.recovery import RecoveryReport, open_engine
+from waymark.log.storage.restore import RestoreReport, open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import QueueCounts
 
 MEMORY = ConfigPatch(durability=Durability.MEMORY)
 
 
-def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Store, RecoveryReport]:
+def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Store, RestoreReport]:
     return open_engine(data_dir, **kwargs)
 
 
 def crash(store: Store) -> None:
-    """Stop as a SIGKILL would once the WAL is on disk: no exact heads, no checkpoint."""
+    """Stop as a SIGKILL would once the WAL is on disk: no exact heads, no seal."""
     store.sync_blocking()
     store.close()
 
@@ -154,7 +154,7 @@ def test_deletions_apply_in_order(tmp_path: Path) -> None:
     engine, store, _ = reopen(tmp_path, clock=clock)
     engine.put_topic("mem", MEMORY)
     fill(engine, "mem", 300)
-    store.checkpoint(engine)  # some records in segments, deleted by WAL frames later
+    store.seal(engine)  # some records in segments, deleted by WAL frames later
     fill(engine, "mem", 300, start=300)
     engine.delete("mem", before_seq=100)
     engine.delete("mem", match=TagMatch.parse("k1"))
@@ -274,13 +274,13 @@ def test_a_router_endpoint_recovers_before_readiness(tmp_path: Path) -> None:
     crash(store)
 
 
-def test_a_checkpoint_during_recovery_loses_nothing_set_aside(tmp_path: Path) -> None:
+def test_a_seal_during_recovery_loses_nothing_set_aside(tmp_path: Path) -> None:
     mem_pages = written(tmp_path)
     engine, store, _ = reopen(tmp_path)
     assert engine.recovering is not None
     engine.recovering.step(max_bytes=4096)
     engine.append("disk", [RecordIn.of("new")])
-    store.checkpoint(engine)  # trims the WAL files holding the rest: they apply first
+    store.seal(engine)  # trims the WAL files holding the rest: they apply first
     assert engine.recovering is None
     crash(store)
     engine, store, report = reopen(tmp_path)
@@ -293,7 +293,7 @@ def test_a_checkpoint_during_recovery_loses_nothing_set_aside(tmp_path: Path) ->
 def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None:
     """A queue's leases log is memory by default: its claims are all back before any
     job is handed out again. A memory topic's publish ledger is whole before a publish."""
-    from waymark.log.staging import PartKey
+    from waymark.log.writers import PartKey
     from waymark.protocol import TopicType
 
     engine, store, _ = reopen(tmp_path)
@@ -301,16 +301,16 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     engine.append("q", [RecordIn.of(i) for i in range(20)])
     held = [job.seq for job in engine.claim("q", "w", 5)]
     engine.put_topic("out", MEMORY)
-    epoch = engine.staging.open_writer("sink")
+    epoch = engine.writers.open_writer("sink")
     part = PartKey(0, 0)
-    engine.staging.stage("out", "sink", epoch, 1, part, [RecordIn.of("a"), RecordIn.of("b")])
-    first = engine.staging.publish("out", "sink", epoch, 1, [(part, 1)])
+    engine.writers.stage("out", "sink", epoch, 1, part, [RecordIn.of("a"), RecordIn.of("b")])
+    first = engine.writers.publish("out", "sink", epoch, 1, [(part, 1)])
     crash(store)
     engine, store, report = reopen(tmp_path)
     assert report.deferred_topics == 2  # q$leases and out
     assert engine.get_topic("q").queue == QueueCounts(15, 5, 0)
     assert not set(held) & {job.seq for job in engine.claim("q", "w2", 20)}
-    again = engine.staging.publish("out", "sink", epoch, 1, [(part, 1)])
+    again = engine.writers.publish("out", "sink", epoch, 1, [(part, 1)])
     assert (again.first_seq, again.replayed) == (first.first_seq, True)
     assert data(engine, "out") == ["a", "b"]
     crash(store)
@@ -360,7 +360,7 @@ def test_a_restarted_server_is_ready_before_its_memory_topic_recovers(
     tmp_path: Path, spawn_server
 ) -> None:
     records, batch = 300_000, 10_000
-    server = spawn_server(tmp_path, "--checkpoint-interval-s", "3600")
+    server = spawn_server(tmp_path, "--seal-interval-s", "3600")
     with httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.put("/v0/topics/mem", json={"durability": "memory"}).status_code == 201
         for start in range(0, records, batch):
@@ -373,7 +373,7 @@ def test_a_restarted_server_is_ready_before_its_memory_topic_recovers(
     server.stop(signal.SIGKILL)
 
     started = time.monotonic()
-    server = spawn_server(tmp_path, "--checkpoint-interval-s", "3600")
+    server = spawn_server(tmp_path, "--seal-interval-s", "3600")
     ready = time.monotonic() - started
     with httpx.Client(base_url=server.url, timeout=30) as client:
         state = client.get("/v0/topics/mem").json()  # looking does not finish it

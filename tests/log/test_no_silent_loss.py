@@ -37,9 +37,9 @@ from waymark.log import engine as engine_module
 from waymark.log import journal as journal_module
 from waymark.log.chunk import Chunk
 from waymark.log.storage import catalog as catalog_module
-from waymark.log.storage import checkpoint as checkpoint_module
+from waymark.log.storage import seal as seal_module
 from waymark.log.storage.catalog import TopicEntry
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.log.topic import Topic
 from waymark.protocol import DiffResponse
 
@@ -354,11 +354,11 @@ def test_catches_a_read_that_skips_the_node_filter_boundary(
         run_state_machine_as_test(NoSilentLoss, settings=MUTATION_SETTINGS)
 
 
-# --- the same contract across checkpoints, clean restarts and crashes ----------------------
+# --- the same contract across seals, clean restarts and crashes ----------------------
 
 
 class DurableNoSilentLoss(NoSilentLoss):
-    """The machine above over durable storage, with checkpoints and restarts thrown in:
+    """The machine above over durable storage, with seals and restarts thrown in:
     every watermark, floor, deletion and epoch must come back exactly as it was, and a
     crash may only skip seqs — which readers must then see as a ``lost`` tombstone, and
     never more of them than the topic handed out since it was last idle (everything
@@ -370,10 +370,10 @@ class DurableNoSilentLoss(NoSilentLoss):
         return engine
 
     @rule()
-    def checkpoint(self) -> None:
-        """The server's background work: a trim pass, and a checkpoint."""
+    def seal(self) -> None:
+        """The server's background work: a trim pass, and a seal."""
         self.trim_pass()
-        self.store.checkpoint(self.engine)
+        self.store.seal(self.engine)
 
     def trim_pass(self) -> None:
         """A topic idle since the previous pass gets its ceiling trimmed to its head, so
@@ -418,14 +418,14 @@ class DurableNoSilentLoss(NoSilentLoss):
 DURABLE_SETTINGS = settings(SETTINGS, max_examples=120)
 
 
-def test_no_silent_loss_across_checkpoints_and_crashes(small_chunks: None) -> None:
+def test_no_silent_loss_across_seals_and_crashes(small_chunks: None) -> None:
     run_state_machine_as_test(DurableNoSilentLoss, settings=DURABLE_SETTINGS)
 
 
 def test_catches_a_catalog_that_forgets_the_eviction_floor(
     small_chunks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Mutation: checkpoints drop the cap floor, so after a restart earlier cap loss would
+    # Mutation: seals drop the cap floor, so after a restart earlier cap loss would
     # read silently.
     original = catalog_module.topic_entry
 
@@ -434,7 +434,7 @@ def test_catches_a_catalog_that_forgets_the_eviction_floor(
         entry.cap_floor = 0
         return entry
 
-    monkeypatch.setattr(checkpoint_module, "topic_entry", forgetful)
+    monkeypatch.setattr(seal_module, "topic_entry", forgetful)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(
             DurableNoSilentLoss,

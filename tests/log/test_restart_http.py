@@ -1,7 +1,7 @@
 """Restarts of a real ``waymark serve`` process, checked over HTTP: what readers at old
 cursors are told afterwards, and which seqs new records get (docs/durability.md).
 
-- ``ephemeral``: a clean restart (SIGTERM: exact heads, a checkpoint) brings the topic
+- ``ephemeral``: a clean restart (SIGTERM: exact heads, a seal) brings the topic
   back empty with its head kept; records live before the restart read as a ``lost``
   gap to a reader that had not passed them, and deleted ones stay silent.
 - ``disk``: a SIGKILL while the topic is idle loses nothing, so readers are told of
@@ -57,7 +57,7 @@ def test_an_ephemeral_topic_after_a_clean_restart(
         assert http.post("/v0/topics/e/records", json=body).json()["seqs"] == [1, 2, 3, 4, 5, 6]
         deleted = http.post("/v0/topics/e/delete", json={"before_seq": 3}).json()
         assert deleted["deleted"] == 2  # 1 and 2 are gone on purpose, before the restart
-    assert server.stop(signal.SIGTERM) == 0  # exact heads, then a checkpoint
+    assert server.stop(signal.SIGTERM) == 0  # exact heads, then a seal
     server = spawn_server(data_dir)
     with httpx.Client(base_url=server.url, timeout=10) as http:
         # A reader that had read up to 4: told that 5 and 6 went, then caught up.
@@ -102,7 +102,7 @@ def test_a_sigkill_while_idle_reports_nothing_lost(
     tmp_path: Path, spawn_server: Callable[..., Any]
 ) -> None:
     data_dir = tmp_path / "data"
-    server = spawn_server(data_dir, "--checkpoint-interval-s", "3600")  # all in the WAL
+    server = spawn_server(data_dir, "--seal-interval-s", "3600")  # all in the WAL
     expected = []
     with httpx.Client(base_url=server.url, timeout=10) as http:
         for batch in range(6):  # a burst: the ceiling runs ahead of the head meanwhile

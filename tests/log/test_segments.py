@@ -1,5 +1,5 @@
-"""Segments and checkpoints: sealing, delete flags, whole-segment drops, WAL trimming,
-recovery from segments + WAL, and crashes at every step of a checkpoint."""
+"""Segments and seals: sealing, delete flags, whole-segment drops, WAL trimming,
+recovery from segments + WAL, and crashes at every step of a seal."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch, TopicType
 from waymark.log import chunk as chunk_module
 from waymark.log.storage.catalog import CATALOG
-from waymark.log.storage.checkpoint import TOPICS
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
+from waymark.log.storage.seal import TOPICS
 from waymark.log.storage.segment import SealedChunk, SegmentError
 from waymark.log.storage.store import Store
 
@@ -32,7 +32,7 @@ def reopen(data_dir: Path, **kwargs: object) -> tuple[Engine, Store]:
 
 
 def crash(store: Store) -> None:
-    """Stop as a SIGKILL would after the last sync: no exact heads, no final checkpoint."""
+    """Stop as a SIGKILL would after the last sync: no exact heads, no final seal."""
     store.sync_blocking()
     store.close()
 
@@ -80,17 +80,17 @@ def wal_files(data_dir: Path) -> list[Path]:
     return sorted((data_dir / "wal").glob("*/*.wal"))
 
 
-def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
+def test_a_seal_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
     engine, store = reopen(tmp_path)
     for i in range(35):
         engine.append("t", [RecordIn.of({"i": i}, tag=f"k{i % 3}", node=f"n{i % 2}")])
     before, _ = everything(engine, "t")
-    store.checkpoint(engine)
+    store.seal(engine)
     topic = engine.kernel.existing("t")
     assert all(isinstance(c, SealedChunk) for c in topic.chunks)
     assert len(segment_files(tmp_path)) == 4
     assert everything(engine, "t")[0] == before  # reads come from the segments now
-    for i in range(35, 40):  # a tail in the WAL after the checkpoint
+    for i in range(35, 40):  # a tail in the WAL after the seal
         engine.append("t", [RecordIn.of({"i": i}, tag="k0")])
     full, _ = everything(engine, "t")
     crash(store)
@@ -105,7 +105,7 @@ def test_checkpoint_seals_serves_from_mmap_and_recovers(tmp_path: Path) -> None:
     crash(store)
 
 
-def test_topics_with_the_longest_names_checkpoint_and_recover(tmp_path: Path) -> None:
+def test_topics_with_the_longest_names_seal_and_recover(tmp_path: Path) -> None:
     # 255 characters is a valid name (docs/semantics/topics.md §2.1); a queue's leases
     # log adds a suffix to it.
     log, queue = "L" + "-" * 253 + "g", "Q" + ":" * 253 + "q"
@@ -115,7 +115,7 @@ def test_topics_with_the_longest_names_checkpoint_and_recover(tmp_path: Path) ->
         engine.append(log, [RecordIn.of(i)])
         engine.append(queue, [RecordIn.of(i)])
     claimed = [job.seq for job in engine.claim(queue, "w", 3)]
-    store.checkpoint(engine)
+    store.seal(engine)
     assert all(len(p.parent.name) <= 255 for p in segment_files(tmp_path))
     crash(store)
     engine, store = reopen(tmp_path)
@@ -129,9 +129,9 @@ def test_deleted_sealed_records_survive_a_wal_trim_and_restart(tmp_path: Path) -
     engine, store = reopen(tmp_path)
     for i in range(20):
         engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
-    store.checkpoint(engine)
+    store.seal(engine)
     engine.delete("t", match=TagMatch.parse("k0"))
-    store.checkpoint(engine)  # flips the flags, then trims the WAL that held the Delete frame
+    store.seal(engine)  # flips the flags, then trims the WAL that held the Delete frame
     sealed = engine.kernel.existing("t").chunks[0]
     assert isinstance(sealed, SealedChunk)
     frames = data_frames(sealed.data_path)
@@ -150,7 +150,7 @@ def test_any_flag_value_but_the_sentinel_reads_live(tmp_path: Path) -> None:
     engine, store = reopen(tmp_path)
     for i in range(10):
         engine.append("t", [RecordIn.of(i)])
-    store.checkpoint(engine)
+    store.seal(engine)
     sealed = engine.kernel.existing("t").chunks[0]
     data = bytearray(sealed.data_path.read_bytes())
     positions = [at for _, _, _, at in data_frames(sealed.data_path)[:3]]
@@ -167,13 +167,13 @@ def test_whole_segments_drop_when_deleted_or_evicted(tmp_path: Path) -> None:
     engine, store = reopen(tmp_path)
     for i in range(30):
         engine.append("t", [RecordIn.of(i, tag="middle" if 10 <= i < 20 else None)])
-    store.checkpoint(engine)
+    store.seal(engine)
     assert len(segment_files(tmp_path)) == 3
     engine.delete("t", match=TagMatch.parse("middle"))  # clears the middle segment exactly
-    store.checkpoint(engine)
+    store.seal(engine)
     assert [p.stem for p in segment_files(tmp_path)] == [f"{1:020d}", f"{21:020d}"]
     engine.put_topic("t", ConfigPatch(cap_records=5))  # evicts the first segment and more
-    store.checkpoint(engine)
+    store.seal(engine)
     assert [p.stem for p in segment_files(tmp_path)] == [f"{21:020d}"]
     crash(store)
     engine, store = reopen(tmp_path)
@@ -183,14 +183,14 @@ def test_whole_segments_drop_when_deleted_or_evicted(tmp_path: Path) -> None:
     crash(store)
 
 
-def test_ttl_and_state_survive_checkpoints(tmp_path: Path) -> None:
+def test_ttl_and_state_survive_seals(tmp_path: Path) -> None:
     clock = ManualClock()
     engine, store = reopen(tmp_path, clock=clock)
     engine.put_topic("t", ConfigPatch(ttl_ms=1000, idempotency_window_ms=60_000))
     for i in range(12):
         engine.append("t", [RecordIn.of(i, id=f"id{i}")])
         clock.advance(100)
-    store.checkpoint(engine)
+    store.seal(engine)
     crash(store)
     engine, store = reopen(tmp_path, clock=clock)
     assert engine.append("t", [RecordIn.of(0, id="id11")]).seqs == [12]  # dedupe survived
@@ -201,17 +201,17 @@ def test_ttl_and_state_survive_checkpoints(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("step", ["segments", "flips", "catalog", "trim"])
-def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str) -> None:
+def test_a_crash_at_any_step_of_a_seal_recovers(tmp_path: Path, step: str) -> None:
     engine, store = reopen(tmp_path)
     for i in range(25):
         engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
-    store.checkpoint(engine)
+    store.seal(engine)
     for i in range(25, 40):
         engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
     engine.delete("t", match=TagMatch.parse("k0"))
     expected, _ = everything(engine, "t")
-    checkpointer = store.checkpointer
-    plan = checkpointer.begin(engine)
+    sealer = store.sealer
+    plan = sealer.begin(engine)
     store.sync_blocking()
     # Do the write step only up to ``step``, as a process killed there would.
     if step in ("flips", "catalog", "trim"):
@@ -219,7 +219,7 @@ def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str)
 
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
-            write_segment(new.directory, new.chunk, new.dead, checkpointer.fileio)
+            write_segment(new.directory, new.chunk, new.dead, sealer.fileio)
     else:
         plan.new[0].directory.mkdir(parents=True, exist_ok=True)
         (plan.new[0].directory / f"{plan.new[0].chunk.base_seq:020d}.data.tmp").write_bytes(b"x")
@@ -227,15 +227,15 @@ def test_a_crash_at_any_step_of_a_checkpoint_recovers(tmp_path: Path, step: str)
         from waymark.log.storage.segment import flip_deleted
 
         for chunk, dead in plan.flips:
-            flip_deleted(chunk, dead, checkpointer.fileio)
+            flip_deleted(chunk, dead, sealer.fileio)
     if step == "trim":
         from waymark.log.storage.catalog import write_catalog
 
-        write_catalog(tmp_path, plan.catalog, checkpointer.fileio)
+        write_catalog(tmp_path, plan.catalog, sealer.fileio)
     crash(store)
     engine, store = reopen(tmp_path)
     assert everything(engine, "t")[0] == expected
-    store.checkpoint(engine)  # and the next checkpoint completes from there
+    store.seal(engine)  # and the next seal completes from there
     crash(store)
     engine, store = reopen(tmp_path)
     assert everything(engine, "t")[0] == expected
@@ -247,7 +247,7 @@ def test_a_damaged_segment_index_refuses_to_start(tmp_path: Path) -> None:
     engine, store = reopen(tmp_path)
     for i in range(10):
         engine.append("t", [RecordIn.of(i)])
-    store.checkpoint(engine)
+    store.seal(engine)
     crash(store)
     idx = next((tmp_path / TOPICS).glob("*/*.idx"))
     data = bytearray(idx.read_bytes())
@@ -264,15 +264,15 @@ def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Pa
     for i in range(60):
         engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
     expected, _ = everything(engine, "t")
-    store.checkpoint(engine)  # seals six segments, hot
+    store.seal(engine)  # seals six segments, hot
     assert len(segment_files(data)) == 6 and not list(cold.glob("*/*.data"))
-    report = store.checkpoint(engine)  # the four older ones move to the cold tier
+    report = store.seal(engine)  # the four older ones move to the cold tier
     assert report.segments_cooled == 4
     assert len(segment_files(data)) == 2 and len(list(cold.glob("*/*.data"))) == 4
     assert everything(engine, "t")[0] == expected
     # A deletion reaches cold segments too: their flags are flipped in the cold copy.
     engine.delete("t", match=TagMatch.parse("k0"))
-    store.checkpoint(engine)
+    store.seal(engine)
     first = engine.kernel.existing("t").chunks[0]
     assert isinstance(first, SealedChunk) and first.data_path.is_relative_to(cold)
     assert [flag for _, _, flag, _ in data_frames(first.data_path)] == [

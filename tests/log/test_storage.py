@@ -21,7 +21,7 @@ from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, Ta
 from waymark.log.storage import frames
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 
 
@@ -339,27 +339,27 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
     shut(engine, wal)
 
 
-def test_sink_epochs_and_publish_ledgers_survive_restarts_and_checkpoints(
+def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
     tmp_path: Path,
 ) -> None:
-    from waymark.log.staging import PartKey
+    from waymark.log.writers import PartKey
 
     engine, store, _ = open_engine(tmp_path)
-    epoch = engine.staging.open_writer("query-1")
+    epoch = engine.writers.open_writer("query-1")
     part = PartKey(0, 0)
-    engine.staging.stage("out", "query-1", epoch, 7, part, [RecordIn.of("a"), RecordIn.of("b")])
-    first = engine.staging.publish("out", "query-1", epoch, 7, [(part, 1)])
+    engine.writers.stage("out", "query-1", epoch, 7, part, [RecordIn.of("a"), RecordIn.of("b")])
+    first = engine.writers.publish("out", "query-1", epoch, 7, [(part, 1)])
     shut(engine, store, clean=False)  # the ledger entry is only in the WAL frame
     engine, store, _ = open_engine(tmp_path)
-    again = engine.staging.publish("out", "query-1", epoch, 7, [(part, 1)])
+    again = engine.writers.publish("out", "query-1", epoch, 7, [(part, 1)])
     assert (again.first_seq, again.count, again.replayed) == (first.first_seq, 2, True)
-    assert engine.staging.open_writer("query-1") == epoch + 1  # never the same epoch twice
-    store.checkpoint(engine)  # now the WAL frame is trimmed: the catalog carries both
+    assert engine.writers.open_writer("query-1") == epoch + 1  # never the same epoch twice
+    store.seal(engine)  # now the WAL frame is trimmed: the catalog carries both
     shut(engine, store, clean=False)
     engine, store, _ = open_engine(tmp_path)
-    assert engine.staging.publish("out", "query-1", epoch + 1, 7, [(part, 1)]).replayed
+    assert engine.writers.publish("out", "query-1", epoch + 1, 7, [(part, 1)]).replayed
     with pytest.raises(TopicError) as info:
-        engine.staging.publish("out", "query-1", epoch, 8, [(part, 1)])
+        engine.writers.publish("out", "query-1", epoch, 8, [(part, 1)])
     assert info.value.code is ErrorCode.FENCED
     assert [r["data"] for r in engine.diff("out", 0).records()] == ["a", "b"]
     shut(engine, store)
@@ -548,13 +548,13 @@ EPHEMERAL_OPS = st.lists(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=EPHEMERAL_OPS, restart=st.sampled_from(["sigterm", "checkpoint_then_kill", "kill"]))
+@given(ops=EPHEMERAL_OPS, restart=st.sampled_from(["sigterm", "seal_then_kill", "kill"]))
 def test_an_ephemeral_restart_tells_each_reader_of_exactly_its_loss(
     ops: list[tuple[str, int, str | None]], restart: str
 ) -> None:
     """After any restart an ephemeral topic is empty with its head kept. A reader at any
     cursor is told (a tombstone) of every record that was live past it, and, when the
-    restart knew the topic (a checkpoint), of nothing else: deletions stay silent."""
+    restart knew the topic (a seal), of nothing else: deletions stay silent."""
     status: dict[int, str] = {}  # seq -> live | deleted | cap
     tags: dict[int, str | None] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -582,7 +582,7 @@ def test_an_ephemeral_restart_tells_each_reader_of_exactly_its_loss(
         if restart == "sigterm":  # what waymark serve does on SIGTERM
             engine.close()
         if restart != "kill":
-            store.checkpoint(engine)
+            store.seal(engine)
         store.sync_blocking()
         store.close()
         engine, store = reopen(Path(tmp))

@@ -18,7 +18,7 @@ import pytest
 from waymark.client.events import RecordEvent, TombstoneEvent, Watch
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, DiffResult, Engine, RecordIn, TopicType
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import (
     AppendResponse,
     DiffResponse,

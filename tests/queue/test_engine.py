@@ -11,7 +11,7 @@ import pytest
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
 from waymark.log.queue import DEAD_LETTER_RETRY_MS, ClaimRequest, leases_name
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard, QueueCounts
 
 
@@ -130,14 +130,14 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
     jobs = engine.claim("q", "w", 3)
     engine.ack("q", "w", [jobs[0].seq])
     store.sync_blocking()
-    store.close()  # no checkpoint: the WAL alone carries the delete and the lease events
+    store.close()  # no seal: the WAL alone carries the delete and the lease events
     engine, store, _ = open_engine(tmp_path, clock=clock)
     try:
         assert engine.diff("q", 0).seqs == [2, 3, 4, 5]  # the acked job stays deleted
         assert engine.get_topic("q").queue == QueueCounts(2, 2, 0)
         assert [j.seq for j in engine.claim("q", "x", 5)] == [4, 5]  # 2, 3 are still leased
         assert engine.ack("q", "w", [2]).done == [2]  # by the holder from before the restart
-        store.checkpoint(engine)
+        store.seal(engine)
     finally:
         store.close()
     engine, store, _ = open_engine(tmp_path, clock=clock)  # now from segments + flipped flags

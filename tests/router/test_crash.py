@@ -27,8 +27,8 @@ def first_occurrences(values: list[int]) -> list[int]:
 def test_forwarded_copies_recover_after_sigkill(
     spawn_server: Callable, tmp_path: Path, guarantee: str
 ) -> None:
-    # A short checkpoint interval: the crash lands with a cursor in the catalog.
-    server = spawn_server(tmp_path, "--checkpoint-interval-s", "0.2")
+    # A short seal interval: the crash lands with a cursor in the catalog.
+    server = spawn_server(tmp_path, "--seal-interval-s", "0.2")
     api = RouterHttp(httpx.Client(base_url=server.url, timeout=10))
     ok(api.http.put("/v0/topics/src", json={"durability": "fsync"}), 201)
     ok(api.put_router("r", source="src", dest="dst", guarantee=guarantee), 201)

@@ -13,7 +13,7 @@ from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
 from waymark.log.journal import decode_records
 from waymark.log.storage.frames import FrameKind, read_file
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import Durability
 
 from .test_engine import dest_data, produce
@@ -58,7 +58,7 @@ def test_one_wal_write_per_source_append_whatever_the_fan_out(tmp_path: Path) ->
         assert counts[(f"d{i}", FrameKind.HEAD)] <= 8
 
 
-def test_a_crash_re_derives_copies_made_since_the_checkpoint(tmp_path: Path) -> None:
+def test_a_crash_re_derives_copies_made_since_the_seal(tmp_path: Path) -> None:
     clock = ManualClock()
     engine, store, _ = open_engine(tmp_path, clock=clock)
     engine.put_topic("src", ConfigPatch(durability=Durability.FSYNC))
@@ -67,7 +67,7 @@ def test_a_crash_re_derives_copies_made_since_the_checkpoint(tmp_path: Path) -> 
     produce(engine, "src", 1, 2, 3)
     store.sync_blocking()  # a router forwards what fsync readers may see: synced records
     engine.forward()
-    store.checkpoint(engine)  # dest's copies 1..3 and the cursor 3, in one cut
+    store.seal(engine)  # dest's copies 1..3 and the cursor 3, in one cut
     produce(engine, "src", 4, 5)
     store.sync_blocking()
     engine.forward()
@@ -197,7 +197,7 @@ def test_copies_of_records_sealed_in_segments(tmp_path: Path, guarantee: str) ->
         engine.put_topic("src", ConfigPatch())
         engine.append("src", [RecordIn.of({"i": i}, tag=f"t{i % 3}", node="n", meta={"m": "v"})
                               for i in range(50)])  # fmt: skip
-        store.checkpoint(engine)  # src's records now read through the segment's mmap
+        store.seal(engine)  # src's records now read through the segment's mmap
         engine.put_router("r", "src", "dst", guarantee=guarantee, record_filter={"tag": "t1"})
         engine.get_router("r").cursor = 0  # forward what was sealed before the router
         while engine.forward().pending:

@@ -1,6 +1,6 @@
 """Routers (docs/semantics/topics.md §8) in-process: the definition rules, forwarding,
 backpressure, hop-capped cycles, and router definitions and cursors through the WAL and
-a checkpoint."""
+a seal."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.router import HOP_CAP
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard
 
 
@@ -240,15 +240,15 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     produce(engine, "a", 1, 2)
     engine.forward()
     store.sync_blocking()
-    store.close()  # no checkpoint: the WAL alone carries the definitions
+    store.close()  # no seal: the WAL alone carries the definitions
     engine, store, _ = open_engine(tmp_path, clock=clock)
     assert [r.name for r in engine.list_routers()] == ["r"]
-    assert engine.get_router("r").cursor == 0  # the cursor is only in checkpoints
+    assert engine.get_router("r").cursor == 0  # the cursor is only in seals
     assert dest_data(engine, "b") == []  # derived: never journaled (docs/semantics/topics.md §8.1)
     while engine.forward().pending:
         pass
     assert dest_data(engine, "b") == [1, 2]  # re-derived from the cursor
-    store.checkpoint(engine)
+    store.seal(engine)
     store.close()
     engine, store, _ = open_engine(tmp_path, clock=clock)
     try:

@@ -1,6 +1,6 @@
 """A hypothesis property of docs/semantics/topics.md §8.1/§8.2: whatever the interleaving of
 source appends, forwarding steps of any size, a full discard:"reject" dest being drained,
-checkpoints and restarts, every source record reaches dest, and the first copy of each is in
+seals and restarts, every source record reaches dest, and the first copy of each is in
 source order (at-least-once: repeats only after a restart). With ``exactly_once``,
 dest never holds two copies with one key at once, and a key always names its data."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import Discard
 
@@ -26,7 +26,7 @@ ops = st.lists(
         st.tuples(st.just("append"), st.integers(1, 20)),
         st.tuples(st.just("forward"), st.integers(1, 8)),
         st.tuples(st.just("drain"), st.just(0)),
-        st.tuples(st.just("checkpoint"), st.just(0)),
+        st.tuples(st.just("seal"), st.just(0)),
         st.tuples(st.just("restart"), st.just(0)),
     ),
     max_size=40,
@@ -80,8 +80,8 @@ class Run:
             self.engine.forward(max_records=n)
         elif kind == "drain":
             self.drain()
-        elif kind == "checkpoint":
-            self.store.checkpoint(self.engine)
+        elif kind == "seal":
+            self.store.seal(self.engine)
         else:
             self.store.sync_blocking()
             self.store.close()  # no engine.close(): like a kill after the last sync

@@ -23,7 +23,7 @@ import pytest
 from waymark.clock import ManualClock
 from waymark.log import Engine
 from waymark.log.storage.fileio import FileIO
-from waymark.log.storage.recovery import open_engine
+from waymark.log.storage.restore import open_engine
 from waymark.server import App
 
 

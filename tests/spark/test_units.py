@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, ErrorCode, RecordIn, TopicError
-from waymark.log.staging import PartKey
+from waymark.log.writers import PartKey
 from waymark.spark.offsets import EARLIEST, LATEST, TopicOffset, admit, parse_starting
 from waymark.spark.partitions import ReadSettings, Recreated, split
 from waymark.spark.sink import encode_data
@@ -77,7 +77,7 @@ def _engine() -> tuple[Engine, ManualClock]:
 
 def test_publish_is_atomic_contiguous_and_idempotent() -> None:
     engine, _ = _engine()
-    staging = engine.staging
+    staging = engine.writers
     epoch = staging.open_writer("w")
     staging.stage("t", "w", epoch, 0, PartKey(1, 0), [RecordIn.of("b1"), RecordIn.of("b2")])
     staging.stage("t", "w", epoch, 0, PartKey(0, 0), [RecordIn.of("a1")])
@@ -97,7 +97,7 @@ def test_publish_is_atomic_contiguous_and_idempotent() -> None:
 
 def test_stale_epoch_is_fenced() -> None:
     engine, _ = _engine()
-    staging = engine.staging
+    staging = engine.writers
     old = staging.open_writer("w")
     staging.stage("t", "w", old, 0, PartKey(0, 0), [RecordIn.of(1)])
     new = staging.open_writer("w")
@@ -115,7 +115,7 @@ def test_stale_epoch_is_fenced() -> None:
 
 def test_unpublished_stages_expire_by_the_clock() -> None:
     engine, clock = _engine()
-    staging = engine.staging
+    staging = engine.writers
     epoch = staging.open_writer("w")
     staging.stage("t", "w", epoch, 0, PartKey(0, 0), [RecordIn.of(1)])
     clock.advance(staging.stage_ttl_ms + 1)

@@ -29,16 +29,16 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(
                 help="Cold tier: sealed segments older than each topic's newest "
-                "--hot-segments move here at checkpoints (another, slower disk)."
+                "--hot-segments move here at seals (another, slower disk)."
             ),
         ] = None,
         hot_segments: Annotated[
             int, typer.Option(help="Segments per topic kept in --data-dir with --cold-dir.")
         ] = 4,
-        checkpoint_interval_s: Annotated[
+        seal_interval_s: Annotated[
             float,
             typer.Option(
-                help="Seconds between checkpoints (seal the tail into segments, "
+                help="Seconds between seals (seal the tail into segments, "
                 "trim the WAL), taken only when something was written."
             ),
         ] = 10.0,
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         require("serve", "server")
         from waymark.log.storage.frames import CorruptFrame
-        from waymark.log.storage.recovery import open_engine
+        from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
         from waymark.server import App, Settings
         from waymark.server.serving import Server, listen
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
         sock = listen(host, port)
-        app = App(engine=engine, store=store, checkpoint_interval_s=checkpoint_interval_s,
+        app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
                   settings=Settings(heartbeat_s=heartbeat_s,
                                     delivery_budget=delivery_budget))  # fmt: skip
         server = Server(app)
@@ -93,6 +93,6 @@ def register(app: typer.Typer) -> None:
             server.run(sockets=[sock])
         finally:
             engine.close()  # exact heads, so a clean restart continues seqs without a gap
-            store.checkpoint(engine)  # and a short WAL to replay
+            store.seal(engine)  # and a short WAL to replay
             store.close()
         typer.echo("waymark stopped")

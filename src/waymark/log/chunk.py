@@ -63,7 +63,7 @@ class Chunk:
         self.tag = array("I")  # id in tag_names, 0 = no tag
         self.node_names = Names()
         self.tag_names = Names()
-        self.sealed = False  # taken by a checkpoint: no more appends
+        self.sealed = False  # taken by a seal: no more appends
         self.size = array("I")  # data + meta bytes, what count/bytes/cap_bytes measure
         self.dead = bytearray()  # DELETED marks voluntary deletion
         self.live = 0  # slots neither deleted nor reclaimed from the front

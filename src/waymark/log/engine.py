@@ -40,11 +40,11 @@ from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_qu
 from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
-from .staging import Staging
 from .topic import Hole, Topic
+from .writers import Writers
 
 if TYPE_CHECKING:
-    from .gradual import GradualRecovery
+    from .gradual import GradualReplay
 
 # Topics other than memory ones journal a seq ceiling before handing out any seq above
 # it, so a crash that loses acknowledged records never lets their seqs be reused. What
@@ -68,7 +68,7 @@ class Engine:
         self.kernel = Kernel(journal)
         self.defaults = defaults or TopicConfig()
         self.limits = limits or Limits()
-        self.staging = Staging(self)  # exactly-once sinks: stage, then publish atomically
+        self.writers = Writers(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (docs/semantics/topics.md §10)
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
@@ -84,13 +84,13 @@ class Engine:
         self.kernel.journal = journal
 
     @property
-    def recovering(self) -> GradualRecovery | None:
+    def recovering(self) -> GradualReplay | None:
         """memory topics whose WAL frames replay set aside; applied before any use
         (docs/semantics/topics.md §2.2)."""
         return self.kernel.recovering
 
     @recovering.setter
-    def recovering(self, recovering: GradualRecovery | None) -> None:
+    def recovering(self, recovering: GradualReplay | None) -> None:
         self.kernel.recovering = recovering
 
     # --- topics -----------------------------------------------------------------
@@ -200,7 +200,7 @@ class Engine:
         encoded = encode_batch(records, self.limits)
         return self.append_encoded(name, encoded, create=create, config=config)
 
-    # --- staged sink writes: waymark.log.staging publishes through here ------------
+    # --- staged sink writes: waymark.log.writers publishes through here ------------
     def append_encoded(
         self,
         name: str,
@@ -213,7 +213,7 @@ class Engine:
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
-        A sink batch published by :mod:`waymark.log.staging` is many staged parts
+        A sink batch published by :mod:`waymark.log.writers` is many staged parts
         committed together, so it is not bound by ``max_records_per_write``;
         ``extra`` travels in the same journal frame (a publish's ledger entry).
         ``derived_from`` names the source of a router's copies (docs/semantics/topics.md §8.1):

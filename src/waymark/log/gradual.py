@@ -1,16 +1,16 @@
-"""Gradual recovery of ``memory``-class topics: it never blocks readiness
+"""Gradual replay of ``memory``-class topics: it never blocks readiness
 (docs/semantics/topics.md §2.2).
 
 While recovery reads the WAL, the frames of memory topics are set aside per topic
 (offsets into the file bytes already read, not decoded records); control frames
 that create or drop a topic still apply at once, so every topic exists with its
 config before the server listens. The set-aside frames are then applied a step at
-a time (:meth:`GradualRecovery.step`, or one topic's with :meth:`~GradualRecovery.step_topic`,
+a time (:meth:`GradualReplay.step`, or one topic's with :meth:`~GradualReplay.step_topic`,
 which the server schedules between requests by the topics' priority), each topic's in
 the order they were written.
 
 Anything that uses a topic first applies what is left of it
-(:meth:`GradualRecovery.finish`, called by the engine), so no record is appended
+(:meth:`GradualReplay.finish`, called by the engine), so no record is appended
 before an older one or read before it arrived. Only a topic's state may be looked
 at mid-way: it then says ``recovering``, and its counts are those applied so far.
 """
@@ -68,7 +68,7 @@ class _Backlog:
         return frame
 
 
-class GradualRecovery:
+class GradualReplay:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._backlogs: dict[str, _Backlog] = {}  # in the order their first frame was read
@@ -85,7 +85,7 @@ class GradualRecovery:
         backlog = self._backlogs.get(name)
         if backlog is None:
             # A backlog starts with a memory topic's first records; what came before
-            # them (its creation, deletions of records from the checkpoint) applies now.
+            # them (its creation, deletions of records from the seal) applies now.
             topic = self._engine.kernel.get(name)
             if (kind is not FrameKind.RECORDS or topic is None or topic.epoch != epoch
                     or topic.config.durability is not Durability.MEMORY):  # fmt: skip

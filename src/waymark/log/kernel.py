@@ -18,7 +18,7 @@ from .records import check_topic_name
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .gradual import GradualRecovery
+    from .gradual import GradualReplay
 
 Listener = Callable[[str], None]
 
@@ -28,7 +28,7 @@ class Kernel:
         self.journal = journal
         # memory topics whose WAL frames replay set aside; applied before any use
         # (docs/semantics/topics.md §2.2)
-        self.recovering: GradualRecovery | None = None
+        self.recovering: GradualReplay | None = None
         self._topics: dict[str, Topic] = {}
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
         self._listeners: list[Listener] = []

@@ -9,7 +9,7 @@ parked (a dead job the dead-letter topic refused).
 The lease state — lease table, reclaim freelist, delivery counters — is the
 :class:`Projection` of those events, held in memory and rebuilt from the leases
 log the first time a queue is used after a restart. Because the leases log is an
-ordinary topic it is journaled, checkpointed and recovered like any other, in
+ordinary topic it is journaled, sealed and recovered like any other, in
 class ``memory`` unless the queue sets ``leases_durable``.
 
 Pure like the engine: time is ``engine.clock``, and every live mutation is an

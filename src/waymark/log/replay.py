@@ -49,11 +49,11 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             topic.settle_front()  # after a hole, the front moves past it
             if entry.extra and "publish" in entry.extra:
                 writer, batch_id = entry.extra["publish"]
-                engine.staging.restore_published(
+                engine.writers.restore_published(
                     entry.name, writer, batch_id, entry.first_seq, len(fresh)
                 )
         case WriterFrame():
-            engine.staging.restore_writer(entry.writer, entry.epoch)
+            engine.writers.restore_writer(entry.writer, entry.epoch)
         case RouterFrame():
             engine.routers.replay(entry.router, entry.definition)
         case TopicFrame():
@@ -98,7 +98,7 @@ def finish(engine: Engine) -> None:
     that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
     reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
     producer or reader saw, so it just moves past them. An ephemeral topic comes
-    back empty whatever a checkpoint knew of it (docs/semantics/topics.md §2.2).
+    back empty whatever a seal knew of it (docs/semantics/topics.md §2.2).
     """
     engine.routers.settle_recovered()
     for topic in engine.kernel.topics():

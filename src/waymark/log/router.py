@@ -4,11 +4,11 @@ Forwarding is :meth:`Routers.forward`, a synchronous step the server schedules a
 commits, so a source append never waits on it. Copies are derived
 (docs/semantics/topics.md §8.1): a dest journals only the seq ceilings its copies take,
 never the copies, so a source append costs one WAL write whatever the fan-out. A
-checkpoint seals the dests' copies and snapshots the router cursors in one cut; after a
+a seal writes the dests' copies and snapshots the router cursors in one cut; after a
 crash each router re-derives, from its cursor, the copies made since. Definitions are
 control frames.
 
-``at_least_once``: a reader of dest who saw a copy made after the last checkpoint
+``at_least_once``: a reader of dest who saw a copy made after the last seal
 sees it again, at a new seq, after a crash. ``exactly_once`` copies carry an
 idempotency key in ``meta._topics_router``; recovery resumes past the last key it
 finds in dest, so dest never holds a source record twice, and readers can tell a
@@ -403,7 +403,7 @@ class Routers:
 
     # --- durability ---------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
-        """Definitions and cursors for the checkpoint catalog."""
+        """Definitions and cursors for the seal catalog."""
         return [asdict(r) for r in self._routers.values()]
 
     def restore(self, entries: list[dict[str, Any]]) -> None:

@@ -3,7 +3,7 @@
 What priority does in waymark, and what it never does, is in docs/topics.md (Priority).
 
 Pending delivery work (waking a topic's readers after a commit, a forwarding step of
-a router source, a gradual-recovery step) waits here as one item per key, with its
+a router source, a gradual-replay step) waits here as one item per key, with its
 topic and the time it was enqueued, and :meth:`DeliveryScheduler.pop` hands out the
 highest P_eff first. The scheduler only decides *when* work runs: the work itself
 reads the log by cursor as always, so priority never changes seq order, retention or

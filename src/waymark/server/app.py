@@ -25,7 +25,7 @@ from .notify import Notifier
 from .queues import QueueApi
 from .routers import Forwarder, RouterApi
 from .routing import PathTable
-from .staging import StagingApi
+from .writers import WritersApi
 
 # Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
 # exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
@@ -48,16 +48,16 @@ class App:
         settings: Settings | None = None,
         engine: Engine | None = None,
         store: Store | None = None,
-        checkpoint_interval_s: float = 10.0,
+        seal_interval_s: float = 10.0,
     ) -> None:
         """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
 
-        With a ``store`` the engine's tail is checkpointed into segments every
-        ``checkpoint_interval_s`` seconds in which anything was written.
+        With a ``store`` the engine's tail is sealed into segments every
+        ``seal_interval_s`` seconds in which anything was written.
         """
         self.store = store
-        self.checkpoint_interval_s = checkpoint_interval_s
-        self._checkpoints: asyncio.Task[None] | None = None
+        self.seal_interval_s = seal_interval_s
+        self._seals: asyncio.Task[None] | None = None
         settings = settings or Settings()
         self._trims: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
@@ -74,7 +74,7 @@ class App:
             lambda: len(self.engine.list_topics()), self._recovering, self._dead_letters
         )
         api = TopicApi(self.engine, self.limits, self.notifier, self.metrics, settings)
-        staging = StagingApi(self.engine, self.limits, self.metrics)
+        writers = WritersApi(self.engine, self.limits, self.metrics)
         queues = QueueApi(
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
         )
@@ -91,9 +91,9 @@ class App:
             "diff": api.diff,
             "watch": api.watch,
             "deleteRecords": api.delete,
-            "openWriter": staging.open_writer,
-            "stage": staging.stage,
-            "publish": staging.publish,
+            "openWriter": writers.open_writer,
+            "stage": writers.stage,
+            "publish": writers.publish,
             "claimJobs": queues.claim,
             "ackJobs": queues.ack,
             "nackJobs": queues.nack,
@@ -158,36 +158,36 @@ class App:
                     for name in self.engine.recovering.names():
                         self.deliveries.add(self._recover_step, name)
                 if self.store is not None:
-                    self._checkpoints = asyncio.create_task(self._checkpoint_loop(self.store))
+                    self._seals = asyncio.create_task(self._seal_loop(self.store))
                     self._trims = asyncio.create_task(self._trim_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
-                if self._checkpoints is not None:
-                    self._checkpoints.cancel()
+                if self._seals is not None:
+                    self._seals.cancel()
                 if self._trims is not None:
                     self._trims.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _checkpoint_loop(self, store: Store) -> None:
+    async def _seal_loop(self, store: Store) -> None:
         """Seal and trim in the background: the engine thread only takes the quick steps."""
-        checkpointer = store.checkpointer
+        sealer = store.sealer
         written = store.wal.submitted()
         while True:
-            await asyncio.sleep(self.checkpoint_interval_s)
+            await asyncio.sleep(self.seal_interval_s)
             if self.engine.recovering is not None:
-                continue  # a checkpoint now would apply the whole rest of it at once
-            if store.wal.submitted() == written or not checkpointer.running.acquire(False):
+                continue  # a seal now would apply the whole rest of it at once
+            if store.wal.submitted() == written or not sealer.running.acquire(False):
                 continue
             try:
-                plan = checkpointer.begin(self.engine)
+                plan = sealer.begin(self.engine)
                 written = store.wal.submitted()
-                await asyncio.to_thread(checkpointer.write, plan)
-                checkpointer.finish(self.engine, plan)
-                self.metrics.checkpoints += 1
+                await asyncio.to_thread(sealer.write, plan)
+                sealer.finish(self.engine, plan)
+                self.metrics.seals += 1
             finally:
-                checkpointer.running.release()
+                sealer.running.release()
 
     async def _trim_loop(self) -> None:
         while True:

@@ -61,7 +61,7 @@ class Metrics(Collector):
         dead_letters: Callable[[], tuple[int, int]],
     ) -> None:
         self._topic_count = topic_count
-        self._recovering = recovering  # (topics, frames) of gradual recovery still to apply
+        self._recovering = recovering  # (topics, frames) of gradual replay still to apply
         self._dead_letters = dead_letters  # (jobs parked now, dead-letter moves refused)
         self.requests: dict[tuple[str, int], int] = {}
         self.latency: dict[str, _Latency] = {}
@@ -69,7 +69,7 @@ class Metrics(Collector):
         self.records_read = 0
         self.watchers = 0
         self.long_polls = 0  # diffs waiting for a commit (wait_ms)
-        self.checkpoints = 0
+        self.seals = 0
         self.jobs_claimed = 0  # queues (docs/semantics/topics.md §10)
         self.jobs_acked = 0
         self.jobs_released = 0
@@ -115,8 +115,8 @@ class Metrics(Collector):
             "waymark_records_appended", "Records committed by appends", value=self.records_appended
         )
         yield CounterMetricFamily(
-            "waymark_checkpoints", "Checkpoints completed (tail sealed, WAL trimmed)",
-            value=self.checkpoints,
+            "waymark_seals", "Seals completed (tail sealed, WAL trimmed)",
+            value=self.seals,
         )
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read

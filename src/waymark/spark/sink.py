@@ -1,6 +1,6 @@
 """The exactly-once topic sink: ``df.writeStream.format("waymark")``.
 
-A two-phase commit over the log (:mod:`waymark.log.staging`):
+A two-phase commit over the log (:mod:`waymark.log.writers`):
 
 1. When the query (re)starts, the driver opens the writer: the server bumps the
    writer's epoch, which fences every stage and publish of earlier runs (409

@@ -73,7 +73,8 @@ class Catalog(msgspec.Struct):
     last_epoch: int
     wal: dict[str, int]  # per WAL shard, the first file to replay
     topics: list[TopicEntry]
-    staging: dict[str, Any]  # the writers' epochs and publish ledgers
+    # the writers' epochs and publish ledgers; "staging" on disk since the first version
+    writers: dict[str, Any] = msgspec.field(name="staging")
     routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
 
 

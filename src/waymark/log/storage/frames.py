@@ -28,7 +28,7 @@ class FrameKind(IntEnum):
     RECORDS = 3  # one atomic append
     DELETE = 4  # a point-in-time deletion
     HEAD = 5  # the seq ceiling a topic may hand out (never reuse a seq after a crash)
-    CATALOG = 6  # a checkpoint: every topic's state, its segments, where the WAL resumes
+    CATALOG = 6  # a seal: every topic's state, its segments, where the WAL resumes
     WRITER = 7  # a sink writer's new epoch (fences its older runs)
     ROUTER = 8  # create or delete a router (a control frame, docs/semantics/topics.md §8.6)
 

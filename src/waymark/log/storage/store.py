@@ -1,20 +1,20 @@
-"""The handle on one data directory: its WAL and its checkpoints."""
+"""The handle on one data directory: its WAL and its seals."""
 
 from __future__ import annotations
 
 from ..engine import Engine
-from .checkpoint import Checkpointer, CheckpointReport
+from .seal import Sealer, SealReport
 from .wal import Wal
 
 
 class Store:
-    def __init__(self, wal: Wal, checkpointer: Checkpointer) -> None:
+    def __init__(self, wal: Wal, sealer: Sealer) -> None:
         self.wal = wal
-        self.checkpointer = checkpointer
+        self.sealer = sealer
 
-    def checkpoint(self, engine: Engine) -> CheckpointReport:
+    def seal(self, engine: Engine) -> SealReport:
         """Seal the tail into segments and trim the WAL, all on this thread."""
-        return self.checkpointer.run_blocking(engine)
+        return self.sealer.run_blocking(engine)
 
     def sync_blocking(self) -> None:
         self.wal.sync_blocking()

@@ -111,7 +111,7 @@ class WalShard:
 
     def rotate(self) -> int:
         """Send every later frame to a new file; returns that file's index. Everything
-        submitted before stays in the older files (what a checkpoint may trim)."""
+        submitted before stays in the older files (what a seal may trim)."""
         with self._lock:
             self._queue.append(_ROTATE)
             self.index += 1
@@ -318,7 +318,7 @@ class Wal:
         directory: Path, start: dict[str, int] | None = None
     ) -> Iterator[tuple[Path, bytes, list[Frame], int]]:
         """(file, its bytes, frames, end of whole frames) for every WAL file from ``start``
-        on (per shard), shard by shard, in order. Older files are a checkpoint's
+        on (per shard), shard by shard, in order. Older files are a seal's
         leftovers: removed."""
         for shard_dir in sorted(directory.glob("shard-*")):
             first = (start or {}).get(shard_dir.name, 0)
@@ -330,7 +330,7 @@ class Wal:
                 yield path, data, *scan(data, path)
 
     def trim(self, start: dict[str, int]) -> None:
-        """Remove the files a durable checkpoint made unnecessary."""
+        """Remove the files a durable seal made unnecessary."""
         for shard in self.shards:
             for path in shard.directory.glob(f"*{WAL_SUFFIX}"):
                 if wal_index(path) < start.get(shard.directory.name, 0):

@@ -1,13 +1,13 @@
-"""Checkpoints: seal the in-memory tail into segments, then trim the WAL.
+"""Seals: seal the in-memory tail into segments, then trim the WAL.
 
-A checkpoint runs in three steps so the engine thread never waits on the disk:
+A seal runs in three steps so the engine thread never waits on the disk:
 
-1. :meth:`Checkpointer.begin` (engine thread, quick): rotate the WAL, seal every
+1. :meth:`Sealer.begin` (engine thread, quick): rotate the WAL, seal every
    chunk, and snapshot what the catalog will say.
-2. :meth:`Checkpointer.write` (any thread): write the new segments, flip the delete
+2. :meth:`Sealer.write` (any thread): write the new segments, flip the delete
    flags of sealed records deleted since, write the catalog atomically, then remove
    WAL files and segment files the catalog no longer needs.
-3. :meth:`Checkpointer.finish` (engine thread): move the sealed chunks onto their
+3. :meth:`Sealer.finish` (engine thread): move the sealed chunks onto their
    segments' mmaps, releasing their memory.
 
 A crash anywhere in step 2 is safe: until the catalog's rename lands, recovery uses
@@ -36,14 +36,14 @@ TOPICS = "topics"
 class NewSegment:
     directory: Path
     chunk: Chunk
-    dead: bytes  # the deleted marks when the checkpoint began
+    dead: bytes  # the deleted marks when the seal began
     topic: str
     epoch: int
     sealed: SealedChunk | None = None  # the chunk mapped from its segment, once written
 
 
 @dataclass
-class CheckpointPlan:
+class SealPlan:
     wal_start: dict[str, int]
     catalog: Catalog | None = None
     new: list[NewSegment] = field(default_factory=list)
@@ -53,14 +53,14 @@ class CheckpointPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointReport:
+class SealReport:
     segments_written: int
     flags_flipped: int
     segments_cooled: int  # moved to the cold tier
     files_removed: int
 
 
-class Checkpointer:
+class Sealer:
     def __init__(
         self,
         data_dir: Path,
@@ -78,16 +78,16 @@ class Checkpointer:
         self.hot_segments = hot_segments
         self.wal = wal
         self.fileio = fileio
-        self.running = threading.Lock()  # one checkpoint at a time
+        self.running = threading.Lock()  # one seal at a time
 
-    def begin(self, engine: Engine) -> CheckpointPlan:
+    def begin(self, engine: Engine) -> SealPlan:
         if engine.recovering is not None:
             # The WAL files this trims still hold frames set aside for memory topics:
             # they are applied first, so the catalog holds them (the server waits for
-            # gradual recovery to end before it checkpoints; shutdown does not).
+            # gradual replay to end before it seals; shutdown does not).
             engine.recovering.finish_all()
         wal_start = self.wal.rotate()
-        plan = CheckpointPlan(wal_start)
+        plan = SealPlan(wal_start)
         entries = []
         for topic in engine.kernel.topics():
             directory = self.topics_dir / topic_dir_name(topic)
@@ -119,10 +119,10 @@ class Checkpointer:
             entry.cold = cold_segments
             entries.append(entry)
         plan.catalog = Catalog(1, engine.kernel.last_epoch, wal_start, entries,
-                               engine.staging.snapshot(), engine.routers.snapshot())  # fmt: skip
+                               engine.writers.snapshot(), engine.routers.snapshot())  # fmt: skip
         return plan
 
-    def write(self, plan: CheckpointPlan) -> CheckpointReport:
+    def write(self, plan: SealPlan) -> SealReport:
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
             write_segment(new.directory, new.chunk, new.dead, self.fileio)
@@ -148,9 +148,9 @@ class Checkpointer:
             # Its mapping stays valid (the unlinked inode lives on while mapped); later
             # flag flips go to the cold copy.
             chunk.data_path, chunk.idx_path = segment_paths(cold, chunk.base_seq)
-        return CheckpointReport(len(plan.new), flipped, len(plan.to_cold), removed)
+        return SealReport(len(plan.new), flipped, len(plan.to_cold), removed)
 
-    def finish(self, engine: Engine, plan: CheckpointPlan) -> None:
+    def finish(self, engine: Engine, plan: SealPlan) -> None:
         for new in plan.new:
             topic = engine.kernel.get(new.topic)
             if topic is None or topic.epoch != new.epoch or new.chunk not in topic.chunks:
@@ -161,7 +161,7 @@ class Checkpointer:
             sealed.live = new.chunk.live
             topic.chunks[topic.chunks.index(new.chunk)] = sealed
 
-    def run_blocking(self, engine: Engine) -> CheckpointReport:
+    def run_blocking(self, engine: Engine) -> SealReport:
         """All three steps on this thread (tests, shutdown)."""
         with self.running:
             plan = self.begin(engine)

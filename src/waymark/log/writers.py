@@ -2,7 +2,7 @@
 
 A sink writer (say one Spark streaming query) is named by a *writer id* that is
 stable across its restarts, and carries an *epoch* that every restart bumps
-(:meth:`Staging.open_writer`, one epoch per writer across all its topics), which
+(:meth:`Writers.open_writer`, one epoch per writer across all its topics), which
 fences its older runs (docs/semantics/topics.md §12). Its tasks *stage*
 records under ``(writer, batch, partition, attempt)``; staged records are
 invisible to readers. Its coordinator then *publishes* the parts of the attempts
@@ -61,7 +61,7 @@ class _Writer:
     stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
 
 
-class Staging:
+class Writers:
     """Per-topic staging areas and publish ledgers over one engine."""
 
     def __init__(
@@ -188,7 +188,7 @@ class Staging:
         return len(state.stages)
 
     # --- internals ----------------------------------------------------------------
-    # --- durability: replay and checkpoints ------------------------------------------
+    # --- durability: replay and seals ------------------------------------------
     def restore_writer(self, writer: str, epoch: int) -> None:
         self._epochs[writer] = max(self._epochs.get(writer, 0), epoch)
 

@@ -1,4 +1,4 @@
-"""The /v0 routes of the exactly-once sink protocol (:mod:`waymark.log.staging`); their
+"""The /v0 routes of the exactly-once sink protocol (:mod:`waymark.log.writers`); their
 bodies are :mod:`waymark.protocol.writers`."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from ..log import Engine, Limits
-from ..log.staging import PartKey
+from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
     OpenWriterResponse,
@@ -24,22 +24,22 @@ _publish = msgspec.json.Decoder(PublishRequest)
 _encode = msgspec.json.encode
 
 
-class StagingApi:
+class WritersApi:
     def __init__(self, engine: Engine, limits: Limits, metrics: Metrics) -> None:
         self.engine = engine
-        self.staging = engine.staging
+        self.writers = engine.writers
         self.max_body = limits.max_body_bytes
         self.metrics = metrics
 
     async def open_writer(self, request: Request) -> Response:
         body = _open.decode(await request.body(self.max_body))
-        epoch = self.staging.open_writer(body.writer)
+        epoch = self.writers.open_writer(body.writer)
         await self._durable(body.writer)  # an epoch is handed out only once it is durable
         return Response(_encode(OpenWriterResponse(body.writer, epoch)))
 
     async def stage(self, request: Request) -> Response:
         body = _stage.decode(await request.body(self.max_body))
-        accepted = self.staging.stage(
+        accepted = self.writers.stage(
             request.params["topic"],
             body.writer,
             body.epoch,
@@ -54,7 +54,7 @@ class StagingApi:
     async def publish(self, request: Request) -> Response:
         body = _publish.decode(await request.body(self.max_body))
         parts = [(PartKey(p.partition, p.attempt), p.chunks) for p in body.parts]
-        result = self.staging.publish(
+        result = self.writers.publish(
             request.params["topic"], body.writer, body.epoch, body.batch_id, parts
         )
         # A publish is acknowledged durable whatever the topic's class: Spark records the

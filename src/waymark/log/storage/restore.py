@@ -1,4 +1,4 @@
-"""Open a data directory: load the last checkpoint, replay the WAL after it, and keep
+"""Open a data directory: load the last seal, replay the WAL after it, and keep
 journaling to the WAL. The records of ``memory`` topics are replayed gradually, after
 the engine is returned (:mod:`waymark.log.gradual`)."""
 
@@ -15,19 +15,19 @@ import numpy as np
 from ...clock import Clock
 from ...protocol import Limits, TopicConfig
 from ..engine import Engine
-from ..gradual import GradualRecovery
+from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
 from ..topic import Topic
 from .catalog import Catalog, read_catalog
-from .checkpoint import TOPICS, Checkpointer, remove_unreferenced
 from .fileio import FileIO
+from .seal import TOPICS, Sealer, remove_unreferenced
 from .segment import SealedChunk, SegmentError, segment_paths
 from .store import Store
 from .wal import Wal
 
 
 @dataclass(frozen=True, slots=True)
-class RecoveryReport:
+class RestoreReport:
     frames: int
     segments: int
     torn_bytes: int  # cut from the ends of WAL files: writes that never fully landed
@@ -49,7 +49,7 @@ def open_engine(
     fileio: FileIO | None = None,
     cold_dir: Path | None = None,
     hot_segments: int = 4,
-) -> tuple[Engine, Store, RecoveryReport]:
+) -> tuple[Engine, Store, RestoreReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
@@ -64,9 +64,9 @@ def open_engine(
     catalog = read_catalog(data_dir)
     segments = 0
     if catalog is not None:
-        segments = load_checkpoint(engine, data_dir, catalog, cold_dir)
+        segments = load_sealed(engine, data_dir, catalog, cold_dir)
     count = torn = 0
-    gradual = GradualRecovery(engine)
+    gradual = GradualReplay(engine)
     start = catalog.wal if catalog else None
     for path, data, frames, end in Wal.existing_frames(wal_dir, start):
         size = path.stat().st_size
@@ -83,14 +83,14 @@ def open_engine(
     engine.recovering = gradual if gradual.topics else None
     wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock)
     engine.journal = wal
-    report = RecoveryReport(count, segments, torn, len(engine.kernel),
+    report = RestoreReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,
                             gradual.frames)  # fmt: skip
-    checkpointer = Checkpointer(data_dir, wal, fileio, cold_dir, hot_segments)
-    return engine, Store(wal, checkpointer), report
+    sealer = Sealer(data_dir, wal, fileio, cold_dir, hot_segments)
+    return engine, Store(wal, sealer), report
 
 
-def load_checkpoint(
+def load_sealed(
     engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None
 ) -> int:
     keep: set[Path] = set()
@@ -112,7 +112,7 @@ def load_checkpoint(
             chunk.drop_cached_pages()
         engine.kernel.register(topic)
     engine.kernel.restore_epoch(catalog.last_epoch)
-    engine.staging.restore(catalog.staging)
+    engine.writers.restore(catalog.writers)
     engine.routers.restore(catalog.routers)
     remove_unreferenced(data_dir / TOPICS, keep)
     if cold_dir is not None:
