@@ -33,12 +33,17 @@ from .records import EncodedRecord
 from .results import DiffResult
 
 MAX_LOSS_RUNS = 1024
+MAX_RESTART_RUNS = 4096  # live runs an ephemeral topic's seal records as holes
 
 
 class Hole(NamedTuple):
     lo: int
     hi: int
     reason: str = "lost"  # or "source_trim"
+
+
+def _hole_hi(hole: Hole) -> int:
+    return hole.hi
 
 
 @dataclass(slots=True)
@@ -666,14 +671,14 @@ class Topic:
         )
 
     def _hole_after(self, cursor: int) -> Hole | None:
-        """The first hole that ends after ``cursor``."""
+        """The first hole that ends after ``cursor`` (holes are disjoint and in seq order,
+        so a binary search: an ephemeral restart may leave one per run of live records)."""
         holes = self.holes
-        while holes and holes[0].hi < self.evict_floor:
-            del holes[0]  # an eviction tombstone reports it from now on
-        for hole in holes:
-            if hole.hi > cursor:
-                return hole
-        return None
+        passed = bisect_left(holes, self.evict_floor, key=_hole_hi)
+        if passed:
+            del holes[:passed]  # an eviction tombstone reports them from now on
+        i = bisect_right(holes, cursor, key=_hole_hi)
+        return holes[i] if i < len(holes) else None
 
     def skip(self, n: int, reason: str) -> Hole:
         """Hand out ``n`` seqs that hold no record, read as a ``reason`` tombstone."""
@@ -683,12 +688,36 @@ class Topic:
         self.settle_front()
         return hole
 
+    def lost_on_restart(self) -> list[Hole]:
+        """The holes this ephemeral topic would have if the server restarted now: those it
+        has, plus one per run of live records (those vanish). Deleted records stay out of
+        them, so a reader past the last live record is told of nothing
+        (docs/semantics/topics.md §2.2). Past ``MAX_RESTART_RUNS`` runs the last ones merge
+        into one hole, an upper bound (docs/durability.md)."""
+        runs: list[Hole] = []
+        for chunk in self.chunks:
+            i = max(0, self.front - chunk.base_seq)
+            while i < chunk.n:
+                j = chunk.dead.find(0, i, chunk.n)  # the next live slot
+                if j < 0:
+                    break
+                k = chunk.dead.find(DELETED, j, chunk.n)
+                k = chunk.n if k < 0 else k
+                lo, hi = chunk.base_seq + j, chunk.base_seq + k - 1
+                if runs and runs[-1].hi + 1 == lo:  # continues across a chunk boundary
+                    lo = runs.pop().lo
+                runs.append(Hole(lo, hi))
+                i = k
+        if len(runs) > MAX_RESTART_RUNS:
+            runs[MAX_RESTART_RUNS - 1 :] = [Hole(runs[MAX_RESTART_RUNS - 1].lo, runs[-1].hi)]
+        return sorted([*self.holes, *runs], key=_hole_hi)
+
     def lose_resident_records(self) -> None:
         """After a restart, an ephemeral topic holds no record
-        (docs/semantics/topics.md §2.2), yet keeps its head
-        so no seq is handed out twice. Its records from the front up to the ceiling (what
-        may have been handed out) are gone: a reader that had not passed them gets a
-        ``lost`` tombstone; what was deleted or tombstoned before stays as it was."""
+        (docs/semantics/topics.md §2.2), yet keeps its head so no seq is handed out twice.
+        The last seal recorded its live records as holes (:meth:`lost_on_restart`) and
+        moved ``front`` past them; what it did not see — from ``front`` up to the ceiling,
+        what may have been handed out since — is one ``lost`` hole, an upper bound."""
         hi = max(self.ceiling, self.head_seq)
         if self.front <= hi:
             self.holes = [h for h in self.holes if h.hi < self.front]  # the new one covers them

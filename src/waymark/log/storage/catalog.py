@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ...protocol import TopicConfig, TopicType
+from ...protocol import Durability, TopicConfig, TopicType
 from ..topic import Hole, LossRun, Topic
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
@@ -85,11 +85,16 @@ def topic_dir_name(topic: Topic) -> str:
 
 
 def topic_entry(topic: Topic, segments: list[int]) -> TopicEntry:
+    front, holes = topic.front, topic.holes
+    if topic.config.durability is Durability.EPHEMERAL:
+        # Its records are not kept: a restart from this catalog loses the live ones,
+        # which it learns here as holes, and nothing else (docs/semantics/topics.md §2.2).
+        front, holes = topic.next_seq, topic.lost_on_restart()
     return TopicEntry(
         topic.name, topic.type, topic.epoch, topic.created_ts, topic.config,
-        topic_dir_name(topic), segments, topic.next_seq, topic.front, topic.cap_floor,
+        topic_dir_name(topic), segments, topic.next_seq, front, topic.cap_floor,
         topic.ttl_floor, [(r.lo, r.hi, r.reason, r.lost) for r in topic.losses],
-        topic.ceiling, [list(h) for h in topic.holes], topic.last_ts, topic.last_write_ts,
+        topic.ceiling, [list(h) for h in holes], topic.last_ts, topic.last_write_ts,
         topic.dedupe_entries(),
     )  # fmt: skip
 
