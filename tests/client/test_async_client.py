@@ -59,7 +59,8 @@ async def test_raw_diff_and_exactly_once_writer_calls(waymark_server: Any, topic
     async with AsyncClient(waymark_server.url) as client:
         await client.append(topic, [RecordIn(msgspec.Raw(b'{"a": [1, 2]}'), tag="t")])
         raw = await client.diff_raw(topic, 0)
-        assert bytes(raw.records[0].data) == b'{"a": [1, 2]}' and raw.records[0].tag == "t"
+        # Stored canonical (docs/semantics/topics.md §1.2): the spaces between tokens go.
+        assert bytes(raw.records[0].data) == b'{"a":[1,2]}' and raw.records[0].tag == "t"
         out = f"{topic}-out"
         epoch = (await client.open_writer(topic)).epoch
         head = {"writer": topic, "epoch": epoch, "batch_id": 0, "partition": 0, "attempt": 0}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
@@ -66,9 +68,23 @@ def test_wire_keys_and_omission(engine: Engine) -> None:
 
 
 def test_data_is_passed_through_verbatim(engine: Engine) -> None:
-    raw = b'{"b":[1,2.5,"\\u00e9"],"a":null}'
+    raw = b'{"b":[1,2.5,"\xc3\xa9\\n\\""],"a":null}'  # canonical already: kept as is
     engine.append("t", [RecordIn(msgspec.Raw(raw))])
     assert engine.diff("t", 0).records_json().endswith(b'"data":' + raw + b"}]")
+
+
+def test_data_is_stored_canonical_changing_no_value(engine: Engine) -> None:
+    # Whitespace goes and escapes become the ones JSON requires; numbers keep their exact
+    # digits (no float round trip), and object members stay as they are, in order.
+    raw = (b'{ "b" : [1, 2.50, -0, 1e5, 18446744073709551617, '
+           b'"\\u00e9\\/\\n\\"\\ud83d\\ude00\\u0001" ],\n\t"a":null, "a":1 }')  # fmt: skip
+    canonical = (b'{"b":[1,2.50,-0,1e5,18446744073709551617,'
+                 b'"\xc3\xa9/\\n\\"\xf0\x9f\x98\x80\\u0001"],"a":null,"a":1}')  # fmt: skip
+    engine.append("t", [RecordIn(msgspec.Raw(raw)), rec("plain"), RecordIn(msgspec.Raw(b" 7 "))])
+    records = engine.diff("t", 0).records_json()
+    assert records.endswith(b'"data":' + canonical + b'},{"$seq":2,"$ts":1000000,"data":"plain"},'
+                            b'{"$seq":3,"$ts":1000000,"data":7}]')  # fmt: skip
+    assert engine.get_topic("t").bytes == len(canonical) + len(b'"plain"') + len(b"7")
 
 
 @pytest.mark.parametrize(
@@ -96,6 +112,61 @@ def test_limits_at_the_boundary_are_accepted(engine: Engine) -> None:
     data_len = (1 << 20) - len(orjson.dumps(meta)) - 2  # the two quotes of a JSON string
     engine.append("t", [rec("d" * data_len, tag="t" * 256, node="n" * 128, meta=meta)])
     assert engine.get_topic("t").bytes == 1 << 20
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+SMALL_WRITE = 512  # the data bytes of a write up to which records.py scans with translate
+WHITESPACE = st.sampled_from(["", " ", "\t", "\n", "\r", "\r\n", " \t"])
+LAYOUTS = st.tuples(
+    st.booleans(), st.sampled_from([None, 0, 2, "\t"]), WHITESPACE, WHITESPACE, WHITESPACE
+)
+
+
+@given(value=JSON_VALUES, layouts=st.lists(LAYOUTS, min_size=1, max_size=3))
+@example(value=[1, {"a": "é"}], layouts=[(False, None, "\r", "", "\t")])  # no space at all
+@settings(max_examples=300, deadline=None)
+def test_one_canonical_form_whatever_the_layout(
+    value: object, layouts: list[tuple[bool, object, str, str, str]]
+) -> None:
+    # Escaped or not, indented or not, spaced or not: the same value is stored as the
+    # same bytes, which read back as the value (big integers exactly), are what `bytes`
+    # counts, and are canonical already (appending them again stores them unchanged).
+    # Each text is written alone, then all of them in one write big enough to be scanned
+    # the other way (memchr, not translate), canonicalised as a whole.
+    engine = Engine(clock=ManualClock())
+    texts = [
+        json.dumps(value, ensure_ascii=as_ascii, indent=indent,
+                   separators=("," + after_comma, before_colon + ":" + after_colon)).encode()
+        for as_ascii, indent, after_comma, before_colon, after_colon in layouts
+    ]  # fmt: skip
+    for text in texts:
+        engine.append("t", [RecordIn(msgspec.Raw(text))])
+    batch = texts * (SMALL_WRITE // sum(map(len, texts)) + 1)
+    engine.append("t", [RecordIn(msgspec.Raw(text)) for text in batch])
+    stored = {stored_data(run) for run in engine.diff("t", 0, limit=10_000, per_record=True).runs}
+    assert len(stored) == 1
+    [canonical] = stored
+    # The oracle: Python's compact form escapes exactly what JSON requires, and numbers
+    # come out as in every layout above.
+    assert canonical == json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    assert json.loads(canonical) == value  # Python's parser: big integers exactly
+    assert engine.get_topic("t").bytes == (len(texts) + len(batch)) * len(canonical)
+    engine.append("u", [RecordIn(msgspec.Raw(canonical))])
+    assert [stored_data(run) for run in engine.diff("u", 0, per_record=True).runs] == [canonical]
+
+
+def stored_data(run: bytes | memoryview) -> bytes:
+    """The data of a one-record run with no node, tag or meta: as stored, byte for byte."""
+    run = bytes(run)
+    return run[run.index(b'"data":') + len(b'"data":') : -len(b"},")]
 
 
 def test_canonical_size_ignores_insignificant_whitespace(engine: Engine) -> None:

@@ -4,6 +4,7 @@ omission, size limits, lazy create, atomic writes, idempotent ids."""
 from __future__ import annotations
 
 import httpx
+import orjson
 
 MiB = 1 << 20
 
@@ -107,6 +108,46 @@ def test_data_plus_meta_over_one_mib_is_record_too_large(api, topic) -> None:
     assert error["detail"]["max_bytes"] == MiB
     # Exactly at the limit (the JSON string's quotes count) is accepted.
     assert api.append(topic, {"data": "x" * (MiB - 2)})["seqs"] == [1]
+
+
+def post_raw(http: httpx.Client, topic: str, *datas: bytes, **config: object) -> httpx.Response:
+    """Append records whose data is sent exactly as given (whitespace, escapes and all)."""
+    records = b",".join(b'{"data": ' + data + b"}" for data in datas)
+    head = b'{"config": ' + orjson.dumps(config) + b", " if config else b"{"
+    body = head + b'"records": [' + records + b"]}"
+    return http.post(f"/v0/topics/{topic}/records", content=body)
+
+
+def test_the_limit_and_bytes_count_canonical_bytes(http, api, topic) -> None:
+    # Over 1 MiB as sent (padding, escapes), under it once canonical: whitespace goes,
+    # "\u00e9" is the two bytes of "é", and every number keeps its exact digits.
+    escaped = b'"' + b"\\u00e9" * 100_000 + b'"'
+    spaced = b"[ " + escaped + b", " + b" " * MiB + b"18446744073709551617, 2.50 ]"
+    assert len(spaced) > MiB
+    canonical = b'["' + "é".encode() * 100_000 + b'",18446744073709551617,2.50]'
+    response = post_raw(http, topic, spaced)
+    assert response.status_code == 200, response.text
+    [record] = api.diff(topic, 0)["records"]
+    assert record["data"] == ["é" * 100_000, 18446744073709551617, 2.5]
+    assert api.state(topic)["bytes"] == len(canonical)
+    # Over 1 MiB once canonical: refused, and the detail counts canonical bytes.
+    too_big = b'"' + b"x" * (MiB - 1) + b'"'
+    error = api.error(post_raw(http, topic, b"\n  " + too_big + b"  \n"), 400, "record_too_large")
+    assert error["detail"] == {"bytes": MiB + 1, "max_bytes": MiB}
+    assert api.state(topic)["head_seq"] == 1  # nothing of the refused write is stored
+
+
+def test_whitespace_counts_against_neither_bytes_nor_cap_bytes(http, api, topic) -> None:
+    pretty = b'{\n  "user": "u 1",\n  "n": [1, 2, 3]\n}'
+    size = len(b'{"user":"u 1","n":[1,2,3]}')
+    config = {"cap_bytes": 3 * size, "discard": "reject"}
+    response = post_raw(http, topic, pretty, pretty, pretty, **config)
+    assert response.status_code == 200, response.text  # exactly the cap: it fits
+    state = api.state(topic)
+    assert (state["count"], state["bytes"]) == (3, 3 * size)
+    api.error(post_raw(http, topic, b"1"), 422, "topic_full")
+    data = [r["data"] for r in api.diff(topic, 0)["records"]]
+    assert data == [{"user": "u 1", "n": [1, 2, 3]}] * 3
 
 
 def test_more_than_ten_thousand_records_per_write_is_too_many_records(api, topic) -> None:

@@ -156,7 +156,9 @@ def frame(result: DiffResult) -> bytes:
             b"\n\n",
         )
     runs = result.runs
-    # Checked once per page; only a page with a line break is re-encoded.
+    # Records are stored canonical, without line breaks (docs/semantics/topics.md §1.2);
+    # those written before (recovered from an older WAL or segment) may hold them between
+    # tokens, which SSE data may not: checked once per page, only such a page re-encoded.
     joined = b"".join(runs)
     if b"\n" in joined or b"\r" in joined:
         runs = [one_line(bytes(run)[:-1]) + b"," for run in runs]
