@@ -297,7 +297,7 @@ def main() -> None:
         "--profile", action="store_true", help="cProfile export_to and the bootstrap import"
     )
     args = parser.parse_args()
-    console = Console(width=150)
+    console = Console(width=190)
     profiles = Profiles(args.profile)
     root = Path(tempfile.mkdtemp(prefix="waymark-bench-replicas-"))
     try:
