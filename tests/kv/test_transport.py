@@ -389,6 +389,21 @@ def test_swap_gives_up_as_superseded_after_losing_every_race(
     assert len(attempts) == 9
 
 
+def test_a_pruner_whose_clock_is_behind_the_stamps_keeps_everything(
+    objstore: ObjectStore, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Payload ages come from the store's stamps (S3: the server's clock, to the second),
+    not the pruner's clock: one behind them sees no payload aged out, the safe direction
+    of a skew (docs/semantics/kv.md §11.4). Once it passes them, zero grace prunes."""
+    behind = ObjectStoreTransport(objstore, clock=ManualClock(1_000))
+    behind.upload(KEY, exported(tmp_path, "p3", 3))
+    behind.upload(KEY, exported(tmp_path, "p10", 10))
+    assert behind.prune(KEY, grace_ms=0).deleted == []
+    transport = ObjectStoreTransport(objstore, clock=clock)
+    age_payloads(transport, clock, 0)
+    assert len(transport.prune(KEY, grace_ms=0).deleted) == 1  # p3, below the pointer
+
+
 def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
 ) -> None:
