@@ -31,6 +31,7 @@ import logging
 import operator
 import os
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -227,7 +228,7 @@ _PROBE_BACKOFF = 32
 _MAX_RUN = 8192
 """Records one probe checks at most: a probe costs in proportion to it, run or not."""
 _first = operator.itemgetter(0)
-_second = operator.itemgetter(1)
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _put_run(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
@@ -259,21 +260,33 @@ def _put_run(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
     return n, length, klen
 
 
+def _stored_crcs(region: memoryview, length: int) -> list[int]:
+    """The CRC field of each record of ``length`` bytes that ``region`` holds back to back.
+
+    On a little-endian host, with a length that is a multiple of 4, they are one
+    strided read of the region as u32 (no object per record); otherwise ``struct``
+    cuts them out.
+    """
+    if _LITTLE_ENDIAN and length % 4 == 0:
+        return region.cast("I")[:: length // 4].tolist()
+    return list(map(_first, struct.iter_unpack(f"<I{length - 4}x", region)))
+
+
 def _fold_run(
     r: _Replay, view: memoryview, pos: int, n: int, length: int, klen: int, build: bool
 ) -> int:
     """Verify the CRCs of a run of ``n`` puts and fold them; returns how many were good.
 
-    The records are cut by ``struct.iter_unpack`` and checked by ``map(crc32)``,
-    C loops with no Python code per record; the fold keeps each record's
-    encoded body (no decoded objects). A bad CRC ends the run before that
-    record, which the record-by-record path then judges (torn tail or corruption).
+    The bodies are cut by ``struct.iter_unpack``, the stored CRCs read by
+    :func:`_stored_crcs`, and ``map(crc32)`` checks them all: C loops with no
+    Python code per record. The fold keeps each record's encoded body (no
+    decoded objects). A bad CRC ends the run before that record, which the
+    record-by-record path then judges (torn tail or corruption).
     """
     region = view[pos : pos + n * length]
-    recs = list(struct.iter_unpack(f"<I{length - 4}s", region))
-    bodies = list(map(_second, recs))
-    crcs = list(map(_first, recs))
+    bodies = list(map(_first, struct.iter_unpack(f"<4x{length - 4}s", region)))
     checked = list(map(crc32, bodies))
+    crcs = _stored_crcs(region, length)
     if checked != crcs:
         n = next(i for i, (a, b) in enumerate(zip(checked, crcs, strict=True)) if a != b)
         del bodies[n:]
