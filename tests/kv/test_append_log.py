@@ -32,6 +32,7 @@ from waymark.kv.stores.append_log import (
     _cursor_record,
     _delete_record,
     _put_record,
+    _stored_crcs,
     replay_log,
 )
 
@@ -359,6 +360,16 @@ def _reference_replay(data: bytes) -> tuple[dict[str, tuple[bytes, bytes]], byte
             cursor = data[p + 1 : end]
         pos = end
     return fold, cursor, pos, True
+
+
+def test_a_runs_stored_crcs_are_every_records_crc_field() -> None:
+    """The strided read of a run's CRC fields, for record lengths of every residue mod 4
+    (the u32 view and the struct fallback): a wrong read would not fold wrong data, it
+    would silently send every run down the record-by-record path."""
+    for vlen in (0, 1, 2, 3, 40):
+        recs = [_put_record(b"k%02d" % i, b"v" * vlen, b"\x01") for i in range(20)]
+        expected = [struct.unpack_from("<I", r)[0] for r in recs]
+        assert _stored_crcs(memoryview(b"".join(recs)), len(recs[0])) == expected
 
 
 @settings(max_examples=300, deadline=None)
