@@ -53,6 +53,18 @@ def state(store: SnapshotStore) -> dict[str, bytes]:
     return {e.key: e.value for e in store.range()}
 
 
+def age_payloads(transport: ObjectStoreTransport, clock: ManualClock, ms: int) -> None:
+    """Move the transport's clock to ``ms`` past the newest payload's stamp.
+
+    The stamps are not this clock's: the writing process (file://) or the S3
+    server stamps with the wall clock, S3 to the whole second. A clock frozen
+    when the test began can be behind them (a second boundary crossed on a
+    loaded machine): a payload would then not have aged even with zero grace.
+    """
+    newest = max(m.last_modified_ms for m in transport.store.list(f"{KEY}.payloads/"))
+    clock.set(max(clock.now_ms(), newest + ms))
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(time.time_ns() // 1_000_000)  # S3 stamps objects with the wall clock
@@ -210,9 +222,7 @@ def test_a_crash_between_upload_and_swap_leaves_the_old_pointer_valid(
     transport.upload(KEY, exported(tmp_path, "next", 30))
     grace = 60_000
     assert orphan in transport.prune(KEY, grace).kept
-    # The crashed process stamped the orphan with the wall clock (on S3 the server does).
-    orphan_at = transport.store.head(orphan).last_modified_ms
-    clock.set(max(clock.now_ms(), orphan_at) + grace + 1000)
+    age_payloads(transport, clock, grace)
     report = transport.prune(KEY, grace)
     assert orphan in report.deleted and len(report.deleted) == 2  # and the old one
     assert [m.key for m in transport.store.list(f"{KEY}.payloads/")] == report.kept
@@ -229,8 +239,7 @@ def test_prune_spares_the_target_equal_ranks_newer_ranks_and_young_payloads(
     newer = transport.upload_payload(KEY, exported(tmp_path, "newer", 25))  # still in flight
     transport.store.put(f"{KEY}.payloads/0000000000000000.tar", b"not a tar")  # rank unknown
     assert transport.prune(KEY, grace_ms=3_600_000).deleted == []  # all too young
-    newest = max(m.last_modified_ms for m in transport.store.list(f"{KEY}.payloads/"))
-    clock.set(max(clock.now_ms(), newest) + 3_600_000 + 1000)  # S3 stamps with the wall clock
+    age_payloads(transport, clock, 3_600_000)
     report = transport.prune(KEY, grace_ms=3_600_000)
     assert report.deleted == [old.payload_key]
     assert {equal.payload_key, target.payload_key, newer.payload_key} <= set(report.kept)
@@ -380,14 +389,31 @@ def test_swap_gives_up_as_superseded_after_losing_every_race(
     assert len(attempts) == 9
 
 
+def test_a_pruner_whose_clock_is_behind_the_stamps_keeps_everything(
+    objstore: ObjectStore, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Payload ages come from the store's stamps (S3: the server's clock, to the second),
+    not the pruner's clock: one behind them sees no payload aged out, the safe direction
+    of a skew (docs/semantics/kv.md §11.4). Once it passes them, zero grace prunes."""
+    behind = ObjectStoreTransport(objstore, clock=ManualClock(1_000))
+    behind.upload(KEY, exported(tmp_path, "p3", 3))
+    behind.upload(KEY, exported(tmp_path, "p10", 10))
+    assert behind.prune(KEY, grace_ms=0).deleted == []
+    transport = ObjectStoreTransport(objstore, clock=clock)
+    age_payloads(transport, clock, 0)
+    assert len(transport.prune(KEY, grace_ms=0).deleted) == 1  # p3, below the pointer
+
+
 def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
-    transport: ObjectStoreTransport, tmp_path: Path
+    transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
 ) -> None:
     """Found by the model: corruption breaks the order prune relies on, so a publisher
     that replaces a corrupt (or vanished) pointer first confirms its payload still exists."""
     transport.upload(KEY, exported(tmp_path, "p3", 3))
     slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
     transport.upload(KEY, exported(tmp_path, "p10", 10))
+    # Was flaky on S3 (once a second boundary passed after the clock fixture): see age_payloads.
+    age_payloads(transport, clock, 0)
     assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
     transport.store.put(f"{KEY}.manifest.json", b"garbage")
     assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer

@@ -15,7 +15,8 @@ checks backend and format generation before opening anything, re-hashes every
 file, opens the staged copy and requires the manifest's cursor, and only then
 renames it into place; any failure is :class:`ArtifactInvalid` and leaves
 nothing at the destination. The manifest is serialised deterministically and
-its BLAKE3 prefix is the artifact's content address. See docs/kv.md.
+its BLAKE3 prefix is the artifact's content address. The rules:
+docs/semantics/kv.md §9 (§9.1 the manifest, §9.2 export, §9.3 import); usage: docs/kv.md.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def export_store(
     Must not run concurrently with ``apply``: inside ``watch_applied`` go
     through an ``ExportRequest``. Raises SnapshotError if the copy does not
     recover the live cursor; nothing is left at ``dest`` then.
+    The steps and their order: docs/semantics/kv.md §9.2.
     """
     info = info or ExportInfo()
     dest = Path(dest)
@@ -208,6 +210,7 @@ def export_store(
         live = store.cursor
         data = stage / DATA_DIR
         store.write_copy(data)
+        # Verify by reopening (docs/semantics/kv.md §9.2): cursor equality detects a lost tail.
         recovered = type(store).recover_cursor(data)
         if recovered != live:
             raise SnapshotError(
@@ -229,6 +232,7 @@ def export_store(
             bucket=info.bucket,
             scope=tuple(info.scope),
         )
+        # The manifest last, then the rename: an artifact that exists is complete.
         with open(stage / MANIFEST_NAME, "wb") as f:
             f.write(manifest.encode())
             f.flush()
@@ -264,7 +268,8 @@ def check_source(
     bucket: str | None = None,
     scope: tuple[str, ...] | None = None,
 ) -> type[ArtifactBackend]:
-    """Everything decidable from the manifest alone, before any file is fetched or opened.
+    """Everything decidable from the manifest alone, before any file is fetched or opened
+    (docs/semantics/kv.md §9.3 step 1).
 
     Raises ArtifactInvalid; returns the backend's store class.
     """
@@ -289,7 +294,8 @@ def check_source(
 
 
 def verify_files(manifest: ExportManifest, root: Path) -> None:
-    """Every file the manifest lists, and nothing else, with its size and BLAKE3 digest."""
+    """Every file the manifest lists, and nothing else, with its size and BLAKE3 digest
+    (docs/semantics/kv.md §9.3 step 2)."""
     data = root / DATA_DIR
     present = {p.relative_to(root).as_posix(): p for p in _tree(data)} if data.is_dir() else {}
     listed = {f.path: f for f in manifest.files}
@@ -391,7 +397,7 @@ def _import(
             store = open_backend(backend, staged)
         except Exception as e:
             raise ArtifactInvalid(f"the {backend} copy does not open: {e}") from e
-        if store.cursor != manifest.cursor:
+        if store.cursor != manifest.cursor:  # docs/semantics/kv.md §9.3 step 3
             raise ArtifactInvalid(
                 f"the copy recovers cursor {store.cursor}, the manifest says {manifest.cursor}"
             )

@@ -66,7 +66,8 @@ class SnapshotIoError(SnapshotError):
 
 
 class ArtifactInvalid(SnapshotError):
-    """A fold artifact was refused at import; nothing was written at the destination.
+    """A fold artifact was refused at import; nothing was written at the destination
+    (docs/semantics/kv.md §9.3).
 
     Raised for a wrong backend or format generation (before anything is
     opened), a manifest that does not parse, a file missing, extra or not

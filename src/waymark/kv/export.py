@@ -13,7 +13,7 @@ Completing | Abandoning -> Idle:
 
 A crash anywhere is covered by the layout: until the pointer swap the old
 pointer stays valid and whole, a lease left behind expires, and an orphaned
-payload is pruned by a later round. See docs/kv.md.
+payload is pruned by a later round. The rules: docs/semantics/kv.md §10.3.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ log = logging.getLogger("waymark.kv")
 
 PRUNE_GRACE_TTLS = 4
 """Prune grace in lease TTLs: one for a concurrent publisher still holding an older
-payload, three more for bootstrap readers still downloading one."""
+payload, three more for bootstrap readers still downloading one
+(docs/semantics/kv.md §11.4)."""
 
 
 class RoundState(enum.Enum):

@@ -64,7 +64,8 @@ POINTER_ABSENT = PointerState(False)
 
 
 def pointer_publish_allowed(current: PointerState, candidate_rank: int) -> bool:
-    """Whether a candidate artifact may replace the pointer: the monotonic pointer guard.
+    """Whether a candidate artifact may replace the pointer: the monotonic pointer guard
+    (docs/semantics/kv.md §11.2).
 
     An open slot or a corrupt pointer may be replaced (a corrupt pointer must
     not wedge the fleet); a parseable one only by a candidate at or above its
@@ -79,7 +80,7 @@ def pointer_publish_allowed(current: PointerState, candidate_rank: int) -> bool:
 def payload_prunable(
     payload_rank: int | None, pointer_rank: int, is_pointer_target: bool, aged_out: bool
 ) -> bool:
-    """Whether a payload may be deleted: the prune guard.
+    """Whether a payload may be deleted: the prune guard (docs/semantics/kv.md §11.4).
 
     Only a payload that is not the pointer's target, has aged past the grace,
     and whose rank is known and *strictly* below the pointer's. Strictly:

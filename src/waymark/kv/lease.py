@@ -8,7 +8,7 @@ taken with a CAS update on the version read; a live one is someone else's.
 record of the last export) and ``abandon()`` frees the round early with a CAS
 delete. The lease only de-duplicates work: clock skew or a takeover mid-round
 can make two nodes export at once, which the pointer's monotonic swap makes
-harmless. See docs/kv.md.
+harmless. The rules: docs/semantics/kv.md §10.1 (the lease), §10.2 (not a gate).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ cursor, and a slow exporter gets ``SupersededByNewer`` instead of an error.
 Readers derive the payload key from the pointer bytes themselves, so a pointer
 and its payload always belong together. Pruning deletes only what
 ``payload_prunable`` allows: not the target, aged past the grace, and a rank
-strictly below the pointer's, which can never become the pointer again. See
+strictly below the pointer's, which can never become the pointer again. The
+rules: docs/semantics/kv.md §11 (§11.2 publish, §11.3 fetch, §11.4 prune); usage:
 docs/kv.md.
 """
 
@@ -235,6 +236,7 @@ class ObjectStoreTransport:
         return f"{check_key(key)}{PAYLOADS_SUFFIX}{address}.tar"
 
     def _check_atomic(self) -> None:
+        # Fail closed without compare-and-swap: docs/semantics/kv.md §11.5.
         if not self.atomic and not self.allow_non_atomic_pointer:
             raise ConditionalWriteUnsupported(
                 f"{self.store.url} has no conditional writes: the pointer swap fails closed "
@@ -269,7 +271,10 @@ class ObjectStoreTransport:
     def try_swap(
         self, observed: PointerObservation, uploaded: UploadedPayload
     ) -> PublishOutcome | None:
-        """One compare-and-swap against what was ``observed``; None when the race was lost."""
+        """One compare-and-swap against what was ``observed``; None when the race was lost.
+
+        Steps 2 to 4 of docs/semantics/kv.md §11.2.
+        """
         if not pointer_publish_allowed(observed.state, uploaded.manifest.rank):
             return PublishOutcome.SupersededByNewer
         if not self._still_fetchable(observed, uploaded):
@@ -288,7 +293,8 @@ class ObjectStoreTransport:
         return PublishOutcome.Published
 
     def _still_fetchable(self, observed: PointerObservation, uploaded: UploadedPayload) -> bool:
-        """Whether the candidate's payload can still be named by the pointer.
+        """Whether the candidate's payload can still be named by the pointer
+        (docs/semantics/kv.md §11.2 step 3).
 
         Under a parseable pointer the guards guarantee it: a payload is pruned
         only below the pointer, and such a candidate is refused. An absent or
@@ -331,7 +337,8 @@ class ObjectStoreTransport:
     def download(
         self, key: str, into: str | os.PathLike[str], *, pointer: PointerObservation | None = None
     ) -> tuple[ExportManifest, Path]:
-        """Fetch the pointer's artifact into a new directory under ``into``.
+        """Fetch the pointer's artifact into a new directory under ``into``
+        (docs/semantics/kv.md §11.3).
 
         The payload key is derived from the pointer bytes; the payload's
         embedded manifest must equal them. Returns the manifest and the
@@ -429,7 +436,8 @@ class ObjectStoreTransport:
     # -- prune -----------------------------------------------------------------
 
     def prune(self, key: str, grace_ms: int) -> PruneReport:
-        """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds).
+        """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds;
+        docs/semantics/kv.md §11.4).
 
         With no parseable pointer nothing is provably older, so nothing goes.
         """

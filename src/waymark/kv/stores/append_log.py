@@ -8,6 +8,9 @@ File format (little-endian)::
     delete : key_len:u16 ++ key ++ ver_len:u8 ++ version
     cursor : cur_len:u8 ++ cursor
 
+The CRC is the standard CRC-32 (the one zlib computes), taken from ISA-L:
+the same values, about 3x faster on records of tens of bytes.
+
 ``apply`` appends the batch's records and then a cursor record in one write to
 the page cache: a crash can only tear the end of that write, which ``open``
 drops. A CRC mismatch with more records after it is corruption. Compaction
@@ -28,9 +31,11 @@ import logging
 import operator
 import os
 import struct
-import zlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from isal.isal_zlib import crc32
 
 from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
@@ -57,7 +62,7 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _CRC = struct.Struct("<I")
 _TYPE_KEYLEN = struct.Struct("<BH")  # type:u8 ++ key_len:u16, the start of put and delete
-_CODEC = (zlib.crc32, _CRC.pack, _TYPE_KEYLEN.pack, _U32.pack, VER_LEN, b"".join)
+_CODEC = (crc32, _CRC.pack, _TYPE_KEYLEN.pack, _U32.pack, VER_LEN, b"".join)
 # Encoded in advance for the common sizes: a list index is cheaper than a pack call.
 _PUT_HEADS = [_TYPE_KEYLEN.pack(REC_PUT, n) for n in range(1024)]  # by key length
 _U32_SMALL = [_U32.pack(n) for n in range(4096)]  # value lengths
@@ -79,12 +84,12 @@ def _put_record(key: bytes, value: bytes, version: bytes) -> bytes:
             version,
         )
     )
-    return _CRC.pack(zlib.crc32(body)) + body
+    return _CRC.pack(crc32(body)) + body
 
 
 def _delete_record(key: bytes, version: bytes) -> bytes:
     body = b"".join((_TYPE_KEYLEN.pack(REC_DELETE, len(key)), key, VER_LEN[len(version)], version))
-    return _CRC.pack(zlib.crc32(body)) + body
+    return _CRC.pack(crc32(body)) + body
 
 
 def _put_records(out: list[bytes], keys: Iterable[str], entries: Iterable[_Entry]) -> None:
@@ -126,8 +131,8 @@ def _records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], int]:
     comprehensions, with no branch on sizes: a key of 1024 bytes or more or a
     value of 4096 or more falls off the pre-encoded headers (IndexError). That
     and any other batch go through :func:`_sized_records`. Most of what remains
-    is the per-record CRC the format requires (~150 ns for a 56-byte record:
-    zlib goes byte by byte on short inputs).
+    is the per-record CRC the format requires (ISA-L's CRC-32: ~60 ns for a
+    60-byte record, where zlib's took ~170 ns going byte by byte).
     """
     crc32, pack_crc, _, _, ver_len, join = _CODEC
     heads, small, put = _PUT_HEADS, _U32_SMALL, Op.PUT
@@ -192,7 +197,7 @@ def _sized_records(batch: Sequence[KvUpdate]) -> tuple[list[bytes], int]:
 
 def _cursor_record(cursor: bytes) -> bytes:
     body = b"\x03" + bytes((len(cursor),)) + cursor
-    return _CRC.pack(zlib.crc32(body)) + body
+    return _CRC.pack(crc32(body)) + body
 
 
 class _Replay:
@@ -223,7 +228,7 @@ _PROBE_BACKOFF = 32
 _MAX_RUN = 8192
 """Records one probe checks at most: a probe costs in proportion to it, run or not."""
 _first = operator.itemgetter(0)
-_second = operator.itemgetter(1)
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _put_run(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
@@ -255,21 +260,33 @@ def _put_run(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
     return n, length, klen
 
 
+def _stored_crcs(region: memoryview, length: int) -> list[int]:
+    """The CRC field of each record of ``length`` bytes that ``region`` holds back to back.
+
+    On a little-endian host, with a length that is a multiple of 4, they are one
+    strided read of the region as u32 (no object per record); otherwise ``struct``
+    cuts them out.
+    """
+    if _LITTLE_ENDIAN and length % 4 == 0:
+        return region.cast("I")[:: length // 4].tolist()
+    return list(map(_first, struct.iter_unpack(f"<I{length - 4}x", region)))
+
+
 def _fold_run(
     r: _Replay, view: memoryview, pos: int, n: int, length: int, klen: int, build: bool
 ) -> int:
     """Verify the CRCs of a run of ``n`` puts and fold them; returns how many were good.
 
-    The records are cut by ``struct.iter_unpack`` and checked by ``map(crc32)``,
-    C loops with no Python code per record; the fold keeps each record's
-    encoded body (no decoded objects). A bad CRC ends the run before that
-    record, which the record-by-record path then judges (torn tail or corruption).
+    The bodies are cut by ``struct.iter_unpack``, the stored CRCs read by
+    :func:`_stored_crcs`, and ``map(crc32)`` checks them all: C loops with no
+    Python code per record. The fold keeps each record's encoded body (no
+    decoded objects). A bad CRC ends the run before that record, which the
+    record-by-record path then judges (torn tail or corruption).
     """
     region = view[pos : pos + n * length]
-    recs = list(struct.iter_unpack(f"<I{length - 4}s", region))
-    bodies = list(map(_second, recs))
-    crcs = list(map(_first, recs))
-    checked = list(map(zlib.crc32, bodies))
+    bodies = list(map(_first, struct.iter_unpack(f"<4x{length - 4}s", region)))
+    checked = list(map(crc32, bodies))
+    crcs = _stored_crcs(region, length)
     if checked != crcs:
         n = next(i for i, (a, b) in enumerate(zip(checked, crcs, strict=True)) if a != b)
         del bodies[n:]
@@ -346,7 +363,7 @@ def replay_log(data: bytes, *, build: bool = True) -> _Replay:
             r.clean_eof = False
             break
         body = data[pos + 4 : rec_end]
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             if rec_end == end:
                 r.clean_eof = False  # a torn final record, not corruption
                 break
