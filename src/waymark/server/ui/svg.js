@@ -117,7 +117,8 @@ export function routerGraph(routers, topics, { onTopic } = {}) {
 
 export function describeFilter(filter) {
   const parts = [];
-  if (filter.tag) parts.push(`tag ${typeof filter.tag === "string" ? filter.tag : JSON.stringify(filter.tag)}`);
+  // A tag rule is "X" or ["tag", "Eq", "X"] or ["tag", "Glob", "X*"] (docs/http-api.md).
+  if (filter.tag) parts.push(`tag ${typeof filter.tag === "string" ? filter.tag : filter.tag[2]}`);
   if (filter.node) parts.push(`node ∈ ${filter.node.join(",")}`);
   if (filter.not_node) parts.push(`node ∉ ${filter.not_node.join(",")}`);
   return parts.join(" ");
