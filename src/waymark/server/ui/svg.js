@@ -36,7 +36,8 @@ export function chart(samples, { title, unit = "", spanMs = 5 * 60_000, width = 
   s("text", { x: pad.left, y: height - 2 }, `-${Math.round(spanMs / 60_000)} min`),
   s("line", { x1: pad.left, x2: width - pad.right, y1: height - pad.bottom, y2: height - pad.bottom, stroke: "#d9dad6" }),
   area ? s("path", { class: "area", d: area }) : null,
-  line ? s("path", { class: "line", d: line }) : null);
+  line ? s("path", { class: "line", d: line }) : null,
+  points.length ? s("circle", { class: "dot", r: 2.5, cx: x(points[points.length - 1].t), cy: y(last) }) : null);
 }
 
 // Columns by depth from the sources (a cycle stops where it closes), rows in name order.
@@ -66,7 +67,7 @@ function layout(names, edges) {
 export function routerGraph(routers, topics, { onTopic } = {}) {
   const names = [...new Set(routers.flatMap((r) => [r.source, r.dest]))].sort();
   const at = layout(names, routers);
-  const box = { w: 170, h: 40, gapX: 120, gapY: 40 };
+  const box = { w: 170, h: 40, gapX: 230, gapY: 50 };
   const cols = Math.max(1, ...[...at.values()].map((p) => p.col + 1));
   const rows = Math.max(1, ...[...at.values()].map((p) => p.row + 1));
   const width = 20 + cols * (box.w + box.gapX) - box.gapX + 20;
