@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from tests.conftest import ServerProcess
 
 from waymark.client import Client
-
-from tests.conftest import ServerProcess
 
 # docs/img/regenerate.sh sets this so the tests' screenshots also land in docs/img.
 SHOTS = os.environ.get("WAYMARK_CONSOLE_SCREENSHOTS")

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
-
 from tests.conftest import ServerProcess
+
 from waymark.client import Client
 from waymark.protocol import ConfigPatch, RecordIn, RouterFilter, StagedPart, TopicType
 
@@ -144,23 +144,47 @@ def test_a_permanent_delete_asks_first_and_then_deletes(
     expect(page.get_by_test_id("earliest-seq")).to_contain_text("6")
 
 
+SCOPE_CASES = """async () => {
+    const { allowed } = await import('/ui/api.js');
+    const who = (scopes) => ({ name: 't', scopes, auth: true });
+    return [
+        allowed(who(['read:*']), 'delete', 'orders'),
+        allowed(who(['read:*', 'delete:orders.*']), 'delete', 'orders.eu'),
+        allowed(who(['read:*', 'delete:orders.*']), 'delete', 'ordersX'),
+        allowed(who(['delete:a.b']), 'delete', 'aXb'),
+        allowed(who(['queue:jobs']), 'queue', 'jobs'),
+        allowed(who(['queue:jobs']), 'delete', 'jobs'),
+        allowed(who(['admin']), 'delete', 'anything'),
+        allowed(who(['delete:orders']), 'delete', 'orders-archive'),
+    ];
+}"""
+SCOPE_ANSWERS = [False, True, False, False, True, False, True, False]
+
+
 def test_the_scope_guard_hides_what_a_token_may_not_do(page: Page, server: ServerProcess) -> None:
-    """The console's scope check (api.js `allowed`) as the browser runs it."""
+    """The console's scope check (api.js ``allowed``) as the browser runs it."""
     open_page(page, server, "topics")
-    check = """async () => {
-        const { allowed } = await import('/ui/api.js');
-        const who = (scopes) => ({ name: 't', scopes, auth: true });
-        return [
-            allowed(who(['read:*']), 'delete', 'orders'),
-            allowed(who(['read:*', 'delete:orders.*']), 'delete', 'orders.eu'),
-            allowed(who(['read:*', 'delete:orders.*']), 'delete', 'ordersX'),
-            allowed(who(['delete:a.b']), 'delete', 'aXb'),
-            allowed(who(['queue:jobs']), 'queue', 'jobs'),
-            allowed(who(['queue:jobs']), 'delete', 'jobs'),
-            allowed(who(['admin']), 'delete', 'anything'),
-        ];
-    }"""
-    assert page.evaluate(check) == [False, True, False, False, True, False, True]
+    assert page.evaluate(SCOPE_CASES) == SCOPE_ANSWERS
+
+
+@pytest.mark.parametrize(
+    ("guard", "mutant"),
+    [
+        ('if (scope === "admin") return true;', "return true;"),  # every token may do all
+        ("return scopeKind === kind &&", "return true ||"),  # the kind is not checked
+        ('.join(".*")', '.join(".*") + ".*"'),  # the glob matches a prefix only
+        ('.replace(/[.+?^${}()|[\\]\\\\]/g, "\\\\$&")', ""),  # "." is a regex wildcard
+    ],
+)
+def test_a_broken_scope_guard_is_caught(
+    page: Page, server: ServerProcess, guard: str, mutant: str
+) -> None:
+    source = httpx.get(f"{server.url}/ui/api.js").text
+    assert guard in source
+    page.route("**/ui/api.js", lambda route: route.fulfill(
+        body=source.replace(guard, mutant), content_type="text/javascript"))  # fmt: skip
+    open_page(page, server, "topics")
+    assert page.evaluate(SCOPE_CASES) != SCOPE_ANSWERS
 
 
 def serve_takes_tokens() -> bool:
@@ -169,8 +193,8 @@ def serve_takes_tokens() -> bool:
 
 
 def new_token(tokens: Path, name: str, scope: str) -> str:
-    done = subprocess.run([WAYMARK, "token", "new", name, "--scope", scope, "--tokens", str(tokens)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    command = [WAYMARK, "token", "new", name, "--scope", scope, "--tokens", str(tokens)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     return done.stdout.strip().splitlines()[-1]
 
 
