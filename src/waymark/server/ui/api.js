@@ -25,6 +25,15 @@ export class ApiError extends Error {
   }
 }
 
+// The server's clock as of its last answer (its Date header, to the second; +500 ms
+// for the part of the second it drops), so "12 s ago" and lease deadlines, which are
+// server timestamps, do not depend on the browser's clock.
+let skewMs = 0;
+
+export function serverNow() {
+  return Date.now() + skewMs;
+}
+
 export const topicPath = (name) => `/v0/topics/${encodeURIComponent(name)}`;
 
 // One JSON request; a refusal is an ApiError with the spec's code.
@@ -32,6 +41,8 @@ export async function api(method, path, body, signal) {
   const init = { method, headers: headers(body === undefined ? {} : { "Content-Type": "application/json" }), signal };
   if (body !== undefined) init.body = JSON.stringify(body);
   const response = await fetch(path, init);
+  const date = response.headers.get("date");
+  if (date) skewMs = Date.parse(date) + 500 - Date.now();
   const text = await response.text();
   const parsed = text ? JSON.parse(text) : null;
   if (!response.ok) {

@@ -1,4 +1,5 @@
 // Small DOM and formatting helpers shared by the pages.
+import { serverNow } from "./api.js";
 
 // h("td", {class: "num"}, "12"): an element with attributes and children.
 export function h(tag, attrs = {}, ...children) {
@@ -34,7 +35,7 @@ export function fmtRate(perSecond) {
 }
 
 // A server timestamp (ms) as "12 s ago"; 0 means never.
-export function fmtAgo(ts, now = Date.now()) {
+export function fmtAgo(ts, now = serverNow()) {
   if (!ts) return "never";
   const s = Math.round((now - ts) / 1000);
   if (s < 0) return `in ${fmtSpan(-s)}`;

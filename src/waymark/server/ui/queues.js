@@ -1,18 +1,17 @@
 // The Queues page: ready / in flight / dead-lettered counts, the oldest lease, and a
 // redrive of dead letters for tokens with the queue scope.
-import { allowed, api, topicPath } from "./api.js";
+import { allowed, api, serverNow, topicPath } from "./api.js";
 import { fmtInt, fmtSpan, h, sortableTable } from "./dom.js";
 import { record, values } from "./samples.js";
 import { chart } from "./svg.js";
 
 const state = { sort: "name", desc: false };
 
-// The oldest lease's deadline against the server's clock, estimated from the page's
-// last answer (the server's Date header), so a skewed browser clock does not matter.
-function oldestLease(queue, serverNow) {
+// The oldest lease's deadline against the server's clock (docs/queues.md).
+function oldestLease(queue) {
   const deadline = queue.earliest_lease_deadline;
   if (deadline === null || deadline === undefined) return "—";
-  const s = Math.round((deadline - serverNow) / 1000);
+  const s = Math.round((deadline - serverNow()) / 1000);
   return s >= 0 ? `expires in ${fmtSpan(s)}` : `expired ${fmtSpan(-s)} ago (reclaimed at next claim)`;
 }
 
@@ -22,7 +21,6 @@ export async function queuesPage(view, { identity, every, signal }) {
   const message = h("p", { class: "muted", "data-testid": "redrive-result" });
   view.replaceChildren(h("h1", {}, "Queues"), charts, table, message);
   let queues = [];
-  let serverNow = Date.now();
   const redrive = async (name) => {
     try {
       const done = await api("POST", `${topicPath(name)}/redrive`, {});
@@ -40,7 +38,7 @@ export async function queuesPage(view, { identity, every, signal }) {
       render: (t) => [fmtInt(t.queue.dead_letter_parked), t.queue.dead_letter_error
         ? h("div", { class: "badge warn" }, `${t.queue.dead_letter_error.code}: ${t.queue.dead_letter_error.message}`) : ""] },
     { key: "oldest", label: "oldest lease", value: (t) => t.queue.earliest_lease_deadline ?? Infinity,
-      render: (t) => oldestLease(t.queue, serverNow) },
+      render: (t) => oldestLease(t.queue) },
     { key: "dead_letter", label: "dead letter topic", value: (t) => t.config.dead_letter ?? "", render: (t) => t.config.dead_letter ?? "—" },
     { key: "redrive", label: "", value: (t) => t.name, render: (t) => (t.config.dead_letter && allowed(identity, "queue", t.name)
       ? h("button", { type: "button", "data-testid": "redrive", onclick: () => redrive(t.name) }, "Redrive") : "") },
@@ -55,10 +53,7 @@ export async function queuesPage(view, { identity, every, signal }) {
     charts.replaceChildren(...queues.slice(0, 4).map((t) => chart(values(`ready:${t.name}`), { title: `${t.name} ready` })));
   };
   await every(2000, async () => {
-    const response = await fetch("/v0/health", { signal }).catch(() => null);
-    const date = response && response.headers.get("date");
     const topics = (await api("GET", "/v0/topics", undefined, signal)).topics;
-    serverNow = date ? Date.parse(date) : Date.now();
     queues = topics.filter((t) => t.type === "queue");
     for (const q of queues) record(`ready:${q.name}`, q.queue.ready);
     draw();
