@@ -144,6 +144,47 @@ def test_a_permanent_delete_asks_first_and_then_deletes(
     expect(page.get_by_test_id("earliest-seq")).to_contain_text("6")
 
 
+def test_an_admin_changes_a_topic_s_config_and_sees_the_server_s_refusals(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    name = fresh("tunable")
+    client.append(name, [RecordIn.of(i) for i in range(5)])
+    open_page(page, server, f"topic/{name}")
+    form = page.get_by_test_id("config-form")
+    form.get_by_label("cap_records").fill("3")
+    form.get_by_label("discard").select_option("old")
+    form.get_by_role("button", name="Save config").click()
+    expect(page.get_by_test_id("config-result")).to_have_text("saved cap_records")
+    state = client.get_topic(name, touch=False)
+    assert state.config.cap_records == 3 and state.count == 3  # the cap applied at once
+    expect(page.get_by_test_id("config")).to_contain_text("3")
+    expect(page.get_by_test_id("earliest-seq")).to_contain_text("3")
+    # A value the server refuses: its code and message are shown, nothing changes.
+    form.get_by_label("ttl_ms").fill("-1")
+    form.get_by_role("button", name="Save config").click()
+    expect(page.get_by_test_id("config-result")).to_contain_text("400 invalid_request")
+    assert client.get_topic(name, touch=False).config.ttl_ms == 0
+
+
+def test_an_admin_deletes_a_router_after_confirming(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    source, dest, router = fresh("from"), fresh("to"), fresh("gone")
+    client.put_topic(source)
+    client.put_router(router, source, dest)
+    open_page(page, server, "routers")
+    row = page.locator(f"tr[data-router='{router}']")
+    row.get_by_test_id("router-delete").click()
+    expect(row).to_contain_text(f"Stop forwarding {source} → {dest}?")
+    row.get_by_role("button", name="Cancel").click()
+    assert router in {r.name for r in client.list_routers()}
+    row.get_by_test_id("router-delete").click()
+    row.get_by_test_id("router-delete-confirm").click()
+    expect(page.get_by_test_id("router-result")).to_have_text(f"deleted router {router}")
+    assert router not in {r.name for r in client.list_routers()}
+    expect(page.locator(f"g.edge[data-router='{router}']")).to_have_count(0)
+
+
 SCOPE_CASES = """async () => {
     const { allowed } = await import('/ui/api.js');
     const who = (scopes) => ({ name: 't', scopes, auth: true });
@@ -226,6 +267,7 @@ def test_a_read_only_token_cannot_see_the_delete_control(
     expect(as_reader.get_by_test_id("record")).to_have_count(1)  # it sees everything
     expect(as_reader.get_by_test_id("delete-panel")).to_have_count(0)  # and deletes nothing
     expect(as_reader.get_by_test_id("delete")).to_have_count(0)
+    expect(as_reader.get_by_test_id("config-form")).to_have_count(0)  # config: admin only
     as_admin = topic_page_as(admin)  # the same page shows it to a token that may delete
     expect(as_admin.get_by_test_id("delete")).to_be_visible()
 

@@ -1,7 +1,7 @@
 // One topic: watermarks, config, rate charts, a live tail over SSE (tombstones stand
 // out with their reason and gap), jump to a seq, filter by tag or node, and a
 // permanent delete behind a confirmation for tokens with the delete scope.
-import { allowed, api, stream, topicPath } from "./api.js";
+import { allowed, api, isAdmin, stream, topicPath } from "./api.js";
 import { card, fmtAgo, fmtBytes, fmtInt, h } from "./dom.js";
 import { bytesKey, headKey, rates, record, values } from "./samples.js";
 import { chart } from "./svg.js";
@@ -70,6 +70,50 @@ function deletePanel(name, onDone) {
     confirmRow);
 }
 
+// The config fields an admin may change here (docs/topics.md); the rest keep their value.
+const EDITABLE = {
+  ttl_ms: "number", cap_records: "number", cap_bytes: "number", discard: ["old", "reject"],
+  idempotency_window_ms: "number",
+};
+
+// An admin's config form: PUT /v0/topics/{topic} with the fields changed, nothing else.
+// Built once: a poll does not overwrite what the user is typing.
+function configForm(name, config, onDone) {
+  const current = config();
+  const inputs = Object.entries(EDITABLE).map(([key, kind]) => {
+    const input = Array.isArray(kind)
+      ? h("select", { name: key, "aria-label": key }, kind.map((v) => h("option", { value: v, selected: current[key] === v }, v)))
+      : h("input", { type: "number", name: key, "aria-label": key, value: current[key] });
+    return [key, input];
+  });
+  const message = h("span", { class: "muted", "data-testid": "config-result" });
+  const form = h("form", { class: "toolbar", "data-testid": "config-form" },
+    inputs.map(([key, input]) => h("label", {}, `${key} `, input)),
+    h("button", { type: "submit" }, "Save config"), message);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const patch = {};
+    const now = config();
+    for (const [key, input] of inputs) {
+      const value = EDITABLE[key] === "number" ? Number(input.value) : input.value;
+      if (input.value !== "" && value !== now[key]) patch[key] = value;
+    }
+    if (!Object.keys(patch).length) {
+      message.textContent = "nothing changed";
+      return;
+    }
+    try {
+      await api("PUT", topicPath(name), patch);
+      message.textContent = `saved ${Object.keys(patch).join(", ")}`;
+      await onDone();
+      for (const [key, input] of inputs) input.value = config()[key];
+    } catch (error) {
+      message.textContent = error.message;
+    }
+  });
+  return form;
+}
+
 export async function topicPage(view, { name, identity, every, signal }) {
   const title = h("h1", {}, name);
   const cards = h("div", { class: "cards" });
@@ -82,6 +126,13 @@ export async function topicPage(view, { name, identity, every, signal }) {
   const nodeFilter = h("input", { type: "search", placeholder: "node", "aria-label": "filter by node", "data-testid": "tail-node" });
   const canDelete = allowed(identity, "delete", name);
   let topic = await api("GET", `${topicPath(name)}?touch=false`, undefined, signal);
+  const configSlot = h("div", {});
+  if (isAdmin(identity)) {
+    configSlot.append(configForm(name, () => topic.config, async () => {
+      topic = await api("GET", `${topicPath(name)}?touch=false`);
+      drawState();
+    }));
+  }
   let tailAbort = null;
   let rows = []; // events of the tail, oldest first
 
@@ -166,7 +217,7 @@ export async function topicPage(view, { name, identity, every, signal }) {
       topic = await api("GET", `${topicPath(name)}?touch=false`);
       drawState();
     })] : []),
-    h("h2", {}, "Config"), config);
+    h("h2", {}, "Config"), configSlot, config);
   tagFilter.addEventListener("input", drawTail);
   nodeFilter.addEventListener("input", drawTail);
   drawState();
