@@ -106,11 +106,11 @@ def test_a_tombstone_shows_its_reason_and_gap(
     assert tombstone.evaluate("e => getComputedStyle(e).backgroundColor") != record.evaluate(
         "e => getComputedStyle(e).backgroundColor"
     )
+    shot(page, "tombstone")
     # A tag or node filter never hides a gap.
     page.get_by_test_id("tail-tag").fill("no-such-tag")
     expect(page.locator("[data-testid=record]")).to_have_count(0)
     expect(tombstone).to_be_visible()
-    shot(page, "tombstone")
 
 
 def test_a_permanent_delete_asks_first_and_then_deletes(
