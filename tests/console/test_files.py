@@ -4,13 +4,15 @@ added for it: ``GET /v0/writers`` and a queue's ``earliest_lease_deadline``."""
 from __future__ import annotations
 
 import re
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 from tests.conftest import ServerProcess
 
-from waymark.client import Client
+from waymark.client import AsyncClient, Client
 from waymark.protocol import ConfigPatch, RecordIn, StagedPart, TopicType
 
 UI = Path(__file__).resolve().parents[2] / "src" / "waymark" / "server" / "ui"
@@ -99,3 +101,32 @@ def test_a_queue_state_reports_its_oldest_lease_through_the_client(client: Clien
     client.ack(name, "w", [first.seq])
     state = client.get_topic(name, touch=False).queue
     assert state is not None and state.earliest_lease_deadline == second.deadline
+
+
+async def test_the_async_client_lists_writers_too(server: ServerProcess, client: Client) -> None:
+    client.open_writer("async-lw")
+    async with AsyncClient(server.url) as aclient:
+        states = {w.writer: w for w in await aclient.list_writers()}
+    assert states["async-lw"].epoch >= 1 and states["async-lw"].topics == []
+
+
+def test_writers_and_their_last_batch_survive_a_sigkill(
+    tmp_path: Path, spawn_server: Callable[..., ServerProcess]
+) -> None:
+    """The Writers page after a crash: epochs and publish ledgers are durable
+    (docs/spark.md), so the list shows the same last batch."""
+    data = tmp_path / "data"
+    first = spawn_server(data)
+    with Client(first.url) as c:
+        epoch = c.open_writer("crash-sink").epoch
+        c.stage("crash-out", [RecordIn.of(1), RecordIn.of(2)], writer="crash-sink",
+                epoch=epoch, batch_id=41, partition=0, attempt=0)  # fmt: skip
+        done = c.publish("crash-out", writer="crash-sink", epoch=epoch, batch_id=41,
+                         parts=[StagedPart(0, 0, 1)])  # fmt: skip
+        before = c.list_writers()
+    first.stop(signal.SIGKILL)
+    with Client(spawn_server(data).url) as c:
+        assert c.list_writers() == before
+        [state] = c.list_writers()
+    assert state.epoch == epoch
+    assert (state.topics[0].last_batch_id, state.topics[0].first_seq) == (41, done.first_seq)
