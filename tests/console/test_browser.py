@@ -90,6 +90,19 @@ def test_a_record_appended_through_the_api_shows_in_the_live_tail_within_2_s(
     expect(page.locator("[data-testid=record]")).to_have_count(3)  # seqs 5, 6, 7
 
 
+def test_the_tail_keeps_the_newest_500_rows(page: Page, server: ServerProcess,
+                                            client: Client) -> None:  # fmt: skip
+    name = fresh("busy")
+    client.append(name, [RecordIn.of(i) for i in range(100)])
+    open_page(page, server, f"topic/{name}")
+    expect(page.get_by_test_id("record")).to_have_count(50)  # from 50 before the head
+    client.append(name, [RecordIn.of(i) for i in range(520)])  # streamed in one by one
+    rows = page.get_by_test_id("record")
+    expect(rows.last).to_have_attribute("data-seq", "620")
+    expect(rows).to_have_count(500)
+    expect(rows.first).to_have_attribute("data-seq", "121")
+
+
 def test_a_tombstone_shows_its_reason_and_gap(
     page: Page, server: ServerProcess, client: Client, shot: Shot
 ) -> None:

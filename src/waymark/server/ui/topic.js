@@ -142,8 +142,17 @@ export async function topicPage(view, { name, identity, every, signal }) {
     const node = nodeFilter.value.trim();
     return (!tag || (event.$tag ?? "").includes(tag)) && (!node || (event.$node ?? "") === node);
   };
+  const rowOf = (e) => (e.$type === "tombstone" ? tombstoneRow(e) : recordRow(e));
   const drawTail = () => {
-    tail.replaceChildren(...rows.filter(visible).map((e) => (e.$type === "tombstone" ? tombstoneRow(e) : recordRow(e))));
+    tail.replaceChildren(...rows.filter(visible).map(rowOf));
+    tail.scrollTop = tail.scrollHeight;
+  };
+  // A busy topic's events are appended one by one, the oldest rows dropped: no redraw.
+  const addToTail = (event) => {
+    rows.push(event);
+    if (rows.length > TAIL_ROWS) rows.splice(0, rows.length - TAIL_ROWS);
+    if (visible(event)) tail.append(rowOf(event));
+    while (tail.childElementCount > TAIL_ROWS) tail.firstElementChild.remove();
     tail.scrollTop = tail.scrollHeight;
   };
   const startTail = (fromSeq) => {
@@ -164,9 +173,7 @@ export async function topicPage(view, { name, identity, every, signal }) {
             }
             const [epoch, seq] = event.id.split(":").map(Number);
             cursor = { epoch, seq };
-            rows.push(JSON.parse(event.data));
-            if (rows.length > TAIL_ROWS) rows.splice(0, rows.length - TAIL_ROWS);
-            drawTail();
+            addToTail(JSON.parse(event.data));
           }, abort.signal);
         } catch (error) {
           if (abort.signal.aborted) return;
