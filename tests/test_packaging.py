@@ -55,12 +55,18 @@ def uv() -> str:
 
 
 @pytest.fixture(scope="module")
-def requires(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
-    """The built wheel's Requires-Dist: distribution names, base ("") and per extra."""
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project built as a wheel, as ``pip install waymark`` gets it."""
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([uv(), "build", "--wheel", "--offline", "--quiet", "--out-dir", str(out)],
                    cwd=ROOT, check=True)  # fmt: skip
-    [wheel] = out.glob("waymark-*.whl")
+    [built] = out.glob("waymark-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def requires(wheel: Path) -> dict[str, set[str]]:
+    """The built wheel's Requires-Dist: distribution names, base ("") and per extra."""
     with zipfile.ZipFile(wheel) as archive:
         [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         meta = Parser().parsestr(archive.read(name).decode())
@@ -94,6 +100,17 @@ def third_party_imports(path: Path) -> set[str]:
 def extra_of(module: str) -> str:
     prefixes = [p for p in NEEDS if module == p or module.startswith(p + ".")]
     return NEEDS[max(prefixes, key=len)] if prefixes else ""
+
+
+def test_the_wheel_ships_the_console_files(wheel: Path) -> None:
+    """``waymark serve`` serves the console from the package (docs/console.md): every
+    file of src/waymark/server/ui is in the wheel, byte for byte."""
+    ui = SRC / "server" / "ui"
+    files = sorted(p.name for p in ui.iterdir() if p.is_file())
+    assert {"index.html", "console.js", "api.js", "style.css"} <= set(files)
+    with zipfile.ZipFile(wheel) as archive:
+        for name in files:
+            assert archive.read(f"waymark/server/ui/{name}") == (ui / name).read_bytes(), name
 
 
 def test_the_base_install_has_no_server_kv_or_spark_dependency(

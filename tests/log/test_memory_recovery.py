@@ -299,7 +299,8 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     engine, store, _ = reopen(tmp_path)
     engine.put_topic("q", ConfigPatch(lease_ms=3_600_000), TopicType.QUEUE)
     engine.append("q", [RecordIn.of(i) for i in range(20)])
-    held = [job.seq for job in engine.claim("q", "w", 5)]
+    claimed = engine.claim("q", "w", 5)
+    held = [job.seq for job in claimed]
     engine.put_topic("out", MEMORY)
     epoch = engine.writers.open_writer("sink")
     part = PartKey(0, 0)
@@ -308,7 +309,9 @@ def test_queue_leases_and_publish_ledgers_of_memory_logs(tmp_path: Path) -> None
     crash(store)
     engine, store, report = reopen(tmp_path)
     assert report.deferred_topics == 2  # q$leases and out
-    assert engine.get_topic("q").queue == QueueCounts(15, 5, 0)
+    assert engine.get_topic("q").queue == QueueCounts(
+        15, 5, 0, earliest_lease_deadline=min(job.deadline for job in claimed)
+    )
     assert not set(held) & {job.seq for job in engine.claim("q", "w2", 20)}
     again = engine.writers.publish("out", "sink", epoch, 1, [(part, 1)])
     assert (again.first_seq, again.replayed) == (first.first_seq, True)

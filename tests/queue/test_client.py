@@ -19,11 +19,12 @@ def test_sync_client_runs_the_lease_lifecycle(waymark_server: Any, q: str) -> No
         assert [(j.seq, j.data, j.delivery) for j in jobs] == [(1, {"n": 0}, 1), (2, {"n": 1}, 1),
                                                                (3, {"n": 2}, 1)]  # fmt: skip
         assert client.ack(q, "w", [1], lease_ids=[jobs[0].lease_id]).acked == [1]
-        assert client.extend(q, "w", [2], lease_ms=9000).extended == [2]
+        extended = client.extend(q, "w", [2], lease_ms=9000)
+        assert extended.extended == [2]
         assert client.nack(q, "w", [3]).released == [3]
         assert client.claim(q, "w") == []  # seq 3 is dead-lettered instead of redelivered
         state = client.get_topic(q, touch=False)
-        assert state.queue == QueueCounts(0, 1, 1)
+        assert state.queue == QueueCounts(0, 1, 1, earliest_lease_deadline=extended.deadlines[0])
         assert client.redrive(q).seqs == [4]
         client.put_topic("plain-log-for-client")
         with pytest.raises(ApiError) as refused:

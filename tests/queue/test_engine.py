@@ -91,7 +91,9 @@ def test_jobs_removed_from_the_log_are_forgotten(engine: Engine, clock: ManualCl
     engine.delete("q", before_seq=3)
     clock.advance(11)
     assert [j.seq for j in engine.claim("q", "w", 5)] == [3]
-    assert engine.get_topic("q").queue == QueueCounts(0, 1, 0)
+    assert engine.get_topic("q").queue == QueueCounts(
+        0, 1, 0, earliest_lease_deadline=clock.now_ms() + 10
+    )
 
 
 def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: ManualClock) -> None:
@@ -103,7 +105,9 @@ def test_the_leases_log_is_trimmed_and_still_rebuilds(engine: Engine, clock: Man
     leases = engine.kernel.existing(leases_name("q"))
     assert leases.live_count < 12_000  # 40 000 events written, most of them trimmed
     engine.queues._projections.clear()  # rebuild from what the log kept
-    assert engine.get_topic("q").queue == QueueCounts(0, 40, 0)
+    assert engine.get_topic("q").queue == QueueCounts(
+        0, 40, 0, earliest_lease_deadline=clock.now_ms() + 1000
+    )
     clock.advance(1001)
     assert len(engine.claim("q", "x", 100)) == 40
 
@@ -134,7 +138,9 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
     engine, store, _ = open_engine(tmp_path, clock=clock)
     try:
         assert engine.diff("q", 0).seqs == [2, 3, 4, 5]  # the acked job stays deleted
-        assert engine.get_topic("q").queue == QueueCounts(2, 2, 0)
+        assert engine.get_topic("q").queue == QueueCounts(
+            2, 2, 0, earliest_lease_deadline=jobs[1].deadline
+        )
         assert [j.seq for j in engine.claim("q", "x", 5)] == [4, 5]  # 2, 3 are still leased
         assert engine.ack("q", "w", [2]).done == [2]  # by the holder from before the restart
         store.seal(engine)

@@ -42,7 +42,8 @@ def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) 
     state = qhttp.queue(q, lease_ms=5000)
     assert state["type"] == "queue"
     assert state["queue"] == {"ready": 0, "in_flight": 0, "dead_lettered": 0,
-                              "dead_letter_parked": 0, "dead_letter_error": None}
+                              "dead_letter_parked": 0, "dead_letter_error": None,
+                              "earliest_lease_deadline": None}
     assert state["config"]["lease_ms"] == 5000 and state["config"]["leases_durable"] is False
     ok(qhttp.post(q, "records", records=[{"data": {"n": 1}, "tag": "t", "meta": {"k": "v"}}]))
     before = int(time.time() * 1000)
@@ -52,7 +53,8 @@ def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) 
     assert job["delivery"] == 1 and isinstance(job["lease_id"], str) and job["lease_id"]
     assert before + 5000 <= job["deadline"] <= int(time.time() * 1000) + 5000
     assert qhttp.state(q)["queue"] == {"ready": 0, "in_flight": 1, "dead_lettered": 0,
-                                       "dead_letter_parked": 0, "dead_letter_error": None}
+                                       "dead_letter_parked": 0, "dead_letter_error": None,
+                                       "earliest_lease_deadline": job["deadline"]}
     assert qhttp.claim(q, "w2", 5) == []  # a leased job is not claimable
 
 
@@ -220,7 +222,8 @@ def test_diff_reads_the_jobs_log_without_touching_leases(qhttp: QueueHttp, q: st
     qhttp.produce(q, "a", "b")
     assert len(qhttp.diff(q)["records"]) == 2
     assert qhttp.state(q)["queue"] == {"ready": 2, "in_flight": 0, "dead_lettered": 0,
-                                       "dead_letter_parked": 0, "dead_letter_error": None}
+                                       "dead_letter_parked": 0, "dead_letter_error": None,
+                                       "earliest_lease_deadline": None}
     assert len(qhttp.claim(q, "w", 5)) == 2
 
 

@@ -111,7 +111,8 @@ async def test_a_full_dead_letter_topic_parks_the_job_until_it_has_room(
         "code": "topic_full", "message": queue["dead_letter_error"]["message"],
         "topic": "dlq", "ts": clock.now_ms()}  # fmt: skip
     assert {k: v for k, v in queue.items() if k != "dead_letter_error"} == {
-        "ready": 0, "in_flight": 0, "dead_lettered": 0, "dead_letter_parked": 1}  # fmt: skip
+        "ready": 0, "in_flight": 0, "dead_lettered": 0, "dead_letter_parked": 1,
+        "earliest_lease_deadline": None}  # fmt: skip
     assert await api.metric("waymark_queue_jobs_parked") == 1
     assert await api.metric("waymark_queue_dead_letter_refused_total") == 1
 
@@ -137,7 +138,7 @@ async def test_a_full_dead_letter_topic_parks_the_job_until_it_has_room(
     assert letter["data"] == "poison" and letter["meta"]["$dead_letter_seq"] == "1"
     assert (await api.state("q"))["queue"] == {
         "ready": 0, "in_flight": 1, "dead_lettered": 1, "dead_letter_parked": 0,
-        "dead_letter_error": None}  # fmt: skip
+        "dead_letter_error": None, "earliest_lease_deadline": other["deadline"]}  # fmt: skip
     assert [r["data"] for r in await api.records("q")] == ["fine"]  # moved, then deleted
     assert await api.metric("waymark_queue_jobs_parked") == 0
     assert await api.metric("waymark_queue_dead_letter_refused_total") == 1

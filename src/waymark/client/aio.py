@@ -32,6 +32,7 @@ from ..protocol import (
     TagRule,
     TopicState,
     TopicType,
+    WriterState,
 )
 from . import calls, queues, routers, writers
 from .events import Watch, WatchEvent
@@ -139,6 +140,10 @@ class AsyncClient:
         return await self._run(calls.delete(topic, before_seq, match))
 
     # --- exactly-once writers -------------------------------------------------------
+    async def list_writers(self) -> list[WriterState]:
+        """Every writer's epoch and, per topic, its last published batch."""
+        return await self._run(writers.list_writers())
+
     async def open_writer(self, writer: str) -> OpenWriterResponse:
         """Start a new run of ``writer``: its new epoch fences every earlier run."""
         return await self._run(writers.open_writer(writer))

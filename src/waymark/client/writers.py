@@ -21,6 +21,8 @@ from ..protocol import (
     StagedPart,
     StageRequest,
     StageResponse,
+    WriterList,
+    WriterState,
 )
 from .calls import Call, call, typed
 
@@ -28,6 +30,11 @@ _encode = msgspec.json.Encoder().encode
 _opened = typed(OpenWriterResponse)
 _staged = typed(StageResponse)
 _published = typed(PublishResponse)
+_writers = typed(WriterList)
+
+
+def list_writers() -> Call[list[WriterState]]:
+    return call("listWriters", lambda r: _writers(r).writers)
 
 
 def open_writer(writer: str) -> Call[OpenWriterResponse]:

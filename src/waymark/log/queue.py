@@ -146,6 +146,21 @@ class Projection:
         if seq in self.jobs:
             job.event_seq = event_seq
 
+    def earliest_deadline(self) -> int | None:
+        """The deadline of the oldest lease in flight, expired or not; None without one.
+
+        The expiry heap keeps entries a later event superseded (an extend, a release,
+        an ack); those at its top are dropped here, as the reclaim pass would skip them.
+        """
+        while self.expiry:
+            deadline, seq, lease_id = self.expiry[0]
+            job = self.jobs.get(seq)
+            lease = job.lease if job is not None else None
+            if lease is not None and lease.lease_id == lease_id and lease.deadline == deadline:
+                return deadline
+            heapq.heappop(self.expiry)
+        return None
+
     def forget(self, seq: int) -> None:
         """Drop a job the jobs log no longer holds (TTL, cap or a user's delete)."""
         job = self.jobs.pop(seq, None)
@@ -267,6 +282,7 @@ class Queues:
             dead_lettered=p.dead_lettered,
             dead_letter_parked=len(p.parked),
             dead_letter_error=p.dead_letter_error if p.parked else None,
+            earliest_lease_deadline=p.earliest_deadline(),
         )
 
     def parked(self) -> int:

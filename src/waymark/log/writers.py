@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..protocol import PublishResponse, RecordIn
+from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
 from .journal import WriterFrame
 from .records import EncodedRecord, check_topic_name, encode_batch
@@ -186,6 +186,19 @@ class Writers:
             return 0
         self._expire(state, self._engine.clock.now_ms())
         return len(state.stages)
+
+    def states(self) -> list[WriterState]:
+        """Every writer by id: its epoch and, per topic, its last published batch."""
+        now = self._engine.clock.now_ms()
+        topics: dict[str, list[WriterTopic]] = {}
+        for (topic, writer), state in sorted(self._writers.items()):
+            self._expire(state, now)
+            last = next(reversed(state.ledger), None) if state.ledger else None
+            first, count = state.ledger[last] if last is not None else (0, 0)
+            topics.setdefault(writer, []).append(
+                WriterTopic(topic, last, first, count, len(state.stages))
+            )
+        return [WriterState(w, e, topics.get(w, [])) for w, e in sorted(self._epochs.items())]
 
     # --- internals ----------------------------------------------------------------
     # --- durability: replay and seals ------------------------------------------

@@ -68,6 +68,9 @@ from .writers import (
     StagedPart,
     StageRequest,
     StageResponse,
+    WriterList,
+    WriterState,
+    WriterTopic,
 )
 
 __all__ = [
@@ -130,6 +133,9 @@ __all__ = [
     "TopicPut",
     "TopicState",
     "TopicType",
+    "WriterList",
+    "WriterState",
+    "WriterTopic",
     "format_cursor",
     "parse_cursor",
 ]

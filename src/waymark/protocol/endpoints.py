@@ -48,6 +48,7 @@ from .writers import (
     PublishResponse,
     StageRequest,
     StageResponse,
+    WriterList,
 )
 
 
@@ -128,6 +129,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "Start a new run of an exactly-once writer: returns its new epoch, which fences "
              "(409 fenced) every stage and publish of earlier runs",
              request=OpenWriterRequest, response=OpenWriterResponse, errors=(400,)),
+    Endpoint("GET", "/v0/writers", "listWriters",
+             "Every writer's epoch and, per topic, its last published batch",
+             response=WriterList, errors=()),
     Endpoint("POST", f"{_TOPIC}/stage", "stage",
              "Stage one chunk of a task attempt's records under (writer, batch_id, partition, "
              "attempt); invisible to readers until published; unpublished stages expire",

@@ -181,6 +181,10 @@ class QueueCounts(Struct):
     dead_letter_parked: int = 0
     # The last refusal, while any job is parked; null otherwise.
     dead_letter_error: DeadLetterError | None = None
+    # The earliest deadline (server clock, ms) of the leases in flight: the oldest lease,
+    # in the past while an expired one waits for the next claim pass to reclaim it;
+    # null with nothing in flight.
+    earliest_lease_deadline: int | None = None
 
 
 class TopicState(Struct, kw_only=True, omit_defaults=True):

@@ -6,6 +6,8 @@
   invisible to readers until published.
 * ``POST /v0/topics/{topic}/publish``: the named parts as one atomic append;
   idempotent per ``(writer, batch_id)``.
+* ``GET /v0/writers`` -> ``{writers: [...]}``: every writer's epoch and, per topic, its
+  last published batch (what the console's Writers page shows).
 """
 
 from __future__ import annotations
@@ -77,3 +79,24 @@ class PublishResponse(Struct):
     count: int
     head_seq: int
     replayed: bool  # the batch had been published before; nothing was appended now
+
+
+class WriterTopic(Struct):
+    """One topic a writer published to (or staged for): its last published batch."""
+
+    topic: str
+    # The highest batch id in the publish ledger and its seqs; None before a publish.
+    last_batch_id: int | None
+    first_seq: int  # 0 with count 0: nothing published (or an empty batch)
+    count: int
+    staged_parts: int  # task attempts' outputs staged and not yet published
+
+
+class WriterState(Struct):
+    writer: str
+    epoch: int  # the current run; stages and publishes of older epochs are fenced
+    topics: list[WriterTopic]
+
+
+class WriterList(Struct):
+    writers: list[WriterState]

@@ -16,6 +16,7 @@ from ..log import Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
 from ..protocol import ENDPOINTS
 from ..protocol.openapi import document
+from .console import Console
 from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
@@ -92,6 +93,7 @@ class App:
             "watch": api.watch,
             "deleteRecords": api.delete,
             "openWriter": writers.open_writer,
+            "listWriters": writers.list_writers,
             "stage": writers.stage,
             "publish": writers.publish,
             "claimJobs": queues.claim,
@@ -108,6 +110,8 @@ class App:
             "metrics": self._metrics,
         }
         self.paths = PathTable.build(ENDPOINTS, self.handlers)
+        # The web console's files at /ui: outside the endpoint table, which is the API.
+        self.console = Console()
 
     def close(self) -> None:
         """Begin shutdown: long-polls return and SSE streams end, so connections drain."""
@@ -122,7 +126,10 @@ class App:
         start = perf_counter()
         found = self.paths.resolve(scope.get("raw_path") or scope["path"])
         if found is None:
-            label, response = "unmatched", not_found(scope["path"])
+            if Console.owns(scope["path"]):
+                label, response = "/ui", self.console.serve(scope["method"], scope["path"])
+            else:
+                label, response = "unmatched", not_found(scope["path"])
         else:
             route, params = found
             label = route.template

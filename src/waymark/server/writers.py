@@ -14,6 +14,7 @@ from ..protocol import (
     RecordIn,
     StageRequest,
     StageResponse,
+    WriterList,
 )
 from .http import Request, Response
 from .metrics import Metrics
@@ -36,6 +37,9 @@ class WritersApi:
         epoch = self.writers.open_writer(body.writer)
         await self._durable(body.writer)  # an epoch is handed out only once it is durable
         return Response(_encode(OpenWriterResponse(body.writer, epoch)))
+
+    async def list_writers(self, request: Request) -> Response:
+        return Response(_encode(WriterList(self.writers.states())))
 
     async def stage(self, request: Request) -> Response:
         body = _stage.decode(await request.body(self.max_body))
