@@ -1,7 +1,7 @@
 """Request building and response parsing, shared by the sync and async clients.
 
 Each function returns a :class:`Call`: everything needed to send one request
-and to turn its response into a typed value. The clients only move bytes. Methods
+and to turn its response into a typed value. The transports only move bytes. Methods
 and paths come from the protocol's endpoint table, bodies are protocol structs.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlencode
 
-import httpx
 import msgspec
 
 from ..protocol import (
@@ -31,7 +31,7 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
-from .errors import ApiError
+from .errors import Answer, ApiError
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
@@ -41,17 +41,25 @@ _encode = msgspec.json.Encoder().encode
 class Call(Generic[T]):
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Answer], T]
     content: bytes | None = None
     params: dict[str, Any] | None = None
     # Extra seconds the read may take beyond the client's timeout (long-polls).
     extra_wait_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    # Safe to send again when a kept-alive connection turns out closed before any byte
+    # of the answer came back (docs/client.md, "Retries").
+    idempotent: bool = False
+
+    @property
+    def target(self) -> str:
+        """The path with its query string."""
+        return f"{self.path}?{urlencode(self.params)}" if self.params else self.path
 
 
 def call(
     operation: str,
-    parse: Callable[[httpx.Response], T],
+    parse: Callable[[Answer], T],
     content: bytes | None = None,
     *,
     params: dict[str, Any] | None = None,
@@ -60,16 +68,22 @@ def call(
 ) -> Call[T]:
     """The call of endpoint ``operation``; ``path`` fills its path parameters."""
     endpoint = ENDPOINT[operation]
-    return Call(endpoint.method, endpoint.url(**path), parse, content, params, extra_wait_s)
+    idempotent = endpoint.method != "POST" or operation in _READS
+    return Call(endpoint.method, endpoint.url(**path), parse, content, params, extra_wait_s,
+                idempotent=idempotent)  # fmt: skip
 
 
-def check(response: httpx.Response) -> httpx.Response:
+# POST routes that only read: sending one twice answers the same.
+_READS = frozenset({"diff"})
+
+
+def check(response: Answer) -> Answer:
     if response.status_code >= 400:
         raise ApiError.from_response(response)
     return response
 
 
-def typed(type_: Any) -> Callable[[httpx.Response], Any]:
+def typed(type_: Any) -> Callable[[Answer], Any]:
     """A parser decoding a successful response's body into ``type_``."""
     decoder = msgspec.json.Decoder(type_)
     return lambda response: decoder.decode(check(response).content)
@@ -98,7 +112,7 @@ def put_topic(
     fields = msgspec.structs.asdict(config) if config is not None else {}
     body = TopicPut(**fields, type=topic_type)
 
-    def parse(response: httpx.Response) -> tuple[TopicState, bool]:
+    def parse(response: Answer) -> tuple[TopicState, bool]:
         return _state(response), response.status_code == 201
 
     return call("putTopic", parse, _encode(body), topic=topic)
@@ -108,7 +122,7 @@ def get_topic(topic: str, touch: bool) -> Call[TopicState]:
     return call("getTopic", _state, params=None if touch else {"touch": "false"}, topic=topic)
 
 
-def _nothing(response: httpx.Response) -> None:
+def _nothing(response: Answer) -> None:
     check(response)
 
 

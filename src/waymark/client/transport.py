@@ -1,0 +1,425 @@
+"""The two transports: kept-alive HTTP/1.1 connections over blocking sockets and over
+asyncio, both moving the bytes :mod:`.http11` makes and parses (docs/client.md,
+"Transport").
+
+A transport sends a request and returns its :class:`~.http11.Response`, or opens a
+stream (SSE) whose body it hands out as it comes. Idle connections wait in a pool; a
+pooled connection the server has closed meanwhile is dropped before use, and an
+idempotent request that meets a closed one anyway is sent once more on a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import socket
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import ConnectError, ProtocolError, TransportError, TransportTimeout
+from .http11 import Response, ResponseReader, request_head
+
+_RECV = 256 * 1024
+_JOIN_BELOW = 256 * 1024  # bodies smaller than this go out in one write with the head
+_MAX_IDLE = 32  # idle connections kept per client; more are closed when returned
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where requests go and what each carries: host, port, TLS, the base path and the
+    headers every request sends (``Host``, ``Authorization``)."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None
+    base_path: str
+    headers: dict[str, str]
+
+    @classmethod
+    def of(cls, url: str, token: str | None, ca_file: str | None) -> Origin:
+        """``token`` None: the ``WAYMARK_TOKEN`` environment variable, if set and not
+        empty. ``https://`` verifies the server against ``ca_file``, else the system's
+        certificate store."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http:// or https:// URL: {url!r}")
+        https = parts.scheme == "https"
+        port = parts.port or (443 if https else 80)
+        tls = ssl.create_default_context(cafile=ca_file) if https else None
+        if ca_file is not None and not https:
+            raise ValueError(f"ca_file is for https:// URLs, not {url!r}")
+        host_header = parts.netloc.rpartition("@")[2]
+        headers = {"host": host_header, "user-agent": "waymark-client"}
+        token = os.environ.get("WAYMARK_TOKEN") or None if token is None else token
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        return cls(parts.hostname, port, tls, parts.path.rstrip("/"), headers)
+
+    def request(
+        self, method: str, target: str, headers: dict[str, str], body: bytes | None
+    ) -> bytes:
+        """The bytes of one request (``body`` sent after them)."""
+        head = request_head(method, self.base_path + target, {**self.headers, **headers},
+                            None if body is None else len(body))  # fmt: skip
+        return head + body if body is not None and len(body) < _JOIN_BELOW else head
+
+
+def _failed(error: BaseException, what: str) -> TransportError:
+    """Our kind of ``error`` (an OSError, an ssl.SSLError or a TimeoutError)."""
+    if isinstance(error, TransportError):
+        return error
+    if isinstance(error, TimeoutError):
+        return TransportTimeout(f"{what}: timed out")
+    return TransportError(f"{what}: {type(error).__name__}: {error}")
+
+
+def _connect_failed(error: BaseException, origin: Origin) -> TransportError:
+    where = f"cannot connect to {origin.host}:{origin.port}"
+    if isinstance(error, TimeoutError):
+        return TransportTimeout(f"{where}: timed out")
+    return ConnectError(f"{where}: {type(error).__name__}: {error}")
+
+
+# --- blocking sockets ------------------------------------------------------------------
+
+
+class SyncTransport:
+    """Blocking sockets, a pool of idle ones; safe to share between threads (each request
+    holds its own connection)."""
+
+    def __init__(self, origin: Origin, connect_timeout: float) -> None:
+        self.origin = origin
+        self.connect_timeout = connect_timeout
+        self._idle: list[socket.socket] = []
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    def _connect(self) -> socket.socket:
+        origin = self.origin
+        try:
+            sock = socket.create_connection((origin.host, origin.port), self.connect_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if origin.tls is not None:
+                try:
+                    sock = origin.tls.wrap_socket(sock, server_hostname=origin.host)
+                except BaseException:
+                    sock.close()
+                    raise
+        except OSError as e:  # ssl.SSLError and TimeoutError are OSErrors
+            raise _connect_failed(e, origin) from e
+        return sock
+
+    def _checkout(self) -> tuple[socket.socket, bool]:
+        """An idle connection the server has not closed, else a new one; and which."""
+        while True:
+            try:
+                sock = self._idle.pop()
+            except IndexError:
+                return self._connect(), False
+            # Idle and readable: the server closed it (or broke the protocol).
+            if select.select([sock], (), (), 0)[0]:
+                sock.close()
+                continue
+            return sock, True
+
+    def _checkin(self, sock: socket.socket, reader: ResponseReader) -> None:
+        if reader.keep_alive and len(self._idle) < _MAX_IDLE:
+            self._idle.append(sock)
+        else:
+            sock.close()
+
+    def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout: float,
+        idempotent: bool,
+    ) -> Response:
+        data = self.origin.request(method, target, headers, body)
+        while True:
+            sock, reused = self._checkout()
+            reader = ResponseReader()
+            try:
+                sock.settimeout(timeout)
+                sock.sendall(data)
+                if body is not None and len(data) < len(body):
+                    sock.sendall(body)
+                while not reader.complete:
+                    if chunk := sock.recv(_RECV):
+                        reader.feed(chunk)
+                    else:
+                        reader.eof()
+            except (OSError, ProtocolError) as e:
+                sock.close()
+                if reused and idempotent and not reader.started and not isinstance(e, TimeoutError):
+                    continue  # a kept-alive connection the server had closed: once more
+                raise _failed(e, f"{method} {target}") from e
+            except BaseException:
+                sock.close()
+                raise
+            self._checkin(sock, reader)
+            return reader.response()
+
+    @contextmanager
+    def stream(
+        self, method: str, target: str, headers: dict[str, str], read_timeout: float
+    ) -> Iterator[SyncStream]:
+        """A request on its own new connection, held until the ``with`` ends."""
+        sock = self._connect()
+        try:
+            reader = ResponseReader()
+            try:
+                sock.settimeout(read_timeout)
+                sock.sendall(self.origin.request(method, target, headers, None))
+                while reader.head is None:
+                    if chunk := sock.recv(_RECV):
+                        reader.feed(chunk)
+                    else:
+                        reader.eof()
+            except (OSError, ProtocolError) as e:
+                raise _failed(e, f"{method} {target}") from e
+            yield SyncStream(sock, reader, f"{method} {target}")
+        finally:
+            sock.close()
+
+
+class SyncStream:
+    """A streamed answer: ``response`` (head only), its body by iteration."""
+
+    def __init__(self, sock: socket.socket, reader: ResponseReader, what: str) -> None:
+        assert reader.head is not None
+        self.response = reader.head
+        self._sock, self._reader, self._what = sock, reader, what
+
+    def __iter__(self) -> Iterator[bytes]:
+        reader = self._reader
+        while True:
+            if data := reader.take():
+                yield data
+            if reader.complete:
+                return
+            try:
+                if chunk := self._sock.recv(_RECV):
+                    reader.feed(chunk)
+                else:
+                    reader.eof()
+            except (OSError, ProtocolError) as e:
+                raise _failed(e, self._what) from e
+
+    def read(self) -> Response:
+        """The whole answer (for an error's body)."""
+        self.response.content = b"".join(self)
+        return self.response
+
+
+# --- asyncio ---------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One asyncio connection: buffers what arrives until :meth:`recv` takes it."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._eof = False
+        self._error: Exception | None = None
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > _RECV * 4 and not self._paused:
+            assert self.transport is not None
+            self.transport.pause_reading()  # a stream the reader is slow to take
+            self._paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    @property
+    def usable(self) -> bool:
+        """Idle and still open (nothing unread, no close from the server)."""
+        assert self.transport is not None
+        return not (self._eof or self._chunks or self.transport.is_closing())
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self._eof:
+            raise ConnectionResetError("the connection is closed")
+        self.transport.write(data)
+
+    async def recv(self) -> bytes:
+        """What arrived since the last call (waiting for some); b"" at the end."""
+        while not self._chunks:
+            if self._eof:
+                if self._error is not None:
+                    raise self._error
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._size = 0
+        if self._paused:
+            assert self.transport is not None
+            self.transport.resume_reading()
+            self._paused = False
+        return data
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class AsyncTransport:
+    """asyncio connections, a pool of idle ones; for one event loop."""
+
+    def __init__(self, origin: Origin, connect_timeout: float) -> None:
+        self.origin = origin
+        self.connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+
+    async def aclose(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    async def _connect(self) -> _Connection:
+        origin = self.origin
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(
+                    _Connection, origin.host, origin.port, ssl=origin.tls,
+                    server_hostname=origin.host if origin.tls is not None else None,
+                )  # fmt: skip
+        except OSError as e:  # ssl.SSLError and TimeoutError are OSErrors
+            raise _connect_failed(e, origin) from e
+        return connection
+
+    async def _checkout(self) -> tuple[_Connection, bool]:
+        while self._idle:
+            connection = self._idle.pop()
+            if connection.usable:
+                return connection, True
+            connection.close()
+        return await self._connect(), False
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout: float,
+        idempotent: bool,
+    ) -> Response:
+        data = self.origin.request(method, target, headers, body)
+        while True:
+            connection, reused = await self._checkout()
+            reader = ResponseReader()
+            try:
+                async with asyncio.timeout(timeout):
+                    connection.send(data)
+                    if body is not None and len(data) < len(body):
+                        connection.send(body)
+                    while not reader.complete:
+                        if chunk := await connection.recv():
+                            reader.feed(chunk)
+                        else:
+                            reader.eof()
+            except (OSError, ProtocolError) as e:
+                connection.close()
+                if reused and idempotent and not reader.started and not isinstance(e, TimeoutError):
+                    continue  # a kept-alive connection the server had closed: once more
+                raise _failed(e, f"{method} {target}") from e
+            except BaseException:  # cancelled mid-answer: the connection is unusable
+                connection.close()
+                raise
+            if reader.keep_alive and len(self._idle) < _MAX_IDLE:
+                self._idle.append(connection)
+            else:
+                connection.close()
+            return reader.response()
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, target: str, headers: dict[str, str], read_timeout: float
+    ) -> AsyncIterator[AsyncStream]:
+        """A request on its own new connection, held until the ``async with`` ends."""
+        connection = await self._connect()
+        try:
+            reader = ResponseReader()
+            try:
+                async with asyncio.timeout(read_timeout):
+                    connection.send(self.origin.request(method, target, headers, None))
+                    while reader.head is None:
+                        if chunk := await connection.recv():
+                            reader.feed(chunk)
+                        else:
+                            reader.eof()
+            except (OSError, ProtocolError) as e:
+                raise _failed(e, f"{method} {target}") from e
+            yield AsyncStream(connection, reader, read_timeout, f"{method} {target}")
+        finally:
+            connection.close()
+
+
+class AsyncStream:
+    """A streamed answer: ``response`` (head only), its body by async iteration; each
+    read may take ``read_timeout`` seconds."""
+
+    def __init__(
+        self, connection: _Connection, reader: ResponseReader, read_timeout: float, what: str
+    ) -> None:
+        assert reader.head is not None
+        self.response = reader.head
+        self._connection, self._reader = connection, reader
+        self._read_timeout, self._what = read_timeout, what
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        reader = self._reader
+        while True:
+            if data := reader.take():
+                yield data
+            if reader.complete:
+                return
+            try:
+                async with asyncio.timeout(self._read_timeout):
+                    chunk = await self._connection.recv()
+                if chunk:
+                    reader.feed(chunk)
+                else:
+                    reader.eof()
+            except (OSError, ProtocolError) as e:
+                raise _failed(e, self._what) from e
+
+    async def read(self) -> Response:
+        """The whole answer (for an error's body)."""
+        self.response.content = b"".join([chunk async for chunk in self])
+        return self.response
