@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode
 
@@ -67,10 +68,17 @@ def call(
     **path: str,
 ) -> Call[T]:
     """The call of endpoint ``operation``; ``path`` fills its path parameters."""
+    method, url, idempotent = _route(operation, tuple(path.items()))
+    return Call(method, url, parse, content, params, extra_wait_s, idempotent=idempotent)
+
+
+@lru_cache(maxsize=1024)
+def _route(operation: str, path: tuple[tuple[str, str], ...]) -> tuple[str, str, bool]:
+    """An endpoint's method, filled-in path and idempotence; kept for the next call to
+    the same topic (the hot loop's appends)."""
     endpoint = ENDPOINT[operation]
     idempotent = endpoint.method != "POST" or operation in _READS
-    return Call(endpoint.method, endpoint.url(**path), parse, content, params, extra_wait_s,
-                idempotent=idempotent)  # fmt: skip
+    return endpoint.method, endpoint.url(**dict(path)), idempotent
 
 
 # POST routes that only read: sending one twice answers the same.

@@ -20,21 +20,31 @@ class Response:
     """One answer: what the clients' parsers read (the attributes httpx's has too)."""
 
     status_code: int
-    headers: dict[str, str]
+    head: bytes  # the header lines, as sent
     content: bytes = b""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers by lower-case name (the last of repeated ones)."""
+        return dict(_header(line) for line in self.head.split(b"\r\n")[1:])
 
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
 
 
-def request_head(method: str, target: str, headers: dict[str, str], length: int | None) -> bytes:
-    """The request line and headers; ``length`` None: a request without a body."""
-    lines = [f"{method} {target} HTTP/1.1"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    if length is not None:
-        lines.append(f"content-length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+def header_lines(headers: dict[str, str]) -> str:
+    """Headers as the request head carries them."""
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
+def request_head(method: str, target: str, headers: str, length: int | None) -> bytes:
+    """The request line and ``headers`` (from :func:`header_lines`); ``length`` None: a
+    request without a body, else one with a JSON body of that many bytes."""
+    body = (
+        "" if length is None else f"content-type: application/json\r\ncontent-length: {length}\r\n"
+    )
+    return f"{method} {target} HTTP/1.1\r\n{headers}{body}\r\n".encode("latin-1")
 
 
 @dataclass(slots=True)
@@ -48,7 +58,8 @@ class ResponseReader:
     head: Response | None = None
     complete: bool = False
     keep_alive: bool = True
-    _buffer: bytearray = field(default_factory=bytearray)
+    _pending: bytes = b""  # the head so far
+    _buffer: bytearray = field(default_factory=bytearray)  # chunked framing so far
     _body: list[bytes] = field(default_factory=list)
     _remaining: int = -1  # Content-Length bytes still to come; -1: chunked or to the close
     _chunked: bool = False
@@ -61,11 +72,20 @@ class ResponseReader:
                 self.keep_alive = False  # bytes after the answer: nothing to reuse it for
             return
         if self.head is None:
-            self._buffer += data
-            if not self._read_head():
+            if self._pending:
+                data, self._pending = self._pending + data, b""
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                if len(data) > _MAX_HEAD:
+                    raise ProtocolError("the answer's head is too long")
+                self._pending = data
                 return
-            data = bytes(self._buffer)  # what came after the head
-            self._buffer.clear()
+            self._read_head(data[:end])
+            data = data[end + 4 :]
+            if self.head is None:  # an interim (1xx) answer: the real one follows
+                if data:
+                    self.feed(data)
+                return
             if self.complete:
                 self.keep_alive = self.keep_alive and not data
                 return
@@ -98,7 +118,7 @@ class ResponseReader:
     @property
     def started(self) -> bool:
         """Whether any byte of the answer arrived (a retry is then no longer safe)."""
-        return self.head is not None or bool(self._buffer)
+        return self.head is not None or bool(self._pending)
 
     def take(self) -> bytes:
         """The body bytes received since the last call (stream mode)."""
@@ -113,41 +133,27 @@ class ResponseReader:
 
     # --- parsing ----------------------------------------------------------------------
 
-    def _read_head(self) -> bool:
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buffer) > _MAX_HEAD:
-                raise ProtocolError("the answer's head is too long")
-            return False
-        lines = bytes(self._buffer[:end]).decode("latin-1").split("\r\n")
-        del self._buffer[: end + 4]
-        version, _, rest = lines[0].partition(" ")
-        status = rest[:3]
-        if not version.startswith("HTTP/1.") or not status.isdigit():
-            raise ProtocolError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
-        code = int(status)
-        if 100 <= code < 200:  # an interim answer (none is asked for): skip it
-            return bool(self._buffer) and self._read_head()
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise ProtocolError(f"a malformed header line: {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        self.head = Response(code, headers)
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = version == "HTTP/1.1" and connection != "close"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+    def _read_head(self, head: bytes) -> None:
+        status = head[:12]
+        if not status.startswith(b"HTTP/1.") or not status[9:12].isdigit():
+            raise ProtocolError(f"not an HTTP/1.1 answer: {head[:80]!r}")
+        code = int(status[9:12])
+        if 100 <= code < 200:
+            return
+        self.head = Response(code, head)
+        # Only three headers decide the framing: find them without parsing the rest.
+        lower = head.lower()
+        self.keep_alive = status[7] == 0x31 and _value(lower, b"connection") != b"close"
+        if b"chunked" in _value(lower, b"transfer-encoding"):
             self._chunked = True
         elif code in (204, 304):
             self._remaining = 0
-        elif (length := headers.get("content-length")) is not None:
+        elif length := _value(lower, b"content-length"):
             if not length.isdigit():
                 raise ProtocolError(f"a malformed content-length: {length[:40]!r}")
             self._remaining = int(length)
         if self._remaining == 0:
             self._done()
-        return True
 
     def _read_chunks(self) -> None:
         buffer = self._buffer
@@ -186,6 +192,23 @@ class ResponseReader:
         if self._buffer:
             self.keep_alive = False
             self._buffer.clear()
+
+
+def _value(lower_head: bytes, name: bytes) -> bytes:
+    """The value of header ``name`` in a lower-cased head; b"" when absent."""
+    at = lower_head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return b""
+    start = at + len(name) + 3
+    end = lower_head.find(b"\r\n", start)
+    return lower_head[start : end if end >= 0 else len(lower_head)].strip()
+
+
+def _header(line: bytes) -> tuple[str, str]:
+    name, colon, value = line.partition(b":")
+    if not colon:
+        raise ProtocolError(f"a malformed header line: {line[:80]!r}")
+    return name.strip().lower().decode("latin-1"), value.strip().decode("latin-1")
 
 
 class LineSplitter:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .errors import ConnectError, ProtocolError, TransportError, TransportTimeout
-from .http11 import Response, ResponseReader, request_head
+from .http11 import Response, ResponseReader, header_lines, request_head
 
 _RECV = 256 * 1024
 _JOIN_BELOW = 256 * 1024  # bodies smaller than this go out in one write with the head
@@ -38,6 +38,7 @@ class Origin:
     tls: ssl.SSLContext | None
     base_path: str
     headers: dict[str, str]
+    lines: str  # ``headers`` as the request head carries them
 
     @classmethod
     def of(cls, url: str, token: str | None, ca_file: str | None) -> Origin:
@@ -48,23 +49,26 @@ class Origin:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http:// or https:// URL: {url!r}")
         https = parts.scheme == "https"
-        port = parts.port or (443 if https else 80)
-        tls = ssl.create_default_context(cafile=ca_file) if https else None
         if ca_file is not None and not https:
             raise ValueError(f"ca_file is for https:// URLs, not {url!r}")
-        host_header = parts.netloc.rpartition("@")[2]
-        headers = {"host": host_header, "user-agent": "waymark-client"}
-        token = os.environ.get("WAYMARK_TOKEN") or None if token is None else token
+        tls = ssl.create_default_context(cafile=ca_file) if https else None
+        headers = {"host": parts.netloc.rpartition("@")[2], "user-agent": "waymark-client"}
+        if token is None:
+            token = os.environ.get("WAYMARK_TOKEN") or None
         if token:
             headers["authorization"] = f"Bearer {token}"
-        return cls(parts.hostname, port, tls, parts.path.rstrip("/"), headers)
+        port = parts.port or (443 if https else 80)
+        base_path = parts.path.rstrip("/")
+        return cls(parts.hostname, port, tls, base_path, headers, header_lines(headers))
 
     def request(
         self, method: str, target: str, headers: dict[str, str], body: bytes | None
     ) -> bytes:
-        """The bytes of one request (``body`` sent after them)."""
-        head = request_head(method, self.base_path + target, {**self.headers, **headers},
-                            None if body is None else len(body))  # fmt: skip
+        """The bytes of one request; a large ``body`` is sent after them, a small one is
+        part of them."""
+        lines = self.lines + header_lines(headers) if headers else self.lines
+        length = None if body is None else len(body)
+        head = request_head(method, self.base_path + target, lines, length)
         return head + body if body is not None and len(body) < _JOIN_BELOW else head
 
 
