@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import ssl
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,12 +18,15 @@ from waymark.client import Client
 
 
 class CuttableProxy:
-    """Forwards TCP to ``target``; :meth:`cut` drops every open connection at once."""
+    """Forwards TCP to ``target``; :meth:`cut` drops every open connection at once.
+    With ``tls`` it is also a TLS terminator (``https://localhost:<port>``)."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], tls: ssl.SSLContext | None = None) -> None:
         self.target = target
+        self.tls = tls
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        port = self.listener.getsockname()[1]
+        self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self.connections = 0
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -32,6 +36,10 @@ class CuttableProxy:
         while True:
             try:
                 client, _ = self.listener.accept()
+                if self.tls is not None:
+                    client = self.tls.wrap_socket(client, server_side=True)
+            except ssl.SSLError:
+                continue  # a client that refused our certificate
             except OSError:
                 return
             upstream = socket.create_connection(self.target)

@@ -18,6 +18,7 @@ import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConnectError, ProtocolError, TransportError, TransportTimeout
@@ -88,6 +89,12 @@ def _connect_failed(error: BaseException, origin: Origin) -> TransportError:
     return ConnectError(f"{where}: {type(error).__name__}: {error}")
 
 
+def _readable(sock: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it (or
+    broke the protocol), so it must not carry another request."""
+    return bool(select.select([sock], (), (), 0)[0])
+
+
 # --- blocking sockets ------------------------------------------------------------------
 
 
@@ -126,8 +133,7 @@ class SyncTransport:
                 sock = self._idle.pop()
             except IndexError:
                 return self._connect(), False
-            # Idle and readable: the server closed it (or broke the protocol).
-            if select.select([sock], (), (), 0)[0]:
+            if _readable(sock):
                 sock.close()
                 continue
             return sock, True
@@ -268,9 +274,12 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Idle and still open (nothing unread, no close from the server)."""
+        """Idle and still open: nothing unread, no close from the server, including one
+        the event loop has not handled yet (the socket is readable then)."""
         assert self.transport is not None
-        return not (self._eof or self._chunks or self.transport.is_closing())
+        if self._eof or self._chunks or self.transport.is_closing():
+            return False
+        return not _readable(self.transport.get_extra_info("socket"))
 
     def send(self, data: bytes) -> None:
         assert self.transport is not None
