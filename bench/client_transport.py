@@ -56,7 +56,7 @@ DIFF_BODY = msgspec.json.encode(DiffRequest(0, PAGE))
 HEADERS = {"content-type": "application/json"}
 decode_append = msgspec.json.Decoder(AppendResponse).decode
 decode_page = msgspec.json.Decoder(DiffResponse[msgspec.Raw]).decode
-console = Console()
+console = Console(width=120)
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -105,14 +105,19 @@ class RawSocket:
         self.diff_bytes = _raw_request(url, DIFF_PATH, DIFF_BODY)
 
     def exchange(self, request: bytes) -> bytes:
+        """Send ``request``; the answer's body, received straight into one buffer."""
         self.sock.sendall(request)
-        buffer = bytearray()
-        total = -1
-        while total < 0 or len(buffer) < total:
-            buffer += self.sock.recv(262144)
-            if total < 0:
-                total = _split_answer(buffer)
-        return bytes(buffer[buffer.find(b"\r\n\r\n") + 4 : total])
+        head = bytearray()
+        while (total := _split_answer(head)) < 0:
+            head += self.sock.recv(262144)
+        start = head.find(b"\r\n\r\n") + 4
+        body = bytearray(total - start)
+        got = len(head) - start
+        body[:got] = head[start:]
+        view = memoryview(body)
+        while got < len(body):
+            got += self.sock.recv_into(view[got:])
+        return body
 
     def append(self) -> None:
         self.exchange(self.append_bytes)
@@ -352,7 +357,7 @@ def report(figures: dict[tuple[str, str, str], Figure], load: tuple[float, ...])
         anchor = figures[side, kind, "raw socket (anchor)"]
         records = figure.per_s * (PAGE if kind == "diff" else 1)
         table.add_row(f"{side}: {name}", kind, f"{figure.per_s:,.0f}", f"{records:,.0f}",
-                      f"{figure.per_s / anchor.per_s:.2f}×", f"{figure.cpu_us:,.0f}")  # fmt: skip
+                      f"{figure.per_s / anchor.per_s:.2f}x", f"{figure.cpu_us:,.0f}")  # fmt: skip
     console.print(table)
 
 
