@@ -369,3 +369,16 @@ async def test_async_https_with_the_servers_ca(tls_proxy: Any, topic: str) -> No
     async with AsyncClient(proxy.url, timeout=5) as untrusting:
         with pytest.raises(ConnectError, match="CERTIFICATE"):
             await untrusting.health()
+
+
+def test_a_large_body_goes_out_whole_after_its_head(client: Client, topic: str) -> None:
+    big = ["x" * 100_000 for _ in range(4)]  # a 400 kB body: sent apart from its head
+    assert client.append(topic, [RecordIn.of(s) for s in big]).seqs == [1, 2, 3, 4]
+    assert [r.data for r in client.diff(topic, 0).records] == big
+
+
+async def test_async_a_large_body_goes_out_whole(waymark_server: Any, topic: str) -> None:
+    big = ["y" * 100_000 for _ in range(4)]
+    async with AsyncClient(waymark_server.url) as client:
+        assert (await client.append(topic, [RecordIn.of(s) for s in big])).seqs == [1, 2, 3, 4]
+        assert [r.data for r in (await client.diff(topic, 0)).records] == big

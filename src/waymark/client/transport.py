@@ -64,13 +64,15 @@ class Origin:
 
     def request(
         self, method: str, target: str, headers: dict[str, str], body: bytes | None
-    ) -> bytes:
-        """The bytes of one request; a large ``body`` is sent after them, a small one is
-        part of them."""
+    ) -> tuple[bytes, bytes | None]:
+        """The bytes of one request: a small body joined to the head (one write), a
+        large one apart (second), to spare copying it."""
         lines = self.lines + header_lines(headers) if headers else self.lines
         length = None if body is None else len(body)
         head = request_head(method, self.base_path + target, lines, length)
-        return head + body if body is not None and len(body) < _JOIN_BELOW else head
+        if body is None or len(body) >= _JOIN_BELOW:
+            return head, body
+        return head + body, None
 
 
 def _failed(error: BaseException, what: str) -> TransportError:
@@ -91,8 +93,11 @@ def _connect_failed(error: BaseException, origin: Origin) -> TransportError:
 
 def _readable(sock: Any) -> bool:
     """Whether an idle connection has something to read: the server closed it (or
-    broke the protocol), so it must not carry another request."""
-    return bool(select.select([sock], (), (), 0)[0])
+    broke the protocol), so it must not carry another request. (poll, not select: a
+    process may hold more than 1024 files.)"""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 # --- blocking sockets ------------------------------------------------------------------
@@ -153,15 +158,15 @@ class SyncTransport:
         timeout: float,
         idempotent: bool,
     ) -> Response:
-        data = self.origin.request(method, target, headers, body)
+        data, rest = self.origin.request(method, target, headers, body)
         while True:
             sock, reused = self._checkout()
             reader = ResponseReader()
             try:
                 sock.settimeout(timeout)
                 sock.sendall(data)
-                if body is not None and len(data) < len(body):
-                    sock.sendall(body)
+                if rest is not None:
+                    sock.sendall(rest)
                 while not reader.complete:
                     if chunk := sock.recv(_RECV):
                         reader.feed(chunk)
@@ -188,7 +193,7 @@ class SyncTransport:
             reader = ResponseReader()
             try:
                 sock.settimeout(read_timeout)
-                sock.sendall(self.origin.request(method, target, headers, None))
+                sock.sendall(self.origin.request(method, target, headers, None)[0])
                 while reader.head is None:
                     if chunk := sock.recv(_RECV):
                         reader.feed(chunk)
@@ -352,15 +357,15 @@ class AsyncTransport:
         timeout: float,
         idempotent: bool,
     ) -> Response:
-        data = self.origin.request(method, target, headers, body)
+        data, rest = self.origin.request(method, target, headers, body)
         while True:
             connection, reused = await self._checkout()
             reader = ResponseReader()
             try:
                 async with asyncio.timeout(timeout):
                     connection.send(data)
-                    if body is not None and len(data) < len(body):
-                        connection.send(body)
+                    if rest is not None:
+                        connection.send(rest)
                     while not reader.complete:
                         if chunk := await connection.recv():
                             reader.feed(chunk)
@@ -390,7 +395,7 @@ class AsyncTransport:
             reader = ResponseReader()
             try:
                 async with asyncio.timeout(read_timeout):
-                    connection.send(self.origin.request(method, target, headers, None))
+                    connection.send(self.origin.request(method, target, headers, None)[0])
                     while reader.head is None:
                         if chunk := await connection.recv():
                             reader.feed(chunk)
