@@ -37,7 +37,8 @@ class FaultServer:
       does), setting :attr:`closed` once closed;
     - ``close_header``: answer with ``Connection: close`` and close;
     - ``drop``: close without answering (the server died after reading it);
-    - ``partial``: send half the answer, then close.
+    - ``partial``: send half the answer, then close;
+    - ``silent``: never answer (until :meth:`close`).
     """
 
     tls: ssl.SSLContext | None = None
@@ -50,6 +51,7 @@ class FaultServer:
         port = self.listener.getsockname()[1]
         self.url = f"{'https' if self.tls else 'http'}://localhost:{port}"
         self._sockets: list[socket.socket] = []
+        self._stopped = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -96,6 +98,9 @@ class FaultServer:
                   f"content-length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
         if action == "drop":
             return False
+        if action == "silent":
+            self._stopped.wait()
+            return False
         if action == "partial":
             conn.sendall(answer[: len(answer) // 2])
             return False
@@ -107,6 +112,7 @@ class FaultServer:
         return action == "ok"
 
     def close(self) -> None:
+        self._stopped.set()
         self.listener.close()
         for s in self._sockets:
             with contextlib.suppress(OSError):

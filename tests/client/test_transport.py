@@ -29,6 +29,7 @@ from waymark.client import (
     RecordIn,
     TombstoneEvent,
     TransportError,
+    TransportTimeout,
     http11,
 )
 from waymark.client import calls as client_calls
@@ -303,6 +304,32 @@ async def test_async_token_is_sent_as_a_bearer_header(
         await client.health()
     sent = [seen.headers.get("authorization") for seen in fault_server.seen]
     assert sent == ["Bearer s3cret", "Bearer from-env"]
+
+
+# --- timeouts -----------------------------------------------------------------------------
+
+
+def test_a_silent_server_times_out(fault_server: FaultServer) -> None:
+    fault_server.plan.extend(["ok", "silent"])
+    with Client(fault_server.url, timeout=0.3) as client:
+        client.health()  # a kept connection, its timeout set
+        with pytest.raises(TransportTimeout):
+            client.append("t", [RecordIn.of(1)])
+        with pytest.raises(TransportTimeout):  # silent from the start, and idempotent
+            fault_server.plan.append("silent")
+            client.health()
+        assert client.health().status == "ok"  # a new connection after the timed out ones
+    assert len(fault_server.seen) == 4  # nothing was sent twice
+
+
+async def test_async_a_silent_server_times_out(fault_server: FaultServer) -> None:
+    fault_server.plan.extend(["ok", "silent"])
+    async with AsyncClient(fault_server.url, timeout=0.3) as client:
+        await client.health()
+        with pytest.raises(TransportTimeout):
+            await client.append("t", [RecordIn.of(1)])
+        assert (await client.health()).status == "ok"
+    assert len(fault_server.seen) == 3
 
 
 # --- TLS ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -75,11 +76,16 @@ class Origin:
         return head + body, None
 
 
+def _timed_out(error: BaseException) -> bool:
+    """A timeout: Python's, or a kernel timeout on a blocking socket (EAGAIN)."""
+    return isinstance(error, TimeoutError | BlockingIOError)
+
+
 def _failed(error: BaseException, what: str) -> TransportError:
     """Our kind of ``error`` (an OSError, an ssl.SSLError or a TimeoutError)."""
     if isinstance(error, TransportError):
         return error
-    if isinstance(error, TimeoutError):
+    if _timed_out(error):
         return TransportTimeout(f"{what}: timed out")
     return TransportError(f"{what}: {type(error).__name__}: {error}")
 
@@ -103,6 +109,34 @@ def _readable(sock: Any) -> bool:
 # --- blocking sockets ------------------------------------------------------------------
 
 
+class _Socket:
+    """A pooled blocking socket and the timeout last set on it.
+
+    A plain TCP socket stays in blocking mode with kernel timeouts (``SO_RCVTIMEO``,
+    ``SO_SNDTIMEO``): a wait is one ``recv``, where Python's own timeouts cost a failed
+    ``recv``, a ``poll`` and another ``recv``. A TLS socket uses Python's timeouts.
+    """
+
+    __slots__ = ("sock", "timeout")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.timeout: float | None = None
+
+    def set_timeout(self, timeout: float) -> None:
+        if timeout == self.timeout:
+            return
+        self.timeout = timeout
+        if isinstance(self.sock, ssl.SSLSocket):
+            self.sock.settimeout(timeout)
+            return
+        self.sock.settimeout(None)
+        seconds = max(timeout, 1e-6)  # 0 would mean "never" to the kernel
+        value = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+
+
 class SyncTransport:
     """Blocking sockets, a pool of idle ones; safe to share between threads (each request
     holds its own connection)."""
@@ -110,11 +144,11 @@ class SyncTransport:
     def __init__(self, origin: Origin, connect_timeout: float) -> None:
         self.origin = origin
         self.connect_timeout = connect_timeout
-        self._idle: list[socket.socket] = []
+        self._idle: list[_Socket] = []
 
     def close(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            self._idle.pop().sock.close()
 
     def _connect(self) -> socket.socket:
         origin = self.origin
@@ -131,23 +165,23 @@ class SyncTransport:
             raise _connect_failed(e, origin) from e
         return sock
 
-    def _checkout(self) -> tuple[socket.socket, bool]:
+    def _checkout(self) -> tuple[_Socket, bool]:
         """An idle connection the server has not closed, else a new one; and which."""
         while True:
             try:
-                sock = self._idle.pop()
+                conn = self._idle.pop()
             except IndexError:
-                return self._connect(), False
-            if _readable(sock):
-                sock.close()
+                return _Socket(self._connect()), False
+            if _readable(conn.sock):
+                conn.sock.close()
                 continue
-            return sock, True
+            return conn, True
 
-    def _checkin(self, sock: socket.socket, reader: ResponseReader) -> None:
+    def _checkin(self, conn: _Socket, reader: ResponseReader) -> None:
         if reader.keep_alive and len(self._idle) < _MAX_IDLE:
-            self._idle.append(sock)
+            self._idle.append(conn)
         else:
-            sock.close()
+            conn.sock.close()
 
     def request(
         self,
@@ -160,10 +194,11 @@ class SyncTransport:
     ) -> Response:
         data, rest = self.origin.request(method, target, headers, body)
         while True:
-            sock, reused = self._checkout()
+            conn, reused = self._checkout()
+            sock = conn.sock
             reader = ResponseReader()
             try:
-                sock.settimeout(timeout)
+                conn.set_timeout(timeout)
                 sock.sendall(data)
                 if rest is not None:
                     sock.sendall(rest)
@@ -174,13 +209,13 @@ class SyncTransport:
                         reader.eof()
             except (OSError, ProtocolError) as e:
                 sock.close()
-                if reused and idempotent and not reader.started and not isinstance(e, TimeoutError):
+                if reused and idempotent and not reader.started and not _timed_out(e):
                     continue  # a kept-alive connection the server had closed: once more
                 raise _failed(e, f"{method} {target}") from e
             except BaseException:
                 sock.close()
                 raise
-            self._checkin(sock, reader)
+            self._checkin(conn, reader)
             return reader.response()
 
     @contextmanager
@@ -373,7 +408,7 @@ class AsyncTransport:
                             reader.eof()
             except (OSError, ProtocolError) as e:
                 connection.close()
-                if reused and idempotent and not reader.started and not isinstance(e, TimeoutError):
+                if reused and idempotent and not reader.started and not _timed_out(e):
                     continue  # a kept-alive connection the server had closed: once more
                 raise _failed(e, f"{method} {target}") from e
             except BaseException:  # cancelled mid-answer: the connection is unusable
