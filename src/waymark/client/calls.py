@@ -38,7 +38,7 @@ T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slower to make, per request
 class Call(Generic[T]):
     method: str
     path: str

@@ -8,7 +8,7 @@ bodies, a body read to the close when neither is given, and streamed bodies for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import ProtocolError
 
@@ -47,7 +47,6 @@ def request_head(method: str, target: str, headers: str, length: int | None) -> 
     return f"{method} {target} HTTP/1.1\r\n{headers}{body}\r\n".encode("latin-1")
 
 
-@dataclass(slots=True)
 class ResponseReader:
     """Parses one response from the bytes :meth:`feed` gets, in any split.
 
@@ -55,16 +54,20 @@ class ResponseReader:
     handed out as it comes (:meth:`take`, for a stream).
     """
 
-    head: Response | None = None
-    complete: bool = False
-    keep_alive: bool = True
-    _pending: bytes = b""  # the head so far
-    _buffer: bytearray = field(default_factory=bytearray)  # chunked framing so far
-    _body: list[bytes] = field(default_factory=list)
-    _remaining: int = -1  # Content-Length bytes still to come; -1: chunked or to the close
-    _chunked: bool = False
-    _chunk_left: int = 0  # bytes of the current chunk still to come (its CRLF included)
-    _trailers: bool = False
+    __slots__ = ("_body", "_buffer", "_chunk_left", "_chunked", "_pending", "_remaining",
+                 "_trailers", "complete", "head", "keep_alive")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.head: Response | None = None
+        self.complete = False
+        self.keep_alive = True
+        self._pending = b""  # the head so far
+        self._buffer = bytearray()  # chunked framing so far
+        self._body: list[bytes] = []
+        self._remaining = -1  # Content-Length bytes still to come; -1: chunked or to the close
+        self._chunked = False
+        self._chunk_left = 0  # bytes of the current chunk still to come (its CRLF included)
+        self._trailers = False
 
     def feed(self, data: bytes) -> None:
         if self.complete:

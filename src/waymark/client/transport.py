@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from .errors import ConnectError, ProtocolError, TransportError, TransportTimeout
 from .http11 import Response, ResponseReader, header_lines, request_head
 
-_RECV = 256 * 1024
+_RECV = 64 * 1024  # under malloc's mmap threshold: a recv buffer comes from the heap
 _JOIN_BELOW = 256 * 1024  # bodies smaller than this go out in one write with the head
 _MAX_IDLE = 32  # idle connections kept per client; more are closed when returned
 
