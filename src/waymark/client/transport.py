@@ -97,12 +97,17 @@ def _connect_failed(error: BaseException, origin: Origin) -> TransportError:
     return ConnectError(f"{where}: {type(error).__name__}: {error}")
 
 
-def _readable(sock: Any) -> bool:
-    """Whether an idle connection has something to read: the server closed it (or
-    broke the protocol), so it must not carry another request. (poll, not select: a
-    process may hold more than 1024 files.)"""
+def _poller(sock: Any) -> select.poll:
+    """A poll of ``sock`` for :func:`_readable` (poll, not select: a process may hold
+    more than 1024 files), made once per connection."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
+    return poller
+
+
+def _readable(poller: select.poll) -> bool:
+    """Whether an idle connection has something to read: the server closed it (or
+    broke the protocol), so it must not carry another request."""
     return bool(poller.poll(0))
 
 
@@ -117,11 +122,12 @@ class _Socket:
     ``recv``, a ``poll`` and another ``recv``. A TLS socket uses Python's timeouts.
     """
 
-    __slots__ = ("sock", "timeout")
+    __slots__ = ("poller", "sock", "timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.timeout: float | None = None
+        self.poller = _poller(sock)
 
     def set_timeout(self, timeout: float) -> None:
         if timeout == self.timeout:
@@ -172,7 +178,7 @@ class SyncTransport:
                 conn = self._idle.pop()
             except IndexError:
                 return _Socket(self._connect()), False
-            if _readable(conn.sock):
+            if _readable(conn.poller):
                 conn.sock.close()
                 continue
             return conn, True
@@ -284,6 +290,7 @@ class _Connection(asyncio.Protocol):
         self._eof = False
         self._error: Exception | None = None
         self._paused = False
+        self._poller: select.poll | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -319,7 +326,9 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         if self._eof or self._chunks or self.transport.is_closing():
             return False
-        return not _readable(self.transport.get_extra_info("socket"))
+        if self._poller is None:
+            self._poller = _poller(self.transport.get_extra_info("socket"))
+        return not _readable(self._poller)
 
     def send(self, data: bytes) -> None:
         assert self.transport is not None
