@@ -16,8 +16,10 @@ connection:
   ``DiffResponse[msgspec.Raw]`` decoder the waymark client's ``diff_raw`` uses; the anchor
   (a raw socket) too, so the ratio is the transport's.
 
-``cpu µs/req`` is this process's CPU time (``time.process_time``) per request: what a
-client spends besides waiting for the server.
+The clients of one side and workload take turns (``--rounds`` short turns each), so a
+change in the machine's load falls on all of them alike; a rate is the median of a
+client's turns. ``cpu µs/req`` is this process's CPU time (``time.process_time``) per
+request over all turns: what a client spends besides waiting for the server.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 import os
 import select
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,47 +264,50 @@ def aiohttp_async(url: str) -> Async:
 
 @dataclass
 class Figure:
-    requests: int
-    wall_s: float
-    cpu_s: float
+    """One client on one workload: its rounds' rates, and its requests and CPU in all."""
+
+    rates: list[float]
+    requests: int = 0
+    cpu_s: float = 0.0
 
     @property
     def per_s(self) -> float:
-        return self.requests / self.wall_s
+        return statistics.median(self.rates)
 
     @property
     def cpu_us(self) -> float:
         return self.cpu_s / self.requests * 1e6
 
 
-def run_sync(step: Callable[[], object], seconds: float) -> Figure:
-    for _ in range(100):
-        step()
+def timed_sync(step: Callable[[], object], seconds: float, figure: Figure) -> None:
     n, start, cpu = 0, time.perf_counter(), time.process_time()
-    deadline = start + seconds
-    while True:
-        for _ in range(50):
+    while time.perf_counter() < start + seconds or n == 0:
+        for _ in range(20):
             step()
-        n += 50
-        if (now := time.perf_counter()) >= deadline:
-            return Figure(n, now - start, time.process_time() - cpu)
+        n += 20
+    figure.rates.append(n / (time.perf_counter() - start))
+    figure.requests += n
+    figure.cpu_s += time.process_time() - cpu
 
 
-async def run_async(step: Callable[[], Awaitable[object]], seconds: float) -> Figure:
-    for _ in range(100):
-        await step()
+async def timed_async(step: Callable[[], Awaitable[object]], seconds: float,
+                      figure: Figure) -> None:  # fmt: skip
     n, start, cpu = 0, time.perf_counter(), time.process_time()
-    deadline = start + seconds
-    while True:
-        for _ in range(50):
+    while time.perf_counter() < start + seconds or n == 0:
+        for _ in range(20):
             await step()
-        n += 50
-        if (now := time.perf_counter()) >= deadline:
-            return Figure(n, now - start, time.process_time() - cpu)
+        n += 20
+    figure.rates.append(n / (time.perf_counter() - start))
+    figure.requests += n
+    figure.cpu_s += time.process_time() - cpu
 
 
-def measure(url: str, seconds: float) -> dict[tuple[str, str, str], Figure]:
+def measure(url: str, seconds: float, rounds: int) -> dict[tuple[str, str, str], Figure]:
+    """Every client of a side and workload takes turns, ``rounds`` short turns each, so
+    a change in the machine's load falls on all of them alike; a figure is the median
+    of its turns."""
     figures: dict[tuple[str, str, str], Figure] = {}
+    turn = seconds / rounds
     sync_clients: dict[str, Callable[[], Sync]] = {
         "raw socket (anchor)": lambda: (r := RawSocket(url)) and Sync(r.append, r.diff, r.close),
         "waymark Client": lambda: waymark_sync(Client(url)),
@@ -311,10 +317,16 @@ def measure(url: str, seconds: float) -> dict[tuple[str, str, str], Figure]:
         "httpcore": lambda: httpcore_sync(url),
         "urllib3": lambda: urllib3_sync(url),
     }  # fmt: skip
-    for name, make in sync_clients.items():
-        for kind in ("append", "diff"):
-            client = make()
-            figures["sync", kind, name] = run_sync(getattr(client, kind), seconds)
+    for kind in ("append", "diff"):
+        clients = {name: make() for name, make in sync_clients.items()}
+        for name, client in clients.items():
+            figures["sync", kind, name] = Figure([])
+            for _ in range(50):
+                getattr(client, kind)()  # warm up: connect, first requests
+        for _ in range(rounds):
+            for name, client in clients.items():
+                timed_sync(getattr(client, kind), turn, figures["sync", kind, name])
+        for name, client in clients.items():
             client.close()
             console.log(f"sync {kind:6} {name}: {figures['sync', kind, name].per_s:,.0f}/s")
 
@@ -337,10 +349,16 @@ def measure(url: str, seconds: float) -> dict[tuple[str, str, str], Figure]:
     }  # fmt: skip
 
     async def run_all() -> None:
-        for name, make in async_clients.items():
-            for kind in ("append", "diff"):
-                client = await make()
-                figures["async", kind, name] = await run_async(getattr(client, kind), seconds)
+        for kind in ("append", "diff"):
+            clients = {name: await make() for name, make in async_clients.items()}
+            for name, client in clients.items():
+                figures["async", kind, name] = Figure([])
+                for _ in range(50):
+                    await getattr(client, kind)()
+            for _ in range(rounds):
+                for name, client in clients.items():
+                    await timed_async(getattr(client, kind), turn, figures["async", kind, name])
+            for name, client in clients.items():
                 await client.close()
                 console.log(f"async {kind:6} {name}: {figures['async', kind, name].per_s:,.0f}/s")
 
@@ -364,6 +382,7 @@ def report(figures: dict[tuple[str, str, str], Figure], load: tuple[float, ...])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="timed seconds per case")
+    parser.add_argument("--rounds", type=int, default=10, help="turns each case's time is cut in")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         process, url = start_server(data_dir)
@@ -371,7 +390,7 @@ def main() -> None:
             with Client(url) as client:
                 client.put_topic(TOPIC, ConfigPatch(durable=False, cap_records=100_000))
                 client.append(TOPIC, [RecordIn.of(RECORD)] * PAGE)
-            figures = measure(url, args.seconds)
+            figures = measure(url, args.seconds, args.rounds)
             load = os.getloadavg()
         finally:
             process.terminate()
