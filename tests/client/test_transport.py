@@ -409,3 +409,14 @@ async def test_async_a_large_body_goes_out_whole(waymark_server: Any, topic: str
     async with AsyncClient(waymark_server.url) as client:
         assert (await client.append(topic, [RecordIn.of(s) for s in big])).seqs == [1, 2, 3, 4]
         assert [r.data for r in (await client.diff(topic, 0)).records] == big
+
+
+async def test_async_requests_beyond_the_cap_wait_for_a_connection(proxy: Any, topic: str) -> None:
+    async with AsyncClient(proxy.url) as client:
+        written = await asyncio.gather(*(client.append(topic, [RecordIn.of(i)])
+                                         for i in range(150)))  # fmt: skip
+        assert sorted(w.seqs[0] for w in written) == list(range(1, 151))
+        assert 1 < proxy.connections <= 100
+        again = await asyncio.gather(*(client.get_topic(topic) for _ in range(100)))
+        assert {state.head_seq for state in again} == {150}
+    assert proxy.connections <= 100  # the second burst reused the kept connections

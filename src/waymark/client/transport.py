@@ -27,7 +27,8 @@ from .http11 import Response, ResponseReader, header_lines, request_head
 
 _RECV = 64 * 1024  # under malloc's mmap threshold: a recv buffer comes from the heap
 _JOIN_BELOW = 256 * 1024  # bodies smaller than this go out in one write with the head
-_MAX_IDLE = 32  # idle connections kept per client; more are closed when returned
+_MAX_IDLE = 100  # idle connections kept per client; more are closed when returned
+_MAX_REQUESTS = 100  # an AsyncClient's requests under way at once (httpx's default too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,12 +361,15 @@ class _Connection(asyncio.Protocol):
 
 
 class AsyncTransport:
-    """asyncio connections, a pool of idle ones; for one event loop."""
+    """asyncio connections, a pool of idle ones; for one event loop. At most
+    ``_MAX_REQUESTS`` requests are under way at once (each holds a connection); more
+    wait for one to finish."""
 
     def __init__(self, origin: Origin, connect_timeout: float) -> None:
         self.origin = origin
         self.connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(_MAX_REQUESTS)
 
     async def aclose(self) -> None:
         while self._idle:
@@ -402,6 +406,11 @@ class AsyncTransport:
         idempotent: bool,
     ) -> Response:
         data, rest = self.origin.request(method, target, headers, body)
+        async with self._slots:
+            return await self._request(method, target, data, rest, timeout, idempotent)
+
+    async def _request(self, method: str, target: str, data: bytes, rest: bytes | None,
+                       timeout: float, idempotent: bool) -> Response:  # fmt: skip
         while True:
             connection, reused = await self._checkout()
             reader = ResponseReader()
