@@ -46,11 +46,11 @@ class CuttableProxy:
             with self._lock:
                 self.connections += 1
                 self._open += [client, upstream]
+            ended: list[bool] = []  # the pipes of this connection that are done
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, ended), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, ended: list[bool]) -> None:
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
@@ -59,14 +59,22 @@ class CuttableProxy:
         for s in (source, sink):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
+        # The second pipe to end closes both: closed earlier, a socket's number could be
+        # reused by a new connection while the other pipe still reads it.
+        with self._lock:
+            ended.append(True)
+            last = len(ended) == 2
+        if last:
+            source.close()
+            sink.close()
 
     def cut(self) -> None:
+        """Drop every open connection: both ends see it closed (the pipes then end)."""
         with self._lock:
             sockets, self._open = self._open, []
         for s in sockets:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
     def close(self) -> None:
         self.listener.close()
