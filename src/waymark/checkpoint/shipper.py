@@ -38,7 +38,15 @@ from waymark.checkpoint.shipstats import ShipStats, append_gap, write_status
 from waymark.checkpoint.store import CheckpointStore
 from waymark.checkpoint.tickets import QueuedTicket, SendingTicket
 from waymark.checkpoint.tracker import Tracker
-from waymark.client import ApiError, AsyncClient, DiffResponse, Record, RecordIn, Tombstone
+from waymark.client import (
+    ApiError,
+    AsyncClient,
+    DiffResponse,
+    Record,
+    RecordIn,
+    Tombstone,
+    TransportError,
+)
 from waymark.clock import Clock, SystemClock
 from waymark.protocol import MAX_DIFF_LIMIT
 
@@ -374,7 +382,7 @@ class Shipper:
                 if exc.status < 500 and exc.status != 429 and not retry_refusals:
                     raise
                 error: Exception = exc
-            except httpx.TransportError as exc:
+            except TransportError as exc:  # no answer from waymark: try again
                 error = exc
             attempt += 1
             delay = self.config.backoff.delay(attempt, self._rng)

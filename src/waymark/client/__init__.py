@@ -1,8 +1,9 @@
 """Python client for the waymark HTTP /v0 API: :class:`Client` (blocking) and
 :class:`AsyncClient` (asyncio), with the same typed calls, SSE included.
 
-It stands alone: it loads the wire contract (:mod:`waymark.protocol`) and httpx,
-never the engine or the server. The contract's types are re-exported here.
+It stands alone: it loads the wire contract (:mod:`waymark.protocol`) and speaks
+HTTP/1.1 itself (docs/client.md, "Transport"), never loading the engine, the server or
+httpx (only for ``http=``). The contract's types are re-exported here.
 """
 
 from ..protocol import (
@@ -32,7 +33,7 @@ from ..protocol import (
     TopicType,
 )
 from .aio import AsyncClient
-from .errors import ApiError
+from .errors import ApiError, ConnectError, TransportError, TransportTimeout
 from .events import RecordEvent, TombstoneEvent, WatchEvent
 from .sync import Client
 
@@ -44,6 +45,7 @@ __all__ = [
     "Client",
     "ConfigPatch",
     "ConfigView",
+    "ConnectError",
     "DeleteResponse",
     "DiffResponse",
     "ErrorCode",
@@ -66,5 +68,7 @@ __all__ = [
     "TombstoneReason",
     "TopicState",
     "TopicType",
+    "TransportError",
+    "TransportTimeout",
     "WatchEvent",
 ]

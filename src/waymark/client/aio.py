@@ -1,47 +1,31 @@
-"""The asyncio client: the calls of :class:`~waymark.client.Client`, awaitable."""
+"""The asyncio client: the calls of :class:`~.api.Api`, awaitable."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
-import httpx
-import msgspec
-
-from ..protocol import (
-    AckResponse,
-    AppendResponse,
-    ConfigPatch,
-    DeleteResponse,
-    DiffResponse,
-    ExtendResponse,
-    Health,
-    Job,
-    NackResponse,
-    OpenWriterResponse,
-    PublishResponse,
-    RecordIn,
-    RedriveResponse,
-    RouterDeleted,
-    RouterFilter,
-    RouterOut,
-    RouterPut,
-    StagedPart,
-    StageResponse,
-    TagRule,
-    TopicState,
-    TopicType,
-    WriterState,
-)
-from . import calls, queues, routers, writers
+from . import calls
+from .api import Api
+from .errors import TransportError
 from .events import Watch, WatchEvent
+from .transport import AsyncTransport, Origin
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .httpx_transport import AsyncHttpxTransport
 
 T = TypeVar("T")
 
 
-class AsyncClient:
-    """A typed asyncio client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`."""
+class AsyncClient(Api):
+    """A typed asyncio client for the /v0 API: every call of
+    :class:`~waymark.client.Client`, awaited (``await client.append(...)``), with the
+    same parameters (``token``, ``ca_file``, ``http`` an ``httpx.AsyncClient``).
+    Refusals raise :class:`~waymark.client.ApiError`. For one event loop.
+    """
 
     def __init__(
         self,
@@ -49,16 +33,24 @@ class AsyncClient:
         *,
         timeout: float = 30.0,
         connect_timeout: float | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
-        self._http = http or httpx.AsyncClient(
-            base_url=base_url, timeout=httpx.Timeout(timeout, connect=self.connect_timeout)
-        )
+        origin = Origin.of(base_url, token, ca_file)
+        if http is None:
+            self._transport: AsyncTransport | AsyncHttpxTransport = AsyncTransport(
+                origin, self.connect_timeout
+            )
+        else:
+            from .httpx_transport import AsyncHttpxTransport
+
+            self._transport = AsyncHttpxTransport(http, origin, self.connect_timeout)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -66,207 +58,15 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, call: calls.Call[T]) -> T:
-        response = await self._http.request(
-            call.method,
-            call.path,
-            content=call.content,
-            params=call.params,
-            headers=call.headers,
-            timeout=httpx.Timeout(self.timeout + call.extra_wait_s, connect=self.connect_timeout),
-        )
+    def _run(self, call: calls.Call[T]) -> Awaitable[T]:  # type: ignore[override]
+        return self._send(call)
+
+    async def _send(self, call: calls.Call[T]) -> T:
+        response = await self._transport.request(
+            call.method, call.target, call.headers, call.content,
+            self.timeout + call.extra_wait_s, call.idempotent,
+        )  # fmt: skip
         return call.parse(response)
-
-    async def health(self) -> Health:
-        return await self._run(calls.health())
-
-    async def list_topics(self) -> list[TopicState]:
-        return await self._run(calls.list_topics())
-
-    async def put_topic(
-        self,
-        topic: str,
-        config: ConfigPatch | None = None,
-        *,
-        type: TopicType | None = None,  # noqa: A002 -- the wire field's name
-    ) -> tuple[TopicState, bool]:
-        """Create or update; returns the state and whether it was created."""
-        return await self._run(calls.put_topic(topic, config, type))
-
-    async def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
-        return await self._run(calls.get_topic(topic, touch))
-
-    async def delete_topic(self, topic: str) -> None:
-        await self._run(calls.delete_topic(topic))
-
-    async def append(
-        self,
-        topic: str,
-        records: Sequence[RecordIn],
-        *,
-        create: bool | None = None,
-        config: ConfigPatch | None = None,
-    ) -> AppendResponse:
-        return await self._run(calls.append(topic, records, create, config))
-
-    async def diff(
-        self,
-        topic: str,
-        from_seq: int,
-        *,
-        limit: int = 1000,
-        node: str | Sequence[str] | None = None,
-        epoch: int | None = None,
-        wait_ms: int = 0,
-    ) -> DiffResponse:
-        return await self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
-
-    async def diff_raw(
-        self,
-        topic: str,
-        from_seq: int,
-        *,
-        limit: int = 1000,
-        node: str | Sequence[str] | None = None,
-        epoch: int | None = None,
-        wait_ms: int = 0,
-    ) -> DiffResponse[msgspec.Raw]:
-        """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
-        return await self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
-
-    async def delete(
-        self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
-    ) -> DeleteResponse:
-        return await self._run(calls.delete(topic, before_seq, match))
-
-    # --- exactly-once writers -------------------------------------------------------
-    async def list_writers(self) -> list[WriterState]:
-        """Every writer's epoch and, per topic, its last published batch."""
-        return await self._run(writers.list_writers())
-
-    async def open_writer(self, writer: str) -> OpenWriterResponse:
-        """Start a new run of ``writer``: its new epoch fences every earlier run."""
-        return await self._run(writers.open_writer(writer))
-
-    async def stage(
-        self,
-        topic: str,
-        records: Sequence[RecordIn],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """Stage one chunk of one task attempt's records, invisible until published."""
-        return await self._run(writers.stage(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    async def stage_encoded(
-        self,
-        topic: str,
-        records: Sequence[bytes],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
-        return await self._run(writers.stage_encoded(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    async def publish(
-        self, topic: str, *, writer: str, epoch: int, batch_id: int,
-        parts: Sequence[StagedPart],
-    ) -> PublishResponse:  # fmt: skip
-        """Publish the staged parts of a batch as one atomic append (idempotent per
-        ``(writer, batch_id)``: a replay returns the original seqs)."""
-        return await self._run(writers.publish(topic, writer, epoch, batch_id, parts))
-
-    # --- routers (docs/semantics/topics.md §8) ---------------------------------------
-    async def put_router(
-        self,
-        name: str,
-        source: str,
-        dest: str,
-        *,
-        preserve_node: bool = True,
-        preserve_tag: bool = True,
-        allow_cycle: bool = False,
-        guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once",
-        create_dest: bool = True,
-        filter: RouterFilter | None = None,  # noqa: A002 -- the wire field's name
-    ) -> RouterOut:
-        """Forward every record committed to ``source`` (that passes ``filter``) into
-        ``dest``; ``exactly_once`` copies carry an idempotency key
-        (docs/semantics/topics.md §8.2)."""
-        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
-                         create_dest, filter)  # fmt: skip
-        return await self._run(routers.put_router(name, body))
-
-    async def get_router(self, name: str) -> RouterOut:
-        return await self._run(routers.get_router(name))
-
-    async def list_routers(self) -> list[RouterOut]:
-        return await self._run(routers.list_routers())
-
-    async def delete_router(self, name: str) -> RouterDeleted:
-        return await self._run(routers.delete_router(name))
-
-    # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
-    async def claim(
-        self,
-        topic: str,
-        node: str,
-        max: int = 1,  # noqa: A002 -- the wire field's name
-        *,
-        lease_ms: int | None = None,
-    ) -> list[Job]:
-        """Lease up to ``max`` jobs; each carries ``lease_id``, ``deadline``, ``delivery``."""
-        return await self._run(queues.claim(topic, node, max, lease_ms))
-
-    async def ack(
-        self, topic: str, node: str, seqs: Sequence[int], *, lease_ids: Sequence[str] | None = None
-    ) -> AckResponse:
-        return await self._run(queues.ack(topic, node, seqs, lease_ids))
-
-    async def nack(
-        self,
-        topic: str,
-        node: str,
-        seqs: Sequence[int],
-        *,
-        lease_ids: Sequence[str] | None = None,
-        delay_ms: int = 0,
-    ) -> NackResponse:
-        return await self._run(queues.nack(topic, node, seqs, lease_ids, delay_ms))
-
-    async def extend(
-        self,
-        topic: str,
-        node: str,
-        seqs: Sequence[int],
-        *,
-        lease_ids: Sequence[str] | None = None,
-        lease_ms: int | None = None,
-    ) -> ExtendResponse:
-        return await self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
-
-    async def redrive(
-        self, topic: str, max: int = 1000  # noqa: A002 -- the wire field's name
-    ) -> RedriveResponse:
-        return await self._run(queues.redrive(topic, max))
-
-    async def openapi(self) -> dict[str, Any]:
-        return await self._run(calls.openapi())
-
-    async def metrics(self) -> str:
-        return await self._run(calls.metrics())
 
     async def watch(
         self,
@@ -288,19 +88,18 @@ class AsyncClient:
             cursor=cursor,
             max_retries=max_retries,
         )
-        timeout = httpx.Timeout(self.timeout, read=read_timeout)
         while True:
             try:
-                async with self._http.stream(
-                    "GET", watch.path, params=watch.params, headers=watch.headers, timeout=timeout
-                ) as response:
-                    if response.status_code != 200:
-                        await response.aread()
-                    watch.connected(response)
-                    async for line in response.aiter_lines():
-                        if (event := watch.feed(line)) is not None:
+                async with self._transport.stream(
+                    "GET", watch.target, watch.headers, read_timeout
+                ) as stream:
+                    if stream.response.status_code != 200:
+                        await stream.read()
+                    watch.connected(stream.response)
+                    async for chunk in stream:
+                        for event in watch.receive(chunk):
                             yield event
-                error: Exception = ConnectionResetError("the server ended the stream")
-            except httpx.TransportError as exc:
+                error: Exception = TransportError("the server ended the stream")
+            except TransportError as exc:
                 error = exc
             await asyncio.sleep(watch.backoff(error))

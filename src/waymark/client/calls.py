@@ -1,7 +1,7 @@
 """Request building and response parsing, shared by the sync and async clients.
 
 Each function returns a :class:`Call`: everything needed to send one request
-and to turn its response into a typed value. The clients only move bytes. Methods
+and to turn its response into a typed value. The transports only move bytes. Methods
 and paths come from the protocol's endpoint table, bodies are protocol structs.
 """
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlencode
 
-import httpx
 import msgspec
 
 from ..protocol import (
@@ -31,27 +32,35 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
-from .errors import ApiError
+from .errors import Answer, ApiError
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass is slower to make, per request
 class Call(Generic[T]):
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Answer], T]
     content: bytes | None = None
     params: dict[str, Any] | None = None
     # Extra seconds the read may take beyond the client's timeout (long-polls).
     extra_wait_s: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    # Safe to send again when a kept-alive connection turns out closed before any byte
+    # of the answer came back (docs/client.md, "Retries").
+    idempotent: bool = False
+
+    @property
+    def target(self) -> str:
+        """The path with its query string."""
+        return f"{self.path}?{urlencode(self.params)}" if self.params else self.path
 
 
 def call(
     operation: str,
-    parse: Callable[[httpx.Response], T],
+    parse: Callable[[Answer], T],
     content: bytes | None = None,
     *,
     params: dict[str, Any] | None = None,
@@ -59,17 +68,30 @@ def call(
     **path: str,
 ) -> Call[T]:
     """The call of endpoint ``operation``; ``path`` fills its path parameters."""
+    method, url, idempotent = _route(operation, tuple(path.items()))
+    return Call(method, url, parse, content, params, extra_wait_s, idempotent=idempotent)
+
+
+@lru_cache(maxsize=1024)
+def _route(operation: str, path: tuple[tuple[str, str], ...]) -> tuple[str, str, bool]:
+    """An endpoint's method, filled-in path and idempotence; kept for the next call to
+    the same topic (the hot loop's appends)."""
     endpoint = ENDPOINT[operation]
-    return Call(endpoint.method, endpoint.url(**path), parse, content, params, extra_wait_s)
+    idempotent = endpoint.method != "POST" or operation in _READS
+    return endpoint.method, endpoint.url(**dict(path)), idempotent
 
 
-def check(response: httpx.Response) -> httpx.Response:
+# POST routes that only read: sending one twice answers the same.
+_READS = frozenset({"diff"})
+
+
+def check(response: Answer) -> Answer:
     if response.status_code >= 400:
         raise ApiError.from_response(response)
     return response
 
 
-def typed(type_: Any) -> Callable[[httpx.Response], Any]:
+def typed(type_: Any) -> Callable[[Answer], Any]:
     """A parser decoding a successful response's body into ``type_``."""
     decoder = msgspec.json.Decoder(type_)
     return lambda response: decoder.decode(check(response).content)
@@ -98,7 +120,7 @@ def put_topic(
     fields = msgspec.structs.asdict(config) if config is not None else {}
     body = TopicPut(**fields, type=topic_type)
 
-    def parse(response: httpx.Response) -> tuple[TopicState, bool]:
+    def parse(response: Answer) -> tuple[TopicState, bool]:
         return _state(response), response.status_code == 201
 
     return call("putTopic", parse, _encode(body), topic=topic)
@@ -108,7 +130,7 @@ def get_topic(topic: str, touch: bool) -> Call[TopicState]:
     return call("getTopic", _state, params=None if touch else {"touch": "false"}, topic=topic)
 
 
-def _nothing(response: httpx.Response) -> None:
+def _nothing(response: Answer) -> None:
     check(response)
 
 

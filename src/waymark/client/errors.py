@@ -1,16 +1,28 @@
-"""The one exception the client raises for a refusal by the server."""
+"""The exceptions the client raises: a refusal by the server (:class:`ApiError`), or no
+answer at all (:class:`TransportError` and its kinds)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-import httpx
 import msgspec
 
 from ..protocol import Error, ErrorCode
 
 _error = msgspec.json.Decoder(Error)
 _CODES = {code.value: code for code in ErrorCode}
+
+
+class Answer(Protocol):
+    """What an HTTP answer must offer to be read as an error (both transports' do)."""
+
+    status_code: int
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 class ApiError(Exception):
@@ -39,9 +51,26 @@ class ApiError(Exception):
         return cls(status, error.code, error.message, error.detail)
 
     @classmethod
-    def from_response(cls, response: httpx.Response) -> ApiError:
+    def from_response(cls, response: Answer) -> ApiError:
         try:
             return cls.from_body(response.status_code, response.content)
         except msgspec.DecodeError:
             # Not one of ours (a proxy, a crash page): keep what there is.
             return cls(response.status_code, "http_error", response.text[:500], {})
+
+
+class TransportError(OSError):
+    """No answer: the connection could not be made, broke, or timed out
+    (docs/client.md, "Errors"). Whether the server acted on the request is unknown."""
+
+
+class ConnectError(TransportError):
+    """The connection (TCP, then TLS) could not be made: nothing was sent."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """The connection or the answer took longer than the client's timeout."""
+
+
+class ProtocolError(TransportError):
+    """The peer's bytes are not an HTTP/1.1 answer, or it closed the connection early."""

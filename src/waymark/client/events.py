@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlencode
 
-import httpx
 import msgspec
 
 from ..protocol import ENDPOINT, Record, Tombstone
-from .errors import ApiError
+from .errors import Answer, ApiError
+from .http11 import LineSplitter
 
 _record = msgspec.json.Decoder(Record)
 _tombstone = msgspec.json.Decoder(Tombstone)
@@ -51,13 +52,12 @@ class Watch:
         max_retries: int | None,
         max_backoff_s: float = 5.0,
     ) -> None:
-        self.path = ENDPOINT["watch"].url(topic=topic)
         params: list[tuple[str, str | int]] = [("from_seq", from_seq)]
         if epoch is not None:
             params.append(("epoch", epoch))
         nodes = [node] if isinstance(node, str) else list(node or ())
         params += [("node", n) for n in nodes]
-        self.params = params
+        self.target = f"{ENDPOINT['watch'].url(topic=topic)}?{urlencode(params)}"
         self.cursor = cursor
         self._max_retries = max_retries
         self._max_backoff_s = max_backoff_s
@@ -65,6 +65,7 @@ class Watch:
         self._event = ""
         self._id: str | None = None
         self._data: list[str] = []
+        self._lines = LineSplitter()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -73,13 +74,18 @@ class Watch:
             headers["last-event-id"] = self.cursor
         return headers
 
-    def connected(self, response: httpx.Response) -> None:
+    def connected(self, response: Answer) -> None:
         """Accept a response whose body (if an error) has been read."""
         if response.status_code != 200:
             raise ApiError.from_response(response)
         self._failures = 0
         # A connection that dropped mid-event leaves a partial one behind: drop it.
         self._event, self._id, self._data = "", None, []
+        self._lines = LineSplitter()
+
+    def receive(self, chunk: bytes) -> list[WatchEvent]:
+        """The events a chunk of the stream's body completes."""
+        return [event for line in self._lines.feed(chunk) if (event := self.feed(line))]
 
     def backoff(self, error: Exception) -> float:
         """Seconds to wait before reconnecting after ``error``, or re-raise it."""

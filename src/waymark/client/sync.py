@@ -1,47 +1,35 @@
-"""The blocking client."""
+"""The blocking client: the calls of :class:`~.api.Api` on blocking sockets."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import httpx
-import msgspec
-
-from ..protocol import (
-    AckResponse,
-    AppendResponse,
-    ConfigPatch,
-    DeleteResponse,
-    DiffResponse,
-    ExtendResponse,
-    Health,
-    Job,
-    NackResponse,
-    OpenWriterResponse,
-    PublishResponse,
-    RecordIn,
-    RedriveResponse,
-    RouterDeleted,
-    RouterFilter,
-    RouterOut,
-    RouterPut,
-    StagedPart,
-    StageResponse,
-    TagRule,
-    TopicState,
-    TopicType,
-    WriterState,
-)
-from . import calls, queues, routers, writers
+from . import calls
+from .api import Api
+from .errors import TransportError
 from .events import Watch, WatchEvent
+from .transport import Origin, SyncTransport
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .httpx_transport import HttpxTransport
 
 T = TypeVar("T")
 
 
-class Client:
-    """A typed client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`."""
+class Client(Api):
+    """A typed client for the /v0 API. Refusals raise :class:`~waymark.client.ApiError`,
+    a request that got no answer :class:`~waymark.client.TransportError`.
+
+    ``token`` (default: the ``WAYMARK_TOKEN`` environment variable) is sent as
+    ``Authorization: Bearer <token>``; an ``https://`` server is verified against
+    ``ca_file`` or the system's certificate store. ``http``: send through this httpx
+    client instead of the built-in transport (its own base URL and TLS settings apply).
+    Safe to share between threads.
+    """
 
     def __init__(
         self,
@@ -49,16 +37,24 @@ class Client:
         *,
         timeout: float = 30.0,
         connect_timeout: float | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
         http: httpx.Client | None = None,
     ) -> None:
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
-        self._http = http or httpx.Client(
-            base_url=base_url, timeout=httpx.Timeout(timeout, connect=self.connect_timeout)
-        )
+        origin = Origin.of(base_url, token, ca_file)
+        if http is None:
+            self._transport: SyncTransport | HttpxTransport = SyncTransport(
+                origin, self.connect_timeout
+            )
+        else:
+            from .httpx_transport import HttpxTransport
+
+            self._transport = HttpxTransport(http, origin, self.connect_timeout)
 
     def close(self) -> None:
-        self._http.close()
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self
@@ -67,206 +63,11 @@ class Client:
         self.close()
 
     def _run(self, call: calls.Call[T]) -> T:
-        response = self._http.request(
-            call.method,
-            call.path,
-            content=call.content,
-            params=call.params,
-            headers=call.headers,
-            timeout=httpx.Timeout(self.timeout + call.extra_wait_s, connect=self.connect_timeout),
-        )
+        response = self._transport.request(
+            call.method, call.target, call.headers, call.content,
+            self.timeout + call.extra_wait_s, call.idempotent,
+        )  # fmt: skip
         return call.parse(response)
-
-    def health(self) -> Health:
-        return self._run(calls.health())
-
-    def list_topics(self) -> list[TopicState]:
-        return self._run(calls.list_topics())
-
-    def put_topic(
-        self,
-        topic: str,
-        config: ConfigPatch | None = None,
-        *,
-        type: TopicType | None = None,  # noqa: A002 -- the wire field's name
-    ) -> tuple[TopicState, bool]:
-        """Create or update; returns the state and whether it was created."""
-        return self._run(calls.put_topic(topic, config, type))
-
-    def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
-        return self._run(calls.get_topic(topic, touch))
-
-    def delete_topic(self, topic: str) -> None:
-        self._run(calls.delete_topic(topic))
-
-    def append(
-        self,
-        topic: str,
-        records: Sequence[RecordIn],
-        *,
-        create: bool | None = None,
-        config: ConfigPatch | None = None,
-    ) -> AppendResponse:
-        return self._run(calls.append(topic, records, create, config))
-
-    def diff(
-        self,
-        topic: str,
-        from_seq: int,
-        *,
-        limit: int = 1000,
-        node: str | Sequence[str] | None = None,
-        epoch: int | None = None,
-        wait_ms: int = 0,
-    ) -> DiffResponse:
-        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
-
-    def diff_raw(
-        self,
-        topic: str,
-        from_seq: int,
-        *,
-        limit: int = 1000,
-        node: str | Sequence[str] | None = None,
-        epoch: int | None = None,
-        wait_ms: int = 0,
-    ) -> DiffResponse[msgspec.Raw]:
-        """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
-        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
-
-    def delete(
-        self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
-    ) -> DeleteResponse:
-        return self._run(calls.delete(topic, before_seq, match))
-
-    # --- exactly-once writers -------------------------------------------------------
-    def list_writers(self) -> list[WriterState]:
-        """Every writer's epoch and, per topic, its last published batch."""
-        return self._run(writers.list_writers())
-
-    def open_writer(self, writer: str) -> OpenWriterResponse:
-        """Start a new run of ``writer``: its new epoch fences every earlier run."""
-        return self._run(writers.open_writer(writer))
-
-    def stage(
-        self,
-        topic: str,
-        records: Sequence[RecordIn],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """Stage one chunk of one task attempt's records, invisible until published."""
-        return self._run(writers.stage(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    def stage_encoded(
-        self,
-        topic: str,
-        records: Sequence[bytes],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
-        return self._run(writers.stage_encoded(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    def publish(
-        self, topic: str, *, writer: str, epoch: int, batch_id: int,
-        parts: Sequence[StagedPart],
-    ) -> PublishResponse:  # fmt: skip
-        """Publish the staged parts of a batch as one atomic append (idempotent per
-        ``(writer, batch_id)``: a replay returns the original seqs)."""
-        return self._run(writers.publish(topic, writer, epoch, batch_id, parts))
-
-    # --- routers (docs/semantics/topics.md §8) ---------------------------------------
-    def put_router(
-        self,
-        name: str,
-        source: str,
-        dest: str,
-        *,
-        preserve_node: bool = True,
-        preserve_tag: bool = True,
-        allow_cycle: bool = False,
-        guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once",
-        create_dest: bool = True,
-        filter: RouterFilter | None = None,  # noqa: A002 -- the wire field's name
-    ) -> RouterOut:
-        """Forward every record committed to ``source`` (that passes ``filter``) into
-        ``dest``; ``exactly_once`` copies carry an idempotency key
-        (docs/semantics/topics.md §8.2)."""
-        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
-                         create_dest, filter)  # fmt: skip
-        return self._run(routers.put_router(name, body))
-
-    def get_router(self, name: str) -> RouterOut:
-        return self._run(routers.get_router(name))
-
-    def list_routers(self) -> list[RouterOut]:
-        return self._run(routers.list_routers())
-
-    def delete_router(self, name: str) -> RouterDeleted:
-        return self._run(routers.delete_router(name))
-
-    # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
-    def claim(
-        self,
-        topic: str,
-        node: str,
-        max: int = 1,  # noqa: A002 -- the wire field's name
-        *,
-        lease_ms: int | None = None,
-    ) -> list[Job]:
-        """Lease up to ``max`` jobs; each carries ``lease_id``, ``deadline``, ``delivery``."""
-        return self._run(queues.claim(topic, node, max, lease_ms))
-
-    def ack(
-        self, topic: str, node: str, seqs: Sequence[int], *, lease_ids: Sequence[str] | None = None
-    ) -> AckResponse:
-        return self._run(queues.ack(topic, node, seqs, lease_ids))
-
-    def nack(
-        self,
-        topic: str,
-        node: str,
-        seqs: Sequence[int],
-        *,
-        lease_ids: Sequence[str] | None = None,
-        delay_ms: int = 0,
-    ) -> NackResponse:
-        return self._run(queues.nack(topic, node, seqs, lease_ids, delay_ms))
-
-    def extend(
-        self,
-        topic: str,
-        node: str,
-        seqs: Sequence[int],
-        *,
-        lease_ids: Sequence[str] | None = None,
-        lease_ms: int | None = None,
-    ) -> ExtendResponse:
-        return self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
-
-    def redrive(
-        self, topic: str, max: int = 1000  # noqa: A002 -- the wire field's name
-    ) -> RedriveResponse:
-        return self._run(queues.redrive(topic, max))
-
-    def openapi(self) -> dict[str, Any]:
-        return self._run(calls.openapi())
-
-    def metrics(self) -> str:
-        return self._run(calls.metrics())
 
     def watch(
         self,
@@ -293,19 +94,17 @@ class Client:
             cursor=cursor,
             max_retries=max_retries,
         )
-        timeout = httpx.Timeout(self.timeout, read=read_timeout)
         while True:
             try:
-                with self._http.stream(
-                    "GET", watch.path, params=watch.params, headers=watch.headers, timeout=timeout
-                ) as response:
-                    if response.status_code != 200:
-                        response.read()
-                    watch.connected(response)
-                    for line in response.iter_lines():
-                        if (event := watch.feed(line)) is not None:
-                            yield event
-                error: Exception = ConnectionResetError("the server ended the stream")
-            except httpx.TransportError as exc:
+                with self._transport.stream(
+                    "GET", watch.target, watch.headers, read_timeout
+                ) as stream:
+                    if stream.response.status_code != 200:
+                        stream.read()
+                    watch.connected(stream.response)
+                    for chunk in stream:
+                        yield from watch.receive(chunk)
+                error: Exception = TransportError("the server ended the stream")
+            except TransportError as exc:
                 error = exc
             time.sleep(watch.backoff(error))

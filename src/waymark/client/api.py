@@ -1,0 +1,242 @@
+"""Every call of the /v0 API, written once for both clients (docs/client.md).
+
+:class:`Api` builds each request with :mod:`.calls` (and the queue, router and writer
+modules) and hands it to ``_run``: :class:`~waymark.client.Client`'s runs it and
+returns the value, :class:`~waymark.client.AsyncClient`'s returns an awaitable of it.
+The signatures below are the two clients' public API.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from ..protocol import (
+    AckResponse,
+    AppendResponse,
+    ConfigPatch,
+    DeleteResponse,
+    DiffResponse,
+    ExtendResponse,
+    Health,
+    Job,
+    NackResponse,
+    OpenWriterResponse,
+    PublishResponse,
+    RecordIn,
+    RedriveResponse,
+    RouterDeleted,
+    RouterFilter,
+    RouterOut,
+    RouterPut,
+    StagedPart,
+    StageResponse,
+    TagRule,
+    TopicState,
+    TopicType,
+    WriterState,
+)
+from . import calls, queues, routers, writers
+
+T = TypeVar("T")
+
+
+class Api:
+    """The calls; a client subclass supplies ``_run``, which sends one :class:`~.calls.Call`."""
+
+    @abstractmethod
+    def _run(self, call: calls.Call[T]) -> T: ...
+
+    def health(self) -> Health:
+        return self._run(calls.health())
+
+    def list_topics(self) -> list[TopicState]:
+        return self._run(calls.list_topics())
+
+    def put_topic(
+        self,
+        topic: str,
+        config: ConfigPatch | None = None,
+        *,
+        type: TopicType | None = None,  # noqa: A002 -- the wire field's name
+    ) -> tuple[TopicState, bool]:
+        """Create or update; returns the state and whether it was created."""
+        return self._run(calls.put_topic(topic, config, type))
+
+    def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
+        return self._run(calls.get_topic(topic, touch))
+
+    def delete_topic(self, topic: str) -> None:
+        return self._run(calls.delete_topic(topic))
+
+    def append(
+        self,
+        topic: str,
+        records: Sequence[RecordIn],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+    ) -> AppendResponse:
+        return self._run(calls.append(topic, records, create, config))
+
+    def diff(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> DiffResponse:
+        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms))
+
+    def diff_raw(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> DiffResponse[msgspec.Raw]:
+        """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
+        return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
+
+    def delete(
+        self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
+    ) -> DeleteResponse:
+        return self._run(calls.delete(topic, before_seq, match))
+
+    # --- exactly-once writers -------------------------------------------------------
+    def list_writers(self) -> list[WriterState]:
+        """Every writer's epoch and, per topic, its last published batch."""
+        return self._run(writers.list_writers())
+
+    def open_writer(self, writer: str) -> OpenWriterResponse:
+        """Start a new run of ``writer``: its new epoch fences every earlier run."""
+        return self._run(writers.open_writer(writer))
+
+    def stage(
+        self,
+        topic: str,
+        records: Sequence[RecordIn],
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """Stage one chunk of one task attempt's records, invisible until published."""
+        return self._run(writers.stage(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
+    def stage_encoded(
+        self,
+        topic: str,
+        records: Sequence[bytes],
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
+        return self._run(writers.stage_encoded(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
+    def publish(
+        self, topic: str, *, writer: str, epoch: int, batch_id: int,
+        parts: Sequence[StagedPart],
+    ) -> PublishResponse:  # fmt: skip
+        """Publish the staged parts of a batch as one atomic append (idempotent per
+        ``(writer, batch_id)``: a replay returns the original seqs)."""
+        return self._run(writers.publish(topic, writer, epoch, batch_id, parts))
+
+    # --- routers (docs/semantics/topics.md §8) ---------------------------------------
+    def put_router(
+        self,
+        name: str,
+        source: str,
+        dest: str,
+        *,
+        preserve_node: bool = True,
+        preserve_tag: bool = True,
+        allow_cycle: bool = False,
+        guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once",
+        create_dest: bool = True,
+        filter: RouterFilter | None = None,  # noqa: A002 -- the wire field's name
+    ) -> RouterOut:
+        """Forward every record committed to ``source`` (that passes ``filter``) into
+        ``dest``; ``exactly_once`` copies carry an idempotency key
+        (docs/semantics/topics.md §8.2)."""
+        body = RouterPut(source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
+                         create_dest, filter)  # fmt: skip
+        return self._run(routers.put_router(name, body))
+
+    def get_router(self, name: str) -> RouterOut:
+        return self._run(routers.get_router(name))
+
+    def list_routers(self) -> list[RouterOut]:
+        return self._run(routers.list_routers())
+
+    def delete_router(self, name: str) -> RouterDeleted:
+        return self._run(routers.delete_router(name))
+
+    # --- queues (docs/semantics/topics.md §10) ----------------------------------------------------
+    def claim(
+        self,
+        topic: str,
+        node: str,
+        max: int = 1,  # noqa: A002 -- the wire field's name
+        *,
+        lease_ms: int | None = None,
+    ) -> list[Job]:
+        """Lease up to ``max`` jobs; each carries ``lease_id``, ``deadline``, ``delivery``."""
+        return self._run(queues.claim(topic, node, max, lease_ms))
+
+    def ack(
+        self, topic: str, node: str, seqs: Sequence[int], *, lease_ids: Sequence[str] | None = None
+    ) -> AckResponse:
+        return self._run(queues.ack(topic, node, seqs, lease_ids))
+
+    def nack(
+        self,
+        topic: str,
+        node: str,
+        seqs: Sequence[int],
+        *,
+        lease_ids: Sequence[str] | None = None,
+        delay_ms: int = 0,
+    ) -> NackResponse:
+        return self._run(queues.nack(topic, node, seqs, lease_ids, delay_ms))
+
+    def extend(
+        self,
+        topic: str,
+        node: str,
+        seqs: Sequence[int],
+        *,
+        lease_ids: Sequence[str] | None = None,
+        lease_ms: int | None = None,
+    ) -> ExtendResponse:
+        return self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
+
+    def redrive(
+        self, topic: str, max: int = 1000  # noqa: A002 -- the wire field's name
+    ) -> RedriveResponse:
+        return self._run(queues.redrive(topic, max))
+
+    def openapi(self) -> dict[str, Any]:
+        return self._run(calls.openapi())
+
+    def metrics(self) -> str:
+        return self._run(calls.metrics())
