@@ -1,0 +1,113 @@
+"""What the engine committed, per key, since the last change checkpoint
+(docs/semantics/recovery.md §1).
+
+Pure bookkeeping: the engine notes every committed change of a key of a log topic
+with the journal commit that makes it durable; :meth:`Changes.take` hands back the
+changes that are durable now, merged per key into the first and the last version.
+The server turns them into a checkpoint every interval (``--checkpoint-interval-s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import takewhile
+
+from ..protocol import KeyChange
+from .deletion import TagMatch
+from .journal import Commit
+from .records import EncodedRecord
+from .topic import Topic
+
+# The internal topic the checkpoints are kept in: its seqs are the checkpoint ids, so
+# they increase strictly and are never reused across restarts (docs/durability.md).
+CHANGES_TOPIC = "waymark$changes"
+
+Versions = dict[str, list[int]]  # key -> [first, last]
+
+
+def record_key(topic: str, tag: str | None) -> str:
+    """The key of a record (docs/semantics/recovery.md §1.1)."""
+    return topic if tag is None else f"{topic}/{tag}"
+
+
+def _merge(into: Versions, key: str, first: int, last: int) -> None:
+    seen = into.get(key)
+    if seen is None:
+        into[key] = [first, last]
+    else:
+        seen[0] = min(seen[0], first)
+        seen[1] = max(seen[1], last)
+
+
+class Changes:
+    """Changes committed but not yet in a checkpoint, each with its journal commit
+    (None: no journal, committed when applied)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Commit | None, Versions]] = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def appended(
+        self, topic: str, first_seq: int, records: list[EncodedRecord], commit: Commit | None
+    ) -> None:
+        """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
+        versions: Versions = {}
+        seq = first_seq
+        for record in records:
+            key = topic if record.tag is None else f"{topic}/{record.tag}"
+            seen = versions.get(key)
+            if seen is None:
+                versions[key] = [seq, seq]
+            else:
+                seen[1] = seq
+            seq += 1
+        self._pending.append((commit, versions))
+
+    def removed(self, topic: Topic, keys: Iterable[str], commit: Commit | None) -> None:
+        """A deletion or a drop changed ``keys``: each is named at the topic's head, a
+        version that was committed (docs/semantics/recovery.md §1.3)."""
+        head = topic.head_seq
+        if head > 0:
+            self._pending.append((commit, {key: [head, head] for key in keys}))
+
+    def take(self) -> list[KeyChange]:
+        """The changes that are durable now, merged per key; the rest stay. The changes
+        of one key are of one topic, whose frames one WAL shard makes durable in order,
+        so a key's later change is never taken before its earlier one."""
+        merged: Versions = {}
+        waiting: list[tuple[Commit | None, Versions]] = []
+        for commit, versions in self._pending:
+            if commit is not None and not commit.durable:
+                waiting.append((commit, versions))
+                continue
+            for key, (first, last) in versions.items():
+                _merge(merged, key, first, last)
+        self._pending = waiting
+        return [KeyChange(key, first, last) for key, (first, last) in merged.items()]
+
+
+def deleted_keys(topic: Topic, bound: int, match: TagMatch | None) -> list[str]:
+    """The keys a deletion below ``bound`` may change: the matching tags with a record
+    below it, and the topic itself when it deletes untagged records (an upper bound:
+    reporting a key that did not change costs a re-check, missing one a stale entity)."""
+    keys = [] if match is not None else [topic.name]
+    tags = topic.tag_index
+    if match is None:
+        candidates: Iterable[str] = tags.keys()
+    elif match.exact:
+        candidates = [match.value] if match.value in tags else []
+    else:
+        prefix = match.value
+        candidates = takewhile(lambda t: t.startswith(prefix), tags.irange(minimum=prefix))
+    for tag in candidates:
+        seqs = tags[tag]
+        if seqs and seqs[0] < bound:
+            keys.append(f"{topic.name}/{tag}")
+    return keys
+
+
+def dropped_keys(topic: Topic) -> list[str]:
+    """Every key of a dropped topic."""
+    return [topic.name, *(f"{topic.name}/{tag}" for tag in topic.tag_index)]
