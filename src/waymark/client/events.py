@@ -89,8 +89,9 @@ class Watch:
         # A dropped connection usually reconnects at once; a dead server backs off.
         return min(self._max_backoff_s, 0.05 * 2 ** (self._failures - 1))
 
-    def feed(self, line: str) -> WatchEvent | None:
-        """One line of the stream; returns an event when a blank line completes one."""
+    def complete(self, line: str) -> tuple[str, str | None, str] | None:
+        """One line of the stream; ``(event, id, data)`` when a blank line completes an
+        event (an in-band ``error`` raises)."""
         if line:
             if line.startswith(":"):
                 return None  # a heartbeat comment
@@ -107,6 +108,13 @@ class Watch:
         self._event, self._id, self._data = "", None, []
         if event == "error":
             raise ApiError.from_body(200, data)
+        return event, id_, data
+
+    def feed(self, line: str) -> WatchEvent | None:
+        """One line of the stream; returns an event when a blank line completes one."""
+        if (done := self.complete(line)) is None:
+            return None
+        event, id_, data = done
         if id_ is None or event not in ("record", "tombstone"):
             return None
         self.cursor = id_

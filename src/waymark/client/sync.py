@@ -12,6 +12,8 @@ import msgspec
 from ..protocol import (
     AckResponse,
     AppendResponse,
+    Checkpoint,
+    CheckpointPage,
     ConfigPatch,
     DeleteResponse,
     DiffResponse,
@@ -33,7 +35,7 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
-from . import calls, queues, routers, writers
+from . import calls, changes, queues, routers, writers
 from .events import Watch, WatchEvent
 
 T = TypeVar("T")
@@ -262,6 +264,60 @@ class Client:
 
     def metrics(self) -> str:
         return self._run(calls.metrics())
+
+    # --- change checkpoints (docs/semantics/recovery.md §1)
+    def list_checkpoints(
+        self,
+        *,
+        earliest_ms: int = 0,
+        before: int | None = None,
+        limit: int = 500,
+        topics: Sequence[str] | None = None,
+    ) -> CheckpointPage:
+        """One page of change checkpoints, newest first, ids below ``before``."""
+        return self._run(changes.list_checkpoints(earliest_ms, before, limit, topics))
+
+    def checkpoints(
+        self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 500
+    ) -> Iterator[Checkpoint]:
+        """Every change checkpoint back to ``earliest_ms``, newest first, a page at a time."""
+        before: int | None = None
+        while True:
+            page = self.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=limit, topics=topics
+            )
+            yield from page.checkpoints
+            if page.next_before is None:
+                return
+            before = page.next_before
+
+    def watch_checkpoints(
+        self,
+        *,
+        after: int | None = None,
+        topics: Sequence[str] | None = None,
+        read_timeout: float = 60.0,
+        max_retries: int | None = None,
+    ) -> Iterator[Checkpoint]:
+        """Follow new change checkpoints over SSE (after id ``after``; None: from now),
+        reconnecting from the last one."""
+        watch = changes.CheckpointWatch(after, topics, max_retries)
+        timeout = httpx.Timeout(self.timeout, read=read_timeout)
+        while True:
+            try:
+                with self._http.stream(
+                    "GET", watch.path, params=watch.params, headers=watch.headers, timeout=timeout
+                ) as response:
+                    if response.status_code != 200:
+                        response.read()
+                    watch.connected(response)
+                    for line in response.iter_lines():
+                        if (checkpoint := watch.feed_checkpoint(line)) is not None:
+                            yield checkpoint
+                error: Exception = ConnectionResetError("the server ended the stream")
+            except httpx.TransportError as exc:
+                error = exc
+            time.sleep(watch.backoff(error))
 
     def watch(
         self,
