@@ -151,8 +151,10 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     def receipt_at(self, key: str, version: int) -> None:
         future = self.service.submit_receipt(key, version)
-        if future.done() and isinstance(future.exception(), RecoveryError) and (
-            "not known" in str(future.exception())
+        if (
+            future.done()
+            and isinstance(future.exception(), RecoveryError)
+            and ("not known" in str(future.exception()))
         ):
             raise AssertionError(f"an offered version was refused: {key}@{version}")
         for checkpoint, entries in self.entries.items():

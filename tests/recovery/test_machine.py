@@ -23,8 +23,14 @@ def _hunt() -> None:
     run_state_machine_as_test(
         RecoveryMachine,
         # Detection only: generated deterministically, not shrunk (seconds, not minutes).
-        settings=settings(SETTINGS, max_examples=400, database=None, derandomize=True,
-                          phases=(Phase.generate,), print_blob=False),  # fmt: skip
+        settings=settings(
+            SETTINGS,
+            max_examples=400,
+            database=None,
+            derandomize=True,
+            phases=(Phase.generate,),
+            print_blob=False,
+        ),
     )
 
 
