@@ -179,7 +179,7 @@ def recover(
     ``newest``, newest first, against the stored ``ranges``. A checkpoint no range
     covers is unreceipted, except for the keys a newer covered one names at the same
     or a later version (the client receipted those, §2.1). Unreceipted checkpoints
-    from ``recent_ms`` on are in flight, not missed; all are added to ``ledger``."""
+    after ``recent_ms`` are in flight, not missed; all are added to ``ledger``."""
     found = Recovery()
     subsumed: dict[str, int] = {}
     for checkpoint in newest_first:
@@ -197,7 +197,7 @@ def recover(
             continue
         if not ledger.add(checkpoint, implicit=subsumed):
             continue
-        if checkpoint.time_ms >= recent_ms:
+        if checkpoint.time_ms > recent_ms:
             found.recent.append(checkpoint)
             continue
         for change in checkpoint.changes:
