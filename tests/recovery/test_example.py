@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import ServerProcess
+
 from waymark.client import Client
 from waymark.protocol import RecordIn
 

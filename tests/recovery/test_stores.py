@@ -11,11 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import ServerProcess
+
 from waymark.client import Client
-from waymark.recovery import LocalReceiptStore, ReceiptStore, TopicReceiptStore
-from waymark.recovery import topicstore
+from waymark.recovery import LocalReceiptStore, ReceiptStore, TopicReceiptStore, topicstore
 
 
 @pytest.fixture(params=["local", "topic"])

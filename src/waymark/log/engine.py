@@ -76,8 +76,8 @@ class Engine:
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
         # looks at, so its cost follows the topics written lately, not all of them.
         self._ahead: dict[str, Topic] = {}
-        # Committed changes per key, for change checkpoints (docs/semantics/recovery.md
-        # §1); None until track_changes.
+        # Committed changes per key, for change checkpoints
+        # (docs/semantics/recovery.md §1); None until track_changes.
         self.changes: Changes | None = None
 
     @property

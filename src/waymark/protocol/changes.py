@@ -24,7 +24,7 @@ class KeyChange(Struct, array_like=True, frozen=True):
 
 class Checkpoint(Struct, frozen=True):
     """A change checkpoint. ``changes`` is empty when a topic filter left nothing of it:
-    the id still tells a filtered reader that it exists (§3.4)."""
+    the id still tells a filtered reader that it exists (docs/semantics/recovery.md §3.4)."""
 
     id: int
     time_ms: int

@@ -51,7 +51,8 @@ class Ledger:
     def add(self, checkpoint: Checkpoint, *, receipted: bool = False,
             implicit: dict[str, int] | None = None) -> bool:  # fmt: skip
         """Learn of ``checkpoint``; ``receipted``: a stored range covers it; a key whose
-        version ``implicit`` receipts is receipted already (§3.3). False if known."""
+        version ``implicit`` receipts is receipted already
+        (docs/semantics/recovery.md §3.3). False if known."""
         if self.known(checkpoint.id):
             return False
         insort(self._ids, checkpoint.id)
@@ -74,8 +75,9 @@ class Ledger:
         return not self._waiting[checkpoint]
 
     def receipt(self, key: str, version: int) -> set[int]:
-        """Receipt ``key`` up to ``version`` (§2.1); the not-yet-persisted checkpoints
-        naming it at or below that version, whose persistence the receipt waits for."""
+        """Receipt ``key`` up to ``version`` (docs/semantics/recovery.md §2.1); the
+        not-yet-persisted checkpoints naming it at or below that version, whose
+        persistence the receipt waits for."""
         if version > self._newest.get(key, -1):
             raise RecoveryError(f"{key!r} at version {version} is not known to be committed")
         hit: set[int] = set()
@@ -125,7 +127,7 @@ class Ledger:
 
     def watermark(self) -> int:
         """The highest id below which every known checkpoint's receipt is persisted
-        (§3.2): never past one that is not."""
+        (docs/semantics/recovery.md §3.2): never past one that is not."""
         mark = self.low_watermark
         for checkpoint in self._ids:
             if checkpoint not in self._persisted:
@@ -142,9 +144,9 @@ class Ledger:
         self.low_watermark = max(self.low_watermark, mark)
 
     def merged(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[tuple[int, int], list[int]]]:
-        """Compression (§4.2): runs of stored ranges with no known checkpoint between
-        them, each as ``(merged range, begins it makes redundant)``; only runs of two
-        or more."""
+        """Compression (docs/semantics/recovery.md §4.2): runs of stored ranges with no
+        known checkpoint between them, each as ``(merged range, begins it makes
+        redundant)``; only runs of two or more."""
         runs: list[tuple[tuple[int, int], list[int]]] = []
         current: tuple[int, int] | None = None
         begins: list[int] = []
@@ -175,10 +177,11 @@ def recover(
     newest: int,
     recent_ms: int,
 ) -> Recovery:
-    """The recovery query (§3.3): walk the checkpoints above the watermark up to id
-    ``newest``, newest first, against the stored ``ranges``. A checkpoint no range
-    covers is unreceipted, except for the keys a newer covered one names at the same
-    or a later version (the client receipted those, §2.1). Unreceipted checkpoints
+    """The recovery query (docs/semantics/recovery.md §3.3): walk the checkpoints
+    above the watermark up to id ``newest``, newest first, against the stored
+    ``ranges``. A checkpoint no range covers is unreceipted, except for the keys a
+    newer covered one names at the same or a later version (the client receipted
+    those, docs/semantics/recovery.md §2.1). Unreceipted checkpoints
     after ``recent_ms`` are in flight, not missed; all are added to ``ledger``."""
     found = Recovery()
     subsumed: dict[str, int] = {}

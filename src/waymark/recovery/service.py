@@ -67,7 +67,7 @@ class RecoveryService:
         self._futures: list[tuple[Future[None], set[int]]] = []
         self._next_compress = self.clock.now_ms() + self.compress_interval_ms
 
-    # --- the recovery query (§3.3) ---------------------------------------------------------
+    # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------------
     def _query(self) -> _Query:
         client, store = self.client_id, self.store
         newest = self.source.newest_id()
@@ -75,7 +75,8 @@ class RecoveryService:
         mark = store.low_watermark(client)
         ranges = list(store.range_receipts(client, mark or 0))
         if mark is None and not ranges:
-            # No receipts ever persisted: a first start reports nothing (§3.1).
+            # No receipts ever persisted: a first start reports nothing
+            # (docs/semantics/recovery.md §3.1).
             return _Query(Ledger(newest), Recovery(), newest, True, None)
         ledger = Ledger(mark or 0)
         earliest = now - self.max_window_ms
@@ -84,7 +85,7 @@ class RecoveryService:
         moved = None
         if not found.reached:
             # What lies between the watermark and the walk's end is older than the
-            # window: the watermark moves into it (§3.2).
+            # window: the watermark moves into it (docs/semantics/recovery.md §3.2).
             moved = newest if found.oldest is None else found.oldest - 1
             if moved <= ledger.low_watermark:
                 moved = None
@@ -98,7 +99,8 @@ class RecoveryService:
 
     def subscribe(self, listener: CommittedVersionListener) -> Iterator[CommittedVersion]:
         """The committed versions this client never receipted (each key once, at its
-        newest version), then every later one through ``listener`` (§3.3)."""
+        newest version), then every later one through ``listener``
+        (docs/semantics/recovery.md §3.3)."""
         with self._lock:
             query = self._query()
             ledger = query.ledger
@@ -132,7 +134,7 @@ class RecoveryService:
         for key, version in fresh:
             listener(CommittedVersion(key, version))
 
-    # --- receipts (§2.1) -------------------------------------------------------------------
+    # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------------
     def submit_receipt(self, key: str, version: int) -> Future[None]:
         """Receipt ``key`` up to ``version``. Idempotent; the future fails with
         :class:`RecoveryError` if the version is not known to be committed or a
@@ -158,7 +160,8 @@ class RecoveryService:
         return future
 
     def _flush(self) -> None:
-        """Persist every complete checkpoint's receipt, then the watermark (§3.2)."""
+        """Persist every complete checkpoint's receipt, then the watermark
+        (docs/semantics/recovery.md §3.2)."""
         ledger = self._ledger
         assert ledger is not None
         client, store = self.client_id, self.store
@@ -199,7 +202,7 @@ class RecoveryService:
                 still.append((future, waiting))
         self._futures = still
 
-    # --- compression (§4.2) ----------------------------------------------------------------
+    # --- compression (docs/semantics/recovery.md §4.2) -----------------------------------------
     def compress(self) -> int:
         """Merge contiguous range receipts and purge the ones merged; returns how many
         were purged."""

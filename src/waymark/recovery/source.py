@@ -15,7 +15,8 @@ from .types import CheckpointListener
 
 class TopicCheckpoints:
     """The checkpoints of the server at ``url``, only the changes of ``topics`` when
-    given (a filtered consumer: the other changes count as receipted, §3.4)."""
+    given (a filtered consumer: the other changes count as receipted,
+    docs/semantics/recovery.md §3.4)."""
 
     def __init__(
         self, url: str, topics: Sequence[str] | None = None, *, client: Client | None = None
