@@ -114,8 +114,18 @@ def test_bad_parameters_get_invalid_request(server: ServerProcess) -> None:
         with pytest.raises(ApiError) as refused:
             client.list_checkpoints(limit=0)
         assert refused.value.status == 400 and refused.value.code == "invalid_request"
-    answer = httpx.get(f"{server.url}/v0/changes/checkpoints", params={"before": "x"})
-    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_request"
+    base = server.url
+    for path, params, headers in (
+        ("/v0/changes/checkpoints", {"before": "x"}, {}),
+        ("/v0/changes/checkpoints", {"earliest_ms": str(2**63)}, {}),
+        ("/v0/changes/checkpoints", {"limit": "1001"}, {}),
+        ("/v0/changes/watch", {"after": "-1"}, {}),
+        ("/v0/changes/watch", {"after": str(2**63)}, {}),
+        ("/v0/changes/watch", {}, {"last-event-id": "1:2"}),
+    ):
+        answer = httpx.get(f"{base}{path}", params=params, headers=headers)
+        assert answer.status_code == 400, (path, params, headers)
+        assert answer.json()["error"]["code"] == "invalid_request"
 
 
 def test_ids_are_never_reused_across_a_crash(
