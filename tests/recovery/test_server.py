@@ -146,7 +146,7 @@ def test_ids_are_never_reused_across_a_crash(
 
 
 def test_retention_is_the_recovery_window(start_waymark: Callable[..., ServerProcess]) -> None:
-    server = start_waymark(*FAST, "--recovery-window-s", "0.3")
+    server = start_waymark(*FAST, "--recovery-window-s", "2")
     with Client(server.url) as client:
         client.append("orders", [RecordIn.of(1, tag="a")])
         wait_for(client, "orders/a", 1)

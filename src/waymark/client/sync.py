@@ -278,7 +278,7 @@ class Client:
         return self._run(changes.list_checkpoints(earliest_ms, before, limit, topics))
 
     def checkpoints(
-        self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 500
+        self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 1000
     ) -> Iterator[Checkpoint]:
         """Every change checkpoint back to ``earliest_ms``, newest first, a page at a time."""
         before: int | None = None

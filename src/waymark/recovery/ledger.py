@@ -36,6 +36,7 @@ class Ledger:
         self._entries: dict[int, dict[str, int]] = {}  # not persisted: key -> last version
         self._waiting: dict[int, set[str]] = {}  # not persisted: keys not receipted yet
         self._persisted: set[int] = set()
+        self._ready: set[int] = set()  # complete, receipt not persisted yet
         self._holding: dict[str, set[int]] = {}  # key -> not-persisted ids naming it
         self._newest: dict[str, int] = {}  # key -> newest version known committed
         self._tail: tuple[int, int] | None = None  # the range receipt written last
@@ -68,6 +69,8 @@ class Ledger:
             self._holding.setdefault(key, set()).add(checkpoint.id)
             if implicit is None or implicit.get(key, -1) < last:
                 waiting.add(key)
+        if self.complete(checkpoint.id):
+            self._ready.add(checkpoint.id)
         return True
 
     def complete(self, checkpoint: int) -> bool:
@@ -85,11 +88,16 @@ class Ledger:
             if self._entries[checkpoint][key] <= version:
                 self._waiting[checkpoint].discard(key)
                 hit.add(checkpoint)
+                if self.complete(checkpoint):
+                    self._ready.add(checkpoint)
         return hit
 
     def ready(self) -> list[int]:
         """Complete checkpoints whose receipt is not persisted yet, ascending."""
-        return [c for c in self._entries if self.complete(c)]
+        return sorted(self._ready)
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
 
     def waiting(self) -> Iterator[tuple[int, set[str]]]:
         """Checkpoints still waiting for receipts, with the keys they wait for."""
@@ -118,6 +126,7 @@ class Ledger:
     def mark_persisted(self, checkpoint: int, written: tuple[int, int]) -> None:
         self._tail = written
         self._persisted.add(checkpoint)
+        self._ready.discard(checkpoint)
         for key in self._entries.pop(checkpoint):
             holding = self._holding[key]
             holding.discard(checkpoint)

@@ -32,6 +32,25 @@ class Status:
     missed: list[CommittedVersion]
 
 
+class _Waiter:
+    """A receipt's future and how many checkpoints it still waits for."""
+
+    __slots__ = ("future", "remaining")
+
+    def __init__(self, future: Future[None], remaining: int) -> None:
+        self.future, self.remaining = future, remaining
+
+
+def _failed(error: RecoveryError) -> Future[None]:
+    future: Future[None] = Future()
+    future.set_exception(error)
+    return future
+
+
+_DONE: Future[None] = Future()  # every receipt with nothing left to persist
+_DONE.set_result(None)
+
+
 @dataclass
 class _Query:
     ledger: Ledger
@@ -64,7 +83,11 @@ class RecoveryService:
         self._lock = threading.RLock()
         self._ledger: Ledger | None = None
         self._listener: CommittedVersionListener | None = None
-        self._futures: list[tuple[Future[None], set[int]]] = []
+        # Per unpersisted checkpoint, the future of every receipt waiting for it alone
+        # (shared: one object per checkpoint, not per receipt), and the receipts that
+        # wait for it among others.
+        self._futures: dict[int, Future[None]] = {}
+        self._waiters: dict[int, list[_Waiter]] = {}
         self._next_compress = self.clock.now_ms() + self.compress_interval_ms
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------------
@@ -140,23 +163,28 @@ class RecoveryService:
         :class:`RecoveryError` if the version is not known to be committed or a
         receipt could not be persisted, and resolves once every checkpoint naming the
         key up to that version has its receipt persisted."""
-        future: Future[None] = Future()
         with self._lock:
             ledger = self._ledger
             if ledger is None:
-                future.set_exception(RecoveryError("subscribe first: no version is known yet"))
-                return future
+                return _failed(RecoveryError("subscribe first: no version is known yet"))
             try:
                 hit = ledger.receipt(key, version)
             except RecoveryError as exc:
-                future.set_exception(exc)
-                return future
-            waiting = {c for c in hit if not ledger.persisted(c)}
+                return _failed(exc)
+            waiting = [c for c in hit if not ledger.persisted(c)]
             if not waiting:
-                future.set_result(None)
-                return future
-            self._futures.append((future, waiting))
-            self._flush()
+                return _DONE
+            if len(waiting) == 1:  # the common case: one checkpoint's shared future
+                future = self._futures.get(waiting[0])
+                if future is None:
+                    future = self._futures[waiting[0]] = Future()
+            else:
+                future = Future()
+                waiter = _Waiter(future, len(waiting))
+                for checkpoint in waiting:
+                    self._waiters.setdefault(checkpoint, []).append(waiter)
+            if ledger.has_ready():
+                self._flush()
         return future
 
     def _flush(self) -> None:
@@ -173,6 +201,12 @@ class RecoveryService:
                 self._fail(checkpoint, exc)
                 return
             ledger.mark_persisted(checkpoint, written)
+            if (shared := self._futures.pop(checkpoint, None)) is not None:
+                shared.set_result(None)
+            for waiter in self._waiters.pop(checkpoint, ()):
+                waiter.remaining -= 1
+                if waiter.remaining == 0 and not waiter.future.done():
+                    waiter.future.set_result(None)
         mark = ledger.watermark()
         if mark > ledger.low_watermark:
             try:
@@ -182,25 +216,16 @@ class RecoveryService:
                 pass
             else:
                 ledger.advance(mark)
-        still = []
-        for future, waiting in self._futures:
-            if all(ledger.persisted(c) for c in waiting):
-                future.set_result(None)
-            else:
-                still.append((future, waiting))
-        self._futures = still
         if self.clock.now_ms() >= self._next_compress:
             self.compress()
 
     def _fail(self, checkpoint: int, exc: Exception) -> None:
         error = RecoveryError(f"the receipt of checkpoint {checkpoint} was not persisted: {exc}")
-        still = []
-        for future, waiting in self._futures:
-            if checkpoint in waiting:
-                future.set_exception(error)
-            else:
-                still.append((future, waiting))
-        self._futures = still
+        if (shared := self._futures.pop(checkpoint, None)) is not None:
+            shared.set_exception(error)  # a later receipt gets a new one, and retries
+        for waiter in self._waiters.pop(checkpoint, ()):
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
 
     # --- compression (docs/semantics/recovery.md §4.2) -----------------------------------------
     def compress(self) -> int:
