@@ -22,16 +22,18 @@ class KeyChange(Struct, array_like=True, frozen=True):
     last: int  # the last one; a deletion's version is its topic's head at the time
 
 
-class Checkpoint(Struct, frozen=True):
-    """A change checkpoint. ``changes`` is empty when a topic filter left nothing of it:
-    the id still tells a filtered reader that it exists (docs/semantics/recovery.md §3.4)."""
+class Checkpoint(Struct, array_like=True, frozen=True):
+    """A change checkpoint, ``[id, time_ms, [[key, first, last], ...]]`` on the wire (a
+    day of 1 s checkpoints is 86 400 of them: no field names repeated). ``changes`` is
+    empty when a topic filter left nothing of it: the id still tells a filtered reader
+    that it exists (docs/semantics/recovery.md §3.4)."""
 
     id: int
     time_ms: int
     changes: list[KeyChange]
 
 
-class CheckpointData(Struct, frozen=True):
+class CheckpointData(Struct, array_like=True, frozen=True):
     """What the server stores per checkpoint in its internal topic (the record's seq
     is the id)."""
 

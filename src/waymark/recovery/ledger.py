@@ -7,7 +7,7 @@ and persisted, where the low watermark may go (docs/semantics/recovery.md §3).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -32,7 +32,8 @@ class Recovery:
 class Ledger:
     def __init__(self, low_watermark: int) -> None:
         self.low_watermark = low_watermark
-        self._ids: list[int] = []  # known checkpoint ids above the watermark, ascending
+        self._known: list[int] = []  # known checkpoint ids above the watermark
+        self._sorted = True  # whether _known is ascending (the query adds them descending)
         self._entries: dict[int, dict[str, int]] = {}  # not persisted: key -> last version
         self._waiting: dict[int, set[str]] = {}  # not persisted: keys not receipted yet
         self._persisted: set[int] = set()
@@ -56,7 +57,9 @@ class Ledger:
         (docs/semantics/recovery.md §3.3). False if known."""
         if self.known(checkpoint.id):
             return False
-        insort(self._ids, checkpoint.id)
+        if self._known and checkpoint.id < self._known[-1]:
+            self._sorted = False
+        self._known.append(checkpoint.id)
         if receipted:
             self._persisted.add(checkpoint.id)
             return True
@@ -112,6 +115,14 @@ class Ledger:
 
     def persisted(self, checkpoint: int) -> bool:
         return checkpoint <= self.low_watermark or checkpoint in self._persisted
+
+    @property
+    def _ids(self) -> list[int]:
+        """The known ids, ascending (sorted once after a query, not per insert)."""
+        if not self._sorted:
+            self._known.sort()
+            self._sorted = True
+        return self._known
 
     # --- range receipts -----------------------------------------------------------------
     def range_for(self, checkpoint: int) -> tuple[int, int]:
