@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import msgspec
 
 from ..log import CHANGES_TOPIC, DiffResult, Engine, ErrorCode, TopicError
-from ..protocol import Checkpoint, CheckpointData, CheckpointPage, key_topic
+from ..protocol import KeyChange, key_topic
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -21,14 +21,38 @@ MAX_PAGE = 1000
 MAX_INT = 2**63 - 1
 
 
+class _Data(msgspec.Struct, array_like=True):
+    """A stored :class:`~waymark.protocol.CheckpointData` with its changes left as
+    bytes: an unfiltered read passes them through, undecoded."""
+
+    time_ms: int
+    changes: msgspec.Raw
+
+
 class _Stored(msgspec.Struct):
     """A record of the checkpoint topic as the engine renders it."""
 
     seq: int = msgspec.field(name="$seq")
-    data: CheckpointData
+    data: _Data
+
+
+class _Out(msgspec.Struct, array_like=True):
+    """A :class:`~waymark.protocol.Checkpoint` on the wire, its changes as bytes."""
+
+    id: int
+    time_ms: int
+    changes: msgspec.Raw
+
+
+class _Page(msgspec.Struct):
+    """A :class:`~waymark.protocol.CheckpointPage` on the wire."""
+
+    checkpoints: list[_Out]
+    next_before: int | None = None
 
 
 _stored = msgspec.json.Decoder(_Stored)
+_changes = msgspec.json.Decoder(list[KeyChange])
 _encode = msgspec.json.encode
 
 
@@ -49,15 +73,16 @@ def _topics(request: Request) -> frozenset[str] | None:
     return frozenset(t for v in values for t in v.split(",") if t)
 
 
-def _checkpoints(result: DiffResult, topics: frozenset[str] | None) -> Iterator[Checkpoint]:
+def _checkpoints(result: DiffResult, topics: frozenset[str] | None) -> Iterator[_Out]:
     """The checkpoints of a per-record page, oldest first; a filter keeps only the
     changes of ``topics`` but every id (docs/semantics/recovery.md §3.4)."""
     for run in result.runs:
         stored = _stored.decode(bytes(run)[:-1])
         changes = stored.data.changes
         if topics is not None:
-            changes = [c for c in changes if key_topic(c.key) in topics]
-        yield Checkpoint(stored.seq, stored.data.time_ms, changes)
+            kept = [c for c in _changes.decode(changes) if key_topic(c.key) in topics]
+            changes = msgspec.Raw(_encode(kept))
+        yield _Out(stored.seq, stored.data.time_ms, changes)
 
 
 class ChangesApi:
@@ -91,7 +116,7 @@ class ChangesApi:
         kept = [c for c in found if c.time_ms >= earliest_ms]
         # More to walk back only if nothing in this page was too old and seqs remain.
         more = len(kept) == len(found) and page is not None and low >= page.earliest_seq
-        body = CheckpointPage(kept, low + 1 if more and low > 0 else None)
+        body = _Page(kept, low + 1 if more and low > 0 else None)
         return Response(_encode(body))
 
     async def watch(self, request: Request) -> Response:
