@@ -529,6 +529,9 @@ class Engine:
         the checkpoint's id."""
         if self.changes is None:
             return None
+        if self.journal is not None:
+            # Refused (503) before anything is taken: the changes wait for the next try.
+            self.journal.check_available(CHANGES_TOPIC)
         changes = self.changes.take()
         if not changes:
             return None

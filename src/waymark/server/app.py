@@ -211,7 +211,10 @@ class App:
         (docs/semantics/recovery.md §1.2); readers see it once its sync lands."""
         while True:
             await asyncio.sleep(self.checkpoint_interval_s)
-            result = self.engine.emit_checkpoint()
+            try:
+                result = self.engine.emit_checkpoint()
+            except TopicError:
+                continue  # its WAL shard cannot write now: the changes wait for the next one
             if result is not None and result.commit is not None:
                 synced = asyncio.ensure_future(result.commit.wait())
                 synced.add_done_callback(lambda _: self.notifier.notify(CHANGES_TOPIC))
