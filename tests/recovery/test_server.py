@@ -119,6 +119,7 @@ def test_bad_parameters_get_invalid_request(server: ServerProcess) -> None:
         ("/v0/changes/checkpoints", {"before": "x"}, {}),
         ("/v0/changes/checkpoints", {"earliest_ms": str(2**63)}, {}),
         ("/v0/changes/checkpoints", {"limit": "1001"}, {}),
+        ("/v0/changes/checkpoints", {"limit": "³"}, {}),  # a digit int() refuses
         ("/v0/changes/watch", {"after": "-1"}, {}),
         ("/v0/changes/watch", {"after": str(2**63)}, {}),
         ("/v0/changes/watch", {}, {"last-event-id": "1:2"}),

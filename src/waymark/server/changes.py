@@ -60,7 +60,7 @@ def _int(request: Request, name: str, default: int) -> int:
     values = request.query.get(name)
     if not values:
         return default
-    if not values[-1].isdigit() or int(values[-1]) > MAX_INT:
+    if not (values[-1].isascii() and values[-1].isdigit()) or int(values[-1]) > MAX_INT:
         raise TopicError(ErrorCode.INVALID_REQUEST, f"{name} is an integer 0 to 2^63-1",
                          {name: values[-1]})  # fmt: skip
     return int(values[-1])
@@ -123,7 +123,7 @@ class ChangesApi:
         after = _int(request, "after", -1)
         if last_id := request.header(b"last-event-id"):
             value = last_id.decode("latin-1")
-            if not value.isdigit() or int(value) > MAX_INT:
+            if not (value.isascii() and value.isdigit()) or int(value) > MAX_INT:
                 raise TopicError(ErrorCode.INVALID_REQUEST, "Last-Event-ID is a checkpoint id",
                                  {"cursor": value})  # fmt: skip
             after = int(value)
