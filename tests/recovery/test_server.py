@@ -162,3 +162,34 @@ def test_the_routes_are_in_the_openapi_document(server: ServerProcess) -> None:
     with Client(server.url) as client:
         paths = client.openapi()["paths"]
     assert "/v0/changes/checkpoints" in paths and "/v0/changes/watch" in paths
+
+
+def test_a_stateless_client_recovers_on_another_machine(server: ServerProcess) -> None:
+    """Receipts kept in a topic: a second service, sharing nothing with the first
+    but the server, reports exactly what the first never receipted."""
+    from waymark.recovery import RecoveryService, TopicCheckpoints, TopicReceiptStore
+
+    def service() -> RecoveryService:
+        return RecoveryService(TopicCheckpoints(server.url, topics=["orders"]),
+                               TopicReceiptStore(server.url, "indexer-receipts"),
+                               "indexer", recent_s=0)  # fmt: skip
+
+    first = service()
+    seen: list[object] = []
+    assert list(first.subscribe(seen.append)) == []  # a first start
+    with Client(server.url) as client:
+        client.append("orders", [RecordIn.of(1, tag="done")])
+        deadline = time.monotonic() + 10
+        while not seen:
+            assert time.monotonic() < deadline, "the listener got nothing"
+            time.sleep(0.05)
+        (done,) = seen
+        first.submit_receipt(done.key, done.version).result(timeout=10)  # type: ignore[attr-defined]
+        client.append("orders", [RecordIn.of(2, tag="stale")])
+        wait_for(client, "orders/stale", 2)
+    first.close()
+    second = service()
+    try:
+        assert [(c.key, c.version) for c in second.missed()] == [("orders/stale", 2)]
+    finally:
+        second.close()
