@@ -41,50 +41,60 @@ def _merge(into: Versions, key: str, first: int, last: int) -> None:
 
 class Changes:
     """Changes committed but not yet in a checkpoint, each with its journal commit
-    (None: no journal, committed when applied)."""
+    (None: no journal, committed when applied).
+
+    An append is noted in O(1), as its topic, first seq and records (the engine never
+    mutates them); the per-key merge runs in :meth:`take`, once per interval, off
+    the append path."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Commit | None, Versions]] = []
+        self._appends: list[tuple[Commit | None, str, int, list[EncodedRecord]]] = []
+        self._removals: list[tuple[Commit | None, Versions]] = []
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._appends) + len(self._removals)
 
     def appended(
         self, topic: str, first_seq: int, records: list[EncodedRecord], commit: Commit | None
     ) -> None:
         """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
-        versions: Versions = {}
-        seq = first_seq
-        for record in records:
-            key = topic if record.tag is None else f"{topic}/{record.tag}"
-            seen = versions.get(key)
-            if seen is None:
-                versions[key] = [seq, seq]
-            else:
-                seen[1] = seq
-            seq += 1
-        self._pending.append((commit, versions))
+        self._appends.append((commit, topic, first_seq, records))
 
     def removed(self, topic: Topic, keys: Iterable[str], commit: Commit | None) -> None:
         """A deletion or a drop changed ``keys``: each is named at the topic's head, a
         version that was committed (docs/semantics/recovery.md §1.3)."""
         head = topic.head_seq
         if head > 0:
-            self._pending.append((commit, {key: [head, head] for key in keys}))
+            self._removals.append((commit, {key: [head, head] for key in keys}))
 
     def take(self) -> list[KeyChange]:
         """The changes that are durable now, merged per key; the rest stay. The changes
         of one key are of one topic, whose frames one WAL shard makes durable in order,
         so a key's later change is never taken before its earlier one."""
         merged: Versions = {}
-        waiting: list[tuple[Commit | None, Versions]] = []
-        for commit, versions in self._pending:
+        appends, self._appends = self._appends, []
+        for commit, topic, first_seq, records in appends:
             if commit is not None and not commit.durable:
-                waiting.append((commit, versions))
+                self._appends.append((commit, topic, first_seq, records))
+                continue
+            by_tag: dict[str | None, list[int]] = {}  # keys built once per tag, not per record
+            seq = first_seq
+            for record in records:
+                seen = by_tag.get(record.tag)
+                if seen is None:
+                    by_tag[record.tag] = [seq, seq]
+                else:
+                    seen[1] = seq
+                seq += 1
+            for tag, (first, last) in by_tag.items():
+                _merge(merged, record_key(topic, tag), first, last)
+        removals, self._removals = self._removals, []
+        for commit, versions in removals:
+            if commit is not None and not commit.durable:
+                self._removals.append((commit, versions))
                 continue
             for key, (first, last) in versions.items():
                 _merge(merged, key, first, last)
-        self._pending = waiting
         return [KeyChange(key, first, last) for key, (first, last) in merged.items()]
 
 
