@@ -45,3 +45,13 @@ def test_a_client_import_of_the_engine_breaks_a_contract(tmp_path: Path) -> None
     assert result.returncode != 0
     assert "client imports protocol only BROKEN" in result.stdout
     assert "waymark.client.calls -> waymark.log.errors" in result.stdout
+
+
+def test_a_recovery_import_of_the_engine_breaks_a_contract(tmp_path: Path) -> None:
+    # waymark.recovery is client-side: the engine's types are out of its reach.
+    shutil.copytree(ROOT / "src" / "waymark", tmp_path / "waymark")
+    ledger = tmp_path / "waymark" / "recovery" / "ledger.py"
+    ledger.write_text(ledger.read_text() + "\nfrom waymark.log.changes import Changes  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "recovery (receipts) imports client, protocol and clock only BROKEN" in result.stdout

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "waymark"
 EXTRAS = ("server", "kv", "spark", "all")
 # The extra a module's code needs, by the longest prefix of its name; everything else
-# (protocol, client, checkpoint, clock, the rest of cli) is the base install.
+# (protocol, client, checkpoint, recovery, clock, the rest of cli) is the base install.
 NEEDS = {
     "waymark.log": "server",
     "waymark.server": "server",
@@ -168,7 +168,10 @@ def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_base_install_runs_the_client_and_the_cli(base_venv: Path) -> None:
-    probe = "import waymark.client, waymark.checkpoint.shipper, waymark.protocol.openapi"
+    probe = (
+        "import waymark.client, waymark.checkpoint.shipper, waymark.protocol.openapi, "
+        "waymark.recovery"
+    )
     subprocess.run([str(base_venv / "python"), "-c", probe], check=True)
     shown = subprocess.run([str(base_venv / "waymark"), "--help"], capture_output=True,
                            text=True, check=True).stdout  # fmt: skip

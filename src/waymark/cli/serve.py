@@ -42,6 +42,18 @@ def register(app: typer.Typer) -> None:
                 "trim the WAL), taken only when something was written."
             ),
         ] = 10.0,
+        checkpoint_interval_s: Annotated[
+            float,
+            typer.Option(
+                help="Seconds per change checkpoint (what was committed, per key; "
+                "docs/recovery.md), written only when something was committed. 0 keeps none."
+            ),
+        ] = 1.0,
+        recovery_window_s: Annotated[
+            float,
+            typer.Option(help="Seconds change checkpoints are kept: how far back a "
+                         "recovery query can look."),
+        ] = 86_400.0,
         heartbeat_s: Annotated[
             float, typer.Option(help="Seconds of silence before an SSE heartbeat comment.")
         ] = 15.0,
@@ -83,6 +95,8 @@ def register(app: typer.Typer) -> None:
         )
         sock = listen(host, port)
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
+                  checkpoint_interval_s=checkpoint_interval_s,
+                  recovery_window_s=recovery_window_s,
                   settings=Settings(heartbeat_s=heartbeat_s,
                                     delivery_budget=delivery_budget))  # fmt: skip
         server = Server(app)

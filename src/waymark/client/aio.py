@@ -6,10 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from ..protocol import Checkpoint
 from . import calls
 from .api import Api
+from .changes import CheckpointWatch
 from .errors import TransportError
-from .events import Watch, WatchEvent
+from .events import E, Subscription, Watch, WatchEvent
 from .transport import AsyncTransport, Origin
 
 if TYPE_CHECKING:
@@ -68,7 +70,7 @@ class AsyncClient(Api):
         )  # fmt: skip
         return call.parse(response)
 
-    async def watch(
+    def watch(
         self,
         topic: str,
         *,
@@ -88,6 +90,36 @@ class AsyncClient(Api):
             cursor=cursor,
             max_retries=max_retries,
         )
+        return self._follow(watch, read_timeout)
+
+    # --- change checkpoints (docs/semantics/recovery.md §1) --------------------------
+    async def checkpoints(
+        self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 1000
+    ) -> AsyncIterator[Checkpoint]:
+        """See :meth:`waymark.client.Client.checkpoints`."""
+        before: int | None = None
+        while True:
+            page = await self.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=limit, topics=topics
+            )
+            for checkpoint in page.checkpoints:
+                yield checkpoint
+            if page.next_before is None:
+                return
+            before = page.next_before
+
+    def watch_checkpoints(
+        self,
+        *,
+        after: int | None = None,
+        topics: Sequence[str] | None = None,
+        read_timeout: float = 60.0,
+        max_retries: int | None = None,
+    ) -> AsyncIterator[Checkpoint]:
+        """See :meth:`waymark.client.Client.watch_checkpoints`."""
+        return self._follow(CheckpointWatch(after, topics, max_retries), read_timeout)
+
+    async def _follow(self, watch: Subscription[E], read_timeout: float) -> AsyncIterator[E]:
         while True:
             try:
                 async with self._transport.stream(

@@ -17,6 +17,7 @@ import msgspec
 from ..protocol import (
     AckResponse,
     AppendResponse,
+    CheckpointPage,
     ConfigPatch,
     DeleteResponse,
     DiffResponse,
@@ -39,7 +40,7 @@ from ..protocol import (
     TopicType,
     WriterState,
 )
-from . import calls, queues, routers, writers
+from . import calls, changes, queues, routers, writers
 
 T = TypeVar("T")
 
@@ -240,3 +241,15 @@ class Api:
 
     def metrics(self) -> str:
         return self._run(calls.metrics())
+
+    # --- change checkpoints (docs/semantics/recovery.md §1) --------------------------
+    def list_checkpoints(
+        self,
+        *,
+        earliest_ms: int = 0,
+        before: int | None = None,
+        limit: int = 500,
+        topics: Sequence[str] | None = None,
+    ) -> CheckpointPage:
+        """One page of change checkpoints, newest first, ids below ``before``."""
+        return self._run(changes.list_checkpoints(earliest_ms, before, limit, topics))

@@ -5,8 +5,10 @@ Shared by the sync and async clients; they only feed lines in and sleep.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from urllib.parse import urlencode
 
 import msgspec
@@ -32,32 +34,19 @@ class TombstoneEvent:
 
 
 WatchEvent = RecordEvent | TombstoneEvent
+E = TypeVar("E")
 
 
-class Watch:
+class Subscription(Generic[E]):
     """One logical subscription across any number of connections.
 
     It remembers the ``id:`` of the last event handed out and sends it back as
     ``Last-Event-ID`` on reconnect, so no event is delivered twice or skipped.
     """
 
-    def __init__(
-        self,
-        topic: str,
-        *,
-        from_seq: int,
-        node: str | Sequence[str] | None,
-        epoch: int | None,
-        cursor: str | None,
-        max_retries: int | None,
-        max_backoff_s: float = 5.0,
-    ) -> None:
-        params: list[tuple[str, str | int]] = [("from_seq", from_seq)]
-        if epoch is not None:
-            params.append(("epoch", epoch))
-        nodes = [node] if isinstance(node, str) else list(node or ())
-        params += [("node", n) for n in nodes]
-        self.target = f"{ENDPOINT['watch'].url(topic=topic)}?{urlencode(params)}"
+    def __init__(self, target: str, cursor: str | None, max_retries: int | None,
+                 max_backoff_s: float = 5.0) -> None:  # fmt: skip
+        self.target = target
         self.cursor = cursor
         self._max_retries = max_retries
         self._max_backoff_s = max_backoff_s
@@ -83,7 +72,7 @@ class Watch:
         self._event, self._id, self._data = "", None, []
         self._lines = LineSplitter()
 
-    def receive(self, chunk: bytes) -> list[WatchEvent]:
+    def receive(self, chunk: bytes) -> list[E]:
         """The events a chunk of the stream's body completes."""
         return [event for line in self._lines.feed(chunk) if (event := self.feed(line))]
 
@@ -95,8 +84,9 @@ class Watch:
         # A dropped connection usually reconnects at once; a dead server backs off.
         return min(self._max_backoff_s, 0.05 * 2 ** (self._failures - 1))
 
-    def feed(self, line: str) -> WatchEvent | None:
-        """One line of the stream; returns an event when a blank line completes one."""
+    def complete(self, line: str) -> tuple[str, str | None, str] | None:
+        """One line of the stream; ``(event, id, data)`` when a blank line completes an
+        event (an in-band ``error`` raises)."""
         if line:
             if line.startswith(":"):
                 return None  # a heartbeat comment
@@ -113,6 +103,40 @@ class Watch:
         self._event, self._id, self._data = "", None, []
         if event == "error":
             raise ApiError.from_body(200, data)
+        return event, id_, data
+
+    @abstractmethod
+    def feed(self, line: str) -> E | None:
+        """One line of the stream; returns an event when a blank line completes one."""
+
+
+class Watch(Subscription[WatchEvent]):
+    """A topic's watch: records and tombstones, resumed from ``<epoch>:<seq>``."""
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        from_seq: int,
+        node: str | Sequence[str] | None,
+        epoch: int | None,
+        cursor: str | None,
+        max_retries: int | None,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        params: list[tuple[str, str | int]] = [("from_seq", from_seq)]
+        if epoch is not None:
+            params.append(("epoch", epoch))
+        nodes = [node] if isinstance(node, str) else list(node or ())
+        params += [("node", n) for n in nodes]
+        target = f"{ENDPOINT['watch'].url(topic=topic)}?{urlencode(params)}"
+        super().__init__(target, cursor, max_retries, max_backoff_s)
+
+    def feed(self, line: str) -> WatchEvent | None:
+        """One line of the stream; returns an event when a blank line completes one."""
+        if (done := self.complete(line)) is None:
+            return None
+        event, id_, data = done
         if id_ is None or event not in ("record", "tombstone"):
             return None
         self.cursor = id_

@@ -6,10 +6,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from ..protocol import Checkpoint
 from . import calls
 from .api import Api
+from .changes import CheckpointWatch
 from .errors import TransportError
-from .events import Watch, WatchEvent
+from .events import E, Subscription, Watch, WatchEvent
 from .transport import Origin, SyncTransport
 
 if TYPE_CHECKING:
@@ -94,6 +96,36 @@ class Client(Api):
             cursor=cursor,
             max_retries=max_retries,
         )
+        return self._follow(watch, read_timeout)
+
+    # --- change checkpoints (docs/semantics/recovery.md §1) --------------------------
+    def checkpoints(
+        self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 1000
+    ) -> Iterator[Checkpoint]:
+        """Every change checkpoint back to ``earliest_ms``, newest first, a page at a time."""
+        before: int | None = None
+        while True:
+            page = self.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=limit, topics=topics
+            )
+            yield from page.checkpoints
+            if page.next_before is None:
+                return
+            before = page.next_before
+
+    def watch_checkpoints(
+        self,
+        *,
+        after: int | None = None,
+        topics: Sequence[str] | None = None,
+        read_timeout: float = 60.0,
+        max_retries: int | None = None,
+    ) -> Iterator[Checkpoint]:
+        """Follow new change checkpoints over SSE (after id ``after``; None: from now),
+        reconnecting from the last one."""
+        return self._follow(CheckpointWatch(after, topics, max_retries), read_timeout)
+
+    def _follow(self, watch: Subscription[E], read_timeout: float) -> Iterator[E]:
         while True:
             try:
                 with self._transport.stream(

@@ -18,6 +18,7 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
+from .changes import CHANGES_TOPIC
 from .deletion import TagMatch
 from .engine import Engine
 from .errors import TopicError
@@ -25,6 +26,7 @@ from .records import check_topic_name
 from .results import AppendResult, DeleteResult, DiffResult
 
 __all__ = [
+    "CHANGES_TOPIC",
     "AppendResult",
     "ConfigPatch",
     "DeleteResponse",

@@ -22,6 +22,7 @@ import msgspec
 
 from ..clock import Clock, SystemClock
 from ..protocol import (
+    CheckpointData,
     ConfigPatch,
     DeleteResponse,
     Durability,
@@ -31,6 +32,7 @@ from ..protocol import (
     TopicState,
     TopicType,
 )
+from .changes import CHANGES_TOPIC, Changes, deleted_keys, dropped_keys
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, DeleteFrame, DropFrame, HeadFrame, Journal, TopicFrame, records_frame
@@ -74,6 +76,9 @@ class Engine:
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
         # looks at, so its cost follows the topics written lately, not all of them.
         self._ahead: dict[str, Topic] = {}
+        # Committed changes per key, for change checkpoints
+        # (docs/semantics/recovery.md §1); None until track_changes.
+        self.changes: Changes | None = None
 
     @property
     def journal(self) -> Journal | None:
@@ -167,8 +172,10 @@ class Engine:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         kernel = self.kernel
         topic = kernel.existing(name, recover=False)  # what is still set aside never applies
-        kernel.write(name, DropFrame(name, topic.epoch).encode())
+        commit = kernel.write(name, DropFrame(name, topic.epoch).encode())
         kernel.drop(name)
+        if (changes := self._changes_of(topic)) is not None:
+            changes.removed(topic, dropped_keys(topic), commit)
         # Its routers go with it (docs/semantics/topics.md §8.6).
         self.routers.topic_dropped(name, topic.epoch)
         if topic.type is TopicType.QUEUE:
@@ -264,6 +271,10 @@ class Engine:
             source = kernel.latest(derived_from) if derived_from is not None else None
             if source is not None:
                 topic.note_unsynced(plan.first_seq, source)
+        if plan.fresh and (changes := self._changes_of(topic)) is not None:
+            # A router's copies are as durable as the source records they copy.
+            latest = kernel.latest(derived_from) if derived_from is not None else commit
+            changes.appended(name, plan.first_seq, plan.fresh, latest)
         kernel.commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
 
@@ -330,7 +341,11 @@ class Engine:
         if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
             frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now)
             commit = self.kernel.write(name, frame.encode())
+        changes = self._changes_of(topic)
+        keys = deleted_keys(topic, bound, match) if changes is not None else None
         result = topic.delete(bound, match, now)
+        if changes is not None and keys and result.deleted:
+            changes.removed(topic, keys, commit)
         self.kernel.commit(topic)
         return DeleteResult(result, commit)
 
@@ -483,7 +498,62 @@ class Engine:
         """Call ``listener(topic)`` after every commit that changes ``topic``."""
         self.kernel.add_listener(listener)
 
+    # --- change checkpoints (docs/semantics/recovery.md §1) -------------------------
+    def track_changes(self, window_ms: int) -> Topic:
+        """Start noting committed changes for change checkpoints, kept for
+        ``window_ms`` (the recovery window) in the internal checkpoint topic, which this
+        creates or reconfigures. Its seqs are the checkpoint ids."""
+        if self.changes is None:
+            self.changes = Changes()
+        config = self.defaults.apply(
+            ConfigPatch(durability=Durability.FSYNC, ttl_ms=window_ms, cap_records=0,
+                        cap_bytes=0, auto_create=False)
+        )  # fmt: skip
+        kernel = self.kernel
+        kernel.recover(CHANGES_TOPIC)
+        topic = kernel.get(CHANGES_TOPIC)
+        now = self.clock.now_ms()
+        if topic is None:
+            topic = Topic(CHANGES_TOPIC, TopicType.LOG, config, kernel.next_epoch(), now)
+            kernel.create(topic)
+        elif topic.config != config:
+            frame = TopicFrame.of(CHANGES_TOPIC, topic.type, topic.epoch, config,
+                                  topic.created_ts, now=now)  # fmt: skip
+            kernel.write(CHANGES_TOPIC, frame.encode())
+            topic.reconfigure(config, now)
+        return topic
+
+    def emit_checkpoint(self) -> AppendResult | None:
+        """Write one change checkpoint of every change durable now (None when there is
+        none): the server calls this once per checkpoint interval. The append's seq is
+        the checkpoint's id."""
+        if self.changes is None:
+            return None
+        if self.journal is not None:
+            # Refused (503) before anything is taken: the changes wait for the next try.
+            self.journal.check_available(CHANGES_TOPIC)
+        changes = self.changes.take()
+        if not changes:
+            return None
+        data = msgspec.json.encode(CheckpointData(self.clock.now_ms(), changes))
+        # Not bound by max_record_bytes: a checkpoint names every key of its interval.
+        record = EncodedRecord(b',"data":%b}' % data, len(data), None, None, None)
+        return self.append_encoded(CHANGES_TOPIC, [record], create=False)
+
     # --- internals ----------------------------------------------------------------
+    def _changes_of(self, topic: Topic) -> Changes | None:
+        """Where ``topic``'s changes are noted for checkpoints: only log topics that keep
+        their records (not ephemeral ones), never internal ones
+        (docs/semantics/recovery.md §1.4)."""
+        if (
+            self.changes is None
+            or topic.type is not TopicType.LOG
+            or topic.config.durability is Durability.EPHEMERAL
+            or "$" in topic.name
+        ):
+            return None
+        return self.changes
+
     def _state(self, topic: Topic, now: int) -> TopicState:
         recovering = self.recovering
         if recovering is not None and recovering.holds(topic):

@@ -15,12 +15,14 @@ client) never loads the engine. One module per concept:
 ``queues``     claim/ack/nack/extend/redrive bodies, the leased Job
 ``routers``    router bodies
 ``writers``    the exactly-once sink's open/stage/publish bodies
+``changes``    change checkpoints (KeyChange, Checkpoint, CheckpointPage)
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
 ``endpoints``  the endpoint table
 ``openapi``    the OpenAPI 3.1 document (imported on its own: only the server needs it)
 """
 
+from .changes import Checkpoint, CheckpointData, CheckpointPage, KeyChange, key_topic
 from .cursors import Cursor, format_cursor, parse_cursor
 from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
 from .errors import Error, ErrorBody, ErrorCode
@@ -83,6 +85,9 @@ __all__ = [
     "AckResponse",
     "AppendRequest",
     "AppendResponse",
+    "Checkpoint",
+    "CheckpointData",
+    "CheckpointPage",
     "ClaimBody",
     "ClaimResponse",
     "ConfigPatch",
@@ -103,6 +108,7 @@ __all__ = [
     "ExtendResponse",
     "Health",
     "Job",
+    "KeyChange",
     "Limits",
     "NackBody",
     "NackResponse",
@@ -137,5 +143,6 @@ __all__ = [
     "WriterState",
     "WriterTopic",
     "format_cursor",
+    "key_topic",
     "parse_cursor",
 ]

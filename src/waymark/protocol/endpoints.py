@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from msgspec import Struct
 
+from .changes import CheckpointPage
 from .limits import MAX_BATCH
 from .queues import (
     AckBody,
@@ -178,6 +179,27 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              response=RouterOut),
     Endpoint("DELETE", _ROUTER, "deleteRouter",
              "Stop forwarding; copies already in dest remain", response=RouterDeleted),
+    # --- change checkpoints (docs/semantics/recovery.md §1)
+    Endpoint("GET", "/v0/changes/checkpoints", "listCheckpoints",
+             "Change checkpoints, newest first, back to earliest_ms; a topic filter "
+             "empties the changes of other topics but keeps every checkpoint's id",
+             response=CheckpointPage, errors=(400,),
+             query=(QueryParam("earliest_ms", _SEQ, "oldest checkpoint time wanted (ms)"),
+                    QueryParam("before", _SEQ, "exclusive upper bound on ids (a page's "
+                                               "next_before)"),
+                    QueryParam("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
+                               "checkpoints per page (default 500)"),
+                    QueryParam("topic", {"type": "array", "items": {"type": "string"}},
+                               "only changes of these topics"))),
+    Endpoint("GET", "/v0/changes/watch", "watchCheckpoints",
+             "Server-Sent Events: `event: checkpoint`, `id: <checkpoint id>`, one per "
+             "change checkpoint after `after` (or Last-Event-ID)",
+             stream=("text/event-stream", "An endless stream of change checkpoints"),
+             errors=(400,),
+             query=(QueryParam("after", _SEQ, "exclusive lower bound on ids; default: "
+                                              "from the newest on"),
+                    QueryParam("topic", {"type": "array", "items": {"type": "string"}},
+                               "only changes of these topics"))),
     # --- the server itself
     Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
              stream=("application/json", "OpenAPI 3.1")),

@@ -12,10 +12,11 @@ from time import perf_counter
 import msgspec
 
 from ..clock import Clock
-from ..log import Engine, ErrorCode, Limits, TopicConfig, TopicError
+from ..log import CHANGES_TOPIC, Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
 from ..protocol import ENDPOINTS
 from ..protocol.openapi import document
+from .changes import ChangesApi
 from .console import Console
 from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
@@ -50,15 +51,22 @@ class App:
         engine: Engine | None = None,
         store: Store | None = None,
         seal_interval_s: float = 10.0,
+        checkpoint_interval_s: float = 1.0,
+        recovery_window_s: float = 86_400.0,
     ) -> None:
         """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
 
         With a ``store`` the engine's tail is sealed into segments every
-        ``seal_interval_s`` seconds in which anything was written.
+        ``seal_interval_s`` seconds in which anything was written. Every
+        ``checkpoint_interval_s`` seconds that committed anything one change checkpoint
+        is written, kept for ``recovery_window_s`` (docs/semantics/recovery.md §1; 0
+        keeps none).
         """
         self.store = store
         self.seal_interval_s = seal_interval_s
+        self.checkpoint_interval_s = checkpoint_interval_s
         self._seals: asyncio.Task[None] | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
         settings = settings or Settings()
         self._trims: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
@@ -80,6 +88,9 @@ class App:
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
         )
         routers = RouterApi(self.engine, self.limits)
+        if checkpoint_interval_s > 0:
+            self.engine.track_changes(int(recovery_window_s * 1000))
+        changes = ChangesApi(self.engine, self.notifier, self.metrics, settings.heartbeat_s)
         self._openapi = msgspec.json.encode(document())
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
@@ -106,6 +117,8 @@ class App:
             "putRouter": routers.put_router,
             "getRouter": routers.get_router,
             "deleteRouter": routers.delete_router,
+            "listCheckpoints": changes.list_checkpoints,
+            "watchCheckpoints": changes.watch,
             "openapi": self._openapi_json,
             "metrics": self._metrics,
         }
@@ -167,6 +180,8 @@ class App:
                 if self.store is not None:
                     self._seals = asyncio.create_task(self._seal_loop(self.store))
                     self._trims = asyncio.create_task(self._trim_loop())
+                if self.engine.changes is not None:
+                    self._checkpoints = asyncio.create_task(self._checkpoint_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
@@ -174,6 +189,8 @@ class App:
                     self._seals.cancel()
                 if self._trims is not None:
                     self._trims.cancel()
+                if self._checkpoints is not None:
+                    self._checkpoints.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -195,6 +212,19 @@ class App:
                 self.metrics.seals += 1
             finally:
                 sealer.running.release()
+
+    async def _checkpoint_loop(self) -> None:
+        """One change checkpoint per interval that committed anything
+        (docs/semantics/recovery.md §1.2); readers see it once its sync lands."""
+        while True:
+            await asyncio.sleep(self.checkpoint_interval_s)
+            try:
+                result = self.engine.emit_checkpoint()
+            except TopicError:
+                continue  # its WAL shard cannot write now: the changes wait for the next one
+            if result is not None and result.commit is not None:
+                synced = asyncio.ensure_future(result.commit.wait())
+                synced.add_done_callback(lambda _: self.notifier.notify(CHANGES_TOPIC))
 
     async def _trim_loop(self) -> None:
         while True:

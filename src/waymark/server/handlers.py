@@ -73,7 +73,7 @@ def _int(request: Request, name: str) -> int | None:
     values = request.query.get(name)
     if not values:
         return None
-    if not values[-1].isdigit():
+    if not (values[-1].isascii() and values[-1].isdigit()):  # int() refuses "³"
         raise _invalid(f"{name} is a non-negative integer", **{name: values[-1]})
     return int(values[-1])
 

@@ -170,7 +170,7 @@ def _query_int(request: Request, name: str, default: int) -> int:
     value = _query(request, name)
     if value is None:
         return default
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # int() refuses "³"
         raise TopicError(ErrorCode.INVALID_REQUEST, f"{name} is a non-negative integer")
     return int(value)
 

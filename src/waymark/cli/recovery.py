@@ -1,0 +1,125 @@
+"""``waymark recovery``: what a receipt-keeping client missed, and where it stands
+(docs/recovery.md)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from waymark.recovery import RecoveryService
+
+Url = Annotated[str, typer.Option(help="The waymark server, e.g. http://127.0.0.1:8080.")]
+StoreOpt = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        help="The receipt store: a SQLite file path (LocalReceiptStore), or topic:NAME for "
+        "receipts kept in topic NAME of the same server (TopicReceiptStore).",
+    ),
+]
+ClientOpt = Annotated[str, typer.Option("--client", help="The client id receipts are kept under.")]
+Topics = Annotated[
+    str | None, typer.Option(help="Comma-separated topics the client reads (default: all).")
+]
+RecentS = Annotated[
+    float, typer.Option(help="Checkpoints newer than this are in flight, not missed.")
+]
+WindowS = Annotated[float, typer.Option(help="How far back the query looks, in seconds.")]
+
+
+def _service(
+    url: str, store: str, client: str, topics: str | None, recent_s: float, max_window_s: float
+) -> RecoveryService:
+    from waymark.recovery import (
+        LocalReceiptStore,
+        RecoveryService,
+        TopicCheckpoints,
+        TopicReceiptStore,
+    )
+
+    chosen = [t for t in (topics or "").split(",") if t] or None
+    source = TopicCheckpoints(url, chosen)
+    receipts = (
+        TopicReceiptStore(url, store.removeprefix("topic:"))
+        if store.startswith("topic:")
+        else LocalReceiptStore(store)
+    )
+    return RecoveryService(source, receipts, client, recent_s=recent_s, max_window_s=max_window_s)
+
+
+def register(app: typer.Typer) -> None:
+    recovery = typer.Typer(
+        help="Receipt recovery: keys a client never receipted (docs/recovery.md).",
+        no_args_is_help=True,
+    )
+    app.add_typer(recovery, name="recovery")
+
+    @recovery.command()
+    def missed(
+        url: Url,
+        store: StoreOpt,
+        client: ClientOpt,
+        topics: Topics = None,
+        recent_s: RecentS = 30.0,
+        max_window_s: WindowS = 86_400.0,
+        json: Annotated[bool, typer.Option("--json", help="JSON lines {key, version}.")] = False,
+    ) -> None:
+        """Print the keys CLIENT never receipted, each with its newest committed version.
+        Reads only: nothing is receipted or stored."""
+        import msgspec
+        from rich.console import Console
+        from rich.table import Table
+
+        service = _service(url, store, client, topics, recent_s, max_window_s)
+        try:
+            with Console(stderr=True).status("walking the change checkpoints"):
+                found = service.missed()
+        finally:
+            service.close()
+            service.store.close()
+        if json:
+            for committed in found:
+                line = {"key": committed.key, "version": committed.version}
+                typer.echo(msgspec.json.encode(line).decode())
+            return
+        table = Table("key", "version", title=f"{len(found)} keys missed by {client}")
+        for committed in found:
+            table.add_row(committed.key, str(committed.version))
+        Console().print(table)
+
+    @recovery.command()
+    def status(
+        url: Url,
+        store: StoreOpt,
+        client: ClientOpt,
+        topics: Topics = None,
+        recent_s: RecentS = 30.0,
+        max_window_s: WindowS = 86_400.0,
+    ) -> None:
+        """CLIENT's low watermark, its range receipts and the checkpoints it has not
+        fully receipted."""
+        from rich.console import Console
+        from rich.table import Table
+
+        service = _service(url, store, client, topics, recent_s, max_window_s)
+        try:
+            with Console(stderr=True).status("walking the change checkpoints"):
+                state = service.status()
+        finally:
+            service.close()
+            service.store.close()
+        console = Console()
+        mark = "none (first start)" if state.low_watermark is None else str(state.low_watermark)
+        console.print(f"low watermark: {mark}")
+        ranges = Table("begin", "end", title=f"{len(state.ranges)} range receipts")
+        for begin, end in state.ranges:
+            ranges.add_row(str(begin), str(end))
+        console.print(ranges)
+        pending = Table("checkpoint", "keys not receipted",
+                        title=f"{len(state.pending)} checkpoints pending")  # fmt: skip
+        for checkpoint, keys in state.pending:
+            shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5})" if len(keys) > 5 else "")
+            pending.add_row(str(checkpoint), shown)
+        console.print(pending)

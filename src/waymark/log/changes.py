@@ -1,0 +1,123 @@
+"""What the engine committed, per key, since the last change checkpoint
+(docs/semantics/recovery.md §1).
+
+Pure bookkeeping: the engine notes every committed change of a key of a log topic
+with the journal commit that makes it durable; :meth:`Changes.take` hands back the
+changes that are durable now, merged per key into the first and the last version.
+The server turns them into a checkpoint every interval (``--checkpoint-interval-s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import takewhile
+
+from ..protocol import KeyChange
+from .deletion import TagMatch
+from .journal import Commit
+from .records import EncodedRecord
+from .topic import Topic
+
+# The internal topic the checkpoints are kept in: its seqs are the checkpoint ids, so
+# they increase strictly and are never reused across restarts (docs/durability.md).
+CHANGES_TOPIC = "waymark$changes"
+
+Versions = dict[str, list[int]]  # key -> [first, last]
+
+
+def record_key(topic: str, tag: str | None) -> str:
+    """The key of a record (docs/semantics/recovery.md §1.1)."""
+    return topic if tag is None else f"{topic}/{tag}"
+
+
+def _merge(into: Versions, key: str, first: int, last: int) -> None:
+    seen = into.get(key)
+    if seen is None:
+        into[key] = [first, last]
+    else:
+        seen[0] = min(seen[0], first)
+        seen[1] = max(seen[1], last)
+
+
+class Changes:
+    """Changes committed but not yet in a checkpoint, each with its journal commit
+    (None: no journal, committed when applied).
+
+    An append is noted in O(1), as its topic, first seq and records (the engine never
+    mutates them); the per-key merge runs in :meth:`take`, once per interval, off
+    the append path."""
+
+    def __init__(self) -> None:
+        self._appends: list[tuple[Commit | None, str, int, list[EncodedRecord]]] = []
+        self._removals: list[tuple[Commit | None, Versions]] = []
+
+    def __len__(self) -> int:
+        return len(self._appends) + len(self._removals)
+
+    def appended(
+        self, topic: str, first_seq: int, records: list[EncodedRecord], commit: Commit | None
+    ) -> None:
+        """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
+        self._appends.append((commit, topic, first_seq, records))
+
+    def removed(self, topic: Topic, keys: Iterable[str], commit: Commit | None) -> None:
+        """A deletion or a drop changed ``keys``: each is named at the topic's head, a
+        version that was committed (docs/semantics/recovery.md §1.3)."""
+        head = topic.head_seq
+        if head > 0:
+            self._removals.append((commit, {key: [head, head] for key in keys}))
+
+    def take(self) -> list[KeyChange]:
+        """The changes that are durable now, merged per key; the rest stay. The changes
+        of one key are of one topic, whose frames one WAL shard makes durable in order,
+        so a key's later change is never taken before its earlier one."""
+        merged: Versions = {}
+        appends, self._appends = self._appends, []
+        for commit, topic, first_seq, records in appends:
+            if commit is not None and not commit.durable:
+                self._appends.append((commit, topic, first_seq, records))
+                continue
+            by_tag: dict[str | None, list[int]] = {}  # keys built once per tag, not per record
+            seq = first_seq
+            for record in records:
+                seen = by_tag.get(record.tag)
+                if seen is None:
+                    by_tag[record.tag] = [seq, seq]
+                else:
+                    seen[1] = seq
+                seq += 1
+            for tag, (first, last) in by_tag.items():
+                _merge(merged, record_key(topic, tag), first, last)
+        removals, self._removals = self._removals, []
+        for commit, versions in removals:
+            if commit is not None and not commit.durable:
+                self._removals.append((commit, versions))
+                continue
+            for key, (first, last) in versions.items():
+                _merge(merged, key, first, last)
+        return [KeyChange(key, first, last) for key, (first, last) in merged.items()]
+
+
+def deleted_keys(topic: Topic, bound: int, match: TagMatch | None) -> list[str]:
+    """The keys a deletion below ``bound`` may change: the matching tags with a record
+    below it, and the topic itself when it deletes untagged records (an upper bound:
+    reporting a key that did not change costs a re-check, missing one a stale entity)."""
+    keys = [] if match is not None else [topic.name]
+    tags = topic.tag_index
+    if match is None:
+        candidates: Iterable[str] = tags.keys()
+    elif match.exact:
+        candidates = [match.value] if match.value in tags else []
+    else:
+        prefix = match.value
+        candidates = takewhile(lambda t: t.startswith(prefix), tags.irange(minimum=prefix))
+    for tag in candidates:
+        seqs = tags[tag]
+        if seqs and seqs[0] < bound:
+            keys.append(f"{topic.name}/{tag}")
+    return keys
+
+
+def dropped_keys(topic: Topic) -> list[str]:
+    """Every key of a dropped topic."""
+    return [topic.name, *(f"{topic.name}/{tag}" for tag in topic.tag_index)]

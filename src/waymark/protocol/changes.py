@@ -1,0 +1,54 @@
+"""Change checkpoints: the server's statements of what it committed
+(docs/semantics/recovery.md §1).
+
+A change checkpoint names, for one commit interval that committed anything, every
+key changed in it with the first and the last version committed in that interval. A
+key is ``"<topic>/<tag>"`` for a tagged record and ``"<topic>"`` for an untagged one;
+a version is a seq of the key's topic. Ids increase strictly and are never reused,
+also across restarts.
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+
+class KeyChange(Struct, array_like=True, frozen=True):
+    """One key of a checkpoint: ``[key, first, last]`` on the wire (compact: a
+    checkpoint of 10k keys is one array of small arrays)."""
+
+    key: str
+    first: int  # the first version of the key committed in the interval
+    last: int  # the last one; a deletion's version is its topic's head at the time
+
+
+class Checkpoint(Struct, array_like=True, frozen=True):
+    """A change checkpoint, ``[id, time_ms, [[key, first, last], ...]]`` on the wire (a
+    day of 1 s checkpoints is 86 400 of them: no field names repeated). ``changes`` is
+    empty when a topic filter left nothing of it: the id still tells a filtered reader
+    that it exists (docs/semantics/recovery.md §3.4)."""
+
+    id: int
+    time_ms: int
+    changes: list[KeyChange]
+
+
+class CheckpointData(Struct, array_like=True, frozen=True):
+    """What the server stores per checkpoint in its internal topic (the record's seq
+    is the id)."""
+
+    time_ms: int
+    changes: list[KeyChange]
+
+
+class CheckpointPage(Struct, frozen=True):
+    """``GET /v0/changes/checkpoints``: newest first. ``next_before`` continues the
+    walk back (None: nothing older in the range)."""
+
+    checkpoints: list[Checkpoint]
+    next_before: int | None = None
+
+
+def key_topic(key: str) -> str:
+    """The topic of ``key`` (a tag may itself hold ``/``; a topic name never does)."""
+    return key.split("/", 1)[0]

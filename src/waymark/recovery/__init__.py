@@ -1,0 +1,42 @@
+"""Receipt recovery: "which keys changed that I never finished processing?"
+(docs/recovery.md, docs/semantics/recovery.md).
+
+A consumer keeping derived state (an index, a cache, a fold) receipts each key once
+it processed it; after a crash :meth:`RecoveryService.subscribe` names the keys that
+changed and were never receipted, with their newest committed version, and then
+every new one. It is a client-side package: it talks to the server through
+:mod:`waymark.client` only.
+
+``RecoveryService``   receipts in, missed versions out
+``TopicCheckpoints``  a server's change checkpoints (the checkpoint source)
+``LocalReceiptStore`` receipts in an embedded SQLite file (the default)
+``TopicReceiptStore`` receipts in a waymark topic (recover on any machine)
+``CommittedVersion``  a key at a version known to be committed
+"""
+
+from .local import LocalReceiptStore
+from .service import RecoveryService, Status
+from .source import TopicCheckpoints
+from .store import ReceiptStore
+from .topicstore import TopicReceiptStore
+from .types import (
+    CheckpointListener,
+    CheckpointSource,
+    CommittedVersion,
+    CommittedVersionListener,
+    RecoveryError,
+)
+
+__all__ = [
+    "CheckpointListener",
+    "CheckpointSource",
+    "CommittedVersion",
+    "CommittedVersionListener",
+    "LocalReceiptStore",
+    "ReceiptStore",
+    "RecoveryError",
+    "RecoveryService",
+    "Status",
+    "TopicCheckpoints",
+    "TopicReceiptStore",
+]

@@ -1,0 +1,83 @@
+"""``LocalReceiptStore``: receipts in an embedded SQLite file
+(docs/semantics/recovery.md §4.1).
+
+WAL journal mode with ``synchronous=FULL``: a method returns once its transaction is
+on disk, so a receipt the service reported persisted survives a SIGKILL or a power
+cut. One file serves any number of clients (the client id is part of each row's key).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS watermark (client TEXT PRIMARY KEY, checkpoint INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ranges (
+    client TEXT NOT NULL, begin INTEGER NOT NULL, end INTEGER NOT NULL,
+    PRIMARY KEY (client, begin)
+) WITHOUT ROWID;
+"""
+
+
+class LocalReceiptStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def _write(self, sql: str, rows: Iterable[tuple[object, ...]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(sql, rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def low_watermark(self, client: str) -> int | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT checkpoint FROM watermark WHERE client = ?", (client,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def store_low_watermark(self, client: str, checkpoint: int) -> None:
+        self._write(
+            "INSERT INTO watermark VALUES (?, ?) ON CONFLICT (client) "
+            "DO UPDATE SET checkpoint = excluded.checkpoint",
+            [(client, checkpoint)],
+        )
+
+    def store_range_receipt(self, client: str, begin: int, end: int) -> None:
+        self._write(
+            "INSERT INTO ranges VALUES (?, ?, ?) ON CONFLICT (client, begin) "
+            "DO UPDATE SET end = max(end, excluded.end)",
+            [(client, begin, end)],
+        )
+
+    def range_receipts(self, client: str, after: int) -> Iterator[tuple[int, int]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT begin, end FROM ranges WHERE client = ? AND end > ? ORDER BY begin DESC",
+                (client, after),
+            ).fetchall()
+        return iter([(int(b), int(e)) for b, e in rows])
+
+    def purge_range_receipts(self, client: str, begins: Iterable[int]) -> None:
+        self._write(
+            "DELETE FROM ranges WHERE client = ? AND begin = ?", [(client, b) for b in begins]
+        )
+
+    def purge_before(self, client: str, checkpoint: int) -> None:
+        self._write("DELETE FROM ranges WHERE client = ? AND end <= ?", [(client, checkpoint)])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

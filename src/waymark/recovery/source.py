@@ -1,0 +1,55 @@
+"""``TopicCheckpoints``: a waymark server's change checkpoints as a
+:class:`~waymark.recovery.types.CheckpointSource` (docs/semantics/recovery.md §1.5)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+from ..client import Client, TransportError
+from ..protocol import Checkpoint
+from .types import CheckpointListener
+
+
+class TopicCheckpoints:
+    """The checkpoints of the server at ``url``, only the changes of ``topics`` when
+    given (a filtered consumer: the other changes count as receipted,
+    docs/semantics/recovery.md §3.4)."""
+
+    def __init__(
+        self, url: str, topics: Sequence[str] | None = None, *, client: Client | None = None
+    ) -> None:
+        self.url = url
+        self.topics = list(topics) if topics else None
+        self.client = client or Client(url)
+        self.bytes_read = 0  # answer bytes of the recovery walks, for the benchmark
+        self._watchers: list[Client] = []
+        self._closed = threading.Event()
+
+    def newest_id(self) -> int:
+        page = self.client.list_checkpoints(limit=1)
+        return page.checkpoints[0].id if page.checkpoints else 0
+
+    def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
+        return self.client.checkpoints(earliest_ms, topics=self.topics)
+
+    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+        """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`."""
+        watcher = Client(self.url)
+        self._watchers.append(watcher)
+
+        def follow() -> None:
+            try:
+                for checkpoint in watcher.watch_checkpoints(after=after, topics=self.topics):
+                    listener(checkpoint)
+            except (TransportError, RuntimeError):
+                if not self._closed.is_set():
+                    raise
+
+        threading.Thread(target=follow, name="waymark-checkpoints", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        for watcher in self._watchers:
+            watcher.close()
+        self.client.close()

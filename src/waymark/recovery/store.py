@@ -1,0 +1,41 @@
+"""The receipt store protocol (docs/semantics/recovery.md §4).
+
+A store keeps, per client, a low watermark and range receipts ``(begin, end)``: every
+checkpoint with ``begin <= id <= end`` is receipted. A method returns once what it
+wrote is durable and raises when it is not; the service turns that into futures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+
+class ReceiptStore(Protocol):
+    def low_watermark(self, client: str) -> int | None:
+        """The persisted low watermark (None: never stored)."""
+        ...
+
+    def store_low_watermark(self, client: str, checkpoint: int) -> None:
+        """Every checkpoint up to ``checkpoint`` needs no recovery."""
+        ...
+
+    def store_range_receipt(self, client: str, begin: int, end: int) -> None:
+        """Receipt checkpoints ``begin..end`` (inclusive); replaces the range with the
+        same ``begin``, if any (a range grown at its end)."""
+        ...
+
+    def range_receipts(self, client: str, after: int) -> Iterator[tuple[int, int]]:
+        """The ranges ending above ``after``, newest first by ``begin`` (they may
+        overlap)."""
+        ...
+
+    def purge_range_receipts(self, client: str, begins: Iterable[int]) -> None:
+        """Delete the ranges starting at ``begins`` (a merged range made them redundant)."""
+        ...
+
+    def purge_before(self, client: str, checkpoint: int) -> None:
+        """Delete the ranges ending at or below ``checkpoint`` (under the watermark)."""
+        ...
+
+    def close(self) -> None: ...

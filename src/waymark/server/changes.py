@@ -1,0 +1,157 @@
+"""The change checkpoint source over HTTP (docs/semantics/recovery.md §1):
+``GET /v0/changes/checkpoints`` walks them newest first, ``GET /v0/changes/watch``
+streams each new one over SSE. Both read the engine's internal checkpoint topic,
+whose seqs are the checkpoint ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import msgspec
+
+from ..log import CHANGES_TOPIC, DiffResult, Engine, ErrorCode, TopicError
+from ..protocol import KeyChange, key_topic
+from .http import Request, Response
+from .metrics import Metrics
+from .notify import Notifier
+from .sse import EventStream
+
+DEFAULT_PAGE = 500
+MAX_PAGE = 1000
+MAX_INT = 2**63 - 1
+
+
+class _Data(msgspec.Struct, array_like=True):
+    """A stored :class:`~waymark.protocol.CheckpointData` with its changes left as
+    bytes: an unfiltered read passes them through, undecoded."""
+
+    time_ms: int
+    changes: msgspec.Raw
+
+
+class _Stored(msgspec.Struct):
+    """A record of the checkpoint topic as the engine renders it."""
+
+    seq: int = msgspec.field(name="$seq")
+    data: _Data
+
+
+class _Out(msgspec.Struct, array_like=True):
+    """A :class:`~waymark.protocol.Checkpoint` on the wire, its changes as bytes."""
+
+    id: int
+    time_ms: int
+    changes: msgspec.Raw
+
+
+class _Page(msgspec.Struct):
+    """A :class:`~waymark.protocol.CheckpointPage` on the wire."""
+
+    checkpoints: list[_Out]
+    next_before: int | None = None
+
+
+_stored = msgspec.json.Decoder(_Stored)
+_changes = msgspec.json.Decoder(list[KeyChange])
+_encode = msgspec.json.encode
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    values = request.query.get(name)
+    if not values:
+        return default
+    if not (values[-1].isascii() and values[-1].isdigit()) or int(values[-1]) > MAX_INT:
+        raise TopicError(ErrorCode.INVALID_REQUEST, f"{name} is an integer 0 to 2^63-1",
+                         {name: values[-1]})  # fmt: skip
+    return int(values[-1])
+
+
+def _topics(request: Request) -> frozenset[str] | None:
+    values = request.query.get("topic")
+    if not values:
+        return None
+    return frozenset(t for v in values for t in v.split(",") if t)
+
+
+def _checkpoints(result: DiffResult, topics: frozenset[str] | None) -> Iterator[_Out]:
+    """The checkpoints of a per-record page, oldest first; a filter keeps only the
+    changes of ``topics`` but every id (docs/semantics/recovery.md §3.4)."""
+    for run in result.runs:
+        stored = _stored.decode(bytes(run)[:-1])
+        changes = stored.data.changes
+        if topics is not None:
+            kept = [c for c in _changes.decode(changes) if key_topic(c.key) in topics]
+            changes = msgspec.Raw(_encode(kept))
+        yield _Out(stored.seq, stored.data.time_ms, changes)
+
+
+class ChangesApi:
+    def __init__(
+        self, engine: Engine, notifier: Notifier, metrics: Metrics, heartbeat_s: float
+    ) -> None:
+        self.engine, self.notifier, self.metrics = engine, notifier, metrics
+        self.heartbeat_s = heartbeat_s
+
+    def read(self, after: int, limit: int) -> DiffResult:
+        if self.engine.changes is None:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                "this server keeps no change checkpoints (--checkpoint-interval-s 0)",
+            )
+        return self.engine.diff(CHANGES_TOPIC, after, limit=limit, per_record=True, touch=False)
+
+    async def list_checkpoints(self, request: Request) -> Response:
+        earliest_ms = _int(request, "earliest_ms", 0)
+        limit = _int(request, "limit", DEFAULT_PAGE)
+        if not 1 <= limit <= MAX_PAGE:
+            raise TopicError(ErrorCode.INVALID_REQUEST, f"limit is 1 to {MAX_PAGE}",
+                             {"limit": limit})  # fmt: skip
+        topics = _topics(request)
+        head = self.read(0, 1).head_seq  # (also refuses when no checkpoints are kept)
+        top = min(_int(request, "before", head + 1) - 1, head)
+        low = max(top - limit, 0)
+        page = self.read(low, limit) if top > 0 else None
+        found = [] if page is None else [c for c in _checkpoints(page, topics) if c.id <= top]
+        found.reverse()
+        kept = [c for c in found if c.time_ms >= earliest_ms]
+        # More to walk back only if nothing in this page was too old and seqs remain.
+        more = len(kept) == len(found) and page is not None and low >= page.earliest_seq
+        body = _Page(kept, low + 1 if more and low > 0 else None)
+        return Response(_encode(body))
+
+    async def watch(self, request: Request) -> Response:
+        after = _int(request, "after", -1)
+        if last_id := request.header(b"last-event-id"):
+            value = last_id.decode("latin-1")
+            if not (value.isascii() and value.isdigit()) or int(value) > MAX_INT:
+                raise TopicError(ErrorCode.INVALID_REQUEST, "Last-Event-ID is a checkpoint id",
+                                 {"cursor": value})  # fmt: skip
+            after = int(value)
+        if after < 0:
+            after = self.read(0, 1).head_seq  # from the newest on
+        feed = CheckpointFeed(self, after, _topics(request))
+        return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
+
+
+class CheckpointFeed:
+    """SSE ``event: checkpoint`` per checkpoint after a cursor; ``id:`` is its id."""
+
+    topic = CHANGES_TOPIC
+
+    def __init__(self, api: ChangesApi, after: int, topics: frozenset[str] | None) -> None:
+        self._api, self._cursor, self._topics = api, after, topics
+
+    async def next(self) -> tuple[bytes, bool]:
+        page = self._api.read(self._cursor, 100)
+        self._cursor = page.next_from_seq
+        parts = [
+            b"event: checkpoint\nid: %d\ndata: %b\n\n" % (c.id, _encode(c))
+            for c in _checkpoints(page, self._topics)
+        ]
+        return b"".join(parts), not page.caught_up
+
+    def due_s(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass

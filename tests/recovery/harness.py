@@ -1,0 +1,112 @@
+"""Test parts for waymark.recovery: a checkpoint source over a real in-process engine
+(the SSE delivery is a step the test takes, so its lag is a generated case) and the
+store fault injector."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from waymark.log import CHANGES_TOPIC, Engine
+from waymark.protocol import Checkpoint, CheckpointData, key_topic
+from waymark.recovery import CheckpointListener, LocalReceiptStore
+
+
+class _Stored(msgspec.Struct):
+    seq: int = msgspec.field(name="$seq")
+    data: CheckpointData
+
+
+_stored = msgspec.json.Decoder(_Stored)
+
+
+class EngineCheckpoints:
+    """The engine's change checkpoints, read as the server reads them; new ones reach
+    the listener when the test calls :meth:`deliver`."""
+
+    def __init__(self, engine: Engine, topics: Iterable[str] | None = None) -> None:
+        self.engine = engine
+        self.topics = frozenset(topics) if topics is not None else None
+        self.listener: CheckpointListener | None = None
+        self.cursor = 0
+
+    def all(self) -> list[Checkpoint]:
+        found: list[Checkpoint] = []
+        cursor = 0
+        while True:
+            page = self.engine.diff(CHANGES_TOPIC, cursor, limit=1000, per_record=True,
+                                    touch=False)  # fmt: skip
+            for run in page.runs:
+                stored = _stored.decode(bytes(run)[:-1])
+                changes = stored.data.changes
+                if self.topics is not None:
+                    changes = [c for c in changes if key_topic(c.key) in self.topics]
+                found.append(Checkpoint(stored.seq, stored.data.time_ms, changes))
+            cursor = page.next_from_seq
+            if page.caught_up:
+                return found
+
+    def newest_id(self) -> int:
+        return self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
+
+    def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
+        return iter([c for c in reversed(self.all()) if c.time_ms >= earliest_ms])
+
+    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+        self.listener, self.cursor = listener, after
+
+    def deliver(self) -> int:
+        """Hand the listener every checkpoint after its cursor; how many."""
+        if self.listener is None:
+            return 0
+        fresh = [c for c in self.all() if c.id > self.cursor]
+        for checkpoint in fresh:
+            self.cursor = checkpoint.id
+            self.listener(checkpoint)
+        return len(fresh)
+
+    def close(self) -> None:
+        self.listener = None
+
+
+class StoreWriteFailure(OSError):
+    pass
+
+
+class FaultInjectingStore:
+    """A fault injector: a real :class:`LocalReceiptStore` whose writes fail while
+    ``failing`` (a full or broken disk), without writing anything."""
+
+    def __init__(self, store: LocalReceiptStore) -> None:
+        self.store = store
+        self.failing = False
+
+    def _check(self) -> None:
+        if self.failing:
+            raise StoreWriteFailure("injected: the receipt store refuses writes")
+
+    def low_watermark(self, client: str) -> int | None:
+        return self.store.low_watermark(client)
+
+    def store_low_watermark(self, client: str, checkpoint: int) -> None:
+        self._check()
+        self.store.store_low_watermark(client, checkpoint)
+
+    def store_range_receipt(self, client: str, begin: int, end: int) -> None:
+        self._check()
+        self.store.store_range_receipt(client, begin, end)
+
+    def range_receipts(self, client: str, after: int) -> Iterator[tuple[int, int]]:
+        return self.store.range_receipts(client, after)
+
+    def purge_range_receipts(self, client: str, begins: Iterable[int]) -> None:
+        self._check()
+        self.store.purge_range_receipts(client, begins)
+
+    def purge_before(self, client: str, checkpoint: int) -> None:
+        self._check()
+        self.store.purge_before(client, checkpoint)
+
+    def close(self) -> None:
+        self.store.close()
