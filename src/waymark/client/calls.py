@@ -55,7 +55,7 @@ class Call(Generic[T]):
     @property
     def target(self) -> str:
         """The path with its query string."""
-        return f"{self.path}?{urlencode(self.params)}" if self.params else self.path
+        return f"{self.path}?{urlencode(self.params, doseq=True)}" if self.params else self.path
 
 
 def call(
