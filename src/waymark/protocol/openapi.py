@@ -15,6 +15,7 @@ from .. import __version__
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import STATUS, Error
 from .limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
+from .scopes import ScopeKind
 
 _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
@@ -40,12 +41,23 @@ def document() -> dict[str, Any]:
             f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records.",
         },
         "paths": paths,
-        "components": {"schemas": components},
-    }
+        "components": {
+            "schemas": components,
+            # docs/security.md: `waymark serve --tokens FILE`; without it nothing is asked.
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token of `waymark token new`, when the server has tokens",
+            }},
+        },
+    }  # fmt: skip
 
 
 def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, Any]:
     spec: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary}
+    # The scope it needs (docs/security.md); an open route asks for no token at all.
+    spec["security"] = [] if endpoint.scope is ScopeKind.OPEN else [{"bearer": []}]
+    if endpoint.scope not in (ScopeKind.OPEN, ScopeKind.TOKEN):
+        spec["x-waymark-scope"] = endpoint.scope.value
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True,
          "schema": {"type": "string", "pattern": f"^{TOPIC_NAME_PATTERN}$"}}
@@ -73,7 +85,12 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, 
     if endpoint.created:
         responses["201"] = {**ok, "description": "Created"}
     error = {"content": {"application/json": {"schema": ref[Error]}}}
-    for status in endpoint.errors:
+    statuses = list(endpoint.errors)
+    if endpoint.scope is not ScopeKind.OPEN:
+        statuses += [401] if endpoint.scope is ScopeKind.TOKEN else [401, 403]
+    if endpoint.request is not None:
+        statuses.append(413)
+    for status in sorted(statuses):
         codes = ", ".join(code.value for code, s in STATUS.items() if s == status)
         responses[str(status)] = {**error, "description": f"Refused: {codes}"}
     responses["default"] = {**error, "description": "Any other refusal"}
