@@ -7,6 +7,8 @@ and paths come from the protocol's endpoint table, bodies are protocol structs.
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -30,11 +32,26 @@ from ..protocol import (
     TopicPut,
     TopicState,
     TopicType,
+    WhoAmI,
 )
 from .errors import ApiError
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
+TOKEN_ENV = "WAYMARK_TOKEN"
+
+
+def transport_options(token: str | None, ca_file: str | None) -> dict[str, Any]:
+    """httpx options for a server with tokens and/or TLS (docs/security.md): the bearer
+    token (``token``, else the WAYMARK_TOKEN environment variable) and the CA that
+    signed an https server's certificate (else the system's)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    options: dict[str, Any] = {}
+    if token:
+        options["headers"] = {"authorization": f"Bearer {token}"}
+    if ca_file is not None:
+        options["verify"] = ssl.create_default_context(cafile=ca_file)
+    return options
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +93,7 @@ def typed(type_: Any) -> Callable[[httpx.Response], Any]:
 
 
 _health = typed(Health)
+_whoami = typed(WhoAmI)
 _state = typed(TopicState)
 _topics = typed(TopicList)
 _append = typed(AppendResponse)
@@ -86,6 +104,10 @@ _delete = typed(DeleteResponse)
 
 def health() -> Call[Health]:
     return call("health", _health)
+
+
+def whoami() -> Call[WhoAmI]:
+    return call("whoami", _whoami)
 
 
 def list_topics() -> Call[list[TopicState]]:

@@ -32,6 +32,7 @@ from ..protocol import (
     TagRule,
     TopicState,
     TopicType,
+    WhoAmI,
 )
 from . import calls, queues, routers, writers
 from .events import Watch, WatchEvent
@@ -49,11 +50,17 @@ class Client:
         timeout: float = 30.0,
         connect_timeout: float | None = None,
         http: httpx.Client | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
+        """``token``: the bearer token of a server with tokens (default: the
+        WAYMARK_TOKEN environment variable); ``ca_file``: the CA of an https server's
+        certificate (docs/security.md)."""
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._http = http or httpx.Client(
-            base_url=base_url, timeout=httpx.Timeout(timeout, connect=self.connect_timeout)
+            base_url=base_url, timeout=httpx.Timeout(timeout, connect=self.connect_timeout),
+            **calls.transport_options(token, ca_file),
         )
 
     def close(self) -> None:
@@ -78,6 +85,10 @@ class Client:
 
     def health(self) -> Health:
         return self._run(calls.health())
+
+    def whoami(self) -> WhoAmI:
+        """The calling token's name and scopes (auth false: the server has no tokens)."""
+        return self._run(calls.whoami())
 
     def list_topics(self) -> list[TopicState]:
         return self._run(calls.list_topics())

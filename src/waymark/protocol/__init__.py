@@ -15,6 +15,7 @@ client) never loads the engine. One module per concept:
 ``queues``     claim/ack/nack/extend/redrive bodies, the leased Job
 ``routers``    router bodies
 ``writers``    the exactly-once sink's open/stage/publish bodies
+``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
 ``endpoints``  the endpoint table
@@ -40,6 +41,7 @@ from .queues import (
 )
 from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
 from .routers import RouterDeleted, RouterFilter, RouterList, RouterOut, RouterPut
+from .scopes import ScopeKind, WhoAmI
 from .topics import (
     AppendRequest,
     AppendResponse,
@@ -118,6 +120,7 @@ __all__ = [
     "RouterList",
     "RouterOut",
     "RouterPut",
+    "ScopeKind",
     "StageRequest",
     "StageResponse",
     "StagedPart",
@@ -130,6 +133,7 @@ __all__ = [
     "TopicPut",
     "TopicState",
     "TopicType",
+    "WhoAmI",
     "format_cursor",
     "parse_cursor",
 ]
