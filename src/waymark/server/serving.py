@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 
 import uvicorn
@@ -59,6 +60,9 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the signal after a graceful shutdown, which would turn a
         # clean stop into a KeyboardInterrupt traceback or a death by SIGTERM.
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only (a server run in a thread)
+            return
         handled = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
         # SIGHUP re-reads the tokens file (docs/security.md).
