@@ -5,18 +5,29 @@ lacking its scope, the right token}, tokens made by the real ``waymark token new
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from waymark.client import ApiError, Client, ErrorCode
 from waymark.protocol import ENDPOINTS, Endpoint, ScopeKind
+from waymark.protocol.openapi import document
 from waymark.protocol.scopes import ALL_SCOPES
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
@@ -261,3 +272,30 @@ def test_refusals_are_counted(secured: Secured, metrics_of) -> None:
         assert http.get("/v0/topics").status_code == 401
         assert http.get("/metrics").status_code == 401  # admin unless --open-metrics
     assert metrics_of('waymark_refusals_total{code="unauthorized"}') == before + 2
+
+
+def test_the_scopes_table_of_the_docs_is_the_endpoint_table() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+) (\S+)` \| (\w+) \|$", text, re.MULTILINE)
+    assert rows == [(e.operation_id, e.method, e.path, e.scope.value) for e in ENDPOINTS]
+
+
+# Streams never end by themselves; test_sse and the table above cover them.
+authenticated = schemathesis.openapi.from_dict(document()).exclude(
+    path_regex=r".*/(watch|work)$")
+
+
+@authenticated.parametrize()
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+def test_schemathesis_with_a_token_finds_no_server_error(
+    case: schemathesis.Case, secured: Secured
+) -> None:
+    body: Any = case.body
+    if isinstance(body, dict) and type(body.get("wait_ms")) is int and body["wait_ms"] > 20:
+        body["wait_ms"] = 20  # a long-poll would wait up to a minute
+    case.call_and_validate(
+        base_url=secured.url, timeout=15,
+        headers={"authorization": f"Bearer {secured.all}"},
+        checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                response_schema_conformance],
+    )  # fmt: skip

@@ -21,7 +21,9 @@ _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
 
 
-def document() -> dict[str, Any]:
+def document(auth: bool = True) -> dict[str, Any]:
+    """The document; ``auth`` False describes a server without tokens, which asks for
+    none (docs/security.md)."""
     types = [Error]
     for endpoint in ENDPOINTS:
         types += [t for t in (endpoint.request, endpoint.response) if t is not None]
@@ -31,7 +33,8 @@ def document() -> dict[str, Any]:
     ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in ENDPOINTS:
-        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(endpoint, ref)
+        operation = _operation(endpoint, ref, auth)
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {
@@ -52,10 +55,13 @@ def document() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, Any]:
+def _operation(
+    endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary}
     # The scope it needs (docs/security.md); an open route asks for no token at all.
-    spec["security"] = [] if endpoint.scope is ScopeKind.OPEN else [{"bearer": []}]
+    secured = auth and endpoint.scope is not ScopeKind.OPEN
+    spec["security"] = [{"bearer": []}] if secured else []
     if endpoint.scope not in (ScopeKind.OPEN, ScopeKind.TOKEN):
         spec["x-waymark-scope"] = endpoint.scope.value
     params: list[dict[str, Any]] = [
@@ -86,7 +92,7 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, 
         responses["201"] = {**ok, "description": "Created"}
     error = {"content": {"application/json": {"schema": ref[Error]}}}
     statuses = list(endpoint.errors)
-    if endpoint.scope is not ScopeKind.OPEN:
+    if secured:
         statuses += [401] if endpoint.scope is ScopeKind.TOKEN else [401, 403]
     if endpoint.request is not None:
         statuses.append(413)

@@ -98,7 +98,7 @@ class App:
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
         )
         routers = RouterApi(self.engine, self.limits)
-        self._openapi = msgspec.json.encode(document())
+        self._openapi = msgspec.json.encode(document(auth=self.tokens is not None))
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
