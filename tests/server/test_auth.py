@@ -299,3 +299,15 @@ def test_schemathesis_with_a_token_finds_no_server_error(
         checks=[not_a_server_error, status_code_conformance, content_type_conformance,
                 response_schema_conformance],
     )  # fmt: skip
+
+
+def test_open_metrics_serves_metrics_without_a_token(start_waymark, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.toml"
+    token_new(tokens, "someone", "read:*")
+    server = start_waymark("--tokens", str(tokens), "--open-metrics")
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+    assert httpx.get(f"{server.url}/v0/topics").status_code == 401
+    # What the server asks for, its OpenAPI document says.
+    ops = httpx.get(f"{server.url}/v0/openapi.json").json()["paths"]
+    assert ops["/v0/topics"]["get"]["security"] == [{"bearer": []}]
+    assert ops["/v0/health"]["get"]["security"] == []

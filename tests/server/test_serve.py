@@ -57,7 +57,10 @@ def test_serve_help_lists_its_options() -> None:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     text = " ".join(result.stdout.split())
-    for option in ("--host", "--port", "--data-dir", "--heartbeat-s", "--wal-shards"):
+    for option in ("--host", "--port", "--data-dir", "--heartbeat-s", "--wal-shards",
+                   "--tokens", "--insecure-no-auth", "--open-metrics", "--tls-cert", "--tls-key",
+                   "--header-timeout-s", "--keep-alive-s", "--max-connections", "--max-streams",
+                   "--max-body-bytes", "--max-topics"):  # fmt: skip
         assert option in text
     assert "recovered" in text  # --data-dir is real storage now
 
