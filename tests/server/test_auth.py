@@ -311,3 +311,4 @@ def test_open_metrics_serves_metrics_without_a_token(start_waymark, tmp_path: Pa
     ops = httpx.get(f"{server.url}/v0/openapi.json").json()["paths"]
     assert ops["/v0/topics"]["get"]["security"] == [{"bearer": []}]
     assert ops["/v0/health"]["get"]["security"] == []
+    assert ops["/metrics"]["get"]["security"] == []

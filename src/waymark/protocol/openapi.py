@@ -7,6 +7,7 @@ the client decodes answers into, so the document cannot drift from either.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -21,18 +22,21 @@ _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
 
 
-def document(auth: bool = True) -> dict[str, Any]:
-    """The document; ``auth`` False describes a server without tokens, which asks for
-    none (docs/security.md)."""
+def document(
+    auth: bool = True, endpoints: Sequence[Endpoint] = ENDPOINTS
+) -> dict[str, Any]:
+    """The document of ``endpoints`` (a server's, when it opens a route such as
+    /metrics); ``auth`` False describes a server without tokens, which asks for none
+    (docs/security.md)."""
     types = [Error]
-    for endpoint in ENDPOINTS:
+    for endpoint in endpoints:
         types += [t for t in (endpoint.request, endpoint.response) if t is not None]
     types = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     renamed, components = _plain_generic_names(components)
     ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
     paths: dict[str, dict[str, Any]] = {}
-    for endpoint in ENDPOINTS:
+    for endpoint in endpoints:
         operation = _operation(endpoint, ref, auth)
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     return {

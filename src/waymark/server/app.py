@@ -98,7 +98,6 @@ class App:
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
         )
         routers = RouterApi(self.engine, self.limits)
-        self._openapi = msgspec.json.encode(document(auth=self.tokens is not None))
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
@@ -133,6 +132,9 @@ class App:
             for e in ENDPOINTS
         ]  # fmt: skip
         self.paths = PathTable.build(endpoints, self.handlers)
+        self._openapi = msgspec.json.encode(
+            document(auth=self.tokens is not None, endpoints=endpoints)
+        )
 
     def reload_tokens(self) -> None:
         """Re-read the tokens file (SIGHUP); a file that does not load keeps the old
