@@ -178,6 +178,8 @@ def test_route_by_token(secured: Secured, endpoint: Endpoint) -> None:
                 assert response.status_code == expected, (secret, response.text)
                 code = "unauthorized" if expected == 401 else "forbidden"
                 assert response.json()["error"]["code"] == code
+                if expected == 401:
+                    assert response.headers["www-authenticate"].startswith("Bearer")
             else:
                 assert _status(http, method, path, **kw) < 300
     with secured.as_token(secured.all) as http:

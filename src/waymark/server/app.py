@@ -217,6 +217,8 @@ class App:
             ) is not None:
                 self.metrics.refused(refusal.code)
                 response = error_response(refusal)
+                if refusal.code is ErrorCode.UNAUTHORIZED:  # RFC 6750
+                    response.headers = ((b"www-authenticate", b'Bearer realm="waymark"'),)
             else:
                 try:
                     response = await route.methods[scope["method"]](
