@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -127,6 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per figure")
     parser.add_argument("--sse-samples", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     parser.add_argument("--serve", choices=APPS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -134,15 +136,27 @@ def main() -> None:
         return
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install -y wrk")
-    figures: dict[tuple[str, str], dict[str, float]] = {}
-    for app in APPS:
-        for kind in SERVERS:
-            console.print(f"[bold]{app} on {kind}[/bold]: measuring …")
-            with server(kind, app) as url:
-                figures[kind, app] = measure(url, args.seconds, args.sse_samples)
-            console.print(figures[kind, app])
-
-    table = Table(title=f"granian vs uvicorn (anchor), same run; load {os.getloadavg()[0]:.2f}")
+    # The two servers alternate, round after round, in both orders: on a shared
+    # machine the load drifts, and a drift then reaches both alike. Each figure is the
+    # median over the rounds; the ratio of one-record appends is also shown per round.
+    rounds: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for i in range(args.rounds):
+        for app in APPS:
+            for kind in SERVERS if i % 2 == 0 else SERVERS[::-1]:
+                console.print(f"[bold]round {i + 1}: {app} on {kind}[/bold] …")
+                with server(kind, app) as url:
+                    rounds.setdefault((kind, app), []).append(
+                        measure(url, args.seconds, args.sse_samples))
+    figures = {key: {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+               for key, runs in rounds.items()}  # fmt: skip
+    one = "append 1/req (records/s)"
+    per_round = [g[one] / u[one] for g, u in
+                 zip(rounds["granian", "waymark"], rounds["uvicorn", "waymark"], strict=True)]
+    console.print("waymark one-record appends, granian/uvicorn per round: "
+                  + ", ".join(f"{r:.2f}x" for r in per_round))  # fmt: skip
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    table = Table(title=f"granian vs uvicorn (anchor): medians of {args.rounds} alternating "
+                  f"rounds; load average {load}")
     table.add_column("figure")
     for app in APPS:
         table.add_column(f"{app} uvicorn", justify="right")
