@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +207,35 @@ def test_ships_on_across_a_lost_gap_after_the_server_is_killed(
     assert (gap["reason"], gap["gap_from"], gap["gap_to"]) == ("lost", burst[-1] + 1,
                                                                 later[0] - 1)  # fmt: skip
     assert status(state)["tombstones"] == 1
+
+
+def test_ships_from_a_server_with_tokens(
+    start_waymark, topic: str, tmp_path: Path, collectors: list[CollectorProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/security.md: the shipper reads with its token (``--token`` or WAYMARK_TOKEN);
+    without one it is refused 401 and ships nothing."""
+    import httpx
+
+    tokens = tmp_path / "tokens.toml"
+    new = [str(Path(sys.executable).parent / "waymark"), "token", "new"]
+    made = {name: subprocess.run([*new, name, "--tokens", str(tokens), *scopes],
+                                 capture_output=True, text=True, check=True).stdout.split()[-1]
+            for name, scopes in (
+                ("producer", ["--scope", f"write:{topic}"]),
+                ("shipper", ["--scope", f"read:{topic}", "--scope", f"write:{topic}.dead-letter"]),
+            )}  # fmt: skip
+    secured = start_waymark("--tokens", str(tokens)).url
+    auth = {"authorization": f"Bearer {made['producer']}"}
+    response = httpx.post(f"{secured}/v0/topics/{topic}/records", headers=auth,
+                          json={"records": [{"data": {"i": i}} for i in range(50)]})  # fmt: skip
+    assert response.status_code == 200
+    sink = collector(collectors, tmp_path)
+    monkeypatch.delenv("WAYMARK_TOKEN", raising=False)
+    code, out = finish(start_ship(secured, topic, sink, tmp_path / "a", "--once"), timeout=30)
+    assert code != 0 and "unauthorized" in out and sink.received() == set()
+    monkeypatch.setenv("WAYMARK_TOKEN", made["shipper"])
+    code, out = finish(start_ship(secured, topic, sink, tmp_path / "b", "--once"), timeout=30)
+    assert code == 0, out
+    assert sink.received() == set(range(1, 51))
+    assert made["shipper"] not in out  # never logged

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import errno
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from waymark.client import (
     ApiError,
@@ -38,8 +39,11 @@ from waymark.clock import ManualClock
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard, Durability, Limits
+from waymark.protocol.scopes import ALL_SCOPES
 from waymark.server import App
-from waymark.server.serving import listen
+from waymark.server.auth import new_token
+from waymark.server.limits import ServerLimits
+from waymark.server.serving import Server, listen
 
 
 @contextmanager
@@ -47,7 +51,7 @@ def serving(app: App) -> Iterator[str]:
     """``app`` on uvicorn in a thread, on a socket that listens before this returns (a
     client may connect at once). The engine stays on the server's loop thread."""
     sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="critical"))
+    server = Server(app)  # waymark's: its connection limits answer some codes
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -166,7 +170,9 @@ def fault(flag: threading.Event) -> Iterator[None]:
 
 
 LIMITS = Limits(max_record_bytes=64, max_tag_bytes=8, max_node_bytes=8, max_meta_bytes=64,
-                max_meta_keys=2, max_records_per_write=3, max_body_bytes=4096)  # fmt: skip
+                max_meta_keys=2, max_records_per_write=3, max_body_bytes=4096,
+                max_topics=40)  # fmt: skip
+SERVER_LIMITS = ServerLimits(header_timeout_s=0.3, max_connections=4, max_streams=1)
 
 
 @dataclass
@@ -177,6 +183,50 @@ class Target:
     url: str
     disk: FullDisk
     clock: FailingClock
+    secrets: dict[str, str]  # token name -> secret (docs/security.md)
+
+    def raw(self, method: str, path: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {self.secrets['all']}"}
+        return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=10)
+
+
+def refused_by_connection(s: Target, request: bytes, *, hold: int = 0) -> None:
+    """Send ``request`` on a fresh connection while ``hold`` idle ones stay open; the
+    answer is the server's, decoded by the client."""
+    host, port = s.url.removeprefix("http://").rsplit(":", 1)
+    held = [socket.create_connection((host, int(port))) for _ in range(hold)]
+    try:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(request)
+            sock.settimeout(10)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        for idle in held:
+            idle.close()
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{s.url}/v0/health").status_code != 200:  # the server saw them close
+        assert time.monotonic() < deadline
+    head, body = answer.split(b"\r\n\r\n", 1)
+    raise ApiError.from_response(httpx.Response(int(head.split()[1]), content=body))
+
+
+def as_token(s: Target, name: str, call: Callable[[Client], object]) -> None:
+    with Client(s.url, token=s.secrets[name]) as client:
+        call(client)
+
+
+def too_many_streams(s: Target) -> None:
+    with httpx.stream("GET", f"{s.url}/v0/topics/t/watch", timeout=10,
+                      headers={"authorization": f"Bearer {s.secrets['all']}"}) as one:
+        assert one.status_code == 200
+        raise ApiError.from_response(s.raw("GET", "/v0/topics/t/watch"))
+
+
+def too_many_topics(s: Target) -> None:
+    for i in range(LIMITS.max_topics + 1):
+        s.client.put_topic(f"many-{i}")
 
 
 def fenced(s: Target) -> None:
@@ -240,6 +290,14 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.METHOD_NOT_ALLOWED: method_not_allowed,
     ErrorCode.STORAGE_UNAVAILABLE: disk_full,
     ErrorCode.INTERNAL: server_bug,
+    ErrorCode.UNAUTHORIZED: lambda s: as_token(s, "wrong", lambda c: c.get_topic("t")),
+    ErrorCode.FORBIDDEN: lambda s: as_token(
+        s, "reader", lambda c: c.append("t", [RecordIn.of(1)])),
+    ErrorCode.REQUEST_TIMEOUT: lambda s: refused_by_connection(s, b"GET /v0/health HTTP/1.1\r\n"),
+    ErrorCode.SERVER_BUSY: lambda s: refused_by_connection(
+        s, b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n", hold=4),
+    ErrorCode.TOO_MANY_STREAMS: too_many_streams,
+    ErrorCode.TOO_MANY_TOPICS: too_many_topics,  # last: no topic can be made after it
 }  # fmt: skip
 
 
@@ -248,11 +306,15 @@ def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
     assert set(CASES) == set(ErrorCode)
     disk, clock = FullDisk(), FailingClock()
     engine, store, _ = open_engine(tmp_path, clock=clock, limits=LIMITS, fileio=disk)
+    tokens = tmp_path / "tokens.toml"
+    secrets = {"all": new_token(tokens, "all", list(ALL_SCOPES)),
+               "reader": new_token(tokens, "reader", ["read:*"]), "wrong": "wmk_0_nope"}
+    app = App(engine=engine, store=store, tokens=tokens, server_limits=SERVER_LIMITS)
     try:
-        with serving(App(engine=engine, store=store)) as url, Client(url) as client:
+        with serving(app) as url, Client(url, token=secrets["all"]) as client:
             client.append("t", [RecordIn.of(0)])
             client.put_topic("synced", ConfigPatch(durability=Durability.FSYNC))
-            target = Target(client, url, disk, clock)
+            target = Target(client, url, disk, clock, secrets)
             for code, case in CASES.items():
                 with pytest.raises(ApiError) as refused:
                     case(target)

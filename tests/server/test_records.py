@@ -164,7 +164,7 @@ def test_body_over_64_mib_is_refused_from_content_length(http, topic) -> None:
         headers={"content-type": "application/json"},
     )
     body = response.json()["error"]
-    assert response.status_code == 400
+    assert response.status_code == 413
     assert body["code"] == "body_too_large"
     assert body["detail"]["max_bytes"] == 64 << 20
 
@@ -177,7 +177,7 @@ def test_body_over_64_mib_is_refused_while_streaming(http, topic) -> None:
             yield piece
 
     response = http.post(f"/v0/topics/{topic}/records", content=chunks())
-    assert response.status_code == 400
+    assert response.status_code == 413
     assert response.json()["error"]["code"] == "body_too_large"
 
 

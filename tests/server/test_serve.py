@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -54,10 +55,13 @@ def test_sigterm_ends_open_streams_and_long_polls_promptly(start_waymark, long_p
 def test_serve_help_lists_its_options() -> None:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "waymark"), "serve", "--help"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
     text = " ".join(result.stdout.split())
-    for option in ("--host", "--port", "--data-dir", "--heartbeat-s", "--wal-shards"):
+    for option in ("--host", "--port", "--data-dir", "--heartbeat-s", "--wal-shards",
+                   "--tokens", "--insecure-no-auth", "--open-metrics", "--tls-cert", "--tls-key",
+                   "--header-timeout-s", "--keep-alive-s", "--max-connections", "--max-streams",
+                   "--max-body-bytes", "--max-topics"):  # fmt: skip
         assert option in text
     assert "recovered" in text  # --data-dir is real storage now
 

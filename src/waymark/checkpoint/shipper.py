@@ -72,6 +72,9 @@ class ShipConfig:
     save_interval_s: float = 0.2
     backoff: Backoff = field(default_factory=Backoff)
     post_timeout_s: float = 30.0
+    # A server with tokens or TLS (docs/security.md); the token never shows in a repr.
+    token: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
 
     @property
     def dead_letter_topic(self) -> str:
@@ -166,7 +169,7 @@ class Shipper:
             max_connections=config.in_flight, max_keepalive_connections=config.in_flight
         )
         async with (
-            AsyncClient(config.url) as self._waymark,
+            AsyncClient(config.url, token=config.token, ca_file=config.ca_file) as self._waymark,
             httpx.AsyncClient(limits=limits, timeout=config.post_timeout_s) as self._collector,
         ):
             saver = asyncio.create_task(self._save_loop())

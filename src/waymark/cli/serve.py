@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated
 
@@ -65,18 +66,77 @@ def register(app: typer.Typer) -> None:
                 "steps) run per turn of the event loop, highest topic priority first.",
             ),
         ] = 32,
+        tokens: Annotated[
+            Path | None,
+            typer.Option(
+                help="Tokens file (`waymark token new`): every route but /v0/health and "
+                "the OpenAPI document then needs a bearer token with its scope. "
+                "Re-read on SIGHUP.",
+            ),
+        ] = None,
+        insecure_no_auth: Annotated[
+            bool, typer.Option(help="Allow a non-loopback --host without --tokens.")
+        ] = False,
+        open_metrics: Annotated[
+            bool, typer.Option(help="Serve /metrics without a token (else it needs admin).")
+        ] = False,
+        tls_cert: Annotated[
+            Path | None, typer.Option(help="TLS certificate chain (PEM): serve https.")
+        ] = None,
+        tls_key: Annotated[Path | None, typer.Option(help="TLS private key (PEM).")] = None,
+        header_timeout_s: Annotated[
+            float,
+            typer.Option(help="Seconds a request's headers may take to arrive (408 after)."),
+        ] = 10.0,
+        keep_alive_s: Annotated[
+            float, typer.Option(help="Seconds an idle kept-alive connection stays open.")
+        ] = 5.0,
+        max_connections: Annotated[
+            int, typer.Option(min=1, help="Open connections; more are answered 503.")
+        ] = 1000,
+        max_streams: Annotated[
+            int, typer.Option(min=1, help="Open SSE streams (watch, /work); more get 429.")
+        ] = 500,
+        max_body_bytes: Annotated[
+            int, typer.Option(min=1, help="Largest request body; larger ones get 413.")
+        ] = 64 << 20,
+        max_topics: Annotated[
+            int, typer.Option(min=1, help="Topics the server holds; one more gets 429.")
+        ] = 100_000,
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         require("serve", "server")
+        if tokens is None and not insecure_no_auth and not _loopback(host):
+            typer.echo(
+                f"waymark: refusing to serve {host} without --tokens: anyone who can reach "
+                "it could read, write and delete every topic. Make tokens with `waymark "
+                "token new`, or pass --insecure-no-auth if the network is yours alone.",
+                err=True,
+            )
+            raise typer.Exit(2)
+        if (tls_cert is None) != (tls_key is None):
+            typer.echo("waymark: --tls-cert and --tls-key go together", err=True)
+            raise typer.Exit(2)
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
+        from waymark.protocol import Limits
         from waymark.server import App, Settings
+        from waymark.server.auth import TokenFileError, Tokens
+        from waymark.server.limits import ServerLimits
         from waymark.server.serving import Server, listen
 
+        if tokens is not None:
+            try:
+                Tokens.load(tokens)
+            except TokenFileError as exc:
+                typer.echo(f"waymark: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics)
         try:
             engine, store, report = open_engine(
-                data_dir, shards=wal_shards, cold_dir=cold_dir, hot_segments=hot_segments
+                data_dir, shards=wal_shards, cold_dir=cold_dir, hot_segments=hot_segments,
+                limits=limits,
             )
         except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
@@ -94,15 +154,21 @@ def register(app: typer.Typer) -> None:
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
         sock = listen(host, port)
+        server_limits = ServerLimits(header_timeout_s=header_timeout_s,
+                                     keep_alive_s=keep_alive_s,
+                                     max_connections=max_connections, max_streams=max_streams)
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
                   checkpoint_interval_s=checkpoint_interval_s,
                   recovery_window_s=recovery_window_s,
-                  settings=Settings(heartbeat_s=heartbeat_s,
-                                    delivery_budget=delivery_budget))  # fmt: skip
-        server = Server(app)
+                  settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget),
+                  tokens=tokens, open_metrics=open_metrics,
+                  server_limits=server_limits)  # fmt: skip
+        server = Server(app, tls_cert=tls_cert and str(tls_cert),
+                        tls_key=tls_key and str(tls_key))  # fmt: skip
         shown = f"[{host}]" if ":" in host else host
+        scheme = "https" if tls_cert is not None else "http"
         # Printed once the socket is bound, so a parent process can wait for this line.
-        typer.echo(f"waymark listening on http://{shown}:{sock.getsockname()[1]}")
+        typer.echo(f"waymark listening on {scheme}://{shown}:{sock.getsockname()[1]}")
         try:
             server.run(sockets=[sock])
         finally:
@@ -110,3 +176,12 @@ def register(app: typer.Typer) -> None:
             store.seal(engine)  # and a short WAL to replay
             store.close()
         typer.echo("waymark stopped")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere

@@ -54,6 +54,17 @@ def register(app: typer.Typer) -> None:
             bool | None,
             typer.Option(help="Live progress display. Default: on when stderr is a terminal."),
         ] = None,
+        token: Annotated[
+            str | None,
+            typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
+                         help="Bearer token for a server with tokens (read:<topic>, and "
+                         "write on the dead-letter topic)."),
+        ] = None,
+        ca_file: Annotated[
+            Path | None,
+            typer.Option(envvar="WAYMARK_CA_FILE", show_envvar=True,
+                         help="CA certificate (PEM) of an https waymark server."),
+        ] = None,
     ) -> None:
         """Ship a topic to an HTTP collector, N batches in flight, resuming from the
         committed checkpoint. SIGTERM/SIGINT drain and exit; a second one stops at once."""
@@ -87,6 +98,8 @@ def register(app: typer.Typer) -> None:
             once=once,
             wait_ms=wait_ms,
             backoff=Backoff(retry_base_ms / 1000, max(retry_cap_ms, retry_base_ms) / 1000),
+            token=token,
+            ca_file=ca_file and str(ca_file),
         )
         shipper = Shipper(config)
         if metrics_port is not None:

@@ -38,6 +38,7 @@ from ..protocol import (
     TagRule,
     TopicState,
     TopicType,
+    WhoAmI,
     WriterState,
 )
 from . import calls, changes, queues, routers, writers
@@ -53,6 +54,10 @@ class Api:
 
     def health(self) -> Health:
         return self._run(calls.health())
+
+    def whoami(self) -> WhoAmI:
+        """The calling token's name and scopes (with auth off: every scope)."""
+        return self._run(calls.whoami())
 
     def list_topics(self) -> list[TopicState]:
         return self._run(calls.list_topics())

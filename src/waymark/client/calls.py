@@ -31,6 +31,7 @@ from ..protocol import (
     TopicPut,
     TopicState,
     TopicType,
+    WhoAmI,
 )
 from .errors import Answer, ApiError
 
@@ -98,6 +99,7 @@ def typed(type_: Any) -> Callable[[Answer], Any]:
 
 
 _health = typed(Health)
+_whoami = typed(WhoAmI)
 _state = typed(TopicState)
 _topics = typed(TopicList)
 _append = typed(AppendResponse)
@@ -108,6 +110,10 @@ _delete = typed(DeleteResponse)
 
 def health() -> Call[Health]:
     return call("health", _health)
+
+
+def whoami() -> Call[WhoAmI]:
+    return call("whoami", _whoami)
 
 
 def list_topics() -> Call[list[TopicState]]:

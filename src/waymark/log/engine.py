@@ -105,6 +105,16 @@ class Engine:
         topics = sorted(self.kernel.topics(), key=lambda t: t.name)
         return [self._state(t, now) for t in topics if "$" not in t.name]
 
+    def _check_room(self, name: str) -> None:
+        """Refuse a new topic past ``Limits.max_topics`` (docs/security.md, Limits)."""
+        limit = self.limits.max_topics
+        if len(self.kernel) >= limit:
+            raise TopicError(
+                ErrorCode.TOO_MANY_TOPICS,
+                f"the server holds its limit of {limit} topics",
+                {"topic": name, "max_topics": limit},
+            )
+
     def put_topic(
         self, name: str, patch: ConfigPatch, topic_type: TopicType | None = None
     ) -> tuple[TopicState, bool]:
@@ -116,6 +126,7 @@ class Engine:
         kernel.recover(name)
         topic = kernel.get(name)
         if topic is None:
+            self._check_room(name)
             config = self.defaults.apply(patch)
             if topic_type is TopicType.QUEUE:
                 check_queue_config(name, config)
@@ -241,6 +252,7 @@ class Engine:
                 raise TopicError(
                     ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
                 )
+            self._check_room(name)
             # Not registered until the write is known to fit: a refused write creates nothing.
             topic = Topic(name, TopicType.LOG, topic_config, kernel.next_epoch(), now)
         plan = topic.plan_append(encoded, now)

@@ -16,6 +16,7 @@ client) never loads the engine. One module per concept:
 ``routers``    router bodies
 ``writers``    the exactly-once sink's open/stage/publish bodies
 ``changes``    change checkpoints (KeyChange, Checkpoint, CheckpointPage)
+``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
 ``endpoints``  the endpoint table
@@ -42,6 +43,7 @@ from .queues import (
 )
 from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
 from .routers import RouterDeleted, RouterFilter, RouterList, RouterOut, RouterPut
+from .scopes import ScopeKind, WhoAmI
 from .topics import (
     AppendRequest,
     AppendResponse,
@@ -127,6 +129,7 @@ __all__ = [
     "RouterList",
     "RouterOut",
     "RouterPut",
+    "ScopeKind",
     "StageRequest",
     "StageResponse",
     "StagedPart",
@@ -139,6 +142,7 @@ __all__ = [
     "TopicPut",
     "TopicState",
     "TopicType",
+    "WhoAmI",
     "WriterList",
     "WriterState",
     "WriterTopic",

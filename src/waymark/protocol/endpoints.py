@@ -8,7 +8,7 @@ and the client builds its requests from it, so a route is declared exactly once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -30,6 +30,7 @@ from .queues import (
 )
 from .records import RecordIn
 from .routers import RouterDeleted, RouterList, RouterOut, RouterPut
+from .scopes import ScopeKind, WhoAmI
 from .topics import (
     AppendRequest,
     AppendResponse,
@@ -79,6 +80,8 @@ class Endpoint:
     errors: tuple[int, ...] = (400, 404)  # the statuses of the refusals it documents
     query: tuple[QueryParam, ...] = ()
     stream: tuple[str, str] | None = None  # a non-JSON answer: (media type, description)
+    # What a caller needs (docs/security.md): required, so no route is left unguarded.
+    scope: ScopeKind = field(kw_only=True)
 
     def url(self, **params: str) -> str:
         """The path with ``params`` filled in, each percent-encoded as one segment."""
@@ -92,27 +95,32 @@ _QUEUE_ERRORS = (400, 404, 409)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v0/health", "health", "Readiness: 200 when the server serves requests",
-             response=Health, errors=()),
+             response=Health, errors=(), scope=ScopeKind.OPEN),
+    Endpoint("GET", "/v0/auth/whoami", "whoami",
+             "The calling token's name and scopes (auth false: the server has no tokens)",
+             response=WhoAmI, errors=(), scope=ScopeKind.TOKEN),
     Endpoint("GET", "/v0/topics", "listTopics", "Every topic's state, sorted by name",
-             response=TopicList, errors=()),
+             response=TopicList, errors=(), scope=ScopeKind.READ),
     # --- topics (the order of one path's methods is the order of its Allow header)
     Endpoint("PUT", _TOPIC, "putTopic",
              "Create (201) or update (200) a topic; config fields at the top level",
              request=TopicPut, request_required=False, response=TopicState, created=True,
-             errors=(400, 409)),
+             errors=(400, 409), scope=ScopeKind.ADMIN),
     Endpoint("GET", _TOPIC, "getTopic", "A topic's state; touch=false reads without consuming",
              response=TopicState,
-             query=(QueryParam("touch", {"type": "boolean"}, "count this read as consumption"),)),
+             query=(QueryParam("touch", {"type": "boolean"}, "count this read as consumption"),),
+             scope=ScopeKind.READ),
     Endpoint("DELETE", _TOPIC, "deleteTopic",
              "Delete a topic with its records, tag index and dedupe state",
-             response=TopicDeleted),
+             response=TopicDeleted, scope=ScopeKind.ADMIN),
     Endpoint("POST", f"{_TOPIC}/records", "append",
              "Append records atomically; lazily creates the topic unless create=false",
-             request=AppendRequest, response=AppendResponse, errors=(400, 404, 409, 422)),
+             request=AppendRequest, response=AppendResponse, errors=(400, 404, 409, 422),
+             scope=ScopeKind.WRITE),
     Endpoint("POST", f"{_TOPIC}/diff", "diff",
              "Records with $seq > from_seq (a tombstone first if live records were lost); "
              "wait_ms long-polls for new records",
-             request=DiffRequest, response=DiffResponse[Any]),
+             request=DiffRequest, response=DiffResponse[Any], scope=ScopeKind.READ),
     Endpoint("GET", f"{_TOPIC}/watch", "watch",
              "Server-Sent Events: `event: record|tombstone`, `id: <epoch>:<seq>`; resumes "
              "from Last-Event-ID; idle streams get `: heartbeat` comment lines",
@@ -120,45 +128,51 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              query=(QueryParam("from_seq", _SEQ, "exclusive lower bound; default 0"),
                     QueryParam("epoch", _SEQ, "the topic instance the cursor belongs to"),
                     QueryParam("node", {"type": "array", "items": {"type": "string"}},
-                               "reader node id(s): their own records are skipped"))),
+                               "reader node id(s): their own records are skipped")),
+             scope=ScopeKind.READ),
     Endpoint("POST", f"{_TOPIC}/delete", "deleteRecords",
              "Permanently delete records by before_seq and/or tag match (silent, "
              "point-in-time)",
-             request=DeleteRequest, response=DeleteResponse),
+             request=DeleteRequest, response=DeleteResponse, scope=ScopeKind.DELETE),
     # --- the exactly-once sink's writers
     Endpoint("POST", "/v0/writers", "openWriter",
              "Start a new run of an exactly-once writer: returns its new epoch, which fences "
              "(409 fenced) every stage and publish of earlier runs",
-             request=OpenWriterRequest, response=OpenWriterResponse, errors=(400,)),
+             request=OpenWriterRequest, response=OpenWriterResponse, errors=(400,),
+             scope=ScopeKind.WRITE),
     Endpoint("GET", "/v0/writers", "listWriters",
              "Every writer's epoch and, per topic, its last published batch",
-             response=WriterList, errors=()),
+             response=WriterList, errors=(), scope=ScopeKind.READ),
     Endpoint("POST", f"{_TOPIC}/stage", "stage",
              "Stage one chunk of a task attempt's records under (writer, batch_id, partition, "
              "attempt); invisible to readers until published; unpublished stages expire",
-             request=StageRequest[list[RecordIn]], response=StageResponse, errors=(400, 409)),
+             request=StageRequest[list[RecordIn]], response=StageResponse, errors=(400, 409),
+             scope=ScopeKind.WRITE),
     Endpoint("POST", f"{_TOPIC}/publish", "publish",
              "Publish the named staged parts of a batch as one atomic append (contiguous "
              "seqs); publishing an already published (writer, batch_id) returns its original "
              "seqs",
-             request=PublishRequest, response=PublishResponse, errors=(400, 404, 409, 422)),
+             request=PublishRequest, response=PublishResponse, errors=(400, 404, 409, 422),
+             scope=ScopeKind.WRITE),
     # --- queues
     Endpoint("POST", f"{_TOPIC}/claim", "claimJobs",
              "Lease up to max jobs (reclaimed first, then fresh); 409 not_a_queue on a log",
-             request=ClaimBody, response=ClaimResponse[Any], errors=_QUEUE_ERRORS),
+             request=ClaimBody, response=ClaimResponse[Any], errors=_QUEUE_ERRORS,
+             scope=ScopeKind.QUEUE),
     Endpoint("POST", f"{_TOPIC}/ack", "ackJobs",
              "Done: permanently delete jobs this node holds; others are skipped",
-             request=AckBody, response=AckResponse, errors=_QUEUE_ERRORS),
+             request=AckBody, response=AckResponse, errors=_QUEUE_ERRORS, scope=ScopeKind.QUEUE),
     Endpoint("POST", f"{_TOPIC}/nack", "nackJobs",
              "Release leases early; the jobs are claimable again after delay_ms",
-             request=NackBody, response=NackResponse, errors=_QUEUE_ERRORS),
+             request=NackBody, response=NackResponse, errors=_QUEUE_ERRORS, scope=ScopeKind.QUEUE),
     Endpoint("POST", f"{_TOPIC}/extend", "extendLeases",
              "Heartbeat: new deadline now + lease_ms; delivery counter unchanged",
-             request=ExtendBody, response=ExtendResponse, errors=_QUEUE_ERRORS),
+             request=ExtendBody, response=ExtendResponse, errors=_QUEUE_ERRORS,
+             scope=ScopeKind.QUEUE),
     Endpoint("POST", f"{_TOPIC}/redrive", "redrive",
              "Move dead letters of this queue from its dead_letter topic back into it",
              request=RedriveBody, request_required=False, response=RedriveResponse,
-             errors=_QUEUE_ERRORS),
+             errors=_QUEUE_ERRORS, scope=ScopeKind.QUEUE),
     Endpoint("GET", f"{_TOPIC}/work", "work",
              "Server-Sent Events for pushed workers: `event: job` per lease, at most max "
              "held at once; the stream joins the claim cohort",
@@ -168,17 +182,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     QueryParam("max", {"type": "integer", "minimum": 1, "maximum": MAX_BATCH},
                                "leases held at once (default 1)"),
                     QueryParam("lease_ms", {"type": "integer", "minimum": 1},
-                               "lease length (default: the queue's lease_ms)"))),
+                               "lease length (default: the queue's lease_ms)")),
+             scope=ScopeKind.QUEUE),
     # --- routers
     Endpoint("GET", "/v0/routers", "listRouters", "Every router, by name",
-             response=RouterList, errors=()),
+             response=RouterList, errors=(), scope=ScopeKind.READ),
     Endpoint("PUT", _ROUTER, "putRouter",
              "Create a router source -> dest (409 router_cycle, 409 router_dest_fan_in)",
-             request=RouterPut, response=RouterOut, created=True, errors=(400, 404, 409)),
+             request=RouterPut, response=RouterOut, created=True, errors=(400, 404, 409),
+             scope=ScopeKind.ADMIN),
     Endpoint("GET", _ROUTER, "getRouter", "A router and its forward cursor",
-             response=RouterOut),
+             response=RouterOut, scope=ScopeKind.READ),
     Endpoint("DELETE", _ROUTER, "deleteRouter",
-             "Stop forwarding; copies already in dest remain", response=RouterDeleted),
+             "Stop forwarding; copies already in dest remain", response=RouterDeleted,
+             scope=ScopeKind.ADMIN),
     # --- change checkpoints (docs/semantics/recovery.md §1)
     Endpoint("GET", "/v0/changes/checkpoints", "listCheckpoints",
              "Change checkpoints, newest first, back to earliest_ms; a topic filter "
@@ -190,7 +207,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     QueryParam("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
                                "checkpoints per page (default 500)"),
                     QueryParam("topic", {"type": "array", "items": {"type": "string"}},
-                               "only changes of these topics"))),
+                               "only changes of these topics")),
+             scope=ScopeKind.READ),
     Endpoint("GET", "/v0/changes/watch", "watchCheckpoints",
              "Server-Sent Events: `event: checkpoint`, `id: <checkpoint id>`, one per "
              "change checkpoint after `after` (or Last-Event-ID)",
@@ -199,12 +217,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              query=(QueryParam("after", _SEQ, "exclusive lower bound on ids; default: "
                                               "from the newest on"),
                     QueryParam("topic", {"type": "array", "items": {"type": "string"}},
-                               "only changes of these topics"))),
+                               "only changes of these topics")),
+             scope=ScopeKind.READ),
     # --- the server itself
     Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
-             stream=("application/json", "OpenAPI 3.1")),
+             stream=("application/json", "OpenAPI 3.1"), scope=ScopeKind.OPEN),
     Endpoint("GET", "/metrics", "metrics", "Prometheus metrics", errors=(),
-             stream=("text/plain", "Prometheus text exposition format")),
+             stream=("text/plain", "Prometheus text exposition format"), scope=ScopeKind.ADMIN),
 )  # fmt: skip
 
 ENDPOINT: dict[str, Endpoint] = {e.operation_id: e for e in ENDPOINTS}

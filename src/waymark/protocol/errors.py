@@ -32,6 +32,12 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     STORAGE_UNAVAILABLE = "storage_unavailable"
+    UNAUTHORIZED = "unauthorized"  # no token, or one the server does not know
+    FORBIDDEN = "forbidden"  # a valid token without the endpoint's scope
+    REQUEST_TIMEOUT = "request_timeout"  # headers not complete within the read timeout
+    TOO_MANY_STREAMS = "too_many_streams"  # the server's SSE stream limit
+    TOO_MANY_TOPICS = "too_many_topics"  # the server's topic limit
+    SERVER_BUSY = "server_busy"  # the server's connection limit
     INTERNAL = "internal"  # a server fault, never a refusal of the request's content
 
     @property
@@ -48,18 +54,24 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.NODE_TOO_LONG: 400,
     ErrorCode.META_TOO_LARGE: 400,
     ErrorCode.TOO_MANY_RECORDS: 400,
-    ErrorCode.BODY_TOO_LARGE: 400,
+    ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.TOPIC_NOT_FOUND: 404,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.ROUTER_NOT_FOUND: 404,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: 409,
     ErrorCode.NOT_A_QUEUE: 409,
     ErrorCode.ROUTER_CYCLE: 409,
     ErrorCode.FENCED: 409,
     ErrorCode.TOPIC_FULL: 422,
+    ErrorCode.TOO_MANY_STREAMS: 429,
+    ErrorCode.TOO_MANY_TOPICS: 429,
     ErrorCode.INTERNAL: 500,
     ErrorCode.STORAGE_UNAVAILABLE: 503,
+    ErrorCode.SERVER_BUSY: 503,
 }
 
 

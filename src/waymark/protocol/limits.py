@@ -44,4 +44,7 @@ class Limits:
     max_meta_bytes: int = 16 << 10
     max_meta_keys: int = 64
     max_records_per_write: int = 10_000
-    max_body_bytes: int = 64 << 20
+    max_body_bytes: int = 64 << 20  # 413 body_too_large
+    # Topics a server holds, a queue's internal leases log included; creating one more
+    # is 429 too_many_topics (docs/security.md, Limits). Recovered topics are all kept.
+    max_topics: int = 100_000

@@ -7,6 +7,7 @@ the client decodes answers into, so the document cannot drift from either.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -15,22 +16,29 @@ from .. import __version__
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import STATUS, Error
 from .limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
+from .scopes import ScopeKind
 
 _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
 
 
-def document() -> dict[str, Any]:
+def document(
+    auth: bool = True, endpoints: Sequence[Endpoint] = ENDPOINTS
+) -> dict[str, Any]:
+    """The document of ``endpoints`` (a server's, when it opens a route such as
+    /metrics); ``auth`` False describes a server without tokens, which asks for none
+    (docs/security.md)."""
     types = [Error]
-    for endpoint in ENDPOINTS:
+    for endpoint in endpoints:
         types += [t for t in (endpoint.request, endpoint.response) if t is not None]
     types = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     renamed, components = _plain_generic_names(components)
     ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
     paths: dict[str, dict[str, Any]] = {}
-    for endpoint in ENDPOINTS:
-        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(endpoint, ref)
+    for endpoint in endpoints:
+        operation = _operation(endpoint, ref, auth)
+        paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {
@@ -40,12 +48,26 @@ def document() -> dict[str, Any]:
             f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records.",
         },
         "paths": paths,
-        "components": {"schemas": components},
-    }
+        "components": {
+            "schemas": components,
+            # docs/security.md: `waymark serve --tokens FILE`; without it nothing is asked.
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "A token of `waymark token new`, when the server has tokens",
+            }},
+        },
+    }  # fmt: skip
 
 
-def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, Any]:
+def _operation(
+    endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary}
+    # The scope it needs (docs/security.md); an open route asks for no token at all.
+    secured = auth and endpoint.scope is not ScopeKind.OPEN
+    spec["security"] = [{"bearer": []}] if secured else []
+    if endpoint.scope not in (ScopeKind.OPEN, ScopeKind.TOKEN):
+        spec["x-waymark-scope"] = endpoint.scope.value
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True,
          "schema": {"type": "string", "pattern": f"^{TOPIC_NAME_PATTERN}$"}}
@@ -73,7 +95,12 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, 
     if endpoint.created:
         responses["201"] = {**ok, "description": "Created"}
     error = {"content": {"application/json": {"schema": ref[Error]}}}
-    for status in endpoint.errors:
+    statuses = list(endpoint.errors)
+    if secured:
+        statuses += [401] if endpoint.scope is ScopeKind.TOKEN else [401, 403]
+    if endpoint.request is not None:
+        statuses.append(413)
+    for status in sorted(statuses):
         codes = ", ".join(code.value for code, s in STATUS.items() if s == status)
         responses[str(status)] = {**error, "description": f"Refused: {codes}"}
     responses["default"] = {**error, "description": "Any other refusal"}

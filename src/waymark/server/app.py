@@ -7,6 +7,9 @@ of each operation id.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+from pathlib import Path
 from time import perf_counter
 
 import msgspec
@@ -14,14 +17,17 @@ import msgspec
 from ..clock import Clock
 from ..log import CHANGES_TOPIC, Engine, ErrorCode, Limits, TopicConfig, TopicError
 from ..log.storage.store import Store
-from ..protocol import ENDPOINTS
+from ..protocol import ENDPOINTS, Endpoint
 from ..protocol.openapi import document
+from ..protocol.scopes import ALL_SCOPES, ScopeKind, WhoAmI, allows
+from .auth import TOKEN, Token, Tokens
 from .changes import ChangesApi
 from .console import Console
 from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
 from .http import Handler, Receive, Request, Response, Scope, Send
+from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .queues import QueueApi
@@ -29,9 +35,14 @@ from .routers import Forwarder, RouterApi
 from .routing import PathTable
 from .writers import WritersApi
 
+# Refusals of a limit that a handler raises, counted on /metrics by code
+# (docs/security.md, Limits).
+LIMIT_CODES = frozenset((ErrorCode.BODY_TOO_LARGE, ErrorCode.TOO_MANY_TOPICS))
+
 # Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
 # exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
 TRIM_INTERVAL_S = 0.05
+log = logging.getLogger("waymark.server")
 
 
 class App:
@@ -53,6 +64,9 @@ class App:
         seal_interval_s: float = 10.0,
         checkpoint_interval_s: float = 1.0,
         recovery_window_s: float = 86_400.0,
+        tokens: Path | None = None,
+        open_metrics: bool = False,
+        server_limits: ServerLimits | None = None,
     ) -> None:
         """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
 
@@ -60,8 +74,13 @@ class App:
         ``seal_interval_s`` seconds in which anything was written. Every
         ``checkpoint_interval_s`` seconds that committed anything one change checkpoint
         is written, kept for ``recovery_window_s`` (docs/semantics/recovery.md §1; 0
-        keeps none).
+        keeps none). With ``tokens`` (a tokens file) every route but the open ones needs
+        a bearer token with its scope; ``open_metrics`` opens /metrics too
+        (docs/security.md).
         """
+        self.tokens_path = tokens
+        self.tokens = Tokens.load(tokens) if tokens is not None else None
+        self.server_limits = server_limits or ServerLimits()
         self.store = store
         self.seal_interval_s = seal_interval_s
         self.checkpoint_interval_s = checkpoint_interval_s
@@ -91,10 +110,10 @@ class App:
         if checkpoint_interval_s > 0:
             self.engine.track_changes(int(recovery_window_s * 1000))
         changes = ChangesApi(self.engine, self.notifier, self.metrics, settings.heartbeat_s)
-        self._openapi = msgspec.json.encode(document())
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
+            "whoami": self._whoami,
             "listTopics": api.list_topics,
             "putTopic": api.put_topic,
             "getTopic": api.get_topic,
@@ -122,7 +141,66 @@ class App:
             "openapi": self._openapi_json,
             "metrics": self._metrics,
         }
-        self.paths = PathTable.build(ENDPOINTS, self.handlers)
+        endpoints = [
+            dataclasses.replace(e, scope=ScopeKind.OPEN)
+            if open_metrics and e.operation_id == "metrics" else e
+            for e in ENDPOINTS
+        ]  # fmt: skip
+        self.paths = PathTable.build(endpoints, self.handlers)
+        self._openapi = msgspec.json.encode(
+            document(auth=self.tokens is not None, endpoints=endpoints)
+        )
+
+    def reload_tokens(self) -> None:
+        """Re-read the tokens file (SIGHUP); a file that does not load keeps the old
+        tokens, and says why."""
+        if self.tokens_path is None:
+            return
+        try:
+            self.tokens = Tokens.load(self.tokens_path)
+        except ValueError as exc:
+            log.error("tokens not reloaded, the previous ones stay: %s", exc)
+
+    def _admit(
+        self, scope: Scope, endpoint: Endpoint, params: dict[str, str]
+    ) -> TopicError | None:
+        """The refusal of a request before its handler runs: no or an unknown token
+        (401), a token without the endpoint's scope (403), or an SSE stream past the
+        server's limit (429). None admits it."""
+        if self.tokens is not None and endpoint.scope is not ScopeKind.OPEN:
+            authorization = None
+            for key, value in scope["headers"]:
+                if key == b"authorization":
+                    authorization = value
+                    break
+            token = self.tokens.verify(authorization)
+            if token is None:
+                return TopicError(ErrorCode.UNAUTHORIZED,
+                                  "a valid bearer token is needed (Authorization: Bearer …)")
+            scope[TOKEN] = token
+            if not allows(token.grants, endpoint.scope, params.get("topic")):
+                detail = {"token": token.name, "needs": endpoint.scope.value}
+                if "topic" in params:
+                    detail["topic"] = params["topic"]
+                return TopicError(ErrorCode.FORBIDDEN,
+                                  f"token {token.name!r} lacks the {endpoint.scope} scope "
+                                  "this needs", detail)  # fmt: skip
+        if endpoint.stream is not None and endpoint.stream[0] == "text/event-stream":
+            limit = self.server_limits.max_streams
+            # The stream counts itself before its first await, and no handler of a
+            # stream awaits: no two requests pass this check for one free slot.
+            if self.metrics.watchers >= limit:
+                return TopicError(ErrorCode.TOO_MANY_STREAMS,
+                                  f"the server holds its limit of {limit} SSE streams",
+                                  {"max_streams": limit})  # fmt: skip
+        return None
+
+    async def _whoami(self, request: Request) -> Response:
+        token: Token | None = request.scope.get(TOKEN)
+        if token is None:  # auth is off: anyone may do anything
+            return Response(msgspec.json.encode(WhoAmI(None, list(ALL_SCOPES), False)))
+        scopes = [str(g) for g in token.grants]
+        return Response(msgspec.json.encode(WhoAmI(token.name, scopes, True)))
         # The web console's files at /ui: outside the endpoint table, which is the API.
         self.console = Console()
 
@@ -146,20 +224,34 @@ class App:
         else:
             route, params = found
             label = route.template
-            handler = route.methods.get(scope["method"])
+            endpoint = route.endpoints.get(scope["method"])
             if "$" in params.get("topic", ""):
                 # Internal logs (a queue's leases) are named so no request can reach them.
                 response = error_response(TopicError(
                     ErrorCode.INVALID_TOPIC_NAME, "topic names are [A-Za-z0-9._:-]",
                     {"topic": params["topic"]}))  # fmt: skip
-            elif handler is None:
+            elif endpoint is None:
                 response = method_not_allowed(scope["method"], tuple(route.methods))
+            elif (self.tokens is not None or endpoint.stream is not None) and (
+                refusal := self._admit(scope, endpoint, params)
+            ) is not None:
+                self.metrics.refused(refusal.code)
+                response = error_response(refusal)
+                if refusal.code is ErrorCode.UNAUTHORIZED:  # RFC 6750
+                    response.headers = ((b"www-authenticate", b'Bearer realm="waymark"'),)
             else:
                 try:
-                    response = await handler(Request(scope, receive, params))
+                    response = await route.methods[scope["method"]](
+                        Request(scope, receive, params)
+                    )
                 except Exception as exc:
                     error = as_topic_error(exc)
-                    response = internal_error(exc) if error is None else error_response(error)
+                    if error is None:
+                        response = internal_error(exc)
+                    else:
+                        if error.code in LIMIT_CODES:
+                            self.metrics.refused(error.code)
+                        response = error_response(error)
         self.metrics.observe(label, response.status, perf_counter() - start)
         if type(response) is Response:  # complete: sent here, one coroutine less per request
             await send(response.start())

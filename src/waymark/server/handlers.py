@@ -26,6 +26,8 @@ from ..protocol import (
     TopicPut,
     parse_cursor,
 )
+from ..protocol.scopes import ScopeKind, allows
+from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
 from .http import Request, Response
 from .metrics import Metrics
@@ -104,7 +106,11 @@ class TopicApi:
         return Response(_HEALTH)
 
     async def list_topics(self, request: Request) -> Response:
-        return Response(_encode(TopicList(self.engine.list_topics())))
+        topics = self.engine.list_topics()
+        token: Token | None = request.scope.get(TOKEN)
+        if token is not None:  # only the topics it may read (docs/security.md)
+            topics = [t for t in topics if allows(token.grants, ScopeKind.READ, t.name)]
+        return Response(_encode(TopicList(topics)))
 
     async def _control_durable(self, name: str) -> None:
         # Topic config and deletions are control frames: acknowledged once durable.

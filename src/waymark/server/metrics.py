@@ -74,6 +74,10 @@ class Metrics(Collector):
         self.jobs_acked = 0
         self.jobs_released = 0
         self.jobs_redriven = 0
+        # docs/security.md: refusals of auth and of the limits, by error code
+        self.refusals: dict[str, int] = {}
+        self.connections = 0  # open HTTP connections under the connection limit
+        self.idle_closed = 0  # kept-alive connections closed for idleness
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -86,6 +90,9 @@ class Metrics(Collector):
         # Most requests end inside the first bucket: they skip the bisect.
         latency.counts[0 if seconds <= FIRST_BUCKET else bisect_left(BUCKETS, seconds)] += 1
         latency.total += seconds
+
+    def refused(self, code: str) -> None:
+        self.refusals[code] = self.refusals.get(code, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -148,6 +155,21 @@ class Metrics(Collector):
         )
         yield GaugeMetricFamily(
             "waymark_sse_streams", "Open SSE watch streams", value=self.watchers
+        )
+        refusals = CounterMetricFamily(
+            "waymark_refusals",
+            "Requests and connections refused by auth or a limit, by error code",
+            labels=["code"],
+        )
+        for code, n in sorted(self.refusals.items()):
+            refusals.add_metric([code], n)
+        yield refusals
+        yield GaugeMetricFamily(
+            "waymark_connections", "Open HTTP connections", value=self.connections
+        )
+        yield CounterMetricFamily(
+            "waymark_idle_closed", "Kept-alive connections closed for idleness",
+            value=self.idle_closed,
         )
         yield GaugeMetricFamily(
             "waymark_long_polls",

@@ -27,6 +27,8 @@ class Route:
 
     template: str
     methods: dict[str, Handler]
+    # The endpoint of each method: its scope and whether it streams (docs/security.md).
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
     # Segments of the template; a "{name}" segment captures a parameter.
     segments: tuple[str, ...] = field(init=False)
 
@@ -70,12 +72,15 @@ class PathTable:
                              f"{sorted(duplicated)}, no handler {sorted(missing)}, "
                              f"handlers without an endpoint {sorted(extra)}")  # fmt: skip
         methods: dict[str, dict[str, Handler]] = {}
+        declared: dict[str, dict[str, Endpoint]] = {}
         for endpoint in endpoints:
             route = methods.setdefault(endpoint.path, {})
             if endpoint.method in route:
                 raise ValueError(f"{endpoint.method} {endpoint.path} is declared twice")
             route[endpoint.method] = handlers[endpoint.operation_id]
-        return cls([Route(path, by_method) for path, by_method in methods.items()])
+            declared.setdefault(endpoint.path, {})[endpoint.method] = endpoint
+        return cls([Route(path, by_method, declared[path])
+                    for path, by_method in methods.items()])  # fmt: skip
 
     def resolve(self, path: str | bytes) -> tuple[Route, dict[str, str]] | None:
         """The route and path parameters for ``path``, a raw (latin-1) path as bytes or a

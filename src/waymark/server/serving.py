@@ -1,15 +1,22 @@
-"""Run an :class:`App` on uvicorn (uvloop + httptools), stopping cleanly on signals."""
+"""Run an :class:`App` on uvicorn (uvloop + httptools), stopping cleanly on signals.
+
+uvicorn stays the HTTP layer: granian measured slower for waymark on this machine
+(docs/http-api.md, "The HTTP server"). Its httptools protocol is extended with the
+connection limits of :mod:`.limits`; TLS is uvicorn's (docs/security.md).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 
 import uvicorn
 
 from .app import App
+from .limits import guarded
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -24,16 +31,22 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 class Server(uvicorn.Server):
-    def __init__(self, app: App) -> None:
+    def __init__(
+        self, app: App, *, tls_cert: str | None = None, tls_key: str | None = None
+    ) -> None:
+        limits = app.server_limits
         super().__init__(
             uvicorn.Config(
                 app,
                 loop="uvloop",
-                http="httptools",
+                http=guarded(limits, app.metrics),
                 lifespan="on",
                 log_level="warning",
                 access_log=False,
                 timeout_graceful_shutdown=5,
+                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
+                ssl_certfile=tls_cert,
+                ssl_keyfile=tls_key,
             )
         )
         self.app = app
@@ -47,8 +60,15 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the signal after a graceful shutdown, which would turn a
         # clean stop into a KeyboardInterrupt traceback or a death by SIGTERM.
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only (a server run in a thread)
+            return
         handled = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        # SIGHUP re-reads the tokens file (docs/security.md).
+        previous[signal.SIGHUP] = signal.signal(
+            signal.SIGHUP, lambda sig, frame: self.app.reload_tokens()
+        )
         try:
             yield
         finally:

@@ -95,23 +95,27 @@ class EventStream(Response):
         self._changed = notifier.next_change(feed.topic)
 
     async def __call__(self, send: Send, receive: Receive) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", self.content_type), *self.headers],
-            }
-        )
-        disconnected = asyncio.ensure_future(_disconnected(receive))
+        # Counted before the first await: the app's stream limit reads this count
+        # (docs/security.md, Limits).
         self._metrics.watchers += 1
+        disconnected = None
         try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", self.content_type), *self.headers],
+                }
+            )
+            disconnected = asyncio.ensure_future(_disconnected(receive))
             await self._pump(send, disconnected)
         except TopicError as error:
             # The head is already sent: report the refusal in-band, then end the stream.
             await send(_body(b"event: error\ndata: " + msgspec.json.encode(error.body()) + b"\n\n"))
         finally:
             self._metrics.watchers -= 1
-            disconnected.cancel()
+            if disconnected is not None:
+                disconnected.cancel()
             self._feed.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

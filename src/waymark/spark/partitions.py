@@ -22,6 +22,8 @@ class ReadSettings:
     on_data_loss: str  # "fail" | "skip"
     gaps_topic: str
     page: int  # records per diff request
+    token: str | None = None  # the ``token`` option (docs/security.md)
+    ca_file: str | None = None  # the ``caFile`` option
 
 
 @dataclass(frozen=True)

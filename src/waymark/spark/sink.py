@@ -19,7 +19,9 @@ Options, as for Spark's Kafka sink: ``url`` (required), ``topic`` (unless a
 ``topic`` column names one per row) and the query's ``checkpointLocation``. The
 writer id that keys the two-phase commit is derived from the checkpoint location
 (:func:`checkpoint_writer_id`): the same across restarts of one query, distinct
-between queries. ``writerId`` overrides it.
+between queries. ``writerId`` overrides it. A server with tokens or TLS takes
+``token`` (default: $WAYMARK_TOKEN; it needs ``write`` on the topics) and ``caFile``
+(docs/security.md).
 
 The same protocol serves ``foreachBatch``: ``df.write.format("waymark")`` with
 options ``writerId`` and ``batchId`` (the id ``foreachBatch`` passes) publishes the
@@ -145,9 +147,10 @@ class _TwoPhaseWriter:
         if "topic" in names and not isinstance(schema["topic"].dataType, StringType):
             raise ValueError("the 'topic' column is a string")
         self.url = url.rstrip("/")
+        self.token, self.ca_file = options.get("token"), options.get("caFile")
         self.writer = writer_id(options, streaming=self.streaming)
         # Runs on the driver when the query starts: this run's epoch fences older runs.
-        with connect(self.url) as http:
+        with connect(self.url, self.token, self.ca_file) as http:
             self.epoch = http.open_writer(self.writer).epoch
         log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
 
@@ -156,7 +159,7 @@ class _TwoPhaseWriter:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
         message = StagedParts(context.partitionId(), context.attemptNumber())
-        with connect(self.url) as http:
+        with connect(self.url, self.token, self.ca_file) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in iterator:
                 for topic, records in encode_batch(batch, self.topic).items():
@@ -174,7 +177,7 @@ class _TwoPhaseWriter:
                 parts.setdefault(topic, []).append(
                     StagedPart(message.partition, message.attempt, chunks)
                 )
-        with connect(self.url) as http:
+        with connect(self.url, self.token, self.ca_file) as http:
             for topic in sorted(parts):
                 ordered = sorted(parts[topic], key=lambda p: p.partition)
                 result = http.publish(topic, writer=self.writer, epoch=self.epoch,
@@ -356,11 +359,15 @@ class TopicBatchSink:
     ``df.write.format("waymark").option("batchId", id)`` (tasks stage in parallel).
     """
 
-    def __init__(self, url: str, writer: str, topic: str | None = None) -> None:
+    def __init__(
+        self, url: str, writer: str, topic: str | None = None, *,
+        token: str | None = None, ca_file: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        self.token, self.ca_file = token, ca_file  # docs/security.md
         self.topic = topic  # None: every row names its topic in a 'topic' column
         self.writer = writer_id({"writerId": writer})
-        with connect(self.url) as http:
+        with connect(self.url, self.token, self.ca_file) as http:
             self.epoch = http.open_writer(self.writer).epoch
 
     def __call__(self, df: Any, batch_id: int) -> dict[str, PublishResponse]:
@@ -374,7 +381,7 @@ class TopicBatchSink:
         """
         message = StagedParts(0, 0)
         results: dict[str, PublishResponse] = {}
-        with connect(self.url) as http:
+        with connect(self.url, self.token, self.ca_file) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in table.to_batches():
                 for topic, records in encode_batch(batch, self.topic).items():

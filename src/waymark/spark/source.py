@@ -12,6 +12,8 @@ Options (named like Spark's Kafka source where the meaning is the same):
                           (docs/semantics/topics.md §6)
 ``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
 ``gapsTopic``             where ``skip`` records each gap as a row (default ``waymark.gaps``)
+``token``                 bearer token of a server with tokens (default: $WAYMARK_TOKEN)
+``caFile``                CA certificate (PEM) of an https server (docs/security.md)
 
 Progress lives only in Spark's checkpoint (``offsets/N``): the log is not
 consumed destructively, so ``commit(end)`` — which arrives a batch late and not
@@ -111,6 +113,8 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             on_data_loss=on_data_loss,
             gaps_topic=options.get("gapsTopic", DEFAULT_GAPS_TOPIC),
             page=PAGE,
+            token=options.get("token"),
+            ca_file=options.get("caFile"),
         )
         self._target: Offsets | None = None  # availableNow: never read past this
         # Per topic, the start latestOffset last planned from and the gap it found
@@ -125,7 +129,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def http(self) -> Client:
         if self._http is None:
-            self._http = connect(self.settings.url)
+            self._http = connect(self.settings.url, self.settings.token, self.settings.ca_file)
         return self._http
 
     # --- driver side ----------------------------------------------------------------
@@ -264,7 +268,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
     """Page through ``diff`` over ``(lo, hi]`` and yield the records as Arrow batches."""
     settings = part.settings
-    with connect(settings.url) as http:
+    with connect(settings.url, settings.token, settings.ca_file) as http:
         if part.recreated is not None:
             # Only reached under skip: fail stopped the query when planning the batch.
             _gap(http, part, part.recreated.seq + 1, None, "recreated", 0)

@@ -1,0 +1,48 @@
+"""``waymark token new``: add a bearer token to a tokens file (docs/security.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from waymark.cli.extras import require
+
+token_app = typer.Typer(help="Bearer tokens for `waymark serve --tokens FILE`.",
+                        no_args_is_help=True)  # fmt: skip
+
+
+@token_app.command("new")
+def new(
+    name: Annotated[str, typer.Argument(help="The token's name (shown by whoami, in 403s).")],
+    scope: Annotated[
+        list[str],
+        typer.Option(
+            help="admin, or read|write|delete|queue:<topic glob> (e.g. write:logs.*); "
+            "repeat for several.",
+        ),
+    ],
+    tokens: Annotated[
+        Path, typer.Option(help="The tokens file; created (mode 0600) if missing.")
+    ],
+) -> None:
+    """Add token NAME to the file and print its secret once, alone on the last line.
+
+    The file keeps only a salted hash: the secret cannot be shown again. A running
+    server picks the new token up on SIGHUP.
+    """
+    require("token", "server")
+    from waymark.server.auth import TokenFileError, new_token
+
+    try:
+        secret = new_token(tokens, name, scope)
+    except (TokenFileError, ValueError) as exc:
+        typer.echo(f"waymark: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"token {name!r} added to {tokens} with scopes {', '.join(scope)}", err=True)
+    typer.echo(secret)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")

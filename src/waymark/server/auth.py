@@ -1,0 +1,127 @@
+"""Bearer tokens with scopes (docs/security.md).
+
+The tokens file is TOML, one table per token name::
+
+    [tokens.shipper]
+    id = "3f9c2a1b7d4e"            # public: picks the entry, never grants anything
+    salt = "<hex>"
+    sha256 = "<hex of sha256(salt + secret)>"
+    scopes = ["write:logs.*"]
+
+A secret is ``wmk_<id>_<random>``: 32 random bytes, so one salted SHA-256 stores it as
+safely as a slow hash would a password, and checking a request costs a microsecond.
+The file never holds a secret, the comparison is constant-time
+(:func:`hmac.compare_digest`), and no secret or Authorization header is ever logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..protocol.scopes import Grant
+
+PREFIX = "wmk"
+TOKEN = "waymark.token"  # the ASGI scope key of the calling Token, when auth is on
+_BEARER = b"bearer "
+
+
+@dataclass(frozen=True)
+class Token:
+    """A token of the file: its name and what it may do (no secret, only its hash)."""
+
+    name: str
+    id: str
+    salt: bytes
+    sha256: bytes
+    grants: tuple[Grant, ...]
+
+    def matches(self, secret: bytes) -> bool:
+        digest = hashlib.sha256(self.salt + secret).digest()
+        return hmac.compare_digest(digest, self.sha256)
+
+
+class TokenFileError(ValueError):
+    """The tokens file cannot be read, or holds an entry that is not a token."""
+
+
+class Tokens:
+    """The tokens of one file, by id; :meth:`verify` finds the caller of a request."""
+
+    def __init__(self, tokens: list[Token]) -> None:
+        self.by_id = {t.id: t for t in tokens}
+        # Unknown ids still cost one hash, so a miss takes as long as a wrong secret.
+        self._decoy = Token("", "", b"\0" * 16, b"\0" * 32, ())
+
+    @classmethod
+    def load(cls, path: Path) -> Tokens:
+        """Read ``path``; TokenFileError (naming the entry) for anything malformed."""
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise TokenFileError(f"cannot read tokens file {path}: {exc}") from exc
+        tokens = []
+        for name, entry in data.get("tokens", {}).items():
+            try:
+                tokens.append(Token(
+                    name, str(entry["id"]), bytes.fromhex(entry["salt"]),
+                    bytes.fromhex(entry["sha256"]),
+                    tuple(Grant.parse(s) for s in entry["scopes"]),
+                ))  # fmt: skip
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TokenFileError(f"{path}: token {name!r} is malformed: {exc}") from None
+        ids = [t.id for t in tokens]
+        if len(set(ids)) != len(ids):
+            raise TokenFileError(f"{path}: two tokens share an id")
+        return cls(tokens)
+
+    def verify(self, authorization: bytes | None) -> Token | None:
+        """The token an ``Authorization: Bearer <secret>`` header proves, or None."""
+        if authorization is None or authorization[:7].lower() != _BEARER:
+            return None
+        secret = authorization[7:].strip()
+        parts = secret.split(b"_", 2)
+        token = None
+        if len(parts) == 3 and parts[0] == PREFIX.encode():
+            token = self.by_id.get(parts[1].decode("latin-1"))
+        if token is None:
+            self._decoy.matches(secret)
+            return None
+        return token if token.matches(secret) else None
+
+
+def new_token(path: Path, name: str, scopes: list[str]) -> str:
+    """Add token ``name`` with ``scopes`` to the file at ``path`` (created if missing,
+    mode 0600) and return its secret, which is stored nowhere. ValueError for a bad
+    scope or a name the file already has."""
+    grants = [Grant.parse(s) for s in scopes]
+    if not grants:
+        raise ValueError("a token needs at least one --scope")
+    existing = Tokens.load(path) if path.exists() else Tokens([])
+    if any(t.name == name for t in existing.by_id.values()):
+        raise ValueError(f"{path} already has a token named {name!r}")
+    token_id = secrets.token_hex(6)
+    while token_id in existing.by_id:
+        token_id = secrets.token_hex(6)
+    secret = f"{PREFIX}_{token_id}_{secrets.token_urlsafe(32)}"
+    salt = secrets.token_bytes(16)
+    digest = hashlib.sha256(salt + secret.encode()).hexdigest()
+    # TOML basic strings take JSON's escapes; a name is quoted as a key the same way.
+    entry = (
+        f"\n[tokens.{json.dumps(name)}]\n"
+        f'id = "{token_id}"\nsalt = "{salt.hex()}"\nsha256 = "{digest}"\n'
+        f"scopes = [{', '.join(json.dumps(str(g)) for g in grants)}]\n"
+    )
+    header = "" if path.exists() else (
+        "# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n"
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(header + entry)
+    return secret

@@ -1,0 +1,119 @@
+"""Connection limits: what keeps slow or hostile clients from starving the server
+(docs/security.md, Limits).
+
+:class:`GuardedProtocol` is uvicorn's httptools protocol with three guards uvicorn
+lacks or answers outside the API's error format:
+
+- a **header read timeout**: a request whose headers are not complete within
+  ``header_timeout_s`` of the connection opening (or of the request's first byte on a
+  kept-alive connection) gets 408 ``request_timeout`` and the connection is closed, so
+  a slowloris client holds a connection for seconds, not forever;
+- a **connection limit**: past ``max_connections`` open connections a new one is
+  answered 503 ``server_busy`` as soon as its headers arrive, and closed;
+- the **idle keep-alive timeout** (uvicorn's own, ``keep_alive_s``), counted.
+
+The SSE stream limit and the body and topic limits are refusals of the app
+(:class:`~waymark.server.App`), in the same error format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import msgspec
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from ..log import ErrorCode, TopicError
+from .metrics import Metrics
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """The serve options that bound what clients may hold."""
+
+    header_timeout_s: float = 10.0  # 408 request_timeout
+    keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
+    max_connections: int = 1000  # 503 server_busy past this
+    max_streams: int = 500  # open SSE streams (watch and /work); 429 too_many_streams
+
+
+def refusal_bytes(error: TopicError) -> bytes:
+    """A whole HTTP/1.1 response carrying ``error`` that closes the connection."""
+    body = msgspec.json.encode(error.body())
+    return b"".join((
+        STATUS_LINE[error.status], b"content-type: application/json\r\n",
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body), body,
+    ))  # fmt: skip
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection, guarded. A subclass per server sets ``limits`` and
+    ``metrics`` (:func:`guarded`)."""
+
+    limits: ServerLimits
+    metrics: Metrics
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._over = self.metrics.connections >= self.limits.max_connections
+        if not self._over:
+            self.metrics.connections += 1
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if not self._over:
+            self.metrics.connections -= 1
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._header_timer is None:  # the next request on a kept-alive connection
+            self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if self._over:
+            self._refuse(TopicError(
+                ErrorCode.SERVER_BUSY, "the server holds its limit of open connections",
+                {"max_connections": self.limits.max_connections},
+            ))  # fmt: skip
+            return
+        super().on_headers_complete()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            self.metrics.idle_closed += 1
+        super().timeout_keep_alive_handler()
+
+    def _arm(self) -> None:
+        self._header_timer = self.loop.call_later(
+            self.limits.header_timeout_s, self._headers_late
+        )
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        self._refuse(TopicError(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"request headers were not complete within {self.limits.header_timeout_s} s",
+            {"header_timeout_s": self.limits.header_timeout_s},
+        ))  # fmt: skip
+
+    def _refuse(self, error: TopicError) -> None:
+        if self.transport.is_closing():
+            return
+        self.metrics.refused(error.code)
+        self.transport.write(refusal_bytes(error))
+        self.transport.close()
+
+
+def guarded(limits: ServerLimits, metrics: Metrics) -> type[GuardedProtocol]:
+    """The protocol class of one server."""
+    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits, "metrics": metrics})
