@@ -97,7 +97,7 @@ def _stage(admin: httpx.Client, writer: str) -> dict[str, int]:
 
 
 def _status(http: httpx.Client, method: str, path: str, **kw: object) -> int:
-    if path.endswith(("/watch", "/work")) or "/work?" in path:
+    if path.endswith(("/watch", "/work")) or "/work?" in path:  # streams: the status only
         with http.stream(method, path, **kw) as response:  # type: ignore[arg-type]
             return response.status_code
     return http.request(method, path, **kw).status_code  # type: ignore[arg-type]
@@ -119,6 +119,7 @@ CASES: dict[str, Case] = {
     "watch": lambda a: ("GET", "/v0/topics/t/watch", {}),
     "deleteRecords": lambda a: ("POST", "/v0/topics/t/delete", {"json": {"before_seq": 1}}),
     "openWriter": lambda a: ("POST", "/v0/writers", {"json": {"writer": f"w{next(_ids)}"}}),
+    "listWriters": lambda a: ("GET", "/v0/writers", {}),
     "stage": lambda a: ("POST", "/v0/topics/t/stage", {"json": {
         **_stage(a, f"s{next(_ids)}"), "partition": 1, "attempt": 0, "records": []}}),
     "publish": lambda a: ("POST", "/v0/topics/t/publish", {"json": {
@@ -136,6 +137,8 @@ CASES: dict[str, Case] = {
     "getRouter": lambda a: (
         "GET", f"/v0/routers/{_router(a)}", {}),
     "deleteRouter": lambda a: ("DELETE", f"/v0/routers/{_router(a)}", {}),
+    "listCheckpoints": lambda a: ("GET", "/v0/changes/checkpoints", {}),
+    "watchCheckpoints": lambda a: ("GET", "/v0/changes/watch", {}),
     "openapi": lambda a: ("GET", "/v0/openapi.json", {}),
     "metrics": lambda a: ("GET", "/metrics", {}),
 }  # fmt: skip

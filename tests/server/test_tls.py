@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trustme
 
-from waymark.client import Client
+from waymark.client import Client, ConnectError
 from waymark.protocol import RecordIn
 
 
@@ -42,7 +42,7 @@ def test_https_round_trip_with_a_self_signed_ca(tmp_path: Path) -> None:
             event = next(iter(client.watch("secure", max_retries=0)))
             assert event.record is not None and event.record.data == {"n": 1}
         # Without the CA the certificate is not trusted; plain http is not served.
-        with pytest.raises(httpx.ConnectError), Client(url) as client:
+        with pytest.raises(ConnectError), Client(url) as client:
             client.health()
         with pytest.raises(httpx.TransportError):
             httpx.get(url.replace("https", "http") + "/v0/health", timeout=5)

@@ -150,6 +150,8 @@ class App:
         self._openapi = msgspec.json.encode(
             document(auth=self.tokens is not None, endpoints=endpoints)
         )
+        # The web console's files at /ui: outside the endpoint table, which is the API.
+        self.console = Console()
 
     def reload_tokens(self) -> None:
         """Re-read the tokens file (SIGHUP); a file that does not load keeps the old
@@ -201,8 +203,6 @@ class App:
             return Response(msgspec.json.encode(WhoAmI(None, list(ALL_SCOPES), False)))
         scopes = [str(g) for g in token.grants]
         return Response(msgspec.json.encode(WhoAmI(token.name, scopes, True)))
-        # The web console's files at /ui: outside the endpoint table, which is the API.
-        self.console = Console()
 
     def close(self) -> None:
         """Begin shutdown: long-polls return and SSE streams end, so connections drain."""
