@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import ServerProcess, start_server
 
 

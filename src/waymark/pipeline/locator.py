@@ -110,7 +110,9 @@ class HandoffWriter:
         if current is not None and current.generation >= locator.generation:
             raise Fenced(locator, current)
         try:
-            self.store.put(handoff_key(self.edge), msgspec.json.encode(locator), mode=put_mode(observed))
+            self.store.put(
+                handoff_key(self.edge), msgspec.json.encode(locator), mode=put_mode(observed)
+            )
         except (ObjectExists, PreconditionFailed):
             return None
         return locator
