@@ -245,7 +245,8 @@ class RelocatableQueueEdge:
                     self._bind(fenced.current)
                 return False
             if won is not None:
-                self.stats.relocations += 1
+                if plan.observed.locator is not None:  # a move, not the first placement
+                    self.stats.relocations += 1
                 self._bind(won)
                 return True
             observed = self.writer.observe()
