@@ -45,3 +45,14 @@ def test_a_client_import_of_the_engine_breaks_a_contract(tmp_path: Path) -> None
     assert result.returncode != 0
     assert "client imports protocol only BROKEN" in result.stdout
     assert "waymark.client.calls -> waymark.log.errors" in result.stdout
+
+
+def test_a_pipeline_import_of_the_server_breaks_a_contract(tmp_path: Path) -> None:
+    # waymark.pipeline reaches edges through the client only (docs/architecture.md).
+    shutil.copytree(ROOT / "src" / "waymark", tmp_path / "waymark")
+    edge = tmp_path / "waymark" / "pipeline" / "edge.py"
+    edge.write_text(edge.read_text() + "\nfrom waymark.server.app import App  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "pipeline imports client, protocol, objstore and clock" in result.stdout
+    assert "waymark.pipeline.edge -> waymark.server.app" in result.stdout

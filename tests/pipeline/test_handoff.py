@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import pytest
-
 from tests.objstore.s3 import moto_s3, s3_url, store_url  # noqa: F401
+
 from waymark.objstore import open_store
 from waymark.pipeline import (
     CheckpointedStageState,
-    FenceEpoch,
     Fenced,
+    FenceEpoch,
     HandoffReader,
     HandoffWriter,
     Position,

@@ -2,9 +2,10 @@
 code and real servers (docs/semantics/pipeline.md §6): two producers, a transform
 and a sink; server deaths and revivals, relocation races, stage restarts.
 
-- the sink holds every event exactly once (§6.1);
-- no consumer accepts a record of a generation older than a handoff it has seen (§6.2);
-- two producers never both win one generation of an edge (§6.3).
+- the sink holds every event exactly once (docs/semantics/pipeline.md §6.1);
+- no consumer accepts a record of a generation older than a handoff it has seen
+  (docs/semantics/pipeline.md §6.2);
+- two producers never both win one generation of an edge (docs/semantics/pipeline.md §6.3).
 
 The mutation tests break one guard each and require the machine to fail.
 """

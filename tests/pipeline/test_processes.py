@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import ServerProcess
+
 from waymark.client import Client
 
 EVENTS = 4000
@@ -91,7 +91,7 @@ sink = {{ url = "{sink.url}", topic = "out" }}
                 try:
                     if client.get_topic("out").head_seq >= EVENTS // 4:
                         break
-                except Exception:  # noqa: BLE001 -- not created yet
+                except Exception:
                     pass
                 time.sleep(0.02)
         a.stop(signal.SIGKILL)
@@ -108,7 +108,10 @@ sink = {{ url = "{sink.url}", topic = "out" }}
     seen = sink_events(sink.url, "out")
     assert sorted(seen) == list(range(EVENTS)), "events lost"
     assert max(seen.values()) == 1, "events duplicated"
-    status = subprocess.run([WAYMARK, "pipeline", "status", str(spec)], capture_output=True,
-                            text=True, check=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
-    raw = next(line for line in status.stdout.splitlines() if line.lstrip("│ ").startswith("raw"))
+    status = subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec)],
+        capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    lines = status.stdout.splitlines()
+    raw = next(line for line in lines if line.lstrip("│ ").startswith("raw"))
     assert b.url in raw and " 2 " in raw, status.stdout  # moved once, to the live server

@@ -81,8 +81,13 @@ def relocate(
         str | None, typer.Option(help="The sink topic (default: a new one per run).")
     ] = None,
     kill_at: Annotated[
-        float, typer.Option(help="SIGKILL the first edge's server once this fraction of the "
-                            "events reached the sink.", min=0.0, max=0.99)  # fmt: skip
+        float,
+        typer.Option(
+            help="SIGKILL the first edge's server once this fraction of the events reached "
+            "the sink.",
+            min=0.0,
+            max=0.99,
+        ),
     ] = 0.3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one final JSON object.")] = False,
 ) -> None:

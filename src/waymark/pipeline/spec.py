@@ -12,7 +12,7 @@ from typing import Any
 
 
 class SpecError(ValueError):
-    """The spec is not a valid pipeline."""
+    """The pipeline file is not a valid pipeline."""
 
 
 @dataclass(frozen=True)

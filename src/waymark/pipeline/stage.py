@@ -99,7 +99,7 @@ class Stage:
         function: Callable[..., Any],
         *,
         states: StageStateStore,
-        input: RelocatableQueueEdge | None = None,  # noqa: A002 -- the spec's word
+        input: RelocatableQueueEdge | None = None,  # noqa: A002 -- the pipeline file's word
         output: RelocatableQueueEdge | None = None,
         sink: Sink | None = None,
         events: int | None = None,
