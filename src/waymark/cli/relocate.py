@@ -83,8 +83,8 @@ def relocate(
     kill_at: Annotated[
         float,
         typer.Option(
-            help="SIGKILL the first edge's server once this fraction of the events reached "
-            "the sink.",
+            help="SIGKILL the first edge's server once this fraction of the events is "
+            "produced.",
             min=0.0,
             max=0.99,
         ),
@@ -113,13 +113,14 @@ def relocate(
             servers.append(server)
         a, b = servers[0], servers[1]
         sink = sink_url or servers[2].url
+        batch = max(50, min(500, events // 100))  # many batches: the kill lands mid-run
         spec = PipelineSpec.parse({
             "pipeline": {"name": "relocate-demo", "handoff": (root / "handoff").as_uri()},
             "edge": [{"name": "raw", "candidates": [a.url, b.url]},
                      {"name": "enriched", "candidates": [b.url, a.url]}],
             "stage": [
                 {"name": "produce", "function": "waymark.pipeline.demo:produce",
-                 "events": events, "output": "raw"},
+                 "events": events, "output": "raw", "batch": batch},
                 {"name": "transform", "function": "waymark.pipeline.demo:enrich",
                  "input": "raw", "output": "enriched"},
                 {"name": "sink", "function": "waymark.pipeline.demo:deliver",
@@ -133,11 +134,12 @@ def relocate(
         killed = threading.Event()
 
         def kill_when_due() -> None:
-            while not runner.wait(0.05):
-                sunk = runner.runs["sink"].report.processed
-                if sunk >= kill_at * events:
+            producer = runner.runs["produce"]
+            while not runner.wait(0.005):
+                made = producer.stage.next_event if producer.stage is not None else 0
+                if made >= kill_at * events:
                     console.print(f"[bold red]SIGKILL[/] the server under edge raw ({a.url}) "
-                                  f"after {sunk:,} events reached the sink")  # fmt: skip
+                                  f"after {made:,} events were produced")  # fmt: skip
                     a.kill()
                     killed.set()
                     return

@@ -304,13 +304,14 @@ class RelocatableQueueEdge:
                 full = isinstance(error, ApiError) and error.code == ErrorCode.TOPIC_FULL
                 if not full and not _gone(error):
                     raise
+                if not full:
+                    self._disconnected()
                 attempt += 1
                 if attempt > self.retries:
                     raise EdgeUnavailable(f"edge {self.name!r}: {error}") from error
                 self.sleep(self.backoff.delay(attempt, self.rng))
                 if full:
                     continue
-                self._disconnected()
                 try:
                     self._move()
                 except EdgeUnavailable:
