@@ -10,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from tests.pipeline.conftest import Fleet
 
@@ -70,6 +71,32 @@ def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
         assert consumer.generation().value == 2
         assert sorted(d.event for d in got) == sorted(f"p:{n}" for n in range(8))
         assert HandoffReader(producer.writer.store, producer.name).current() == producer.locator
+    finally:
+        dead.up()
+
+
+def test_an_idle_producer_moves_its_edge_off_a_dead_server(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a producer moves an edge: one with nothing new to write must still notice
+    # that its unacknowledged items sit on a dead server (docs/semantics/pipeline.md §3.4).
+    clock = ManualClock()
+    producer, consumer = edges(fleet, tmp_path, clock)
+    producer.push(items(0, 3))
+    first = producer.locator
+    assert first is not None
+    dead = next(p for p in fleet.proxies if p.url == first.server)
+    dead.down()
+    try:
+        with monkeypatch.context() as mutant:  # the probe removed: the edge stays put
+            mutant.setattr(RelocatableQueueEdge, "_reachable", lambda self: True)
+            producer.settle()
+            assert producer.generation().value == 1
+            assert consumer.pop(100) == []
+        producer.settle()
+        assert producer.generation().value == 2 and producer.stats.replayed == 3
+        got = consumer.pop(100) + consumer.pop(100)
+        assert sorted(d.event for d in got) == [f"p:{n}" for n in range(3)]
     finally:
         dead.up()
 

@@ -157,6 +157,7 @@ class RelocatableQueueEdge:
         self._down_since_ms: int | None = None
         self._polled_ms: int | None = None
         self._moved = False
+        self._probed_ms: int | None = None
 
     # --- both sides ---------------------------------------------------------------
     def generation(self) -> FenceEpoch:
@@ -350,8 +351,32 @@ class RelocatableQueueEdge:
         self.trim()
         if self.locator is not None:
             self._newer_published()
+            if self.unacked and not self._moved and not self._reachable():
+                # Nothing is pushed, but the consumer cannot read what waits here: move
+                # it (docs/semantics/pipeline.md §3.4).
+                self._disconnected()
+                try:
+                    self._move()
+                except EdgeUnavailable:
+                    return
         if self._moved and self.unacked:
             self._send(self._replay())
+
+    def _reachable(self) -> bool:
+        """Whether the bound placement answers; probed at most every ``poll_interval_ms``."""
+        now = self.clock.now_ms()
+        if self._probed_ms is not None and now - self._probed_ms < self.poll_interval_ms:
+            return True
+        self._probed_ms = now
+        assert self.locator is not None
+        try:
+            self.connect(self.locator.server).get_topic(self.locator.topic, touch=False)
+        except (httpx.TransportError, ApiError) as error:
+            if _gone(error):
+                return False
+            raise
+        self._succeeded()
+        return True
 
     def trim(self) -> None:
         state = self.acks.load(self.consumer)

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from waymark.clock import Clock, SystemClock
-from waymark.objstore import ObjectNotFound, ObjectStore, open_store
+from waymark.objstore import ObjectNotFound, ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.spec import PipelineSpec
@@ -160,6 +160,15 @@ class PipelineRunner:
         run.report.updated_ms = self.clock.now_ms()
         self.store.put(report_key(run.name), msgspec.json.encode(run.report))
 
+    def _restart(self, run: StageRun) -> None:
+        """Drop the stage instance (and its memory); the next one starts from its
+        checkpoint (docs/semantics/pipeline.md §4.3)."""
+        if run.stage is not None:
+            self._fold(run, run.stage)
+        run.stage = None
+        run.report.restarts += 1
+        self._stop.wait(0.5)
+
     def _run_stage(self, run: StageRun) -> None:
         last_report = 0.0
         idle = False
@@ -171,13 +180,13 @@ class PipelineRunner:
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
                 idle = taken == 0
-            except (EdgeUnavailable, SinkUnavailable, OSError) as error:
+            except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
-                if run.stage is not None:
-                    self._fold(run, run.stage)
-                run.stage = None
-                run.report.restarts += 1
-                self._stop.wait(0.5)
+                self._restart(run)
+                continue
+            except Exception:  # a stage function's bug: logged, retried from the checkpoint
+                log.exception("stage %s failed; restarting it from its checkpoint", run.name)
+                self._restart(run)
                 continue
             finished = stage.finished() if stage.input is None else (
                 idle and (stage.output is None or not stage.output.unacked)
