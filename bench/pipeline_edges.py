@@ -121,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
     events = parser.parse_args().events
-    console = Console()
+    console = Console(width=140)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         procs = {name: start(root / name) for name in ("a", "b", "c", "sink")}
