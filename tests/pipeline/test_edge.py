@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 from tests.pipeline.conftest import Fleet
 
+from waymark.client import Client
 from waymark.clock import ManualClock
 from waymark.objstore import open_store
 from waymark.pipeline import (
@@ -22,8 +23,12 @@ from waymark.pipeline import (
     Item,
     Position,
     RelocatableQueueEdge,
+    Sink,
+    Stage,
+    StageStateStore,
     client_factory,
 )
+from waymark.pipeline.demo import deliver, produce
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 
@@ -99,6 +104,42 @@ def test_an_idle_producer_moves_its_edge_off_a_dead_server(
         assert sorted(d.event for d in got) == [f"p:{n}" for n in range(3)]
     finally:
         dead.up()
+
+
+def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # 60 events through an edge of capacity 10 (docs/semantics/pipeline.md §3.6).
+    clock = ManualClock()
+    store = open_store(tmp_path.as_uri())
+    states = StageStateStore(store)
+    run = uuid.uuid4().hex[:8]
+    connect = client_factory(2.0, 0.5)
+
+    def edge(consumer_side: bool) -> RelocatableQueueEdge:
+        return RelocatableQueueEdge(
+            f"cap-{run}", fleet.urls[:1], store, consumer="sink", capacity=10,
+            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
+            retries=2, poll_interval_ms=0,
+        )  # fmt: skip
+
+    source = Stage("produce", produce, states=states, output=edge(False), events=60, batch=5,
+                   clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge(True), clock=clock,
+                 sink=Sink(fleet.sink.url, f"cap-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(60):
+        if source.finished():
+            break
+        source.step()
+        sink.step()
+    assert source.finished()
+    with Client(fleet.sink.url) as client:
+        page = client.diff(f"cap-{run}", 0, limit=1000)
+        assert sorted(r.data["event_id"] for r in page.records) == list(range(60))
+    with Client(fleet.urls[0]) as client:
+        assert client.get_topic(f"edge.cap-{run}").count <= 10
 
 
 def test_retries_are_bounded_and_backed_off_on_the_injected_clock(

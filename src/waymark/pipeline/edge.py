@@ -158,6 +158,7 @@ class RelocatableQueueEdge:
         self._polled_ms: int | None = None
         self._moved = False
         self._probed_ms: int | None = None
+        self._released = 0  # consumer: seqs at or below this are deleted from the topic
 
     # --- both sides ---------------------------------------------------------------
     def generation(self) -> FenceEpoch:
@@ -411,6 +412,23 @@ class RelocatableQueueEdge:
         """Read the placement ``locator`` from its start."""
         self._bind(locator)
         self.cursor = Position(locator.generation, locator.start_seq)
+        self._released = 0
+
+    def release(self, acked: Position) -> None:
+        """Delete what the consumer's checkpoint acknowledged from the bound topic, a
+        tenth of the capacity at a time, so a bounded edge never fills up with records
+        already read (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for
+        the next checkpoint."""
+        locator = self.locator
+        if locator is None or acked.generation != locator.generation:
+            return
+        if acked.seq - self._released < max(1, min(self.capacity // 10, 10_000)):
+            return
+        try:
+            self.connect(locator.server).delete(locator.topic, before_seq=acked.seq + 1)
+        except (httpx.TransportError, ApiError):
+            return
+        self._released = acked.seq
 
     def poll(self, *, force: bool = False) -> bool:
         """Follow the handoff record; True when this side rebound to a newer generation.

@@ -195,6 +195,8 @@ class Stage:
             downstream = self.states.load(self.output.consumer)
             state.output = downstream.input if downstream is not None else None
         self.states.save(state)
+        if self.input is not None and state.input is not None:
+            self.input.release(state.input)
 
     def finished(self) -> bool:
         """A source stage is done once every event is produced and acknowledged."""
