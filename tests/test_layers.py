@@ -55,3 +55,14 @@ def test_a_recovery_import_of_the_engine_breaks_a_contract(tmp_path: Path) -> No
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "recovery (receipts) imports client, protocol and clock only BROKEN" in result.stdout
+
+
+def test_a_pipeline_import_of_the_server_breaks_a_contract(tmp_path: Path) -> None:
+    # waymark.pipeline reaches edges through the client only (docs/architecture.md).
+    shutil.copytree(ROOT / "src" / "waymark", tmp_path / "waymark")
+    edge = tmp_path / "waymark" / "pipeline" / "edge.py"
+    edge.write_text(edge.read_text() + "\nfrom waymark.server.app import App  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "pipeline imports client, protocol, objstore and clock" in result.stdout
+    assert "waymark.pipeline.edge -> waymark.server.app" in result.stdout

@@ -33,6 +33,8 @@ NEEDS = {
     "waymark.server": "server",
     "waymark.kv": "kv",
     "waymark.objstore": "kv",
+    "waymark.pipeline": "kv",
+    "waymark.cli.pipeline": "kv",
     "waymark.spark": "spark",
     "waymark.cli.serve": "server",
     "waymark.cli.fold": "kv",

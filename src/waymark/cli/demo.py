@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from waymark.cli.extras import require
+from waymark.cli.relocate import relocate
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,8 +48,15 @@ PURCHASE = 3
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    demo_app = typer.Typer(
+        help="Demos: with no subcommand, the main job (click stream -> Spark -> exactly once)."
+    )
+    demo_app.command("relocate")(relocate)
+    app.add_typer(demo_app, name="demo")
+
+    @demo_app.callback(invoke_without_command=True)
     def demo(
+        ctx: typer.Context,
         events: Annotated[int, typer.Option(help="Click events to produce.", min=1)] = 1_000_000,
         users: Annotated[int, typer.Option(help="Distinct users (skewed popularity).", min=1)] = (
             50_000
@@ -88,6 +96,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the main job: click stream -> Spark (SIGKILLed and restarted) -> topic + fold,
         verified against the ground truth (lost = 0, duplicated = 0)."""
+        if ctx.invoked_subcommand is not None:
+            return
         require("demo", "server", "kv", "spark")
         from rich.console import Console
 

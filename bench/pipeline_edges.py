@@ -1,0 +1,155 @@
+"""Pipeline throughput through relocatable edges (docs/pipeline.md).
+
+Three real ``waymark serve`` processes (two edge servers and a sink server) on temp
+data dirs. Runs, in this order, each on fresh topics:
+
+* anchor: the closest honest baseline — the same events written by one client
+  straight to a sink topic with their ids (batches of 500), no stages, no edges;
+* pipeline: produce -> transform -> sink through two edges (``waymark.pipeline``
+  runner, batches of 500), every event verified exactly once at the sink;
+* pipeline + failover: the same, with the server under the first edge SIGKILLed
+  after a third of the events; reports relocations, time to recover, replay window.
+
+Ratios are events/s against the anchor, measured in the same run.
+Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from waymark.client import Client, ConfigPatch, RecordIn
+from waymark.pipeline.demo import enrich, produce
+from waymark.pipeline.runner import PipelineRunner
+from waymark.pipeline.spec import PipelineSpec
+
+BATCH = 500
+
+
+def start(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    exe = str(Path(sys.executable).parent / "waymark")
+    process = subprocess.Popen(
+        [exe, "serve", "--port", "0", "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    return process, process.stdout.readline().split()[3]
+
+
+def count_sink(url: str, topic: str) -> tuple[int, int]:
+    """(distinct event ids, records) in the sink topic."""
+    ids: set[int] = set()
+    records = 0
+    with Client(url) as client:
+        cursor = 0
+        while True:
+            page = client.diff(topic, cursor, limit=10_000)
+            records += len(page.records)
+            ids.update(r.data["event_id"] for r in page.records)
+            cursor = page.next_from_seq
+            if page.caught_up:
+                return len(ids), records
+
+
+def anchor(sink: str, events: int) -> float:
+    import msgspec
+
+    topic = f"anchor.{uuid.uuid4().hex[:8]}"
+    with Client(sink) as client:
+        client.put_topic(topic, ConfigPatch(idempotency_window_ms=7 * 24 * 3_600_000))
+        began = time.perf_counter()
+        for lo in range(0, events, BATCH):
+            records = []
+            for n in range(lo, min(events, lo + BATCH)):
+                (out,) = enrich(produce(n))
+                records.append(RecordIn(msgspec.Raw(msgspec.json.encode(out)), id=f"p:{n}"))
+            client.append(topic, records)
+        took = time.perf_counter() - began
+    assert count_sink(sink, topic) == (events, events)
+    return took
+
+
+def pipeline(root: Path, a: str, b: str, sink: str, events: int,
+             kill: subprocess.Popen[str] | None) -> tuple[float, dict[str, float]]:  # fmt: skip
+    topic = f"bench.{uuid.uuid4().hex[:8]}"
+    run = uuid.uuid4().hex[:6]
+    spec = PipelineSpec.parse({
+        "pipeline": {"handoff": (root / f"handoff-{run}").as_uri()},
+        "edge": [{"name": f"raw{run}", "candidates": [a, b]},
+                 {"name": f"enr{run}", "candidates": [b, a]}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": events,
+             "output": f"raw{run}", "batch": BATCH},
+            {"name": "transform", "function": "waymark.pipeline.demo:enrich",
+             "input": f"raw{run}", "output": f"enr{run}", "batch": BATCH},
+            {"name": "sink", "function": "waymark.pipeline.demo:deliver", "input": f"enr{run}",
+             "sink": {"url": sink, "topic": topic}, "batch": BATCH},
+        ],
+    })  # fmt: skip
+    runner = PipelineRunner(spec, report_interval_s=0.1)
+    began = time.perf_counter()
+    runner.start()
+    if kill is not None:
+        while runner.runs["sink"].report.processed < events // 3:
+            time.sleep(0.01)
+        kill.send_signal(signal.SIGKILL)
+        kill.wait()
+    assert runner.wait(600), "the pipeline did not finish"
+    took = time.perf_counter() - began
+    runner.stop()
+    assert count_sink(sink, topic) == (events, events), "not exactly once"
+    reports = [r.report for r in runner.runs.values()]
+    return took, {
+        "relocations": sum(r.relocations for r in reports),
+        "recover_s": max((max(r.recover_s, default=0) for r in reports), default=0),
+        "replayed": sum(r.replayed for r in reports),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=50_000)
+    events = parser.parse_args().events
+    console = Console(width=140)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        procs = {name: start(root / name) for name in ("a", "b", "c", "sink")}
+        try:
+            a, b, c, sink = (procs[n][1] for n in ("a", "b", "c", "sink"))
+            t_anchor = anchor(sink, events)
+            t_plain, _ = pipeline(root, a, b, sink, events, None)
+            t_fail, stats = pipeline(root, c, b, sink, events, procs["c"][0])
+        finally:
+            for process, _ in procs.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    table = Table(title=f"{events:,} events, batches of {BATCH}, "
+                  f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for column in ("run", "seconds", "events/s", "vs anchor", "relocations",
+                   "time to recover", "replayed"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "run" else "right")
+    rows = [("anchor: client -> sink", t_anchor, None),
+            ("pipeline: 2 edges", t_plain, None),
+            ("pipeline: 2 edges, edge server SIGKILLed", t_fail, stats)]  # fmt: skip
+    for name, took, extra in rows:
+        table.add_row(name, f"{took:.2f}", f"{events / took:,.0f}", f"{t_anchor / took:.2f}x",
+                      str(int(extra["relocations"])) if extra else "-",
+                      f"{extra['recover_s']:.2f} s" if extra else "-",
+                      f"{int(extra['replayed']):,}" if extra else "-")  # fmt: skip
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

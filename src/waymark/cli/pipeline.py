@@ -1,0 +1,145 @@
+"""``waymark pipeline run SPEC.toml`` and ``waymark pipeline status SPEC.toml``
+(docs/pipeline.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from waymark.cli.extras import require
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from waymark.objstore import ObjectStore
+    from waymark.pipeline.spec import PipelineSpec
+
+pipeline_app = typer.Typer(
+    name="pipeline",
+    help="Run pipelines whose edges move to another server when theirs dies.",
+    no_args_is_help=True,
+)
+
+
+def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
+    """The edges (generation, server) and the stages (progress, relocations, replay
+    window, time to recover), from the handoff records and the stages' reports."""
+    from rich.table import Table
+
+    from waymark.pipeline.runner import edge_statuses, load_report
+
+    edges = Table(title=f"pipeline {spec.name}: edges")
+    for column in ("edge", "generation", "server", "topic", "consumer"):
+        edges.add_column(column, justify="right" if column == "generation" else "left")
+    for status in edge_statuses(spec, store):
+        loc = status.locator
+        edges.add_row(status.edge, str(loc.generation) if loc else "-",
+                      loc.server if loc else "(not placed)", loc.topic if loc else "-",
+                      spec.consumers[status.edge])  # fmt: skip
+    stages = Table(title="stages")
+    for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
+                   "time to recover", "restarts", "state"):  # fmt: skip
+        stages.add_column(column, justify="left" if column in ("stage", "state") else "right")
+    for name in spec.stages:
+        r = load_report(store, name)
+        if r is None:
+            stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "not started")
+            continue
+        recover = f"{max(r.recover_s):.2f} s" if r.recover_s else "-"
+        stages.add_row(name, f"{r.processed:,}", str(r.relocations), str(r.rebinds),
+                       f"{r.replayed:,}", f"{r.stale_dropped:,}", recover, str(r.restarts),
+                       "done" if r.done else "running")  # fmt: skip
+    return edges, stages
+
+
+def _load(spec_path: Path) -> PipelineSpec:
+    from waymark.pipeline.spec import PipelineSpec, SpecError
+
+    try:
+        return PipelineSpec.load(spec_path)
+    except SpecError as error:
+        raise typer.BadParameter(str(error)) from error
+
+
+@pipeline_app.command()
+def run(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The pipeline spec.")],
+    stage: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this stage (repeatable); default: every stage."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus /metrics on this port (0: any free).")
+    ] = None,
+    timeout_s: Annotated[
+        float | None, typer.Option(help="Give up (exit 1) if not done after this long.")
+    ] = None,
+) -> None:
+    """Run the stages until each is done: sources have produced and been acknowledged,
+    the others have drained their input."""
+    require("pipeline", "kv")
+    from prometheus_client import start_http_server
+    from rich.console import Console, Group
+    from rich.live import Live
+
+    from waymark.pipeline.runner import PipelineRunner
+
+    spec = _load(spec_path)
+    try:
+        runner = PipelineRunner(spec, stage)
+    except KeyError as error:
+        raise typer.BadParameter(str(error)) from error
+    console = Console(stderr=True)
+    port = metrics_port if metrics_port is not None else spec.metrics_port
+    if port is not None:
+        server, _ = start_http_server(port, registry=runner.registry)
+        console.print(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
+    runner.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    done = False
+    with Live(Group(*status_tables(spec, runner.store)), console=console,
+              auto_refresh=False, transient=not console.is_terminal) as live:  # fmt: skip
+        while not done and (deadline is None or time.monotonic() < deadline):
+            done = runner.wait(0.5)
+            live.update(Group(*status_tables(spec, runner.store)), refresh=True)
+    runner.stop()
+    if not done:
+        console.print("[red]not done before --timeout-s[/red]")
+        raise typer.Exit(1)
+    console.print(*status_tables(spec, runner.store))
+
+
+@pipeline_app.command()
+def status(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The pipeline spec.")],
+    watch: Annotated[bool, typer.Option(help="Keep the tables live until Ctrl-C.")] = False,
+    interval_s: Annotated[float, typer.Option(help="Refresh interval with --watch.")] = 0.5,
+) -> None:
+    """Each edge's generation and server; each stage's relocations, replay window and
+    time to recover."""
+    require("pipeline", "kv")
+    from rich.console import Console, Group
+    from rich.live import Live
+
+    from waymark.objstore import open_store
+
+    spec = _load(spec_path)
+    store = open_store(spec.handoff)
+    console = Console()
+    if not watch:
+        console.print(*status_tables(spec, store))
+        return
+    with Live(Group(*status_tables(spec, store)), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval_s)
+                live.update(Group(*status_tables(spec, store)), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(pipeline_app, name="pipeline")

@@ -1,0 +1,21 @@
+"""The stage functions of ``waymark demo relocate`` (docs/pipeline.md, "The demo")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+def produce(n: int) -> dict[str, Any]:
+    """Event ``n`` of the demo's stream."""
+    return {"event_id": n, "user": f"u{n % 97}", "amount": n % 13}
+
+
+def enrich(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The transform: one output per event, with a derived field."""
+    yield {**event, "bucket": "big" if event["amount"] >= 7 else "small"}
+
+
+def deliver(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The sink stage writes each event as it comes."""
+    yield event

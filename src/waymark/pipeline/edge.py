@@ -1,0 +1,496 @@
+"""A relocatable queue edge: a waymark topic on one of several servers that moves
+when its server dies (docs/semantics/pipeline.md §3).
+
+The producing side pushes items and keeps each one until the consuming stage's
+checkpoint acknowledges it; when the server under the edge is gone, or a newer
+generation is published, it moves (relocates or adopts the newer placement) and
+pushes everything unacknowledged again. The consuming side reads the topic of
+the generation it is bound to, drops records of older generations, and rebinds
+when the handoff record names a newer one.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+import msgspec
+
+from waymark.checkpoint.backoff import Backoff
+from waymark.client import ApiError, Client, ConfigPatch, ErrorCode, RecordIn, TopicState
+from waymark.clock import Clock, SystemClock
+from waymark.objstore import ObjectStore
+from waymark.pipeline.fence import FenceEpoch
+from waymark.pipeline.locator import (
+    Fenced,
+    HandoffReader,
+    HandoffWriter,
+    Observed,
+    QueueLocator,
+)
+from waymark.pipeline.state import Position, StageStateStore
+
+# Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
+GEN = "wm.gen"
+EVENT = "wm.event"
+BORN = "wm.t0"
+
+Sleep = Callable[[float], None]
+Connect = Callable[[str], Client]
+
+
+class EdgeUnavailable(Exception):
+    """The edge could not be reached nor moved within the retry budget."""
+
+
+@dataclass(slots=True)
+class Item:
+    """One event on its way: its stable id, its JSON bytes, the position of the input
+    it came from (``Position(0, n)`` for a source's n-th event) and its birth time."""
+
+    event: str
+    data: bytes
+    origin: Position
+    born_ms: int
+    position: Position | None = None  # where it was last written on the edge
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An accepted record of the bound generation."""
+
+    event: str
+    data: bytes
+    position: Position
+    born_ms: int
+    stamp: int  # the generation the record was written under
+
+
+@dataclass(frozen=True, slots=True)
+class Relocation:
+    """A planned move: the handoff as read, and the placement to publish over it."""
+
+    observed: Observed
+    locator: QueueLocator
+
+
+@dataclass(slots=True)
+class EdgeStats:
+    relocations: int = 0  # placements this side published
+    rebinds: int = 0  # newer placements this side adopted (its own included)
+    fenced: int = 0  # publishes lost to a concurrent producer
+    replayed: int = 0  # items pushed again after a move
+    stale_dropped: int = 0  # records of older generations a consumer dropped
+    disconnects: int = 0
+    recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
+
+
+def client_factory(timeout_s: float = 5.0, connect_s: float = 1.0) -> Connect:
+    """Clients by server URL, made once each."""
+    clients: dict[str, Client] = {}
+
+    def connect(url: str) -> Client:
+        if url not in clients:
+            clients[url] = Client(url, timeout=timeout_s, connect_timeout=connect_s)
+        return clients[url]
+
+    return connect
+
+
+def _gone(error: Exception) -> bool:
+    """Whether an error means the placement is unusable (docs/semantics/pipeline.md §3.3):
+    the server is unreachable, or the topic is not there."""
+    if isinstance(error, httpx.TransportError):
+        return True
+    return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
+
+
+class RelocatableQueueEdge:
+    """One edge, from the side of one stage: the producer's (:meth:`push`) or the
+    consumer's (:meth:`pop`).
+
+    ``candidates`` are the server URLs the edge may live on, in preference order;
+    ``handoff`` is the rendezvous store; ``consumer`` names the stage that reads the
+    edge, whose checkpoint acknowledges what a producer may forget.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        candidates: Sequence[str],
+        handoff: ObjectStore,
+        *,
+        consumer: str,
+        capacity: int = 1_000_000,
+        connect: Connect | None = None,
+        clock: Clock | None = None,
+        sleep: Sleep = time.sleep,
+        retries: int = 8,
+        backoff: Backoff | None = None,
+        poll_interval_ms: int = 200,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not candidates:
+            raise ValueError(f"edge {name!r} has no candidate servers")
+        self.name = name
+        self.topic = f"edge.{name}"
+        self.candidates = list(candidates)
+        self.consumer = consumer
+        self.capacity = capacity
+        self.connect = connect or client_factory()
+        self.clock = clock or SystemClock()
+        self.sleep = sleep
+        self.retries = retries
+        self.backoff = backoff or Backoff(0.05, 1.0)
+        self.poll_interval_ms = poll_interval_ms
+        self.rng = rng or random.Random()
+        self.writer = HandoffWriter(handoff, name)
+        self.reader = HandoffReader(handoff, name)
+        self.acks = StageStateStore(handoff)
+        self.locator: QueueLocator | None = None
+        self.stats = EdgeStats()
+        self.unacked: list[Item] = []
+        self.cursor: Position | None = None  # consumer: last seq read in the bound generation
+        self._down_since_ms: int | None = None
+        self._polled_ms: int | None = None
+        self._moved = False
+        self._probed_ms: int | None = None
+        self._released = 0  # consumer: seqs at or below this are deleted from the topic
+
+    # --- both sides ---------------------------------------------------------------
+    def generation(self) -> FenceEpoch:
+        """The generation this side is bound to (0 before it is bound)."""
+        return FenceEpoch(self.locator.generation if self.locator else 0)
+
+    def _disconnected(self) -> None:
+        self.stats.disconnects += 1
+        if self._down_since_ms is None:
+            self._down_since_ms = self.clock.now_ms()
+
+    def _succeeded(self) -> None:
+        if self._down_since_ms is not None:
+            self.stats.recover_s.append((self.clock.now_ms() - self._down_since_ms) / 1000)
+            self._down_since_ms = None
+
+    def _bind(self, locator: QueueLocator) -> None:
+        self._moved = True  # a producer writes its unacknowledged items there again
+        self.locator = locator
+        self.reader.seen = max(self.reader.seen, locator.epoch)
+        self.stats.rebinds += 1
+
+    # --- producer -----------------------------------------------------------------
+    def open(self) -> QueueLocator:
+        """Bind to the published placement, placing the edge first if it has none."""
+        if self.locator is None:
+            current = self.reader.current()
+            if current is None:
+                self._move()
+            else:
+                self._bind(current)
+            self._moved = any(item.position is not None for item in self.unacked)
+        assert self.locator is not None
+        return self.locator
+
+    def _allocate(self, url: str) -> TopicState:
+        """The edge's topic on ``url``, created with the edge's capacity if missing."""
+        client = self.connect(url)
+        try:
+            return client.get_topic(self.topic, touch=False)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+        state, _ = client.put_topic(
+            self.topic,
+            ConfigPatch(cap_records=self.capacity, discard="reject",
+                        idempotency_window_ms=24 * 3_600_000),
+        )  # fmt: skip
+        return state
+
+    def prepare_relocation(self, observed: Observed | None = None) -> Relocation:
+        """Allocate the edge on the next healthy candidate after the current server
+        and plan its publication one generation above the newest known
+        (docs/semantics/pipeline.md §3.2)."""
+        observed = observed or self.writer.observe()
+        known = max(self.generation().value, observed.locator.generation if observed.locator else 0)
+        current = self.locator.server if self.locator else None
+        start = self.candidates.index(current) + 1 if current in self.candidates else 0
+        order = self.candidates[start:] + self.candidates[:start]
+        if current in order and len(order) > 1:  # the current server last: it just failed
+            order.remove(current)
+            order.append(current)
+        for url in order:
+            try:
+                state = self._allocate(url)
+            except (httpx.TransportError, ApiError):
+                continue  # dead or refusing: the next candidate
+            locator = QueueLocator(
+                edge=self.name, server=url, topic=self.topic, generation=known + 1,
+                capacity=self.capacity, start_seq=state.assigned_head_seq,
+            )  # fmt: skip
+            return Relocation(observed, locator)
+        raise EdgeUnavailable(f"edge {self.name!r}: no healthy candidate among {order}")
+
+    def commit_relocation(self, plan: Relocation) -> bool:
+        """Publish a planned placement. True when it won; False when another producer
+        published first, in which case this side adopts the newer placement
+        (docs/semantics/pipeline.md §2.2)."""
+        observed = plan.observed
+        while True:
+            try:
+                won = self.writer.try_publish(observed, plan.locator)
+            except Fenced as fenced:
+                self.stats.fenced += 1
+                if FenceEpoch(fenced.current.generation) > self.generation():
+                    self._bind(fenced.current)
+                return False
+            if won is not None:
+                if plan.observed.locator is not None:  # a move, not the first placement
+                    self.stats.relocations += 1
+                self._bind(won)
+                return True
+            observed = self.writer.observe()
+
+    def relocate(self) -> QueueLocator:
+        """Move the edge to the next healthy candidate, publish it, bump the generation
+        (or adopt a concurrent producer's newer placement); returns the bound placement."""
+        self.commit_relocation(self.prepare_relocation())
+        assert self.locator is not None
+        return self.locator
+
+    def _move(self) -> None:
+        """After a failure: adopt a newer published placement, else relocate."""
+        observed = self.writer.observe()
+        newer = observed.locator
+        if newer is not None and newer.epoch > self.generation():
+            self._bind(newer)
+            return
+        self.commit_relocation(self.prepare_relocation(observed))
+
+    def _records(self, items: Sequence[Item], generation: int) -> list[RecordIn]:
+        gen = str(generation)
+        return [
+            RecordIn(
+                msgspec.Raw(item.data),
+                meta={GEN: gen, EVENT: item.event, BORN: str(item.born_ms)},
+                # one id per event and generation: a retried write in one generation is
+                # absorbed, a replay into the next one is not (docs/semantics/pipeline.md §3.1)
+                id=f"{item.event}@{gen}",
+            )
+            for item in items
+        ]
+
+    def push(self, items: Iterable[Item]) -> None:
+        """Write ``items`` to the edge and keep them until acknowledged. A push that
+        finds the server gone or the edge moved moves with it and writes every
+        unacknowledged item again, with bounded retries and backoff
+        (docs/semantics/pipeline.md §3.3)."""
+        batch = list(items)
+        self.unacked.extend(batch)
+        self.open()
+        self._send(self._replay() if self._moved else batch)
+
+    def _send(self, batch: list[Item]) -> None:
+        self.open()
+        attempt = 0
+        while batch:
+            locator = self.locator
+            assert locator is not None
+            try:
+                answer = self.connect(locator.server).append(
+                    locator.topic, self._records(batch, locator.generation), create=False
+                )
+            except (httpx.TransportError, ApiError) as error:
+                full = isinstance(error, ApiError) and error.code == ErrorCode.TOPIC_FULL
+                if not full and not _gone(error):
+                    raise
+                if not full:
+                    self._disconnected()
+                attempt += 1
+                if attempt > self.retries:
+                    raise EdgeUnavailable(f"edge {self.name!r}: {error}") from error
+                self.sleep(self.backoff.delay(attempt, self.rng))
+                if full:
+                    continue
+                try:
+                    self._move()
+                except EdgeUnavailable:
+                    continue
+                batch = self._replay()
+                continue
+            self._succeeded()
+            for item, seq in zip(batch, answer.seqs, strict=True):
+                item.position = Position(locator.generation, seq)
+            # The write counts only if the edge has not moved meanwhile: a consumer
+            # bound to a newer generation never reads it (docs/semantics/pipeline.md §3.4).
+            if self._newer_published():
+                attempt += 1
+                if attempt > self.retries:
+                    raise EdgeUnavailable(f"edge {self.name!r}: moving on and on")
+                batch = self._replay()
+                continue
+            batch = []
+
+    def _newer_published(self) -> bool:
+        current = self.reader.current()
+        if current is not None and self.generation().is_stale(current.epoch):
+            self._bind(current)
+            return True
+        return False
+
+    def _replay(self) -> list[Item]:
+        """Everything unacknowledged, for the placement just bound."""
+        self._moved = False
+        self.stats.replayed += sum(1 for item in self.unacked if item.position is not None)
+        return list(self.unacked)
+
+    def settle(self) -> None:
+        """Forget what the consumer acknowledged; follow a newer placement and write
+        the rest there (docs/semantics/pipeline.md §3.4)."""
+        self.trim()
+        if self.locator is not None:
+            self._newer_published()
+            if self.unacked and not self._moved and not self._reachable():
+                # Nothing is pushed, but the consumer cannot read what waits here: move
+                # it (docs/semantics/pipeline.md §3.4).
+                self._disconnected()
+                try:
+                    self._move()
+                except EdgeUnavailable:
+                    return
+        if self._moved and self.unacked:
+            self._send(self._replay())
+
+    def _reachable(self) -> bool:
+        """Whether the bound placement answers; probed at most every ``poll_interval_ms``."""
+        now = self.clock.now_ms()
+        if self._probed_ms is not None and now - self._probed_ms < self.poll_interval_ms:
+            return True
+        self._probed_ms = now
+        assert self.locator is not None
+        try:
+            self.connect(self.locator.server).get_topic(self.locator.topic, touch=False)
+        except (httpx.TransportError, ApiError) as error:
+            if _gone(error):
+                return False
+            raise
+        self._succeeded()
+        return True
+
+    def trim(self) -> None:
+        state = self.acks.load(self.consumer)
+        acked = state.input if state is not None else None
+        if acked is None:
+            return
+        self.unacked = [
+            item
+            for item in self.unacked
+            if item.position is None
+            or item.position.generation != acked.generation
+            or item.position.seq > acked.seq
+        ]
+
+    def oldest_origin(self) -> Position | None:
+        """The input position of the oldest unacknowledged item."""
+        return min((item.origin for item in self.unacked), default=None)
+
+    # --- consumer -----------------------------------------------------------------
+    def resume(self, checkpoint: Position | None) -> None:
+        """Bind to the published placement, reading after ``checkpoint`` when it is of
+        that generation, else from the placement's start (docs/semantics/pipeline.md §4.3)."""
+        current = self.reader.current()
+        if current is None:
+            return
+        self._bind(current)
+        self.cursor = Position(current.generation, current.start_seq)
+        if checkpoint is not None and checkpoint.generation == current.generation:
+            self.cursor = max(self.cursor, checkpoint)
+
+    def rebind(self, locator: QueueLocator) -> None:
+        """Read the placement ``locator`` from its start."""
+        self._bind(locator)
+        self.cursor = Position(locator.generation, locator.start_seq)
+        self._released = 0
+
+    def release(self, acked: Position) -> None:
+        """Delete what the consumer's checkpoint acknowledged from the bound topic, a
+        tenth of the capacity at a time, so a bounded edge never fills up with records
+        already read (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for
+        the next checkpoint."""
+        locator = self.locator
+        if locator is None or acked.generation != locator.generation:
+            return
+        if acked.seq - self._released < max(1, min(self.capacity // 10, 10_000)):
+            return
+        try:
+            self.connect(locator.server).delete(locator.topic, before_seq=acked.seq + 1)
+        except (httpx.TransportError, ApiError):
+            return
+        self._released = acked.seq
+
+    def poll(self, *, force: bool = False) -> bool:
+        """Follow the handoff record; True when this side rebound to a newer generation.
+        Reads the record at most every ``poll_interval_ms`` unless ``force``."""
+        now = self.clock.now_ms()
+        if not force and self._polled_ms is not None and (
+            now - self._polled_ms < self.poll_interval_ms
+        ):
+            return False
+        self._polled_ms = now
+        newer = self.reader.poll()
+        if newer is None or not self.generation().is_stale(newer.epoch):
+            return False
+        self.rebind(newer)
+        return True
+
+    def stale(self, stamped: FenceEpoch) -> bool:
+        """Whether a record stamped ``stamped`` is of a generation older than the bound
+        one, and must be dropped (docs/semantics/pipeline.md §1.3)."""
+        return stamped.is_stale(self.generation())
+
+    def pop(self, max_items: int = 1000, *, wait_ms: int = 0) -> list[Delivery]:
+        """Up to ``max_items`` records of the bound generation, in order; records of
+        older generations are dropped and counted (docs/semantics/pipeline.md §3.5)."""
+        if self.locator is None:
+            self.resume(None)
+            if self.locator is None:
+                return []
+        self.poll()
+        locator, cursor = self.locator, self.cursor
+        assert locator is not None and cursor is not None
+        try:
+            page = self.connect(locator.server).diff_raw(
+                locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
+            )
+        except (httpx.TransportError, ApiError) as error:
+            if not _gone(error):
+                raise
+            self._disconnected()
+            self.poll(force=True)
+            return []
+        self._succeeded()
+        current = locator.epoch
+        out: list[Delivery] = []
+        last = cursor.seq
+        for record in page.records:
+            meta = record.meta or {}
+            stamped = FenceEpoch(int(meta.get(GEN, "0")))
+            if self.stale(stamped):
+                self.stats.stale_dropped += 1
+                last = record.seq
+                continue
+            if current.is_stale(stamped):
+                # a newer generation is written here: read it from its own start
+                if not self.poll(force=True):
+                    break  # its handoff is not readable yet; read this again later
+                return out
+            out.append(Delivery(meta.get(EVENT, ""), bytes(record.data),
+                                Position(current.value, record.seq), int(meta.get(BORN, "0")),
+                                stamped.value))  # fmt: skip
+            last = record.seq
+        else:
+            last = max(last, page.next_from_seq)
+        self.cursor = Position(current.value, last)
+        return out

@@ -1,0 +1,286 @@
+"""Running a pipeline's stages: one thread per stage, restarts from the checkpoint
+after a failure, stats in the rendezvous store for ``waymark pipeline status``, and
+Prometheus metrics (docs/pipeline.md, "Metrics")."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from waymark.clock import Clock, SystemClock
+from waymark.objstore import ObjectNotFound, ObjectStore, ObjectStoreError, open_store
+from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
+from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.spec import PipelineSpec
+from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
+from waymark.pipeline.state import StageStateStore
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class StageReport(msgspec.Struct, kw_only=True):
+    """What a running stage publishes about itself (``stages/<name>/report.json``)."""
+
+    stage: str
+    processed: int = 0
+    relocations: int = 0
+    rebinds: int = 0
+    fenced: int = 0
+    replayed: int = 0
+    stale_dropped: int = 0
+    disconnects: int = 0
+    restarts: int = 0
+    recover_s: list[float] = msgspec.field(default_factory=list)
+    latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
+    latency_after_ms: list[int] = msgspec.field(default_factory=list)
+    done: bool = False
+    updated_ms: int = 0
+
+
+def report_key(stage: str) -> str:
+    return f"stages/{stage}/report.json"
+
+
+def load_report(store: ObjectStore, stage: str) -> StageReport | None:
+    try:
+        return msgspec.json.decode(store.get(report_key(stage)).data, type=StageReport)
+    except ObjectNotFound:
+        return None
+
+
+def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock) -> Stage:
+    """A stage of ``spec`` as the runner starts it (and starts it again after a failure)."""
+    stage_spec = spec.stages[name]
+    connect = client_factory()
+
+    def edge(edge_name: str) -> RelocatableQueueEdge:
+        e = spec.edges[edge_name]
+        return RelocatableQueueEdge(e.name, e.candidates, store, consumer=spec.consumers[e.name],
+                                    capacity=e.capacity, connect=connect, clock=clock)  # fmt: skip
+
+    sink = stage_spec.sink
+    return Stage(
+        name, stage_spec.load(), states=StageStateStore(store), clock=clock,
+        input=edge(stage_spec.input) if stage_spec.input else None,
+        output=edge(stage_spec.output) if stage_spec.output else None,
+        sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
+        events=stage_spec.events, batch=stage_spec.batch,
+    )  # fmt: skip
+
+
+@dataclass
+class StageRun:
+    """One stage's thread: its current instance and the totals over its restarts."""
+
+    name: str
+    stage: Stage | None = None
+    report: StageReport = field(init=False)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.report = StageReport(stage=self.name)
+
+
+class PipelineRunner:
+    """Runs the named stages of ``spec`` until each is done (or :meth:`stop`)."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        stages: Iterable[str] | None = None,
+        *,
+        clock: Clock | None = None,
+        report_interval_s: float = 0.5,
+    ) -> None:
+        self.spec = spec
+        self.store = open_store(spec.handoff)
+        self.clock = clock or SystemClock()
+        names = list(stages) if stages is not None else list(spec.stages)
+        for name in names:
+            if name not in spec.stages:
+                raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
+        self.runs = {name: StageRun(name) for name in names}
+        self.report_interval_s = report_interval_s
+        self._stop = threading.Event()
+        self._failed_over = False
+        self.registry = CollectorRegistry()
+        self.registry.register(PipelineCollector(self))
+        self.latency = Histogram(
+            "waymark_pipeline_latency_seconds",
+            "End-to-end latency at the sink, before and after the first failover.",
+            ["phase"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
+
+    # --- the loop ---------------------------------------------------------------------
+    def _upstream_done(self, stage: Stage) -> bool:
+        if stage.input is None:
+            return True
+        producers = [s.name for s in self.spec.stages.values() if s.output == stage.input.name]
+        reports = [load_report(self.store, p) for p in producers]
+        return all(r is not None and r.done for r in reports)
+
+    def _fold(self, run: StageRun, stage: Stage) -> None:
+        """Add a stage instance's counters to the run's totals (at a restart or the end)."""
+        r = run.report
+        for edge in (stage.input, stage.output):
+            if edge is None:
+                continue
+            s = edge.stats
+            r.relocations += s.relocations
+            r.rebinds += s.rebinds
+            r.fenced += s.fenced
+            r.replayed += s.replayed
+            r.stale_dropped += s.stale_dropped
+            r.disconnects += s.disconnects
+            r.recover_s += s.recover_s
+            s.relocations = s.rebinds = s.fenced = s.replayed = s.stale_dropped = 0
+            s.disconnects = 0
+            s.recover_s = []
+        r.processed += stage.stats.processed
+        stage.stats.processed = 0
+        phase = r.latency_after_ms if self._failed_over else r.latency_before_ms
+        phase += stage.stats.latencies_ms[:: max(1, len(stage.stats.latencies_ms) // 50)]
+        histogram = self.latency.labels("after" if self._failed_over else "before")
+        for ms in stage.stats.latencies_ms:
+            histogram.observe(ms / 1000)
+        stage.stats.latencies_ms = []
+        del r.latency_before_ms[:-500], r.latency_after_ms[:-500]
+
+    def _publish(self, run: StageRun) -> None:
+        run.report.updated_ms = self.clock.now_ms()
+        self.store.put(report_key(run.name), msgspec.json.encode(run.report))
+
+    def _restart(self, run: StageRun) -> None:
+        """Drop the stage instance (and its memory); the next one starts from its
+        checkpoint (docs/semantics/pipeline.md §4.3)."""
+        if run.stage is not None:
+            self._fold(run, run.stage)
+        run.stage = None
+        run.report.restarts += 1
+        self._stop.wait(0.5)
+
+    def _run_stage(self, run: StageRun) -> None:
+        last_report = 0.0
+        idle = False
+        while not self._stop.is_set():
+            try:
+                if run.stage is None:
+                    run.stage = build_stage(self.spec, run.name, self.store, self.clock)
+                    run.stage.start()
+                stage = run.stage
+                taken = stage.step(wait_ms=200 if stage.input is not None else 0)
+                idle = taken == 0
+            except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
+                log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
+                self._restart(run)
+                continue
+            except Exception:  # a stage function's bug: logged, retried from the checkpoint
+                log.exception("stage %s failed; restarting it from its checkpoint", run.name)
+                self._restart(run)
+                continue
+            finished = stage.finished() if stage.input is None else (
+                idle and (stage.output is None or not stage.output.unacked)
+                and self._upstream_done(stage)
+            )  # fmt: skip
+            now = time.monotonic()
+            if finished or now - last_report >= self.report_interval_s:
+                self._fold(run, stage)
+                run.report.done = finished
+                self._publish(run)
+                last_report = now
+            if finished:
+                run.done.set()
+                return
+
+    def _watch_generations(self) -> None:
+        readers = [HandoffReader(self.store, e) for e in self.spec.edges]
+        while not self._stop.wait(0.2):
+            if any((loc := r.current()) is not None and loc.generation > 1 for r in readers):
+                self._failed_over = True
+                return
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._watch_generations, daemon=True)]
+        threads += [
+            threading.Thread(target=self._run_stage, args=(run,), name=f"stage-{run.name}",
+                             daemon=True)
+            for run in self.runs.values()
+        ]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Whether every stage finished within ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for run in self.runs.values():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not run.done.wait(left):
+                return False
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# --- what `status` and /metrics show -------------------------------------------------
+@dataclass(frozen=True)
+class EdgeStatus:
+    edge: str
+    locator: QueueLocator | None
+
+
+def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
+    return [EdgeStatus(e, HandoffReader(store, e).current()) for e in spec.edges]
+
+
+class PipelineCollector(Collector):
+    """``waymark_pipeline_*`` metrics of the runner, read from the stages' reports and
+    the handoff records at each scrape."""
+
+    def __init__(self, runner: PipelineRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[object]:
+        runner = self.runner
+        counters = {
+            "relocations": "Placements of an edge this stage published.",
+            "rebinds": "Placements this stage bound to (its own and others').",
+            "fenced": "Publishes this stage lost to a concurrent producer.",
+            "replayed": "Items this stage wrote again after its output edge moved.",
+            "stale_dropped": "Records of an older generation this stage dropped.",
+            "disconnects": "Failed requests to an edge server.",
+            "restarts": "Restarts of this stage from its checkpoint.",
+            "processed": "Input records (or events) this stage took.",
+        }
+        for key, doc in counters.items():
+            family = GaugeMetricFamily(f"waymark_pipeline_{key}", doc, labels=["stage"])
+            for run in runner.runs.values():
+                family.add_metric([run.name], getattr(run.report, key))
+            yield family
+        recover = GaugeMetricFamily(
+            "waymark_pipeline_time_to_recover_seconds",
+            "Longest time from a disconnect to the next success on an edge.", labels=["stage"],
+        )  # fmt: skip
+        for run in runner.runs.values():
+            recover.add_metric([run.name], max(run.report.recover_s, default=0.0))
+        yield recover
+        generation = GaugeMetricFamily(
+            "waymark_pipeline_edge_generation", "Current generation of each edge.",
+            labels=["edge", "server"],
+        )  # fmt: skip
+        for status in edge_statuses(runner.spec, runner.store):
+            if status.locator is not None:
+                generation.add_metric([status.edge, status.locator.server],
+                                      status.locator.generation)  # fmt: skip
+        yield generation

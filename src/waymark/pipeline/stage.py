@@ -1,0 +1,207 @@
+"""A stage: read the input edge (or produce events), apply the stage's function,
+write the output edge (or the sink), checkpoint (docs/semantics/pipeline.md §4, §5)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from waymark.checkpoint.backoff import Backoff
+from waymark.client import ApiError, Client, ConfigPatch, RecordIn
+from waymark.clock import Clock, SystemClock
+from waymark.pipeline.edge import Connect, Delivery, Item, RelocatableQueueEdge, Sleep
+from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
+
+SourceFn = Callable[[int], Any]
+StageFn = Callable[[Any], Iterable[Any]]
+
+
+def output_event(event: str, k: int) -> str:
+    """The stable id of a record's ``k``-th output (docs/semantics/pipeline.md §5.1)."""
+    return event if k == 0 else f"{event}/{k}"
+
+
+class SinkUnavailable(Exception):
+    """The sink server refused or did not answer within the retry budget."""
+
+
+class Sink:
+    """The final topic, written with each event's stable id as the record ``id``, so
+    a replayed event is absorbed (docs/semantics/pipeline.md §5.2)."""
+
+    WINDOW_MS = 7 * 24 * 3_600_000
+
+    def __init__(
+        self,
+        url: str,
+        topic: str,
+        *,
+        connect: Connect,
+        sleep: Sleep = time.sleep,
+        retries: int = 20,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = url
+        self.topic = topic
+        self.client: Client = connect(url)
+        self.sleep = sleep
+        self.retries = retries
+        self.backoff = backoff or Backoff(0.05, 2.0)
+        self.rng = rng or random.Random()
+
+    def _retry(self, call: Callable[[], object]) -> None:
+        for attempt in range(1, self.retries + 2):
+            try:
+                call()
+                return
+            except (httpx.TransportError, ApiError) as error:
+                if isinstance(error, ApiError) and error.status < 500:
+                    raise
+                if attempt > self.retries:
+                    raise SinkUnavailable(f"sink {self.url} {self.topic}: {error}") from error
+                self.sleep(self.backoff.delay(attempt, self.rng))
+
+    def open(self) -> None:
+        self._retry(lambda: self.client.put_topic(
+            self.topic, ConfigPatch(idempotency_window_ms=self.WINDOW_MS)))  # fmt: skip
+
+    def write(self, items: list[Item]) -> None:
+        if not items:
+            return
+        records = [RecordIn(msgspec.Raw(item.data), id=item.event) for item in items]
+        self._retry(lambda: self.client.append(self.topic, records))
+
+
+@dataclass(slots=True)
+class StageStats:
+    processed: int = 0
+    latencies_ms: list[int] = field(default_factory=list)  # at a sink: now - born
+
+
+class Stage:
+    """One stage of a pipeline, driven step by step by :meth:`step`.
+
+    A source stage (``events`` set) calls ``function(n)`` for event n; another stage
+    calls ``function(value)`` for each input record and writes every value it yields.
+    Exactly one of ``output`` and ``sink`` is set.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        function: Callable[..., Any],
+        *,
+        states: StageStateStore,
+        input: RelocatableQueueEdge | None = None,  # noqa: A002 -- the pipeline file's word
+        output: RelocatableQueueEdge | None = None,
+        sink: Sink | None = None,
+        events: int | None = None,
+        batch: int = 500,
+        clock: Clock | None = None,
+    ) -> None:
+        if (input is None) == (events is None):
+            raise ValueError(f"stage {name!r}: give an input edge or a number of events")
+        if (output is None) == (sink is None):
+            raise ValueError(f"stage {name!r}: give an output edge or a sink")
+        self.name = name
+        self.function = function
+        self.states = states
+        self.input = input
+        self.output = output
+        self.sink = sink
+        self.events = events
+        self.batch = batch
+        self.clock = clock or SystemClock()
+        self.stats = StageStats()
+        self.state = CheckpointedStageState(stage=name)
+        self.next_event = 0
+
+    def start(self) -> None:
+        """Load the checkpoint and bind the edges (docs/semantics/pipeline.md §4.3)."""
+        self.state = self.states.load(self.name) or CheckpointedStageState(
+            stage=self.name,
+            input_edge=self.input.name if self.input else None,
+            output_edge=self.output.name if self.output else None,
+        )
+        self.next_event = self.state.source_offset
+        if self.input is not None:
+            self.input.resume(self.state.input)
+        if self.output is not None:
+            self.output.open()
+        if self.sink is not None:
+            self.sink.open()
+
+    def _produce(self) -> list[Item]:
+        assert self.events is not None
+        end = min(self.events, self.next_event + self.batch)
+        now = self.clock.now_ms()
+        items = [
+            Item(f"{self.name}:{n}", msgspec.json.encode(self.function(n)), Position(0, n), now)
+            for n in range(self.next_event, end)
+        ]
+        self.next_event = end
+        return items
+
+    def _transform(self, deliveries: list[Delivery]) -> list[Item]:
+        items: list[Item] = []
+        for delivery in deliveries:
+            value = msgspec.json.decode(delivery.data)
+            for k, out in enumerate(self.function(value)):
+                items.append(Item(output_event(delivery.event, k), msgspec.json.encode(out),
+                                  delivery.position, delivery.born_ms))  # fmt: skip
+        return items
+
+    def step(self, *, wait_ms: int = 0) -> int:
+        """Move one batch through the stage and checkpoint; the number of input records
+        (or events) taken."""
+        if self.input is None:
+            items = self._produce()
+            taken = len(items)
+        else:
+            deliveries = self.input.pop(self.batch, wait_ms=wait_ms)
+            taken = len(deliveries)
+            items = self._transform(deliveries)
+        if self.output is not None:
+            if items:
+                self.output.push(items)
+            self.output.settle()
+        elif self.sink is not None:
+            self.sink.write(items)
+            now = self.clock.now_ms()
+            self.stats.latencies_ms.extend(now - item.born_ms for item in items)
+        self.stats.processed += taken
+        self.checkpoint()
+        return taken
+
+    def checkpoint(self) -> None:
+        """Persist how far the input is fully acknowledged downstream
+        (docs/semantics/pipeline.md §4.1)."""
+        oldest = self.output.oldest_origin() if self.output is not None else None
+        state = self.state
+        if self.input is None:
+            state.source_offset = oldest.seq if oldest is not None else self.next_event
+        elif oldest is not None:
+            state.input = Position(oldest.generation, oldest.seq - 1)
+        else:
+            state.input = self.input.cursor
+        if self.output is not None:
+            downstream = self.states.load(self.output.consumer)
+            state.output = downstream.input if downstream is not None else None
+        self.states.save(state)
+        if self.input is not None and state.input is not None:
+            self.input.release(state.input)
+
+    def finished(self) -> bool:
+        """A source stage is done once every event is produced and acknowledged."""
+        return (
+            self.events is not None
+            and self.next_event >= self.events
+            and (self.output is None or not self.output.unacked)
+        )

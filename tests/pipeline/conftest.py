@@ -1,0 +1,104 @@
+"""Pipeline tests run real ``waymark serve`` processes. A server's death inside a
+hypothesis run is a fault injector: a TCP proxy in front of the real server that,
+when down, cuts every connection and refuses to forward (a real network fault;
+SIGKILLing processes per example would take seconds each). The process-level
+tests SIGKILL the real servers and stages."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tests.conftest import ServerProcess, start_server
+
+
+class FaultProxy:
+    """Forwards TCP to one server; :meth:`down` makes the server look dead (every open
+    connection cut, new ones closed at once) until :meth:`up`."""
+
+    def __init__(self, target_url: str) -> None:
+        host, port = target_url.removeprefix("http://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.is_down = False
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.is_down:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def down(self) -> None:
+        self.is_down = True
+        with self._lock:
+            sockets, self._open = self._open, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def up(self) -> None:
+        self.is_down = False
+
+    def close(self) -> None:
+        self.listener.close()
+        self.down()
+
+
+@dataclass
+class Fleet:
+    """Three edge servers behind fault proxies, and a sink server."""
+
+    proxies: list[FaultProxy]
+    sink: ServerProcess
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.proxies]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root: Path = tmp_path_factory.mktemp("pipeline-fleet")
+    servers = [start_server(root / f"edge-{i}") for i in range(3)]
+    sink = start_server(root / "sink")
+    proxies = [FaultProxy(s.url) for s in servers]
+    yield Fleet(proxies, sink)
+    for proxy in proxies:
+        proxy.close()
+    for server in [*servers, sink]:
+        server.process.kill()
+        server.process.wait()

@@ -1,0 +1,202 @@
+"""A relocatable edge against real servers, with time injected: bounded retries and
+backoff, time to recover, relocation on a failed push, and the runner's /metrics
+(docs/semantics/pipeline.md §3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from tests.pipeline.conftest import Fleet
+
+from waymark.client import Client
+from waymark.clock import ManualClock
+from waymark.objstore import open_store
+from waymark.pipeline import (
+    EdgeUnavailable,
+    HandoffReader,
+    Item,
+    Position,
+    RelocatableQueueEdge,
+    Sink,
+    Stage,
+    StageStateStore,
+    client_factory,
+)
+from waymark.pipeline.demo import deliver, produce
+from waymark.pipeline.runner import PipelineRunner
+from waymark.pipeline.spec import PipelineSpec
+
+
+def edges(fleet: Fleet, tmp_path: Path, clock: ManualClock) -> tuple[RelocatableQueueEdge, ...]:
+    store = open_store(tmp_path.as_uri())
+    name = f"e-{uuid.uuid4().hex[:8]}"
+    sleeps: list[float] = []
+
+    def make() -> RelocatableQueueEdge:
+        return RelocatableQueueEdge(
+            name, fleet.urls[:2], store, consumer="c", connect=client_factory(2.0, 0.5),
+            clock=clock, sleep=lambda s: (sleeps.append(s), clock.advance(int(s * 1000))),
+            retries=4, poll_interval_ms=0,
+        )  # fmt: skip
+
+    return make(), make()
+
+
+def items(lo: int, hi: int) -> list[Item]:
+    return [Item(f"p:{n}", b'{"n":%d}' % n, Position(0, n), 0) for n in range(lo, hi)]
+
+
+def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    producer, consumer = edges(fleet, tmp_path, clock)
+    producer.push(items(0, 5))
+    assert producer.generation().value == 1
+    assert [d.event for d in consumer.pop(100)] == [f"p:{n}" for n in range(5)]
+    first = producer.locator
+    assert first is not None
+    dead = next(p for p in fleet.proxies if p.url == first.server)
+    dead.down()
+    try:
+        producer.push(items(5, 8))  # fails, relocates, writes all 8 unacknowledged again
+        assert producer.generation().value == 2
+        assert producer.locator is not None and producer.locator.server != first.server
+        assert producer.stats.relocations == 1
+        assert producer.stats.replayed == 5
+        assert producer.stats.recover_s and producer.stats.recover_s[0] > 0  # the backoff
+        got = consumer.pop(100)  # the old server fails: it polls and rebinds
+        got += consumer.pop(100)
+        assert consumer.generation().value == 2
+        assert sorted(d.event for d in got) == sorted(f"p:{n}" for n in range(8))
+        assert HandoffReader(producer.writer.store, producer.name).current() == producer.locator
+    finally:
+        dead.up()
+
+
+def test_an_idle_producer_moves_its_edge_off_a_dead_server(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a producer moves an edge: one with nothing new to write must still notice
+    # that its unacknowledged items sit on a dead server (docs/semantics/pipeline.md §3.4).
+    clock = ManualClock()
+    producer, consumer = edges(fleet, tmp_path, clock)
+    producer.push(items(0, 3))
+    first = producer.locator
+    assert first is not None
+    dead = next(p for p in fleet.proxies if p.url == first.server)
+    dead.down()
+    try:
+        with monkeypatch.context() as mutant:  # the probe removed: the edge stays put
+            mutant.setattr(RelocatableQueueEdge, "_reachable", lambda self: True)
+            producer.settle()
+            assert producer.generation().value == 1
+            assert consumer.pop(100) == []
+        producer.settle()
+        assert producer.generation().value == 2 and producer.stats.replayed == 3
+        got = consumer.pop(100) + consumer.pop(100)
+        assert sorted(d.event for d in got) == [f"p:{n}" for n in range(3)]
+    finally:
+        dead.up()
+
+
+def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # 60 events through an edge of capacity 10 (docs/semantics/pipeline.md §3.6).
+    clock = ManualClock()
+    store = open_store(tmp_path.as_uri())
+    states = StageStateStore(store)
+    run = uuid.uuid4().hex[:8]
+    connect = client_factory(2.0, 0.5)
+
+    def edge(consumer_side: bool) -> RelocatableQueueEdge:
+        return RelocatableQueueEdge(
+            f"cap-{run}", fleet.urls[:1], store, consumer="sink", capacity=10,
+            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
+            retries=2, poll_interval_ms=0,
+        )  # fmt: skip
+
+    source = Stage("produce", produce, states=states, output=edge(False), events=60, batch=5,
+                   clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge(True), clock=clock,
+                 sink=Sink(fleet.sink.url, f"cap-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(60):
+        if source.finished():
+            break
+        source.step()
+        sink.step()
+    assert source.finished()
+    with Client(fleet.sink.url) as client:
+        page = client.diff(f"cap-{run}", 0, limit=1000)
+        assert sorted(r.data["event_id"] for r in page.records) == list(range(60))
+    with Client(fleet.urls[0]) as client:
+        assert client.get_topic(f"edge.cap-{run}").count <= 10
+
+
+def test_retries_are_bounded_and_backed_off_on_the_injected_clock(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    producer, _ = edges(fleet, tmp_path, clock)
+    producer.push(items(0, 1))
+    for proxy in fleet.proxies[:2]:
+        proxy.down()
+    try:
+        before = clock.now_ms()
+        try:
+            producer.push(items(1, 2))
+        except EdgeUnavailable:
+            pass
+        else:
+            raise AssertionError("a push with every candidate dead must give up")
+        waited = clock.now_ms() - before
+        # 4 retries, each at least half its capped exponential ceiling (50 ms base)
+        assert waited >= (25 + 50 + 100 + 200)
+        assert len(producer.unacked) == 2  # nothing forgotten
+    finally:
+        for proxy in fleet.proxies[:2]:
+            proxy.up()
+
+
+def test_the_runner_exports_pipeline_metrics(fleet: Fleet, tmp_path: Path) -> None:
+    run = uuid.uuid4().hex[:6]
+    spec = PipelineSpec.parse({
+        "pipeline": {"handoff": tmp_path.as_uri()},
+        "edge": [{"name": f"r{run}", "candidates": fleet.urls[:2]}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": 50,
+             "output": f"r{run}"},
+            {"name": "sink", "function": "waymark.pipeline.demo:deliver", "input": f"r{run}",
+             "sink": {"url": fleet.sink.url, "topic": f"m{run}"}},
+        ],
+    })  # fmt: skip
+    runner = PipelineRunner(spec, report_interval_s=0.05)
+    runner.start()
+    assert runner.wait(60)
+    runner.stop()
+    text = generate_latest(runner.registry).decode()
+    assert 'waymark_pipeline_processed{stage="produce"} 50.0' in text
+    assert 'waymark_pipeline_processed{stage="sink"} 50.0' in text
+    assert f'waymark_pipeline_edge_generation{{edge="r{run}",server="{fleet.urls[0]}"}} 1.0' in text
+    assert 'waymark_pipeline_latency_seconds_count{phase="before"} 50.0' in text
+
+
+def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
+    waymark = str(Path(sys.executable).parent / "waymark")
+    done = subprocess.run([waymark, "demo", "relocate", "--events", "3000", "--json"],
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["events"] == 3000 and summary["lost"] == 0 and summary["duplicated"] == 0
+    assert summary["killed"] and summary["relocations"] >= 1
+    assert summary["generations"]["raw"] >= 2 and summary["time_to_recover_s"] > 0
+    assert {"replayed", "wall_s"} <= summary.keys()

@@ -1,0 +1,287 @@
+"""The pipeline's invariants as a hypothesis state machine against the production
+code and real servers (docs/semantics/pipeline.md §6): two producers, a transform
+and a sink; server deaths and revivals, relocation races, stage restarts.
+
+- the sink holds every event exactly once (docs/semantics/pipeline.md §6.1);
+- no consumer accepts a record of a generation older than a handoff it has seen
+  (docs/semantics/pipeline.md §6.2);
+- two producers never both win one generation of an edge (docs/semantics/pipeline.md §6.3).
+
+The mutation tests break one guard each and require the machine to fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from tests.pipeline.conftest import Fleet
+
+from waymark.client import Client
+from waymark.clock import ManualClock
+from waymark.objstore import OVERWRITE, open_store
+from waymark.pipeline import (
+    EdgeUnavailable,
+    RelocatableQueueEdge,
+    Sink,
+    Stage,
+    StageStateStore,
+    client_factory,
+)
+from waymark.pipeline import locator as locator_module
+
+EVENTS = 8
+PRODUCERS = ("p0", "p1")
+STAGES = (*PRODUCERS, "t", "s")
+
+
+def identity(value: Any) -> list[Any]:
+    return [value]
+
+
+def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
+    proxies = fleet.proxies
+
+    class PipelineMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            run = uuid.uuid4().hex[:8]
+            self.store = open_store(f"file://{tempfile.mkdtemp(prefix='handoff-')}")
+            self.states = StageStateStore(self.store)
+            self.clock = ManualClock()
+            self.connect = client_factory(timeout_s=5.0, connect_s=1.0)
+            self.e1, self.e2 = f"a-{run}", f"b-{run}"
+            self.sink_topic = f"sink-{run}"
+            self.stages: dict[str, Stage | None] = dict.fromkeys(STAGES)
+            self.winners: dict[tuple[str, int], set[str]] = {}
+            for proxy in proxies:
+                proxy.up()
+            for name in STAGES:
+                self._start(name)
+
+        # --- building stages as a user would, with two checks wrapped around ----------
+        def _edge(self, name: str, edge: str, urls: list[str], consumer: str) -> Any:
+            e = RelocatableQueueEdge(
+                edge, urls, self.store, consumer=consumer, connect=self.connect,
+                clock=self.clock, sleep=lambda s: self.clock.advance(int(s * 1000)),
+                retries=3, poll_interval_ms=0,
+            )  # fmt: skip
+            commit = e.commit_relocation
+
+            def checked_commit(plan: Any) -> bool:
+                won = commit(plan)
+                if won:
+                    key = (edge, plan.locator.generation)
+                    self.winners.setdefault(key, set()).add(name)
+                    assert len(self.winners[key]) == 1, f"two producers won {key}: {self.winners}"
+                return won
+
+            e.commit_relocation = checked_commit  # type: ignore[method-assign]
+            pop = e.pop
+
+            def checked_pop(max_items: int = 1000, *, wait_ms: int = 0) -> Any:
+                seen = e.reader.seen.value
+                out = pop(max_items, wait_ms=wait_ms)
+                for delivery in out:
+                    assert delivery.stamp >= seen, (
+                        f"{name} accepted a stale generation {delivery.stamp} "
+                        f"after seeing generation {seen}"
+                    )
+                    assert delivery.stamp == e.generation().value, (
+                        f"{name} accepted a stale generation {delivery.stamp} "
+                        f"while bound to {e.generation().value}"
+                    )
+                return out
+
+            e.pop = checked_pop  # type: ignore[method-assign]
+            return e
+
+        def _start(self, name: str) -> None:
+            a, b, c = (p.url for p in proxies)
+            stage: Stage
+            if name in PRODUCERS:
+                out = self._edge(name, self.e1, [a, b], "t")
+                stage = Stage(
+                    name, lambda n, p=name: {"event": f"{p}:{n}"}, states=self.states,
+                    output=out, events=EVENTS, batch=3, clock=self.clock,
+                )  # fmt: skip
+            elif name == "t":
+                stage = Stage(
+                    "t", identity, states=self.states, clock=self.clock,
+                    input=self._edge("t", self.e1, [a, b], "t"),
+                    output=self._edge("t", self.e2, [b, c], "s"),
+                )  # fmt: skip
+            else:
+                stage = Stage(
+                    "s", identity, states=self.states, clock=self.clock,
+                    input=self._edge("s", self.e2, [b, c], "s"),
+                    sink=Sink(fleet.sink.url, self.sink_topic, connect=self.connect,
+                              sleep=lambda s: None, retries=2),
+                )  # fmt: skip
+            try:
+                stage.start()
+            except EdgeUnavailable:
+                self.stages[name] = None  # it could not place its output: still down
+                return
+            self.stages[name] = stage
+
+        def _step(self, name: str) -> None:
+            stage = self.stages[name]
+            if stage is None:
+                self._start(name)
+                return
+            try:
+                stage.step()
+            except EdgeUnavailable:
+                self.stages[name] = None  # the stage gave up: a crash, restarted later
+
+        # --- rules --------------------------------------------------------------------
+        @rule(name=st.sampled_from(STAGES))
+        def step(self, name: str) -> None:
+            self._step(name)
+
+        @rule(i=st.integers(0, len(proxies) - 1))
+        def server_dies(self, i: int) -> None:
+            proxies[i].down()
+
+        @rule(i=st.integers(0, len(proxies) - 1))
+        def server_returns(self, i: int) -> None:
+            proxies[i].up()
+
+        @rule(name=st.sampled_from(STAGES))
+        def stage_restarts(self, name: str) -> None:
+            self._start(name)  # the old instance and everything in its memory are gone
+
+        @rule(name=st.sampled_from(PRODUCERS))
+        def producer_relocates(self, name: str) -> None:
+            stage = self.stages[name]
+            if stage is not None and stage.output is not None:
+                with contextlib.suppress(EdgeUnavailable):
+                    stage.output.relocate()
+
+        @precondition(lambda self: all(self.stages[p] is not None for p in PRODUCERS))
+        @rule(paused=st.sampled_from(PRODUCERS))
+        def split_brain(self, paused: str) -> None:
+            """A producer stalls (a pause, a partition) while the other moves the edge
+            away and back; it wakes and writes under the generation it knew."""
+            other = self.stages[next(p for p in PRODUCERS if p != paused)]
+            assert other is not None and other.output is not None
+            try:
+                other.output.relocate()
+                other.output.relocate()
+            except EdgeUnavailable:
+                return
+            self._step(paused)
+
+        @precondition(lambda self: all(self.stages[p] is not None for p in PRODUCERS))
+        @rule()
+        def relocation_race(self) -> None:
+            """Both producers read the handoff, then both try to publish over it."""
+            edges = [self.stages[p].output for p in PRODUCERS]  # type: ignore[union-attr]
+            try:
+                plans = [edge.prepare_relocation() for edge in edges]  # type: ignore[union-attr]
+            except EdgeUnavailable:
+                return
+            won = [edge.commit_relocation(plan) for edge, plan in zip(edges, plans, strict=True)]  # type: ignore[union-attr]
+            if plans[0].locator.generation == plans[1].locator.generation:
+                assert won.count(True) <= 1
+
+        @invariant()
+        def generations_only_grow(self) -> None:
+            for stage in self.stages.values():
+                for edge in (stage.input, stage.output) if stage is not None else ():
+                    if edge is not None and edge.locator is not None:
+                        assert edge.generation() <= edge.reader.seen
+
+        # --- the end: every server back, run until the producers are acknowledged ------
+        def teardown(self) -> None:
+            try:
+                # The middle server comes back; the others stay as they are, so a
+                # producer with nothing left to write still finds its edge dead and
+                # moves it (docs/semantics/pipeline.md §3.4).
+                proxies[1].up()
+                for _ in range(100):
+                    producers = [self.stages[p] for p in PRODUCERS]
+                    if all(p is not None and p.finished() for p in producers):
+                        break
+                    for name in STAGES:
+                        self._step(name)
+                else:
+                    raise AssertionError("the pipeline never finished once every server was back")
+                self.check_sink()
+            finally:
+                for proxy in proxies:
+                    proxy.up()
+
+        def check_sink(self) -> None:
+            with Client(fleet.sink.url) as client:
+                events = Counter(_all_records(client, self.sink_topic))
+            expected = Counter(f"{p}:{n}" for p in PRODUCERS for n in range(EVENTS))
+            assert events == expected, f"sink {events} != expected {expected}"
+
+    return PipelineMachine
+
+
+def _all_records(client: Client, topic: str) -> list[str]:
+    """The event id of every record in the sink topic (carried as the record's data)."""
+    out: list[str] = []
+    cursor = 0
+    while True:
+        page = client.diff(topic, cursor, limit=1000)
+        out += [r.data["event"] for r in page.records]
+        cursor = page.next_from_seq
+        if page.caught_up:
+            return out
+
+
+SETTINGS = settings(
+    max_examples=12, stateful_step_count=25, deadline=None, derandomize=True, database=None,
+    suppress_health_check=list(HealthCheck),
+)  # fmt: skip
+
+
+def test_the_pipeline_invariants_hold(fleet: Fleet) -> None:
+    run_state_machine_as_test(machine_for(fleet), settings=SETTINGS)
+
+
+# A mutant is caught once a failing example is found; shrinking it over a network
+# would take minutes.
+MUTANT_SETTINGS = settings(SETTINGS, max_examples=40, phases=[Phase.generate])
+
+
+def _fails(fleet: Fleet) -> str:
+    with pytest.raises(AssertionError) as failure:
+        run_state_machine_as_test(machine_for(fleet), settings=MUTANT_SETTINGS)
+    return str(failure.value)
+
+
+@pytest.mark.usefixtures("fixed_constants")
+def test_a_consumer_that_skips_the_staleness_check_is_caught(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RelocatableQueueEdge, "stale", lambda self, stamped: False)
+    assert "accepted a stale generation" in _fails(fleet)
+
+
+@pytest.mark.usefixtures("fixed_constants")
+def test_a_handoff_published_without_the_conditional_write_is_caught(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_mode: Callable[[Any], Any] = lambda observed: OVERWRITE  # noqa: E731
+    monkeypatch.setattr(locator_module, "put_mode", put_mode)
+    assert "two producers won" in _fails(fleet)
+
