@@ -35,6 +35,7 @@ from .aio import AsyncClient
 from .errors import ApiError
 from .events import RecordEvent, TombstoneEvent, WatchEvent
 from .sync import Client
+from .tables import TopicGap
 
 __all__ = [
     "AckResponse",
@@ -65,6 +66,7 @@ __all__ = [
     "TombstoneEvent",
     "TombstoneReason",
     "TopicState",
+    "TopicGap",
     "TopicType",
     "WatchEvent",
 ]

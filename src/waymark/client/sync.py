@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import httpx
 import msgspec
@@ -35,6 +35,12 @@ from ..protocol import (
 )
 from . import calls, queues, routers, writers
 from .events import Watch, WatchEvent
+from .tables import TableRead
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..protocol.arrow import ArrowPage
 
 T = TypeVar("T")
 
@@ -132,6 +138,37 @@ class Client:
     ) -> DiffResponse[msgspec.Raw]:
         """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
         return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
+
+    def diff_arrow(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> ArrowPage:
+        """:meth:`diff` as an Arrow page: ``.table`` holds the records (columns seq, ts,
+        node, tag, meta, data as JSON text), the other fields are the JSON answer's.
+        Up to ``MAX_ARROW_DIFF_LIMIT`` records a page; needs pyarrow (``[arrow]``)."""
+        return self._run(calls.diff_arrow(topic, from_seq, limit, node, epoch, wait_ms))
+
+    def read_table(
+        self,
+        topic: str,
+        from_seq: int = 0,
+        *,
+        node: str | Sequence[str] | None = None,
+        skip_gaps: bool = False,
+    ) -> pa.Table:
+        """Every record after ``from_seq`` up to the head when the read begins, as one
+        Arrow table: ``polars.from_arrow(t)``, ``duckdb.sql("from t")``, ``t.to_pandas()``.
+        A gap (a tombstone) raises :class:`~waymark.client.TopicGap` unless ``skip_gaps``."""
+        read = TableRead(topic, from_seq, node, skip_gaps)
+        while (call := read.next_call()) is not None:
+            read.take(self._run(call))
+        return read.table()
 
     def delete(
         self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None

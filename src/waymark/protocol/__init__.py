@@ -17,6 +17,8 @@ client) never loads the engine. One module per concept:
 ``writers``    the exactly-once sink's open/stage/publish bodies
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
+``pages``      the Arrow page: its columns and PageInfo (``arrow``, imported on its own,
+               reads and writes it with pyarrow: the ``[arrow]`` extra)
 ``endpoints``  the endpoint table
 ``openapi``    the OpenAPI 3.1 document (imported on its own: only the server needs it)
 """
@@ -24,7 +26,8 @@ client) never loads the engine. One module per concept:
 from .cursors import Cursor, format_cursor, parse_cursor
 from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
 from .errors import Error, ErrorBody, ErrorCode
-from .limits import MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
+from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
+from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .queues import (
     AckBody,
     AckResponse,
@@ -71,10 +74,13 @@ from .writers import (
 )
 
 __all__ = [
+    "ARROW_STREAM",
     "ENDPOINT",
     "ENDPOINTS",
+    "MAX_ARROW_DIFF_LIMIT",
     "MAX_DIFF_LIMIT",
     "MAX_WAIT_MS",
+    "PAGE_COLUMNS",
     "TOPIC_NAME",
     "AckBody",
     "AckResponse",
@@ -105,6 +111,8 @@ __all__ = [
     "NackResponse",
     "OpenWriterRequest",
     "OpenWriterResponse",
+    "PageColumn",
+    "PageInfo",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",

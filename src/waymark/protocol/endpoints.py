@@ -15,6 +15,7 @@ from urllib.parse import quote
 from msgspec import Struct
 
 from .limits import MAX_BATCH
+from .pages import ARROW_STREAM
 from .queues import (
     AckBody,
     AckResponse,
@@ -77,6 +78,9 @@ class Endpoint:
     errors: tuple[int, ...] = (400, 404)  # the statuses of the refusals it documents
     query: tuple[QueryParam, ...] = ()
     stream: tuple[str, str] | None = None  # a non-JSON answer: (media type, description)
+    # Another media type of the same answer, sent when the Accept header names it:
+    # (media type, description) (docs/http-api.md, "Arrow pages").
+    alternate: tuple[str, str] | None = None
 
     def url(self, **params: str) -> str:
         """The path with ``params`` filled in, each percent-encoded as one segment."""
@@ -109,8 +113,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              request=AppendRequest, response=AppendResponse, errors=(400, 404, 409, 422)),
     Endpoint("POST", f"{_TOPIC}/diff", "diff",
              "Records with $seq > from_seq (a tombstone first if live records were lost); "
-             "wait_ms long-polls for new records",
-             request=DiffRequest, response=DiffResponse[Any]),
+             "wait_ms long-polls for new records; Accept: " + ARROW_STREAM + " answers an "
+             "Arrow page",
+             request=DiffRequest, response=DiffResponse[Any],
+             alternate=(ARROW_STREAM, "The same page as an Arrow IPC stream: columns seq, ts, "
+                        "node, tag, meta, data; the other fields as JSON in the schema metadata "
+                        "key waymark.page (docs/http-api.md)")),
     Endpoint("GET", f"{_TOPIC}/watch", "watch",
              "Server-Sent Events: `event: record|tombstone`, `id: <epoch>:<seq>`; resumes "
              "from Last-Event-ID; idle streams get `: heartbeat` comment lines",

@@ -14,7 +14,7 @@ import msgspec
 from .. import __version__
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import STATUS, Error
-from .limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
+from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
 _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
@@ -37,7 +37,8 @@ def document() -> dict[str, Any]:
             "title": "waymark topics",
             "version": __version__,
             "description": "Append-only topics with no silent loss: every involuntary gap "
-            f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records.",
+            f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records "
+            f"as JSON, {MAX_ARROW_DIFF_LIMIT} as Arrow.",
         },
         "paths": paths,
         "components": {"schemas": components},
@@ -69,6 +70,9 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]]) -> dict[str, 
     else:
         ok = {"description": "OK",
               "content": {"application/json": {"schema": ref[endpoint.response]}}}  # fmt: skip
+        if endpoint.alternate is not None:
+            media, description = endpoint.alternate
+            ok["content"][media] = {"schema": {"description": description}}
     responses: dict[str, Any] = {str(endpoint.status): ok}
     if endpoint.created:
         responses["201"] = {**ok, "description": "Created"}

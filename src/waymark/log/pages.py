@@ -1,0 +1,143 @@
+"""A read's Arrow page (docs/http-api.md, "Arrow pages"), built from the chunks'
+byte buffers and index arrays with numpy and pyarrow: no Python object per record.
+
+Each :class:`~waymark.log.results.Span` (the slots one chunk delivers) becomes one
+record batch. ``seq`` is the slot's position, ``ts`` the chunk's timestamp array,
+``node`` and ``tag`` the chunk's interned names taken by id. ``data`` is cut out of
+each record's wire JSON ``{"$seq":..,"$ts":..[,"$node":..][,"$tag":..][,"meta":{..}],
+"data":<data>},`` with pyarrow compute: it follows the first ``,"data":`` and ends
+two bytes before the record's end. Where it is shorter than the size array's data +
+meta bytes the record has meta; only such a record is decoded, once, for its meta
+map: meta costs per record only where it is filled.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..protocol import PageInfo
+from ..protocol.arrow import PAGE_SCHEMA, encode_page
+from .results import DiffResult, Span
+
+_DATA_KEY = b',"data":'
+_STRING = pa.string()
+_TS = PAGE_SCHEMA.field("ts").type
+_META = PAGE_SCHEMA.field("meta").type
+
+
+class _Meta(msgspec.Struct):
+    meta: dict[str, str]
+
+
+_meta_of = msgspec.json.Decoder(_Meta).decode
+
+
+def render(result: DiffResult) -> bytes:
+    """The Arrow IPC stream of a columnar read (``Engine.diff(..., columns=True)``)."""
+    info = PageInfo(
+        count=result.count,
+        tombstone=result.tombstone,
+        next_from_seq=result.next_from_seq,
+        head_seq=result.head_seq,
+        earliest_seq=result.earliest_seq,
+        caught_up=result.caught_up,
+        epoch=result.epoch,
+        durability=result.durability,
+    )
+    return encode_page(info, [span_batch(span) for span in result.spans])
+
+
+def span_batch(span: Span) -> pa.RecordBatch:
+    """One chunk's delivered records as a record batch of the page schema."""
+    ends = np.frombuffer(span.ends, np.uint64).astype(np.int64) - span.start
+    n = len(ends)
+    offsets = np.zeros(n + 1, np.int32)
+    offsets[1:] = ends
+    records = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(span.buf)]
+    )
+    if span.keep is not None:
+        records = records.filter(pa.array(span.keep))
+    data = _data(records)
+    n = len(records)
+    size = np.frombuffer(span.size, np.uint32)
+    slots = np.arange(len(ends), dtype=np.int64)
+    ts = np.frombuffer(span.ts, np.uint64).view(np.int64)
+    node = np.frombuffer(span.node, np.uint32)
+    tag = np.frombuffer(span.tag, np.uint32)
+    if span.keep is not None:
+        size, slots, ts, node, tag = (a[span.keep] for a in (size, slots, ts, node, tag))
+    # data + meta bytes: a record whose data is shorter has meta.
+    with_meta = np.flatnonzero(pc.binary_length(data).to_numpy() != size)
+    meta = pa.nulls(n, _META)
+    if len(with_meta):
+        maps = [_meta_of(records[row].as_buffer()[:-1]).meta for row in with_meta.tolist()]
+        meta = _meta_column(n, with_meta, maps)
+    return pa.RecordBatch.from_arrays(
+        [
+            _int64(slots + span.base_seq),
+            pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(np.ascontiguousarray(ts))]),
+            _names(span.node_names, node),
+            _names(span.tag_names, tag),
+            meta,
+            data.view(_STRING),
+        ],
+        schema=PAGE_SCHEMA,
+    )
+
+
+def _data(records: pa.Array) -> pa.Array:
+    """Each record's ``data`` JSON: what follows its first ``,"data":`` key (a ``"``
+    inside a node, tag or meta string is escaped, so the first is the key) up to the
+    closing brace and the comma."""
+    after = pc.list_element(pc.split_pattern(records, _DATA_KEY, max_splits=1), 1)
+    return pc.binary_slice(after, 0, -2)
+
+
+def _int64(values: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+def _strings(texts: list[str]) -> pa.Array:
+    """A string array of ``texts`` from one buffer and its offsets."""
+    encoded = [t.encode() for t in texts]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(
+        _STRING, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    )
+
+
+def _names(names: list[str], ids: np.ndarray) -> pa.Array:
+    """The interned ``names`` taken by ``ids`` (0, no name, is null)."""
+    n = len(ids)
+    if len(names) == 1 or not ids.any():
+        return pa.nulls(n, _STRING)
+    table = _strings(names[: int(ids.max()) + 1])
+    valid = np.packbits(ids != 0, bitorder="little")
+    indices = pa.Array.from_buffers(
+        pa.uint32(), n, [pa.py_buffer(valid), pa.py_buffer(np.ascontiguousarray(ids))]
+    )
+    return table.take(indices)
+
+
+def _meta_column(n: int, rows: np.ndarray, maps: list[dict[str, str]]) -> pa.Array:
+    """A map column, null but at ``rows``, which hold ``maps``."""
+    counts = np.zeros(n, np.int32)
+    counts[rows] = [len(m) for m in maps]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    keys = _strings([k for m in maps for k in m])
+    values = _strings([v for m in maps for v in m.values()])
+    valid = np.zeros(n, bool)
+    valid[rows] = True
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(offsets)]),
+        keys,
+        values,
+        type=_META,
+        mask=pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~valid, bitorder="little"))]),
+    )
