@@ -65,8 +65,8 @@ __all__ = [
     "Tombstone",
     "TombstoneEvent",
     "TombstoneReason",
-    "TopicState",
     "TopicGap",
+    "TopicState",
     "TopicType",
     "WatchEvent",
 ]

@@ -52,10 +52,9 @@ def render(result: DiffResult) -> bytes:
 
 def span_batch(span: Span) -> pa.RecordBatch:
     """One chunk's delivered records as a record batch of the page schema."""
-    ends = np.frombuffer(span.ends, np.uint64).astype(np.int64) - span.start
-    n = len(ends)
+    n = len(span.ends)
     offsets = np.zeros(n + 1, np.int32)
-    offsets[1:] = ends
+    offsets[1:] = span.ends
     records = pa.Array.from_buffers(
         pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(span.buf)]
     )
@@ -63,11 +62,8 @@ def span_batch(span: Span) -> pa.RecordBatch:
         records = records.filter(pa.array(span.keep))
     data = _data(records)
     n = len(records)
-    size = np.frombuffer(span.size, np.uint32)
-    slots = np.arange(len(ends), dtype=np.int64)
-    ts = np.frombuffer(span.ts, np.uint64).view(np.int64)
-    node = np.frombuffer(span.node, np.uint32)
-    tag = np.frombuffer(span.tag, np.uint32)
+    size, ts, node, tag = span.size, span.ts, span.node, span.tag
+    slots = np.arange(len(span.ends), dtype=np.int64)
     if span.keep is not None:
         size, slots, ts, node, tag = (a[span.keep] for a in (size, slots, ts, node, tag))
     # data + meta bytes: a record whose data is shorter has meta.
@@ -139,5 +135,7 @@ def _meta_column(n: int, rows: np.ndarray, maps: list[dict[str, str]]) -> pa.Arr
         keys,
         values,
         type=_META,
-        mask=pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(~valid, bitorder="little"))]),
+        mask=pa.Array.from_buffers(
+            pa.bool_(), n, [None, pa.py_buffer(np.packbits(~valid, bitorder="little"))]
+        ),
     )

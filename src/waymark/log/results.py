@@ -13,7 +13,6 @@ waits for.
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,12 +69,11 @@ class Span:
 
     base_seq: int  # the seq of slot i
     buf: bytes  # the records' wire JSON, each followed by a comma
-    start: int  # where ``buf`` starts in the chunk's buffer
-    ends: array  # end offset of each record in the chunk's buffer
-    ts: array
-    node: array
-    tag: array
-    size: array  # data + meta bytes of each record
+    ends: np.ndarray  # the end of each record in ``buf``
+    ts: np.ndarray
+    node: np.ndarray  # interned ids in ``node_names``, 0: none
+    tag: np.ndarray
+    size: np.ndarray  # data + meta bytes of each record
     node_names: list[str]  # the chunk's interned names (index 0: none)
     tag_names: list[str]
     keep: np.ndarray | None

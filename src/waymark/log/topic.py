@@ -726,20 +726,19 @@ class Topic:
         """Slots [i, k) of ``chunk`` copied out for a columnar read: deleted slots and
         the reader's own node's records are masked, not delivered."""
         keep = np.frombuffer(chunk.dead, np.uint8, k - i, i) == LIVE
+        node = np.array(chunk.node[i:k], np.uint32)
         node_ids = cls._reader_node_ids(chunk, nodes)
         if node_ids is not None:
-            own = np.fromiter(node_ids, np.uint32, len(node_ids))
-            keep &= ~np.isin(np.frombuffer(chunk.node, np.uint32, k - i, i * 4), own)
-        start = chunk.start(i)
+            keep &= ~np.isin(node, np.fromiter(node_ids, np.uint32, len(node_ids)))
+        buf, ends = chunk.records(i, k)
         return Span(
             base_seq=chunk.base_seq + i,
-            buf=bytes(memoryview(chunk.buf)[start : chunk.ends[k - 1]]),
-            start=start,
-            ends=chunk.ends[i:k],
-            ts=chunk.ts[i:k],
-            node=chunk.node[i:k],
-            tag=chunk.tag[i:k],
-            size=chunk.size[i:k],
+            buf=buf,
+            ends=ends,
+            ts=np.array(chunk.ts[i:k], np.int64),
+            node=node,
+            tag=np.array(chunk.tag[i:k], np.uint32),
+            size=np.array(chunk.size[i:k], np.uint32),
             node_names=chunk.node_names.names,
             tag_names=chunk.tag_names.names,
             keep=None if keep.all() else keep,

@@ -14,7 +14,14 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .limits import DEFAULT_DIFF_LIMIT, MAX_ARROW_DIFF_LIMIT, MAX_WAIT_MS, NonNegative, Positive, Seq
+from .limits import (
+    DEFAULT_DIFF_LIMIT,
+    MAX_ARROW_DIFF_LIMIT,
+    MAX_WAIT_MS,
+    NonNegative,
+    Positive,
+    Seq,
+)
 from .limits import TopicName as DeadLetterName
 from .records import Record, RecordIn, TagRule, Tombstone
 
