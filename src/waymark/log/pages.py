@@ -6,15 +6,17 @@ record batch. ``seq`` is the slot's position, ``ts`` the chunk's timestamp array
 ``node`` and ``tag`` the chunk's interned names taken by id. ``data`` is cut out of
 each record's wire JSON ``{"$seq":..,"$ts":..[,"$node":..][,"$tag":..][,"meta":{..}],
 "data":<data>},`` with pyarrow compute: it follows the first ``,"data":`` and ends
-two bytes before the record's end. Where it is shorter than the size array's data +
-meta bytes the record has meta; only such a record is decoded, once, for its meta
-map: meta costs per record only where it is filled.
+two bytes before the record's end. Where that cut is not as long as the size array's
+data + meta bytes, the record has meta; only such a record is decoded, once, for its
+meta map and to cut its data by its size: meta costs per record only where it is
+filled.
 """
 
 from __future__ import annotations
 
 import msgspec
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -66,12 +68,22 @@ def span_batch(span: Span) -> pa.RecordBatch:
     slots = np.arange(len(span.ends), dtype=np.int64)
     if span.keep is not None:
         size, slots, ts, node, tag = (a[span.keep] for a in (size, slots, ts, node, tag))
-    # data + meta bytes: a record whose data is shorter has meta.
+    # The size is data + meta bytes: where the cut is not that long, the record has meta.
     with_meta = np.flatnonzero(pc.binary_length(data).to_numpy() != size)
     meta = pa.nulls(n, _META)
     if len(with_meta):
-        maps = [_meta_of(records[row].as_buffer()[:-1]).meta for row in with_meta.tolist()]
+        maps, datas = [], []
+        for row in with_meta.tolist():
+            record = records[row].as_buffer()
+            found = _meta_of(record[:-1]).meta
+            # Meta may hold a "data" key of its own: the size says where data starts.
+            length = int(size[row]) - len(orjson.dumps(found))
+            maps.append(found)
+            datas.append(record[len(record) - 2 - length : len(record) - 2].to_pybytes())
         meta = _meta_column(n, with_meta, maps)
+        mask = np.zeros(n, bool)
+        mask[with_meta] = True
+        data = pc.replace_with_mask(data, pa.array(mask), pa.array(datas, pa.binary()))
     return pa.RecordBatch.from_arrays(
         [
             _int64(slots + span.base_seq),
@@ -86,9 +98,10 @@ def span_batch(span: Span) -> pa.RecordBatch:
 
 
 def _data(records: pa.Array) -> pa.Array:
-    """Each record's ``data`` JSON: what follows its first ``,"data":`` key (a ``"``
-    inside a node, tag or meta string is escaped, so the first is the key) up to the
-    closing brace and the comma."""
+    """Each record's ``data`` JSON when it has no meta: what follows its first
+    ``,"data":`` (a ``"`` inside a node or tag string is escaped, so the first is the
+    key) up to the closing brace and the comma. A record with meta (whose keys may be
+    "data") is cut again by its size."""
     after = pc.list_element(pc.split_pattern(records, _DATA_KEY, max_splits=1), 1)
     return pc.binary_slice(after, 0, -2)
 
