@@ -212,6 +212,23 @@ class AsyncClient:
         return await self._run(writers.stage_encoded(
             topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
 
+    async def stage_joined(
+        self,
+        topic: str,
+        records: bytes,
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """:meth:`stage` with the records already encoded as RecordIn JSON objects joined
+        by commas into one byte string."""
+        return await self._run(writers.stage_joined(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
     async def publish(
         self, topic: str, *, writer: str, epoch: int, batch_id: int,
         parts: Sequence[StagedPart],
