@@ -38,9 +38,7 @@ from .events import Watch, WatchEvent
 from .tables import TableRead
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from ..protocol.arrow import ArrowPage
+    from ..protocol.arrow import ArrowPage, Table
 
 T = TypeVar("T")
 
@@ -161,7 +159,7 @@ class AsyncClient:
         *,
         node: str | Sequence[str] | None = None,
         skip_gaps: bool = False,
-    ) -> pa.Table:
+    ) -> Table:
         """Every record after ``from_seq`` up to the head when the read begins, as one
         Arrow table: ``polars.from_arrow(t)``, ``duckdb.sql("from t")``, ``t.to_pandas()``.
         A gap (a tombstone) raises :class:`~waymark.client.TopicGap` unless ``skip_gaps``."""

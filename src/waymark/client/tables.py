@@ -16,9 +16,7 @@ from ..protocol import MAX_ARROW_DIFF_LIMIT, Tombstone
 from . import calls
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
-    from ..protocol.arrow import ArrowPage
+    from ..protocol.arrow import ArrowPage, Table
 
 
 class TopicGap(Exception):
@@ -50,7 +48,7 @@ class TableRead:
         self.skip_gaps = skip_gaps
         self.epoch: int | None = None
         self.upto: int | None = None  # the head when the read began
-        self.tables: list[pa.Table] = []
+        self.tables: list[Table] = []
 
     def next_call(self) -> calls.Call[ArrowPage] | None:
         if self.upto is not None and self.cursor >= self.upto:
@@ -72,9 +70,7 @@ class TableRead:
         done = page.next_from_seq <= self.cursor or page.caught_up
         self.cursor = self.upto if done else page.next_from_seq
 
-    def table(self) -> pa.Table:
-        import pyarrow as pa
+    def table(self) -> Table:
+        from ..protocol.arrow import page_table
 
-        from ..protocol.arrow import PAGE_SCHEMA
-
-        return pa.concat_tables([PAGE_SCHEMA.empty_table(), *self.tables])
+        return page_table(self.tables)

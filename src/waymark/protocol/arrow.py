@@ -29,6 +29,13 @@ PAGE_SCHEMA = pa.schema([pa.field(c.name, _TYPES[c.type], c.nullable) for c in P
 
 _info = msgspec.json.Decoder(PageInfo)
 
+Table = pa.Table  # what a page's records are, for annotations outside this module
+
+
+def page_table(tables: list[pa.Table]) -> pa.Table:
+    """The records of several pages as one table (of :data:`PAGE_SCHEMA`, also when empty)."""
+    return pa.concat_tables([PAGE_SCHEMA.empty_table(), *tables])
+
 
 @dataclass(frozen=True, slots=True)
 class ArrowPage:
