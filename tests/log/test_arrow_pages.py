@@ -202,3 +202,24 @@ def test_catches_meta_left_out_of_an_arrow_page(
     monkeypatch.setattr(pages, "_meta_column", lambda n, rows, maps: pages.pa.nulls(n, pages._META))
     with pytest.raises(AssertionError):
         run_state_machine_as_test(ArrowNoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+def test_rendering_a_page_does_not_import_pandas() -> None:
+    """pa.array(), pa.scalar() and to_numpy() import pandas on first use: seconds in a
+    busy server's first Arrow answer. The page is built from buffers instead."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from waymark.log import Engine, RecordIn\n"
+        "from waymark.log.pages import render\n"
+        "e = Engine()\n"
+        "e.append('t', [RecordIn.of(1, meta={'a': 'b'}), RecordIn.of(2, tag='x', node='n')])\n"
+        "e.delete('t', before_seq=2)\n"
+        "e.append('t', [RecordIn.of(3, node='m'), RecordIn.of(4, meta={'c': 'd'})])\n"
+        "render(e.diff('t', 0, columns=True, nodes=frozenset({'m'})))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

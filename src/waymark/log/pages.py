@@ -28,6 +28,9 @@ _DATA_KEY = b',"data":'
 _STRING = pa.string()
 _TS = PAGE_SCHEMA.field("ts").type
 _META = PAGE_SCHEMA.field("meta").type
+# The index 1 as an Arrow scalar: a Python int would go through pa.scalar(), whose first
+# call imports pandas.
+_SECOND = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(np.int32(1).tobytes())])[0]
 
 
 class _Meta(msgspec.Struct):
@@ -61,7 +64,7 @@ def span_batch(span: Span) -> pa.RecordBatch:
         pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(span.buf)]
     )
     if span.keep is not None:
-        records = records.filter(pa.array(span.keep))
+        records = records.filter(_bools(span.keep))
     data = _data(records)
     n = len(records)
     size, ts, node, tag = span.size, span.ts, span.node, span.tag
@@ -69,7 +72,7 @@ def span_batch(span: Span) -> pa.RecordBatch:
     if span.keep is not None:
         size, slots, ts, node, tag = (a[span.keep] for a in (size, slots, ts, node, tag))
     # The size is data + meta bytes: where the cut is not that long, the record has meta.
-    with_meta = np.flatnonzero(pc.binary_length(data).to_numpy() != size)
+    with_meta = np.flatnonzero(_int32s(pc.binary_length(data)) != size)
     meta = pa.nulls(n, _META)
     if len(with_meta):
         maps, datas = [], []
@@ -83,7 +86,7 @@ def span_batch(span: Span) -> pa.RecordBatch:
         meta = _meta_column(n, with_meta, maps)
         mask = np.zeros(n, bool)
         mask[with_meta] = True
-        data = pc.replace_with_mask(data, pa.array(mask), pa.array(datas, pa.binary()))
+        data = pc.replace_with_mask(data, _bools(mask), _strings(datas, pa.binary()))
     return pa.RecordBatch.from_arrays(
         [
             _int64(slots + span.base_seq),
@@ -102,7 +105,7 @@ def _data(records: pa.Array) -> pa.Array:
     ``,"data":`` (a ``"`` inside a node or tag string is escaped, so the first is the
     key) up to the closing brace and the comma. A record with meta (whose keys may be
     "data") is cut again by its size."""
-    after = pc.list_element(pc.split_pattern(records, _DATA_KEY, max_splits=1), 1)
+    after = pc.list_element(pc.split_pattern(records, _DATA_KEY, max_splits=1), _SECOND)
     return pc.binary_slice(after, 0, -2)
 
 
@@ -110,14 +113,29 @@ def _int64(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
-def _strings(texts: list[str]) -> pa.Array:
-    """A string array of ``texts`` from one buffer and its offsets."""
-    encoded = [t.encode() for t in texts]
+# Arrays are built from buffers, never with pa.array(): its first call imports pandas
+# (seconds on a busy machine, in the server's first Arrow answer).
+
+
+def _strings(texts: list[str] | list[bytes], kind: pa.DataType = _STRING) -> pa.Array:
+    """A string (or binary) array of ``texts`` from one buffer and its offsets."""
+    encoded = [t.encode() if isinstance(t, str) else t for t in texts]
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     return pa.Array.from_buffers(
-        _STRING, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        kind, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     )
+
+
+def _int32s(values: pa.Array) -> np.ndarray:
+    """An int32 array without nulls as numpy, from its buffer (``to_numpy()`` would
+    import pandas)."""
+    return np.frombuffer(values.buffers()[1], np.int32, len(values), values.offset * 4)
+
+
+def _bools(values: np.ndarray) -> pa.Array:
+    bits = np.packbits(values, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 
 
 def _names(names: list[str], ids: np.ndarray) -> pa.Array:
@@ -148,7 +166,5 @@ def _meta_column(n: int, rows: np.ndarray, maps: list[dict[str, str]]) -> pa.Arr
         keys,
         values,
         type=_META,
-        mask=pa.Array.from_buffers(
-            pa.bool_(), n, [None, pa.py_buffer(np.packbits(~valid, bitorder="little"))]
-        ),
+        mask=_bools(~valid),
     )
