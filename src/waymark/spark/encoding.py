@@ -72,6 +72,8 @@ def encode_data(column: pa.Array) -> pa.Array:
 
 def joined_values(values: pa.Array) -> bytes:
     """The concatenated bytes of a binary array's values: one slice of its buffer."""
+    if len(values) == 0:
+        return b""
     offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
     return values.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
 
