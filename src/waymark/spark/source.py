@@ -369,12 +369,11 @@ def to_rows(topic: str, batch: pa.RecordBatch, hi: int) -> pa.RecordBatch:
     as they are (``data`` stays the JSON text; ``meta`` is null where no record has
     one), ``ts`` goes from ms to Spark's µs, and ``topic`` is one repeated value.
     """
-    seqs = batch.column(0).to_numpy()
+    seqs = _int64s(batch.column(0))
     if seqs[-1] > hi:  # seqs ascend: the rows past the range's end are a tail
         batch = batch.slice(0, int(np.searchsorted(seqs, hi, side="right")))
     n = batch.num_rows
-    millis = batch.column(1).view(pa.int64()).to_numpy()
-    micros = millis * 1000
+    micros = _int64s(batch.column(1)) * 1000
     return pa.RecordBatch.from_arrays(
         [
             # From numpy buffers, not pa.array() / pa.scalar(): their first call imports
@@ -386,6 +385,12 @@ def to_rows(topic: str, batch: pa.RecordBatch, hi: int) -> pa.RecordBatch:
         ],
         schema=ARROW_SCHEMA,
     )
+
+
+def _int64s(column: pa.Array) -> np.ndarray:
+    """A 64-bit column without nulls as numpy, from its buffer (``to_numpy()`` imports
+    pandas on first use: ~1 s per worker process)."""
+    return np.frombuffer(column.buffers()[1], np.int64, len(column), column.offset * 8)
 
 
 def _repeat(text: str, n: int) -> pa.Array:
