@@ -25,10 +25,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "waymark"
-EXTRAS = ("server", "kv", "spark", "all")
+EXTRAS = ("arrow", "server", "kv", "spark", "all")
 # The extra a module's code needs, by the longest prefix of its name; everything else
 # (protocol, client, checkpoint, recovery, clock, the rest of cli) is the base install.
 NEEDS = {
+    "waymark.protocol.arrow": "arrow",
     "waymark.log": "server",
     "waymark.server": "server",
     "waymark.kv": "kv",
@@ -121,8 +122,12 @@ def test_the_base_install_has_no_server_kv_or_spark_dependency(
     assert not requires[""] & NEVER_IN_BASE
     assert requires[""] >= {"msgspec", "httpx"}
     # An extra adds to the base; [all] is the union of the others.
-    assert requires["all"] == requires["server"] | requires["kv"] | requires["spark"]
+    assert requires["all"] == (
+        requires["arrow"] | requires["server"] | requires["kv"] | requires["spark"]
+    )
     assert requires["spark"] >= requires["kv"]  # its fold sink writes kv stores
+    # Arrow pages: the server answers them, the Spark source reads them.
+    assert requires["server"] >= requires["arrow"] and requires["spark"] >= requires["arrow"]
 
 
 def test_each_module_imports_only_what_its_extra_declares(

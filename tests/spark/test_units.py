@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,9 +21,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from waymark.clock import ManualClock
 from waymark.log import Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.writers import PartKey
+from waymark.spark import encoding
+from waymark.spark.encoding import encode_batch, encode_data, joined_values
 from waymark.spark.offsets import EARLIEST, LATEST, TopicOffset, admit, parse_starting
 from waymark.spark.partitions import ReadSettings, Recreated, split
-from waymark.spark.sink import encode_data
 
 SETTINGS = ReadSettings("http://x", None, "fail", "gaps", 10_000)
 
@@ -60,9 +64,10 @@ def test_partitions_cover_the_range_exactly_once() -> None:
 
 
 def test_sink_data_column_encoding() -> None:
-    assert encode_data(pa.array(['{"a":1}', "[1,2]", '"s"'])) == [b'{"a":1}', b"[1,2]", b'"s"']
+    values = encode_data(pa.array(['{"a":1}', "[1,2]", '"s"'])).to_pylist()
+    assert values == [b'{"a":1}', b"[1,2]", b'"s"']
     structs = pa.array([{"x": 1, "y": "z"}], pa.struct([("x", pa.int64()), ("y", pa.string())]))
-    assert encode_data(structs) == [b'{"x":1,"y":"z"}']
+    assert encode_data(structs).to_pylist() == [b'{"x":1,"y":"z"}']
     with pytest.raises(ValueError, match="row 1: the 'data' column is not valid JSON"):
         encode_data(pa.array(["1", "{nope"]))
     # Two values in one string would shift the record's keys if concatenated blindly.
@@ -139,45 +144,31 @@ def test_http_routes_fence_and_publish(http: httpx.Client, topic: str) -> None:
     assert {"/v0/writers", "/v0/topics/{topic}/stage", "/v0/topics/{topic}/publish"} <= set(spec)
 
 
-def test_diff_page_to_arrow_matches_a_row_by_row_build() -> None:
-    """The column-wise Arrow build (raw JSON slices + offsets, null columns without a
-    per-row pass) equals the obvious row-by-row one, multi-byte text included."""
-    import msgspec
-    import orjson
-
-    from waymark.protocol import DiffResponse
+def test_an_arrow_page_becomes_source_rows_like_a_row_by_row_build() -> None:
+    """The source's rows from an Arrow page (the page's buffers passed on, ts in µs, the
+    topic column added, cut at the range's end) equal the obvious row-by-row build,
+    multi-byte text and meta included."""
+    from waymark.log import pages
+    from waymark.protocol.arrow import decode_page
     from waymark.spark.schema import ARROW_SCHEMA
-    from waymark.spark.source import to_arrow
+    from waymark.spark.source import to_rows
 
-    records = [
-        {"$seq": 7, "$ts": 1_790_000_000_123, "data": {"u": "é✓", "n": 1}},
-        {"$seq": 8, "$ts": 1_790_000_000_124, "data": [1, "two"], "$tag": "t", "$node": "n1",
-         "meta": {"k": "v"}},
-        {"$seq": 9, "$ts": 1_790_000_000_125, "data": "plain"},
-    ]  # fmt: skip
-    page = {"records": records, "tombstone": None, "next_from_seq": 9, "head_seq": 9,
-            "earliest_seq": 7, "caught_up": True, "epoch": 1, "durability": "disk"}  # fmt: skip
-    rows = msgspec.json.decode(orjson.dumps(page), type=DiffResponse[msgspec.Raw]).records
+    engine = Engine(clock=ManualClock(1_790_000_000_123))
+    values = [({"u": "é✓", "n": 1}, None, None, None), ([1, "two"], "t", "n1", {"k": "v"}),
+              ("plain", None, None, None), (4, None, None, None)]  # fmt: skip
+    engine.append("t.x", [RecordIn.of(d, tag=t, node=n, meta=m) for d, t, n, m in values])
+    page = decode_page(pages.render(engine.diff("t.x", 0, columns=True)))
+    [batch] = page.table.to_batches()
     expected = pa.RecordBatch.from_pylist(
         [
-            {
-                "topic": "t.x",
-                "seq": r["$seq"],
-                "ts": r["$ts"] * 1000,
-                "node": r.get("$node"),
-                "tag": r.get("$tag"),
-                "meta": list(r["meta"].items()) if "meta" in r else None,
-                "data": orjson.dumps(r["data"]).decode(),
-            }
-            for r in records
+            {"topic": "t.x", "seq": seq, "ts": 1_790_000_000_123_000, "node": n, "tag": t,
+             "meta": None if m is None else list(m.items()), "data": orjson.dumps(d).decode()}
+            for seq, (d, t, n, m) in enumerate(values[:3], start=1)
         ],
         schema=ARROW_SCHEMA,
-    )
-    assert to_arrow("t.x", rows).equals(expected)
-    plain = to_arrow("t.x", [rows[0], rows[2]])  # node, tag and meta null throughout
-    assert plain.column("data").to_pylist() == ['{"u":"é✓","n":1}', '"plain"']
-    assert plain.column("meta").null_count == 2 and plain.column("topic").to_pylist() == ["t.x"] * 2
-    assert to_arrow("t.x", []).num_rows == 0
+    )  # fmt: skip
+    assert to_rows("t.x", batch, hi=3).equals(expected)
+    assert to_rows("t.x", batch, hi=9).num_rows == 4
 
 
 # --- the sink's writer id and options ---------------------------------------------------
@@ -339,3 +330,48 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
 def _read_all(http: httpx.Client, topic: str) -> list[dict[str, Any]]:
     response = http.post(f"/v0/topics/{topic}/diff", json={"from_seq": 0, "limit": 10000})
     return [] if response.status_code == 404 else response.json()["records"]
+
+
+_RECORDS = msgspec.json.Decoder(list[RecordIn])
+_NAMES = (
+    st.none()
+    | st.text(max_size=5)
+    | st.sampled_from(['a"b', "c\\d", "\n", "é\u2028", '","tag":"x'])
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(-(2**53), 2**53) | st.text(max_size=4), _NAMES, _NAMES,
+                               st.none() | st.dictionaries(_NAMES.filter(bool), st.text(max_size=3),
+                                                           max_size=2)),
+                     min_size=1, max_size=12),
+       topics=st.lists(st.sampled_from(["t1", "t2"]), min_size=12, max_size=12))  # fmt: skip
+def test_sink_rows_encode_as_the_records_they_hold(rows, topics) -> None:
+    """The column-wise encoding decodes back to each row's data, tag, node and meta,
+    grouped by topic in row order: quotes, backslashes and control characters escaped."""
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "data": [orjson.dumps(d).decode() for d, *_ in rows],
+            "tag": [t for _, t, _, _ in rows],
+            "node": [n for _, _, n, _ in rows],
+            "meta": pa.array([None if m is None else list(m.items()) for *_, m in rows],
+                             pa.map_(pa.string(), pa.string())),
+            "topic": topics[: len(rows)],
+        }
+    )  # fmt: skip
+    encoded = encode_batch(batch, None)
+    for topic, records in encoded.items():
+        decoded = _RECORDS.decode(b"[" + joined_values(records)[:-1] + b"]")
+        expected = [r for r, t in zip(rows, topics, strict=False) if t == topic]
+        assert [(orjson.loads(bytes(r.data)), r.tag, r.node, r.meta) for r in decoded] == expected
+    assert sum(len(r) for r in encoded.values()) == len(rows)
+
+
+def test_the_encoding_property_catches_unescaped_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unescaped(column):
+        text = column.cast(pa.string())
+        return pc.binary_join_element_wise(b'"', text.cast(pa.binary()), b'"', b"")
+
+    monkeypatch.setattr(encoding, "_json_strings", unescaped)
+    with pytest.raises((AssertionError, msgspec.DecodeError)):
+        test_sink_rows_encode_as_the_records_they_hold()

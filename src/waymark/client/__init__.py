@@ -36,6 +36,7 @@ from .aio import AsyncClient
 from .errors import ApiError, ConnectError, TransportError, TransportTimeout
 from .events import RecordEvent, TombstoneEvent, WatchEvent
 from .sync import Client
+from .tables import TopicGap
 
 __all__ = [
     "AckResponse",
@@ -66,6 +67,7 @@ __all__ = [
     "Tombstone",
     "TombstoneEvent",
     "TombstoneReason",
+    "TopicGap",
     "TopicState",
     "TopicType",
     "TransportError",

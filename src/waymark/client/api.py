@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
@@ -42,6 +42,9 @@ from ..protocol import (
     WriterState,
 )
 from . import calls, changes, queues, routers, writers
+
+if TYPE_CHECKING:
+    from ..protocol.arrow import ArrowPage
 
 T = TypeVar("T")
 
@@ -113,6 +116,21 @@ class Api:
         """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
         return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
 
+    def diff_arrow(
+        self,
+        topic: str,
+        from_seq: int,
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> ArrowPage:
+        """:meth:`diff` as an Arrow page: ``.table`` holds the records (columns seq, ts,
+        node, tag, meta, data as JSON text), the other fields are the JSON answer's.
+        Up to ``MAX_ARROW_DIFF_LIMIT`` records a page; needs pyarrow (``[arrow]``)."""
+        return self._run(calls.diff_arrow(topic, from_seq, limit, node, epoch, wait_ms))
+
     def delete(
         self, topic: str, *, before_seq: int | None = None, match: str | TagRule | None = None
     ) -> DeleteResponse:
@@ -157,6 +175,23 @@ class Api:
     ) -> StageResponse:
         """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
         return self._run(writers.stage_encoded(
+            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
+
+    def stage_joined(
+        self,
+        topic: str,
+        records: bytes,
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """:meth:`stage` with the records already encoded as RecordIn JSON objects joined
+        by commas into one byte string."""
+        return self._run(writers.stage_joined(
             topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
 
     def publish(

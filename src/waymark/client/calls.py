@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlencode
 
 import msgspec
 
 from ..protocol import (
+    ARROW_STREAM,
     ENDPOINT,
     AppendRequest,
     AppendResponse,
@@ -34,6 +35,9 @@ from ..protocol import (
     WhoAmI,
 )
 from .errors import Answer, ApiError
+
+if TYPE_CHECKING:
+    from ..protocol.arrow import ArrowPage
 
 T = TypeVar("T")
 _encode = msgspec.json.Encoder().encode
@@ -66,11 +70,13 @@ def call(
     *,
     params: dict[str, Any] | None = None,
     extra_wait_s: float = 0.0,
+    headers: dict[str, str] | None = None,
     **path: str,
 ) -> Call[T]:
     """The call of endpoint ``operation``; ``path`` fills its path parameters."""
     method, url, idempotent = _route(operation, tuple(path.items()))
-    return Call(method, url, parse, content, params, extra_wait_s, idempotent=idempotent)
+    return Call(method, url, parse, content, params, extra_wait_s, headers or {},
+                idempotent=idempotent)  # fmt: skip
 
 
 @lru_cache(maxsize=1024)
@@ -106,6 +112,7 @@ _append = typed(AppendResponse)
 _diff = typed(DiffResponse)
 _diff_raw = typed(DiffResponse[msgspec.Raw])
 _delete = typed(DeleteResponse)
+_ACCEPT_ARROW = {"accept": ARROW_STREAM}
 
 
 def health() -> Call[Health]:
@@ -166,6 +173,29 @@ def diff(
     body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
     return call("diff", _diff_raw if raw else _diff, _encode(body),
                 extra_wait_s=wait_ms / 1000, topic=topic)  # fmt: skip
+
+
+def _arrow_page(response: Answer) -> ArrowPage:
+    # pyarrow loads here, on the first Arrow read: `import waymark.client` stays light.
+    from ..protocol.arrow import decode_page
+
+    return decode_page(check(response).content)
+
+
+def diff_arrow(
+    topic: str,
+    from_seq: int,
+    limit: int,
+    node: str | Sequence[str] | None,
+    epoch: int | None,
+    wait_ms: int,
+) -> Call[ArrowPage]:
+    """A diff page as Arrow (docs/http-api.md, "Arrow pages"): up to
+    ``MAX_ARROW_DIFF_LIMIT`` records."""
+    nodes = node if node is None or isinstance(node, str) else list(node)
+    body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
+    return call("diff", _arrow_page, _encode(body), extra_wait_s=wait_ms / 1000,
+                headers=_ACCEPT_ARROW, topic=topic)  # fmt: skip
 
 
 def delete(topic: str, before_seq: int | None, match: str | TagRule | None) -> Call[DeleteResponse]:

@@ -12,11 +12,13 @@ from .api import Api
 from .changes import CheckpointWatch
 from .errors import TransportError
 from .events import E, Subscription, Watch, WatchEvent
+from .tables import TableRead
 from .transport import Origin, SyncTransport
 
 if TYPE_CHECKING:
     import httpx
 
+    from ..protocol.arrow import Table
     from .httpx_transport import HttpxTransport
 
 T = TypeVar("T")
@@ -70,6 +72,22 @@ class Client(Api):
             self.timeout + call.extra_wait_s, call.idempotent,
         )  # fmt: skip
         return call.parse(response)
+
+    def read_table(
+        self,
+        topic: str,
+        from_seq: int = 0,
+        *,
+        node: str | Sequence[str] | None = None,
+        skip_gaps: bool = False,
+    ) -> Table:
+        """Every record after ``from_seq`` up to the head when the read begins, as one
+        Arrow table: ``polars.from_arrow(t)``, ``duckdb.sql("from t")``, ``t.to_pandas()``.
+        A gap (a tombstone) raises :class:`~waymark.client.TopicGap` unless ``skip_gaps``."""
+        read = TableRead(topic, from_seq, node, skip_gaps)
+        while (call := read.next_call()) is not None:
+            read.take(self._run(call))
+        return read.table()
 
     def watch(
         self,

@@ -66,7 +66,24 @@ def stage_encoded(
     chunk: int,
 ) -> Call[StageResponse]:
     """``records``: each a RecordIn JSON object, already encoded; sent byte for byte."""
-    array = msgspec.Raw(b"[" + b",".join(records) + b"]")
+    return stage_joined(
+        topic, writer, epoch, batch_id, partition, attempt, b",".join(records), chunk
+    )
+
+
+def stage_joined(
+    topic: str,
+    writer: str,
+    epoch: int,
+    batch_id: int,
+    partition: int,
+    attempt: int,
+    records: bytes,
+    chunk: int,
+) -> Call[StageResponse]:
+    """``records``: RecordIn JSON objects separated by commas, already encoded as one
+    byte string (the Spark sink cuts it out of an Arrow column); sent byte for byte."""
+    array = msgspec.Raw(b"[" + records + b"]")
     body = StageRequest(writer, epoch, batch_id, partition, attempt, array, chunk)
     return call("stage", _staged, _encode(body), topic=topic)
 

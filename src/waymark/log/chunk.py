@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from itertools import accumulate, islice, repeat
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .records import EncodedRecord
 
@@ -124,6 +126,12 @@ class Chunk:
     def slice(self, i: int, j: int) -> bytes:
         """Records [i, j) as comma-terminated wire JSON (a copy: buffers keep growing)."""
         return bytes(self.buf[self.start(i) : self.ends[j - 1]])
+
+    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray]:
+        """Records [i, j) as :meth:`slice` has them, and the end of each in those bytes."""
+        start = self.start(i)
+        ends = np.array(self.ends[i:j], np.int64) - start
+        return bytes(memoryview(self.buf)[start : self.ends[j - 1]]), ends
 
     def release_payloads(self) -> None:
         """Free the bytes of a sealed chunk whose every slot is dead

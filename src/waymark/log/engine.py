@@ -320,6 +320,7 @@ class Engine:
         epoch: int | None = None,
         per_record: bool = False,
         touch: bool = True,
+        columns: bool = False,
     ) -> DiffResult:
         """Records with seq > from_seq, in seq order, at most ``limit`` scanned.
 
@@ -328,6 +329,7 @@ class Engine:
         is detected (docs/semantics/topics.md §5.5). ``touch`` counts the read as
         consumption (docs/semantics/topics.md §3); the engine's own readers (a router
         forwarding) pass False, so only consumers make a topic look consumed.
+        ``columns`` reads the page for an Arrow answer (:mod:`waymark.log.pages`).
         """
         if from_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "from_seq is a seq: 0 or more")
@@ -335,7 +337,7 @@ class Engine:
             raise TopicError(ErrorCode.INVALID_REQUEST, "limit is at least 1")
         topic = self.kernel.existing(name)
         now = self.clock.now_ms()
-        page = topic.read(from_seq, limit, nodes, epoch, now, per_record)
+        page = topic.read(from_seq, limit, nodes, epoch, now, per_record, columns)
         if touch:
             topic.consumed(now)
         return page

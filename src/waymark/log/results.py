@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import numpy as np
 import orjson
 
 from ..protocol import DeleteResponse, Durability, Tombstone
@@ -60,13 +61,34 @@ class DeleteResult(msgspec.Struct, frozen=True):
 
 
 @dataclass(slots=True)
+class Span:
+    """The slots [i, k) of one chunk that a columnar read delivers, copied out of the
+    chunk when read (its buffers keep growing): the records' bytes and their index
+    arrays. ``keep`` marks the delivered slots (None: all of them); deleted slots and
+    the reader's own node's records are not. :mod:`waymark.log.pages` renders it."""
+
+    base_seq: int  # the seq of slot i
+    buf: bytes  # the records' wire JSON, each followed by a comma
+    ends: np.ndarray  # the end of each record in ``buf``
+    ts: np.ndarray
+    node: np.ndarray  # interned ids in ``node_names``, 0: none
+    tag: np.ndarray
+    size: np.ndarray  # data + meta bytes of each record
+    node_names: list[str]  # the chunk's interned names (index 0: none)
+    tag_names: list[str]
+    keep: np.ndarray | None
+
+
+@dataclass(slots=True)
 class DiffResult:
     """One page of a cursor read (docs/semantics/topics.md §4.3, §7.3).
 
     ``runs`` are slices of chunk buffers, each holding one or more consecutive
     wire records separated and terminated by commas, so a page of N records is
     usually one memcpy rather than N encodes. With ``per_record`` reads each run
-    is exactly one record and ``seqs`` names it.
+    is exactly one record and ``seqs`` names it. A columnar read (an Arrow page)
+    fills ``spans`` instead of ``runs`` and ``seqs``; ``count`` is the delivered
+    records either way.
     """
 
     runs: list[bytes | memoryview]
@@ -79,6 +101,7 @@ class DiffResult:
     epoch: int
     durability: Durability
     caught_up: bool = field(default=False)
+    spans: list[Span] = field(default_factory=list)
 
     def records_json(self) -> bytes:
         """The delivered records as one JSON array."""

@@ -24,13 +24,13 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 from ..protocol import DeleteResponse, Discard, Tombstone, TopicConfig, TopicState, TopicType
-from .chunk import DELETED, Chunk
+from .chunk import DELETED, LIVE, Chunk
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit
 from .priority import effective_priority
 from .records import EncodedRecord
-from .results import DiffResult
+from .results import DiffResult, Span
 
 MAX_LOSS_RUNS = 1024
 MAX_RESTART_RUNS = 4096  # live runs an ephemeral topic's seal records as holes
@@ -562,7 +562,10 @@ class Topic:
         epoch: int | None,
         now: int,
         per_record: bool,
+        columns: bool = False,
     ) -> DiffResult:
+        """One page after ``from_seq``; ``columns``: as :class:`Span` copies for an
+        Arrow page (docs/http-api.md, "Arrow pages") rather than JSON runs."""
         # Not consumption by itself: internal readers (queue claims, lease replay) read
         # here too; Engine.diff marks the topic consumed for consumers' reads
         # (docs/semantics/topics.md §3).
@@ -622,6 +625,8 @@ class Topic:
         stop = head if hole is None else hole.lo - 1
         runs: list[bytes] = []
         seqs: list[int] = []
+        spans: list[Span] = []
+        delivered = 0
         next_from = max(cursor, min(self.front - 1, stop))
         readers_nodes = nodes if nodes and self.config.dedupe_node else None
         taken = 0
@@ -641,6 +646,7 @@ class Topic:
                 continue
             i = seq - chunk.base_seq
             n = min(chunk.n, stop - chunk.base_seq + 1)
+            first = last = -1  # the slots a columnar read delivers: [first, last)
             while i < n and taken < limit:
                 if chunk.dead[i] == DELETED:
                     j = chunk.dead.find(0, i, n)
@@ -649,10 +655,18 @@ class Topic:
                 k = chunk.dead.find(DELETED, i, min(n, i + limit - taken))
                 if k < 0:
                     k = min(n, i + limit - taken)
-                node_ids = self._reader_node_ids(chunk, readers_nodes)
-                self._take(chunk, i, k, node_ids, per_record, runs, seqs)
+                if columns:
+                    first = i if first < 0 else first
+                    last = k
+                else:
+                    node_ids = self._reader_node_ids(chunk, readers_nodes)
+                    self._take(chunk, i, k, node_ids, per_record, runs, seqs)
                 taken += k - i
                 i = k
+            if first >= 0:
+                span = self._span(chunk, first, last, readers_nodes)
+                spans.append(span)
+                delivered += last - first if span.keep is None else int(span.keep.sum())
             next_from = chunk.base_seq + i - 1
             seq = chunk.base_seq + i
         if seq > stop:
@@ -660,7 +674,7 @@ class Topic:
         return DiffResult(
             runs=runs,
             seqs=seqs,
-            count=len(seqs),
+            count=delivered if columns else len(seqs),
             tombstone=tombstone,
             next_from_seq=next_from,
             head_seq=head,
@@ -668,6 +682,7 @@ class Topic:
             epoch=self.epoch,
             durability=self.config.durability,
             caught_up=next_from >= head,
+            spans=spans,
         )
 
     def _hole_after(self, cursor: int) -> Hole | None:
@@ -734,6 +749,29 @@ class Topic:
         if nodes is None:
             return None
         return chunk.node_names.lookup(nodes) or None
+
+    @classmethod
+    def _span(cls, chunk: Chunk, i: int, k: int, nodes: frozenset[str] | None) -> Span:
+        """Slots [i, k) of ``chunk`` copied out for a columnar read: deleted slots and
+        the reader's own node's records are masked, not delivered."""
+        keep = np.frombuffer(chunk.dead, np.uint8, k - i, i) == LIVE
+        node = np.array(chunk.node[i:k], np.uint32)
+        node_ids = cls._reader_node_ids(chunk, nodes)
+        if node_ids is not None:
+            keep &= ~np.isin(node, np.fromiter(node_ids, np.uint32, len(node_ids)))
+        buf, ends = chunk.records(i, k)
+        return Span(
+            base_seq=chunk.base_seq + i,
+            buf=buf,
+            ends=ends,
+            ts=np.array(chunk.ts[i:k], np.int64),
+            node=node,
+            tag=np.array(chunk.tag[i:k], np.uint32),
+            size=np.array(chunk.size[i:k], np.uint32),
+            node_names=chunk.node_names.names,
+            tag_names=chunk.tag_names.names,
+            keep=None if keep.all() else keep,
+        )
 
     @staticmethod
     def _take(

@@ -16,11 +16,18 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, Client, ConfigPatch, ErrorCode, RecordIn, TopicState
+from waymark.client import (
+    ApiError,
+    Client,
+    ConfigPatch,
+    ErrorCode,
+    RecordIn,
+    TopicState,
+    TransportError,
+)
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore
 from waymark.pipeline.fence import FenceEpoch
@@ -103,7 +110,7 @@ def client_factory(timeout_s: float = 5.0, connect_s: float = 1.0) -> Connect:
 def _gone(error: Exception) -> bool:
     """Whether an error means the placement is unusable (docs/semantics/pipeline.md §3.3):
     the server is unreachable, or the topic is not there."""
-    if isinstance(error, httpx.TransportError):
+    if isinstance(error, TransportError):
         return True
     return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
 
@@ -224,7 +231,7 @@ class RelocatableQueueEdge:
         for url in order:
             try:
                 state = self._allocate(url)
-            except (httpx.TransportError, ApiError):
+            except (TransportError, ApiError):
                 continue  # dead or refusing: the next candidate
             locator = QueueLocator(
                 edge=self.name, server=url, topic=self.topic, generation=known + 1,
@@ -302,7 +309,7 @@ class RelocatableQueueEdge:
                 answer = self.connect(locator.server).append(
                     locator.topic, self._records(batch, locator.generation), create=False
                 )
-            except (httpx.TransportError, ApiError) as error:
+            except (TransportError, ApiError) as error:
                 full = isinstance(error, ApiError) and error.code == ErrorCode.TOPIC_FULL
                 if not full and not _gone(error):
                     raise
@@ -372,7 +379,7 @@ class RelocatableQueueEdge:
         assert self.locator is not None
         try:
             self.connect(self.locator.server).get_topic(self.locator.topic, touch=False)
-        except (httpx.TransportError, ApiError) as error:
+        except (TransportError, ApiError) as error:
             if _gone(error):
                 return False
             raise
@@ -426,7 +433,7 @@ class RelocatableQueueEdge:
             return
         try:
             self.connect(locator.server).delete(locator.topic, before_seq=acked.seq + 1)
-        except (httpx.TransportError, ApiError):
+        except (TransportError, ApiError):
             return
         self._released = acked.seq
 
@@ -464,7 +471,7 @@ class RelocatableQueueEdge:
             page = self.connect(locator.server).diff_raw(
                 locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
             )
-        except (httpx.TransportError, ApiError) as error:
+        except (TransportError, ApiError) as error:
             if not _gone(error):
                 raise
             self._disconnected()

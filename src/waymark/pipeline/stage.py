@@ -9,11 +9,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, Client, ConfigPatch, RecordIn
+from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.pipeline.edge import Connect, Delivery, Item, RelocatableQueueEdge, Sleep
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
@@ -61,7 +60,7 @@ class Sink:
             try:
                 call()
                 return
-            except (httpx.TransportError, ApiError) as error:
+            except (TransportError, ApiError) as error:
                 if isinstance(error, ApiError) and error.status < 500:
                     raise
                 if attempt > self.retries:

@@ -19,6 +19,8 @@ client) never loads the engine. One module per concept:
 ``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
+``pages``      the Arrow page: its columns and PageInfo (``arrow``, imported on its own,
+               reads and writes it with pyarrow: the ``[arrow]`` extra)
 ``endpoints``  the endpoint table
 ``openapi``    the OpenAPI 3.1 document (imported on its own: only the server needs it)
 """
@@ -27,7 +29,8 @@ from .changes import Checkpoint, CheckpointData, CheckpointPage, KeyChange, key_
 from .cursors import Cursor, format_cursor, parse_cursor
 from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
 from .errors import Error, ErrorBody, ErrorCode
-from .limits import MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
+from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
+from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .queues import (
     AckBody,
     AckResponse,
@@ -78,10 +81,13 @@ from .writers import (
 )
 
 __all__ = [
+    "ARROW_STREAM",
     "ENDPOINT",
     "ENDPOINTS",
+    "MAX_ARROW_DIFF_LIMIT",
     "MAX_DIFF_LIMIT",
     "MAX_WAIT_MS",
+    "PAGE_COLUMNS",
     "TOPIC_NAME",
     "AckBody",
     "AckResponse",
@@ -116,6 +122,8 @@ __all__ = [
     "NackResponse",
     "OpenWriterRequest",
     "OpenWriterResponse",
+    "PageColumn",
+    "PageInfo",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",

@@ -16,6 +16,7 @@ from msgspec import Struct
 
 from .changes import CheckpointPage
 from .limits import MAX_BATCH
+from .pages import ARROW_STREAM
 from .queues import (
     AckBody,
     AckResponse,
@@ -82,6 +83,9 @@ class Endpoint:
     stream: tuple[str, str] | None = None  # a non-JSON answer: (media type, description)
     # What a caller needs (docs/security.md): required, so no route is left unguarded.
     scope: ScopeKind = field(kw_only=True)
+    # Another media type of the same answer, sent when the Accept header names it:
+    # (media type, description) (docs/http-api.md, "Arrow pages").
+    alternate: tuple[str, str] | None = None
 
     def url(self, **params: str) -> str:
         """The path with ``params`` filled in, each percent-encoded as one segment."""
@@ -119,8 +123,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              scope=ScopeKind.WRITE),
     Endpoint("POST", f"{_TOPIC}/diff", "diff",
              "Records with $seq > from_seq (a tombstone first if live records were lost); "
-             "wait_ms long-polls for new records",
-             request=DiffRequest, response=DiffResponse[Any], scope=ScopeKind.READ),
+             "wait_ms long-polls for new records; Accept: " + ARROW_STREAM + " answers an "
+             "Arrow page",
+             request=DiffRequest, response=DiffResponse[Any],
+             alternate=(ARROW_STREAM, "The same page as an Arrow IPC stream: columns seq, ts, "
+                        "node, tag, meta, data; the other fields as JSON in the schema metadata "
+                        "key waymark.page (docs/http-api.md)"),
+             scope=ScopeKind.READ),
     Endpoint("GET", f"{_TOPIC}/watch", "watch",
              "Server-Sent Events: `event: record|tombstone`, `id: <epoch>:<seq>`; resumes "
              "from Last-Event-ID; idle streams get `: heartbeat` comment lines",

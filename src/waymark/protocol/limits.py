@@ -20,7 +20,8 @@ from msgspec import Meta
 TOPIC_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,254}"
 TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
 
-MAX_DIFF_LIMIT = 10_000  # records a diff page may scan
+MAX_DIFF_LIMIT = 10_000  # records a JSON diff page may scan
+MAX_ARROW_DIFF_LIMIT = 100_000  # records an Arrow diff page may scan (docs/http-api.md)
 DEFAULT_DIFF_LIMIT = 1000
 MAX_WAIT_MS = 60_000  # the longest diff long-poll
 MAX_BATCH = 10_000  # jobs per claim, leases per /work stream, seqs per ack/nack/extend

@@ -15,7 +15,7 @@ import msgspec
 from .. import __version__
 from .endpoints import ENDPOINTS, Endpoint
 from .errors import STATUS, Error
-from .limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
+from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 from .scopes import ScopeKind
 
 _REF = "#/components/schemas/{name}"
@@ -45,7 +45,8 @@ def document(
             "title": "waymark topics",
             "version": __version__,
             "description": "Append-only topics with no silent loss: every involuntary gap "
-            f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records.",
+            f"reaches readers as a tombstone. Diff pages hold at most {MAX_DIFF_LIMIT} records "
+            f"as JSON, {MAX_ARROW_DIFF_LIMIT} as Arrow.",
         },
         "paths": paths,
         "components": {
@@ -91,6 +92,9 @@ def _operation(
     else:
         ok = {"description": "OK",
               "content": {"application/json": {"schema": ref[endpoint.response]}}}  # fmt: skip
+        if endpoint.alternate is not None:
+            media, description = endpoint.alternate
+            ok["content"][media] = {"schema": {"description": description}}
     responses: dict[str, Any] = {str(endpoint.status): ok}
     if endpoint.created:
         responses["201"] = {**ok, "description": "Created"}

@@ -14,7 +14,14 @@ from typing import Annotated, Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .limits import DEFAULT_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, NonNegative, Positive, Seq
+from .limits import (
+    DEFAULT_DIFF_LIMIT,
+    MAX_ARROW_DIFF_LIMIT,
+    MAX_WAIT_MS,
+    NonNegative,
+    Positive,
+    Seq,
+)
 from .limits import TopicName as DeadLetterName
 from .records import Record, RecordIn, TagRule, Tombstone
 
@@ -258,10 +265,13 @@ class AppendResponse(Struct):
 
 
 class DiffRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``POST /v0/topics/{topic}/diff``: records with ``$seq > from_seq``."""
+    """``POST /v0/topics/{topic}/diff``: records with ``$seq > from_seq``.
+
+    ``limit`` is at most ``MAX_DIFF_LIMIT`` for a JSON answer (the server refuses more,
+    400 invalid_request) and ``MAX_ARROW_DIFF_LIMIT`` for an Arrow page."""
 
     from_seq: Seq
-    limit: Annotated[int, Meta(ge=1, le=MAX_DIFF_LIMIT)] = DEFAULT_DIFF_LIMIT
+    limit: Annotated[int, Meta(ge=1, le=MAX_ARROW_DIFF_LIMIT)] = DEFAULT_DIFF_LIMIT
     node: str | list[str] | None = None
     epoch: Seq | None = None
     wait_ms: Annotated[int, Meta(ge=0, le=MAX_WAIT_MS)] = 0

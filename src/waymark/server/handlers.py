@@ -14,8 +14,11 @@ from dataclasses import dataclass
 import msgspec
 import orjson
 
-from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError
+from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError, pages
 from ..protocol import (
+    ARROW_STREAM,
+    MAX_ARROW_DIFF_LIMIT,
+    MAX_DIFF_LIMIT,
     AppendRequest,
     DeleteRequest,
     DiffRequest,
@@ -40,6 +43,7 @@ _delete = msgspec.json.Decoder(DeleteRequest)
 _put = msgspec.json.Decoder(TopicPut)
 _encode = msgspec.json.encode
 _HEALTH = _encode(Health("ok"))
+_ARROW = ARROW_STREAM.encode()
 
 
 @dataclass(frozen=True)
@@ -164,17 +168,31 @@ class TopicApi:
     async def diff(self, request: Request) -> Response:
         name = _topic(request)
         body = _diff.decode(await request.body(self.max_body))
+        arrow = _wants_arrow(request)
+        if not arrow and body.limit > MAX_DIFF_LIMIT:
+            raise _invalid(
+                f"a JSON diff page holds at most {MAX_DIFF_LIMIT} records; an Arrow page "
+                f"(Accept: {ARROW_STREAM}) up to {MAX_ARROW_DIFF_LIMIT}",
+                limit=body.limit,
+            )
         nodes = _nodes(body.node)
         result = self.engine.diff(
-            name, body.from_seq, limit=body.limit, nodes=nodes, epoch=body.epoch
+            name, body.from_seq, limit=body.limit, nodes=nodes, epoch=body.epoch, columns=arrow
         )
         if body.wait_ms and _empty(result):
-            result = await self._wait(name, result, body, nodes)
+            result = await self._wait(name, result, body, nodes, arrow)
         self.metrics.records_read += result.count
+        if arrow:
+            return Response(pages.render(result), content_type=_ARROW)
         return Response(result.to_json())
 
     async def _wait(
-        self, name: str, result: DiffResult, body: DiffRequest, nodes: frozenset[str] | None
+        self,
+        name: str,
+        result: DiffResult,
+        body: DiffRequest,
+        nodes: frozenset[str] | None,
+        columns: bool,
     ) -> DiffResult:
         """Long-poll: re-read after each commit to the topic until something is delivered
         or ``wait_ms`` runs out. Node-filtered commits advance the cursor silently."""
@@ -189,8 +207,9 @@ class TopicApi:
                 if remaining <= 0 or not await self.notifier.wait(name, remaining):
                     break
                 result = self.engine.diff(
-                    name, result.next_from_seq, limit=body.limit, nodes=nodes, epoch=result.epoch
-                )
+                    name, result.next_from_seq, limit=body.limit, nodes=nodes,
+                    epoch=result.epoch, columns=columns,
+                )  # fmt: skip
         finally:
             self.metrics.long_polls -= 1
         return result
@@ -234,6 +253,16 @@ def _cursor(value: str) -> tuple[int | None, int]:
         return parse_cursor(value)
     except ValueError as exc:
         raise _invalid(str(exc), cursor=value) from None
+
+
+def _wants_arrow(request: Request) -> bool:
+    """Content negotiation of the diff answer: an Arrow page when the Accept header
+    names the Arrow stream type (docs/http-api.md, "Arrow pages"); JSON otherwise."""
+    accept = request.header(b"accept")
+    if accept is None:
+        return False
+    media = (part.split(b";", 1)[0].strip().lower() for part in accept.split(b","))
+    return _ARROW in media
 
 
 def _empty(result: DiffResult) -> bool:

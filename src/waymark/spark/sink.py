@@ -46,8 +46,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import msgspec
-import orjson
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -59,6 +57,7 @@ from pyspark.sql.types import StringType, StructType
 
 from ..client import Client, PublishResponse, StagedPart
 from . import connect
+from .encoding import encode_batch, joined_values
 
 log = logging.getLogger("waymark.spark.sink")
 
@@ -238,7 +237,8 @@ class WaymarkBatchWriter(_TwoPhaseWriter, DataSourceArrowWriter):
 
 
 class _Stager:
-    """Buffers one task attempt's encoded records per topic and stages them in chunks."""
+    """Buffers one task attempt's encoded records per topic (Arrow arrays, each value a
+    RecordIn JSON object and a comma) and stages them in chunks of ``CHUNK_RECORDS``."""
 
     def __init__(
         self,
@@ -251,100 +251,40 @@ class _Stager:
         self.head = {"writer": writer.writer, "epoch": writer.epoch, "batch_id": batch_id,
                      "partition": message.partition, "attempt": message.attempt}  # fmt: skip
         self.message = message
-        self.buffers: dict[str, list[bytes]] = {}
+        self.buffers: dict[str, list[pa.Array]] = {}
+        self.buffered: dict[str, int] = {}
         self.chunks: dict[str, int] = {}
         self.rows: dict[str, int] = {}
         self.published: set[str] = set()  # the batch is a replay: nothing to ship
 
-    def add(self, topic: str, records: list[bytes]) -> None:
-        buffer = self.buffers.setdefault(topic, [])
-        buffer.extend(records)
+    def add(self, topic: str, records: pa.Array) -> None:
+        self.buffers.setdefault(topic, []).append(records)
+        self.buffered[topic] = self.buffered.get(topic, 0) + len(records)
         self.rows[topic] = self.rows.get(topic, 0) + len(records)
-        while len(buffer) >= CHUNK_RECORDS:
-            self._flush(topic, buffer[:CHUNK_RECORDS])
-            del buffer[:CHUNK_RECORDS]
+        if self.buffered[topic] >= CHUNK_RECORDS:
+            pending = pa.concat_arrays(self.buffers[topic])
+            whole = len(pending) - len(pending) % CHUNK_RECORDS
+            for at in range(0, whole, CHUNK_RECORDS):
+                self._flush(topic, pending.slice(at, CHUNK_RECORDS))
+            self.buffers[topic] = [pending.slice(whole)]
+            self.buffered[topic] = len(pending) - whole
 
     def flush_all(self) -> None:
         for topic, buffer in self.buffers.items():
-            if buffer or topic not in self.chunks:
-                self._flush(topic, buffer)
+            if self.buffered[topic] or topic not in self.chunks:
+                self._flush(topic, pa.concat_arrays(buffer))
         self.message.topics = [
             (topic, self.chunks[topic], self.rows[topic]) for topic in sorted(self.chunks)
         ]
 
-    def _flush(self, topic: str, records: list[bytes]) -> None:
+    def _flush(self, topic: str, records: pa.Array) -> None:
         chunk = self.chunks.get(topic, 0)
         if topic not in self.published:
-            accepted = self.http.stage_encoded(topic, records, chunk=chunk, **self.head).accepted
+            joined = joined_values(records)[:-1]  # the last record's comma
+            accepted = self.http.stage_joined(topic, joined, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
         self.chunks[topic] = chunk + 1
-
-
-# --- encoding rows ----------------------------------------------------------------------
-
-_json_values = msgspec.json.Decoder(list[msgspec.Raw])
-
-
-def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, list[bytes]]:
-    """Encode a batch's rows as RecordIn JSON objects, grouped by target topic."""
-    n = batch.num_rows
-    if n == 0:
-        return {}
-    columns = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
-    data = encode_data(columns["data"])
-    optional = []
-    for name in ("tag", "node"):
-        if name in columns:
-            optional.append((b',"' + name.encode() + b'":', columns[name].to_pylist()))
-    metas = columns["meta"].to_pylist() if "meta" in columns else None
-    topics = columns["topic"].to_pylist() if "topic" in columns else None
-    out: dict[str, list[bytes]] = {}
-    for i in range(n):
-        parts = [b'{"data":', data[i]]
-        for key, values in optional:
-            if values[i] is not None:
-                parts += (key, orjson.dumps(values[i]))
-        if metas is not None and metas[i] is not None:
-            parts += (b',"meta":', orjson.dumps(dict(metas[i])))
-        parts.append(b"}")
-        topic = (topics[i] if topics is not None else None) or default_topic
-        if topic is None:
-            raise ValueError(f"row {i} names no topic and the sink has no 'topic' option")
-        out.setdefault(topic, []).append(b"".join(parts))
-    return out
-
-
-def encode_data(column: pa.Array) -> list[bytes]:
-    """The ``data`` column as one JSON value per row."""
-    if column.null_count:
-        raise ValueError("the waymark sink's 'data' column has nulls; every record needs data")
-    kind = column.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
-        values = column.cast(pa.binary()).to_pylist()
-        _check_json(values)
-        return values
-    if pa.types.is_map(kind):
-        return [orjson.dumps(dict(v), default=str) for v in column.to_pylist()]
-    return [orjson.dumps(v, default=str) for v in column.to_pylist()]
-
-
-def _check_json(values: list[bytes]) -> None:
-    """Every value is exactly one JSON value: one decode of the joined array checks all
-    (a value like ``1,2`` shows up as a count mismatch); only a failure looks closer."""
-    try:
-        if len(_json_values.decode(b"[" + b",".join(values) + b"]")) == len(values):
-            return
-    except msgspec.DecodeError:
-        pass
-    for i, value in enumerate(values):
-        try:
-            msgspec.json.decode(value)
-        except msgspec.DecodeError as e:
-            raise ValueError(
-                f"row {i}: the 'data' column is not valid JSON ({e}): {value[:120]!r}"
-            ) from None
-    raise ValueError("the 'data' column holds a value that is not exactly one JSON value")
 
 
 class TopicBatchSink:

@@ -27,7 +27,6 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import msgspec
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -38,7 +37,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from ..client import ApiError, Client, ErrorCode, Record, RecordIn, Tombstone, TopicState
+from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicState
+from ..protocol import MAX_ARROW_DIFF_LIMIT
 from . import connect
 from .offsets import (
     EARLIEST,
@@ -58,7 +58,7 @@ log = logging.getLogger("waymark.spark.source")
 
 DEFAULT_GAPS_TOPIC = "waymark.gaps"
 DEFAULT_MAX_PER_PARTITION = 200_000
-PAGE = 10_000  # the server's largest diff page
+PAGE = MAX_ARROW_DIFF_LIMIT  # the server's largest Arrow page
 
 
 class WaymarkDataLoss(RuntimeError):
@@ -266,7 +266,8 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
-    """Page through ``diff`` over ``(lo, hi]`` and yield the records as Arrow batches."""
+    """Page through ``diff`` over ``(lo, hi]`` as Arrow pages (docs/http-api.md, "Arrow
+    pages") and yield the server's batches as they come, with the topic column added."""
     settings = part.settings
     with connect(settings.url, settings.token, settings.ca_file) as http:
         if part.recreated is not None:
@@ -274,7 +275,7 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
             _gap(http, part, part.recreated.seq + 1, None, "recreated", 0)
         cursor = part.lo
         while cursor < part.hi:
-            page = http.diff_raw(
+            page = http.diff_arrow(
                 part.topic, cursor, limit=min(settings.page, part.hi - cursor),
                 epoch=part.epoch, node=settings.node,
             )  # fmt: skip
@@ -290,11 +291,9 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
                 # each range reports its own slice of the gap.
                 upto = min(gone.gap_to, part.hi)
                 _gap(http, part, gone.gap_from, upto, gone.reason, share(gone, upto))
-            rows = page.records
-            if rows and rows[-1].seq > part.hi:
-                rows = [r for r in rows if r.seq <= part.hi]
-            if rows:
-                yield to_arrow(part.topic, rows)
+            for batch in page.table.to_batches():
+                if batch.num_rows:
+                    yield to_rows(part.topic, batch, part.hi)
             if page.next_from_seq <= cursor:
                 break  # nothing more below hi exists (the range was planned from head_seq)
             cursor = page.next_from_seq
@@ -365,44 +364,37 @@ def report_gap(
 
 
 _TS_US = pa.timestamp("us", tz="UTC")
-_META = pa.map_(pa.string(), pa.string())
 
 
-def to_arrow(topic: str, rows: list[Record[msgspec.Raw]]) -> pa.RecordBatch:
-    """One diff page as an Arrow batch, built column-wise.
+def to_rows(topic: str, batch: pa.RecordBatch, hi: int) -> pa.RecordBatch:
+    """One batch of an Arrow page as rows of the source's schema, cut at seq ``hi``.
 
-    ``data`` is assembled from the raw JSON slices as one buffer plus offsets (no
-    per-row ``str``), and node/tag/meta columns that are null throughout — the
-    common case — cost nothing per row.
+    Built from the page's buffers: its node, tag, meta and data columns are passed on
+    as they are (``data`` stays the JSON text; ``meta`` is null where no record has
+    one), ``ts`` goes from ms to Spark's µs, and ``topic`` is one repeated value.
     """
-    n = len(rows)
-    datas = [r.data for r in rows]
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(np.fromiter(map(len, datas), np.int32, n), out=offsets[1:])
-    data = pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(datas))]
-    )
-    seqs = np.array([r.seq for r in rows], np.int64)
-    micros = np.array([r.ts for r in rows], np.int64) * 1000
-    nodes = [r.node for r in rows]
-    tags = [r.tag for r in rows]
-    metas = [r.meta for r in rows]
+    seqs = _int64s(batch.column(0))
+    if seqs[-1] > hi:  # seqs ascend: the rows past the range's end are a tail
+        batch = batch.slice(0, int(np.searchsorted(seqs, hi, side="right")))
+    n = batch.num_rows
+    micros = _int64s(batch.column(1)) * 1000
     return pa.RecordBatch.from_arrays(
         [
             # From numpy buffers, not pa.array() / pa.scalar(): their first call imports
             # pandas (~1 s per process here).
             _repeat(topic, n),
-            pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(seqs)]),
+            batch.column(0),
             pa.Array.from_buffers(_TS_US, n, [None, pa.py_buffer(micros)]),
-            _strings(nodes, n),
-            _strings(tags, n),
-            pa.nulls(n, _META)
-            if metas.count(None) == n
-            else pa.array([None if m is None else list(m.items()) for m in metas], _META),
-            data,
+            *batch.columns[2:],
         ],
         schema=ARROW_SCHEMA,
     )
+
+
+def _int64s(column: pa.Array) -> np.ndarray:
+    """A 64-bit column without nulls as numpy, from its buffer (``to_numpy()`` imports
+    pandas on first use: ~1 s per worker process)."""
+    return np.frombuffer(column.buffers()[1], np.int64, len(column), column.offset * 8)
 
 
 def _repeat(text: str, n: int) -> pa.Array:
@@ -411,7 +403,3 @@ def _repeat(text: str, n: int) -> pa.Array:
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
     )
-
-
-def _strings(values: list[str | None], n: int) -> pa.Array:
-    return pa.nulls(n, pa.string()) if values.count(None) == n else pa.array(values, pa.string())

@@ -156,6 +156,9 @@ class SealedChunk(Chunk):
         offsets, lens = self.offsets[i:j].tolist(), self.lens[i:j].tolist()
         return b"".join(data[o : o + n] for o, n in zip(offsets, lens, strict=True))
 
+    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray]:
+        return self.slice(i, j), np.cumsum(self.lens[i:j], dtype=np.int64)
+
     def release_payloads(self) -> None:
         """Nothing to free: the payloads were never in memory."""
 

@@ -1,0 +1,170 @@
+"""A read's Arrow page (docs/http-api.md, "Arrow pages"), built from the chunks'
+byte buffers and index arrays with numpy and pyarrow: no Python object per record.
+
+Each :class:`~waymark.log.results.Span` (the slots one chunk delivers) becomes one
+record batch. ``seq`` is the slot's position, ``ts`` the chunk's timestamp array,
+``node`` and ``tag`` the chunk's interned names taken by id. ``data`` is cut out of
+each record's wire JSON ``{"$seq":..,"$ts":..[,"$node":..][,"$tag":..][,"meta":{..}],
+"data":<data>},`` with pyarrow compute: it follows the first ``,"data":`` and ends
+two bytes before the record's end. Where that cut is not as long as the size array's
+data + meta bytes, the record has meta; only such a record is decoded, once, for its
+meta map and to cut its data by its size: meta costs per record only where it is
+filled.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..protocol import PageInfo
+from ..protocol.arrow import PAGE_SCHEMA, encode_page
+from .results import DiffResult, Span
+
+_DATA_KEY = b',"data":'
+_STRING = pa.string()
+_TS = PAGE_SCHEMA.field("ts").type
+_META = PAGE_SCHEMA.field("meta").type
+# The index 1 as an Arrow scalar: a Python int would go through pa.scalar(), whose first
+# call imports pandas.
+_SECOND = pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(np.int32(1).tobytes())])[0]
+
+
+class _Meta(msgspec.Struct):
+    meta: dict[str, str]
+
+
+_meta_of = msgspec.json.Decoder(_Meta).decode
+
+
+def render(result: DiffResult) -> bytes:
+    """The Arrow IPC stream of a columnar read (``Engine.diff(..., columns=True)``)."""
+    info = PageInfo(
+        count=result.count,
+        tombstone=result.tombstone,
+        next_from_seq=result.next_from_seq,
+        head_seq=result.head_seq,
+        earliest_seq=result.earliest_seq,
+        caught_up=result.caught_up,
+        epoch=result.epoch,
+        durability=result.durability,
+    )
+    return encode_page(info, [span_batch(span) for span in result.spans])
+
+
+def span_batch(span: Span) -> pa.RecordBatch:
+    """One chunk's delivered records as a record batch of the page schema."""
+    n = len(span.ends)
+    offsets = np.zeros(n + 1, np.int32)
+    offsets[1:] = span.ends
+    records = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(span.buf)]
+    )
+    if span.keep is not None:
+        records = records.filter(_bools(span.keep))
+    data = _data(records)
+    n = len(records)
+    size, ts, node, tag = span.size, span.ts, span.node, span.tag
+    slots = np.arange(len(span.ends), dtype=np.int64)
+    if span.keep is not None:
+        size, slots, ts, node, tag = (a[span.keep] for a in (size, slots, ts, node, tag))
+    # The size is data + meta bytes: where the cut is not that long, the record has meta.
+    with_meta = np.flatnonzero(_int32s(pc.binary_length(data)) != size)
+    meta = pa.nulls(n, _META)
+    if len(with_meta):
+        maps, datas = [], []
+        for row in with_meta.tolist():
+            record = records[row].as_buffer()
+            found = _meta_of(record[:-1]).meta
+            # Meta may hold a "data" key of its own: the size says where data starts.
+            length = int(size[row]) - len(orjson.dumps(found))
+            maps.append(found)
+            datas.append(record[len(record) - 2 - length : len(record) - 2].to_pybytes())
+        meta = _meta_column(n, with_meta, maps)
+        mask = np.zeros(n, bool)
+        mask[with_meta] = True
+        data = pc.replace_with_mask(data, _bools(mask), _strings(datas, pa.binary()))
+    return pa.RecordBatch.from_arrays(
+        [
+            _int64(slots + span.base_seq),
+            pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(np.ascontiguousarray(ts))]),
+            _names(span.node_names, node),
+            _names(span.tag_names, tag),
+            meta,
+            data.view(_STRING),
+        ],
+        schema=PAGE_SCHEMA,
+    )
+
+
+def _data(records: pa.Array) -> pa.Array:
+    """Each record's ``data`` JSON when it has no meta: what follows its first
+    ``,"data":`` (a ``"`` inside a node or tag string is escaped, so the first is the
+    key) up to the closing brace and the comma. A record with meta (whose keys may be
+    "data") is cut again by its size."""
+    after = pc.list_element(pc.split_pattern(records, _DATA_KEY, max_splits=1), _SECOND)
+    return pc.binary_slice(after, 0, -2)
+
+
+def _int64(values: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+
+
+# Arrays are built from buffers, never with pa.array(): its first call imports pandas
+# (seconds on a busy machine, in the server's first Arrow answer).
+
+
+def _strings(texts: list[str] | list[bytes], kind: pa.DataType = _STRING) -> pa.Array:
+    """A string (or binary) array of ``texts`` from one buffer and its offsets."""
+    encoded = [t.encode() if isinstance(t, str) else t for t in texts]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(
+        kind, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    )
+
+
+def _int32s(values: pa.Array) -> np.ndarray:
+    """An int32 array without nulls as numpy, from its buffer (``to_numpy()`` would
+    import pandas)."""
+    return np.frombuffer(values.buffers()[1], np.int32, len(values), values.offset * 4)
+
+
+def _bools(values: np.ndarray) -> pa.Array:
+    bits = np.packbits(values, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+
+
+def _names(names: list[str], ids: np.ndarray) -> pa.Array:
+    """The interned ``names`` taken by ``ids`` (0, no name, is null)."""
+    n = len(ids)
+    if len(names) == 1 or not ids.any():
+        return pa.nulls(n, _STRING)
+    table = _strings(names[: int(ids.max()) + 1])
+    valid = np.packbits(ids != 0, bitorder="little")
+    indices = pa.Array.from_buffers(
+        pa.uint32(), n, [pa.py_buffer(valid), pa.py_buffer(np.ascontiguousarray(ids))]
+    )
+    return table.take(indices)
+
+
+def _meta_column(n: int, rows: np.ndarray, maps: list[dict[str, str]]) -> pa.Array:
+    """A map column, null but at ``rows``, which hold ``maps``."""
+    counts = np.zeros(n, np.int32)
+    counts[rows] = [len(m) for m in maps]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    keys = _strings([k for m in maps for k in m])
+    values = _strings([v for m in maps for v in m.values()])
+    valid = np.zeros(n, bool)
+    valid[rows] = True
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(offsets)]),
+        keys,
+        values,
+        type=_META,
+        mask=_bools(~valid),
+    )
