@@ -65,6 +65,9 @@ def test_a_v1_data_dir_recovers_as_before(tmp_path: Path) -> None:
     for state in seen["topics"]:
         assert state.pop("assigned_head_seq") == state["head_seq"]
         assert state.pop("fsync_ms") == 0
+        if state.get("queue"):  # the oldest lease: present exactly when jobs are leased
+            deadline = state["queue"].pop("earliest_lease_deadline")
+            assert (deadline is not None) == (state["queue"]["in_flight"] > 0)
     assert seen == expected
 
 
