@@ -554,6 +554,9 @@ EPHEMERAL_OPS = st.lists(
 @example(ops=[("append", 1, "a"), ("append", 1, "b"), ("delete_tag", 0, "b")], restart="sigterm")
 @example(ops=[("append", 3, "a"), ("append", 2, "b"), ("delete_tag", 0, "b"), ("append", 1, "a")],
          restart="seal_then_kill")  # fmt: skip
+# An eviction tombstone ran on over the hole and the deleted record after it.
+@example(ops=[("append", 1, "a"), ("cap", 2, None), ("append", 1, "b"), ("append", 1, "a"),
+              ("delete_tag", 0, "a")], restart="sigterm")  # fmt: skip
 def test_an_ephemeral_restart_tells_each_reader_of_exactly_its_loss(
     ops: list[tuple[str, int, str | None]], restart: str
 ) -> None:
