@@ -591,11 +591,6 @@ class Topic:
             cursor = self.earliest_seq - 1
         elif from_seq + 1 < self.evict_floor:
             gap_to = self.earliest_seq - 1
-            hole = self._hole_after(from_seq)
-            if hole is not None and from_seq + 1 < hole.lo <= gap_to:
-                # The eviction gap ends where a hole begins: the hole has its own
-                # tombstone (on the next page), and what lies past it may be deleted.
-                gap_to = hole.lo - 1
             reason, missed = self._loss_between(from_seq + 1, gap_to)
             tombstone = Tombstone(
                 seq=self.earliest_seq,
