@@ -30,6 +30,7 @@ class Kernel:
         # (docs/semantics/topics.md §2.2)
         self.recovering: GradualReplay | None = None
         self._topics: dict[str, Topic] = {}
+        self._user_topics = 0  # kept with the table: the topic limit is checked per create
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
         self._listeners: list[Listener] = []
 
@@ -42,6 +43,12 @@ class Kernel:
 
     def __len__(self) -> int:
         return len(self._topics)
+
+    @property
+    def user_topics(self) -> int:
+        """Topics other than internal logs (a queue's leases, the change checkpoints:
+        names with ``$``, which no request can reach)."""
+        return self._user_topics
 
     def names(self) -> KeysView[str]:
         return self._topics.keys()
@@ -81,6 +88,8 @@ class Kernel:
         """Add ``topic`` to the table. Its epoch counts as used: replay meets epochs out
         of order across WAL shards, so the highest stays the last."""
         self._last_epoch = max(self._last_epoch, topic.epoch)
+        if topic.name not in self._topics and "$" not in topic.name:
+            self._user_topics += 1
         self._topics[topic.name] = topic
 
     def restore_epoch(self, last_epoch: int) -> None:
@@ -94,7 +103,10 @@ class Kernel:
 
     def drop(self, name: str) -> Topic | None:
         """Remove ``name`` from the table (the caller journals the drop)."""
-        return self._topics.pop(name, None)
+        topic = self._topics.pop(name, None)
+        if topic is not None and "$" not in name:
+            self._user_topics -= 1
+        return topic
 
     # --- the journal --------------------------------------------------------------------
     def write(self, name: str, frame: bytes) -> Commit | None:
