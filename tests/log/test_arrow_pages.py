@@ -152,6 +152,7 @@ def test_arrow_pages_agree_across_seals_and_crashes(small_chunks: None) -> None:
 
 
 def test_catches_deleted_records_in_an_arrow_page(
+    fixed_constants: None,  # the same search alone and in the suite
     small_chunks: None,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -169,6 +170,7 @@ def test_catches_deleted_records_in_an_arrow_page(
 
 
 def test_catches_an_arrow_page_that_skips_the_node_filter(
+    fixed_constants: None,  # the same search alone and in the suite
     small_chunks: None,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -179,6 +181,7 @@ def test_catches_an_arrow_page_that_skips_the_node_filter(
 
 
 def test_catches_data_cut_at_the_last_data_key(
+    fixed_constants: None,  # the same search alone and in the suite
     small_chunks: None,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -196,6 +199,7 @@ def test_catches_data_cut_at_the_last_data_key(
 
 
 def test_catches_meta_left_out_of_an_arrow_page(
+    fixed_constants: None,  # the same search alone and in the suite
     small_chunks: None,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
