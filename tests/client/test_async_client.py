@@ -66,8 +66,7 @@ async def test_raw_diff_and_exactly_once_writer_calls(waymark_server: Any, topic
         head = {"writer": topic, "epoch": epoch, "batch_id": 0, "partition": 0, "attempt": 0}
         staged = await client.stage(out, [RecordIn.of(1)], **head)
         assert (staged.staged, staged.accepted) == (1, True)
-        encoded = await client.stage_encoded(out, [b'{"data":2}', b'{"data":3,"tag":"x"}'],
-                                             chunk=1, **head)  # fmt: skip
+        encoded = await client.stage(out, b'{"data":2},{"data":3,"tag":"x"}', chunk=1, **head)
         assert (encoded.staged, encoded.accepted) == (2, True)
         parts = [StagedPart(0, 0, 2)]
         published = await client.publish(out, writer=topic, epoch=epoch, batch_id=0, parts=parts)

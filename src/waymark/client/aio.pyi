@@ -120,7 +120,7 @@ class AsyncClient:
     async def stage(
         self,
         topic: str,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | bytes,
         *,
         writer: str,
         epoch: int,
@@ -129,38 +129,9 @@ class AsyncClient:
         attempt: int,
         chunk: int = 0,
     ) -> StageResponse:
-        """Stage one chunk of one task attempt's records, invisible until published."""
-        ...
-
-    async def stage_encoded(
-        self,
-        topic: str,
-        records: Sequence[bytes],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
-        ...
-
-    async def stage_joined(
-        self,
-        topic: str,
-        records: bytes,
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with the records already encoded as RecordIn JSON objects joined
-        by commas into one byte string."""
+        """Stage one chunk of one task attempt's records, invisible until published.
+        ``records`` may come already encoded: RecordIn JSON objects joined by commas into
+        one byte string, sent byte for byte."""
         ...
 
     async def publish(

@@ -148,7 +148,7 @@ class Api:
     def stage(
         self,
         topic: str,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | bytes,
         *,
         writer: str,
         epoch: int,
@@ -157,41 +157,10 @@ class Api:
         attempt: int,
         chunk: int = 0,
     ) -> StageResponse:
-        """Stage one chunk of one task attempt's records, invisible until published."""
+        """Stage one chunk of one task attempt's records, invisible until published.
+        ``records`` may come already encoded: RecordIn JSON objects joined by commas into
+        one byte string, sent byte for byte."""
         return self._run(writers.stage(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    def stage_encoded(
-        self,
-        topic: str,
-        records: Sequence[bytes],
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with each record already encoded as a RecordIn JSON object."""
-        return self._run(writers.stage_encoded(
-            topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
-
-    def stage_joined(
-        self,
-        topic: str,
-        records: bytes,
-        *,
-        writer: str,
-        epoch: int,
-        batch_id: int,
-        partition: int,
-        attempt: int,
-        chunk: int = 0,
-    ) -> StageResponse:
-        """:meth:`stage` with the records already encoded as RecordIn JSON objects joined
-        by commas into one byte string."""
-        return self._run(writers.stage_joined(
             topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
 
     def publish(

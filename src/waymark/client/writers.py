@@ -48,42 +48,13 @@ def stage(
     batch_id: int,
     partition: int,
     attempt: int,
-    records: Sequence[RecordIn],
+    records: Sequence[RecordIn] | bytes,
     chunk: int,
 ) -> Call[StageResponse]:
-    body = StageRequest(writer, epoch, batch_id, partition, attempt, list(records), chunk)
-    return call("stage", _staged, _encode(body), topic=topic)
-
-
-def stage_encoded(
-    topic: str,
-    writer: str,
-    epoch: int,
-    batch_id: int,
-    partition: int,
-    attempt: int,
-    records: Sequence[bytes],
-    chunk: int,
-) -> Call[StageResponse]:
-    """``records``: each a RecordIn JSON object, already encoded; sent byte for byte."""
-    return stage_joined(
-        topic, writer, epoch, batch_id, partition, attempt, b",".join(records), chunk
-    )
-
-
-def stage_joined(
-    topic: str,
-    writer: str,
-    epoch: int,
-    batch_id: int,
-    partition: int,
-    attempt: int,
-    records: bytes,
-    chunk: int,
-) -> Call[StageResponse]:
-    """``records``: RecordIn JSON objects separated by commas, already encoded as one
-    byte string (the Spark sink cuts it out of an Arrow column); sent byte for byte."""
-    array = msgspec.Raw(b"[" + records + b"]")
+    """``records``: RecordIn values, or RecordIn JSON objects already encoded and joined by
+    commas into one byte string, sent byte for byte (the Spark sink cuts them out of an
+    Arrow column)."""
+    array = msgspec.Raw(b"[" + records + b"]") if isinstance(records, bytes) else list(records)
     body = StageRequest(writer, epoch, batch_id, partition, attempt, array, chunk)
     return call("stage", _staged, _encode(body), topic=topic)
 

@@ -281,7 +281,7 @@ class _Stager:
         chunk = self.chunks.get(topic, 0)
         if topic not in self.published:
             joined = joined_values(records)[:-1]  # the last record's comma
-            accepted = self.http.stage_joined(topic, joined, chunk=chunk, **self.head).accepted
+            accepted = self.http.stage(topic, joined, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
         self.chunks[topic] = chunk + 1
