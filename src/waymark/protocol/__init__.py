@@ -46,6 +46,15 @@ from .queues import (
     RedriveResponse,
 )
 from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
+from .reports import (
+    FoldExport,
+    FoldList,
+    FoldReport,
+    FoldStatus,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
+)
 from .routers import RouterDeleted, RouterFilter, RouterList, RouterOut, RouterPut
 from .scopes import ScopeKind, WhoAmI
 from .topics import (
@@ -67,15 +76,6 @@ from .topics import (
     TopicPut,
     TopicState,
     TopicType,
-)
-from .reports import (
-    FoldExport,
-    FoldList,
-    FoldReport,
-    FoldStatus,
-    RecoveryClient,
-    RecoveryClientList,
-    RecoveryReport,
 )
 from .writers import (
     OpenWriterRequest,
