@@ -62,11 +62,17 @@ def test_a_topic_store_client_reports_and_its_watermark_moves_after_receipts(
         http.append("other", [RecordIn.of(2)])
         stuck = wait_for(lambda: client(lambda c: c.behind >= 2), "behind >= 2")
         assert stuck.watermark is not None and stuck.watermark < orders
+        # A report now (the interval is 60 s) names the checkpoint waiting for a receipt.
+        assert service.reporter is not None
+        sent = service.reporter.send()
+        assert sent is not None and sent.pending == 1
+        assert client(lambda c: c.pending == 1) is not None
         service.submit_receipt(live[0].key, live[0].version).result(timeout=10)
         # The watermark moved: reported at once, not after the 60 s interval.
         moved = wait_for(lambda: client(lambda c: (c.watermark or 0) >= orders),
                          "the watermark to pass the receipted checkpoint")  # fmt: skip
         assert moved.stale is False
+        assert wait_for(lambda: client(lambda c: c.pending == 0), "pending 0").behind >= 0
         result = CliRunner().invoke(app, ["recovery", "clients", "--url", server.url, "--json"])
         assert result.exit_code == 0, result.output
         shown = json.loads(result.output)
