@@ -84,7 +84,7 @@ def timed(
 def fold_report(i: int, cursor: int = 1000) -> bytes:
     fold = f"fold{i // 3:03d}"
     export = {"cursor": cursor - 10, "time_ms": 1_700_000_000_000,
-              "payload": f"{fold}/payloads/0000-ab.tar"}  # fmt: skip
+              "payload": f"{fold}.payloads/5725ce14129a2dce.tar"}  # fmt: skip
     return json.dumps({"fold": fold, "node": f"node{i % 3}", "backend": "lmdb",
                        "bucket": f"b{i // 3:03d}", "cursor": cursor,
                        "bucket_seq": cursor + i % 7, "export": export}).encode()  # fmt: skip

@@ -60,6 +60,8 @@ def test_a_reporting_fold_shows_its_cursor_and_lag(
     last = fill(nats, bucket, 250)
     fold = subprocess.Popen([WAYMARK, "fold", "--nats", nats, "--bucket", bucket,
                              "--store", f"lmdb:{tmp_path / 'fold'}", "--node-id", "fold-a",
+                             "--export-to", f"file://{tmp_path / 'exports'}",
+                             "--export-every-s", "0.3",
                              "--report-to", server.url, "--report-every-s", "0.3"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
@@ -72,6 +74,9 @@ def test_a_reporting_fold_shows_its_cursor_and_lag(
         expect(row.get_by_test_id("fold-lag")).to_have_text("0")
         expect(row).to_contain_text("lmdb")
         expect(row.get_by_test_id("fold-stale")).to_have_count(0)
+        # Its export, published through the pointer, with the payload's address.
+        expect(row.get_by_test_id("fold-export")).to_contain_text(f"{bucket}.payloads/",
+                                                                  timeout=15_000)  # fmt: skip
         stopped = page.locator(f"tr[data-fold='{bucket}/fold-b']")
         expect(stopped.get_by_test_id("fold-lag")).to_have_text("4")
         expect(stopped.get_by_test_id("fold-stale")).to_be_visible()  # not silently healthy
