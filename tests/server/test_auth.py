@@ -139,9 +139,25 @@ CASES: dict[str, Case] = {
     "deleteRouter": lambda a: ("DELETE", f"/v0/routers/{_router(a)}", {}),
     "listCheckpoints": lambda a: ("GET", "/v0/changes/checkpoints", {}),
     "watchCheckpoints": lambda a: ("GET", "/v0/changes/watch", {}),
+    "reportFold": lambda a: ("POST", "/v0/folds", {"json": {
+        "fold": "f", "node": "n", "backend": "lmdb", "bucket": "b", "cursor": 1,
+        "bucket_seq": 2}}),
+    "listFolds": lambda a: ("GET", "/v0/folds", {}),
+    "getFold": lambda a: ("GET", f"/v0/folds/{_fold(a)}", {}),
+    "reportRecovery": lambda a: ("POST", "/v0/recovery/clients", {"json": {
+        "client": "c", "watermark": None, "range_receipts": 0, "pending": 0}}),
+    "listRecoveryClients": lambda a: ("GET", "/v0/recovery/clients", {}),
     "openapi": lambda a: ("GET", "/v0/openapi.json", {}),
     "metrics": lambda a: ("GET", "/metrics", {}),
 }  # fmt: skip
+
+
+def _fold(admin: httpx.Client) -> str:
+    body = {"fold": "g", "node": "n", "backend": "lmdb", "bucket": "b", "cursor": 0,
+            "bucket_seq": 0}  # fmt: skip
+    response = admin.post("/v0/folds", json=body)
+    assert response.status_code == 200, response.text
+    return "g"
 
 
 def _router(admin: httpx.Client) -> str:

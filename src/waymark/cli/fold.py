@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from waymark.cli.fold_report import FoldReporter
+    from waymark.client import AsyncClient
     from waymark.kv import ExportRequest, KvStore, SnapshotStore
 
 EXIT_ARTIFACT_INVALID = 3
@@ -89,6 +91,19 @@ def fold(
     artifact_key: Annotated[
         str | None, typer.Option(help="Artifact key in the object store (default: the bucket).")
     ] = None,
+    report_to: Annotated[
+        str | None,
+        typer.Option(help="Report this node's status (cursor, lag, last export) to this "
+                     "waymark server, shown at /v0/folds and in its console."),
+    ] = None,
+    report_every_s: Annotated[
+        float, typer.Option(min=0.1, max=3600.0, help="Seconds between status reports.")
+    ] = 5.0,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
+                     help="Bearer token of --report-to (a write scope)."),
+    ] = None,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
     require("fold", "kv")  # here, so that `fold show` is covered too
@@ -106,6 +121,7 @@ def fold(
         bootstrap_from=bootstrap_from,
         key=artifact_key or bucket,
     )
+    reporting = Reporting(report_to, report_every_s, token) if report_to else None
     asyncio.run(
         _run(
             nats,
@@ -117,8 +133,18 @@ def fold(
             window_ms / 1000,
             batch_max,
             replicas,
+            reporting,
         )
     )
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Where and how often a fold node reports its status (docs/reports.md)."""
+
+    url: str
+    every_s: float
+    token: str | None
 
 
 @dataclass(frozen=True)
@@ -179,6 +205,7 @@ async def _export_rounds(
     bucket: str,
     prefixes: tuple[str, ...],
     spec: str,
+    reporter: FoldReporter | None,
 ) -> None:
     """Every ``every_s`` seconds, an export round if the fold moved since the last one."""
     import asyncio
@@ -218,10 +245,41 @@ async def _export_rounds(
                 f"export: published cursor {report.manifest.rank} to {replicas.export_to}"
                 f" (pruned {len(report.pruned)})"
             )
+            if reporter is not None:
+                reporter.exported()
         elif report.result is RoundResult.Failed:
             console.print(f"[yellow]export round failed[/yellow]: {escape(str(report.error))}")
         elif report.result is RoundResult.SupersededByNewer:
             console.print("export: superseded by a newer artifact")
+
+
+def _reporter(
+    reporting: Reporting, replicas: Replicas, bucket: str, backend: str
+) -> tuple[FoldReporter, AsyncClient]:
+    """The node's status reporter to ``reporting.url``; it names the fold by its
+    artifact key and reads the pointer where this node exports, if it does."""
+    import os
+    import socket
+
+    from waymark.cli.fold_report import FoldReporter
+    from waymark.client import AsyncClient
+    from waymark.kv import ObjectStoreTransport
+    from waymark.objstore import open_store as open_objstore
+
+    client = AsyncClient(reporting.url, token=reporting.token, timeout=10.0)
+    pointer = None
+    if replicas.export_to is not None:
+        pointer = ObjectStoreTransport(open_objstore(replicas.export_to))
+    reporter = FoldReporter(
+        client,
+        fold=replicas.key,
+        node=replicas.node_id or f"{socket.gethostname()}-{os.getpid()}",
+        bucket=bucket,
+        backend=backend,
+        every_s=reporting.every_s,
+        pointer=pointer,
+    )
+    return reporter, client
 
 
 async def _run(
@@ -234,6 +292,7 @@ async def _run(
     window: float,
     batch_max: int,
     replicas: Replicas,
+    reporting: Reporting | None,
 ) -> None:
     import asyncio
     import contextlib
@@ -276,6 +335,10 @@ async def _run(
     applied = 0
     started = time.monotonic()
     resumed = fold_store.cursor
+    reporter, report_client, reports = None, None, None
+    if reporting is not None:
+        reporter, report_client = _reporter(reporting, replicas, bucket, fold_store.backend)
+        reporter.applied(resumed)
 
     def status(cursor: WatchCursor) -> str:
         rate = applied / max(time.monotonic() - started, 1e-9)
@@ -291,10 +354,11 @@ async def _run(
                 # The lease lives in a bucket of its own: in the folded one it would be folded.
                 leases = await conn.store(f"{bucket}-export")
                 exporter = asyncio.create_task(
-                    _export_rounds(
-                        console, replicas, leases, fold_store, requests, bucket, prefixes, spec
-                    )
-                )
+                    _export_rounds(console, replicas, leases, fold_store, requests, bucket,
+                                   prefixes, spec, reporter)
+                )  # fmt: skip
+            if reporter is not None:
+                reports = asyncio.create_task(reporter.run(kv))
             with Live(status(resumed), console=console, refresh_per_second=4) as live:
 
                 def count(batch: list[object]) -> None:
@@ -303,6 +367,8 @@ async def _run(
 
                 def on_applied(cursor: WatchCursor) -> None:
                     live.update(status(cursor))
+                    if reporter is not None:
+                        reporter.applied(cursor)
 
                 cursor = await watch_applied(
                     kv.watcher(),
@@ -317,10 +383,13 @@ async def _run(
                 )
         console.print(f"stopped at cursor {cursor} ({applied:,} updates applied)")
     finally:
-        if exporter is not None:
-            exporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await exporter
+        for task in (exporter, reports):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if report_client is not None:
+            await report_client.aclose()
         fold_store.close()
         if server is not None:
             server.stop()
@@ -362,6 +431,47 @@ def show(
                 typer.echo(orjson.dumps(line).decode())
     finally:
         fold_store.close()
+
+
+@fold_app.command()
+def reports(
+    server: Annotated[str, typer.Argument(help="The waymark server the folds report to.")],
+    fold_name: Annotated[
+        str | None, typer.Option("--fold", help="Only this fold's nodes.")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True, help="Bearer token (read)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The server's JSON answer.")] = False,
+) -> None:
+    """The fold nodes that report to SERVER (--report-to): cursor, lag behind the bucket,
+    last export, and when each last reported (docs/reports.md)."""
+    import datetime
+
+    import msgspec
+    from rich.console import Console
+    from rich.table import Table
+
+    from waymark.client import Client
+    from waymark.protocol import FoldList
+
+    with Client(server, token=token) as http:
+        found = http.list_folds() if fold_name is None else http.get_fold(fold_name)
+    if as_json:
+        typer.echo(msgspec.json.encode(FoldList(found)).decode())
+        return
+    table = Table("fold", "node", "backend", "bucket", "cursor", "lag", "last export",
+                  "last report", title=f"{len(found)} fold node(s)")  # fmt: skip
+    for f in found:
+        export = "none"
+        if f.export is not None:
+            at = datetime.datetime.fromtimestamp(f.export.time_ms / 1000, datetime.UTC)
+            export = f"cursor {f.export.cursor} at {at:%H:%M:%S} ({f.export.payload})"
+        seen = f"{f.age_ms / 1000:.1f} s ago" + (" [red]stale[/red]" if f.stale else "")
+        table.add_row(f.fold, f.node, f.backend, f.bucket, str(f.cursor), str(f.lag), export,
+                      seen)  # fmt: skip
+    Console().print(table)
 
 
 @fold_app.command()

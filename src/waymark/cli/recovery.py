@@ -46,7 +46,9 @@ def _service(
         if store.startswith("topic:")
         else LocalReceiptStore(store)
     )
-    return RecoveryService(source, receipts, client, recent_s=recent_s, max_window_s=max_window_s)
+    # A look from the command line is not the client itself: it reports nothing.
+    return RecoveryService(source, receipts, client, recent_s=recent_s,
+                           max_window_s=max_window_s, report=False)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -123,3 +125,36 @@ def register(app: typer.Typer) -> None:
             shown = ", ".join(keys[:5]) + (f" (+{len(keys) - 5})" if len(keys) > 5 else "")
             pending.add_row(str(checkpoint), shown)
         console.print(pending)
+
+    @recovery.command()
+    def clients(
+        url: Url,
+        token: Annotated[
+            str | None,
+            typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
+                         help="Bearer token (a read scope)."),
+        ] = None,
+        json: Annotated[bool, typer.Option("--json", help="The server's JSON answer.")] = False,
+    ) -> None:
+        """Every recovery client that reported to the server (docs/reports.md): its
+        watermark, receipts, pending checkpoints and how many checkpoints it is behind."""
+        import msgspec
+        from rich.console import Console
+        from rich.table import Table
+
+        from waymark.client import Client
+
+        with Client(url, token=token) as http:
+            found = http.list_recovery_clients()
+        if json:
+            typer.echo(msgspec.json.encode(found).decode())
+            return
+        newest = "none" if found.newest_checkpoint is None else str(found.newest_checkpoint)
+        title = f"recovery clients (newest checkpoint {newest})"
+        table = Table("client", "watermark", "behind", "range receipts", "pending",
+                      "last report", title=title)  # fmt: skip
+        for c in found.clients:
+            seen = f"{c.age_ms / 1000:.1f} s ago" + (" [red]stale[/red]" if c.stale else "")
+            table.add_row(c.client, "none" if c.watermark is None else str(c.watermark),
+                          str(c.behind), str(c.range_receipts), str(c.pending), seen)  # fmt: skip
+        Console().print(table)

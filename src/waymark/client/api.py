@@ -22,12 +22,17 @@ from ..protocol import (
     DeleteResponse,
     DiffResponse,
     ExtendResponse,
+    FoldReport,
+    FoldStatus,
     Health,
     Job,
     NackResponse,
     OpenWriterResponse,
     PublishResponse,
     RecordIn,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
     RedriveResponse,
     RouterDeleted,
     RouterFilter,
@@ -41,7 +46,7 @@ from ..protocol import (
     WhoAmI,
     WriterState,
 )
-from . import calls, changes, queues, routers, writers
+from . import calls, changes, queues, reports, routers, writers
 
 if TYPE_CHECKING:
     from ..protocol.arrow import ArrowPage
@@ -262,3 +267,24 @@ class Api:
     ) -> CheckpointPage:
         """One page of change checkpoints, newest first, ids below ``before``."""
         return self._run(changes.list_checkpoints(earliest_ms, before, limit, topics))
+
+    # --- status reports of folds and recovery clients (docs/reports.md) ------------
+    def report_fold(self, report: FoldReport) -> FoldStatus:
+        """Send a fold node's status; the answer is what the server now serves for it."""
+        return self._run(reports.report_fold(report))
+
+    def list_folds(self) -> list[FoldStatus]:
+        """Every fold node's newest report, by fold then node."""
+        return self._run(reports.list_folds())
+
+    def get_fold(self, fold: str) -> list[FoldStatus]:
+        """The newest report of each node of ``fold`` (404 ``not_found`` if none)."""
+        return self._run(reports.get_fold(fold))
+
+    def report_recovery(self, report: RecoveryReport) -> RecoveryClient:
+        """Send a recovery client's receipt status."""
+        return self._run(reports.report_recovery(report))
+
+    def list_recovery_clients(self) -> RecoveryClientList:
+        """Every recovery client's newest report, and the newest change checkpoint."""
+        return self._run(reports.list_recovery_clients())

@@ -481,6 +481,14 @@ class ObjectStoreTransport:
             if m.key.endswith(POINTER_SUFFIX) and "/" not in m.key
         ]
 
+    def pointed(self, key: str) -> tuple[ExportManifest, str] | None:
+        """The manifest the pointer of ``key`` names and its payload's key (None: no
+        valid pointer)."""
+        observed = self.read_pointer(key)
+        if observed.manifest is None or observed.body is None:
+            return None
+        return observed.manifest, self.payload_key(key, content_address(observed.body))
+
     def inspect(self, key: str) -> dict[str, Any]:
         """The pointer, its manifest and every payload, as plain data (for ``fold inspect``)."""
         observed = self.read_pointer(key)

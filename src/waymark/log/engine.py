@@ -554,6 +554,23 @@ class Engine:
         record = EncodedRecord(b',"data":%b}' % data, len(data), None, None, None)
         return self.append_encoded(CHANGES_TOPIC, [record], create=False)
 
+    def internal_log(self, name: str, durability: Durability) -> Topic:
+        """The internal log ``name`` (a ``$`` in it: no request can reach it, and it
+        counts toward no limit), created if missing: where the server keeps its own
+        records, e.g. status reports (docs/reports.md)."""
+        assert "$" in name, name
+        kernel = self.kernel
+        kernel.recover(name)
+        topic = kernel.get(name)
+        if topic is None:
+            config = self.defaults.apply(
+                ConfigPatch(durability=durability, ttl_ms=0, cap_records=0, cap_bytes=0,
+                            auto_create=False)
+            )  # fmt: skip
+            topic = Topic(name, TopicType.LOG, config, kernel.next_epoch(), self.clock.now_ms())
+            kernel.create(topic)
+        return topic
+
     # --- internals ----------------------------------------------------------------
     def _changes_of(self, topic: Topic) -> Changes | None:
         """Where ``topic``'s changes are noted for checkpoints: only log topics that keep

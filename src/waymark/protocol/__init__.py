@@ -16,6 +16,7 @@ client) never loads the engine. One module per concept:
 ``routers``    router bodies
 ``writers``    the exactly-once sink's open/stage/publish bodies
 ``changes``    change checkpoints (KeyChange, Checkpoint, CheckpointPage)
+``reports``    fold and recovery client status reports and what the server serves back
 ``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
@@ -45,6 +46,15 @@ from .queues import (
     RedriveResponse,
 )
 from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
+from .reports import (
+    FoldExport,
+    FoldList,
+    FoldReport,
+    FoldStatus,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
+)
 from .routers import RouterDeleted, RouterFilter, RouterList, RouterOut, RouterPut
 from .scopes import ScopeKind, WhoAmI
 from .topics import (
@@ -114,6 +124,10 @@ __all__ = [
     "ErrorCode",
     "ExtendBody",
     "ExtendResponse",
+    "FoldExport",
+    "FoldList",
+    "FoldReport",
+    "FoldStatus",
     "Health",
     "Job",
     "KeyChange",
@@ -130,6 +144,9 @@ __all__ = [
     "QueueCounts",
     "Record",
     "RecordIn",
+    "RecoveryClient",
+    "RecoveryClientList",
+    "RecoveryReport",
     "RedriveBody",
     "RedriveResponse",
     "RouterDeleted",

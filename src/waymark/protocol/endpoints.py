@@ -30,6 +30,14 @@ from .queues import (
     RedriveResponse,
 )
 from .records import RecordIn
+from .reports import (
+    FoldList,
+    FoldReport,
+    FoldStatus,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
+)
 from .routers import RouterDeleted, RouterList, RouterOut, RouterPut
 from .scopes import ScopeKind, WhoAmI
 from .topics import (
@@ -228,6 +236,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     QueryParam("topic", {"type": "array", "items": {"type": "string"}},
                                "only changes of these topics")),
              scope=ScopeKind.READ),
+    # --- status reports of folds and recovery clients (docs/reports.md)
+    Endpoint("POST", "/v0/folds", "reportFold",
+             "A fold node's status report; the server keeps the newest per (fold, node)",
+             request=FoldReport, response=FoldStatus, errors=(400,), scope=ScopeKind.WRITE),
+    Endpoint("GET", "/v0/folds", "listFolds",
+             "Every fold node's newest report: cursor, lag behind the bucket, last export, "
+             "stale when it stopped reporting",
+             response=FoldList, errors=(), scope=ScopeKind.READ),
+    Endpoint("GET", "/v0/folds/{fold}", "getFold", "The newest report of each node of a fold",
+             response=FoldList, errors=(404,), scope=ScopeKind.READ),
+    Endpoint("POST", "/v0/recovery/clients", "reportRecovery",
+             "A recovery client's receipt status; the server keeps the newest per client",
+             request=RecoveryReport, response=RecoveryClient, errors=(400,),
+             scope=ScopeKind.WRITE),
+    Endpoint("GET", "/v0/recovery/clients", "listRecoveryClients",
+             "Every recovery client's newest report and how many change checkpoints it is "
+             "behind",
+             response=RecoveryClientList, errors=(), scope=ScopeKind.READ),
     # --- the server itself
     Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
              stream=("application/json", "OpenAPI 3.1"), scope=ScopeKind.OPEN),

@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from ..client import Client
 from ..clock import Clock, SystemClock
-from ..protocol import Checkpoint
+from ..protocol import Checkpoint, RecoveryReport
 from .ledger import Ledger, Recovery, recover
+from .report import StatusReporter
 from .store import ReceiptStore
+from .topicstore import TopicReceiptStore
 from .types import CheckpointSource, CommittedVersion, CommittedVersionListener, RecoveryError
 
 
@@ -74,7 +77,13 @@ class RecoveryService:
         max_window_s: float = 86_400.0,
         compress_interval_s: float = 60.0,
         clock: Clock | None = None,
+        report_to: Client | str | None = None,
+        report_every_s: float = 5.0,
+        report: bool = True,
     ) -> None:
+        """``report_to`` (a server's URL or a client) gets this client's status every
+        ``report_every_s`` seconds (docs/reports.md); a :class:`TopicReceiptStore`'s
+        server gets it by default. ``report=False`` sends none."""
         self.source, self.store, self.client_id = source, store, client_id
         self.recent_ms = int(recent_s * 1000)
         self.max_window_ms = int(max_window_s * 1000)
@@ -89,6 +98,14 @@ class RecoveryService:
         self._futures: dict[int, Future[None]] = {}
         self._waiters: dict[int, list[_Waiter]] = {}
         self._next_compress = self.clock.now_ms() + self.compress_interval_ms
+        if report_to is None and isinstance(store, TopicReceiptStore):
+            report_to = store.client
+        if isinstance(report_to, str):
+            report_to = Client(report_to)
+        self.reporter = (
+            StatusReporter(report_to, self._report, report_every_s)
+            if report and report_to is not None else None
+        )  # fmt: skip
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------------
     def _query(self) -> _Query:
@@ -140,6 +157,8 @@ class RecoveryService:
                 for key, version in ledger.unreceipted(checkpoint.id)
             ]
             self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+            if self.reporter is not None:
+                self.reporter.start()
         for committed in in_flight:
             listener(committed)
         missed = sorted(query.found.missed.items())
@@ -216,6 +235,8 @@ class RecoveryService:
                 pass
             else:
                 ledger.advance(mark)
+                if self.reporter is not None:
+                    self.reporter.poke()
         if self.clock.now_ms() >= self._next_compress:
             self.compress()
 
@@ -256,5 +277,20 @@ class RecoveryService:
         missed = [CommittedVersion(k, v) for k, v in sorted(query.found.missed.items())]
         return Status(mark, ranges, pending, missed)
 
+    def _report(self) -> RecoveryReport | None:
+        """This client's status for the server (None before :meth:`subscribe`)."""
+        with self._lock:
+            ledger = self._ledger
+            if ledger is None:
+                return None
+            mark = ledger.low_watermark
+            pending = sum(1 for _ in ledger.waiting())
+            ranges = sum(1 for _ in self.store.range_receipts(self.client_id, mark))
+        interval_ms = min(max(int(self.reporter.every_s * 1000) if self.reporter else 0, 100),
+                          3_600_000)  # fmt: skip
+        return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms)
+
     def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
         self.source.close()

@@ -81,6 +81,12 @@ class TopicReceiptStore:
         self._states: dict[str, _State] = {}
         self._lock = threading.Lock()
 
+    @property
+    def client(self) -> Client:
+        """The client it talks to its server with (thread-safe: shared, e.g. by the
+        service's status reports)."""
+        return self._client
+
     def _state(self, client: str) -> _State:
         """``client``'s receipts, with every record written since the last read."""
         state = self._states.setdefault(client, _State())

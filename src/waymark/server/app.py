@@ -31,6 +31,7 @@ from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .queues import QueueApi
+from .reports import ReportsApi
 from .routers import Forwarder, RouterApi
 from .routing import PathTable
 from .writers import WritersApi
@@ -110,6 +111,8 @@ class App:
         if checkpoint_interval_s > 0:
             self.engine.track_changes(int(recovery_window_s * 1000))
         changes = ChangesApi(self.engine, self.notifier, self.metrics, settings.heartbeat_s)
+        reports = ReportsApi(self.engine, self.limits)  # folds and recovery clients
+        self.metrics.collectors.append(reports.collect)
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
@@ -138,6 +141,11 @@ class App:
             "deleteRouter": routers.delete_router,
             "listCheckpoints": changes.list_checkpoints,
             "watchCheckpoints": changes.watch,
+            "reportFold": reports.report_fold,
+            "listFolds": reports.list_folds,
+            "getFold": reports.get_fold,
+            "reportRecovery": reports.report_recovery,
+            "listRecoveryClients": reports.list_recovery_clients,
             "openapi": self._openapi_json,
             "metrics": self._metrics,
         }

@@ -8,7 +8,7 @@ through a custom collector. That keeps its per-sample locks off the hot path.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -78,6 +78,8 @@ class Metrics(Collector):
         self.refusals: dict[str, int] = {}
         self.connections = 0  # open HTTP connections under the connection limit
         self.idle_closed = 0  # kept-alive connections closed for idleness
+        # Metrics other parts of the server collect themselves (fold and recovery reports).
+        self.collectors: list[Callable[[], Iterable[Metric]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -176,3 +178,5 @@ class Metrics(Collector):
             "diff requests waiting for a commit (wait_ms)",
             value=self.long_polls,
         )
+        for collector in self.collectors:
+            yield from collector()

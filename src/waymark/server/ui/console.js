@@ -2,7 +2,9 @@
 // (docs/console.md).
 import { setToken, token, whoami } from "./api.js";
 import { h } from "./dom.js";
+import { foldsPage } from "./folds.js";
 import { queuesPage } from "./queues.js";
+import { recoveryPage } from "./recovery.js";
 import { routersPage } from "./routers.js";
 import { topicPage } from "./topic.js";
 import { topicsPage } from "./topics.js";
@@ -52,7 +54,8 @@ async function show() {
   document.getElementById("who").textContent = identity.auth
     ? `${identity.name ?? "token"}: ${identity.scopes.join(" ")}` : "auth off";
   const context = { name, identity, signal: abort.signal, every: poller(abort.signal) };
-  const pages = { topics: topicsPage, topic: topicPage, queues: queuesPage, routers: routersPage, writers: writersPage };
+  const pages = { topics: topicsPage, topic: topicPage, queues: queuesPage, routers: routersPage, writers: writersPage,
+    folds: foldsPage, recovery: recoveryPage };
   const render = pages[page] || topicsPage;
   try {
     await render(view, context);

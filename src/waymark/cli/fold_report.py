@@ -1,0 +1,77 @@
+"""``waymark fold --report-to URL``: a fold node tells a waymark server how it is doing
+(docs/reports.md), every few seconds and after each export it publishes.
+
+A report is the node's cursor, then the bucket's last seq (read in that order, so the
+cursor never passes it), and with ``--export-to`` the artifact the pointer names now
+(whichever node exported it). A report the server does not take is logged and the
+next one tried: reporting never stops the fold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from waymark.client import ApiError, AsyncClient, TransportError
+from waymark.protocol import FoldExport, FoldReport
+
+if TYPE_CHECKING:
+    from waymark.kv import KvStore, ObjectStoreTransport, WatchCursor
+
+log = logging.getLogger("waymark.fold")
+
+
+class FoldReporter:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        fold: str,
+        node: str,
+        bucket: str,
+        backend: str,
+        every_s: float,
+        pointer: ObjectStoreTransport | None = None,
+    ) -> None:
+        self.client, self.fold, self.node = client, fold, node
+        self.bucket, self.backend, self.every_s = bucket, backend, every_s
+        self.pointer = pointer  # where the fleet's exports are published, if anywhere
+        self.cursor = 0  # the newest applied cursor (on_applied keeps it current)
+        self._now = asyncio.Event()
+
+    def applied(self, cursor: WatchCursor) -> None:
+        self.cursor = cursor.as_u64()
+
+    def exported(self) -> None:
+        """Report at once: an export was just published."""
+        self._now.set()
+
+    async def report(self, kv: KvStore) -> FoldReport:
+        """Build one report and send it; returns it (raises when the server refuses)."""
+        cursor = self.cursor  # first the cursor, then the bucket: never past it
+        _, last = await kv.stream_bounds()
+        export = None
+        if self.pointer is not None:
+            pointed = await asyncio.to_thread(self.pointer.pointed, self.fold)
+            if pointed is not None:
+                manifest, payload = pointed
+                export = FoldExport(manifest.rank, manifest.exported_at_ms, payload)
+        report = FoldReport(self.fold, self.node, self.backend, self.bucket, cursor, last,
+                            max(int(self.every_s * 1000), 100), export)  # fmt: skip
+        await self.client.report_fold(report)
+        return report
+
+    async def run(self, kv: KvStore) -> None:
+        """Report every ``every_s`` seconds, and after each export, until cancelled."""
+        while True:
+            try:
+                await self.report(kv)
+            except (ApiError, TransportError) as exc:
+                log.warning("fold report to the server failed (the next one is tried): %s", exc)
+            except Exception as exc:  # the bucket's info or the pointer could not be read
+                log.warning("fold report not made (the next one is tried): %s", exc)
+            self._now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), self.every_s)

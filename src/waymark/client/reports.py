@@ -1,0 +1,42 @@
+"""Request building for the status report routes (docs/reports.md), shared by the sync
+and async clients."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ..protocol import (
+    FoldList,
+    FoldReport,
+    FoldStatus,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
+)
+from .calls import Call, call, typed
+
+_encode = msgspec.json.Encoder().encode
+_fold = typed(FoldStatus)
+_folds = typed(FoldList)
+_client = typed(RecoveryClient)
+_clients = typed(RecoveryClientList)
+
+
+def report_fold(report: FoldReport) -> Call[FoldStatus]:
+    return call("reportFold", _fold, _encode(report))
+
+
+def list_folds() -> Call[list[FoldStatus]]:
+    return call("listFolds", lambda r: _folds(r).folds)
+
+
+def get_fold(fold: str) -> Call[list[FoldStatus]]:
+    return call("getFold", lambda r: _folds(r).folds, fold=fold)
+
+
+def report_recovery(report: RecoveryReport) -> Call[RecoveryClient]:
+    return call("reportRecovery", _client, _encode(report))
+
+
+def list_recovery_clients() -> Call[RecoveryClientList]:
+    return call("listRecoveryClients", _clients)

@@ -1,0 +1,107 @@
+"""Status reports: what a fold process and a recovery client tell the server about
+themselves, and what the server serves back (docs/reports.md).
+
+A KV fold (``waymark fold --report-to``) and a :class:`waymark.recovery.RecoveryService`
+run outside the server, like a Kafka consumer group's members. Each sends a report
+every ``interval_ms``; the server keeps the newest per reporter (durably) and answers
+with it plus what only it knows: when the report arrived, whether it is stale, and
+for a recovery client how many change checkpoints it is behind.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+from .limits import NonNegative
+
+# A fold, node or client name: the characters of a topic name, 1-120 of them (a fold's
+# name and node together are the tag the server keeps its report under).
+ReporterName = Annotated[str, Meta(pattern="^[A-Za-z0-9][A-Za-z0-9._:-]{0,119}$")]
+Label = Annotated[str, Meta(min_length=1, max_length=255)]
+# How often a reporter promises to report: 0.1 s to 1 h.
+IntervalMs = Annotated[int, Meta(ge=100, le=3_600_000)]
+
+STALE_INTERVALS = 3
+"""A reporter is stale once this many of its intervals passed without a report."""
+
+
+class FoldExport(Struct, forbid_unknown_fields=True, frozen=True):
+    """A fold's last export: the artifact the pointer names (docs/semantics/kv.md §11)."""
+
+    cursor: NonNegative  # the bucket seq the artifact is a snapshot at
+    time_ms: NonNegative  # when it was exported (the exporter's clock)
+    payload: Label  # the payload's address in the object store
+
+
+class FoldReport(Struct, forbid_unknown_fields=True, frozen=True):
+    """``POST /v0/folds``: one fold node's status. ``cursor`` may not pass
+    ``bucket_seq`` (the reporter reads the cursor first, then the bucket)."""
+
+    fold: ReporterName  # the fold's name: its artifact key, by default the bucket
+    node: ReporterName
+    backend: Label  # append-log, lmdb, rocksdb
+    bucket: Label
+    cursor: NonNegative  # the stream seq of the last update folded
+    bucket_seq: NonNegative  # the bucket stream's last seq when reported
+    interval_ms: IntervalMs = 5000
+    export: FoldExport | None = None
+
+
+class FoldStatus(Struct, frozen=True):
+    """A fold node's newest report, as the server keeps it."""
+
+    fold: str
+    node: str
+    backend: str
+    bucket: str
+    cursor: int
+    bucket_seq: int
+    lag: int  # bucket_seq - cursor: updates in the bucket not folded yet
+    interval_ms: int
+    export: FoldExport | None
+    reported_ms: int  # when the server received it (the server's clock)
+    age_ms: int  # how long ago, when this answer was made
+    stale: bool  # no report for STALE_INTERVALS intervals: the node may be gone
+
+
+class FoldList(Struct, frozen=True):
+    """``GET /v0/folds`` (every fold node) and ``GET /v0/folds/{fold}`` (its nodes)."""
+
+    folds: list[FoldStatus]
+
+
+class RecoveryReport(Struct, forbid_unknown_fields=True, frozen=True):
+    """``POST /v0/recovery/clients``: one recovery client's receipts
+    (docs/semantics/recovery.md §2-§4)."""
+
+    client: ReporterName
+    watermark: NonNegative | None  # the persisted low watermark (None: none yet)
+    range_receipts: NonNegative  # persisted range receipts above the watermark
+    pending: NonNegative  # checkpoints held with keys not receipted yet
+    interval_ms: IntervalMs = 5000
+
+
+class RecoveryClient(Struct, frozen=True):
+    """A recovery client's newest report and how far it is behind."""
+
+    client: str
+    watermark: int | None
+    range_receipts: int
+    pending: int
+    interval_ms: int
+    # Change checkpoint ids above the watermark up to the newest: what a restart of
+    # this client walks back over (0 when the server keeps no checkpoints).
+    behind: int
+    reported_ms: int
+    age_ms: int
+    stale: bool
+
+
+class RecoveryClientList(Struct, frozen=True):
+    """``GET /v0/recovery/clients``; ``newest_checkpoint`` is the newest change
+    checkpoint id (None: none written, or none kept)."""
+
+    clients: list[RecoveryClient]
+    newest_checkpoint: int | None

@@ -1,0 +1,203 @@
+"""Status reports of folds and recovery clients (docs/reports.md).
+
+The server keeps the newest report of each reporter in memory and in an internal
+``disk`` log, one record per report tagged with the reporter: after each report the
+reporter's older records are deleted, so the log holds one record per reporter and a
+restart reads it back. Staleness and how far a recovery client is behind are worked
+out when a report is read, with the engine's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+import msgspec
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ..log import CHANGES_TOPIC, Engine, ErrorCode, Limits, TagMatch, TopicError
+from ..protocol import (
+    Durability,
+    FoldList,
+    FoldReport,
+    FoldStatus,
+    RecordIn,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
+)
+from ..protocol.reports import STALE_INTERVALS
+from .http import Request, Response
+
+FOLDS_TOPIC = "waymark$folds"
+RECOVERY_TOPIC = "waymark$recovery"
+
+R = TypeVar("R", FoldReport, RecoveryReport)
+_encode = msgspec.json.encode
+
+
+class _Kept(msgspec.Struct, Generic[R], array_like=True, frozen=True):
+    """What the internal log stores per report: the report and when it arrived."""
+
+    report: R
+    reported_ms: int
+
+
+class _Record(msgspec.Struct, Generic[R]):
+    """A record of the internal log as the engine renders it (its ``$`` fields unread)."""
+
+    data: _Kept[R]
+
+
+class Kept(Generic[R]):
+    """The newest report per reporter, durable in the internal log ``name``."""
+
+    def __init__(self, engine: Engine, name: str, kind: type[R]) -> None:
+        self.engine, self.name = engine, name
+        engine.internal_log(name, Durability.DISK)
+        self.latest: dict[str, _Kept[R]] = {}
+        decoder = msgspec.json.Decoder(_Record[kind])  # type: ignore[valid-type]
+        cursor = 0
+        while True:  # read back what a previous run kept
+            page = engine.diff(name, cursor, limit=1000, per_record=True, touch=False)
+            for run in page.runs:
+                kept = decoder.decode(bytes(run)[:-1]).data
+                self.latest[self.tag(kept.report)] = kept
+            cursor = page.next_from_seq
+            if page.caught_up:
+                break
+
+    @staticmethod
+    def tag(report: FoldReport | RecoveryReport) -> str:
+        if isinstance(report, FoldReport):
+            return f"{report.fold}/{report.node}"
+        return report.client
+
+    def store(self, report: R) -> _Kept[R]:
+        """Keep ``report`` as its reporter's newest (not yet durable: see :meth:`keep`)."""
+        engine, tag = self.engine, self.tag(report)
+        kept = _Kept(report, engine.clock.now_ms())
+        record = RecordIn(msgspec.Raw(_encode(kept)), tag=tag)
+        seq = engine.append(self.name, [record], create=False).seqs[0]
+        # Only the newest record of a reporter is kept (the log stays one per reporter).
+        engine.delete(self.name, before_seq=seq, match=TagMatch(True, tag))
+        self.latest[tag] = kept
+        return kept
+
+    async def keep(self, report: R) -> _Kept[R]:
+        """:meth:`store`, answered once it is durable."""
+        kept = self.store(report)
+        commit = self.engine.commit_point(self.name)
+        if commit is not None:
+            await commit.wait()
+        return kept
+
+
+def _age(kept: _Kept[R], now: int) -> tuple[int, bool]:
+    age = max(now - kept.reported_ms, 0)
+    return age, age > STALE_INTERVALS * kept.report.interval_ms
+
+
+def check_fold(report: FoldReport) -> None:
+    """Refuse a fold report the msgspec constraints let through: one whose cursor is
+    past the bucket it folds (its lag would be negative)."""
+    if report.cursor > report.bucket_seq:
+        raise TopicError(ErrorCode.INVALID_REQUEST,
+                         "cursor is past bucket_seq: read the cursor, then the bucket",
+                         {"cursor": report.cursor, "bucket_seq": report.bucket_seq})  # fmt: skip
+
+
+def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
+    r = kept.report
+    age, stale = _age(kept, now)
+    return FoldStatus(r.fold, r.node, r.backend, r.bucket, r.cursor, r.bucket_seq,
+                      r.bucket_seq - r.cursor, r.interval_ms, r.export, kept.reported_ms, age,
+                      stale)  # fmt: skip
+
+
+class ReportsApi:
+    def __init__(self, engine: Engine, limits: Limits) -> None:
+        self.engine = engine
+        self.max_body = limits.max_body_bytes
+        self.folds = Kept(engine, FOLDS_TOPIC, FoldReport)
+        self.clients = Kept(engine, RECOVERY_TOPIC, RecoveryReport)
+        self._fold = msgspec.json.Decoder(FoldReport)
+        self._client = msgspec.json.Decoder(RecoveryReport)
+
+    # --- folds ----------------------------------------------------------------------
+    async def report_fold(self, request: Request) -> Response:
+        report = self._fold.decode(await request.body(self.max_body))
+        check_fold(report)
+        kept = await self.folds.keep(report)
+        return Response(_encode(fold_status(kept, self.engine.clock.now_ms())))
+
+    def fold_list(self, fold: str | None = None) -> list[FoldStatus]:
+        now = self.engine.clock.now_ms()
+        return [fold_status(k, now) for _, k in sorted(self.folds.latest.items())
+                if fold is None or k.report.fold == fold]  # fmt: skip
+
+    async def list_folds(self, request: Request) -> Response:
+        return Response(_encode(FoldList(self.fold_list())))
+
+    async def get_fold(self, request: Request) -> Response:
+        name = request.params["fold"]
+        found = self.fold_list(name)
+        if not found:
+            raise TopicError(ErrorCode.NOT_FOUND, f"no fold {name!r} has reported",
+                             {"fold": name})  # fmt: skip
+        return Response(_encode(FoldList(found)))
+
+    # --- recovery clients -----------------------------------------------------------
+    def newest_checkpoint(self) -> int | None:
+        if self.engine.changes is None:
+            return None
+        head = self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
+        return head or None
+
+    def client_status(
+        self, kept: _Kept[RecoveryReport], now: int, newest: int | None
+    ) -> RecoveryClient:
+        r = kept.report
+        age, stale = _age(kept, now)
+        behind = max((newest or 0) - (r.watermark or 0), 0)
+        return RecoveryClient(r.client, r.watermark, r.range_receipts, r.pending,
+                              r.interval_ms, behind, kept.reported_ms, age, stale)  # fmt: skip
+
+    def client_list(self) -> RecoveryClientList:
+        now, newest = self.engine.clock.now_ms(), self.newest_checkpoint()
+        clients = [self.client_status(k, now, newest)
+                   for _, k in sorted(self.clients.latest.items())]  # fmt: skip
+        return RecoveryClientList(clients, newest)
+
+    async def report_recovery(self, request: Request) -> Response:
+        report = self._client.decode(await request.body(self.max_body))
+        kept = await self.clients.keep(report)
+        status = self.client_status(kept, self.engine.clock.now_ms(), self.newest_checkpoint())
+        return Response(_encode(status))
+
+    async def list_recovery_clients(self, request: Request) -> Response:
+        return Response(_encode(self.client_list()))
+
+    # --- /metrics ---------------------------------------------------------------------
+    def collect(self) -> Iterator[Metric]:
+        folds = self.fold_list()
+        lag = GaugeMetricFamily("waymark_fold_lag", "Updates in a fold's bucket not folded yet, "
+                                "as of the fold node's newest report", labels=["fold", "node"])
+        stale = GaugeMetricFamily("waymark_fold_stale", "1 when a fold node stopped reporting",
+                                  labels=["fold", "node"])  # fmt: skip
+        for f in folds:
+            lag.add_metric([f.fold, f.node], f.lag)
+            stale.add_metric([f.fold, f.node], int(f.stale))
+        yield lag
+        yield stale
+        clients = self.client_list().clients
+        behind = GaugeMetricFamily("waymark_recovery_client_behind",
+                                   "Change checkpoints above a recovery client's watermark",
+                                   labels=["client"])  # fmt: skip
+        for c in clients:
+            behind.add_metric([c.client], c.behind)
+        yield behind
+        yield GaugeMetricFamily("waymark_recovery_clients_behind",
+                                "Recovery clients behind the newest change checkpoint",
+                                value=sum(1 for c in clients if c.behind > 0))  # fmt: skip
+

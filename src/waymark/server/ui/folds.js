@@ -1,0 +1,52 @@
+// The Folds page: every KV fold node that reports to this server (docs/reports.md) —
+// its cursor, lag behind the bucket, last export pointer and when it last reported —
+// and each node's lag over the last minutes. A node that stopped reporting is marked
+// stale: its numbers are the last it sent, not the fold's state now.
+import { api } from "./api.js";
+import { fmtInt, fmtSpan, h } from "./dom.js";
+import { record, values } from "./samples.js";
+import { chart } from "./svg.js";
+
+const seen = (f) => `${fmtSpan(Math.round(f.age_ms / 1000))} ago`;
+
+function exportCell(e) {
+  if (!e) return h("span", { class: "muted" }, "none");
+  const at = new Date(e.time_ms).toISOString().replace("T", " ").slice(0, 19);
+  return h("span", { title: e.payload }, `cursor ${fmtInt(e.cursor)} at ${at} UTC `,
+    h("code", { class: "muted" }, e.payload));
+}
+
+export async function foldsPage(view, { every, signal }) {
+  const cards = h("div", { class: "cards" });
+  const charts = h("div", { class: "charts" });
+  const table = h("div", {});
+  view.replaceChildren(h("h1", {}, "Folds"),
+    h("p", { class: "muted" }, "KV fold nodes started with --report-to this server. Lag: updates in the bucket not folded yet, as of the node's last report."),
+    cards, h("h2", {}, "Lag"), charts, table);
+  await every(2000, async () => {
+    const { folds } = await api("GET", "/v0/folds", undefined, signal);
+    for (const f of folds) if (!f.stale) record(`fold:${f.fold}/${f.node}`, f.lag);
+    const stale = folds.filter((f) => f.stale).length;
+    cards.replaceChildren(
+      h("div", { class: "card", "data-testid": "folds-count" }, h("div", { class: "label" }, "fold nodes"), h("div", { class: "value" }, fmtInt(folds.length))),
+      h("div", { class: "card", "data-testid": "folds-stale" }, h("div", { class: "label" }, "stale"),
+        h("div", { class: "value" }, stale ? h("span", { class: "badge warn" }, fmtInt(stale)) : "0")));
+    if (!folds.length) {
+      charts.replaceChildren();
+      table.replaceChildren(h("p", { class: "muted" }, "No fold has reported to this server (waymark fold --report-to URL)."));
+      return;
+    }
+    charts.replaceChildren(...folds.map((f) => chart(values(`fold:${f.fold}/${f.node}`),
+      { title: `${f.fold} @ ${f.node} lag`, testid: `fold-chart-${f.fold}-${f.node}` })));
+    table.replaceChildren(h("table", {},
+      h("thead", {}, h("tr", {}, ["fold", "node", "backend", "bucket", "cursor", "bucket seq", "lag", "last export", "last report"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, folds.map((f) => h("tr", { "data-fold": `${f.fold}/${f.node}`, class: f.stale ? "stale" : "" },
+        h("td", {}, f.fold), h("td", {}, f.node), h("td", {}, f.backend), h("td", {}, f.bucket),
+        h("td", { class: "num", "data-testid": "fold-cursor" }, fmtInt(f.cursor)),
+        h("td", { class: "num" }, fmtInt(f.bucket_seq)),
+        h("td", { class: "num", "data-testid": "fold-lag" }, f.lag ? h("span", { class: "badge warn" }, fmtInt(f.lag)) : "0"),
+        h("td", { "data-testid": "fold-export" }, exportCell(f.export)),
+        h("td", { "data-testid": "fold-seen" }, seen(f), " ",
+          f.stale ? h("span", { class: "badge warn", "data-testid": "fold-stale" }, "stale: stopped reporting") : ""))))));
+  });
+}
