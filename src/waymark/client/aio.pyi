@@ -18,12 +18,17 @@ from ..protocol import (
     DeleteResponse,
     DiffResponse,
     ExtendResponse,
+    FoldReport,
+    FoldStatus,
     Health,
     Job,
     NackResponse,
     OpenWriterResponse,
     PublishResponse,
     RecordIn,
+    RecoveryClient,
+    RecoveryClientList,
+    RecoveryReport,
     RedriveResponse,
     RouterDeleted,
     RouterFilter,
@@ -201,6 +206,26 @@ class AsyncClient:
         topics: Sequence[str] | None = None,
     ) -> CheckpointPage:
         """One page of change checkpoints, newest first, ids below ``before``."""
+        ...
+
+    async def report_fold(self, report: FoldReport) -> FoldStatus:
+        """Send a fold node's status; the answer is what the server now serves for it."""
+        ...
+
+    async def list_folds(self) -> list[FoldStatus]:
+        """Every fold node's newest report, by fold then node."""
+        ...
+
+    async def get_fold(self, fold: str) -> list[FoldStatus]:
+        """The newest report of each node of ``fold`` (404 ``not_found`` if none)."""
+        ...
+
+    async def report_recovery(self, report: RecoveryReport) -> RecoveryClient:
+        """Send a recovery client's receipt status."""
+        ...
+
+    async def list_recovery_clients(self) -> RecoveryClientList:
+        """Every recovery client's newest report, and the newest change checkpoint."""
         ...
 
     def __init__(
