@@ -147,6 +147,8 @@ CASES: dict[str, Case] = {
     "reportRecovery": lambda a: ("POST", "/v0/recovery/clients", {"json": {
         "client": "c", "watermark": None, "range_receipts": 0, "pending": 0}}),
     "listRecoveryClients": lambda a: ("GET", "/v0/recovery/clients", {}),
+    "forgetFold": lambda a: ("DELETE", f"/v0/folds/{_fold(a)}", {}),
+    "forgetRecoveryClient": lambda a: ("DELETE", f"/v0/recovery/clients/{_client(a)}", {}),
     "openapi": lambda a: ("GET", "/v0/openapi.json", {}),
     "metrics": lambda a: ("GET", "/metrics", {}),
 }  # fmt: skip
@@ -158,6 +160,13 @@ def _fold(admin: httpx.Client) -> str:
     response = admin.post("/v0/folds", json=body)
     assert response.status_code == 200, response.text
     return "g"
+
+
+def _client(admin: httpx.Client) -> str:
+    body = {"client": "gone", "watermark": None, "range_receipts": 0, "pending": 0}
+    response = admin.post("/v0/recovery/clients", json=body)
+    assert response.status_code == 200, response.text
+    return "gone"
 
 
 def _router(admin: httpx.Client) -> str:

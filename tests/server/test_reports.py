@@ -159,6 +159,28 @@ async def test_the_log_keeps_one_record_per_reporter(app: App, client: AsyncClie
     assert app.engine.get_topic(RECOVERY_TOPIC, touch=False).count == 1
 
 
+async def test_a_node_or_client_taken_out_of_service_is_forgotten(
+    client: AsyncClient,
+) -> None:
+    for node in ("n1", "n2", "n3"):
+        await client.report_fold(fold(node))
+    await client.report_recovery(RecoveryReport("c1", 4, 0, 0))
+    gone = await client.forget_fold("orders", ["n2"])
+    assert [f.node for f in gone] == ["n2"]
+    assert [f.node for f in await client.get_fold("orders")] == ["n1", "n3"]
+    assert [f.node for f in await client.forget_fold("orders")] == ["n1", "n3"]
+    assert await client.list_folds() == []
+    assert (await client.forget_recovery_client("c1")).watermark == 4
+    assert (await client.list_recovery_clients()).clients == []
+    for forget in (lambda: client.forget_fold("orders"),
+                   lambda: client.forget_recovery_client("c1")):  # fmt: skip
+        with pytest.raises(ApiError) as refused:
+            await forget()
+        assert (refused.value.status, refused.value.code) == (404, "not_found")
+    await client.report_fold(fold("n2"))  # reporting again lists it again
+    assert [f.node for f in await client.list_folds()] == ["n2"]
+
+
 def test_reports_survive_a_sigkill(
     spawn_server: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
@@ -206,6 +228,15 @@ class ReportsMachine(RuleBasedStateMachine):
         report = RecoveryReport(client, watermark, 0, 0, interval)
         self.api.clients.store(report)
         self.clients[client] = (report, self.clock.now_ms())
+
+    @rule(node=st.sampled_from(["a", "b", "c"]), client=st.sampled_from(["x", "y", None]))
+    def forget(self, node: str, client: str | None) -> None:
+        if (tag := f"orders/{node}") in self.model:
+            self.api.folds.drop([tag])
+            del self.model[tag]
+        if client in self.clients:
+            self.api.clients.drop([client])
+            del self.clients[client]
 
     @rule(ms=st.sampled_from([0, 1, 299, 300, 301, 15_000, 10_800_001]))
     def advance(self, ms: int) -> None:
@@ -283,4 +314,10 @@ def test_mutant_forgetting_on_restart_is_caught(monkeypatch: pytest.MonkeyPatch)
         self.latest.clear()
 
     monkeypatch.setattr(Kept, "__init__", forgetful)
+    machine_fails()
+
+
+def test_mutant_forget_in_memory_only_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forgotten reporter left in the log: a restart brings it back."""
+    monkeypatch.setattr(Kept, "drop", lambda self, tags: [self.latest.pop(t) for t in tags])
     machine_fails()

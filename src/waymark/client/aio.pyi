@@ -220,12 +220,21 @@ class AsyncClient:
         """The newest report of each node of ``fold`` (404 ``not_found`` if none)."""
         ...
 
+    async def forget_fold(self, fold: str, nodes: Sequence[str] | None = None) -> list[FoldStatus]:
+        """Forget ``fold``'s nodes (all, or ``nodes``) taken out of service; answers their
+        last reports (404 ``not_found`` if none). A node that reports again is back."""
+        ...
+
     async def report_recovery(self, report: RecoveryReport) -> RecoveryClient:
         """Send a recovery client's receipt status."""
         ...
 
     async def list_recovery_clients(self) -> RecoveryClientList:
         """Every recovery client's newest report, and the newest change checkpoint."""
+        ...
+
+    async def forget_recovery_client(self, client: str) -> RecoveryClient:
+        """Forget a recovery client taken out of service; answers its last report."""
         ...
 
     def __init__(

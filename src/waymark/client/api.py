@@ -281,6 +281,11 @@ class Api:
         """The newest report of each node of ``fold`` (404 ``not_found`` if none)."""
         return self._run(reports.get_fold(fold))
 
+    def forget_fold(self, fold: str, nodes: Sequence[str] | None = None) -> list[FoldStatus]:
+        """Forget ``fold``'s nodes (all, or ``nodes``) taken out of service; answers their
+        last reports (404 ``not_found`` if none). A node that reports again is back."""
+        return self._run(reports.forget_fold(fold, list(nodes) if nodes else None))
+
     def report_recovery(self, report: RecoveryReport) -> RecoveryClient:
         """Send a recovery client's receipt status."""
         return self._run(reports.report_recovery(report))
@@ -288,3 +293,7 @@ class Api:
     def list_recovery_clients(self) -> RecoveryClientList:
         """Every recovery client's newest report, and the newest change checkpoint."""
         return self._run(reports.list_recovery_clients())
+
+    def forget_recovery_client(self, client: str) -> RecoveryClient:
+        """Forget a recovery client taken out of service; answers its last report."""
+        return self._run(reports.forget_recovery_client(client))

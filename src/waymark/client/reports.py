@@ -34,9 +34,18 @@ def get_fold(fold: str) -> Call[list[FoldStatus]]:
     return call("getFold", lambda r: _folds(r).folds, fold=fold)
 
 
+def forget_fold(fold: str, nodes: list[str] | None = None) -> Call[list[FoldStatus]]:
+    query = {"node": nodes} if nodes else None
+    return call("forgetFold", lambda r: _folds(r).folds, params=query, fold=fold)
+
+
 def report_recovery(report: RecoveryReport) -> Call[RecoveryClient]:
     return call("reportRecovery", _client, _encode(report))
 
 
 def list_recovery_clients() -> Call[RecoveryClientList]:
     return call("listRecoveryClients", _clients)
+
+
+def forget_recovery_client(client: str) -> Call[RecoveryClient]:
+    return call("forgetRecoveryClient", _client, client=client)

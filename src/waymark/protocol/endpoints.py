@@ -246,6 +246,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              response=FoldList, errors=(), scope=ScopeKind.READ),
     Endpoint("GET", "/v0/folds/{fold}", "getFold", "The newest report of each node of a fold",
              response=FoldList, errors=(404,), scope=ScopeKind.READ),
+    Endpoint("DELETE", "/v0/folds/{fold}", "forgetFold",
+             "Forget a fold's nodes (all, or those named by `node`) taken out of service; "
+             "a node that reports again is listed again",
+             response=FoldList, errors=(404,),
+             query=(QueryParam("node", {"type": "array", "items": {"type": "string"}},
+                               "only these nodes"),),
+             scope=ScopeKind.ADMIN),
     Endpoint("POST", "/v0/recovery/clients", "reportRecovery",
              "A recovery client's receipt status; the server keeps the newest per client",
              request=RecoveryReport, response=RecoveryClient, errors=(400,),
@@ -254,6 +261,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "Every recovery client's newest report and how many change checkpoints it is "
              "behind",
              response=RecoveryClientList, errors=(), scope=ScopeKind.READ),
+    Endpoint("DELETE", "/v0/recovery/clients/{client}", "forgetRecoveryClient",
+             "Forget a recovery client taken out of service; it is listed again if it "
+             "reports again", response=RecoveryClient, errors=(404,), scope=ScopeKind.ADMIN),
     # --- the server itself
     Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
              stream=("application/json", "OpenAPI 3.1"), scope=ScopeKind.OPEN),

@@ -146,6 +146,8 @@ class App:
             "getFold": reports.get_fold,
             "reportRecovery": reports.report_recovery,
             "listRecoveryClients": reports.list_recovery_clients,
+            "forgetFold": reports.forget_fold,
+            "forgetRecoveryClient": reports.forget_recovery_client,
             "openapi": self._openapi_json,
             "metrics": self._metrics,
         }

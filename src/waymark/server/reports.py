@@ -87,10 +87,26 @@ class Kept(Generic[R]):
     async def keep(self, report: R) -> _Kept[R]:
         """:meth:`store`, answered once it is durable."""
         kept = self.store(report)
+        await self._durable()
+        return kept
+
+    def drop(self, tags: list[str]) -> list[_Kept[R]]:
+        """Forget the reporters ``tags`` (a node or client taken out of service) in memory
+        and in the log (not yet durable: see :meth:`forget`)."""
+        for tag in tags:
+            self.engine.delete(self.name, match=TagMatch(True, tag))
+        return [self.latest.pop(tag) for tag in tags]
+
+    async def forget(self, tags: list[str]) -> list[_Kept[R]]:
+        """:meth:`drop`, answered once durable: a restart does not bring them back."""
+        gone = self.drop(tags)
+        await self._durable()
+        return gone
+
+    async def _durable(self) -> None:
         commit = self.engine.commit_point(self.name)
         if commit is not None:
             await commit.wait()
-        return kept
 
 
 def _age(kept: _Kept[R], now: int) -> tuple[int, bool]:
@@ -147,6 +163,17 @@ class ReportsApi:
                              {"fold": name})  # fmt: skip
         return Response(_encode(FoldList(found)))
 
+    async def forget_fold(self, request: Request) -> Response:
+        name, nodes = request.params["fold"], request.query.get("node")
+        tags = [self.folds.tag(k.report) for k in self.folds.latest.values()
+                if k.report.fold == name and (nodes is None or k.report.node in nodes)]  # fmt: skip
+        if not tags:
+            raise TopicError(ErrorCode.NOT_FOUND, "no such fold node has reported",
+                             {"fold": name, "node": nodes})  # fmt: skip
+        now = self.engine.clock.now_ms()
+        gone = await self.folds.forget(sorted(tags))
+        return Response(_encode(FoldList([fold_status(k, now) for k in gone])))
+
     # --- recovery clients -----------------------------------------------------------
     def newest_checkpoint(self) -> int | None:
         if self.engine.changes is None:
@@ -177,6 +204,15 @@ class ReportsApi:
 
     async def list_recovery_clients(self, request: Request) -> Response:
         return Response(_encode(self.client_list()))
+
+    async def forget_recovery_client(self, request: Request) -> Response:
+        client = request.params["client"]
+        if client not in self.clients.latest:
+            raise TopicError(ErrorCode.NOT_FOUND, f"no client {client!r} has reported",
+                             {"client": client})  # fmt: skip
+        now, newest = self.engine.clock.now_ms(), self.newest_checkpoint()
+        (gone,) = await self.clients.forget([client])
+        return Response(_encode(self.client_status(gone, now, newest)))
 
     # --- /metrics ---------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
