@@ -247,12 +247,19 @@ class ObjectStoreTransport:
 
     def upload_payload(self, key: str, artifact_dir: str | os.PathLike[str]) -> UploadedPayload:
         """Upload the artifact's payload (multipart, 8 MiB parts); the pointer is untouched."""
-        self._check_atomic()
         artifact = Path(artifact_dir)
         raw, manifest = read_manifest(artifact)
-        payload = self.payload_key(key, content_address(raw))
-        self.store.upload(payload, tar_stream(artifact, raw, manifest))
-        return UploadedPayload(key, raw, manifest, payload)
+        return self.upload_files(key, artifact, raw, manifest)
+
+    def upload_files(
+        self, key: str, root: Path, manifest_bytes: bytes, manifest: ExportManifest
+    ) -> UploadedPayload:
+        """Upload the payload of the files ``manifest`` lists under ``root`` (whose
+        ``MANIFEST.json`` need not exist yet: the tar carries ``manifest_bytes``)."""
+        self._check_atomic()
+        payload = self.payload_key(key, content_address(manifest_bytes))
+        self.store.upload(payload, tar_stream(root, manifest_bytes, manifest))
+        return UploadedPayload(key, manifest_bytes, manifest, payload)
 
     def read_pointer(self, key: str) -> PointerObservation:
         try:
