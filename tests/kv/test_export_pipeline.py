@@ -30,7 +30,7 @@ from waymark.kv.artifact import ExportInfo, StagedExport, stage_export
 from waymark.kv.export import publish_staged
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
-from waymark.kv.transport import ObjectStoreTransport, PublishOutcome
+from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
 from waymark.objstore import open_store as open_objstore
 
 pytestmark = pytest.mark.timeout(120)
@@ -242,3 +242,25 @@ def test_the_append_log_verification_reads_a_map_of_the_copy_and_still_refuses_d
         (data / "fold.log").write_bytes(short)
         with pytest.raises(InvalidFormat):
             AppendLogStore.recover_cursor(data)
+
+
+def test_a_pointer_read_made_before_the_verify_ended_is_only_a_first_guess(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """``publish_staged`` reads the pointer while the verify may still run; another
+    publisher may swap meanwhile. The stale read loses its compare-and-swap and the
+    pointer is read again: never a regression, never a lost newer publish."""
+
+    def uploaded_at(cursor: int) -> UploadedPayload:
+        store = open_store(f"append-log:{tmp_path / f'{cursor}.log'}")
+        fill(store, cursor)
+        store.export_to(tmp_path / f"art-{cursor}")
+        store.close()
+        return transport.upload_payload(KEY, tmp_path / f"art-{cursor}")
+
+    stale = transport.read_pointer(KEY)  # absent
+    assert transport.swap_pointer(uploaded_at(20)) is PublishOutcome.Published
+    assert transport.swap_pointer(uploaded_at(10), stale) is PublishOutcome.SupersededByNewer
+    assert transport.read_pointer(KEY).state.rank == 20
+    assert transport.swap_pointer(uploaded_at(30), stale) is PublishOutcome.Published
+    assert transport.read_pointer(KEY).state.rank == 30

@@ -126,6 +126,7 @@ def publish_staged(
         try:
             raw, manifest = staged.describe()
             uploaded = transport.upload_files(key, staged.stage, raw, manifest)
+            observed = transport.read_pointer(key)  # if stale by the swap, the CAS says so
         except BaseException:
             wait([verifying])  # the stage outlives the verify; its failure says more
             if (refused := verifying.exception()) is not None:
@@ -134,7 +135,7 @@ def publish_staged(
         verify_gate(verifying)  # the only wait before the swap
     finally:
         pool.shutdown(wait=False)
-    return manifest, transport.swap_pointer(uploaded)
+    return manifest, transport.swap_pointer(uploaded, observed)
 
 
 async def run_export_round(

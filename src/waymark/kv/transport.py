@@ -318,11 +318,21 @@ class ObjectStoreTransport:
             return False
         return True
 
-    def swap_pointer(self, uploaded: UploadedPayload) -> PublishOutcome:
-        """Make the pointer name ``uploaded`` unless a newer artifact is published."""
+    def swap_pointer(
+        self, uploaded: UploadedPayload, observed: PointerObservation | None = None
+    ) -> PublishOutcome:
+        """Make the pointer name ``uploaded`` unless a newer artifact is published.
+
+        ``observed``, a read of the pointer made earlier (while something else
+        went on), serves the first attempt: if it is stale, the compare-and-swap
+        fails and the pointer is read again.
+        """
         self._check_atomic()
         for _ in range(1 + MAX_SWAP_RETRIES):
-            outcome = self.try_swap(self.read_pointer(uploaded.key), uploaded)
+            if observed is None:
+                observed = self.read_pointer(uploaded.key)
+            outcome = self.try_swap(observed, uploaded)
+            observed = None
             if outcome is not None:
                 return outcome
         log.warning(
