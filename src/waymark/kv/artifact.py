@@ -199,7 +199,7 @@ class StagedExport:
     applies); everything after that reads only the copy, so it may run while
     the fold goes on: :meth:`verify` (reopen the copy, compare cursors),
     :meth:`describe` (BLAKE3 of every file, the manifest) and :meth:`seal`
-    (fsync, manifest last, rename into an artifact directory). An export round
+    (manifest last, rename into an artifact directory). An export round
     uploads a described copy while it is being verified and publishes only once
     it is (docs/semantics/kv.md §9.2, §10.3). :meth:`discard` removes the stage.
     """
@@ -248,8 +248,8 @@ class StagedExport:
         return manifest.encode(), manifest
 
     def seal(self, dest: Path, manifest_bytes: bytes) -> None:
-        """Make the verified, described copy the artifact ``dest``: the files fsynced, the
-        manifest written last, the stage renamed (docs/semantics/kv.md §9.2 steps 2-3)."""
+        """Make the verified, described and fsynced copy the artifact ``dest``: the
+        manifest written last, then the stage renamed (docs/semantics/kv.md §9.2 step 3)."""
         with open(self.stage / MANIFEST_NAME, "wb") as f:
             f.write(manifest_bytes)
             f.flush()
