@@ -209,6 +209,8 @@ class _Replay:
         self.cursor = b""
         self.valid_len = len(HEADER)
         self.data_records = 0
+        self.data_bytes = 0
+        """Bytes of the put and delete records read (cursor records not counted)."""
         self.saw_delete = False
         self.clean_eof = True
 
@@ -216,6 +218,12 @@ class _Replay:
     def compact(self) -> bool:
         # Extra cursor records cost a few bytes each; they do not force a rewrite.
         return self.clean_eof and not self.saw_delete and self.data_records == len(self.fold)
+
+    def garbage_bytes(self) -> int:
+        """Bytes of superseded puts and of deletes: what a compaction would reclaim
+        (bar cursor records). Needs the fold built."""
+        live = sum(map(len, self.fold.values())) + 4 * len(self.fold)  # bodies + their CRCs
+        return self.data_bytes - live
 
     def entries(self) -> dict[str, KvEntry]:
         """The fold decoded (a check's view; the store keeps the encoded bodies)."""
@@ -327,6 +335,7 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
             if n:
                 n = _fold_run(r, view, pos, n, length, klen, build)
                 pos += n * length
+                r.data_bytes += n * length
                 r.valid_len = pos
                 if pos < end and data[pos + 4 : pos + 5] == b"\x01":
                     skip = 1  # a bad CRC or a new shape: one record by the loop first
@@ -373,10 +382,12 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
             if build:
                 fold[body[3 : key_end - pos - 4].decode()] = body
             r.data_records += 1
+            r.data_bytes += rec_end - start
         elif kind == REC_DELETE:
             if build:
                 fold.pop(body[3 : key_end - pos - 4].decode(), None)
             r.saw_delete = True
+            r.data_bytes += rec_end - start
         else:
             r.cursor = body[2:]
         pos = rec_end
@@ -467,21 +478,27 @@ class AppendLogStore:
         self.path = Path(path)
         self.compact_threshold = compact_threshold
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        garbage = 0
         if self.path.exists():
             replay = replay_log(self.path.read_bytes())
             self._fold, cursor = replay.fold, replay.cursor
             if not replay.compact:
+                garbage = replay.garbage_bytes()
+            # A torn tail is always cut; superseded records up to one threshold are
+            # kept, as apply keeps them (an export copies such a log as it is).
+            if not replay.clean_eof or garbage > compact_threshold:
                 _write_compact(self.path, self._fold, cursor)
+                garbage = 0
         else:
             self._fold, cursor = {}, b""
             _write_compact(self.path, self._fold, cursor)
         self._cursor = WatchCursor(cursor)
         self._file: io.FileIO | None = _open_log(self.path)
         self._size = self.path.stat().st_size
-        self.bytes_since_compact = 0
+        self.bytes_since_compact = garbage
         # What a compaction would reclaim: superseded or deleted records, and
         # the cursor records but the last one.
-        self._superseded = False
+        self._superseded = garbage > 0
         self._cursor_bytes = 0
         # A failed compaction is reported here, not by apply, and retried once
         # another threshold's worth was appended: not a full rewrite per batch.
@@ -611,13 +628,17 @@ class AppendLogStore:
         return export_store(self, dest, info)
 
     def write_copy(self, data_dir: Path) -> None:
-        """The log itself when it holds nothing superseded (a catch-up, a state-sync, a
-        fresh compaction): its committed bytes copied in the kernel, ~20x cheaper than
-        encoding the fold again. Otherwise a compacted log written from the in-RAM fold
-        (exactly what the log replays to). Either way the copy replays to the live fold."""
+        """The log itself: its committed bytes copied in the kernel, ~20x cheaper than
+        encoding the fold again (~0.06 s against ~0.6 s of CPU for a million keys). What
+        it holds superseded is at most one compaction threshold of appended records,
+        which an open keeps too, so a bootstrap does not rewrite it. Only when failing
+        compactions let more pile up is the copy a compacted log written from the
+        in-RAM fold. Either way the copy replays to the live fold."""
         data_dir.mkdir()
         target = data_dir / LOG_NAME
-        if self._superseded or self._file is None:
+        if self._file is None or (
+            self._superseded and self.bytes_since_compact > self.compact_threshold
+        ):
             _write_log(target, self._fold, self._cursor.raw)
             return
         with open(self.path, "rb") as src, open(target, "wb") as dst:
