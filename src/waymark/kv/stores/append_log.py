@@ -21,6 +21,9 @@ one that cannot reopen the renamed log poisons the store. Past
 a superseded or deleted record, or cursor records making up an eighth of what
 was appended (a log of distinct puts is already compact). ``apply`` never
 fails for a compaction: its batch is committed by then (see ``compaction_failures``).
+``open`` keeps what ``apply`` keeps: it rewrites a log with a torn tail or more
+than a threshold of superseded and deleted records, and otherwise counts those
+towards the next compaction.
 """
 
 from __future__ import annotations
