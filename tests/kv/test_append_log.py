@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from waymark.kv import (
     Corrupted,
     InvalidFormat,
+    KvEntry,
     KvUpdate,
     Op,
     SnapshotIoError,
@@ -240,6 +241,44 @@ def test_load_skips_rewrite_of_a_compact_log(tmp_path: Path) -> None:
     before = path.stat().st_ino
     AppendLogStore(path).close()
     assert path.stat().st_ino == before  # no temp-file-and-rename happened
+
+
+def test_open_keeps_up_to_a_threshold_of_superseded_records_and_compacts_past_it(
+    tmp_path: Path,
+) -> None:
+    """As apply does: a log whose superseded and deleted records stay within the
+    threshold is not rewritten on open (an exported copy of a live log is such a log);
+    the bytes count towards the next compaction. Past the threshold open compacts."""
+    path = tmp_path / "f.log"
+    s = fill(path, 20)
+    again = [KvUpdate.put(f"k{i}", b"again", 21 + i) for i in range(20)]
+    s.apply([*again, KvUpdate.delete("k2", 41)], WatchCursor.from_u64(41))
+    s.close()
+    before, size = path.stat().st_ino, path.stat().st_size
+    s = AppendLogStore(path, compact_threshold=4096)
+    assert path.stat().st_ino == before  # kept as it is
+    garbage = s.bytes_since_compact  # the first 20 puts, the superseded k2 and the delete
+    assert 20 * 20 < garbage < 1000
+    assert s.get("k1") == KvEntry("k1", b"again", VersionToken.from_u64(22)) and not s.get("k2")
+    applies, step = 0, 0
+    while path.stat().st_ino == before and applies < 100:
+        n = s.bytes_since_compact
+        s.apply([KvUpdate.put("k1", b"x" * 50, 50 + applies)], WatchCursor.from_u64(50 + applies))
+        step = step or s.bytes_since_compact - n
+        applies += 1
+    # The kept garbage counted towards the threshold: compacted before 4096 new bytes.
+    assert path.stat().st_ino != before and applies * step < 4096
+    assert path.stat().st_size < size
+    s.close()
+
+    fill(tmp_path / "g.log", 20).close()
+    s = AppendLogStore(tmp_path / "g.log")
+    s.apply([KvUpdate.put("k1", b"y", 21)], WatchCursor.from_u64(21))
+    s.close()
+    before = (tmp_path / "g.log").stat().st_ino
+    AppendLogStore(tmp_path / "g.log", compact_threshold=8).close()  # past a tiny threshold
+    assert (tmp_path / "g.log").stat().st_ino != before
+    assert replay_log((tmp_path / "g.log").read_bytes()).compact
 
 
 def test_apply_writes_the_spec_records_byte_for_byte(tmp_path: Path) -> None:

@@ -96,20 +96,38 @@ def test_import_and_open_hands_over_a_store_that_lives_at_the_destination(
     store.close()
 
 
-def test_an_append_log_of_distinct_puts_exports_its_own_bytes(tmp_path: Path) -> None:
-    """Nothing superseded: the export is the live log's committed bytes (no re-encoding);
-    once a record is superseded it is the compacted fold. Both import to the same fold."""
-    store = AppendLogStore(tmp_path / "live.log", compact_threshold=1 << 30)
+def test_an_append_log_exports_its_own_bytes_and_a_bootstrap_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """The export is the live log's committed bytes (no re-encoding), superseded records
+    and all while they stay within a compaction threshold, and the import's open keeps
+    them as they are; once failing compactions let more pile up, the export is the
+    compacted fold. Each imports to the same fold."""
+    store = AppendLogStore(tmp_path / "live.log", compact_threshold=4096)
     for i in range(0, 200, 50):
         batch = [KvUpdate.put(f"k.{j:04}", b"v%d" % j, j + 1) for j in range(i, i + 50)]
         store.apply(batch, WatchCursor.from_u64(i + 50))
-    store.export_to(tmp_path / "copied")
-    assert (tmp_path / "copied/data/fold.log").read_bytes() == (tmp_path / "live.log").read_bytes()
+    store.compact()
     store.apply([KvUpdate.put("k.0003", b"again", 201)], WatchCursor.from_u64(201))
+    store.apply([KvUpdate.delete("k.0004", 202)], WatchCursor.from_u64(202))
+    store.export_to(tmp_path / "copied")
+    live = (tmp_path / "live.log").read_bytes()
+    assert (tmp_path / "copied/data/fold.log").read_bytes() == live
+    _, copy = import_and_open(tmp_path / "copied", f"append-log:{tmp_path / 'b.log'}")
+    assert (tmp_path / "b.log").read_bytes() == live  # opened as it is, not rewritten
+    assert copy.cursor == store.cursor and contents(copy) == contents(store)
+    copy.close()
+
+    blocker = tmp_path / "live.log.compact.tmp"
+    blocker.mkdir()  # fault injector: every compaction of the live log fails
+    for n in range(203, 263):
+        store.apply([KvUpdate.put("k.0005", b"x" * 100, n)], WatchCursor.from_u64(n))
+    assert store.compaction_failures and store.bytes_since_compact > 4096
+    blocker.rmdir()
     store.export_to(tmp_path / "rewritten")
     rewritten = (tmp_path / "rewritten/data/fold.log").read_bytes()
     assert len(rewritten) < (tmp_path / "live.log").stat().st_size
-    _, copy = import_and_open(tmp_path / "rewritten", f"append-log:{tmp_path / 'b.log'}")
+    _, copy = import_and_open(tmp_path / "rewritten", f"append-log:{tmp_path / 'c.log'}")
     assert copy.cursor == store.cursor and contents(copy) == contents(store)
     copy.close()
     store.close()

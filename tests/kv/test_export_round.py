@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from obstore.store import LocalStore
+from tests.kv.test_artifact import TailLosingCopy
 
 from waymark.clock import ManualClock
 from waymark.kv import (
@@ -26,7 +27,7 @@ from waymark.kv import (
     open_store,
     watch_applied,
 )
-from waymark.kv.artifact import ExportInfo
+from waymark.kv.artifact import ExportInfo, stage_export
 from waymark.kv.export import RoundResult, RoundState, export_via, run_export_round
 from waymark.kv.lease import ExportLease, LeaseRecord
 from waymark.kv.stores.protocol import SnapshotStore
@@ -234,7 +235,7 @@ async def test_a_superseded_or_failed_round_abandons_the_lease(
     slow_store.apply([KvUpdate.put("k.0", b"v", 50)], WatchCursor.from_u64(50))
 
     async def export_frozen(dest: Path) -> Any:
-        return await asyncio.to_thread(slow_store.export_to, dest)
+        return await asyncio.to_thread(stage_export, slow_store, dest)
 
     lease = lease_for(leases, "behind", clock)
     superseded = await run_export_round(
@@ -272,6 +273,33 @@ async def test_a_superseded_or_failed_round_abandons_the_lease(
     assert no_export.states[-3:] == [RoundState.Exporting, RoundState.Abandoning, RoundState.Idle]
     assert await lease.current() is None
     assert os.listdir(work) == []
+
+
+async def test_a_copy_that_fails_verification_fails_the_round_and_publishes_nothing(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    """The verify runs while the payload goes up (Uploading); its failure abandons the
+    lease and leaves the pointer where it was, with the payload an orphan."""
+    leases = await conn.store(f"{bucket_name}-leases")
+    clock = ManualClock()
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    torn = TailLosingCopy(tmp_path / "torn.log")
+    torn.apply([KvUpdate.put(f"k.{i}", b"v", i + 1) for i in range(20)], WatchCursor.from_u64(20))
+
+    async def export_torn(dest: Path) -> Any:
+        return await asyncio.to_thread(stage_export, torn, dest)
+
+    lease = lease_for(leases, "a", clock)
+    work = tmp_path / "work"
+    report = await run_export_round(
+        lease=lease, export=export_torn, transport=transport, key=KEY, workdir=work
+    )
+    assert report.result is RoundResult.Failed and "verification" in str(report.error)
+    assert report.states[-3:] == [RoundState.Uploading, RoundState.Abandoning, RoundState.Idle]
+    assert await lease.current() is None
+    assert not transport.read_pointer(KEY).state.present
+    assert os.listdir(work) == []
+    torn.close()
 
 
 async def test_a_round_whose_lease_was_taken_over_meanwhile_still_publishes(

@@ -104,7 +104,8 @@ class AtomicApply(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        """Reopen from disk, the fault lifted (open rewrites a log that is not compact)."""
+        """Reopen from disk, the fault lifted (open rewrites a log with a torn tail or
+        more than a threshold of superseded records)."""
         self.store.close()
         if self.blocker.exists():
             self.blocker.rmdir()

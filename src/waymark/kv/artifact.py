@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -190,6 +191,106 @@ def _tree(data_dir: Path) -> list[Path]:
     return sorted(out)
 
 
+@dataclass
+class StagedExport:
+    """A copy of a store in a hidden staging directory, not yet verified or described.
+
+    ``stage_export`` makes it while the store is quiescent (between two
+    applies); everything after that reads only the copy, so it may run while
+    the fold goes on: :meth:`verify` (reopen the copy, compare cursors),
+    :meth:`describe` (BLAKE3 of every file, the manifest) and :meth:`seal`
+    (manifest last, rename into an artifact directory). An export round
+    uploads a described copy while it is being verified and publishes only once
+    it is (docs/semantics/kv.md §9.2, §10.3). :meth:`discard` removes the stage.
+    """
+
+    stage: Path
+    backend_class: type[ArtifactBackend]
+    backend: str
+    format_generation: int
+    cursor: WatchCursor
+    """The live store's cursor when the copy was made: the copy must recover it."""
+    info: ExportInfo
+
+    @property
+    def data(self) -> Path:
+        return self.stage / DATA_DIR
+
+    def verify(self) -> None:
+        """Reopen the copy through the engine; SnapshotError unless it recovers ``cursor``.
+
+        Every ``apply`` commits data and cursor together, so equal cursors mean
+        no committed batch is missing (docs/semantics/kv.md §9.2 step 1).
+        """
+        recovered = self.backend_class.recover_cursor(self.data)
+        if recovered != self.cursor:
+            raise SnapshotError(
+                f"export of {self.backend} fold failed verification: the copy recovers "
+                f"cursor {recovered}, the live fold is at {self.cursor}"
+            )
+
+    def describe(self) -> tuple[bytes, ExportManifest]:
+        """Hash every file of the copy; the manifest and its deterministic bytes."""
+        # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
+        rels = sorted((p.relative_to(self.stage).as_posix(), p) for p in _tree(self.data))
+        files = [ArtifactFile(rel, p.stat().st_size, file_digest(p)) for rel, p in rels]
+        manifest = ExportManifest(
+            schema_version=SCHEMA_VERSION,
+            backend=self.backend,
+            format_generation=self.format_generation,
+            cursor_hex=self.cursor.raw.hex(),
+            files=tuple(files),
+            exporter=self.info.exporter,
+            exported_at_ms=self.info.exported_at_ms,
+            bucket=self.info.bucket,
+            scope=tuple(self.info.scope),
+        )
+        return manifest.encode(), manifest
+
+    def seal(self, dest: Path, manifest_bytes: bytes) -> None:
+        """Make the verified, described and fsynced copy the artifact ``dest``: the
+        manifest written last, then the stage renamed (docs/semantics/kv.md §9.2 step 3)."""
+        with open(self.stage / MANIFEST_NAME, "wb") as f:
+            f.write(manifest_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync(self.stage)
+        os.rename(self.stage, dest)
+        _fsync(dest.parent)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+
+def stage_export(
+    store: ArtifactBackend, dest: str | os.PathLike[str], info: ExportInfo | None = None
+) -> StagedExport:
+    """Copy ``store`` into a hidden staging directory beside ``dest`` (which must not exist).
+
+    The only step of an export that reads the live store: it must not run
+    concurrently with ``apply`` (inside ``watch_applied``, an ``ExportRequest``).
+    """
+    dest = Path(dest)
+    if dest.exists():
+        raise FileExistsError(f"artifact destination {dest} exists")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stage-", dir=dest.parent))
+    staged = StagedExport(
+        stage,
+        type(store),
+        store.backend,
+        store.format_generation,
+        store.cursor,
+        info or ExportInfo(),
+    )
+    try:
+        store.write_copy(staged.data)
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
 def export_store(
     store: ArtifactBackend, dest: str | os.PathLike[str], info: ExportInfo | None = None
 ) -> ExportManifest:
@@ -198,50 +299,24 @@ def export_store(
     Must not run concurrently with ``apply``: inside ``watch_applied`` go
     through an ``ExportRequest``. Raises SnapshotError if the copy does not
     recover the live cursor; nothing is left at ``dest`` then.
-    The steps and their order: docs/semantics/kv.md §9.2.
+    The steps and their order: docs/semantics/kv.md §9.2. The verifying reopen
+    runs on a second thread while the files are fsynced and hashed; the
+    manifest is written only after both.
     """
-    info = info or ExportInfo()
     dest = Path(dest)
-    if dest.exists():
-        raise FileExistsError(f"artifact destination {dest} exists")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.stage-", dir=dest.parent))
+    staged = stage_export(store, dest, info)
     try:
-        live = store.cursor
-        data = stage / DATA_DIR
-        store.write_copy(data)
-        # Verify by reopening (docs/semantics/kv.md §9.2): cursor equality detects a lost tail.
-        recovered = type(store).recover_cursor(data)
-        if recovered != live:
-            raise SnapshotError(
-                f"export of {store.backend} fold failed verification: the copy recovers "
-                f"cursor {recovered}, the live fold is at {live}"
-            )
-        _fsync_tree(data)
-        # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
-        rels = sorted((p.relative_to(stage).as_posix(), p) for p in _tree(data))
-        files = [ArtifactFile(rel, p.stat().st_size, file_digest(p)) for rel, p in rels]
-        manifest = ExportManifest(
-            schema_version=SCHEMA_VERSION,
-            backend=store.backend,
-            format_generation=store.format_generation,
-            cursor_hex=live.raw.hex(),
-            files=tuple(files),
-            exporter=info.exporter,
-            exported_at_ms=info.exported_at_ms,
-            bucket=info.bucket,
-            scope=tuple(info.scope),
-        )
-        # The manifest last, then the rename: an artifact that exists is complete.
-        with open(stage / MANIFEST_NAME, "wb") as f:
-            f.write(manifest.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync(stage)
-        os.rename(stage, dest)
-        _fsync(dest.parent)
+        with ThreadPoolExecutor(1, thread_name_prefix="waymark-export-verify") as pool:
+            verified = pool.submit(staged.verify)
+            try:
+                _fsync_tree(staged.data)
+                raw, manifest = staged.describe()
+            finally:
+                wait([verified])
+        verified.result()
+        staged.seal(dest, raw)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        staged.discard()
         raise
     return manifest
 

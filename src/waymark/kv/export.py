@@ -9,7 +9,11 @@ Completing | Abandoning -> Idle:
 * a failed ``complete`` or prune is logged and not fatal: the artifact is
   published, stale payloads wait for the next round;
 * the local artifact is always deleted (it pins files the fold later compacts
-  away).
+  away);
+* only the copy stalls the fold (``stage_export`` through an ``ExportRequest``):
+  the verifying reopen then runs concurrently with hashing and uploading the
+  payload, and the pointer is swapped only after it passed (``publish_staged``);
+  a copy that fails it is a failed upload whose payload is an orphan.
 
 A crash anywhere is covered by the layout: until the pointer swap the old
 pointer stays valid and whole, a lease left behind expires, and an orphaned
@@ -24,11 +28,12 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from waymark.kv.applied import ExportRequest
-from waymark.kv.artifact import ExportInfo, ExportManifest
+from waymark.kv.artifact import ExportInfo, ExportManifest, StagedExport, stage_export
 from waymark.kv.lease import ExportLease
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome
@@ -69,27 +74,68 @@ class RoundReport:
     pruned: list[str] = field(default_factory=list)
 
 
-ExportFn = Callable[[Path], Awaitable[ExportManifest]]
-"""Writes an artifact of the fold at the given (not yet existing) directory."""
+ExportFn = Callable[[Path], Awaitable[StagedExport]]
+"""Stages a copy of the fold beside the given (not yet existing) directory
+(``stage_export``); the round verifies, describes and uploads it."""
 
 
 def export_via(
     requests: asyncio.Queue[ExportRequest], info: Callable[[], ExportInfo] | None = None
 ) -> ExportFn:
-    """Export through ``watch_applied``'s request queue: after its pending batch is
-    flushed, between two applies, at exactly the store's cursor."""
+    """Stage an export through ``watch_applied``'s request queue: after its pending batch
+    is flushed, between two applies, at exactly the store's cursor."""
 
-    async def export(dest: Path) -> ExportManifest:
+    async def export(dest: Path) -> StagedExport:
         meta = info() if info is not None else None
 
-        def action(store: SnapshotStore, cursor: WatchCursor) -> ExportManifest:
-            return store.export_to(dest, meta)
+        def action(store: SnapshotStore, cursor: WatchCursor) -> StagedExport:
+            # Only the copy stalls the fold; verify and upload run after it resumed.
+            return stage_export(store, dest, meta)
 
         request = ExportRequest(action)
         await requests.put(request)
         return await request.reply
 
     return export
+
+
+def verify_gate(verifying: Future[None]) -> None:
+    """Wait for the verifying reopen; raises its SnapshotError. Nothing is published
+    before it returns (docs/semantics/kv.md §9.2, §10.3)."""
+    wait([verifying])
+    verifying.result()
+
+
+def publish_staged(
+    transport: ObjectStoreTransport, key: str, staged: StagedExport
+) -> tuple[ExportManifest, PublishOutcome]:
+    """Verify ``staged`` while its payload is hashed and uploaded; swap the pointer only
+    once the verification passed.
+
+    The verifying reopen (a replay of the whole copy for the append log) runs
+    on a second thread, concurrently with BLAKE3, the tar stream and the
+    upload. A copy that fails it raises SnapshotError and the pointer is not
+    touched; its payload, if uploaded, is an orphan like that of any failed
+    round, pruned later (docs/semantics/kv.md §10.3, §11.4). The staged copy
+    is not fsynced: it is never sealed into a local artifact, and is deleted
+    after the round.
+    """
+    pool = ThreadPoolExecutor(1, thread_name_prefix="waymark-export-verify")
+    try:
+        verifying = pool.submit(staged.verify)
+        try:
+            raw, manifest = staged.describe()
+            uploaded = transport.upload_files(key, staged.stage, raw, manifest)
+            observed = transport.read_pointer(key)  # if stale by the swap, the CAS says so
+        except BaseException:
+            wait([verifying])  # the stage outlives the verify; its failure says more
+            if (refused := verifying.exception()) is not None:
+                raise refused from None
+            raise
+        verify_gate(verifying)  # the only wait before the swap
+    finally:
+        pool.shutdown(wait=False)
+    return manifest, transport.swap_pointer(uploaded, observed)
 
 
 async def run_export_round(
@@ -132,9 +178,11 @@ async def run_export_round(
         enter(RoundState.Exporting)
         outcome: PublishOutcome | None = None
         try:
-            report.manifest = await export(local / "artifact")
+            staged = await export(local / "artifact")
             enter(RoundState.Uploading)
-            _, outcome = await asyncio.to_thread(transport.upload, key, local / "artifact")
+            report.manifest, outcome = await asyncio.to_thread(
+                publish_staged, transport, key, staged
+            )
         except Exception as e:
             log.warning("export round failed in %s: %s", states[-1].value, e)
             report.error = e

@@ -247,12 +247,19 @@ class ObjectStoreTransport:
 
     def upload_payload(self, key: str, artifact_dir: str | os.PathLike[str]) -> UploadedPayload:
         """Upload the artifact's payload (multipart, 8 MiB parts); the pointer is untouched."""
-        self._check_atomic()
         artifact = Path(artifact_dir)
         raw, manifest = read_manifest(artifact)
-        payload = self.payload_key(key, content_address(raw))
-        self.store.upload(payload, tar_stream(artifact, raw, manifest))
-        return UploadedPayload(key, raw, manifest, payload)
+        return self.upload_files(key, artifact, raw, manifest)
+
+    def upload_files(
+        self, key: str, root: Path, manifest_bytes: bytes, manifest: ExportManifest
+    ) -> UploadedPayload:
+        """Upload the payload of the files ``manifest`` lists under ``root`` (whose
+        ``MANIFEST.json`` need not exist yet: the tar carries ``manifest_bytes``)."""
+        self._check_atomic()
+        payload = self.payload_key(key, content_address(manifest_bytes))
+        self.store.upload(payload, tar_stream(root, manifest_bytes, manifest))
+        return UploadedPayload(key, manifest_bytes, manifest, payload)
 
     def read_pointer(self, key: str) -> PointerObservation:
         try:
@@ -311,11 +318,21 @@ class ObjectStoreTransport:
             return False
         return True
 
-    def swap_pointer(self, uploaded: UploadedPayload) -> PublishOutcome:
-        """Make the pointer name ``uploaded`` unless a newer artifact is published."""
+    def swap_pointer(
+        self, uploaded: UploadedPayload, observed: PointerObservation | None = None
+    ) -> PublishOutcome:
+        """Make the pointer name ``uploaded`` unless a newer artifact is published.
+
+        ``observed``, a read of the pointer made earlier (while something else
+        went on), serves the first attempt: if it is stale, the compare-and-swap
+        fails and the pointer is read again.
+        """
         self._check_atomic()
         for _ in range(1 + MAX_SWAP_RETRIES):
-            outcome = self.try_swap(self.read_pointer(uploaded.key), uploaded)
+            if observed is None:
+                observed = self.read_pointer(uploaded.key)
+            outcome = self.try_swap(observed, uploaded)
+            observed = None
             if outcome is not None:
                 return outcome
         log.warning(

@@ -21,6 +21,9 @@ one that cannot reopen the renamed log poisons the store. Past
 a superseded or deleted record, or cursor records making up an eighth of what
 was appended (a log of distinct puts is already compact). ``apply`` never
 fails for a compaction: its batch is committed by then (see ``compaction_failures``).
+``open`` keeps what ``apply`` keeps: it rewrites a log with a torn tail or more
+than a threshold of superseded and deleted records, and otherwise counts those
+towards the next compaction.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import mmap
 import operator
 import os
 import struct
@@ -208,6 +212,8 @@ class _Replay:
         self.cursor = b""
         self.valid_len = len(HEADER)
         self.data_records = 0
+        self.data_bytes = 0
+        """Bytes of the put and delete records read (cursor records not counted)."""
         self.saw_delete = False
         self.clean_eof = True
 
@@ -215,6 +221,12 @@ class _Replay:
     def compact(self) -> bool:
         # Extra cursor records cost a few bytes each; they do not force a rewrite.
         return self.clean_eof and not self.saw_delete and self.data_records == len(self.fold)
+
+    def garbage_bytes(self) -> int:
+        """Bytes of superseded puts and of deletes: what a compaction would reclaim
+        (bar cursor records). Needs the fold built."""
+        live = sum(map(len, self.fold.values())) + 4 * len(self.fold)  # bodies + their CRCs
+        return self.data_bytes - live
 
     def entries(self) -> dict[str, KvEntry]:
         """The fold decoded (a check's view; the store keeps the encoded bodies)."""
@@ -231,7 +243,7 @@ _first = operator.itemgetter(0)
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
-def _put_run(data: bytes, pos: int, end: int) -> tuple[int, int, int]:
+def _put_run(data: bytes | mmap.mmap, pos: int, end: int) -> tuple[int, int, int]:
     """``(n, length, key_len)``: how many put records of the same shape start at ``pos``.
 
     A put's length is fixed by its type, key length, value length and version
@@ -298,7 +310,7 @@ def _fold_run(
     return n
 
 
-def replay_log(data: bytes, *, build: bool = True) -> _Replay:
+def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
     """Fold a whole log image. Raises InvalidFormat or Corrupted; drops a torn tail.
 
     Every record's CRC is checked. Runs of puts of one shape (a compacted log
@@ -326,6 +338,7 @@ def replay_log(data: bytes, *, build: bool = True) -> _Replay:
             if n:
                 n = _fold_run(r, view, pos, n, length, klen, build)
                 pos += n * length
+                r.data_bytes += n * length
                 r.valid_len = pos
                 if pos < end and data[pos + 4 : pos + 5] == b"\x01":
                     skip = 1  # a bad CRC or a new shape: one record by the loop first
@@ -372,10 +385,12 @@ def replay_log(data: bytes, *, build: bool = True) -> _Replay:
             if build:
                 fold[body[3 : key_end - pos - 4].decode()] = body
             r.data_records += 1
+            r.data_bytes += rec_end - start
         elif kind == REC_DELETE:
             if build:
                 fold.pop(body[3 : key_end - pos - 4].decode(), None)
             r.saw_delete = True
+            r.data_bytes += rec_end - start
         else:
             r.cursor = body[2:]
         pos = rec_end
@@ -466,21 +481,27 @@ class AppendLogStore:
         self.path = Path(path)
         self.compact_threshold = compact_threshold
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        garbage = 0
         if self.path.exists():
             replay = replay_log(self.path.read_bytes())
             self._fold, cursor = replay.fold, replay.cursor
             if not replay.compact:
+                garbage = replay.garbage_bytes()
+            # A torn tail is always cut; superseded records up to one threshold are
+            # kept, as apply keeps them (an export copies such a log as it is).
+            if not replay.clean_eof or garbage > compact_threshold:
                 _write_compact(self.path, self._fold, cursor)
+                garbage = 0
         else:
             self._fold, cursor = {}, b""
             _write_compact(self.path, self._fold, cursor)
         self._cursor = WatchCursor(cursor)
         self._file: io.FileIO | None = _open_log(self.path)
         self._size = self.path.stat().st_size
-        self.bytes_since_compact = 0
+        self.bytes_since_compact = garbage
         # What a compaction would reclaim: superseded or deleted records, and
         # the cursor records but the last one.
-        self._superseded = False
+        self._superseded = garbage > 0
         self._cursor_bytes = 0
         # A failed compaction is reported here, not by apply, and retried once
         # another threshold's worth was appended: not a full rewrite per batch.
@@ -610,13 +631,17 @@ class AppendLogStore:
         return export_store(self, dest, info)
 
     def write_copy(self, data_dir: Path) -> None:
-        """The log itself when it holds nothing superseded (a catch-up, a state-sync, a
-        fresh compaction): its committed bytes copied in the kernel, ~20x cheaper than
-        encoding the fold again. Otherwise a compacted log written from the in-RAM fold
-        (exactly what the log replays to). Either way the copy replays to the live fold."""
+        """The log itself: its committed bytes copied in the kernel, ~20x cheaper than
+        encoding the fold again (~0.06 s against ~0.6 s of CPU for a million keys). What
+        it holds superseded is at most one compaction threshold of appended records,
+        which an open keeps too, so a bootstrap does not rewrite it. Only when failing
+        compactions let more pile up is the copy a compacted log written from the
+        in-RAM fold. Either way the copy replays to the live fold."""
         data_dir.mkdir()
         target = data_dir / LOG_NAME
-        if self._superseded or self._file is None:
+        if self._file is None or (
+            self._superseded and self.bytes_since_compact > self.compact_threshold
+        ):
             _write_log(target, self._fold, self._cursor.raw)
             return
         with open(self.path, "rb") as src, open(target, "wb") as dst:
@@ -638,7 +663,19 @@ class AppendLogStore:
 
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
-        return WatchCursor(replay_log((data_dir / LOG_NAME).read_bytes(), build=False).cursor)
+        """Replay the copy without building a fold, from a read-only map of it: no copy
+        of the log into memory first (0.18 -> 0.15 s of CPU per million records)."""
+        with open(data_dir / LOG_NAME, "rb") as f:
+            if os.fstat(f.fileno()).st_size < len(HEADER):
+                return WatchCursor(replay_log(f.read(), build=False).cursor)  # raises
+            image = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return WatchCursor(replay_log(image, build=False).cursor)
+        finally:
+            # A failed replay's traceback may still hold a view of the map: then the
+            # map is closed when that goes, not here.
+            with contextlib.suppress(BufferError):
+                image.close()
 
     @classmethod
     def path_in(cls, data_dir: Path) -> Path:

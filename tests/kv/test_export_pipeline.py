@@ -1,0 +1,266 @@
+"""The pipelined export of a round: the verifying reopen runs while the payload is hashed
+and uploaded, and only the pointer swap waits for it (docs/kv.md §Replicas,
+docs/semantics/kv.md §9.2 and §10.3). On ``file://`` and on S3 (moto's server)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from tests.kv.test_artifact import TailLosingCopy
+
+from waymark.clock import ManualClock
+from waymark.kv import (
+    ArtifactInvalid,
+    Corrupted,
+    InvalidFormat,
+    KvUpdate,
+    SnapshotError,
+    WatchCursor,
+    open_store,
+)
+from waymark.kv import export as export_module
+from waymark.kv.artifact import ExportInfo, StagedExport, stage_export
+from waymark.kv.export import publish_staged
+from waymark.kv.stores.append_log import AppendLogStore
+from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
+from waymark.objstore import open_store as open_objstore
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "routes"
+
+
+@pytest.fixture
+def transport(store_url: str) -> ObjectStoreTransport:
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    return ObjectStoreTransport(open_objstore(store_url, clock=clock), clock=clock)
+
+
+def fill(store: SnapshotStore, n: int, start: int = 0) -> None:
+    store.apply(
+        [KvUpdate.put(f"k.{i:05}", b"value-%d" % i, i + 1) for i in range(start, n)],
+        WatchCursor.from_u64(n),
+    )
+
+
+def contents(store: SnapshotStore) -> dict[str, bytes]:
+    return {e.key: e.value for e in store.range()}
+
+
+def payloads(transport: ObjectStoreTransport) -> set[str]:
+    return {m.key for m in transport.store.list(f"{KEY}.payloads/")}
+
+
+def test_a_staged_export_publishes_the_artifact_export_to_would_write(
+    make_store: Callable[[], SnapshotStore], backend: str, tmp_path: Path, store_url: str
+) -> None:
+    """Same files, digests and cursor as the sequential export; bootstraps to the same fold."""
+    store = make_store()
+    fill(store, 300)
+    info = ExportInfo(exporter="a", exported_at_ms=7, bucket="b")
+    sequential = store.export_to(tmp_path / "art", info)
+    staged = stage_export(store, tmp_path / "staged", info)
+    transport = ObjectStoreTransport(open_objstore(store_url))
+    try:
+        manifest, outcome = publish_staged(transport, KEY, staged)
+    finally:
+        staged.discard()
+    assert outcome is PublishOutcome.Published
+    assert manifest.cursor == store.cursor
+    if backend != "rocksdb":  # a RocksDB checkpoint names its files afresh each time
+        assert manifest == sequential
+    assert transport.read_pointer(KEY).body == manifest.encode()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # the stage is gone
+
+    spec = f"{backend}:{tmp_path / 'node-b' / 'fold'}"
+    got, node_b = transport.bootstrap_open(KEY, spec)
+    assert got == manifest and contents(node_b) == contents(store)
+    node_b.close()
+    store.close()
+
+
+def publish_torn_copy(transport: ObjectStoreTransport, tmp_path: Path) -> BaseException | None:
+    """Publish a good artifact at 10, then stage a torn copy at 20 and publish it.
+
+    Returns what ``publish_staged`` raised for the torn copy (None if nothing).
+    """
+    good = open_store(f"append-log:{tmp_path / 'good.log'}")
+    fill(good, 10)
+    staged = stage_export(good, tmp_path / "good-art")
+    publish_staged(transport, KEY, staged)
+    staged.discard()
+    good.close()
+
+    torn = TailLosingCopy(tmp_path / "torn.log")
+    fill(torn, 20)
+    staged = stage_export(torn, tmp_path / "torn-art")
+    try:
+        publish_staged(transport, KEY, staged)
+    except SnapshotError as e:
+        return e
+    finally:
+        staged.discard()
+        torn.close()
+    return None
+
+
+def test_a_copy_that_fails_verification_is_never_published(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """Its payload may be uploaded (an orphan, pruned later); the pointer stays whole."""
+    refused = publish_torn_copy(transport, tmp_path)
+    assert isinstance(refused, SnapshotError) and "verification" in str(refused)
+    assert transport.read_pointer(KEY).state.rank == 10
+    assert len(payloads(transport)) == 2  # the orphan went up while it was being verified
+    manifest, node = transport.bootstrap_open(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
+    assert manifest.rank == 10 and len(contents(node)) == 10
+    node.close()
+
+
+def test_mutant_no_verify_gate_publishes_a_torn_copy_that_wedges_bootstrap(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the gate the test above fails: the pointer names a copy nobody can import."""
+    monkeypatch.setattr(export_module, "verify_gate", lambda verifying: None)
+    assert publish_torn_copy(transport, tmp_path) is None
+    assert transport.read_pointer(KEY).state.rank == 20
+    with pytest.raises(ArtifactInvalid, match="recovers cursor"):
+        transport.bootstrap(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
+
+
+class SlowVerify(AppendLogStore):
+    """Fault injector: a verifying reopen that waits until the test lets it finish."""
+
+    release: ClassVar[threading.Event]
+
+    @classmethod
+    def recover_cursor(cls, data_dir: Path) -> WatchCursor:
+        assert cls.release.wait(60), "the test never released the verification"
+        return super().recover_cursor(data_dir)
+
+
+def publish_with_a_slow_verify(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> tuple[bool, PublishOutcome | None]:
+    """Upload while the verification is held back. Returns whether the pointer was still
+    absent once the payload was up, and the outcome after the verification is released."""
+    store = open_store(f"append-log:{tmp_path / 'fold.log'}")
+    fill(store, 30)
+    SlowVerify.release = threading.Event()
+    staged = dataclasses.replace(stage_export(store, tmp_path / "art"), backend_class=SlowVerify)
+    outcome: list[PublishOutcome] = []
+    publisher = threading.Thread(
+        target=lambda: outcome.append(publish_staged(transport, KEY, staged)[1])
+    )
+    publisher.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not payloads(transport) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert payloads(transport), "the payload was not uploaded while the verify waited"
+        time.sleep(0.05)  # a swap that did not wait would be done by now
+        absent_while_verifying = not transport.read_pointer(KEY).state.present
+    finally:
+        SlowVerify.release.set()
+        publisher.join(60)
+        staged.discard()
+        store.close()
+    return absent_while_verifying, outcome[0] if outcome else None
+
+
+def test_the_payload_goes_up_during_verification_and_the_swap_waits_for_it(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    absent_while_verifying, outcome = publish_with_a_slow_verify(transport, tmp_path)
+    assert absent_while_verifying
+    assert outcome is PublishOutcome.Published
+    assert transport.read_pointer(KEY).state.rank == 30
+
+
+def test_mutant_no_verify_gate_swaps_before_the_verification_ends(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export_module, "verify_gate", lambda verifying: None)
+    absent_while_verifying, _ = publish_with_a_slow_verify(transport, tmp_path)
+    assert not absent_while_verifying
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_failed_upload_still_waits_for_the_verification(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage is not removed under a running verification; the upload's error surfaces."""
+    store = open_store(f"append-log:{tmp_path / 'fold.log'}")
+    fill(store, 30)
+    staged = stage_export(store, tmp_path / "art")
+    verified: list[StagedExport] = []
+    real_verify = StagedExport.verify
+
+    def verify(self: StagedExport) -> None:
+        time.sleep(0.1)
+        real_verify(self)
+        verified.append(self)
+
+    def upload_fails(*args: object, **kwargs: object) -> None:
+        raise OSError("the store went away")
+
+    monkeypatch.setattr(StagedExport, "verify", verify)
+    monkeypatch.setattr(transport, "upload_files", upload_fails)
+    with pytest.raises(OSError, match="went away"):
+        publish_staged(transport, KEY, staged)
+    assert verified == [staged]  # returned only after the verification finished
+    assert not transport.read_pointer(KEY).state.present
+    staged.discard()
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_the_append_log_verification_reads_a_map_of_the_copy_and_still_refuses_damage(
+    tmp_path: Path, store_url: str
+) -> None:
+    store = open_store(f"append-log:{tmp_path / 'fold.log'}")
+    fill(store, 200)
+    store.close()
+    data = tmp_path / "copy"
+    data.mkdir()
+    image = bytearray((tmp_path / "fold.log").read_bytes())
+    (data / "fold.log").write_bytes(image)
+    assert AppendLogStore.recover_cursor(data) == WatchCursor.from_u64(200)
+    image[len(image) // 2] ^= 0xFF  # a flipped byte in the middle: a CRC mismatch
+    (data / "fold.log").write_bytes(image)
+    with pytest.raises(Corrupted):
+        AppendLogStore.recover_cursor(data)
+    for short in (b"", b"WM"):  # nothing to map: read, and refused all the same
+        (data / "fold.log").write_bytes(short)
+        with pytest.raises(InvalidFormat):
+            AppendLogStore.recover_cursor(data)
+
+
+def test_a_pointer_read_made_before_the_verify_ended_is_only_a_first_guess(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """``publish_staged`` reads the pointer while the verify may still run; another
+    publisher may swap meanwhile. The stale read loses its compare-and-swap and the
+    pointer is read again: never a regression, never a lost newer publish."""
+
+    def uploaded_at(cursor: int) -> UploadedPayload:
+        store = open_store(f"append-log:{tmp_path / f'{cursor}.log'}")
+        fill(store, cursor)
+        store.export_to(tmp_path / f"art-{cursor}")
+        store.close()
+        return transport.upload_payload(KEY, tmp_path / f"art-{cursor}")
+
+    stale = transport.read_pointer(KEY)  # absent
+    assert transport.swap_pointer(uploaded_at(20)) is PublishOutcome.Published
+    assert transport.swap_pointer(uploaded_at(10), stale) is PublishOutcome.SupersededByNewer
+    assert transport.read_pointer(KEY).state.rank == 20
+    assert transport.swap_pointer(uploaded_at(30), stale) is PublishOutcome.Published
+    assert transport.read_pointer(KEY).state.rank == 30
