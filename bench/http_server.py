@@ -146,17 +146,22 @@ def main() -> None:
                 console.print(f"[bold]round {i + 1}: {app} on {kind}[/bold] …")
                 with server(kind, app) as url:
                     rounds.setdefault((kind, app), []).append(
-                        measure(url, args.seconds, args.sse_samples))
+                        measure(url, args.seconds, args.sse_samples)
+                    )
     figures = {key: {name: statistics.median(r[name] for r in runs) for name in runs[0]}
                for key, runs in rounds.items()}  # fmt: skip
     one = "append 1/req (records/s)"
-    per_round = [g[one] / u[one] for g, u in
-                 zip(rounds["granian", "waymark"], rounds["uvicorn", "waymark"], strict=True)]
+    per_round = [
+        g[one] / u[one]
+        for g, u in zip(rounds["granian", "waymark"], rounds["uvicorn", "waymark"], strict=True)
+    ]
     console.print("waymark one-record appends, granian/uvicorn per round: "
                   + ", ".join(f"{r:.2f}x" for r in per_round))  # fmt: skip
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    table = Table(title=f"granian vs uvicorn (anchor): medians of {args.rounds} alternating "
-                  f"rounds; load average {load}")
+    table = Table(
+        title=f"granian vs uvicorn (anchor): medians of {args.rounds} alternating "
+        f"rounds; load average {load}"
+    )
     table.add_column("figure")
     for app in APPS:
         table.add_column(f"{app} uvicorn", justify="right")

@@ -210,7 +210,10 @@ def test_ships_on_across_a_lost_gap_after_the_server_is_killed(
 
 
 def test_ships_from_a_server_with_tokens(
-    start_waymark, topic: str, tmp_path: Path, collectors: list[CollectorProcess],
+    start_waymark,
+    topic: str,
+    tmp_path: Path,
+    collectors: list[CollectorProcess],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/security.md: the shipper reads with its token (``--token`` or WAYMARK_TOKEN);

@@ -12,7 +12,7 @@ import pytest
 
 from .aio_stub import STUB, render
 
-USER_CODE = '''
+USER_CODE = """
 from typing import assert_type
 
 from waymark.client import AsyncClient, Client
@@ -29,7 +29,7 @@ async def user(aclient: AsyncClient, client: Client) -> None:
         pass
     assert_type(client.append("t", [RecordIn.of(1)]), AppendResponse)
     assert_type(client.list_topics(), list[TopicState])
-'''
+"""
 
 
 def test_the_committed_stub_is_generated_from_the_sources() -> None:
@@ -52,6 +52,6 @@ def test_a_type_checker_sees_awaited_calls_as_their_responses(tmp_path: Path) ->
     checked = mypy(tmp_path, USER_CODE)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     # and it can fail: a sync call on the async client is an awaitable, not the response
-    wrong = USER_CODE + '    assert_type(aclient.list_topics(), list[TopicState])\n'
+    wrong = USER_CODE + "    assert_type(aclient.list_topics(), list[TopicState])\n"
     refused = mypy(tmp_path, wrong)
     assert refused.returncode == 1 and "[assert-type]" in refused.stdout, refused.stdout

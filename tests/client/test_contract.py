@@ -218,8 +218,12 @@ def as_token(s: Target, name: str, call: Callable[[Client], object]) -> None:
 
 
 def too_many_streams(s: Target) -> None:
-    with httpx.stream("GET", f"{s.url}/v0/topics/t/watch", timeout=10,
-                      headers={"authorization": f"Bearer {s.secrets['all']}"}) as one:
+    with httpx.stream(
+        "GET",
+        f"{s.url}/v0/topics/t/watch",
+        timeout=10,
+        headers={"authorization": f"Bearer {s.secrets['all']}"},
+    ) as one:
         assert one.status_code == 200
         raise ApiError.from_response(s.raw("GET", "/v0/topics/t/watch"))
 
@@ -307,8 +311,11 @@ def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
     disk, clock = FullDisk(), FailingClock()
     engine, store, _ = open_engine(tmp_path, clock=clock, limits=LIMITS, fileio=disk)
     tokens = tmp_path / "tokens.toml"
-    secrets = {"all": new_token(tokens, "all", list(ALL_SCOPES)),
-               "reader": new_token(tokens, "reader", ["read:*"]), "wrong": "wmk_0_nope"}
+    secrets = {
+        "all": new_token(tokens, "all", list(ALL_SCOPES)),
+        "reader": new_token(tokens, "reader", ["read:*"]),
+        "wrong": "wmk_0_nope",
+    }
     app = App(engine=engine, store=store, tokens=tokens, server_limits=SERVER_LIMITS)
     try:
         with serving(app) as url, Client(url, token=secrets["all"]) as client:

@@ -85,9 +85,7 @@ def read_all(client: httpx.Client, topic: str, from_seq: int = 0) -> tuple[dict,
 
 
 @pytest.mark.slow
-def test_sigkill_under_load(
-    tmp_path: Path, spawn_server: Callable[..., object]
-) -> None:
+def test_sigkill_under_load(tmp_path: Path, spawn_server: Callable[..., object]) -> None:
     rng = random.Random(7)
     data_dir = tmp_path / "data"
     acked: dict[str, dict[int, bytes]] = {"f": {}, "d": {}, "c": {}}

@@ -61,8 +61,14 @@ def refused(code: ErrorCode, fn, *args, **kwargs) -> TopicError:
 def test_wire_keys_and_omission(engine: Engine) -> None:
     engine.append("t", [rec({"x": 1}, tag="g", node="n", meta={"k": "v"}), rec(None)])
     full, bare = engine.diff("t", 0).records()
-    assert full == {"$seq": 1, "$ts": 1_000_000, "$node": "n", "$tag": "g",
-                    "meta": {"k": "v"}, "data": {"x": 1}}
+    assert full == {
+        "$seq": 1,
+        "$ts": 1_000_000,
+        "$node": "n",
+        "$tag": "g",
+        "meta": {"k": "v"},
+        "data": {"x": 1},
+    }
     # Absent node/tag/meta are omitted, never null; data is always present.
     assert bare == {"$seq": 2, "$ts": 1_000_000, "data": None}
 
@@ -230,8 +236,13 @@ def test_inline_config_applies_on_creation_only(engine: Engine) -> None:
 
 
 def test_a_refused_write_creates_no_topic(engine: Engine) -> None:
-    refused(ErrorCode.RECORD_TOO_LARGE, engine.append, "t", [rec(1), rec(2)],
-            config=ConfigPatch(cap_records=1, discard=Discard.REJECT))
+    refused(
+        ErrorCode.RECORD_TOO_LARGE,
+        engine.append,
+        "t",
+        [rec(1), rec(2)],
+        config=ConfigPatch(cap_records=1, discard=Discard.REJECT),
+    )
     assert engine.list_topics() == []
 
 
@@ -239,9 +250,17 @@ def test_config_defaults(engine: Engine) -> None:
     state, created = engine.put_topic("t", ConfigPatch())
     assert created
     assert msgspec.to_builtins(state.config) == {
-        "ttl_ms": 0, "cap_records": 0, "cap_bytes": 0, "discard": "old", "durable": False,
-        "durability": "disk", "priority": None, "auto_priority": True, "auto_create": True,
-        "idempotency_window_ms": 120_000, "dedupe_node": True,
+        "ttl_ms": 0,
+        "cap_records": 0,
+        "cap_bytes": 0,
+        "discard": "old",
+        "durable": False,
+        "durability": "disk",
+        "priority": None,
+        "auto_priority": True,
+        "auto_create": True,
+        "idempotency_window_ms": 120_000,
+        "dedupe_node": True,
     }
 
 
@@ -271,15 +290,21 @@ def test_durability_resolution(engine: Engine, patch: ConfigPatch, expected: Dur
 
 def test_type_is_immutable(engine: Engine) -> None:
     engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
-    error = refused(ErrorCode.TOPIC_EXISTS_INCOMPATIBLE, engine.put_topic, "q", ConfigPatch(),
-                    TopicType.LOG)
+    error = refused(
+        ErrorCode.TOPIC_EXISTS_INCOMPATIBLE, engine.put_topic, "q", ConfigPatch(), TopicType.LOG
+    )
     assert error.status == 409
     assert engine.get_topic("q").type is TopicType.QUEUE
 
 
 def test_config_validation_rejects_bad_values() -> None:
-    for body in (b'{"ttl_ms": -1}', b'{"discard": "new"}', b'{"durability": "tape"}',
-                 b'{"unknown": 1}', b'{"cap_records": "5"}'):
+    for body in (
+        b'{"ttl_ms": -1}',
+        b'{"discard": "new"}',
+        b'{"durability": "tape"}',
+        b'{"unknown": 1}',
+        b'{"cap_records": "5"}',
+    ):
         with pytest.raises(msgspec.ValidationError):
             msgspec.json.decode(body, type=ConfigPatch)
 
@@ -449,8 +474,14 @@ def test_tombstone_shape_and_resume(engine: Engine) -> None:
     page = engine.diff("t", 2)
     assert page.tombstone is not None
     assert msgspec.to_builtins(page.tombstone) == {
-        "$type": "tombstone", "$seq": 8, "gap_from": 3, "gap_to": 7, "reason": "cap",
-        "missed_estimate": 5, "earliest_seq": 8, "head_seq": 10,
+        "$type": "tombstone",
+        "$seq": 8,
+        "gap_from": 3,
+        "gap_to": 7,
+        "reason": "cap",
+        "missed_estimate": 5,
+        "earliest_seq": 8,
+        "head_seq": 10,
     }
     assert [r["$seq"] for r in page.records()] == [8, 9, 10]
     assert engine.diff("t", page.next_from_seq).tombstone is None
@@ -511,7 +542,10 @@ def test_recreated_without_epoch(engine: Engine) -> None:
     page = engine.diff("t", 10)
     assert page.tombstone is not None
     assert (page.tombstone.reason, page.tombstone.gap_from, page.tombstone.gap_to) == (
-        "recreated", 1, 2)
+        "recreated",
+        1,
+        2,
+    )
     assert [r["$seq"] for r in page.records()] == [1, 2]
 
 
@@ -572,8 +606,12 @@ def test_delete_needs_a_selector(engine: Engine) -> None:
 def test_tag_eq_glob_and_combination(engine: Engine) -> None:
     tags = ["chat-42:1", "chat-42:2", "chat-420", "chat-4", "other", None, "chat-42:3"]
     engine.append("t", [rec(i, tag=t) for i, t in enumerate(tags)])
-    assert engine.delete("t", match=TagMatch.parse(["tag", "Glob", "chat-42:*"]),
-                         before_seq=7).response.deleted == 2
+    assert (
+        engine.delete(
+            "t", match=TagMatch.parse(["tag", "Glob", "chat-42:*"]), before_seq=7
+        ).response.deleted
+        == 2
+    )
     assert engine.delete("t", match=TagMatch.parse("chat-4")).response.deleted == 1
     result = engine.delete("t", match=TagMatch.parse(["tag", "Eq", "chat-42:3"])).response
     assert result.deleted == 1

@@ -211,8 +211,9 @@ class NoSilentLoss(RuleBasedStateMachine):
     def read_page(self, reader: Reader, limit: int) -> None:
         m = self.model
         m.expire(self.clock.now_ms())
-        result = self.engine.diff(TOPIC, reader.cursor, limit=limit, nodes=reader.nodes,
-                                  epoch=reader.epoch)
+        result = self.engine.diff(
+            TOPIC, reader.cursor, limit=limit, nodes=reader.nodes, epoch=reader.epoch
+        )
         earliest = m.earliest()
         tomb = result.tombstone
         if reader.epoch != m.epoch:
@@ -236,7 +237,8 @@ class NoSilentLoss(RuleBasedStateMachine):
                 assert (tomb.gap_from, tomb.gap_to) == (reader.cursor + 1, hole[1])
                 assert tomb.gap_to - tomb.gap_from + 1 <= hole[2], (
                     f"told of {tomb.gap_to - tomb.gap_from + 1} lost seqs; at most "
-                    f"{hole[2]} could have been lost")
+                    f"{hole[2]} could have been lost"
+                )
                 effective = hole[1]
             else:
                 assert tomb is None, f"tombstone {tomb} without involuntary loss"
@@ -404,7 +406,8 @@ class DurableNoSilentLoss(NoSilentLoss):
             # The reported gap never exceeds what the crash could have taken.
             assert after - before <= m.exposed, (
                 f"a crash skipped {after - before} seqs; at most {m.exposed} were handed "
-                "out since the topic was last idle")
+                "out since the topic was last idle"
+            )
             if after > before:
                 m.holes.append((before, after - 1, m.exposed))
                 m.next_seq = after

@@ -41,9 +41,14 @@ def test_missing_queue_is_404(qhttp: QueueHttp, q: str) -> None:
 def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) -> None:
     state = qhttp.queue(q, lease_ms=5000)
     assert state["type"] == "queue"
-    assert state["queue"] == {"ready": 0, "in_flight": 0, "dead_lettered": 0,
-                              "dead_letter_parked": 0, "dead_letter_error": None,
-                              "earliest_lease_deadline": None}
+    assert state["queue"] == {
+        "ready": 0,
+        "in_flight": 0,
+        "dead_lettered": 0,
+        "dead_letter_parked": 0,
+        "dead_letter_error": None,
+        "earliest_lease_deadline": None,
+    }
     assert state["config"]["lease_ms"] == 5000 and state["config"]["leases_durable"] is False
     ok(qhttp.post(q, "records", records=[{"data": {"n": 1}, "tag": "t", "meta": {"k": "v"}}]))
     before = int(time.time() * 1000)
@@ -52,9 +57,14 @@ def test_claim_returns_the_wire_record_with_its_lease(qhttp: QueueHttp, q: str) 
     assert {k: job[k] for k in record} == record  # the record exactly as a diff gives it
     assert job["delivery"] == 1 and isinstance(job["lease_id"], str) and job["lease_id"]
     assert before + 5000 <= job["deadline"] <= int(time.time() * 1000) + 5000
-    assert qhttp.state(q)["queue"] == {"ready": 0, "in_flight": 1, "dead_lettered": 0,
-                                       "dead_letter_parked": 0, "dead_letter_error": None,
-                                       "earliest_lease_deadline": job["deadline"]}
+    assert qhttp.state(q)["queue"] == {
+        "ready": 0,
+        "in_flight": 1,
+        "dead_lettered": 0,
+        "dead_letter_parked": 0,
+        "dead_letter_error": None,
+        "earliest_lease_deadline": job["deadline"],
+    }
     assert qhttp.claim(q, "w2", 5) == []  # a leased job is not claimable
 
 
@@ -87,9 +97,7 @@ def test_ack_is_a_permanent_delete(qhttp: QueueHttp, q: str) -> None:
     assert qhttp.settle(q, "ack", "w", [1]) == {"acked": [], "skipped": [1]}  # idempotent
 
 
-def test_ack_from_a_node_that_does_not_hold_the_lease_is_skipped(
-    qhttp: QueueHttp, q: str
-) -> None:
+def test_ack_from_a_node_that_does_not_hold_the_lease_is_skipped(qhttp: QueueHttp, q: str) -> None:
     qhttp.queue(q)
     qhttp.produce(q, "a")
     [job] = qhttp.claim(q, "owner")
@@ -221,9 +229,14 @@ def test_diff_reads_the_jobs_log_without_touching_leases(qhttp: QueueHttp, q: st
     qhttp.queue(q)
     qhttp.produce(q, "a", "b")
     assert len(qhttp.diff(q)["records"]) == 2
-    assert qhttp.state(q)["queue"] == {"ready": 2, "in_flight": 0, "dead_lettered": 0,
-                                       "dead_letter_parked": 0, "dead_letter_error": None,
-                                       "earliest_lease_deadline": None}
+    assert qhttp.state(q)["queue"] == {
+        "ready": 2,
+        "in_flight": 0,
+        "dead_lettered": 0,
+        "dead_letter_parked": 0,
+        "dead_letter_error": None,
+        "earliest_lease_deadline": None,
+    }
     assert len(qhttp.claim(q, "w", 5)) == 2
 
 

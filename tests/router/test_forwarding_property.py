@@ -120,9 +120,7 @@ def first_occurrences(values: list[int]) -> list[int]:
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(ops)
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
-def test_every_source_record_reaches_dest_in_source_order(
-    guarantee: str, script: list[Op]
-) -> None:
+def test_every_source_record_reaches_dest_in_source_order(guarantee: str, script: list[Op]) -> None:
     with tempfile.TemporaryDirectory() as directory:
         run = Run(Path(directory), guarantee)
         restarted = False

@@ -194,7 +194,10 @@ def test_route_by_token(secured: Secured, endpoint: Endpoint) -> None:
     wrong = secured.all[:-4] + ("AAAA" if not secured.all.endswith("AAAA") else "BBBB")
     refused = 200 if endpoint.scope is ScopeKind.OPEN else 401
     checks: list[tuple[str | None, int]] = [
-        (None, refused), (wrong, refused), ("not-a-waymark-token", refused)]
+        (None, refused),
+        (wrong, refused),
+        ("not-a-waymark-token", refused),
+    ]
     if endpoint.scope.value in KINDS:
         checks.append((secured.lacking[endpoint.scope.value], 403))
     else:  # open, or any valid token: one without most scopes passes too
@@ -311,8 +314,7 @@ def test_the_scopes_table_of_the_docs_is_the_endpoint_table() -> None:
 
 
 # Streams never end by themselves; test_sse and the table above cover them.
-authenticated = schemathesis.openapi.from_dict(document()).exclude(
-    path_regex=r".*/(watch|work)$")
+authenticated = schemathesis.openapi.from_dict(document()).exclude(path_regex=r".*/(watch|work)$")
 
 
 @authenticated.parametrize()

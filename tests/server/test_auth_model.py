@@ -171,8 +171,13 @@ def test_each_broken_guard_is_caught(
                             else original(self))  # fmt: skip
     elif mutant == "kind_ignored":
         real = scopes_module.allows
-        monkeypatch.setattr(app_module, "allows", lambda grants, kind, topic: any(
-            real(grants, k, topic) for k in scopes_module.ScopeKind))
+        monkeypatch.setattr(
+            app_module,
+            "allows",
+            lambda grants, kind, topic: any(
+                real(grants, k, topic) for k in scopes_module.ScopeKind
+            ),
+        )
     with pytest.raises(AssertionError):
         run_state_machine_as_test(Auth, settings=MUTANT)
 

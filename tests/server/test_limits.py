@@ -162,7 +162,9 @@ def test_topics_past_the_limit_are_429(start_waymark) -> None:
                 make()
             assert refused.value.code is ErrorCode.TOO_MANY_TOPICS
             assert (refused.value.status, refused.value.detail) == (
-                429, {"topic": "d", "max_topics": 3})
+                429,
+                {"topic": "d", "max_topics": 3},
+            )
         assert [t.name for t in client.list_topics()] == ["a", "b", "c"]
         client.delete_topic("a")  # room again
         assert client.append("d", [RecordIn.of(1)]).seqs == [1]
@@ -209,5 +211,3 @@ def test_an_idle_kept_alive_connection_is_closed(limited: str) -> None:
         assert sock.recv(4096) == b""  # closed by the server, after --keep-alive-s 1
         assert 0.5 < time.monotonic() - started < 5
     assert metric(limited, "waymark_idle_closed_total") == before + 1
-
-

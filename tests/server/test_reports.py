@@ -214,16 +214,23 @@ class ReportsMachine(RuleBasedStateMachine):
         self.model: dict[str, tuple[FoldReport, int]] = {}
         self.clients: dict[str, tuple[RecoveryReport, int]] = {}
 
-    @rule(node=st.sampled_from(["a", "b", "c"]), cursor=st.integers(0, 2**63 - 1),
-          ahead=st.integers(0, 5), interval=st.sampled_from([100, 101, 5000, 3_600_000]))
+    @rule(
+        node=st.sampled_from(["a", "b", "c"]),
+        cursor=st.integers(0, 2**63 - 1),
+        ahead=st.integers(0, 5),
+        interval=st.sampled_from([100, 101, 5000, 3_600_000]),
+    )
     def report(self, node: str, cursor: int, ahead: int, interval: int) -> None:
         bucket_seq = min(cursor + ahead, 2**63 - 1)
         report = fold(node, cursor, bucket_seq, interval_ms=interval)
         self.api.folds.store(report)
         self.model[f"orders/{node}"] = (report, self.clock.now_ms())
 
-    @rule(client=st.sampled_from(["x", "y"]), watermark=st.none() | st.integers(0, 50),
-          interval=st.sampled_from([100, 5000]))
+    @rule(
+        client=st.sampled_from(["x", "y"]),
+        watermark=st.none() | st.integers(0, 50),
+        interval=st.sampled_from([100, 5000]),
+    )
     def report_recovery(self, client: str, watermark: int | None, interval: int) -> None:
         report = RecoveryReport(client, watermark, 0, 0, interval)
         self.api.clients.store(report)

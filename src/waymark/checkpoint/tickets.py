@@ -162,4 +162,3 @@ class SendingTicket(_Ticket[C]):
         return QueuedTicket(
             self._tracker, self._src, self.batch_id, self.checkpoint, self.attempts + 1
         )
-

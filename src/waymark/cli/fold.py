@@ -93,16 +93,21 @@ def fold(
     ] = None,
     report_to: Annotated[
         str | None,
-        typer.Option(help="Report this node's status (cursor, lag, last export) to this "
-                     "waymark server, shown at /v0/folds and in its console."),
+        typer.Option(
+            help="Report this node's status (cursor, lag, last export) to this "
+            "waymark server, shown at /v0/folds and in its console."
+        ),
     ] = None,
     report_every_s: Annotated[
         float, typer.Option(min=0.1, max=3600.0, help="Seconds between status reports.")
     ] = 5.0,
     token: Annotated[
         str | None,
-        typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
-                     help="Bearer token of --report-to (a write scope)."),
+        typer.Option(
+            envvar="WAYMARK_TOKEN",
+            show_envvar=True,
+            help="Bearer token of --report-to (a write scope).",
+        ),
     ] = None,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
@@ -436,9 +441,7 @@ def show(
 @fold_app.command()
 def reports(
     server: Annotated[str, typer.Argument(help="The waymark server the folds report to.")],
-    fold_name: Annotated[
-        str | None, typer.Option("--fold", help="Only this fold's nodes.")
-    ] = None,
+    fold_name: Annotated[str | None, typer.Option("--fold", help="Only this fold's nodes.")] = None,
     token: Annotated[
         str | None,
         typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True, help="Bearer token (read)."),

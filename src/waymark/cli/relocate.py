@@ -83,8 +83,7 @@ def relocate(
     kill_at: Annotated[
         float,
         typer.Option(
-            help="SIGKILL the first edge's server once this fraction of the events is "
-            "produced.",
+            help="SIGKILL the first edge's server once this fraction of the events is produced.",
             min=0.0,
             max=0.99,
         ),

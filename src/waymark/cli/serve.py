@@ -52,8 +52,9 @@ def register(app: typer.Typer) -> None:
         ] = 1.0,
         recovery_window_s: Annotated[
             float,
-            typer.Option(help="Seconds change checkpoints are kept: how far back a "
-                         "recovery query can look."),
+            typer.Option(
+                help="Seconds change checkpoints are kept: how far back a recovery query can look."
+            ),
         ] = 86_400.0,
         heartbeat_s: Annotated[
             float, typer.Option(help="Seconds of silence before an SSE heartbeat comment.")
@@ -135,7 +136,10 @@ def register(app: typer.Typer) -> None:
         limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics)
         try:
             engine, store, report = open_engine(
-                data_dir, shards=wal_shards, cold_dir=cold_dir, hot_segments=hot_segments,
+                data_dir,
+                shards=wal_shards,
+                cold_dir=cold_dir,
+                hot_segments=hot_segments,
                 limits=limits,
             )
         except (CorruptFrame, SegmentError) as exc:
@@ -145,7 +149,9 @@ def register(app: typer.Typer) -> None:
         topics = report.deferred_topics
         deferred = (
             f"; {report.deferred_frames} frames of {topics} memory "
-            f"topic{'s' if topics > 1 else ''} recover in the background" if topics else ""
+            f"topic{'s' if topics > 1 else ''} recover in the background"
+            if topics
+            else ""
         )
         typer.echo(
             f"waymark recovered {report.topics} topics from {report.segments} segments and "
@@ -154,9 +160,12 @@ def register(app: typer.Typer) -> None:
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
         sock = listen(host, port)
-        server_limits = ServerLimits(header_timeout_s=header_timeout_s,
-                                     keep_alive_s=keep_alive_s,
-                                     max_connections=max_connections, max_streams=max_streams)
+        server_limits = ServerLimits(
+            header_timeout_s=header_timeout_s,
+            keep_alive_s=keep_alive_s,
+            max_connections=max_connections,
+            max_streams=max_streams,
+        )
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
                   checkpoint_interval_s=checkpoint_interval_s,
                   recovery_window_s=recovery_window_s,

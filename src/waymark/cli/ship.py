@@ -56,14 +56,20 @@ def register(app: typer.Typer) -> None:
         ] = None,
         token: Annotated[
             str | None,
-            typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
-                         help="Bearer token for a server with tokens (read:<topic>, and "
-                         "write on the dead-letter topic)."),
+            typer.Option(
+                envvar="WAYMARK_TOKEN",
+                show_envvar=True,
+                help="Bearer token for a server with tokens (read:<topic>, and "
+                "write on the dead-letter topic).",
+            ),
         ] = None,
         ca_file: Annotated[
             Path | None,
-            typer.Option(envvar="WAYMARK_CA_FILE", show_envvar=True,
-                         help="CA certificate (PEM) of an https waymark server."),
+            typer.Option(
+                envvar="WAYMARK_CA_FILE",
+                show_envvar=True,
+                help="CA certificate (PEM) of an https waymark server.",
+            ),
         ] = None,
     ) -> None:
         """Ship a topic to an HTTP collector, N batches in flight, resuming from the

@@ -23,9 +23,7 @@ def new(
             "repeat for several.",
         ),
     ],
-    tokens: Annotated[
-        Path, typer.Option(help="The tokens file; created (mode 0600) if missing.")
-    ],
+    tokens: Annotated[Path, typer.Option(help="The tokens file; created (mode 0600) if missing.")],
 ) -> None:
     """Add token NAME to the file and print its secret once, alone on the last line.
 

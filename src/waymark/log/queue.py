@@ -603,7 +603,7 @@ class Queues:
         if topic.type is not TopicType.QUEUE:
             raise TopicError(
                 ErrorCode.NOT_A_QUEUE,
-                f"topic {name!r} is a log, not a queue; create it with type \"queue\"",
+                f'topic {name!r} is a log, not a queue; create it with type "queue"',
                 {"topic": name, "type": str(topic.type)},
             )
         return topic

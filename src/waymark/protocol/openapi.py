@@ -22,9 +22,7 @@ _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"{(\w+)}")
 
 
-def document(
-    auth: bool = True, endpoints: Sequence[Endpoint] = ENDPOINTS
-) -> dict[str, Any]:
+def document(auth: bool = True, endpoints: Sequence[Endpoint] = ENDPOINTS) -> dict[str, Any]:
     """The document of ``endpoints`` (a server's, when it opens a route such as
     /metrics); ``auth`` False describes a server without tokens, which asks for none
     (docs/security.md)."""
@@ -60,9 +58,7 @@ def document(
     }  # fmt: skip
 
 
-def _operation(
-    endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool
-) -> dict[str, Any]:
+def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {"operationId": endpoint.operation_id, "summary": endpoint.summary}
     # The scope it needs (docs/security.md); an open route asks for no token at all.
     secured = auth and endpoint.scope is not ScopeKind.OPEN

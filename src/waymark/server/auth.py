@@ -118,8 +118,10 @@ def new_token(path: Path, name: str, scopes: list[str]) -> str:
         f'id = "{token_id}"\nsalt = "{salt.hex()}"\nsha256 = "{digest}"\n'
         f"scopes = [{', '.join(json.dumps(str(g)) for g in grants)}]\n"
     )
-    header = "" if path.exists() else (
-        "# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n"
+    header = (
+        ""
+        if path.exists()
+        else ("# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n")
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(fd, "a", encoding="utf-8") as f:

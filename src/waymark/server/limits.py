@@ -89,9 +89,7 @@ class GuardedProtocol(HttpToolsProtocol):
         super().timeout_keep_alive_handler()
 
     def _arm(self) -> None:
-        self._header_timer = self.loop.call_later(
-            self.limits.header_timeout_s, self._headers_late
-        )
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:

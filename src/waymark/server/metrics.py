@@ -124,14 +124,19 @@ class Metrics(Collector):
             "waymark_records_appended", "Records committed by appends", value=self.records_appended
         )
         yield CounterMetricFamily(
-            "waymark_seals", "Seals completed (tail sealed, WAL trimmed)",
+            "waymark_seals",
+            "Seals completed (tail sealed, WAL trimmed)",
             value=self.seals,
         )
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read
         )
-        for what, value in (("claimed", self.jobs_claimed), ("acked", self.jobs_acked),
-                            ("released", self.jobs_released), ("redriven", self.jobs_redriven)):
+        for what, value in (
+            ("claimed", self.jobs_claimed),
+            ("acked", self.jobs_acked),
+            ("released", self.jobs_released),
+            ("redriven", self.jobs_redriven),
+        ):
             yield CounterMetricFamily(
                 f"waymark_queue_jobs_{what}", f"Queue jobs {what}", value=value
             )  # fmt: skip
@@ -148,11 +153,13 @@ class Metrics(Collector):
         yield GaugeMetricFamily("waymark_topics", "Topics that exist", value=self._topic_count())
         topics, frames = self._recovering()
         yield GaugeMetricFamily(
-            "waymark_recovering_topics", "memory topics still recovering after a restart",
+            "waymark_recovering_topics",
+            "memory topics still recovering after a restart",
             value=topics,
         )
         yield GaugeMetricFamily(
-            "waymark_recovering_frames", "WAL frames of recovering memory topics not applied yet",
+            "waymark_recovering_frames",
+            "WAL frames of recovering memory topics not applied yet",
             value=frames,
         )
         yield GaugeMetricFamily(
@@ -170,7 +177,8 @@ class Metrics(Collector):
             "waymark_connections", "Open HTTP connections", value=self.connections
         )
         yield CounterMetricFamily(
-            "waymark_idle_closed", "Kept-alive connections closed for idleness",
+            "waymark_idle_closed",
+            "Kept-alive connections closed for idleness",
             value=self.idle_closed,
         )
         yield GaugeMetricFamily(

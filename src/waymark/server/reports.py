@@ -217,8 +217,11 @@ class ReportsApi:
     # --- /metrics ---------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
         folds = self.fold_list()
-        lag = GaugeMetricFamily("waymark_fold_lag", "Updates in a fold's bucket not folded yet, "
-                                "as of the fold node's newest report", labels=["fold", "node"])
+        lag = GaugeMetricFamily(
+            "waymark_fold_lag",
+            "Updates in a fold's bucket not folded yet, as of the fold node's newest report",
+            labels=["fold", "node"],
+        )
         stale = GaugeMetricFamily("waymark_fold_stale", "1 when a fold node stopped reporting",
                                   labels=["fold", "node"])  # fmt: skip
         for f in folds:
@@ -236,4 +239,3 @@ class ReportsApi:
         yield GaugeMetricFamily("waymark_recovery_clients_behind",
                                 "Recovery clients behind the newest change checkpoint",
                                 value=sum(1 for c in clients if c.behind > 0))  # fmt: skip
-

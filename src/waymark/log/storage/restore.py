@@ -90,9 +90,7 @@ def open_engine(
     return engine, Store(wal, sealer), report
 
 
-def load_sealed(
-    engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None
-) -> int:
+def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None) -> int:
     keep: set[Path] = set()
     for entry in catalog.topics:
         topic = entry.topic()
