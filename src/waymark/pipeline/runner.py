@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -101,7 +101,11 @@ class PipelineRunner:
         *,
         clock: Clock | None = None,
         report_interval_s: float = 0.5,
+        restart_delay_s: float = 0.5,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
+        """``sleep`` waits before a restart (default: until the delay passes or
+        :meth:`stop`); a test injects one that advances a manual ``clock``."""
         self.spec = spec
         self.store = open_store(spec.handoff)
         self.clock = clock or SystemClock()
@@ -111,7 +115,9 @@ class PipelineRunner:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
         self.runs = {name: StageRun(name) for name in names}
         self.report_interval_s = report_interval_s
+        self.restart_delay_s = restart_delay_s
         self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -167,10 +173,10 @@ class PipelineRunner:
             self._fold(run, run.stage)
         run.stage = None
         run.report.restarts += 1
-        self._stop.wait(0.5)
+        self.sleep(self.restart_delay_s)
 
     def _run_stage(self, run: StageRun) -> None:
-        last_report = 0.0
+        last_report_ms: int | None = None
         idle = False
         while not self._stop.is_set():
             try:
@@ -192,12 +198,14 @@ class PipelineRunner:
                 idle and (stage.output is None or not stage.output.unacked)
                 and self._upstream_done(stage)
             )  # fmt: skip
-            now = time.monotonic()
-            if finished or now - last_report >= self.report_interval_s:
+            now_ms = self.clock.now_ms()
+            if finished or last_report_ms is None or (
+                now_ms - last_report_ms >= self.report_interval_s * 1000
+            ):
                 self._fold(run, stage)
                 run.report.done = finished
                 self._publish(run)
-                last_report = now
+                last_report_ms = now_ms
             if finished:
                 run.done.set()
                 return
