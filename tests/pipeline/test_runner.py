@@ -68,10 +68,11 @@ def test_by_default_a_restart_wait_ends_when_the_runner_stops(tmp_path: Path) ->
     })  # fmt: skip
     runner = PipelineRunner(spec, ["produce"], restart_delay_s=3600)
     threads = runner.start()
-    restarted = threading.Event()
-    while not restarted.wait(0.01):  # the stage is in its hour-long wait once this is 1
+    for _ in range(3000):  # the stage is in its hour-long wait once restarts is 1
         if runner.runs["produce"].report.restarts:
-            restarted.set()
+            break
+        threading.Event().wait(0.01)
+    assert runner.runs["produce"].report.restarts == 1
     runner.stop()  # interrupts the wait
     for thread in threads:
         thread.join(10)
