@@ -10,15 +10,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from waymark.clock import Clock, SystemClock
-from waymark.objstore import ObjectNotFound, ObjectStore, ObjectStoreError, open_store
+from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
 from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
 from waymark.pipeline.state import StageStateStore
@@ -26,36 +26,6 @@ from waymark.pipeline.state import StageStateStore
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-class StageReport(msgspec.Struct, kw_only=True):
-    """What a running stage publishes about itself (``stages/<name>/report.json``)."""
-
-    stage: str
-    processed: int = 0
-    relocations: int = 0
-    rebinds: int = 0
-    fenced: int = 0
-    replayed: int = 0
-    stale_dropped: int = 0
-    disconnects: int = 0
-    restarts: int = 0
-    recover_s: list[float] = msgspec.field(default_factory=list)
-    latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
-    latency_after_ms: list[int] = msgspec.field(default_factory=list)
-    done: bool = False
-    updated_ms: int = 0
-
-
-def report_key(stage: str) -> str:
-    return f"stages/{stage}/report.json"
-
-
-def load_report(store: ObjectStore, stage: str) -> StageReport | None:
-    try:
-        return msgspec.json.decode(store.get(report_key(stage)).data, type=StageReport)
-    except ObjectNotFound:
-        return None
 
 
 def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock) -> Stage:
@@ -109,10 +79,14 @@ class PipelineRunner:
         self.spec = spec
         self.store = open_store(spec.handoff)
         self.clock = clock or SystemClock()
-        names = list(stages) if stages is not None else list(spec.stages)
+        names = list(stages) if stages is not None else [
+            name for name, stage in spec.stages.items() if not stage.external
+        ]
         for name in names:
             if name not in spec.stages:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
+            if spec.stages[name].external:
+                raise KeyError(f"stage {name!r} is external: its own process runs it")
         self.runs = {name: StageRun(name) for name in names}
         self.report_interval_s = report_interval_s
         self.restart_delay_s = restart_delay_s
@@ -164,7 +138,7 @@ class PipelineRunner:
 
     def _publish(self, run: StageRun) -> None:
         run.report.updated_ms = self.clock.now_ms()
-        self.store.put(report_key(run.name), msgspec.json.encode(run.report))
+        publish_report(self.store, run.report)
 
     def _restart(self, run: StageRun) -> None:
         """Drop the stage instance (and its memory); the next one starts from its
