@@ -1,0 +1,183 @@
+"""A Spark query as the middle stage of a pipeline (docs/spark.md, "A Spark stage of a
+pipeline"): a ``waymark pipeline run --stage produce`` process writes the edge, the
+query reads it with options ``edge``/``handoff``/``stage``, transforms each event and
+writes it to an idempotent sink topic; the edge server is SIGKILLed mid-run and the
+query is stopped and started again from its checkpoint. The sink holds each event
+exactly once, the query's offsets carry the new generation, and the producer —
+which exits only once the Spark stage acknowledged every event — finishes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from waymark.client import Client
+from waymark.objstore import open_store
+from waymark.pipeline import HandoffReader, Item, Position, Sink, client_factory
+from waymark.pipeline.report import load_report
+
+from .conftest import start_server
+
+EVENTS = 3000
+WAYMARK = str(Path(sys.executable).parent / "waymark")
+
+
+def _sink_events(url: str, topic: str) -> Counter[int]:
+    seen: Counter[int] = Counter()
+    with Client(url) as client:
+        cursor = 0
+        while True:
+            page = client.diff(topic, cursor, limit=10_000)
+            seen.update(r.data["event_id"] for r in page.records)
+            cursor = page.next_from_seq
+            if page.caught_up:
+                return seen
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_spark_stage_survives_the_relocation_of_its_input_edge(
+    spark: Any, server: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    a, b = start_server(tmp_path / "a"), start_server(tmp_path / "b")
+    run = uuid.uuid4().hex[:8]
+    edge, sink_topic = f"raw{run}", f"enriched-{run}"
+    handoff = (tmp_path / "handoff").as_uri()
+    spec = tmp_path / "pipeline.toml"
+    spec.write_text(f"""
+[pipeline]
+name = "spark-stage"
+handoff = "{handoff}"
+
+[[edge]]
+name = "{edge}"
+candidates = ["{a.url}", "{b.url}"]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = {EVENTS}
+batch = 100
+output = "{edge}"
+
+[[stage]]
+name = "enrich"
+input = "{edge}"
+external = true
+""")
+    log = tmp_path / "produce.log"
+    with log.open("wb") as out:
+        producer = subprocess.Popen(
+            [WAYMARK, "pipeline", "run", str(spec), "--stage", "produce"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    sink = Sink(server.url, sink_topic, connect=client_factory())
+    sink.open()
+
+    def deliver(batch: Any, _batch_id: int) -> None:
+        rows = batch.collect()
+        sink.write([Item(r.event, r.data.encode(), Position(0, 0), 0) for r in rows])
+
+    def start() -> Any:
+        stream = (
+            spark.readStream.format("waymark").option("edge", edge).option("handoff", handoff)
+            .option("stage", "enrich").option("maxRecordsPerTrigger", 250).load()
+        )  # fmt: skip
+        value = F.from_json("data", "event_id INT, user STRING, amount INT")
+        enriched = F.to_json(F.struct(
+            value.event_id.alias("event_id"), value.user.alias("user"),
+            F.when(value.amount >= 7, "big").otherwise("small").alias("bucket"),
+        ))  # fmt: skip
+        return (
+            stream.select(F.col("meta")["wm.event"].alias("event"), enriched.alias("data"))
+            .writeStream.foreachBatch(deliver)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="100 milliseconds").start()
+        )  # fmt: skip
+
+    query = start()
+    try:
+        _wait(lambda: len(_sink_events(server.url, sink_topic)) >= EVENTS // 4, 120,
+              "a quarter of the events at the sink")  # fmt: skip
+        a.process.kill()  # SIGKILL the server under the edge, mid-run
+        a.process.wait()
+        before = len(_sink_events(server.url, sink_topic))
+        _wait(lambda: len(_sink_events(server.url, sink_topic)) > before, 120,
+              "progress after the kill")  # fmt: skip
+        query.stop()  # a restart from the checkpoint: the last batch is planned again
+        query = start()
+        _wait(lambda: producer.poll() is not None, 180,
+              "the producer to see every event acknowledged")  # fmt: skip
+        assert producer.returncode == 0, log.read_text()[-3000:]
+        _wait(lambda: len(_sink_events(server.url, sink_topic)) == EVENTS, 60, "every event")
+        progress = query.lastProgress
+    finally:
+        query.stop()
+        if producer.poll() is None:
+            producer.kill()
+        for srv in (a, b):
+            if srv.process.poll() is None:
+                srv.process.kill()
+                srv.process.wait()
+
+    seen = _sink_events(server.url, sink_topic)
+    assert set(seen) == set(range(EVENTS)) and set(seen.values()) == {1}  # exactly once
+    store = open_store(handoff)
+    moved = HandoffReader(store, edge).current()
+    assert moved is not None and moved.generation >= 2 and moved.server == b.url
+    end = progress["sources"][0]["endOffset"]
+    offset = end if isinstance(end, dict) else __import__("json").loads(end)
+    assert offset[edge]["generation"] == moved.generation  # the offsets carry it
+    assert offset[edge]["server"] == b.url
+    report = load_report(store, "enrich")
+    assert report is not None and report.rebinds >= 1
+    status = subprocess.run([WAYMARK, "pipeline", "status", str(spec)], capture_output=True,
+                            text=True, timeout=60, check=True)  # fmt: skip
+    assert "enrich" in status.stdout and b.url in status.stdout
+
+
+def test_the_edge_options_are_checked_like_the_kafka_sources(tmp_path: Path) -> None:
+    from pyspark.sql.types import StructType
+
+    from waymark.spark.datasource import WaymarkDataSource
+    from waymark.spark.edge_source import WaymarkEdgeStreamReader
+
+    handoff = tmp_path.as_uri()
+    cases = [
+        ({"topics": "t", "edge": "e", "handoff": handoff, "stage": "s"}, "exactly one of"),
+        ({"url": "http://x", "handoff": handoff}, "exactly one of"),
+        ({"edge": "e", "stage": "s"}, "'handoff'"),
+        ({"edge": "e", "handoff": handoff}, "'stage'"),
+        ({"url": "http://x", "topics": "t", "handoff": handoff}, "goes with option 'edge'"),
+        ({"edge": "e", "handoff": handoff, "stage": "s", "startingOffsets": "latest"},
+         "startingOffsets"),
+        ({"edge": "e", "handoff": handoff, "stage": "s", "maxRecordsPerTrigger": "0"},
+         "positive integer"),
+    ]  # fmt: skip
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            WaymarkDataSource(options).streamReader(StructType())
+    reader = WaymarkDataSource({"edge": "e", "handoff": handoff, "stage": "s"}).streamReader(
+        StructType()
+    )
+    assert isinstance(reader, WaymarkEdgeStreamReader)
+    assert reader.initialOffset() == {
+        "e": {"generation": 0, "server": "", "topic": "", "start_seq": 0, "seq": 0}
+    }  # nothing placed yet: generation 0
