@@ -42,11 +42,14 @@ def _sink_events(url: str, topic: str) -> Counter[int]:
                 return seen
 
 
-def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+def _wait(predicate: Any, timeout_s: float, what: str, query: Any) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return
+        failed = query.exception()
+        if failed is not None:
+            raise AssertionError(f"the query failed: {failed}")
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -115,18 +118,18 @@ external = true
     query = start()
     try:
         _wait(lambda: len(_sink_events(server.url, sink_topic)) >= EVENTS // 4, 120,
-              "a quarter of the events at the sink")  # fmt: skip
+              "a quarter of the events at the sink", query)  # fmt: skip
         a.process.kill()  # SIGKILL the server under the edge, mid-run
         a.process.wait()
         before = len(_sink_events(server.url, sink_topic))
         _wait(lambda: len(_sink_events(server.url, sink_topic)) > before, 120,
-              "progress after the kill")  # fmt: skip
+              "progress after the kill", query)  # fmt: skip
         query.stop()  # a restart from the checkpoint: the last batch is planned again
         query = start()
         _wait(lambda: producer.poll() is not None, 180,
-              "the producer to see every event acknowledged")  # fmt: skip
+              "the producer to see every event acknowledged", query)  # fmt: skip
         assert producer.returncode == 0, log.read_text()[-3000:]
-        _wait(lambda: len(_sink_events(server.url, sink_topic)) == EVENTS, 60, "every event")
+        _wait(lambda: len(_sink_events(server.url, sink_topic)) == EVENTS, 60, "every event", query)
         progress = query.lastProgress
     finally:
         query.stop()

@@ -21,7 +21,7 @@ from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
-from waymark.pipeline.state import StageStateStore
+from waymark.pipeline.state import StageFenced, StageStateStore
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,10 @@ class PipelineRunner:
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
                 idle = taken == 0
+            except StageFenced as error:
+                # Another instance of this stage claimed it: it runs the stage now.
+                log.error("stage %s: %s; this instance stops", run.name, error)
+                return
             except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
                 self._restart(run)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -105,9 +106,11 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._rebinds = 0
         self._processed = 0
         self._released = (0, 0)  # (generation, seq) deleted up to on the edge's topic
+        self._states: StageStateStore | None = None
+        self._state: CheckpointedStageState | None = None  # claimed at the first commit
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_store": None, "_clients": {}}
+        return {**self.__dict__, "_store": None, "_clients": {}, "_states": None}
 
     @property
     def store(self) -> ObjectStore:
@@ -187,10 +190,13 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         done = parse_offsets(self.edge.edge, end)
         published = self._published()
         ack = acknowledged(done, published.generation if published is not None else 0)
-        states = StageStateStore(self.store)
-        state = states.load(self.edge.stage) or CheckpointedStageState(
-            stage=self.edge.stage, input_edge=self.edge.edge
-        )
+        if self._states is None or self._state is None:
+            # This query is the stage's instance now; an older query still running it is
+            # fenced at its next commit (docs/semantics/pipeline.md §4.4).
+            self._states = StageStateStore(self.store)
+            fresh = CheckpointedStageState(stage=self.edge.stage, input_edge=self.edge.edge)
+            self._state = self._states.claim(fresh, f"spark:{uuid.uuid4().hex[:12]}")
+        states, state = self._states, self._state
         if ack is not None and (state.input is None or ack > state.input):
             self._processed += ack.seq - (state.input.seq if state.input is not None
                                           and state.input.generation == ack.generation
