@@ -152,6 +152,7 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = parse_offsets(self.edge.edge, start)
+        self._acknowledge(begin)  # the batch ending at start is committed
         base = follow(begin, self._published())
         if base.generation != begin.generation:
             self._rebinds += 1
@@ -184,26 +185,35 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return out
 
     def commit(self, end: dict) -> None:
-        """Acknowledge the committed batch to the edge's producers (the stage's
-        checkpointed input position), delete what is acknowledged from the edge's topic,
-        and publish the stage's report (docs/semantics/pipeline.md §7.3)."""
-        done = parse_offsets(self.edge.edge, end)
+        """Acknowledge the committed batch (docs/semantics/pipeline.md §7.3)."""
+        self._acknowledge(parse_offsets(self.edge.edge, end))
+
+    def _acknowledge(self, done: EdgeOffset) -> None:
+        """Tell the edge's producers that everything up to ``done`` is through this stage
+        (the stage's checkpointed input position), delete it from the edge's topic and
+        publish the stage's report. Spark calls ``commit`` a batch late, so planning
+        the next batch acknowledges the last one too: ``latestOffset`` runs only once the
+        batch that ends at its ``start`` is in Spark's commit log."""
+        if done.generation == 0:
+            return
         published = self._published()
         ack = acknowledged(done, published.generation if published is not None else 0)
         if self._states is None or self._state is None:
             # This query is the stage's instance now; an older query still running it is
-            # fenced at its next commit (docs/semantics/pipeline.md §4.4).
+            # fenced at its next save (docs/semantics/pipeline.md §4.4).
             self._states = StageStateStore(self.store)
             fresh = CheckpointedStageState(stage=self.edge.stage, input_edge=self.edge.edge)
             self._state = self._states.claim(fresh, f"spark:{uuid.uuid4().hex[:12]}")
         states, state = self._states, self._state
-        if ack is not None and (state.input is None or ack > state.input):
-            self._processed += ack.seq - (state.input.seq if state.input is not None
-                                          and state.input.generation == ack.generation
-                                          else done.start_seq)  # fmt: skip
-            state.input = ack
-            states.save(state)
-            self._release(done, published)
+        if ack is None or (state.input is not None and ack <= state.input):
+            if self._rebinds:
+                self._report()
+            return
+        same = state.input is not None and state.input.generation == ack.generation
+        self._processed += ack.seq - (state.input.seq if same and state.input else done.start_seq)
+        state.input = ack
+        states.save(state)
+        self._release(done, published)
         self._report()
 
     def _release(self, done: EdgeOffset, published: QueueLocator | None) -> None:
