@@ -152,7 +152,8 @@ external = true
     report = load_report(store, "enrich")
     assert report is not None and report.rebinds >= 1
     status = subprocess.run([WAYMARK, "pipeline", "status", str(spec)], capture_output=True,
-                            text=True, timeout=60, check=True)  # fmt: skip
+                            text=True, timeout=60, check=True,
+                            env={**os.environ, "COLUMNS": "250"})  # fmt: skip
     assert "enrich" in status.stdout and b.url in status.stdout
 
 
