@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from waymark.client import Client
+from waymark.client import Client, RecordIn
 from waymark.objstore import open_store
 from waymark.pipeline import HandoffReader, Item, Position, Sink, client_factory
 from waymark.pipeline.report import load_report
@@ -121,6 +121,16 @@ external = true
               "a quarter of the events at the sink", query)  # fmt: skip
         a.process.kill()  # SIGKILL the server under the edge, mid-run
         a.process.wait()
+        store = open_store(handoff)
+        _wait(lambda: (loc := HandoffReader(store, edge).current()) is not None
+              and loc.generation >= 2, 60, "the edge to move", query)  # fmt: skip
+        # A producer that missed the move writes under generation 1 into the new
+        # placement (a fault injected through the public client): it must be dropped.
+        with Client(b.url) as client:
+            client.append(f"edge.{edge}", [RecordIn.of(
+                {"event_id": -1}, meta={"wm.gen": "1", "wm.event": "zombie", "wm.t0": "0"},
+                id="zombie@1",
+            )])  # fmt: skip
         before = len(_sink_events(server.url, sink_topic))
         _wait(lambda: len(_sink_events(server.url, sink_topic)) > before, 120,
               "progress after the kill", query)  # fmt: skip
@@ -142,7 +152,6 @@ external = true
 
     seen = _sink_events(server.url, sink_topic)
     assert set(seen) == set(range(EVENTS)) and set(seen.values()) == {1}  # exactly once
-    store = open_store(handoff)
     moved = HandoffReader(store, edge).current()
     assert moved is not None and moved.generation >= 2 and moved.server == b.url
     end = progress["sources"][0]["endOffset"]
@@ -151,6 +160,7 @@ external = true
     assert offset[edge]["server"] == b.url
     report = load_report(store, "enrich")
     assert report is not None and report.rebinds >= 1
+    assert report.stale_dropped == 1  # the zombie's record, counted once
     status = subprocess.run([WAYMARK, "pipeline", "status", str(spec)], capture_output=True,
                             text=True, timeout=60, check=True,
                             env={**os.environ, "COLUMNS": "250"})  # fmt: skip
