@@ -1,14 +1,13 @@
-"""The Spark stage's rules without Spark (waymark.spark.edge; docs/semantics/pipeline.md
-§7): a hypothesis state machine drives them as the Spark driver and executors do —
+"""The Spark stage's rules without Spark (waymark.spark.edge;
+docs/semantics/pipeline.md §7): a hypothesis state machine drives them as the Spark driver and executors do —
 plan a batch into the offset log, read it, commit it, crash between any two — against
 a model of an edge whose servers die and whose producer relocates it, replays what is
 unacknowledged and has a lagging twin still writing the old generation.
 
-It checks: every accepted row is of its batch's generation and no batch planned after
-a newer handoff was seen reads an older one (§7.1); a batch re-planned from the
-offset log reads the same range (§7.2); once every server is back, the sink holds
-every event (nothing acknowledged that was not read, §7.3); acknowledgements only
-grow. Each rule is shown to matter by a mutant the machine catches.
+It checks, per docs/semantics/pipeline.md §7.1-7.3: every accepted row is of its
+batch's generation and no batch planned after a newer handoff was seen reads an older
+one; a batch re-planned from the offset log reads the same range; once every server
+is back, the sink holds every event (nothing acknowledged that was not read). Each rule is shown to matter by a mutant the machine catches.
 """
 
 from __future__ import annotations
@@ -134,8 +133,8 @@ class EdgeStageMachine(RuleBasedStateMachine):
     def a_server_dies(self, server: str) -> None:
         self.world.alive[server] = False
         if self.bound is not None and self.bound.server == server:
-            # The producer's probe finds it gone and moves the edge (docs/semantics/
-            # pipeline.md §3.4): publish now, replay later.
+            # The producer's probe finds it gone and moves the edge: publish now,
+            # replay later (docs/semantics/pipeline.md §3.4).
             for other in SERVERS:
                 if self.world.alive[other]:
                     self._relocate(other)

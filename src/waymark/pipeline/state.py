@@ -1,6 +1,6 @@
 """Per-stage durable progress: the input offset and the output commit marker
 (docs/semantics/pipeline.md §4), saved under a fence: only the stage instance that
-claimed the state last may save it (§4.4)."""
+claimed the state last may save it (docs/semantics/pipeline.md §4.4)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ class StageStateStore:
     """Stage states in the rendezvous store. Each put replaces the object atomically,
     so a crash leaves the previous state or the new one, never a torn one
     (docs/semantics/pipeline.md §4.2); each is a compare-and-swap on the version this
-    instance last saw, so a superseded instance cannot overwrite its successor (§4.4)."""
+    instance last saw, so a superseded instance cannot overwrite its successor
+    (docs/semantics/pipeline.md §4.4)."""
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
