@@ -1,13 +1,15 @@
 """The Spark stage's rules without Spark (waymark.spark.edge;
-docs/semantics/pipeline.md §7): a hypothesis state machine drives them as the Spark driver and executors do —
-plan a batch into the offset log, read it, commit it, crash between any two — against
-a model of an edge whose servers die and whose producer relocates it, replays what is
-unacknowledged and has a lagging twin still writing the old generation.
+docs/semantics/pipeline.md §7): a hypothesis state machine drives them as the Spark
+driver and executors do — plan a batch into the offset log, read it, commit it, crash
+between any two — against a model of an edge whose servers die and whose producer
+relocates it, replays what is unacknowledged and has a lagging twin still writing the
+old generation.
 
 It checks, per docs/semantics/pipeline.md §7.1-7.3: every accepted row is of its
 batch's generation and no batch planned after a newer handoff was seen reads an older
 one; a batch re-planned from the offset log reads the same range; once every server
-is back, the sink holds every event (nothing acknowledged that was not read). Each rule is shown to matter by a mutant the machine catches.
+is back, the sink holds every event (nothing acknowledged that was not read). Each
+rule is shown to matter by a mutant the machine catches.
 """
 
 from __future__ import annotations
