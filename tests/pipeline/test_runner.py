@@ -77,3 +77,28 @@ def test_by_default_a_restart_wait_ends_when_the_runner_stops(tmp_path: Path) ->
     for thread in threads:
         thread.join(10)
         assert not thread.is_alive()
+
+
+def test_an_external_stage_is_a_consumer_the_runner_does_not_run(tmp_path: Path) -> None:
+    import pytest
+
+    from waymark.pipeline.spec import SpecError
+
+    doc = {
+        "pipeline": {"handoff": tmp_path.as_uri()},
+        "edge": [{"name": "raw", "candidates": [_dead_url()]}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": 5,
+             "output": "raw"},
+            {"name": "enrich", "input": "raw", "external": True},
+        ],
+    }  # fmt: skip
+    spec = PipelineSpec.parse(doc)
+    assert spec.consumers == {"raw": "enrich"}  # the producers wait for its acknowledgements
+    assert list(PipelineRunner(spec).runs) == ["produce"]
+    with pytest.raises(KeyError, match="external"):
+        PipelineRunner(spec, ["enrich"])
+    for bad in ({"output": "raw"}, {"events": 3}, {"input": None}):
+        stage = {**doc["stage"][1], **bad}  # type: ignore[dict-item]
+        with pytest.raises(SpecError, match="external stage has input = EDGE only"):
+            PipelineSpec.parse({**doc, "stage": [doc["stage"][0], stage]})
