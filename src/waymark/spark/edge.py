@@ -229,5 +229,7 @@ def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBa
     inside = pc.less_equal(seqs, pa.scalar(hi, pa.int64()))
     stamp = stamps(batch)
     keep = pc.and_(inside, pc.equal(stamp, pa.scalar(generation, pa.int64())))
+    if pc.all(keep).as_py():  # the usual page: every row of this generation, kept as is
+        return batch, 0
     stale = pc.and_(inside, pc.less(stamp, pa.scalar(generation, pa.int64())))
     return batch.filter(keep), int(pc.sum(pc.cast(stale, pa.int64())).as_py() or 0)
