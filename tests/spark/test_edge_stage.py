@@ -195,3 +195,50 @@ def test_the_edge_options_are_checked_like_the_kafka_sources(tmp_path: Path) -> 
     assert reader.initialOffset() == {
         "e": {"generation": 0, "server": "", "topic": "", "start_seq": 0, "seq": 0}
     }  # nothing placed yet: generation 0
+
+
+def test_the_driver_acknowledges_only_the_published_generation_and_is_fenced(
+    tmp_path: Path,
+) -> None:
+    """The driver's side without Spark: what a commit (or the next planning) saves as
+    the stage's input position, and a newer query on the same stage fencing an older
+    one (docs/semantics/pipeline.md §4.4, §7.3). The edge's server is a dead port: the
+    acknowledged records' deletion is best effort."""
+    from pyspark.sql.datasource import ReadAllAvailable
+
+    from waymark.pipeline import HandoffWriter, QueueLocator, StageFenced, StageStateStore
+    from waymark.spark.datasource import WaymarkDataSource
+    from waymark.spark.edge import EdgeOffset, offsets_json
+
+    handoff = tmp_path.as_uri()
+    store = open_store(handoff)
+    dead = "http://127.0.0.1:9"
+    writer = HandoffWriter(store, "e")
+    writer.publish(QueueLocator(edge="e", server=dead, topic="edge.e", generation=1))
+
+    def reader() -> Any:
+        options = {"edge": "e", "handoff": handoff, "stage": "s"}
+        return WaymarkDataSource(options).streamReader(None)  # type: ignore[arg-type]
+
+    def at(generation: int, seq: int) -> dict:
+        return offsets_json("e", EdgeOffset(generation, dead, "edge.e", 0, seq))
+
+    def acked() -> Position | None:
+        state = StageStateStore(store).load("s")
+        return state.input if state is not None else None
+
+    first = reader()
+    first.commit(at(1, 10))
+    assert acked() == Position(1, 10)
+    # planning the next batch acknowledges the one ending at its start (a late commit)
+    assert first.latestOffset(at(1, 20), ReadAllAvailable()) == at(1, 20)  # server dead
+    assert acked() == Position(1, 20)
+    writer.publish(QueueLocator(edge="e", server=dead, topic="edge.e", generation=2))
+    first.commit(at(1, 30))  # its reads may have given up on generation 1: no ack
+    assert acked() == Position(1, 20)
+    second = reader()  # a newer query of the same stage
+    second.commit(at(2, 5))
+    assert acked() == Position(2, 5)
+    with pytest.raises(StageFenced):
+        first.commit(at(2, 9))
+    assert acked() == Position(2, 5)
