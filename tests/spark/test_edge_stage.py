@@ -140,6 +140,9 @@ external = true
               "the producer to see every event acknowledged", query)  # fmt: skip
         assert producer.returncode == 0, log.read_text()[-3000:]
         _wait(lambda: len(_sink_events(server.url, sink_topic)) == EVENTS, 60, "every event", query)
+        # the zombie's record may be the edge's last: wait for the batch that drops it
+        _wait(lambda: (r := load_report(store, "enrich")) is not None and r.stale_dropped > 0,
+              60, "the stale record to be counted", query)  # fmt: skip
         progress = query.lastProgress
     finally:
         query.stop()
