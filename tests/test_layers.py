@@ -66,3 +66,15 @@ def test_a_pipeline_import_of_the_server_breaks_a_contract(tmp_path: Path) -> No
     assert result.returncode != 0
     assert "pipeline imports client, protocol, objstore and clock" in result.stdout
     assert "waymark.pipeline.edge -> waymark.server.app" in result.stdout
+
+
+def test_a_spark_import_of_the_pipeline_edge_breaks_a_contract(tmp_path: Path) -> None:
+    # The Spark stage uses the pipeline's locator, state and report modules only: its
+    # edge reaches waymark.checkpoint, which Spark must not (docs/architecture.md).
+    shutil.copytree(ROOT / "src" / "waymark", tmp_path / "waymark")
+    edge = tmp_path / "waymark" / "spark" / "edge.py"
+    edge.write_text(edge.read_text() + "\nfrom waymark.pipeline.edge import Item  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "spark reaches the server through client only" in result.stdout
+    assert "waymark.spark.edge -> waymark.pipeline.edge" in result.stdout

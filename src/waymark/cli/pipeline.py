@@ -29,7 +29,8 @@ def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]
     window, time to recover), from the handoff records and the stages' reports."""
     from rich.table import Table
 
-    from waymark.pipeline.runner import edge_statuses, load_report
+    from waymark.pipeline.report import load_report
+    from waymark.pipeline.runner import edge_statuses
 
     edges = Table(title=f"pipeline {spec.name}: edges")
     for column in ("edge", "generation", "server", "topic", "consumer"):

@@ -26,7 +26,12 @@ from waymark.pipeline.locator import (
     QueueLocator,
 )
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, output_event
-from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
+from waymark.pipeline.state import (
+    CheckpointedStageState,
+    Position,
+    StageFenced,
+    StageStateStore,
+)
 
 __all__ = [
     "CheckpointedStageState",
@@ -46,6 +51,7 @@ __all__ = [
     "Sink",
     "SinkUnavailable",
     "Stage",
+    "StageFenced",
     "StageStateStore",
     "client_factory",
     "output_event",

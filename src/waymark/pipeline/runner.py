@@ -7,55 +7,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from waymark.clock import Clock, SystemClock
-from waymark.objstore import ObjectNotFound, ObjectStore, ObjectStoreError, open_store
+from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
 from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
-from waymark.pipeline.state import StageStateStore
+from waymark.pipeline.state import StageFenced, StageStateStore
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-class StageReport(msgspec.Struct, kw_only=True):
-    """What a running stage publishes about itself (``stages/<name>/report.json``)."""
-
-    stage: str
-    processed: int = 0
-    relocations: int = 0
-    rebinds: int = 0
-    fenced: int = 0
-    replayed: int = 0
-    stale_dropped: int = 0
-    disconnects: int = 0
-    restarts: int = 0
-    recover_s: list[float] = msgspec.field(default_factory=list)
-    latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
-    latency_after_ms: list[int] = msgspec.field(default_factory=list)
-    done: bool = False
-    updated_ms: int = 0
-
-
-def report_key(stage: str) -> str:
-    return f"stages/{stage}/report.json"
-
-
-def load_report(store: ObjectStore, stage: str) -> StageReport | None:
-    try:
-        return msgspec.json.decode(store.get(report_key(stage)).data, type=StageReport)
-    except ObjectNotFound:
-        return None
 
 
 def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock) -> Stage:
@@ -101,17 +71,27 @@ class PipelineRunner:
         *,
         clock: Clock | None = None,
         report_interval_s: float = 0.5,
+        restart_delay_s: float = 0.5,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
+        """``sleep`` waits before a restart (default: until the delay passes or
+        :meth:`stop`); a test injects one that advances a manual ``clock``."""
         self.spec = spec
         self.store = open_store(spec.handoff)
         self.clock = clock or SystemClock()
-        names = list(stages) if stages is not None else list(spec.stages)
+        names = list(stages) if stages is not None else [
+            name for name, stage in spec.stages.items() if not stage.external
+        ]
         for name in names:
             if name not in spec.stages:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
+            if spec.stages[name].external:
+                raise KeyError(f"stage {name!r} is external: its own process runs it")
         self.runs = {name: StageRun(name) for name in names}
         self.report_interval_s = report_interval_s
+        self.restart_delay_s = restart_delay_s
         self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -158,7 +138,7 @@ class PipelineRunner:
 
     def _publish(self, run: StageRun) -> None:
         run.report.updated_ms = self.clock.now_ms()
-        self.store.put(report_key(run.name), msgspec.json.encode(run.report))
+        publish_report(self.store, run.report)
 
     def _restart(self, run: StageRun) -> None:
         """Drop the stage instance (and its memory); the next one starts from its
@@ -167,10 +147,10 @@ class PipelineRunner:
             self._fold(run, run.stage)
         run.stage = None
         run.report.restarts += 1
-        self._stop.wait(0.5)
+        self.sleep(self.restart_delay_s)
 
     def _run_stage(self, run: StageRun) -> None:
-        last_report = 0.0
+        last_report_ms: int | None = None
         idle = False
         while not self._stop.is_set():
             try:
@@ -180,6 +160,10 @@ class PipelineRunner:
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
                 idle = taken == 0
+            except StageFenced as error:
+                # Another instance of this stage claimed it: it runs the stage now.
+                log.error("stage %s: %s; this instance stops", run.name, error)
+                return
             except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
                 self._restart(run)
@@ -192,12 +176,14 @@ class PipelineRunner:
                 idle and (stage.output is None or not stage.output.unacked)
                 and self._upstream_done(stage)
             )  # fmt: skip
-            now = time.monotonic()
-            if finished or now - last_report >= self.report_interval_s:
+            now_ms = self.clock.now_ms()
+            if finished or last_report_ms is None or (
+                now_ms - last_report_ms >= self.report_interval_s * 1000
+            ):
                 self._fold(run, stage)
                 run.report.done = finished
                 self._publish(run)
-                last_report = now
+                last_report_ms = now_ms
             if finished:
                 run.done.set()
                 return

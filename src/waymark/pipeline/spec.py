@@ -37,6 +37,7 @@ class StageSpec:
     sink: SinkSpec | None = None
     events: int | None = None
     batch: int = 500
+    external: bool = False  # run outside the runner, e.g. a Spark query (docs/spark.md)
 
     def load(self) -> Callable[..., Any]:
         """The stage's function, from ``module:function``."""
@@ -83,16 +84,26 @@ class PipelineSpec:
         consumers: dict[str, str] = {}
         for raw in doc.get("stage", []):
             sink = raw.get("sink")
+            external = bool(raw.get("external", False))
             stage = StageSpec(
-                name=raw["name"], function=raw["function"], input=raw.get("input"),
+                name=raw["name"], function=raw.get("function", ""), input=raw.get("input"),
                 output=raw.get("output"),
                 sink=SinkSpec(sink["url"], sink["topic"]) if sink else None,
-                events=raw.get("events"), batch=int(raw.get("batch", 500)),
+                events=raw.get("events"), batch=int(raw.get("batch", 500)), external=external,
             )  # fmt: skip
-            if (stage.input is None) == (stage.events is None):
-                raise SpecError(f"stage {stage.name!r}: give input = EDGE or events = N")
-            if (stage.output is None) == (stage.sink is None):
-                raise SpecError(f"stage {stage.name!r}: give output = EDGE or a sink")
+            if external:
+                # Only its input matters here: the producers of that edge keep what
+                # it has not acknowledged (docs/pipeline.md, "A Spark stage").
+                if stage.input is None or stage.output is not None or stage.events is not None:
+                    raise SpecError(f"stage {stage.name!r}: an external stage has input = EDGE "
+                                    "only")  # fmt: skip
+            else:
+                if not stage.function:
+                    raise SpecError(f"stage {stage.name!r}: function = 'module:function'")
+                if (stage.input is None) == (stage.events is None):
+                    raise SpecError(f"stage {stage.name!r}: give input = EDGE or events = N")
+                if (stage.output is None) == (stage.sink is None):
+                    raise SpecError(f"stage {stage.name!r}: give output = EDGE or a sink")
             for edge in (stage.input, stage.output):
                 if edge is not None and edge not in edges:
                     raise SpecError(f"stage {stage.name!r}: no [[edge]] named {edge!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,16 +120,20 @@ class Stage:
         self.batch = batch
         self.clock = clock or SystemClock()
         self.stats = StageStats()
+        self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
         self.next_event = 0
 
     def start(self) -> None:
         """Load the checkpoint and bind the edges (docs/semantics/pipeline.md §4.3)."""
-        self.state = self.states.load(self.name) or CheckpointedStageState(
+        # Claiming the state fences every earlier instance of this stage: a zombie of a
+        # restart or a second process can no longer save (docs/semantics/pipeline.md §4.4).
+        fresh = CheckpointedStageState(
             stage=self.name,
             input_edge=self.input.name if self.input else None,
             output_edge=self.output.name if self.output else None,
         )
+        self.state = self.states.claim(fresh, self.instance)
         self.next_event = self.state.source_offset
         if self.input is not None:
             self.input.resume(self.state.input)

@@ -25,6 +25,13 @@ class WaymarkDataSource(DataSource):
         return SOURCE_DDL
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .edge import parse_options
+
+        edge = parse_options(self.options)  # exactly one of topics / edge
+        if edge is not None:
+            from .edge_source import WaymarkEdgeStreamReader
+
+            return WaymarkEdgeStreamReader(self.options, edge)
         from .source import WaymarkStreamReader
 
         return WaymarkStreamReader(self.options)

@@ -1,0 +1,235 @@
+"""Spark as a pipeline stage: the rules of the topic source reading a relocatable
+edge instead of a topic (docs/spark.md, "A Spark stage of a pipeline";
+docs/semantics/pipeline.md §7).
+
+Everything here is pure (no Spark, no I/O): the offset that carries the edge's
+generation, following a handoff between micro-batches, the seq range a batch
+reads, which rows a read accepts, what a commit acknowledges to the producers and
+what a read does when its server is gone. :mod:`waymark.spark.edge_source` wires
+these into Spark; ``tests/spark/test_edge_plan.py`` drives them with hypothesis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from waymark.pipeline.locator import QueueLocator
+from waymark.pipeline.state import Position
+
+GEN = "wm.gen"  # the meta key of a record's generation (docs/semantics/pipeline.md §3.1)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeOffset:
+    """Where a Spark stage is on its input edge: the placement it is bound to (its
+    generation, server, topic and ``start_seq``) and the seq up to which records of
+    that placement were handed to Spark. Generation 0 means the edge was not placed
+    yet. The placement travels in the offset so that Spark's offset log alone
+    re-plans a batch, whatever the handoff record says by then
+    (docs/semantics/pipeline.md §7.2)."""
+
+    generation: int
+    server: str
+    topic: str
+    start_seq: int
+    seq: int
+
+    def to_json(self) -> dict[str, int | str]:
+        return {
+            "generation": self.generation,
+            "server": self.server,
+            "topic": self.topic,
+            "start_seq": self.start_seq,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, int | str]) -> EdgeOffset:
+        return cls(
+            int(value["generation"]),
+            str(value["server"]),
+            str(value["topic"]),
+            int(value["start_seq"]),
+            int(value["seq"]),
+        )
+
+    @property
+    def position(self) -> Position:
+        return Position(self.generation, self.seq)
+
+
+UNPLACED = EdgeOffset(0, "", "", 0, 0)
+
+
+def offsets_json(edge: str, offset: EdgeOffset) -> dict[str, dict[str, int | str]]:
+    """The offset as Spark's offset log holds it: ``{"<edge>": {...}}``."""
+    return {edge: offset.to_json()}
+
+
+def parse_offsets(edge: str, value: Mapping[str, Mapping[str, int | str]]) -> EdgeOffset:
+    if set(value) != {edge}:
+        raise ValueError(
+            f"the checkpoint's offset names {sorted(value)}, this query reads edge {edge!r}: "
+            "a checkpoint belongs to one edge"
+        )
+    return EdgeOffset.from_json(value[edge])
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeOptions:
+    """The source's options when it reads an edge (docs/spark.md, the options table)."""
+
+    edge: str
+    handoff: str
+    stage: str
+
+
+def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
+    """``edge``, ``handoff`` and ``stage`` when the source reads an edge, None when it
+    reads ``topics``. Exactly one of ``topics`` and ``edge`` is given, like the Kafka
+    source's ``subscribe`` / ``assign``; an edge needs ``handoff`` (where its handoff
+    record is) and ``stage`` (the pipeline's name of this stage, under which its
+    progress acknowledges what the producers may forget)."""
+    edge, topics = options.get("edge"), options.get("topics")
+    if (edge is None) == (topics is None):
+        raise ValueError(
+            "the waymark source reads exactly one of option 'topics' (a comma-separated "
+            "list) and option 'edge' (a pipeline edge's name)"
+        )
+    if edge is None:
+        for name in ("handoff", "stage"):
+            if name in options:
+                raise ValueError(f"option {name!r} goes with option 'edge', not 'topics'")
+        return None
+    if not edge.strip():
+        raise ValueError("option 'edge' names a pipeline edge")
+    missing = [name for name in ("handoff", "stage") if not options.get(name)]
+    if missing:
+        raise ValueError(
+            f"the waymark source reading edge {edge!r} needs option(s) {missing}: 'handoff' "
+            "is the pipeline's handoff store (file:///dir or s3://bucket/prefix), 'stage' "
+            "this stage's name in the pipeline"
+        )
+    return EdgeOptions(edge.strip(), options["handoff"], options["stage"])
+
+
+def bind(locator: QueueLocator) -> EdgeOffset:
+    """The start of a placement: nothing of it read yet."""
+    return EdgeOffset(
+        locator.generation, locator.server, locator.topic, locator.start_seq, locator.start_seq
+    )
+
+
+def initial(published: QueueLocator | None, resume: Position | None) -> EdgeOffset:
+    """Where a new query starts: the published placement, after the stage's
+    checkpointed input position when that is of the same generation, else at the
+    placement's start (docs/semantics/pipeline.md §4.3)."""
+    if published is None:
+        return UNPLACED
+    start = bind(published)
+    if resume is not None and resume.generation == published.generation:
+        return replace(start, seq=max(start.seq, resume.seq))
+    return start
+
+
+def follow(start: EdgeOffset, published: QueueLocator | None) -> EdgeOffset:
+    """The placement the next batch reads: the published one when it is newer than
+    ``start``'s (a rebind, from its ``start_seq``), else ``start``'s. A batch planned
+    after a newer handoff was seen never reads an older generation
+    (docs/semantics/pipeline.md §7.1)."""
+    if published is not None and published.generation > start.generation:
+        return bind(published)
+    return start
+
+
+def advance(base: EdgeOffset, head: int | None, max_rows: int | None) -> EdgeOffset:
+    """The end of the next batch from ``base``: up to the placement's ``head`` (None
+    when its server does not answer: no new records), at most ``max_rows`` seqs."""
+    if base.generation == 0 or head is None or head <= base.seq:
+        return base
+    take = head - base.seq if max_rows is None else min(head - base.seq, max_rows)
+    return replace(base, seq=base.seq + take)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRange:
+    """Records of one placement with ``lo < seq <= hi``."""
+
+    generation: int
+    server: str
+    topic: str
+    lo: int
+    hi: int
+
+
+def span(start: EdgeOffset, end: EdgeOffset) -> EdgeRange | None:
+    """What the batch ``(start, end]`` reads, from the two offsets alone: within one
+    generation, the seqs after ``start``; across a handoff, the new placement from its
+    ``start_seq`` (what the old one held unread is unacknowledged, so its producers
+    write it again there; docs/semantics/pipeline.md §3.5). None when nothing."""
+    if end.generation == 0:
+        return None
+    if end.generation < start.generation:
+        raise ValueError(f"an edge offset went back from generation {start.generation} "
+                         f"to {end.generation}")  # fmt: skip
+    lo = start.seq if start.generation == end.generation else end.start_seq
+    if end.seq <= lo:
+        return None
+    return EdgeRange(end.generation, end.server, end.topic, lo, end.seq)
+
+
+def acknowledged(end: EdgeOffset, published_generation: int) -> Position | None:
+    """What committing the batch ending at ``end`` tells the producers they may forget:
+    ``end``'s position while its generation is still the published one; nothing once
+    a newer one is published, since a read of the older placement may have given up
+    on what its dead server held (:func:`after_failure`), and those records are
+    written again only by producers that still hold them
+    (docs/semantics/pipeline.md §7.3)."""
+    if end.generation == 0 or published_generation != end.generation:
+        return None
+    return end.position
+
+
+class Failure(Enum):
+    """What a read does when its placement's server does not answer."""
+
+    ABANDON = "abandon"  # a newer generation is published: its producers write the rest there
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+def after_failure(generation: int, published_generation: int, waited_s: float,
+                  limit_s: float) -> Failure:  # fmt: skip
+    """A read of ``generation`` that cannot reach its server: give the rest of its
+    range up once a newer generation is published (docs/semantics/pipeline.md §7.3),
+    else wait for the server or the handoff until ``limit_s``, then fail the task."""
+    if published_generation > generation:
+        return Failure.ABANDON
+    return Failure.RETRY if waited_s < limit_s else Failure.FAIL
+
+
+def stamps(batch: pa.RecordBatch) -> pa.Array:
+    """Each row's generation from its ``meta`` (0 where it has none)."""
+    meta = batch.column(batch.schema.get_field_index("meta"))
+    found = pc.map_lookup(meta, pa.scalar(GEN, pa.string()), "first")
+    return pc.fill_null(pc.cast(found, pa.int64()), 0)
+
+
+def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBatch, int]:
+    """The rows of a page a read of ``generation`` up to seq ``hi`` accepts, and how
+    many it dropped as stale: rows of ``generation`` are kept, older ones are dropped
+    and counted (docs/semantics/pipeline.md §1.3), and newer ones — the edge moved
+    back to this server — are left to the read of their own placement."""
+    seqs = batch.column(batch.schema.get_field_index("seq"))
+    inside = pc.less_equal(seqs, pa.scalar(hi, pa.int64()))
+    stamp = stamps(batch)
+    keep = pc.and_(inside, pc.equal(stamp, pa.scalar(generation, pa.int64())))
+    if pc.all(keep).as_py():  # the usual page: every row of this generation, kept as is
+        return batch, 0
+    stale = pc.and_(inside, pc.less(stamp, pa.scalar(generation, pa.int64())))
+    return batch.filter(keep), int(pc.sum(pc.cast(stale, pa.int64())).as_py() or 0)

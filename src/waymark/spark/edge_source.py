@@ -1,0 +1,320 @@
+"""The topic source reading a pipeline edge: ``readStream.format("waymark")`` with
+options ``edge``, ``handoff`` and ``stage`` instead of ``topics`` (docs/spark.md,
+"A Spark stage of a pipeline"; the rules are :mod:`waymark.spark.edge`).
+
+The driver follows the edge's handoff record between micro-batches and plans each
+batch from the placement the offset names; executors read that placement's topic,
+keep the rows of its generation and count the stale ones; a commit acknowledges the
+batch to the edge's producers through the stage's checkpointed state and deletes
+what is acknowledged from the edge's bounded topic (docs/semantics/pipeline.md §7).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from waymark.client import ApiError, Client, TransportError
+from waymark.objstore import ObjectStore, open_store
+from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.report import StageReport, load_report, publish_report
+from waymark.pipeline.state import CheckpointedStageState, StageStateStore
+
+from ..protocol import MAX_ARROW_DIFF_LIMIT
+from . import connect
+from .edge import (
+    EdgeOffset,
+    EdgeOptions,
+    EdgeRange,
+    Failure,
+    accept,
+    acknowledged,
+    advance,
+    after_failure,
+    bind,
+    follow,
+    initial,
+    offsets_json,
+    parse_offsets,
+    span,
+)
+from .source import WaymarkDataLoss, to_rows
+
+log = logging.getLogger("waymark.spark.edge")
+
+DEFAULT_MAX_PER_PARTITION = 200_000
+WAIT_LIMIT_S = 60.0  # a read waits this long for its server or a newer placement
+
+
+def stale_key(stage: str, part: EdgeRange) -> str:
+    """Where a read records the stale rows it dropped: one object per range, so a
+    retried task writes the same count again (docs/spark.md, "A Spark stage")."""
+    return f"stages/{stage}/stale/{part.generation}-{part.lo}-{part.hi}.json"
+
+
+def _gone(error: Exception) -> bool:
+    """The placement is unusable: no answer, a 5xx, or the topic is not there."""
+    if isinstance(error, TransportError):
+        return True
+    return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
+
+
+class EdgePartition(InputPartition):
+    """One seq range of one placement, with what a worker needs to read it."""
+
+    def __init__(self, options: EdgeOptions, token: str | None, ca_file: str | None,
+                 part: EdgeRange) -> None:  # fmt: skip
+        super().__init__((part.generation, part.lo, part.hi))
+        self.options = options
+        self.token = token
+        self.ca_file = ca_file
+        self.part = part
+
+
+class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str], edge: EdgeOptions) -> None:
+        if "startingOffsets" in options:
+            raise ValueError(
+                "option 'startingOffsets' does not apply to an edge: a stage starts at its "
+                "checkpointed input position, else at the published placement's start"
+            )
+        self.edge = edge
+        self.token = options.get("token")
+        self.ca_file = options.get("caFile")
+        self.max_rows = _positive(options, "maxRecordsPerTrigger", None)
+        self.min_partitions = _positive(options, "minPartitions", os.cpu_count() or 1) or 1
+        self.max_per_partition = _positive(
+            options, "maxRecordsPerPartition", DEFAULT_MAX_PER_PARTITION
+        ) or DEFAULT_MAX_PER_PARTITION
+        self._target: EdgeOffset | None = None  # availableNow: never read past this
+        self._store: ObjectStore | None = None
+        self._clients: dict[str, Client] = {}
+        self._rebinds = 0
+        self._processed = 0
+        self._released = (0, 0)  # (generation, seq) deleted up to on the edge's topic
+        self._states: StageStateStore | None = None
+        self._state: CheckpointedStageState | None = None  # claimed at the first commit
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None, "_clients": {}, "_states": None}
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.edge.handoff)
+        return self._store
+
+    def _client(self, url: str) -> Client:
+        if url not in self._clients:
+            self._clients[url] = connect(url, self.token, self.ca_file)
+        return self._clients[url]
+
+    def _published(self) -> QueueLocator | None:
+        return HandoffReader(self.store, self.edge.edge).current()
+
+    def _head(self, at: EdgeOffset) -> int | None:
+        """The placement's head; None when its server does not answer."""
+        try:
+            return self._client(at.server).get_topic(at.topic, touch=False).head_seq
+        except (TransportError, ApiError) as error:
+            if not _gone(error):
+                raise
+            return None
+
+    # --- driver ---------------------------------------------------------------------
+    def initialOffset(self) -> dict:
+        state = StageStateStore(self.store).load(self.edge.stage)
+        start = initial(self._published(), state.input if state is not None else None)
+        return offsets_json(self.edge.edge, start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        published = self._published()
+        if published is not None:
+            at = bind(published)
+            self._target = advance(at, self._head(at), None)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = parse_offsets(self.edge.edge, start)
+        self._acknowledge(begin)  # the batch ending at start is committed
+        base = follow(begin, self._published())
+        if base.generation != begin.generation:
+            self._rebinds += 1
+            log.info("edge %r moved to generation %s on %s; rebinding", self.edge.edge,
+                     base.generation, base.server)  # fmt: skip
+        head = self._head(base) if base.generation else None
+        target = self._target
+        if target is not None and head is not None:
+            if target.generation == base.generation:
+                head = min(head, target.seq)
+            elif target.generation < base.generation:  # moved during availableNow
+                self._target = advance(base, head, None)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offsets_json(self.edge.edge, advance(base, head, max_rows))
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        part = span(parse_offsets(self.edge.edge, start), parse_offsets(self.edge.edge, end))
+        if part is None:
+            return []
+        seqs = part.hi - part.lo
+        pieces = min(seqs, max(self.min_partitions, -(-seqs // self.max_per_partition)))
+        step, extra = divmod(seqs, pieces)
+        out: list[InputPartition] = []
+        lo = part.lo
+        for i in range(pieces):
+            hi = lo + step + (1 if i < extra else 0)
+            out.append(EdgePartition(self.edge, self.token, self.ca_file,
+                                     EdgeRange(part.generation, part.server, part.topic, lo, hi)))
+            lo = hi
+        return out
+
+    def commit(self, end: dict) -> None:
+        """Acknowledge the committed batch (docs/semantics/pipeline.md §7.3)."""
+        self._acknowledge(parse_offsets(self.edge.edge, end))
+
+    def _acknowledge(self, done: EdgeOffset) -> None:
+        """Tell the edge's producers that everything up to ``done`` is through this stage
+        (the stage's checkpointed input position), delete it from the edge's topic and
+        publish the stage's report. Spark calls ``commit`` a batch late, so planning
+        the next batch acknowledges the last one too: ``latestOffset`` runs only once the
+        batch that ends at its ``start`` is in Spark's commit log."""
+        if done.generation == 0:
+            return
+        published = self._published()
+        ack = acknowledged(done, published.generation if published is not None else 0)
+        if self._states is None or self._state is None:
+            # This query is the stage's instance now; an older query still running it is
+            # fenced at its next save (docs/semantics/pipeline.md §4.4).
+            self._states = StageStateStore(self.store)
+            fresh = CheckpointedStageState(stage=self.edge.stage, input_edge=self.edge.edge)
+            self._state = self._states.claim(fresh, f"spark:{uuid.uuid4().hex[:12]}")
+        states, state = self._states, self._state
+        if ack is None or (state.input is not None and ack <= state.input):
+            if self._rebinds:
+                self._report()
+            return
+        same = state.input is not None and state.input.generation == ack.generation
+        self._processed += ack.seq - (state.input.seq if same and state.input else done.start_seq)
+        state.input = ack
+        states.save(state)
+        self._release(done, published)
+        self._report()
+
+    def _release(self, done: EdgeOffset, published: QueueLocator | None) -> None:
+        """Delete acknowledged records from the edge's bounded topic, a tenth of its
+        capacity at a time (docs/semantics/pipeline.md §3.6); best effort."""
+        capacity = published.capacity if published is not None else 0
+        gen, seq = self._released
+        if gen == done.generation and done.seq - seq < max(1, min(capacity // 10, 10_000)):
+            return
+        try:
+            self._client(done.server).delete(done.topic, before_seq=done.seq + 1)
+        except (TransportError, ApiError):
+            return
+        self._released = (done.generation, done.seq)
+
+    def _report(self) -> None:
+        """The stage's counters for ``waymark pipeline status``: stale rows dropped (the
+        workers' counts), rebinds, and the seqs acknowledged."""
+        report = load_report(self.store, self.edge.stage) or StageReport(stage=self.edge.stage)
+        report.stale_dropped = sum(
+            int(self.store.get(meta.key).data)
+            for meta in self.store.list(f"stages/{self.edge.stage}/stale/")
+        )
+        report.rebinds += self._rebinds
+        report.processed += self._processed
+        self._rebinds = self._processed = 0
+        report.updated_ms = time.time_ns() // 1_000_000
+        publish_report(self.store, report)
+
+    def stop(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients = {}
+
+    # --- executor -------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, EdgePartition)
+        yield from read_edge_range(partition)
+
+
+def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
+    """Read one range of a placement as Arrow pages, keep the rows of its generation,
+    count the stale ones; when the server is gone, wait for it or give the range up
+    once a newer generation is published (docs/semantics/pipeline.md §7.3)."""
+    part, options = partition.part, partition.options
+    store = open_store(options.handoff)
+    handoff = HandoffReader(store, options.edge)
+    stale = 0
+    cursor = part.lo
+    failed_at: float | None = None
+    attempt = 0
+    with connect(part.server, partition.token, partition.ca_file) as http:
+        while cursor < part.hi:
+            try:
+                page = http.diff_arrow(part.topic, cursor,
+                                       limit=min(MAX_ARROW_DIFF_LIMIT, part.hi - cursor))
+            except (TransportError, ApiError) as error:
+                if not _gone(error):
+                    raise
+                now = time.monotonic()
+                failed_at = now if failed_at is None else failed_at
+                published = handoff.current()
+                verdict = after_failure(part.generation,
+                                        published.generation if published else 0,
+                                        now - failed_at, WAIT_LIMIT_S)  # fmt: skip
+                if verdict is Failure.ABANDON:
+                    log.warning("edge %r: %s is gone and generation %s is published; the "
+                                "producers write seqs (%s, %s] of generation %s there",
+                                options.edge, part.server, published and published.generation,
+                                cursor, part.hi, part.generation)  # fmt: skip
+                    break
+                if verdict is Failure.FAIL:
+                    raise
+                attempt += 1
+                time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))
+                continue
+            failed_at, attempt = None, 0
+            gone = page.tombstone
+            if gone is not None:
+                raise WaymarkDataLoss(
+                    part.topic, gone.gap_from, gone.gap_to, gone.reason,
+                    f"records of generation {part.generation} of edge {options.edge!r} on "
+                    f"{part.server} are gone; the producers no longer hold them if acknowledged",
+                )  # fmt: skip
+            for batch in page.table.to_batches():
+                kept, dropped = accept(batch, part.generation, part.hi)
+                stale += dropped
+                if kept.num_rows:
+                    yield to_rows(part.topic, kept, part.hi)
+            if page.next_from_seq <= cursor:
+                break
+            cursor = page.next_from_seq
+    if stale:
+        store.put(stale_key(options.stage, part), msgspec.json.encode(stale))
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return default
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"option {name!r} is a positive integer: {value!r}")
+    return number
