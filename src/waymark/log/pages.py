@@ -69,8 +69,7 @@ def span_batch(span: Span) -> pa.RecordBatch:
     if len(with_meta):
         maps, datas = [], []
         for row in with_meta.tolist():
-            slot = int(slots[row])
-            begin = int(span.ends[slot - 1]) if slot else 0
+            begin = int(span.starts[slots[row]])
             found = _meta_of(span.buf[begin : int(ends[row]) - 1]).meta
             # Meta may hold a "data" key of its own: the size says where data starts.
             length = int(size[row]) - len(orjson.dumps(found))
