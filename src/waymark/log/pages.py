@@ -39,7 +39,7 @@ class _Meta(msgspec.Struct):
 _meta_of = msgspec.json.Decoder(_Meta).decode
 
 
-def render(result: DiffResult) -> bytes:
+def render(result: DiffResult) -> bytearray:
     """The Arrow IPC stream of a columnar read (``Engine.diff(..., columns=True)``)."""
     info = PageInfo(
         count=result.count,
