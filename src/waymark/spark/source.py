@@ -7,7 +7,7 @@ Options (named like Spark's Kafka source where the meaning is the same):
 ``startingOffsets``       ``earliest`` (default) | ``latest`` | JSON per topic (:mod:`.offsets`)
 ``maxRecordsPerTrigger``  admission control: at most this many records per micro-batch
 ``minPartitions``         read each batch in at least this many tasks (default: driver cores)
-``maxRecordsPerPartition`` no task reads more seqs than this (default 200000)
+``maxRecordsPerPartition`` no task reads more seqs than this (default 1000000)
 ``node``                  reader node id: records written by this node are skipped
                           (docs/semantics/topics.md §6)
 ``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
@@ -59,7 +59,9 @@ from .schema import ARROW_SCHEMA
 log = logging.getLogger("waymark.spark.source")
 
 DEFAULT_GAPS_TOPIC = "waymark.gaps"
-DEFAULT_MAX_PER_PARTITION = 200_000
+# Each task costs a Python worker its own start (docs/spark.md, "Figures"): a batch is
+# read in one wave of minPartitions tasks until it is larger than this per task.
+DEFAULT_MAX_PER_PARTITION = 1_000_000
 PAGE = MAX_ARROW_DIFF_LIMIT  # the server's largest Arrow page
 
 
