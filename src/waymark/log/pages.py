@@ -143,12 +143,6 @@ def _strings(texts: list[str] | list[bytes], kind: pa.DataType = _STRING) -> pa.
     )
 
 
-def _int32s(values: pa.Array) -> np.ndarray:
-    """An int32 array without nulls as numpy, from its buffer (``to_numpy()`` would
-    import pandas)."""
-    return np.frombuffer(values.buffers()[1], np.int32, len(values), values.offset * 4)
-
-
 def _bools(values: np.ndarray) -> pa.Array:
     bits = np.packbits(values, bitorder="little")
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
