@@ -226,6 +226,20 @@ def write_json_events(stream: Stream, rows: int, directory: Path, per_file: int)
         (directory / f"events-{lo:09d}.json").write_bytes(b"\n".join(lines) + b"\n")
 
 
+def _server_cpu() -> float:
+    """CPU seconds the topic server (this process's ``waymark serve`` child) has used."""
+    for pid in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == os.getpid() and b"serve" in cmdline:
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    raise RuntimeError("the topic server process was not found")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per measured batch")
@@ -245,12 +259,14 @@ def main() -> None:
         settings = ReadSettings(url, None, "fail", "gaps", PAGE)
         prebuilt = f"{tmp}/prebuilt.arrow"
         began = time.perf_counter()
+        server_cpu = _server_cpu()
         with Client(url) as client:  # not 1: the server's internal topics take epochs too
             epoch = client.get_topic(TOPIC, touch=False).epoch
         with pa.OSFile(prebuilt, "wb") as sink, pa.ipc.new_file(sink, ARROW_SCHEMA) as out:
             for batch in read_range(SeqRange(settings, TOPIC, epoch, 0, a.rows)):
                 out.write_batch(batch)
         read_alone = a.rows / (time.perf_counter() - began)
+        server_cpu = (_server_cpu() - server_cpu) * 1_000_000 / a.rows
 
         spark = session("waymark-bench")
         spark.dataSource.register(_PrebuiltSource)
@@ -325,6 +341,10 @@ def main() -> None:
                   f"Spark source above {source:,.0f} rows/s", f"{source / read_alone:.2f}x",
                   "")  # fmt: skip
     console.print(table)
+    console.print(
+        f"The server's CPU for read() alone: {server_cpu:.2f} s per 1M records "
+        "(Arrow pages rendered and sent)."
+    )
     console.print(
         "Rates from Spark's progress reports (triggerExecution of the measured micro-batch); "
         "the pipelines from start to termination. Page reads: the best of 5."

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 import msgspec
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
 
-from waymark.log import RecordIn, pages
+from waymark.clock import ManualClock
+from waymark.log import ConfigPatch, RecordIn, TagMatch, pages
+from waymark.log.storage.restore import open_engine
+from waymark.log.storage.segment import SealedChunk
 from waymark.log.topic import Topic
 from waymark.protocol import DiffResponse
 from waymark.protocol.arrow import PAGE_SCHEMA, decode_page
@@ -148,6 +152,53 @@ def test_arrow_pages_agree_across_seals_and_crashes(small_chunks: None) -> None:
     run_state_machine_as_test(DurableArrowNoSilentLoss, settings=settings)
 
 
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.lists(
+        st.tuples(
+            st.sampled_from(TAGS), st.sampled_from(NODES), JSON_VALUES,
+            st.none() | st.dictionaries(AWKWARD, AWKWARD, max_size=3),
+        ),
+        min_size=1, max_size=30,
+    ),
+    before=st.integers(0, 12),
+    deleted_tag=st.sampled_from(TAGS),
+    reads=st.lists(
+        st.tuples(st.integers(0, 31), st.integers(1, 40), st.sampled_from([None, *NODES])),
+        min_size=1, max_size=4,
+    ),
+)  # fmt: skip
+def test_arrow_pages_of_sealed_segments_agree_with_json_pages(
+    small_chunks: None,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+    batch: list[tuple[str | None, str | None, object, dict | None]],
+    before: int,
+    deleted_tag: str | None,
+    reads: list[tuple[int, int, str | None]],
+) -> None:
+    """Chunks sealed into segments are read through their mapped frames, not as one
+    run of records: the same agreement, over meta, deletes and node filters."""
+    engine, store, _ = open_engine(tmp_path_factory.mktemp("sealed"), clock=ManualClock(1000))
+    try:
+        engine.put_topic(TOPIC, ConfigPatch())
+        engine.append(TOPIC, [RecordIn.of(d, tag=t, node=n, meta=m) for t, n, d, m in batch])
+        if before:
+            engine.delete(TOPIC, before_seq=before)
+        if deleted_tag is not None:
+            engine.delete(TOPIC, match=TagMatch(True, deleted_tag))
+        store.seal(engine)
+        sealed = [c for c in engine.kernel.existing(TOPIC).chunks if isinstance(c, SealedChunk)]
+        assert sealed or not engine.kernel.existing(TOPIC).live_count  # what is live is sealed
+        for cursor, limit, node in reads:
+            kwargs = {"limit": limit, "nodes": None if node is None else frozenset({node})}
+            arrow = pages.render(engine.diff(TOPIC, cursor, columns=True, **kwargs))
+            assert_same_page(engine.diff(TOPIC, cursor, **kwargs).to_json(), arrow)
+    finally:
+        store.close()
+
+
 # --- the property catches broken guards --------------------------------------------------
 
 
@@ -180,21 +231,19 @@ def test_catches_an_arrow_page_that_skips_the_node_filter(
         run_state_machine_as_test(ArrowNoSilentLoss, settings=MUTATION_SETTINGS)
 
 
-def test_catches_data_cut_at_the_last_data_key(
+def test_catches_data_cut_without_the_meta_check(
     fixed_constants: None,  # the same search alone and in the suite
     small_chunks: None,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def last_key(records):  # the last ',"data":' — one inside the data itself
-        import pyarrow.compute as pc
+    real = pages._data
 
-        parts = pc.split_pattern(records, ',"data":', max_splits=1, reverse=True)
-        return pc.binary_slice(pc.list_element(parts, 1), 0, -2)
+    def every_record_plain(buf, stops, size):  # cut by size, never looks for meta
+        data, _ = real(buf, stops, size)
+        return data, real(b"", stops[:0], size[:0])[1]
 
-    monkeypatch.setattr(pages, "_data", last_key)
-    # Caught by a disagreement, or earlier: the wrong cut makes a plain record look as
-    # if it had meta, which it then does not decode to.
-    with pytest.raises((AssertionError, msgspec.ValidationError)):
+    monkeypatch.setattr(pages, "_data", every_record_plain)
+    with pytest.raises(AssertionError):
         run_state_machine_as_test(ArrowNoSilentLoss, settings=MUTATION_SETTINGS)
 
 
@@ -227,3 +276,25 @@ def test_rendering_a_page_does_not_import_pandas() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_catches_sealed_records_cut_from_the_wrong_frame_bytes(
+    small_chunks: None,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutant: a segment's records located as if their frames were back to back
+    (no frame head and checksum between them)."""
+    real = SealedChunk.records
+
+    def back_to_back(self, i, j):
+        buf, starts, ends = real(self, i, j)
+        lengths = ends - starts
+        ends = starts[0] + lengths.cumsum()
+        return buf, ends - lengths, ends
+
+    monkeypatch.setattr(SealedChunk, "records", back_to_back)
+    # A disagreement, or a record that no longer decodes (several at once: a group).
+    broken = (AssertionError, msgspec.ValidationError, msgspec.DecodeError, ExceptionGroup)
+    with pytest.raises(broken):
+        test_arrow_pages_of_sealed_segments_agree_with_json_pages(None, tmp_path_factory)

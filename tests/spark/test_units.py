@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,42 @@ def test_partitions_cover_the_range_exactly_once() -> None:
     b = [p for p in parts if p.topic == "b"]
     assert b[0].recreated == Recreated(1, 40) and all(p.recreated is None for p in b[1:])
     assert not [p for p in parts if p.topic == "c"]  # empty, no recreate: no task
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    span=st.integers(1, 10_000_000),
+    min_partitions=st.integers(1, 8),
+    max_per_partition=st.integers(1, 1_000_000),
+)
+def test_a_batch_is_cut_into_whole_waves(
+    span: int, min_partitions: int, max_per_partition: int
+) -> None:
+    """As few whole waves of ``min_partitions`` tasks as keep every range within
+    ``max_per_partition``: no last wave runs one task while the other cores wait."""
+    parts = split(
+        SETTINGS, [("a", 1, 5, 5 + span, None)],
+        min_partitions=min_partitions, max_per_partition=max_per_partition,
+    )  # fmt: skip
+    lengths = [p.hi - p.lo for p in parts]
+    assert sum(lengths) == span and max(lengths) <= max_per_partition
+    assert max(lengths) - min(lengths) <= 1
+    if len(parts) < span:  # else every range holds one seq: there is no cutting finer
+        assert len(parts) % min_partitions == 0
+        waves = len(parts) // min_partitions
+        assert waves == 1 or (waves - 1) * min_partitions * max_per_partition < span
+
+
+def test_the_waves_property_catches_a_last_wave_of_one_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutant: tasks counted by ``max_per_partition`` alone (1M seqs, 2 cores,
+    200k a task: 5 tasks, the last alone)."""
+    from waymark.spark import partitions
+
+    monkeypatch.setattr(partitions, "task_count", lambda total, m, most: -(-total // most))
+    with pytest.raises(AssertionError):
+        test_a_batch_is_cut_into_whole_waves()
 
 
 def test_sink_data_column_encoding() -> None:
@@ -261,6 +299,7 @@ def _drain(
     max_rows=st.integers(5, 150),
     min_partitions=st.integers(1, 5),
     max_per_partition=st.integers(10, 200),
+    page=st.integers(7, 60),
 )
 def test_source_reports_each_lost_seq_once_however_batches_are_cut(
     server: Any,
@@ -273,6 +312,7 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
     max_rows: int,
     min_partitions: int,
     max_per_partition: int,
+    page: int,
 ) -> None:
     """A capped topic is read, then ``more`` records evict part of it before the next
     read, and ``racing`` more evict further between that read's planning and its
@@ -280,7 +320,8 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
     read is delivered exactly once or lies in exactly one gaps row; gaps rows add up
     to the records lost; and a gap that was there when the batch was planned is one
     row with its whole range (``onDataLoss=fail`` names the whole range), however
-    admission control and partitioning cut the seqs."""
+    admission control, partitioning and pages (each read while the next is fetched)
+    cut the seqs."""
     from waymark.spark.source import WaymarkDataLoss, WaymarkStreamReader
 
     topic = f"gap-prop-{uuid.uuid4().hex[:10]}"
@@ -295,11 +336,13 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
             http.post(f"/v0/topics/{topic}/records", json={"records": records}).raise_for_status()
 
     def reader(on_data_loss: str) -> WaymarkStreamReader:
-        return WaymarkStreamReader({
+        made = WaymarkStreamReader({
             "url": server.url, "topics": topic, "onDataLoss": on_data_loss,
             "gapsTopic": f"{topic}-gaps", "maxRecordsPerTrigger": str(max_rows),
             "minPartitions": str(min_partitions), "maxRecordsPerPartition": str(max_per_partition),
         })  # fmt: skip
+        made.settings = dataclasses.replace(made.settings, page=page)
+        return made
 
     write(first)
     skip = reader("skip")
@@ -325,6 +368,34 @@ def test_source_reports_each_lost_seq_once_however_batches_are_cut(
         assert gaps[0]["missed_estimate"] == lost_to - first
     if racing == 0:
         assert len(gaps) <= 1
+
+
+def test_a_range_reads_page_after_page_and_stops_when_abandoned(
+    server: Any, http: httpx.Client, topic: str
+) -> None:
+    """Pages fetched ahead make the same rows as one page; a read Spark abandons (a
+    limit, a killed task) stops its fetching thread and closes its connection."""
+    from waymark.spark.partitions import SeqRange
+    from waymark.spark.source import read_range
+
+    records = [{"data": i, "tag": f"t{i % 3}"} for i in range(500)]
+    http.post(f"/v0/topics/{topic}/records", json={"records": records}).raise_for_status()
+    epoch = http.get(f"/v0/topics/{topic}").json()["epoch"]
+    settings = ReadSettings(server.url, None, "fail", "gaps", 10_000)
+
+    def rows(page: int, lo: int = 0, hi: int = 500) -> pa.Table:
+        part = SeqRange(dataclasses.replace(settings, page=page), topic, epoch, lo, hi)
+        return pa.Table.from_batches(list(read_range(part)))
+
+    whole = rows(10_000)
+    assert whole.column("seq").to_pylist() == list(range(1, 501))
+    assert rows(7).equals(whole) and rows(100).equals(whole)
+    assert rows(7, 123, 456).equals(whole.slice(123, 333))
+
+    reading = read_range(SeqRange(dataclasses.replace(settings, page=5), topic, epoch, 0, 500))
+    assert next(reading).num_rows == 5
+    reading.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("waymark-prefetch")]
 
 
 def _read_all(http: httpx.Client, topic: str) -> list[dict[str, Any]]:

@@ -127,11 +127,15 @@ class Chunk:
         """Records [i, j) as comma-terminated wire JSON (a copy: buffers keep growing)."""
         return bytes(self.buf[self.start(i) : self.ends[j - 1]])
 
-    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray]:
-        """Records [i, j) as :meth:`slice` has them, and the end of each in those bytes."""
+    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Bytes holding records [i, j) (each with its comma), and the start and the end
+        of each in those bytes: here the records are contiguous, as :meth:`slice` has
+        them."""
         start = self.start(i)
         ends = np.array(self.ends[i:j], np.int64) - start
-        return bytes(memoryview(self.buf)[start : self.ends[j - 1]]), ends
+        starts = np.zeros(len(ends), np.int64)
+        starts[1:] = ends[:-1]
+        return bytes(memoryview(self.buf)[start : self.ends[j - 1]]), starts, ends
 
     def release_payloads(self) -> None:
         """Free the bytes of a sealed chunk whose every slot is dead

@@ -68,8 +68,9 @@ class Span:
     the reader's own node's records are not. :mod:`waymark.log.pages` renders it."""
 
     base_seq: int  # the seq of slot i
-    buf: bytes  # the records' wire JSON, each followed by a comma
-    ends: np.ndarray  # the end of each record in ``buf``
+    buf: bytes  # the records' wire JSON, each followed by a comma (maybe bytes between)
+    starts: np.ndarray  # where each record begins in ``buf``
+    ends: np.ndarray  # where each record (its comma included) ends in ``buf``
     ts: np.ndarray
     node: np.ndarray  # interned ids in ``node_names``, 0: none
     tag: np.ndarray

@@ -759,10 +759,11 @@ class Topic:
         node_ids = cls._reader_node_ids(chunk, nodes)
         if node_ids is not None:
             keep &= ~np.isin(node, np.fromiter(node_ids, np.uint32, len(node_ids)))
-        buf, ends = chunk.records(i, k)
+        buf, starts, ends = chunk.records(i, k)
         return Span(
             base_seq=chunk.base_seq + i,
             buf=buf,
+            starts=starts,
             ends=ends,
             ts=np.array(chunk.ts[i:k], np.int64),
             node=node,

@@ -56,15 +56,26 @@ class ArrowPage:
         return self.table.num_rows
 
 
-def encode_page(info: PageInfo, batches: Iterable[pa.RecordBatch]) -> bytes:
+def encode_page(info: PageInfo, batches: Iterable[pa.RecordBatch]) -> bytearray:
     """The IPC stream of one page: the schema with ``info`` in its metadata, then
-    ``batches`` (each of :data:`PAGE_SCHEMA`)."""
+    ``batches`` (each of :data:`PAGE_SCHEMA`).
+
+    Measured first, then written once into a buffer of its size, which is the answer's
+    body: a growing stream copied out as ``bytes`` cost 3-4x as much (a page is ~12 MB).
+    """
     schema = PAGE_SCHEMA.with_metadata({PAGE_INFO_KEY: msgspec.json.encode(info)})
-    sink = pa.BufferOutputStream()
+    batches = list(batches)
+    measure = pa.MockOutputStream()
+    _write(measure, schema, batches)
+    body = bytearray(measure.size())
+    _write(pa.FixedSizeBufferWriter(pa.py_buffer(body)), schema, batches)
+    return body
+
+
+def _write(sink: pa.NativeFile, schema: pa.Schema, batches: list[pa.RecordBatch]) -> None:
     with pa.ipc.new_stream(sink, schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
 
 
 def decode_page(body: bytes | memoryview) -> ArrowPage:

@@ -89,7 +89,7 @@ class Response:
 
     def __init__(
         self,
-        body: bytes,
+        body: bytes | bytearray,  # bytearray: an Arrow page written in place
         status: int = 200,
         content_type: bytes = JSON,
         headers: tuple[tuple[bytes, bytes], ...] = (),

@@ -66,11 +66,15 @@ def split(
 ) -> list[SeqRange]:
     """Cut each topic's ``(topic, epoch, lo, hi, recreated)`` range into seq ranges.
 
-    Each topic gets at least its share of ``min_partitions`` (in proportion to its
-    span) and no range spans more than ``max_per_partition`` seqs. A topic with an
-    empty range but a pending recreate report still gets one (empty) range.
+    The batch is cut into whole waves of ``min_partitions`` tasks (the driver's cores
+    by default): as few waves as keep every range within ``max_per_partition`` seqs,
+    so no last wave runs one task while the other cores wait (docs/spark.md,
+    "Figures"). Each topic gets its share of the tasks in proportion to its span;
+    a topic with an empty range but a pending recreate report still gets one
+    (empty) range.
     """
     total = sum(hi - lo for _, _, lo, hi, _ in ranges)
+    tasks = task_count(total, min_partitions, max_per_partition)
     out: list[SeqRange] = []
     for topic, epoch, lo, hi, recreated in ranges:
         span = hi - lo
@@ -78,10 +82,8 @@ def split(
             if recreated is not None:
                 out.append(SeqRange(settings, topic, epoch, lo, lo, recreated))
             continue
-        pieces = max(
-            math.ceil(span / max_per_partition), math.ceil(min_partitions * span / total), 1
-        )
-        pieces = min(pieces, span)
+        # tasks * span / total >= span / max_per_partition: no range is too long.
+        pieces = min(max(math.ceil(tasks * span / total), 1), span)
         step, extra = divmod(span, pieces)
         start = lo
         for i in range(pieces):
@@ -89,3 +91,9 @@ def split(
             out.append(SeqRange(settings, topic, epoch, start, end, recreated if i == 0 else None))
             start = end
     return out
+
+
+def task_count(total: int, min_partitions: int, max_per_partition: int) -> int:
+    """Tasks for ``total`` seqs: whole waves of ``min_partitions``, as few as keep each
+    task within ``max_per_partition`` seqs."""
+    return math.ceil(total / (min_partitions * max_per_partition)) * min_partitions

@@ -7,7 +7,7 @@ Options (named like Spark's Kafka source where the meaning is the same):
 ``startingOffsets``       ``earliest`` (default) | ``latest`` | JSON per topic (:mod:`.offsets`)
 ``maxRecordsPerTrigger``  admission control: at most this many records per micro-batch
 ``minPartitions``         read each batch in at least this many tasks (default: driver cores)
-``maxRecordsPerPartition`` no task reads more seqs than this (default 200000)
+``maxRecordsPerPartition`` no task reads more seqs than this (default 1000000)
 ``node``                  reader node id: records written by this node are skipped
                           (docs/semantics/topics.md §6)
 ``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
 
 from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicState
 from ..protocol import MAX_ARROW_DIFF_LIMIT
+from ..protocol.arrow import ArrowPage
 from . import connect
 from .offsets import (
     EARLIEST,
@@ -57,7 +59,9 @@ from .schema import ARROW_SCHEMA
 log = logging.getLogger("waymark.spark.source")
 
 DEFAULT_GAPS_TOPIC = "waymark.gaps"
-DEFAULT_MAX_PER_PARTITION = 200_000
+# Each task costs a Python worker its own start (docs/spark.md, "Figures"): a batch is
+# read in one wave of minPartitions tasks until it is larger than this per task.
+DEFAULT_MAX_PER_PARTITION = 1_000_000
 PAGE = MAX_ARROW_DIFF_LIMIT  # the server's largest Arrow page
 
 
@@ -267,18 +271,32 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
     """Page through ``diff`` over ``(lo, hi]`` as Arrow pages (docs/http-api.md, "Arrow
-    pages") and yield the server's batches as they come, with the topic column added."""
+    pages") and yield the server's batches as they come, with the topic column added.
+
+    The next page is asked for as soon as a page arrives, in a background thread, so
+    the server renders it while Spark takes this page's batches (docs/spark.md,
+    "Figures"). The client is never used by both threads at once: a gap is reported
+    before the next request goes out."""
     settings = part.settings
-    with connect(settings.url, settings.token, settings.ca_file) as http:
+    with (
+        connect(settings.url, settings.token, settings.ca_file) as http,
+        ThreadPoolExecutor(1, thread_name_prefix="waymark-prefetch") as prefetch,
+    ):
+
+        def fetch(cursor: int) -> Future[ArrowPage]:
+            return prefetch.submit(
+                http.diff_arrow, part.topic, cursor, limit=min(settings.page, part.hi - cursor),
+                epoch=part.epoch, node=settings.node,
+            )  # fmt: skip
+
         if part.recreated is not None:
             # Only reached under skip: fail stopped the query when planning the batch.
             _gap(http, part, part.recreated.seq + 1, None, "recreated", 0)
         cursor = part.lo
-        while cursor < part.hi:
-            page = http.diff_arrow(
-                part.topic, cursor, limit=min(settings.page, part.hi - cursor),
-                epoch=part.epoch, node=settings.node,
-            )  # fmt: skip
+        pending = fetch(cursor) if cursor < part.hi else None
+        while pending is not None:
+            page = pending.result()
+            pending = None
             gone = page.tombstone
             if gone is not None:
                 if gone.reason == "recreated":
@@ -291,12 +309,14 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
                 # each range reports its own slice of the gap.
                 upto = min(gone.gap_to, part.hi)
                 _gap(http, part, gone.gap_from, upto, gone.reason, share(gone, upto))
+            # Past next_from_seq only if the page moved the cursor: otherwise nothing
+            # more below hi exists (the range was planned from head_seq).
+            if cursor < page.next_from_seq < part.hi:
+                pending = fetch(page.next_from_seq)
+            cursor = page.next_from_seq
             for batch in page.table.to_batches():
                 if batch.num_rows:
                     yield to_rows(part.topic, batch, part.hi)
-            if page.next_from_seq <= cursor:
-                break  # nothing more below hi exists (the range was planned from head_seq)
-            cursor = page.next_from_seq
 
 
 def _state(http: Client, topic: str) -> TopicState | None:

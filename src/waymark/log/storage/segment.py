@@ -156,8 +156,13 @@ class SealedChunk(Chunk):
         offsets, lens = self.offsets[i:j].tolist(), self.lens[i:j].tolist()
         return b"".join(data[o : o + n] for o, n in zip(offsets, lens, strict=True))
 
-    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray]:
-        return self.slice(i, j), np.cumsum(self.lens[i:j], dtype=np.int64)
+    def records(self, i: int, j: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+        # One copy of the mapped frames, records and frame heads alike: a slice per
+        # record costs a Python object each (docs/http-api.md, "Arrow pages").
+        first = int(self.offsets[i])
+        starts = self.offsets[i:j].astype(np.int64) - first
+        ends = starts + self.lens[i:j]
+        return self._data[first : first + int(ends[-1])], starts, ends
 
     def release_payloads(self) -> None:
         """Nothing to free: the payloads were never in memory."""
