@@ -22,7 +22,7 @@ from .topic import Topic
 # they increase strictly and are never reused across restarts (docs/durability.md).
 CHANGES_TOPIC = "waymark$changes"
 
-Versions = dict[str, list[int]]  # key -> [first, last]
+Versions = dict[str, list[int]]  # key -> [first, last, epoch]
 
 
 def record_key(topic: str, tag: str | None) -> str:
@@ -30,11 +30,14 @@ def record_key(topic: str, tag: str | None) -> str:
     return topic if tag is None else f"{topic}/{tag}"
 
 
-def _merge(into: Versions, key: str, first: int, last: int) -> None:
+def _merge(into: Versions, key: str, first: int, last: int, epoch: int) -> None:
+    """Merge a change into the key's versions of the interval. A newer instance's
+    change replaces an older one's: a consumer reading the new instance's state
+    covers every change of the old (docs/semantics/recovery.md §1.2)."""
     seen = into.get(key)
-    if seen is None:
-        into[key] = [first, last]
-    else:
+    if seen is None or seen[2] < epoch:
+        into[key] = [first, last, epoch]
+    elif seen[2] == epoch:
         seen[0] = min(seen[0], first)
         seen[1] = max(seen[1], last)
 
@@ -48,24 +51,28 @@ class Changes:
     the append path."""
 
     def __init__(self) -> None:
-        self._appends: list[tuple[Commit | None, str, int, list[EncodedRecord]]] = []
-        self._removals: list[tuple[Commit | None, Versions]] = []
+        self._appends: list[tuple[Commit | None, str, int, int, list[EncodedRecord]]] = []
+        self._removals: list[tuple[Commit | None, list[str], int, int]] = []
 
     def __len__(self) -> int:
         return len(self._appends) + len(self._removals)
 
     def appended(
-        self, topic: str, first_seq: int, records: list[EncodedRecord], commit: Commit | None
+        self,
+        topic: str,
+        epoch: int,
+        first_seq: int,
+        records: list[EncodedRecord],
+        commit: Commit | None,
     ) -> None:
         """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
-        self._appends.append((commit, topic, first_seq, records))
+        self._appends.append((commit, topic, epoch, first_seq, records))
 
-    def removed(self, topic: Topic, keys: Iterable[str], commit: Commit | None) -> None:
-        """A deletion or a drop changed ``keys``: each is named at the topic's head, a
-        version that was committed (docs/semantics/recovery.md §1.3)."""
-        head = topic.head_seq
-        if head > 0:
-            self._removals.append((commit, {key: [head, head] for key in keys}))
+    def removed(self, topic: Topic, keys: list[str], version: int, commit: Commit | None) -> None:
+        """A deletion or a drop changed ``keys`` at ``version``: the seq the deletion
+        took, or the one a dropped instance would have handed out next; later than every
+        version of those keys before it (docs/semantics/recovery.md §1.3)."""
+        self._removals.append((commit, keys, version, topic.epoch))
 
     def take(self) -> list[KeyChange]:
         """The changes that are durable now, merged per key; the rest stay. The changes
@@ -73,9 +80,10 @@ class Changes:
         so a key's later change is never taken before its earlier one."""
         merged: Versions = {}
         appends, self._appends = self._appends, []
-        for commit, topic, first_seq, records in appends:
+        for entry in appends:
+            commit, topic, epoch, first_seq, records = entry
             if commit is not None and not commit.durable:
-                self._appends.append((commit, topic, first_seq, records))
+                self._appends.append(entry)
                 continue
             by_tag: dict[str | None, list[int]] = {}  # keys built once per tag, not per record
             seq = first_seq
@@ -87,15 +95,16 @@ class Changes:
                     seen[1] = seq
                 seq += 1
             for tag, (first, last) in by_tag.items():
-                _merge(merged, record_key(topic, tag), first, last)
+                _merge(merged, record_key(topic, tag), first, last, epoch)
         removals, self._removals = self._removals, []
-        for commit, versions in removals:
+        for removal in removals:
+            commit, keys, version, epoch = removal
             if commit is not None and not commit.durable:
-                self._removals.append((commit, versions))
+                self._removals.append(removal)
                 continue
-            for key, (first, last) in versions.items():
-                _merge(merged, key, first, last)
-        return [KeyChange(key, first, last) for key, (first, last) in merged.items()]
+            for key in keys:
+                _merge(merged, key, version, version, epoch)
+        return [KeyChange(k, first, last, epoch) for k, (first, last, epoch) in merged.items()]
 
 
 def deleted_keys(topic: Topic, bound: int, match: TagMatch | None) -> list[str]:
