@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint
-from .ledger import Ledger, Recovery, recover
+from .ledger import Ledger, Recovery, Version, recover
 from .store import ReceiptStore
 from .types import CheckpointSource, CommittedVersion, CommittedVersionListener, RecoveryError
 
@@ -45,6 +45,10 @@ def _failed(error: RecoveryError) -> Future[None]:
     future: Future[None] = Future()
     future.set_exception(error)
     return future
+
+
+def _versions(missed: dict[str, Version]) -> list[CommittedVersion]:
+    return [CommittedVersion(key, seq, epoch) for key, (epoch, seq) in sorted(missed.items())]
 
 
 _DONE: Future[None] = Future()  # every receipt with nothing left to persist
@@ -118,7 +122,7 @@ class RecoveryService:
         """The recovery query alone: keys never receipted with their newest version,
         each once; nothing is written and nothing subscribed."""
         query = self._query()
-        return [CommittedVersion(k, v) for k, v in sorted(query.found.missed.items())]
+        return _versions(query.found.missed)
 
     def subscribe(self, listener: CommittedVersionListener) -> Iterator[CommittedVersion]:
         """The committed versions this client never receipted (each key once, at its
@@ -135,15 +139,14 @@ class RecoveryService:
             self._ledger, self._listener = ledger, listener
             self._flush()  # checkpoints every key of which a newer receipt covers
             in_flight = [
-                CommittedVersion(key, version)
+                CommittedVersion(key, version, epoch)
                 for checkpoint in query.found.recent
-                for key, version in ledger.unreceipted(checkpoint.id)
+                for key, (epoch, version) in ledger.unreceipted(checkpoint.id)
             ]
             self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
         for committed in in_flight:
             listener(committed)
-        missed = sorted(query.found.missed.items())
-        return iter([CommittedVersion(key, version) for key, version in missed])
+        return iter(_versions(query.found.missed))
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""
@@ -154,12 +157,13 @@ class RecoveryService:
             fresh = ledger.unreceipted(checkpoint.id)
             if not fresh:
                 self._flush()  # nothing of it passes the filter: receipted at once
-        for key, version in fresh:
-            listener(CommittedVersion(key, version))
+        for key, (epoch, version) in fresh:
+            listener(CommittedVersion(key, version, epoch))
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------------
-    def submit_receipt(self, key: str, version: int) -> Future[None]:
-        """Receipt ``key`` up to ``version``. Idempotent; the future fails with
+    def submit_receipt(self, key: str, version: int, epoch: int) -> Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch`` (what a
+        :class:`CommittedVersion` names). Idempotent; the future fails with
         :class:`RecoveryError` if the version is not known to be committed or a
         receipt could not be persisted, and resolves once every checkpoint naming the
         key up to that version has its receipt persisted."""
@@ -168,7 +172,7 @@ class RecoveryService:
             if ledger is None:
                 return _failed(RecoveryError("subscribe first: no version is known yet"))
             try:
-                hit = ledger.receipt(key, version)
+                hit = ledger.receipt(key, (epoch, version))
             except RecoveryError as exc:
                 return _failed(exc)
             waiting = [c for c in hit if not ledger.persisted(c)]
@@ -253,8 +257,7 @@ class RecoveryService:
         mark = self.store.low_watermark(self.client_id)
         ranges = sorted(self.store.range_receipts(self.client_id, mark or 0))
         pending = [(c, sorted(keys)) for c, keys in query.ledger.waiting()]
-        missed = [CommittedVersion(k, v) for k, v in sorted(query.found.missed.items())]
-        return Status(mark, ranges, pending, missed)
+        return Status(mark, ranges, pending, _versions(query.found.missed))
 
     def close(self) -> None:
         self.source.close()
