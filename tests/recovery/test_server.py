@@ -78,8 +78,8 @@ def test_deletes_and_drops_are_changes_named_at_committed_versions(server: Serve
                       for ch in c.changes):  # fmt: skip
             assert time.monotonic() < deadline, "the drop is not a change"
             time.sleep(0.05)
-        dropped = {ch.key: (ch.last, ch.epoch) for c in client.checkpoints()
-                   if c.id not in before for ch in c.changes if ch.first == ch.last == 6}  # fmt: skip
+        after = [ch for c in client.checkpoints() if c.id not in before for ch in c.changes]
+        dropped = {ch.key: (ch.last, ch.epoch) for ch in after if ch.first == ch.last == 6}
         # the drop: every key at the seq the instance would have handed out next
         assert dropped == {"orders": (6, epoch), "orders/b": (6, epoch)}
         for checkpoint in client.checkpoints():
