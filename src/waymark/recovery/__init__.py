@@ -14,8 +14,9 @@ every new one. It is a client-side package: it talks to the server through
 ``CommittedVersion``  a key at a version known to be committed
 """
 
+from .core import Status
 from .local import LocalReceiptStore
-from .service import RecoveryService, Status
+from .service import RecoveryService
 from .source import TopicCheckpoints
 from .store import ReceiptStore
 from .topicstore import TopicReceiptStore

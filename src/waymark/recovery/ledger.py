@@ -198,43 +198,49 @@ class Ledger:
         return i == len(self._ids) or self._ids[i] >= begin
 
 
-def recover(
-    ledger: Ledger,
-    newest_first: Iterable[Checkpoint],
-    ranges: list[tuple[int, int]],
-    newest: int,
-    recent_ms: int,
-) -> Recovery:
-    """The recovery query (docs/semantics/recovery.md §3.3): walk the checkpoints
-    above the watermark up to id ``newest``, newest first, against the stored
-    ``ranges``. A checkpoint no range covers is unreceipted, except for the keys a
+class Walk:
+    """The recovery query (docs/semantics/recovery.md §3.3), one checkpoint at a time:
+    the checkpoints above the watermark up to id ``newest``, newest first, against the
+    stored ``ranges``. A checkpoint no range covers is unreceipted, except for the keys a
     newer covered one names at the same or a later version (the client receipted
-    those, docs/semantics/recovery.md §2.1). Unreceipted checkpoints
-    after ``recent_ms`` are in flight, not missed; all are added to ``ledger``."""
-    found = Recovery()
-    subsumed: dict[str, Version] = {}
-    for checkpoint in newest_first:
-        if checkpoint.id > newest:
-            continue  # the listener brings it
+    those, docs/semantics/recovery.md §2.1). Unreceipted checkpoints after
+    ``recent_ms`` are in flight, not missed; all are added to ``ledger``. Fed by a
+    blocking or an asyncio source alike."""
+
+    def __init__(
+        self, ledger: Ledger, ranges: list[tuple[int, int]], newest: int, recent_ms: int
+    ) -> None:
+        self.ledger, self.ranges, self.newest, self.recent_ms = ledger, ranges, newest, recent_ms
+        self.found = Recovery()
+        self._subsumed: dict[str, Version] = {}
+
+    def step(self, checkpoint: Checkpoint) -> bool:
+        """Take the next older checkpoint; False once the walk reached the watermark."""
+        ledger, found, subsumed = self.ledger, self.found, self._subsumed
+        if checkpoint.id > self.newest:
+            return True  # the listener brings it
         if checkpoint.id <= ledger.low_watermark:
             found.reached = True
-            break
+            return False
         found.oldest = checkpoint.id
-        if covered(ranges, checkpoint.id):
+        if covered(self.ranges, checkpoint.id):
             ledger.add(checkpoint, receipted=True)
             for change in checkpoint.changes:
                 version = (change.epoch, change.last)
                 if subsumed.get(change.key, _NONE) < version:
                     subsumed[change.key] = version
-            continue
+            return True
         if not ledger.add(checkpoint, implicit=subsumed):
-            continue
-        if checkpoint.time_ms > recent_ms:
+            return True
+        if checkpoint.time_ms > self.recent_ms:
             found.recent.append(checkpoint)
-            continue
+            return True
         for change in checkpoint.changes:
             version = (change.epoch, change.last)
             if subsumed.get(change.key, _NONE) < version:
                 found.missed[change.key] = max(found.missed.get(change.key, _NONE), version)
-    found.recent.reverse()
-    return found
+        return True
+
+    def done(self) -> Recovery:
+        self.found.recent.reverse()
+        return self.found
