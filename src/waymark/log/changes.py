@@ -77,24 +77,31 @@ class Changes:
     def take(self) -> list[KeyChange]:
         """The changes that are durable now, merged per key; the rest stay. The changes
         of one key are of one topic, whose frames one WAL shard makes durable in order,
-        so a key's later change is never taken before its earlier one."""
-        merged: Versions = {}
+        so a key's later change is never taken before its earlier one, and the appends
+        taken of one topic instance come in seq order."""
+        # Per topic instance, tag -> [first, last]: one dict step per record, each key's
+        # string built once per interval, not once per append.
+        by_instance: dict[tuple[str, int], dict[str | None, list[int]]] = {}
         appends, self._appends = self._appends, []
         for entry in appends:
             commit, topic, epoch, first_seq, records = entry
             if commit is not None and not commit.durable:
                 self._appends.append(entry)
                 continue
-            by_tag: dict[str | None, list[int]] = {}  # keys built once per tag, not per record
+            tags = by_instance.get((topic, epoch))
+            if tags is None:
+                tags = by_instance[topic, epoch] = {}
             seq = first_seq
             for record in records:
-                seen = by_tag.get(record.tag)
+                seen = tags.get(record.tag)
                 if seen is None:
-                    by_tag[record.tag] = [seq, seq]
+                    tags[record.tag] = [seq, seq]
                 else:
-                    seen[1] = seq
+                    seen[1] = seq  # seqs only grow within an instance
                 seq += 1
-            for tag, (first, last) in by_tag.items():
+        merged: Versions = {}
+        for (topic, epoch), tags in by_instance.items():
+            for tag, (first, last) in tags.items():
                 _merge(merged, record_key(topic, tag), first, last, epoch)
         removals, self._removals = self._removals, []
         for removal in removals:
