@@ -46,16 +46,21 @@ class Changes:
     """Changes committed but not yet in a checkpoint, each with its journal commit
     (None: no journal, committed when applied).
 
-    An append is noted in O(1), as its topic, first seq and records (the engine never
-    mutates them); the per-key merge runs in :meth:`take`, once per interval, off
-    the append path."""
+    An append is noted in O(1), in parallel lists (its commit, topic, epoch, first seq,
+    and its one record's tag or its batch of records): a one-record append allocates
+    no object the garbage collector tracks. The per-key merge runs in :meth:`take`,
+    once per interval, off the append path."""
 
     def __init__(self) -> None:
-        self._appends: list[tuple[Commit | None, str, int, int, list[EncodedRecord]]] = []
+        self._commits: list[Commit | None] = []
+        self._topics: list[str] = []
+        self._epochs: list[int] = []
+        self._firsts: list[int] = []
+        self._tags: list[str | list[EncodedRecord] | None] = []  # one tag, or a batch
         self._removals: list[tuple[Commit | None, list[str], int, int]] = []
 
     def __len__(self) -> int:
-        return len(self._appends) + len(self._removals)
+        return len(self._commits) + len(self._removals)
 
     def appended(
         self,
@@ -66,7 +71,10 @@ class Changes:
         commit: Commit | None,
     ) -> None:
         """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
-        self._appends.append((commit, topic, epoch, first_seq, records))
+        # One record's tag (a string: the collector never tracks it), or the batch itself,
+        # whose tags are read at the interval.
+        tags = records[0].tag if len(records) == 1 else records
+        self._note(commit, topic, epoch, first_seq, tags)
 
     def removed(self, topic: Topic, keys: list[str], version: int, commit: Commit | None) -> None:
         """A deletion or a drop changed ``keys`` at ``version``: the seq the deletion
@@ -82,22 +90,31 @@ class Changes:
         # Per topic instance, tag -> [first, last]: one dict step per record, each key's
         # string built once per interval, not once per append.
         by_instance: dict[tuple[str, int], dict[str | None, list[int]]] = {}
-        appends, self._appends = self._appends, []
-        for entry in appends:
-            commit, topic, epoch, first_seq, records = entry
+        noted = zip(self._commits, self._topics, self._epochs, self._firsts, self._tags,
+                    strict=True)  # fmt: skip
+        self._commits, self._topics, self._epochs, self._firsts, self._tags = [], [], [], [], []
+        for commit, topic, epoch, first_seq, tags_of in noted:
             if commit is not None and not commit.durable:
-                self._appends.append(entry)
+                self._note(commit, topic, epoch, first_seq, tags_of)
                 continue
             tags = by_instance.get((topic, epoch))
             if tags is None:
                 tags = by_instance[topic, epoch] = {}
-            seq = first_seq
-            for record in records:
-                seen = tags.get(record.tag)
+            if not isinstance(tags_of, list):
+                seen = tags.get(tags_of)
                 if seen is None:
-                    tags[record.tag] = [seq, seq]
+                    tags[tags_of] = [first_seq, first_seq]
                 else:
-                    seen[1] = seq  # seqs only grow within an instance
+                    seen[1] = first_seq  # seqs only grow within an instance
+                continue
+            seq = first_seq
+            for record in tags_of:
+                tag = record.tag
+                seen = tags.get(tag)
+                if seen is None:
+                    tags[tag] = [seq, seq]
+                else:
+                    seen[1] = seq
                 seq += 1
         merged: Versions = {}
         for (topic, epoch), tags in by_instance.items():
@@ -112,6 +129,20 @@ class Changes:
             for key in keys:
                 _merge(merged, key, version, version, epoch)
         return [KeyChange(k, first, last, epoch) for k, (first, last, epoch) in merged.items()]
+
+    def _note(
+        self,
+        commit: Commit | None,
+        topic: str,
+        epoch: int,
+        first_seq: int,
+        tags: str | list[EncodedRecord] | None,
+    ) -> None:
+        self._commits.append(commit)
+        self._topics.append(topic)
+        self._epochs.append(epoch)
+        self._firsts.append(first_seq)
+        self._tags.append(tags)
 
 
 def deleted_keys(topic: Topic, bound: int, match: TagMatch | None) -> list[str]:
