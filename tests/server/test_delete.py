@@ -16,7 +16,8 @@ def live(api, topic: str) -> list[int]:
 def test_before_seq_deletes_everything_below(api, topic) -> None:
     api.write(topic, *range(6))
     result = api.delete(topic, before_seq=4)
-    # head_seq 7: the deletion took a seq of its own, which no reader sees (§7.1)
+    # head_seq 7: the deletion took a seq of its own, which no reader sees
+    # (docs/semantics/topics.md §7.1)
     assert result == {"deleted": 3, "earliest_seq": 4, "head_seq": 7, "count": 3,
                       "bytes": 3}  # fmt: skip
     assert live(api, topic) == [4, 5, 6]

@@ -125,8 +125,8 @@ class DeleteFrame(_Json):
     """A delete (docs/semantics/topics.md §7) of the seqs below ``bound`` (those matching
     ``match``, a ``[exact, value]`` pair, if given); ``seqs`` (a queue's acks) deletes
     exactly those seqs instead. ``now``: when it happened, for replay at that time.
-    ``slot``: the seq the deletion took for itself, born deleted (§7.1), when it
-    removed anything."""
+    ``slot``: the seq the deletion took for itself, born deleted, when it removed
+    anything (docs/semantics/topics.md §7.1)."""
 
     KIND = FrameKind.DELETE
     name: str
