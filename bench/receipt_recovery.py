@@ -79,9 +79,9 @@ def bench_receipts(keys: int, checkpoints: int, workdir: Path) -> float:
     elapsed = 0.0
     for c in range(1, checkpoints + 1):
         names = [f"orders/o{c}-{k}" for k in range(keys)]
-        source.listener(Checkpoint(c, c * 1000, [KeyChange(n, c, c) for n in names]))
+        source.listener(Checkpoint(c, c * 1000, [KeyChange(n, c, c, 1) for n in names]))
         start = time.perf_counter()
-        futures = [service.submit_receipt(name, c) for name in names]
+        futures = [service.submit_receipt(name, c, 1) for name in names]
         futures[-1].result(timeout=60)
         elapsed += time.perf_counter() - start
         assert all(f.done() and f.exception() is None for f in futures)

@@ -117,7 +117,7 @@ def test_a_recovery_client_s_watermark_shows_and_moves_after_receipts(
         before = int(watermark.inner_text().replace(",", ""))
         assert before < mine  # held below the checkpoint it has not receipted
         expect(row.get_by_test_id("client-behind")).not_to_have_text("0")
-        service.submit_receipt(live[0].key, live[0].version).result(timeout=10)
+        service.submit_receipt(live[0].key, live[0].version, live[0].epoch).result(timeout=10)
         # Reported when the watermark moved; the page's next poll shows it.
         expect(watermark).not_to_have_text(f"{before:,}", timeout=10_000)
         assert int(watermark.inner_text().replace(",", "")) >= mine

@@ -449,8 +449,8 @@ def test_discard_reject_is_422_with_detail(engine: Engine) -> None:
     error = refused(ErrorCode.TOPIC_FULL, engine.append, "t", [rec()])
     assert error.status == 422
     assert error.detail == {"cap_records": 2, "cap_bytes": 0, "head_seq": 2, "earliest_seq": 1}
-    engine.delete("t", before_seq=2)
-    assert engine.append("t", [rec()]).seqs == [3]
+    engine.delete("t", before_seq=2)  # takes seq 3 for itself (docs/semantics/topics.md §7.1)
+    assert engine.append("t", [rec()]).seqs == [4]
 
 
 def test_write_larger_than_the_cap_is_a_permanent_400_under_reject(engine: Engine) -> None:
@@ -616,14 +616,34 @@ def test_tag_eq_glob_and_combination(engine: Engine) -> None:
     result = engine.delete("t", match=TagMatch.parse(["tag", "Eq", "chat-42:3"])).response
     assert result.deleted == 1
     assert [r["$seq"] for r in engine.diff("t", 0).records()] == [3, 5, 6]
-    assert (result.count, result.earliest_seq, result.head_seq) == (3, 3, 7)
+    # each of the three deletions took a seq of its own: 8, 9, 10
+    assert (result.count, result.earliest_seq, result.head_seq) == (3, 3, 10)
 
 
 def test_delete_is_point_in_time(engine: Engine) -> None:
     engine.append("t", [rec(1, tag="x")])
     engine.delete("t", match=TagMatch.parse("x"))
     engine.append("t", [rec(2, tag="x")])
-    assert [r["$seq"] for r in engine.diff("t", 0).records()] == [2]
+    assert [r["$seq"] for r in engine.diff("t", 0).records()] == [3]  # 2: the deletion's seq
+
+
+def test_a_deletion_that_removes_anything_takes_a_seq_born_deleted(engine: Engine) -> None:
+    """docs/semantics/topics.md §7.1: the deletion's own seq is silent to readers and
+    counts nowhere; a deletion that removes nothing takes none."""
+    engine.append("t", [rec(i, tag=t) for i, t in enumerate(["a", "b", None])])
+    assert engine.delete("t", match=TagMatch.parse("zzz")).response.head_seq == 3
+    assert engine.delete("t", before_seq=1).response.head_seq == 3
+    result = engine.delete("t", match=TagMatch.parse("a")).response
+    assert (result.deleted, result.head_seq, result.earliest_seq, result.count) == (1, 4, 2, 2)
+    page = engine.diff("t", 0)
+    assert [r["$seq"] for r in page.records()] == [2, 3]
+    assert page.tombstone is None and page.next_from_seq == 4 and page.caught_up
+    assert engine.diff("t", 3).tombstone is None and engine.diff("t", 3).next_from_seq == 4
+    engine.delete("t", before_seq=5)  # everything: the slot 5 is taken, nothing is live
+    state = engine.get_topic("t")
+    assert (state.head_seq, state.earliest_seq, state.count, state.bytes) == (5, 6, 0, 0)
+    assert engine.append("t", [rec(9)]).seqs == [6]
+    assert [r["$seq"] for r in engine.diff("t", 0).records()] == [6]
 
 
 def test_delete_prunes_the_tag_index(engine: Engine) -> None:

@@ -176,6 +176,7 @@ class NoSilentLoss(RuleBasedStateMachine):
         if before is None and match is None:
             return
         selector = TagMatch.parse(match) if match is not None else None
+        now = self.clock.now_ms()
         result = self.engine.delete(TOPIC, before_seq=before, match=selector).response
         m = self.model
         bound = m.next_seq if before is None else min(m.next_seq, before)
@@ -188,6 +189,10 @@ class NoSilentLoss(RuleBasedStateMachine):
             r.status = "deleted"
             deleted += 1
         assert result.deleted == deleted
+        if deleted:  # the deletion's own seq, born deleted (docs/semantics/topics.md §7.1)
+            m.records[m.next_seq] = ModelRecord(m.next_seq, now, None, None, 0, "deleted")
+            m.next_seq += 1
+        assert result.head_seq == m.head
 
     @rule()
     def recreate(self) -> None:

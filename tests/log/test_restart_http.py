@@ -58,6 +58,7 @@ def test_an_ephemeral_topic_after_a_clean_restart(
         assert http.post("/v0/topics/e/records", json=body).json()["seqs"] == [1, 2, 3, 4, 5, 6]
         deleted = http.post("/v0/topics/e/delete", json={"before_seq": 3}).json()
         assert deleted["deleted"] == 2  # 1 and 2 are gone on purpose, before the restart
+        assert deleted["head_seq"] == 7  # the deletion's own seq, born deleted
     assert server.stop(signal.SIGTERM) == 0  # exact heads, then a seal
     server = spawn_server(data_dir)
     with httpx.Client(base_url=server.url, timeout=10) as http:
@@ -67,14 +68,14 @@ def test_an_ephemeral_topic_after_a_clean_restart(
         tombstone = page["tombstone"]
         assert (tombstone["reason"], tombstone["gap_from"], tombstone["gap_to"]) == ("lost", 5, 6)
         state = http.get("/v0/topics/e").json()
-        assert (state["head_seq"], state["count"], state["earliest_seq"]) == (6, 0, 7)
+        assert (state["head_seq"], state["count"], state["earliest_seq"]) == (7, 0, 8)
         # A reader from the start: the deleted 1 and 2 pass silently, 3..6 read as lost.
         page = diff(http, "e", 0)
         assert page["tombstone"] is None and page["records"] == []
         page = diff(http, "e", page["next_from_seq"])
         assert (page["tombstone"]["gap_from"], page["tombstone"]["gap_to"]) == (3, 6)
         assert page["caught_up"]
-        # A reader that had read everything is told of nothing.
+        # A reader that had read everything is told of nothing (7 was never a record).
         page = diff(http, "e", 6)
         assert page["tombstone"] is None and page["records"] == [] and page["caught_up"]
         # SSE sees the same: the gap first, from a stale cursor.
@@ -82,9 +83,9 @@ def test_an_ephemeral_topic_after_a_clean_restart(
         assert event == "tombstone" and (data["gap_from"], data["gap_to"]) == (5, 6)
         # New records continue above the old head: no seq is handed out twice.
         after = http.post("/v0/topics/e/records", json={"records": [{"data": "new"}]}).json()
-        assert after["seqs"] == [7]
+        assert after["seqs"] == [8]
         event, data = first_event(http, "e", 6)
-        assert event == "record" and (data["$seq"], data["data"]) == (7, "new")
+        assert event == "record" and (data["$seq"], data["data"]) == (8, "new")
 
 
 def test_deleted_records_between_and_after_live_ones_stay_silent_after_a_restart(

@@ -492,19 +492,24 @@ def test_an_ephemeral_delete_writes_no_wal_frame_and_waits_for_no_sync(tmp_path:
             delete = http.post("/v0/topics/e/delete", json={"match": "a"})
             response = await asyncio.wait_for(delete, 10)
             assert response.status_code == 200 and response.json()["deleted"] == 2
-            assert wal.submitted() == frames_before, "an ephemeral delete reached the WAL"
+            # No Delete frame; at most the seq ceiling that covers the deletion's own seq
+            # (best effort, as an ephemeral append's), which nothing waits for.
+            assert wal.submitted() <= frames_before + 1, "an ephemeral delete reached the WAL"
+            frames_before = wal.submitted()
             assert [r["data"] for r in engine.diff("e", 0).records()] == [1, 1]
             # The injector does hold syncs: a disk topic's delete still waits for its frame.
             disk_delete = asyncio.ensure_future(http.post("/v0/topics/d/delete",
                                                           json={"before_seq": 2}))  # fmt: skip
             for _ in range(50):  # every step the in-process request can take without a sync
                 await asyncio.sleep(0)
-            assert not disk_delete.done() and wal.submitted() == frames_before + 1
+            # its Delete frame, after the ceiling covering its own seq if that needed one
+            assert not disk_delete.done() and wal.submitted() - frames_before in (1, 2)
             gate.release()
             assert (await disk_delete).status_code == 200
             # A queue's acks are deletions too: an ephemeral queue's never reach the WAL.
+            frames_before = wal.submitted()
             engine.delete_seqs("e", [2])
-            assert wal.submitted() == frames_before + 1
+            assert wal.submitted() == frames_before
 
     try:
         asyncio.run(scenario())

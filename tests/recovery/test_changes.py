@@ -54,8 +54,8 @@ def test_mutant_taking_unsynced_changes_is_caught(monkeypatch: pytest.MonkeyPatc
     original = Changes.take
 
     def take_all(self: Changes) -> object:
-        self._appends = [(None, *rest) for _, *rest in self._appends]
-        self._removals = [(None, versions) for _, versions in self._removals]
+        self._commits = [None] * len(self._commits)
+        self._removals = [(None, *rest) for _, *rest in self._removals]
         return original(self)
 
     monkeypatch.setattr(Changes, "take", take_all)

@@ -7,6 +7,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from waymark.log.changes import Changes
+from waymark.protocol import KeyChange
 from waymark.recovery.ledger import Ledger
 
 from .machine import RecoveryMachine
@@ -19,9 +21,16 @@ def test_no_miss_no_false_report() -> None:
     run_state_machine_as_test(RecoveryMachine, settings=SETTINGS)
 
 
-def _hunt() -> None:
+class EndToEnd(RecoveryMachine):
+    """Only the client's view: no per-checkpoint version checks, so a mutant of the
+    versions must show as a change the client never processed and was never told of."""
+
+    check_versions = False
+
+
+def _hunt(machine: type[RecoveryMachine] = RecoveryMachine) -> None:
     run_state_machine_as_test(
-        RecoveryMachine,
+        machine,
         # Detection only: generated deterministically, not shrunk (seconds, not minutes).
         settings=settings(
             SETTINGS,
@@ -53,3 +62,45 @@ def test_mutant_watermark_past_unreceipted(monkeypatch: pytest.MonkeyPatch) -> N
     )  # fmt: skip
     with pytest.raises(AssertionError, match="never reported"):
         _hunt()
+
+
+def _name_removals_at_the_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: the old design. A deletion is named at its topic's head before it (not
+    at the seq it took), a drop at the instance's head (not at its next seq)."""
+    original = Changes.removed
+    monkeypatch.setattr(
+        Changes, "removed",
+        lambda self, topic, keys, version, commit: original(self, topic, keys, version - 1,
+                                                            commit),
+    )  # fmt: skip
+
+
+def test_mutant_deletion_named_at_the_head_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that read a key before its deletion and receipts it after the deletion's
+    checkpoint arrived would receipt the deletion too: never told of it."""
+    _name_removals_at_the_head(monkeypatch)
+    with pytest.raises(AssertionError, match="never reported"):
+        _hunt(EndToEnd)
+
+
+def test_mutant_deletion_named_at_the_head_is_not_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    _name_removals_at_the_head(monkeypatch)
+    with pytest.raises(AssertionError, match="not after"):
+        _hunt()
+
+
+def _drop_the_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: checkpoints name versions without their topic instance (every epoch 0), so
+    a recreated topic's version 1 compares below the old instance's versions."""
+    original = Changes.take
+    monkeypatch.setattr(
+        Changes, "take",
+        lambda self: [KeyChange(c.key, c.first, c.last, 0) for c in original(self)],
+    )  # fmt: skip
+
+
+def test_mutant_versions_without_epochs_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receipt of the old instance's version covers the new instance's lower one."""
+    _drop_the_epochs(monkeypatch)
+    with pytest.raises(AssertionError, match="never reported"):
+        _hunt(EndToEnd)

@@ -67,7 +67,7 @@ def test_a_topic_store_client_reports_and_its_watermark_moves_after_receipts(
         sent = service.reporter.send()
         assert sent is not None and sent.pending == 1
         assert client(lambda c: c.pending == 1) is not None
-        service.submit_receipt(live[0].key, live[0].version).result(timeout=10)
+        service.submit_receipt(live[0].key, live[0].version, live[0].epoch).result(timeout=10)
         # The watermark moved: reported at once, not after the 60 s interval.
         moved = wait_for(lambda: client(lambda c: (c.watermark or 0) >= orders),
                          "the watermark to pass the receipted checkpoint")  # fmt: skip

@@ -66,18 +66,24 @@ def test_deletes_and_drops_are_changes_named_at_committed_versions(server: Serve
         client.append("orders", [RecordIn.of(i, tag=t) for i, t in enumerate("abab")])
         wait_for(client, "orders/b", 4)
         before = {c.id for c in client.checkpoints()}
-        client.delete("orders", match="a")
-        found = wait_for(client, "orders/a", 4)
+        deleted = client.delete("orders", match="a")
+        assert deleted.head_seq == 5, "the deletion takes a seq of its own"
+        found = wait_for(client, "orders/a", 5)  # named at it, after the records it removed
         fresh = [c for c in found if c.id not in before]
         assert {ch.key for c in fresh for ch in c.changes} == {"orders/a"}  # only what changed
+        epoch = client.get_topic("orders").epoch
         client.delete_topic("orders")
         deadline = time.monotonic() + 10
         while not any(ch.key == "orders/b" for c in client.checkpoints() if c.id not in before
                       for ch in c.changes):  # fmt: skip
             assert time.monotonic() < deadline, "the drop is not a change"
             time.sleep(0.05)
+        after = [ch for c in client.checkpoints() if c.id not in before for ch in c.changes]
+        dropped = {ch.key: (ch.last, ch.epoch) for ch in after if ch.first == ch.last == 6}
+        # the drop: every key at the seq the instance would have handed out next
+        assert dropped == {"orders": (6, epoch), "orders/b": (6, epoch)}
         for checkpoint in client.checkpoints():
-            assert all(1 <= ch.first <= ch.last <= 4 for ch in checkpoint.changes)
+            assert all(1 <= ch.first <= ch.last <= 6 for ch in checkpoint.changes)
 
 
 def test_filter_keeps_every_id_and_paging_walks_back(server: ServerProcess) -> None:
@@ -184,7 +190,7 @@ def test_a_stateless_client_recovers_on_another_machine(server: ServerProcess) -
             assert time.monotonic() < deadline, "the listener got nothing"
             time.sleep(0.05)
         (done,) = seen
-        first.submit_receipt(done.key, done.version).result(timeout=10)  # type: ignore[attr-defined]
+        first.submit_receipt(done.key, done.version, done.epoch).result(timeout=10)  # type: ignore[attr-defined]
         client.append("orders", [RecordIn.of(2, tag="stale")])
         wait_for(client, "orders/stale", 2)
     first.close()

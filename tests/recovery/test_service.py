@@ -3,12 +3,13 @@ a real engine, a real SQLite store, a ManualClock; nothing sleeps."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from waymark.clock import ManualClock
-from waymark.log import Engine, RecordIn
+from waymark.log import Engine, RecordIn, TagMatch
 from waymark.recovery import CommittedVersion, LocalReceiptStore, RecoveryError, RecoveryService
 
 from .harness import EngineCheckpoints, FaultInjectingStore
@@ -33,6 +34,14 @@ class World:
         self.clock.advance(1_000)
         assert self.engine.emit_checkpoint() is not None
 
+    def at(self, key: str, version: int) -> CommittedVersion:
+        """``key`` at ``version`` of its topic's current instance."""
+        epoch = self.engine.get_topic(key.split("/", 1)[0], touch=False).epoch
+        return CommittedVersion(key, version, epoch)
+
+    def receipt(self, service: RecoveryService, key: str, version: int) -> Future[None]:
+        return service.submit_receipt(key, version, self.at(key, version).epoch)
+
     def start(self, **options: float) -> Started:
         source = EngineCheckpoints(self.engine, self.topics)
         store = FaultInjectingStore(LocalReceiptStore(self.path))
@@ -51,11 +60,11 @@ def test_first_start_reports_nothing_then_misses_are_reported(tmp_path: Path) ->
     world.write("orders/a")
     world.write("orders/b")
     source.deliver()
-    assert live == [CommittedVersion("orders/a", 2), CommittedVersion("orders/b", 3)]
-    service.submit_receipt("orders/b", 3).result(timeout=1)
+    assert live == [world.at("orders/a", 2), world.at("orders/b", 3)]
+    world.receipt(service, "orders/b", 3).result(timeout=1)
     world.clock.advance(10_000)
     _, _, missed, _ = world.start(recent_s=5)  # a crash: a new service on the same file
-    assert missed == [CommittedVersion("orders/a", 2)]  # b was receipted, a was not
+    assert missed == [world.at("orders/a", 2)]  # b was receipted, a was not
 
 
 def test_receipts_persist_per_checkpoint_and_futures_wait_for_it(tmp_path: Path) -> None:
@@ -63,15 +72,15 @@ def test_receipts_persist_per_checkpoint_and_futures_wait_for_it(tmp_path: Path)
     service, source, _, _ = world.start()
     world.write("orders/a", "orders/b")
     source.deliver()
-    first = service.submit_receipt("orders/a", 1)
+    first = world.receipt(service, "orders/a", 1)
     assert not first.done(), "resolved before every key of its checkpoint was receipted"
     assert service.status().ranges == []
-    again = service.submit_receipt("orders/a", 1)  # idempotent
-    service.submit_receipt("orders/b", 2).result(timeout=1)
+    again = world.receipt(service, "orders/a", 1)  # idempotent
+    world.receipt(service, "orders/b", 2).result(timeout=1)
     assert first.done() and again.done() and first.exception() is None
-    refused = service.submit_receipt("orders/a", 99)
+    refused = world.receipt(service, "orders/a", 99)
     assert isinstance(refused.exception(timeout=0), RecoveryError)
-    assert isinstance(service.submit_receipt("nowhere", 1).exception(timeout=0), RecoveryError)
+    assert isinstance(service.submit_receipt("nowhere", 1, 1).exception(timeout=0), RecoveryError)
 
 
 def test_a_later_version_receipts_earlier_ones(tmp_path: Path) -> None:
@@ -80,7 +89,7 @@ def test_a_later_version_receipts_earlier_ones(tmp_path: Path) -> None:
     world.write("orders/a")
     world.write("orders/a")
     source.deliver()
-    service.submit_receipt("orders/a", 2).result(timeout=1)
+    world.receipt(service, "orders/a", 2).result(timeout=1)
     world.clock.advance(1_000)
     _, _, missed, _ = world.start(recent_s=0)
     assert missed == []
@@ -91,10 +100,10 @@ def test_recent_checkpoints_go_to_the_listener_not_the_missed(tmp_path: Path) ->
     world.start(recent_s=5)
     world.write("orders/a")
     _, _, missed, live = world.start(recent_s=5)  # 1 s later: in flight
-    assert missed == [] and live == [CommittedVersion("orders/a", 1)]
+    assert missed == [] and live == [world.at("orders/a", 1)]
     world.clock.advance(5_000)
     _, _, missed, live = world.start(recent_s=5)
-    assert missed == [CommittedVersion("orders/a", 1)] and live == []
+    assert missed == [world.at("orders/a", 1)] and live == []
 
 
 def test_a_watermark_older_than_the_window_moves_into_it(tmp_path: Path) -> None:
@@ -106,9 +115,9 @@ def test_a_watermark_older_than_the_window_moves_into_it(tmp_path: Path) -> None
     store = LocalReceiptStore(world.path)
     assert store.low_watermark("c") == 0
     service, _, missed, _ = world.start(recent_s=0, max_window_s=60)
-    assert missed == [CommittedVersion("orders/new", 2)]  # the old one is outside the window
+    assert missed == [world.at("orders/new", 2)]  # the old one is outside the window
     assert store.low_watermark("c") == 1  # moved behind the window's first checkpoint
-    service.submit_receipt("orders/new", 2).result(timeout=1)
+    world.receipt(service, "orders/new", 2).result(timeout=1)
     assert store.low_watermark("c") == 2 and list(store.range_receipts("c", 0)) == []
 
 
@@ -119,17 +128,17 @@ def test_compression_merges_contiguous_ranges(tmp_path: Path) -> None:
         world.write(key)
     source.deliver()
     for key, version in (("t/b", 2), ("t/d", 4), ("t/c", 3)):  # a stays: no watermark move
-        service.submit_receipt(key, version).result(timeout=1)
+        world.receipt(service, key, version).result(timeout=1)
     store = LocalReceiptStore(world.path)
     assert sorted(store.range_receipts("c", 0)) == [(2, 2), (3, 3), (4, 4)]
     world.clock.advance(60_000)  # the interval is due: the next flush compresses
-    service.submit_receipt("t/c", 3).result(timeout=1)  # (idempotent: nothing new)
+    world.receipt(service, "t/c", 3).result(timeout=1)  # (idempotent: nothing new)
     assert sorted(store.range_receipts("c", 0)) == [(2, 2), (3, 3), (4, 4)]
     assert service.compress() == 2
     assert list(store.range_receipts("c", 0)) == [(2, 4)]
     _, _, missed, _ = world.start(recent_s=0)
-    assert missed == [CommittedVersion("t/a", 1)]
-    service.submit_receipt("t/a", 1)  # (the old run's ledger: no effect on the store)
+    assert missed == [world.at("t/a", 1)]
+    world.receipt(service, "t/a", 1)  # (the old run's ledger: no effect on the store)
 
 
 def test_a_filtered_consumer_receipts_other_topics_implicitly(tmp_path: Path) -> None:
@@ -138,8 +147,8 @@ def test_a_filtered_consumer_receipts_other_topics_implicitly(tmp_path: Path) ->
     world.write("users/u")
     world.write("orders/a", "users/v")
     source.deliver()
-    assert live == [CommittedVersion("orders/a", 1)]
-    service.submit_receipt("orders/a", 1).result(timeout=1)
+    assert live == [world.at("orders/a", 1)]
+    world.receipt(service, "orders/a", 1).result(timeout=1)
     assert LocalReceiptStore(world.path).low_watermark("c") == 2  # past users-only ones too
 
 
@@ -151,9 +160,53 @@ def test_a_failed_store_write_fails_the_future_and_a_retry_persists(tmp_path: Pa
     store = service.store
     assert isinstance(store, FaultInjectingStore)
     store.failing = True
-    failed = service.submit_receipt("orders/a", 1)
+    failed = world.receipt(service, "orders/a", 1)
     with pytest.raises(RecoveryError, match="not persisted"):
         failed.result(timeout=1)
     store.failing = False
-    service.submit_receipt("orders/a", 1).result(timeout=1)
+    world.receipt(service, "orders/a", 1).result(timeout=1)
     assert LocalReceiptStore(world.path).low_watermark("c") == 1
+
+
+def test_a_deletion_is_a_later_version_than_the_state_read_before_it(tmp_path: Path) -> None:
+    """docs/semantics/recovery.md §1.3: a client that read ``orders/a`` at version 1,
+    then receipts it after the deletion's checkpoint arrived, has not processed the
+    deletion: it is reported at the seq the deletion took."""
+    world = World(tmp_path)
+    service, source, _, live = world.start(recent_s=0)
+    world.write("orders/a", "orders/b")
+    source.deliver()
+    read = live[0]  # the client reads orders/a's state now ...
+    assert read == world.at("orders/a", 1)
+    world.engine.delete("orders", match=TagMatch.parse("a"))  # ... then it is deleted
+    world.clock.advance(1_000)
+    assert world.engine.emit_checkpoint() is not None
+    source.deliver()
+    assert live[-1] == world.at("orders/a", 3), "the deletion's own seq"
+    service.submit_receipt(read.key, read.version, read.epoch)  # ... and receipted late
+    world.receipt(service, "orders/b", 2).result(timeout=1)
+    world.clock.advance(1_000)
+    _, _, missed, _ = world.start(recent_s=0)
+    assert missed == [world.at("orders/a", 3)]
+
+
+def test_a_receipt_of_a_dropped_instance_covers_nothing_of_the_new_one(tmp_path: Path) -> None:
+    """A recreated topic starts its seqs again: ``orders/x`` at version 3 of the old
+    instance must not receipt version 1 of the new one (docs/semantics/recovery.md §1.1)."""
+    world = World(tmp_path)
+    service, source, _, live = world.start(recent_s=0)
+    world.write("orders/x", "orders/x", "orders/x")
+    source.deliver()
+    old = live[-1]
+    world.engine.delete_topic("orders")
+    world.write("orders/x")  # the new instance's version 1
+    source.deliver()
+    new = world.at("orders/x", 1)
+    assert new.epoch > old.epoch and live[-1] == new
+    service.submit_receipt(old.key, old.version, old.epoch).result(timeout=1)
+    world.clock.advance(1_000)
+    _, _, missed, _ = world.start(recent_s=0)
+    # the drop names the topic key too, at the seq the old instance would have given next
+    assert missed == [CommittedVersion("orders", 4, old.epoch), new]
+    refused = service.submit_receipt(new.key, 2, new.epoch)
+    assert isinstance(refused.exception(timeout=0), RecoveryError)

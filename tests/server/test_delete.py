@@ -16,9 +16,14 @@ def live(api, topic: str) -> list[int]:
 def test_before_seq_deletes_everything_below(api, topic) -> None:
     api.write(topic, *range(6))
     result = api.delete(topic, before_seq=4)
-    assert result == {"deleted": 3, "earliest_seq": 4, "head_seq": 6, "count": 3,
+    # head_seq 7: the deletion took a seq of its own, which no reader sees
+    # (docs/semantics/topics.md §7.1)
+    assert result == {"deleted": 3, "earliest_seq": 4, "head_seq": 7, "count": 3,
                       "bytes": 3}  # fmt: skip
     assert live(api, topic) == [4, 5, 6]
+    assert api.delete(topic, before_seq=2)["head_seq"] == 7  # removes nothing: takes none
+    page = api.diff(topic, 6)
+    assert page["records"] == [] and page["tombstone"] is None and page["next_from_seq"] == 7
 
 
 def test_match_eq_deletes_exact_tag_only(api, topic) -> None:
@@ -56,7 +61,7 @@ def test_a_match_delete_is_point_in_time(api, topic) -> None:
     tagged(api, topic, "t", "t")
     api.delete(topic, match="t")
     tagged(api, topic, "t")  # a later record with the same tag stays
-    assert live(api, topic) == [3]
+    assert live(api, topic) == [4]  # (3: the deletion's own seq)
 
 
 def test_deletion_is_silent_and_does_not_move_evict_floor(api, topic) -> None:

@@ -128,8 +128,8 @@ def test_discard_reject_refuses_with_422_topic_full(api, topic) -> None:
     error = api.error(api.post(topic, "records", records=[{"data": 3}]), 422, "topic_full")
     assert error["detail"] == {"cap_records": 2, "cap_bytes": 0, "head_seq": 2, "earliest_seq": 1}
     assert api.state(topic)["head_seq"] == 2  # no seq was assigned
-    api.delete(topic, before_seq=2)  # a consumer drains: retryable
-    assert api.write(topic, 3) == [3]
+    api.delete(topic, before_seq=2)  # a consumer drains: retryable (the deletion takes 3)
+    assert api.write(topic, 3) == [4]
 
 
 def test_a_write_larger_than_the_whole_cap_is_400_record_too_large(api, topic) -> None:

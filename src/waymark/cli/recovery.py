@@ -83,12 +83,13 @@ def register(app: typer.Typer) -> None:
             service.store.close()
         if json:
             for committed in found:
-                line = {"key": committed.key, "version": committed.version}
+                line = {"key": committed.key, "version": committed.version,
+                        "epoch": committed.epoch}  # fmt: skip
                 typer.echo(msgspec.json.encode(line).decode())
             return
-        table = Table("key", "version", title=f"{len(found)} keys missed by {client}")
+        table = Table("key", "version", "epoch", title=f"{len(found)} keys missed by {client}")
         for committed in found:
-            table.add_row(committed.key, str(committed.version))
+            table.add_row(committed.key, str(committed.version), str(committed.epoch))
         Console().print(table)
 
     @recovery.command()

@@ -120,6 +120,17 @@ class Chunk:
         self.dead.extend(bytes(len(pieces)))
         self.live += len(pieces)
 
+    def extend_deleted(self, seq: int, ts: int) -> None:
+        """A slot born deleted: a seq that holds no record, silent to every reader like a
+        deleted one (a deletion's own seq, docs/semantics/topics.md §7.1)."""
+        self.buf += b'{"$seq":%d,"$ts":%d,"data":null},' % (seq, ts)
+        self.ends.append(len(self.buf))
+        self.ts.append(ts)
+        self.node.append(0)
+        self.tag.append(0)
+        self.size.append(4)  # a record like any other, its data null, were it ever read
+        self.dead.append(DELETED)
+
     def start(self, i: int) -> int:
         return self.ends[i - 1] if i else 0
 

@@ -185,8 +185,10 @@ class Engine:
         topic = kernel.existing(name, recover=False)  # what is still set aside never applies
         commit = kernel.write(name, DropFrame(name, topic.epoch).encode())
         kernel.drop(name)
-        if (changes := self._changes_of(topic)) is not None:
-            changes.removed(topic, dropped_keys(topic), commit)
+        if topic.head_seq > 0 and (changes := self._changes_of(topic)) is not None:
+            # A drop's version is the instance's next seq, which it never hands out: later
+            # than every change of the instance (docs/semantics/recovery.md §1.3).
+            changes.removed(topic, dropped_keys(topic), topic.next_seq, commit)
         # Its routers go with it (docs/semantics/topics.md §8.6).
         self.routers.topic_dropped(name, topic.epoch)
         if topic.type is TopicType.QUEUE:
@@ -286,7 +288,7 @@ class Engine:
         if plan.fresh and (changes := self._changes_of(topic)) is not None:
             # A router's copies are as durable as the source records they copy.
             latest = kernel.latest(derived_from) if derived_from is not None else commit
-            changes.appended(name, plan.first_seq, plan.fresh, latest)
+            changes.appended(name, topic.epoch, plan.first_seq, plan.fresh, latest)
         kernel.commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
 
@@ -351,16 +353,30 @@ class Engine:
         topic = self.kernel.existing(name)
         bound = topic.next_seq if before_seq is None else min(topic.next_seq, before_seq)
         now = self.clock.now_ms()
+        # A deletion that removes anything is a change with its own seq, born deleted
+        # (docs/semantics/topics.md §7.1): change checkpoints name it as a version later
+        # than every record it removed (docs/semantics/recovery.md §1.3).
+        slot = topic.next_seq if topic.removes_any(bound, match, now) else None
+        kernel = self.kernel
         commit = None
-        if topic.config.durability is not Durability.EPHEMERAL:  # its deletes skip the WAL
-            frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now)
-            commit = self.kernel.write(name, frame.encode())
-        changes = self._changes_of(topic)
+        durability = topic.config.durability
+        journaled = durability is not Durability.EPHEMERAL  # (its deletes skip the WAL)
+        if kernel.journal is not None and (journaled or slot is not None):
+            kernel.journal.check_available(name)
+            if slot is not None:
+                self._reserve(topic, slot, now)  # a journaled delete's ack waits for its frame
+            if journaled:
+                frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
+                                       slot=slot)  # fmt: skip
+                commit = kernel.write(name, frame.encode())
+        changes = self._changes_of(topic) if slot is not None else None
         keys = deleted_keys(topic, bound, match) if changes is not None else None
-        result = topic.delete(bound, match, now)
-        if changes is not None and keys and result.deleted:
-            changes.removed(topic, keys, commit)
-        self.kernel.commit(topic)
+        result = topic.delete(bound, match, now, slot)
+        if slot is not None and commit is not None and durability is Durability.FSYNC:
+            topic.note_unsynced(slot, commit)  # readers pass it once it is synced
+        if changes is not None and keys:
+            changes.removed(topic, keys, slot, commit)
+        kernel.commit(topic)
         return DeleteResult(result, commit)
 
     def delete_seqs(self, name: str, seqs: list[int]) -> DeleteResponse:

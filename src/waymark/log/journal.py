@@ -124,7 +124,9 @@ class RouterFrame(_Json, rename={"definition": "def"}):
 class DeleteFrame(_Json):
     """A delete (docs/semantics/topics.md §7) of the seqs below ``bound`` (those matching
     ``match``, a ``[exact, value]`` pair, if given); ``seqs`` (a queue's acks) deletes
-    exactly those seqs instead. ``now``: when it happened, for replay at that time."""
+    exactly those seqs instead. ``now``: when it happened, for replay at that time.
+    ``slot``: the seq the deletion took for itself, born deleted, when it removed
+    anything (docs/semantics/topics.md §7.1)."""
 
     KIND = FrameKind.DELETE
     name: str
@@ -134,6 +136,7 @@ class DeleteFrame(_Json):
     bound: int
     now: int | None = None
     seqs: list[int] | UnsetType = UNSET  # absent from the JSON unless given
+    slot: int | UnsetType = UNSET  # likewise: frames of deletions that took no seq are unchanged
 
     @classmethod
     def of(
@@ -146,9 +149,11 @@ class DeleteFrame(_Json):
         seqs: list[int] | None = None,
         *,
         now: int | None = None,
+        slot: int | None = None,
     ) -> DeleteFrame:
         pair = None if match is None else (match.exact, match.value)
-        return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs)
+        return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs,
+                   UNSET if slot is None else slot)  # fmt: skip
 
     @property
     def selector(self) -> TagMatch | None:

@@ -35,10 +35,7 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             topic = kernel.get(entry.name)
             if topic is None or topic.epoch != entry.epoch:
                 return  # written for an instance that was dropped later
-            if entry.first_seq > topic.next_seq:
-                # The seqs in between were acknowledged before a crash and never landed.
-                topic.holes.append(Hole(topic.next_seq, entry.first_seq - 1))
-                topic.next_seq = entry.first_seq
+            _skip_to(topic, entry.first_seq)
             # What the append's plan did first: expire at its time, so a record the TTL
             # took then is not replayed as one the cap evicts now.
             topic.expire(entry.now)
@@ -81,8 +78,20 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             now = _when(engine, entry.now)
             if entry.seqs is not UNSET:
                 topic.delete_seqs(entry.seqs, now)
-            else:
-                topic.delete(entry.bound, entry.selector, now)
+                return
+            slot = None
+            if entry.slot is not UNSET and entry.slot >= topic.next_seq:
+                _skip_to(topic, entry.slot)
+                slot = entry.slot
+            topic.delete(entry.bound, entry.selector, now, slot)
+
+
+def _skip_to(topic: Topic, seq: int) -> None:
+    """A frame takes ``seq`` past the topic's next: the seqs in between were handed out
+    before a crash and never landed (a router dest's copies are not journaled)."""
+    if seq > topic.next_seq:
+        topic.holes.append(Hole(topic.next_seq, seq - 1))
+        topic.next_seq = seq
 
 
 def _when(engine: Engine, now: int | None) -> int:

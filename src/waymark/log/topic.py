@@ -456,17 +456,52 @@ class Topic:
                 del self.tag_index[tag]
 
     # --- voluntary removal: deletion (docs/semantics/topics.md §7) -----------------------------
-    def delete(self, bound: int, match: TagMatch | None, now: int) -> DeleteResponse:
+    def delete(
+        self, bound: int, match: TagMatch | None, now: int, slot: int | None = None
+    ) -> DeleteResponse:
         """Delete below ``bound`` (min of before_seq and head_seq + 1 at call time: the
-        point in time), every record or only those whose tag matches."""
+        point in time), every record or only those whose tag matches. ``slot``: the
+        deletion's own seq, taken after it (:meth:`removes_any` said it removes
+        something)."""
         self.expire(now)
         if match is None:
             deleted = self._remove_front(bound - 1, None) if bound > self.front else 0
         else:
             deleted = self._delete_tagged(match, bound)
+        if slot is not None:
+            self.take_deleted(slot, now)
         return DeleteResponse(
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
+
+    def removes_any(self, bound: int, match: TagMatch | None, now: int) -> bool:
+        """Whether :meth:`delete` now would remove a live record: asked before the
+        deletion is journaled, since one that removes anything takes its own seq
+        (docs/semantics/topics.md §7.1)."""
+        self.expire(now)
+        if match is None:
+            return bound > self.front  # the front is a live record or next_seq
+        for tag in self._matching_tags(match):
+            seqs = self.tag_index[tag]
+            lo, hi = bisect_left(seqs, self.front), bisect_left(seqs, bound)
+            if any(self.slot(seq) is not None for seq in seqs[lo:hi]):
+                return True
+        return False
+
+    def take_deleted(self, seq: int, now: int) -> None:
+        """Hand out ``seq`` (the next one) as a slot born deleted: a deletion's own seq,
+        which no reader ever sees (docs/semantics/topics.md §7.1). Replay passes a
+        seq a seal already holds: nothing to do."""
+        if seq < self.next_seq:
+            return
+        ts = now if now > self.last_ts else self.last_ts  # ts never goes backwards in seq
+        chunk = self.chunks[-1] if self.chunks else None
+        if chunk is None or not chunk.room_at(seq):
+            chunk = self._new_chunk(seq)
+        chunk.extend_deleted(seq, ts)
+        self.next_seq = seq + 1
+        self.last_ts = ts
+        self.settle_front()
 
     def delete_seqs(self, seqs: list[int], now: int) -> DeleteResponse:
         """Delete exactly these seqs (a queue's ack and dead-letter move,
@@ -486,17 +521,19 @@ class Topic:
             deleted, self.earliest_seq, self.head_seq, self.live_count, self.live_bytes
         )
 
-    def _delete_tagged(self, match: TagMatch, bound: int) -> int:
+    def _matching_tags(self, match: TagMatch) -> list[str]:
         if match.exact:
-            tags = [match.value] if match.value in self.tag_index else []
-        else:
-            tags = []
-            for tag in self.tag_index.irange(minimum=match.value):
-                if not tag.startswith(match.value):
-                    break
-                tags.append(tag)
+            return [match.value] if match.value in self.tag_index else []
+        tags = []
+        for tag in self.tag_index.irange(minimum=match.value):
+            if not tag.startswith(match.value):
+                break
+            tags.append(tag)
+        return tags
+
+    def _delete_tagged(self, match: TagMatch, bound: int) -> int:
         deleted = 0
-        for tag in tags:
+        for tag in self._matching_tags(match):
             seqs = self.tag_index[tag]
             cut = bisect_left(seqs, bound)
             for seq in seqs[bisect_left(seqs, self.front, 0, cut) : cut]:

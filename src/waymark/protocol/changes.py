@@ -4,8 +4,8 @@
 A change checkpoint names, for one commit interval that committed anything, every
 key changed in it with the first and the last version committed in that interval. A
 key is ``"<topic>/<tag>"`` for a tagged record and ``"<topic>"`` for an untagged one;
-a version is a seq of the key's topic. Ids increase strictly and are never reused,
-also across restarts.
+a version is a seq of the key's topic instance, named by its epoch. Ids increase
+strictly and are never reused, also across restarts.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from msgspec import Struct
 
 
 class KeyChange(Struct, array_like=True, frozen=True):
-    """One key of a checkpoint: ``[key, first, last]`` on the wire (compact: a
-    checkpoint of 10k keys is one array of small arrays)."""
+    """One key of a checkpoint: ``[key, first, last, epoch]`` on the wire (compact: a
+    checkpoint of 10k keys is one array of small arrays). A version is a seq of the
+    topic instance ``epoch``; a key's versions are ordered by ``(epoch, version)``
+    (docs/semantics/recovery.md §1.1)."""
 
     key: str
     first: int  # the first version of the key committed in the interval
-    last: int  # the last one; a deletion's version is its topic's head at the time
+    last: int  # the last one; a deletion's version is the seq it took, a drop's the next
+    epoch: int  # the topic instance of both (the newest one, if the interval saw several)
 
 
 class Checkpoint(Struct, array_like=True, frozen=True):

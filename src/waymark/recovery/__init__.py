@@ -12,10 +12,13 @@ every new one. It is a client-side package: it talks to the server through
 ``LocalReceiptStore`` receipts in an embedded SQLite file (the default)
 ``TopicReceiptStore`` receipts in a waymark topic (recover on any machine)
 ``CommittedVersion``  a key at a version known to be committed
+``AsyncRecoveryService``, ``AsyncTopicCheckpoints``  the same for asyncio
 """
 
+from .aio import AsyncCheckpointSource, AsyncRecoveryService, AsyncTopicCheckpoints
+from .core import Status
 from .local import LocalReceiptStore
-from .service import RecoveryService, Status
+from .service import RecoveryService
 from .source import TopicCheckpoints
 from .store import ReceiptStore
 from .topicstore import TopicReceiptStore
@@ -28,6 +31,9 @@ from .types import (
 )
 
 __all__ = [
+    "AsyncCheckpointSource",
+    "AsyncRecoveryService",
+    "AsyncTopicCheckpoints",
     "CheckpointListener",
     "CheckpointSource",
     "CommittedVersion",

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from ..protocol import Checkpoint
 from .types import RecoveryError
 
+# A key's version as the ledger orders it: (topic epoch, seq). A recreated topic's seqs
+# start again, in a later epoch (docs/semantics/recovery.md §1.1).
+Version = tuple[int, int]
+_NONE: Version = (-1, -1)  # below every version
+
 
 def covered(ranges: list[tuple[int, int]], checkpoint: int) -> bool:
     return any(begin <= checkpoint <= end for begin, end in ranges)
@@ -23,7 +28,7 @@ def covered(ranges: list[tuple[int, int]], checkpoint: int) -> bool:
 class Recovery:
     """What a recovery query found (docs/semantics/recovery.md §3.3)."""
 
-    missed: dict[str, int] = field(default_factory=dict)  # key -> newest unreceipted version
+    missed: dict[str, Version] = field(default_factory=dict)  # key -> newest unreceipted
     recent: list[Checkpoint] = field(default_factory=list)  # too recent to call missed
     oldest: int | None = None  # the oldest checkpoint id the walk saw
     reached: bool = False  # the walk reached the watermark (else it ended at the window)
@@ -34,12 +39,12 @@ class Ledger:
         self.low_watermark = low_watermark
         self._known: list[int] = []  # known checkpoint ids above the watermark
         self._sorted = True  # whether _known is ascending (the query adds them descending)
-        self._entries: dict[int, dict[str, int]] = {}  # not persisted: key -> last version
+        self._entries: dict[int, dict[str, Version]] = {}  # not persisted: key -> last version
         self._waiting: dict[int, set[str]] = {}  # not persisted: keys not receipted yet
         self._persisted: set[int] = set()
         self._ready: set[int] = set()  # complete, receipt not persisted yet
         self._holding: dict[str, set[int]] = {}  # key -> not-persisted ids naming it
-        self._newest: dict[str, int] = {}  # key -> newest version known committed
+        self._newest: dict[str, Version] = {}  # key -> newest version known committed
         self._tail: tuple[int, int] | None = None  # the range receipt written last
 
     # --- checkpoints -------------------------------------------------------------------
@@ -51,7 +56,7 @@ class Ledger:
         )
 
     def add(self, checkpoint: Checkpoint, *, receipted: bool = False,
-            implicit: dict[str, int] | None = None) -> bool:  # fmt: skip
+            implicit: dict[str, Version] | None = None) -> bool:  # fmt: skip
         """Learn of ``checkpoint``; ``receipted``: a stored range covers it; a key whose
         version ``implicit`` receipts is receipted already
         (docs/semantics/recovery.md §3.3). False if known."""
@@ -63,14 +68,14 @@ class Ledger:
         if receipted:
             self._persisted.add(checkpoint.id)
             return True
-        entries = {c.key: c.last for c in checkpoint.changes}
+        entries = {c.key: (c.epoch, c.last) for c in checkpoint.changes}
         self._entries[checkpoint.id] = entries
         waiting = self._waiting[checkpoint.id] = set()
         for key, last in entries.items():
-            if self._newest.get(key, -1) < last:
+            if self._newest.get(key, _NONE) < last:
                 self._newest[key] = last
             self._holding.setdefault(key, set()).add(checkpoint.id)
-            if implicit is None or implicit.get(key, -1) < last:
+            if implicit is None or implicit.get(key, _NONE) < last:
                 waiting.add(key)
         if self.complete(checkpoint.id):
             self._ready.add(checkpoint.id)
@@ -80,12 +85,15 @@ class Ledger:
         """Every key of ``checkpoint`` is receipted: its receipt may be persisted."""
         return not self._waiting[checkpoint]
 
-    def receipt(self, key: str, version: int) -> set[int]:
+    def receipt(self, key: str, version: Version) -> set[int]:
         """Receipt ``key`` up to ``version`` (docs/semantics/recovery.md §2.1); the
         not-yet-persisted checkpoints naming it at or below that version, whose
         persistence the receipt waits for."""
-        if version > self._newest.get(key, -1):
-            raise RecoveryError(f"{key!r} at version {version} is not known to be committed")
+        if version > self._newest.get(key, _NONE):
+            epoch, seq = version
+            raise RecoveryError(
+                f"{key!r} at version {seq} of epoch {epoch} is not known to be committed"
+            )
         hit: set[int] = set()
         for checkpoint in self._holding.get(key, ()):
             if self._entries[checkpoint][key] <= version:
@@ -108,7 +116,7 @@ class Ledger:
             if keys:
                 yield checkpoint, keys
 
-    def unreceipted(self, checkpoint: int) -> list[tuple[str, int]]:
+    def unreceipted(self, checkpoint: int) -> list[tuple[str, Version]]:
         """The keys ``checkpoint`` still waits for, with its version of each."""
         entries = self._entries.get(checkpoint, {})
         return [(key, entries[key]) for key in sorted(self._waiting.get(checkpoint, ()))]
@@ -190,41 +198,49 @@ class Ledger:
         return i == len(self._ids) or self._ids[i] >= begin
 
 
-def recover(
-    ledger: Ledger,
-    newest_first: Iterable[Checkpoint],
-    ranges: list[tuple[int, int]],
-    newest: int,
-    recent_ms: int,
-) -> Recovery:
-    """The recovery query (docs/semantics/recovery.md §3.3): walk the checkpoints
-    above the watermark up to id ``newest``, newest first, against the stored
-    ``ranges``. A checkpoint no range covers is unreceipted, except for the keys a
+class Walk:
+    """The recovery query (docs/semantics/recovery.md §3.3), one checkpoint at a time:
+    the checkpoints above the watermark up to id ``newest``, newest first, against the
+    stored ``ranges``. A checkpoint no range covers is unreceipted, except for the keys a
     newer covered one names at the same or a later version (the client receipted
-    those, docs/semantics/recovery.md §2.1). Unreceipted checkpoints
-    after ``recent_ms`` are in flight, not missed; all are added to ``ledger``."""
-    found = Recovery()
-    subsumed: dict[str, int] = {}
-    for checkpoint in newest_first:
-        if checkpoint.id > newest:
-            continue  # the listener brings it
+    those, docs/semantics/recovery.md §2.1). Unreceipted checkpoints after
+    ``recent_ms`` are in flight, not missed; all are added to ``ledger``. Fed by a
+    blocking or an asyncio source alike."""
+
+    def __init__(
+        self, ledger: Ledger, ranges: list[tuple[int, int]], newest: int, recent_ms: int
+    ) -> None:
+        self.ledger, self.ranges, self.newest, self.recent_ms = ledger, ranges, newest, recent_ms
+        self.found = Recovery()
+        self._subsumed: dict[str, Version] = {}
+
+    def step(self, checkpoint: Checkpoint) -> bool:
+        """Take the next older checkpoint; False once the walk reached the watermark."""
+        ledger, found, subsumed = self.ledger, self.found, self._subsumed
+        if checkpoint.id > self.newest:
+            return True  # the listener brings it
         if checkpoint.id <= ledger.low_watermark:
             found.reached = True
-            break
+            return False
         found.oldest = checkpoint.id
-        if covered(ranges, checkpoint.id):
+        if covered(self.ranges, checkpoint.id):
             ledger.add(checkpoint, receipted=True)
             for change in checkpoint.changes:
-                if subsumed.get(change.key, -1) < change.last:
-                    subsumed[change.key] = change.last
-            continue
+                version = (change.epoch, change.last)
+                if subsumed.get(change.key, _NONE) < version:
+                    subsumed[change.key] = version
+            return True
         if not ledger.add(checkpoint, implicit=subsumed):
-            continue
-        if checkpoint.time_ms > recent_ms:
+            return True
+        if checkpoint.time_ms > self.recent_ms:
             found.recent.append(checkpoint)
-            continue
+            return True
         for change in checkpoint.changes:
-            if subsumed.get(change.key, -1) < change.last:
-                found.missed[change.key] = max(found.missed.get(change.key, -1), change.last)
-    found.recent.reverse()
-    return found
+            version = (change.epoch, change.last)
+            if subsumed.get(change.key, _NONE) < version:
+                found.missed[change.key] = max(found.missed.get(change.key, _NONE), version)
+        return True
+
+    def done(self) -> Recovery:
+        self.found.recent.reverse()
+        return self.found

@@ -12,10 +12,13 @@ from ..protocol import Checkpoint
 @dataclass(frozen=True, slots=True)
 class CommittedVersion:
     """A version of a key known to be committed: the client should (re)process the
-    key's current state and then receipt ``(key, version)``."""
+    key's current state and then receipt ``(key, version, epoch)``. ``version`` is a
+    seq of the topic instance ``epoch`` (a recreated topic's seqs start again, in a
+    later epoch: docs/semantics/recovery.md §1.1)."""
 
     key: str
     version: int
+    epoch: int
 
 
 CommittedVersionListener = Callable[[CommittedVersion], None]

@@ -1,0 +1,202 @@
+"""The asyncio twin of :class:`~waymark.recovery.RecoveryService`
+(docs/recovery.md, "asyncio").
+
+``AsyncRecoveryService`` keeps the same bookkeeping, :class:`~.core.ServiceCore`, over
+an asyncio checkpoint source (``AsyncTopicCheckpoints``, on the
+:class:`~waymark.client.AsyncClient`). Receipts return ``asyncio.Future`` objects at
+once; the store writes they complete run in a worker thread, one step at a time, so
+the event loop never waits on a disk sync. Any
+:class:`~waymark.recovery.ReceiptStore` serves (``LocalReceiptStore``,
+``TopicReceiptStore``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from ..client import AsyncClient, TransportError
+from ..clock import Clock, SystemClock
+from ..protocol import Checkpoint
+from .core import Io, Query, ServiceCore, Status, T, versions
+from .store import ReceiptStore
+from .types import CheckpointListener, CommittedVersion, CommittedVersionListener
+
+
+class AsyncCheckpointSource(Protocol):
+    """Where change checkpoints come from, for asyncio (docs/semantics/recovery.md §1.5)."""
+
+    async def newest_id(self) -> int:
+        """The newest checkpoint's id (0: none yet)."""
+        ...
+
+    def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
+        """Checkpoints back to time ``earliest_ms``, newest first."""
+        ...
+
+    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+        """Call ``listener`` with every checkpoint whose id is above ``after``, in id
+        order, from now on (on the running loop)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class AsyncTopicCheckpoints:
+    """The checkpoints of the server at ``url`` over the asyncio client; only the changes
+    of ``topics`` when given (docs/semantics/recovery.md §3.4)."""
+
+    def __init__(
+        self, url: str, topics: Sequence[str] | None = None, *, client: AsyncClient | None = None
+    ) -> None:
+        self.url = url
+        self.topics = list(topics) if topics else None
+        self.client = client or AsyncClient(url)
+        self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
+
+    async def newest_id(self) -> int:
+        page = await self.client.list_checkpoints(limit=1)
+        return page.checkpoints[0].id if page.checkpoints else 0
+
+    def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
+        return self.client.checkpoints(earliest_ms, topics=self.topics)
+
+    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+        """Follow new checkpoints over SSE in a task of the running loop, until
+        :meth:`aclose`."""
+        watcher = AsyncClient(self.url)
+
+        async def follow() -> None:
+            async for checkpoint in watcher.watch_checkpoints(after=after, topics=self.topics):
+                listener(checkpoint)
+
+        self._follows.append((watcher, asyncio.create_task(follow(), name="waymark-checkpoints")))
+
+    async def aclose(self) -> None:
+        for watcher, task in self._follows:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TransportError):
+                await task
+            await watcher.aclose()
+        await self.client.aclose()
+
+
+def _future() -> asyncio.Future[None]:
+    return asyncio.get_running_loop().create_future()
+
+
+class AsyncRecoveryService:
+    """Receipts and recovery for one client over an asyncio checkpoint source; for one
+    event loop. The same parameters and meaning as
+    :class:`~waymark.recovery.RecoveryService`."""
+
+    def __init__(
+        self,
+        source: AsyncCheckpointSource,
+        store: ReceiptStore,
+        client_id: str,
+        *,
+        recent_s: float = 30.0,
+        max_window_s: float = 86_400.0,
+        compress_interval_s: float = 60.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.source, self.store, self.client_id = source, store, client_id
+        self.core: ServiceCore[asyncio.Future[None]] = ServiceCore(
+            store, client_id, recent_s=recent_s, max_window_s=max_window_s,
+            compress_interval_s=compress_interval_s, clock=clock or SystemClock(),
+            new_future=_future,
+        )  # fmt: skip
+        # One step of the bookkeeping at a time: a flush awaits the store, and the
+        # receipts arriving meanwhile wait for the next one.
+        self._lock = asyncio.Lock()
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    async def _run(self, io: Io[T]) -> T:
+        """Run ``io``'s store calls in a worker thread, one after another."""
+        try:
+            op = next(io)
+            while True:
+                call, args = op
+                try:
+                    result = await asyncio.to_thread(call, *args)
+                except Exception as exc:
+                    op = io.throw(exc)
+                else:
+                    op = io.send(result)
+        except StopIteration as stop:
+            return stop.value
+
+    # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------
+    async def _query(self) -> Query:
+        core = self.core
+        newest = await self.source.newest_id()
+        walk = core.walk(newest, *await self._run(core.stored()))
+        if walk is not None:
+            async for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
+                if not walk.step(checkpoint):
+                    break
+        return core.query(newest, walk)
+
+    async def missed(self) -> list[CommittedVersion]:
+        """The recovery query alone; nothing is written and nothing subscribed."""
+        return versions((await self._query()).found.missed)
+
+    async def subscribe(self, listener: CommittedVersionListener) -> list[CommittedVersion]:
+        """The committed versions this client never receipted (each key once, at its
+        newest version); every later one goes to ``listener``, called on the loop."""
+        async with self._lock:
+            query = await self._query()
+            in_flight = await self._run(self.core.start(query, listener))
+            self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+        for committed in in_flight:
+            listener(committed)
+        return versions(query.found.missed)
+
+    def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """A new checkpoint from the source: its versions go to the listener."""
+        fresh, flush = self.core.offer(checkpoint)
+        if flush:
+            self._flush_soon()
+        listener = self.core.listener
+        for committed in fresh:
+            assert listener is not None
+            listener(committed)
+
+    # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------
+    def submit_receipt(self, key: str, version: int, epoch: int) -> asyncio.Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch``; returns at once.
+        The future resolves once every checkpoint naming the key up to that version has
+        its receipt persisted, and fails with :class:`~waymark.recovery.RecoveryError`
+        as :meth:`RecoveryService.submit_receipt`'s does."""
+        future, flush = self.core.receipt(key, version, epoch)
+        if flush:
+            self._flush_soon()
+        return future
+
+    def _flush_soon(self) -> None:
+        task = asyncio.create_task(self._flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            ledger = self.core.ledger
+            if ledger is not None and ledger.has_ready():  # (an earlier flush took them)
+                await self._run(self.core.flush())
+
+    async def compress(self) -> int:
+        """Merge contiguous range receipts and purge the ones merged."""
+        async with self._lock:
+            return await self._run(self.core.compress())
+
+    async def status(self) -> Status:
+        return await self._run(self.core.status(await self._query()))
+
+    async def aclose(self) -> None:
+        """Wait for the flushes under way, then close the source."""
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
+        await self.source.aclose()
