@@ -284,4 +284,3 @@ def test_a_handoff_published_without_the_conditional_write_is_caught(
     put_mode: Callable[[Any], Any] = lambda observed: OVERWRITE  # noqa: E731
     monkeypatch.setattr(locator_module, "put_mode", put_mode)
     assert "two producers won" in _fails(fleet)
-

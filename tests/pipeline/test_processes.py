@@ -51,7 +51,7 @@ def test_sigkill_of_the_edge_server_and_of_a_stage_loses_and_duplicates_nothing(
     spec.write_text(f"""
 [pipeline]
 name = "kill"
-handoff = "{(tmp_path / 'handoff').as_uri()}"
+handoff = "{(tmp_path / "handoff").as_uri()}"
 
 [[edge]]
 name = "raw"

@@ -18,9 +18,7 @@ from waymark.recovery import LocalReceiptStore, ReceiptStore, TopicReceiptStore,
 
 
 @pytest.fixture(params=["local", "topic"])
-def make_store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[str, object]]:
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, object]]:
     if request.param == "local":
         yield "local", tmp_path / "receipts.db"
     else:

@@ -132,8 +132,9 @@ def register(app: typer.Typer) -> None:
         url: Url,
         token: Annotated[
             str | None,
-            typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True,
-                         help="Bearer token (a read scope)."),
+            typer.Option(
+                envvar="WAYMARK_TOKEN", show_envvar=True, help="Bearer token (a read scope)."
+            ),
         ] = None,
         json: Annotated[bool, typer.Option("--json", help="The server's JSON answer.")] = False,
     ) -> None:

@@ -246,7 +246,9 @@ class Api:
         return self._run(queues.extend(topic, node, seqs, lease_ids, lease_ms))
 
     def redrive(
-        self, topic: str, max: int = 1000  # noqa: A002 -- the wire field's name
+        self,
+        topic: str,
+        max: int = 1000,  # noqa: A002 -- the wire field's name
     ) -> RedriveResponse:
         return self._run(queues.redrive(topic, max))
 

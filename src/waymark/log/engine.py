@@ -345,9 +345,7 @@ class Engine:
     ) -> DeleteResult:
         """Permanent, point-in-time deletion (docs/semantics/topics.md §7)."""
         if before_seq is None and match is None:
-            raise TopicError(
-                ErrorCode.INVALID_REQUEST, "a delete names before_seq, match, or both"
-            )
+            raise TopicError(ErrorCode.INVALID_REQUEST, "a delete names before_seq, match, or both")
         if before_seq is not None and before_seq < 0:
             raise TopicError(ErrorCode.INVALID_REQUEST, "before_seq is a seq: 0 or more")
         topic = self.kernel.existing(name)

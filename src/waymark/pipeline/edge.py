@@ -441,8 +441,10 @@ class RelocatableQueueEdge:
         """Follow the handoff record; True when this side rebound to a newer generation.
         Reads the record at most every ``poll_interval_ms`` unless ``force``."""
         now = self.clock.now_ms()
-        if not force and self._polled_ms is not None and (
-            now - self._polled_ms < self.poll_interval_ms
+        if (
+            not force
+            and self._polled_ms is not None
+            and (now - self._polled_ms < self.poll_interval_ms)
         ):
             return False
         self._polled_ms = now

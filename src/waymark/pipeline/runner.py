@@ -79,9 +79,11 @@ class PipelineRunner:
         self.spec = spec
         self.store = open_store(spec.handoff)
         self.clock = clock or SystemClock()
-        names = list(stages) if stages is not None else [
-            name for name, stage in spec.stages.items() if not stage.external
-        ]
+        names = (
+            list(stages)
+            if stages is not None
+            else [name for name, stage in spec.stages.items() if not stage.external]
+        )
         for name in names:
             if name not in spec.stages:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
@@ -177,8 +179,10 @@ class PipelineRunner:
                 and self._upstream_done(stage)
             )  # fmt: skip
             now_ms = self.clock.now_ms()
-            if finished or last_report_ms is None or (
-                now_ms - last_report_ms >= self.report_interval_s * 1000
+            if (
+                finished
+                or last_report_ms is None
+                or (now_ms - last_report_ms >= self.report_interval_s * 1000)
             ):
                 self._fold(run, stage)
                 run.report.done = finished
@@ -198,8 +202,9 @@ class PipelineRunner:
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._watch_generations, daemon=True)]
         threads += [
-            threading.Thread(target=self._run_stage, args=(run,), name=f"stage-{run.name}",
-                             daemon=True)
+            threading.Thread(
+                target=self._run_stage, args=(run,), name=f"stage-{run.name}", daemon=True
+            )
             for run in self.runs.values()
         ]
         for thread in threads:

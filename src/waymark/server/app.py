@@ -173,9 +173,7 @@ class App:
         except ValueError as exc:
             log.error("tokens not reloaded, the previous ones stay: %s", exc)
 
-    def _admit(
-        self, scope: Scope, endpoint: Endpoint, params: dict[str, str]
-    ) -> TopicError | None:
+    def _admit(self, scope: Scope, endpoint: Endpoint, params: dict[str, str]) -> TopicError | None:
         """The refusal of a request before its handler runs: no or an unknown token
         (401), a token without the endpoint's scope (403), or an SSE stream past the
         server's limit (429). None admits it."""
@@ -187,8 +185,10 @@ class App:
                     break
             token = self.tokens.verify(authorization)
             if token is None:
-                return TopicError(ErrorCode.UNAUTHORIZED,
-                                  "a valid bearer token is needed (Authorization: Bearer …)")
+                return TopicError(
+                    ErrorCode.UNAUTHORIZED,
+                    "a valid bearer token is needed (Authorization: Bearer …)",
+                )
             scope[TOKEN] = token
             if not allows(token.grants, endpoint.scope, params.get("topic")):
                 detail = {"token": token.name, "needs": endpoint.scope.value}
@@ -251,9 +251,7 @@ class App:
                     response.headers = ((b"www-authenticate", b'Bearer realm="waymark"'),)
             else:
                 try:
-                    response = await route.methods[scope["method"]](
-                        Request(scope, receive, params)
-                    )
+                    response = await route.methods[scope["method"]](Request(scope, receive, params))
                 except Exception as exc:
                     error = as_topic_error(exc)
                     if error is None:

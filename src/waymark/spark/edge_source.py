@@ -97,9 +97,10 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.ca_file = options.get("caFile")
         self.max_rows = _positive(options, "maxRecordsPerTrigger", None)
         self.min_partitions = _positive(options, "minPartitions", os.cpu_count() or 1) or 1
-        self.max_per_partition = _positive(
-            options, "maxRecordsPerPartition", DEFAULT_MAX_PER_PARTITION
-        ) or DEFAULT_MAX_PER_PARTITION
+        self.max_per_partition = (
+            _positive(options, "maxRecordsPerPartition", DEFAULT_MAX_PER_PARTITION)
+            or DEFAULT_MAX_PER_PARTITION
+        )
         self._target: EdgeOffset | None = None  # availableNow: never read past this
         self._store: ObjectStore | None = None
         self._clients: dict[str, Client] = {}
@@ -179,8 +180,14 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         lo = part.lo
         for i in range(pieces):
             hi = lo + step + (1 if i < extra else 0)
-            out.append(EdgePartition(self.edge, self.token, self.ca_file,
-                                     EdgeRange(part.generation, part.server, part.topic, lo, hi)))
+            out.append(
+                EdgePartition(
+                    self.edge,
+                    self.token,
+                    self.ca_file,
+                    EdgeRange(part.generation, part.server, part.topic, lo, hi),
+                )
+            )
             lo = hi
         return out
 
@@ -268,8 +275,9 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
     with connect(part.server, partition.token, partition.ca_file) as http:
         while cursor < part.hi:
             try:
-                page = http.diff_arrow(part.topic, cursor,
-                                       limit=min(MAX_ARROW_DIFF_LIMIT, part.hi - cursor))
+                page = http.diff_arrow(
+                    part.topic, cursor, limit=min(MAX_ARROW_DIFF_LIMIT, part.hi - cursor)
+                )
             except (TransportError, ApiError) as error:
                 if not _gone(error):
                     raise

@@ -300,8 +300,13 @@ class TopicBatchSink:
     """
 
     def __init__(
-        self, url: str, writer: str, topic: str | None = None, *,
-        token: str | None = None, ca_file: str | None = None,
+        self,
+        url: str,
+        writer: str,
+        topic: str | None = None,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.token, self.ca_file = token, ca_file  # docs/security.md
