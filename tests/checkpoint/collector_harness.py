@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 import orjson
+from tests.conftest import readable
 
 COLLECTOR = Path(__file__).with_name("collector.py")
 WAYMARK = Path(sys.executable).parent / "waymark"
@@ -43,7 +43,7 @@ def start_collector(tmp: Path, *args: str) -> CollectorProcess:
         text=True,
     )
     assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], 10)
+    ready = readable(process.stdout, 10)
     assert ready, "the collector printed nothing within 10 s"
     port = process.stdout.readline().split()[-1]
     return CollectorProcess(f"http://127.0.0.1:{port}/ingest", log, process)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import select
 import signal
 import uuid
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from tests.conftest import readable
 
 from waymark.checkpoint.backoff import Backoff, Verdict, verdict
 from waymark.checkpoint.shipper import ShipConfig, Shipper
@@ -112,7 +112,7 @@ def test_tombstones_are_counted_recorded_and_exported(
     state = tmp_path / "state"
     shipper = start_ship(server, topic, sink, state, "--metrics-port", "0", "--wait-ms", "200")
     assert shipper.stdout is not None
-    ready, _, _ = select.select([shipper.stdout], [], [], 15)
+    ready = readable(shipper.stdout, 15)
     assert ready
     line = shipper.stdout.readline()
     metrics_url = line[line.index("http://") :].split()[0]

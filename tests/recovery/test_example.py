@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, readable
 
 from waymark.client import Client
 from waymark.protocol import RecordIn
@@ -41,7 +40,7 @@ class Indexer:
 
     def line(self, timeout: float = 20.0) -> tuple[str, list[str]]:
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        ready = readable(self.process.stdout, timeout)
         assert ready, "the indexer printed nothing"
         label, _, tags = self.process.stdout.readline().partition(" ")
         return label, json.loads(tags)

@@ -4,7 +4,6 @@ client trusting its CA by ``ca_file`` (docs/security.md)."""
 from __future__ import annotations
 
 import os
-import select
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
+from tests.conftest import readable
 
 from waymark.client import Client, ConnectError
 from waymark.protocol import RecordIn
@@ -32,7 +32,7 @@ def test_https_round_trip_with_a_self_signed_ca(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         assert process.stdout is not None
-        assert select.select([process.stdout], [], [], 20)[0], "no listening line"
+        assert readable(process.stdout, 20), "no listening line"
         url = process.stdout.readline().split("listening on ")[1].strip()
         assert url.startswith("https://127.0.0.1:")
         with Client(url, ca_file=str(ca_file)) as client:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.conftest import readable
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -45,7 +45,7 @@ def start_server(data_dir: Path) -> Server:
     assert process.stdout is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 1)
+        ready = readable(process.stdout, 1)
         if ready:
             line = process.stdout.readline()
             if not line:
