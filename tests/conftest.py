@@ -174,14 +174,15 @@ def long_polls() -> Callable[[str], LongPolls]:
     return LongPolls
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Pin hypothesis' pool of "local constants" (empty) for a mutation run.
+    """Pin hypothesis' pool of "local constants" (empty) for every test.
 
     Hypothesis also draws values from the literals of every local module imported so
     far, so a derandomized search still changed with what else the process had run (in
-    the full suite, machines missed mutants they caught alone). Pinned, a mutation
-    test's search is the same in every run, alone or in the suite.
+    the full suite, machines missed mutants they caught alone, or caught them by
+    another assertion). Pinned, a test's search is the same in every run, alone or in
+    the suite. Some tests name the fixture to say they depend on it.
     """
     empty = hypothesis_providers.Constants()
     monkeypatch.setattr(hypothesis_providers, "_get_local_constants", lambda: empty)

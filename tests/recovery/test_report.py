@@ -5,6 +5,7 @@ receipts; read back through the shipped client and ``waymark recovery clients``.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,3 +96,41 @@ def test_reporting_is_opt_in_for_a_local_store_and_can_be_turned_off(tmp_path: P
                           LocalReceiptStore(tmp_path / "r2.db"), "c",
                           report_to="http://127.0.0.1:9", report=False)  # fmt: skip
     assert off.reporter is None
+
+
+async def test_the_asyncio_service_reports_too(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    import asyncio
+
+    from waymark.client import AsyncClient
+    from waymark.recovery import AsyncRecoveryService, AsyncTopicCheckpoints, LocalReceiptStore
+
+    server = spawn_server(tmp_path, "--checkpoint-interval-s", "0.2")
+    service = AsyncRecoveryService(
+        AsyncTopicCheckpoints(server.url, ["orders"]), LocalReceiptStore(tmp_path / "r.db"),
+        "async-indexer", recent_s=0, report_to=server.url, report_every_s=60,
+    )  # fmt: skip
+    seen: asyncio.Queue[CommittedVersion] = asyncio.Queue()
+    async with AsyncClient(server.url) as http:
+
+        async def reported(where: Callable[[RecoveryClient], bool]) -> RecoveryClient:
+            for _ in range(200):
+                for c in (await http.list_recovery_clients()).clients:
+                    if c.client == "async-indexer" and where(c):
+                        return c
+                await asyncio.sleep(0.05)
+            raise AssertionError("the report did not come")
+
+        try:
+            assert await service.subscribe(seen.put_nowait) == []
+            await reported(lambda c: True)  # the first report, at start
+            await http.append("orders", [RecordIn.of(1, tag="o1")])
+            committed = await asyncio.wait_for(seen.get(), 10)
+            await service.submit_receipt(committed.key, committed.version, committed.epoch)
+            # The interval is 60 s: the watermark's move is what sends this report.
+            moved = await reported(lambda c: (c.watermark or 0) > 0 and c.pending == 0)
+            assert moved.stale is False
+        finally:
+            await asyncio.wait_for(service.aclose(), 15)  # the reporter's thread ends too
+    assert not [t for t in threading.enumerate() if t.name == "waymark-recovery-report"]

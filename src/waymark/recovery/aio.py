@@ -17,10 +17,11 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from ..client import AsyncClient, TransportError
+from ..client import AsyncClient, Client, TransportError
 from ..clock import Clock, SystemClock
-from ..protocol import Checkpoint
+from ..protocol import Checkpoint, RecoveryReport
 from .core import Io, Query, ServiceCore, Status, T, versions
+from .report import reporter_for
 from .store import ReceiptStore
 from .types import CheckpointListener, CommittedVersion, CommittedVersionListener
 
@@ -102,6 +103,9 @@ class AsyncRecoveryService:
         max_window_s: float = 86_400.0,
         compress_interval_s: float = 60.0,
         clock: Clock | None = None,
+        report_to: Client | str | None = None,
+        report_every_s: float = 5.0,
+        report: bool = True,
     ) -> None:
         self.source, self.store, self.client_id = source, store, client_id
         self.core: ServiceCore[asyncio.Future[None]] = ServiceCore(
@@ -113,6 +117,11 @@ class AsyncRecoveryService:
         # receipts arriving meanwhile wait for the next one.
         self._lock = asyncio.Lock()
         self._flushes: set[asyncio.Task[None]] = set()
+        # Reports go from the reporter's thread; the status is taken on the loop.
+        self.reporter = reporter_for(report_to, store, self._report, report_every_s, report)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if self.reporter is not None:
+            self.core.on_watermark = self.reporter.poke
 
     async def _run(self, io: Io[T]) -> T:
         """Run ``io``'s store calls in a worker thread, one after another."""
@@ -151,6 +160,9 @@ class AsyncRecoveryService:
             query = await self._query()
             in_flight = await self._run(self.core.start(query, listener))
             self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+            if self.reporter is not None:
+                self._loop = asyncio.get_running_loop()
+                self.reporter.start()
         for committed in in_flight:
             listener(committed)
         return versions(query.found.missed)
@@ -195,8 +207,23 @@ class AsyncRecoveryService:
     async def status(self) -> Status:
         return await self._run(self.core.status(await self._query()))
 
+    def _report(self) -> RecoveryReport | None:
+        """This client's status for the server, from the reporter's thread (docs/reports.md)."""
+        loop, reporter = self._loop, self.reporter
+        if loop is None or reporter is None or loop.is_closed():
+            return None
+        return asyncio.run_coroutine_threadsafe(
+            self._status_report(reporter.every_s), loop
+        ).result()
+
+    async def _status_report(self, every_s: float) -> RecoveryReport | None:
+        async with self._lock:
+            return await self._run(self.core.report(every_s))
+
     async def aclose(self) -> None:
-        """Wait for the flushes under way, then close the source."""
+        """Wait for the flushes under way, stop reporting, then close the source."""
         if self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)
+        if self.reporter is not None:  # its thread may wait for the loop: keep it running
+            await asyncio.to_thread(self.reporter.close)
         await self.source.aclose()

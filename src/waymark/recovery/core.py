@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..clock import Clock
-from ..protocol import Checkpoint
+from ..protocol import Checkpoint, RecoveryReport
 from .ledger import Ledger, Recovery, Version, Walk
 from .store import ReceiptStore
 from .types import CommittedVersion, CommittedVersionListener, RecoveryError
@@ -255,6 +255,22 @@ class ServiceCore(Generic[F]):
         ranges = yield (_list_ranges, (self.store, self.client_id, mark or 0))
         pending = [(c, sorted(keys)) for c, keys in query.ledger.waiting()]
         return Status(mark, sorted(ranges), pending, versions(query.found.missed))
+
+    # --- status reports (docs/reports.md) -------------------------------------------------
+    def report(self, every_s: float) -> Io[RecoveryReport | None]:
+        """This client's status for a server; None before :meth:`start`."""
+        ledger = self.ledger
+        if ledger is None:
+            return None
+        mark = ledger.low_watermark
+        pending = sum(1 for _ in ledger.waiting())
+        ranges = yield (_count_ranges, (self.store, self.client_id, mark))
+        interval_ms = min(max(int(every_s * 1000), 100), 3_600_000)
+        return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms)
+
+
+def _count_ranges(store: ReceiptStore, client: str, after: int) -> int:
+    return sum(1 for _ in store.range_receipts(client, after))
 
 
 def _list_ranges(store: ReceiptStore, client: str, after: int) -> list[tuple[int, int]]:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from ..client import ApiError, Client, TransportError
 from ..protocol import RecoveryReport
+from .store import ReceiptStore
+from .topicstore import TopicReceiptStore
 
 log = logging.getLogger("waymark.recovery")
 
@@ -57,3 +59,21 @@ class StatusReporter:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+
+
+def reporter_for(
+    report_to: Client | str | None,
+    store: ReceiptStore,
+    status: Callable[[], RecoveryReport | None],
+    every_s: float,
+    report: bool,
+) -> StatusReporter | None:
+    """The reporter a service gets: to ``report_to``, by default to a
+    :class:`TopicReceiptStore`'s own server, none with ``report=False``."""
+    if not report:
+        return None
+    if report_to is None and isinstance(store, TopicReceiptStore):
+        report_to = store.client
+    if isinstance(report_to, str):
+        report_to = Client(report_to)
+    return None if report_to is None else StatusReporter(report_to, status, every_s)

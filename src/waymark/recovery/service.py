@@ -21,9 +21,8 @@ from ..client import Client
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, RecoveryReport
 from .core import Query, ServiceCore, Status, run, versions
-from .report import StatusReporter
+from .report import reporter_for
 from .store import ReceiptStore
-from .topicstore import TopicReceiptStore
 from .types import CheckpointSource, CommittedVersion, CommittedVersionListener
 
 
@@ -55,14 +54,7 @@ class RecoveryService:
             new_future=Future,
         )  # fmt: skip
         self._lock = threading.RLock()
-        if report_to is None and isinstance(store, TopicReceiptStore):
-            report_to = store.client
-        if isinstance(report_to, str):
-            report_to = Client(report_to)
-        self.reporter = (
-            StatusReporter(report_to, self._report, report_every_s)
-            if report and report_to is not None else None
-        )  # fmt: skip
+        self.reporter = reporter_for(report_to, store, self._report, report_every_s, report)
         if self.reporter is not None:
             self.core.on_watermark = self.reporter.poke
 
@@ -132,16 +124,9 @@ class RecoveryService:
 
     def _report(self) -> RecoveryReport | None:
         """This client's status for the server (None before :meth:`subscribe`)."""
+        assert self.reporter is not None
         with self._lock:
-            ledger = self.core.ledger
-            if ledger is None:
-                return None
-            mark = ledger.low_watermark
-            pending = sum(1 for _ in ledger.waiting())
-            ranges = sum(1 for _ in self.store.range_receipts(self.client_id, mark))
-        interval_ms = min(max(int(self.reporter.every_s * 1000) if self.reporter else 0, 100),
-                          3_600_000)  # fmt: skip
-        return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms)
+            return run(self.core.report(self.reporter.every_s))
 
     def close(self) -> None:
         if self.reporter is not None:
