@@ -24,6 +24,7 @@ WAYMARK = str(Path(sys.executable).parent / "waymark")
 
 
 def sink_events(url: str, topic: str) -> Counter[int]:
+    """How many times each event id is in the sink topic (also the Spark stage test's check)."""
     seen: Counter[int] = Counter()
     with Client(url) as client:
         cursor = 0

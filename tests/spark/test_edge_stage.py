@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.pipeline.test_processes import sink_events
 
 from waymark.client import Client, RecordIn
 from waymark.objstore import open_store
@@ -28,18 +28,6 @@ from .conftest import start_server
 
 EVENTS = 3000
 WAYMARK = str(Path(sys.executable).parent / "waymark")
-
-
-def _sink_events(url: str, topic: str) -> Counter[int]:
-    seen: Counter[int] = Counter()
-    with Client(url) as client:
-        cursor = 0
-        while True:
-            page = client.diff(topic, cursor, limit=10_000)
-            seen.update(r.data["event_id"] for r in page.records)
-            cursor = page.next_from_seq
-            if page.caught_up:
-                return seen
 
 
 def _wait(predicate: Any, timeout_s: float, what: str, query: Any) -> None:
@@ -117,7 +105,7 @@ external = true
 
     query = start()
     try:
-        _wait(lambda: len(_sink_events(server.url, sink_topic)) >= EVENTS // 4, 120,
+        _wait(lambda: len(sink_events(server.url, sink_topic)) >= EVENTS // 4, 120,
               "a quarter of the events at the sink", query)  # fmt: skip
         a.process.kill()  # SIGKILL the server under the edge, mid-run
         a.process.wait()
@@ -131,15 +119,15 @@ external = true
                 {"event_id": -1}, meta={"wm.gen": "1", "wm.event": "zombie", "wm.t0": "0"},
                 id="zombie@1",
             )])  # fmt: skip
-        before = len(_sink_events(server.url, sink_topic))
-        _wait(lambda: before == EVENTS or len(_sink_events(server.url, sink_topic)) > before,
+        before = len(sink_events(server.url, sink_topic))
+        _wait(lambda: before == EVENTS or len(sink_events(server.url, sink_topic)) > before,
               120, "progress after the kill", query)  # fmt: skip
         query.stop()  # a restart from the checkpoint: the last batch is planned again
         query = start()
         _wait(lambda: producer.poll() is not None, 180,
               "the producer to see every event acknowledged", query)  # fmt: skip
         assert producer.returncode == 0, log.read_text()[-3000:]
-        _wait(lambda: len(_sink_events(server.url, sink_topic)) == EVENTS, 60, "every event", query)
+        _wait(lambda: len(sink_events(server.url, sink_topic)) == EVENTS, 60, "every event", query)
         # the zombie's record may be the edge's last: wait for the batch that drops it
         _wait(lambda: (r := load_report(store, "enrich")) is not None and r.stale_dropped > 0,
               60, "the stale record to be counted", query)  # fmt: skip
@@ -153,7 +141,7 @@ external = true
                 srv.process.kill()
                 srv.process.wait()
 
-    seen = _sink_events(server.url, sink_topic)
+    seen = sink_events(server.url, sink_topic)
     assert set(seen) == set(range(EVENTS)) and set(seen.values()) == {1}  # exactly once
     moved = HandoffReader(store, edge).current()
     assert moved is not None and moved.generation >= 2 and moved.server == b.url
