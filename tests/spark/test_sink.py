@@ -157,13 +157,15 @@ def test_driver_sigkill_between_sink_commit_and_commit_log(
     out, fold_path, checkpoints = f"{topic}-out", tmp_path / "fold", tmp_path / "checkpoints"
     checkpoints.mkdir()
 
-    def driver(kill: str) -> int:
+    def driver(kill: str, expected: int) -> None:
         args = [sys.executable, str(HERE / "kill_driver.py"), server.url, topic, out,
                 str(fold_path), str(checkpoints), kill]  # fmt: skip
         done = subprocess.run(args, start_new_session=True, capture_output=True, timeout=240)
-        return done.returncode
+        log = tmp_path / f"driver-{kill}.log"
+        log.write_bytes(done.stderr)
+        assert done.returncode == expected, _driver_failure(done.stderr, log)
 
-    assert driver("both:1") == -9
+    driver("both:1", -9)
     # Killed inside the window: both outputs hold batches 0 and 1, neither commits/1 exists.
     for query in ("copy", "fold"):
         assert (checkpoints / query / "offsets" / "1").exists()
@@ -171,9 +173,18 @@ def test_driver_sigkill_between_sink_commit_and_commit_log(
     assert len(topics.read(out)) == 200
     assert _last_batch(fold_path) == 1
     assert _fold_values(fold_path) == {"u0": 67, "u1": 67, "u2": 66}
-    assert driver("none") == 0
+    driver("none", 0)
     assert [r["data"] for r in topics.read(out)] == [{"u": f"u{i % 3}"} for i in range(300)]
     assert _fold_values(fold_path) == {"u0": 100, "u1": 100, "u2": 100}
+
+
+def _driver_failure(stderr: bytes, log: Path) -> str:
+    """What a failed driver said: the lines naming errors (a JVM trace's head and its
+    causes), then its last lines; the whole of it is in ``log``."""
+    lines = stderr.decode(errors="replace").splitlines()
+    errors = [line for line in lines if "Error" in line or "Exception" in line
+              or line.startswith("Caused by")]  # fmt: skip
+    return "\n".join([f"driver failed; its stderr is {log}", *errors[:40], "...", *lines[-20:]])
 
 
 def test_foreach_batch_writers_publish_each_batch_id_once(
