@@ -55,12 +55,13 @@ class JobConfig:
 
 
 def session(app_name: str = "waymark-demo", cores: int = 2) -> Any:
-    """A local session tuned for small machines: few shuffle partitions, no UI."""
+    """A local session tuned for small machines: few shuffle partitions, no UI, and a
+    second attempt for a failed task, as a cluster allows (``spark.task.maxFailures``)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import waymark
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(f"local[{cores},2]")
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.ui.enabled", "false")
