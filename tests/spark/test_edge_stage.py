@@ -21,7 +21,7 @@ from tests.pipeline.test_processes import sink_events
 
 from waymark.client import Client, RecordIn
 from waymark.objstore import open_store
-from waymark.pipeline import HandoffReader, InFlight, Sink, client_factory
+from waymark.pipeline import HandoffReader, InFlight, Position, Sink, client_factory
 from waymark.pipeline.report import load_report
 
 from .conftest import start_server
