@@ -26,6 +26,7 @@ from waymark.pipeline import (
     Stage,
     StageStateStore,
     client_factory,
+    output_event,
 )
 from waymark.pipeline.demo import deliver, produce
 from waymark.pipeline.runner import PipelineRunner
@@ -199,3 +200,53 @@ def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
     assert summary["killed"] and summary["relocations"] >= 1
     assert summary["generations"]["raw"] >= 2 and summary["time_to_recover_s"] > 0
     assert {"replayed", "wall_s"} <= summary.keys()
+
+
+def fan_out(event: dict[str, int]) -> list[dict[str, int]]:
+    return [{**event, "k": k} for k in range(3)]
+
+
+def test_several_outputs_per_input_with_awkward_ids_reach_the_sink_once(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Three outputs per input, a stage name JSON must escape, batches and acknowledgements
+    # that cut one input's outputs apart: the sink gets each output once, under the id
+    # output_event gives it (docs/semantics/pipeline.md §5.1).
+    clock = ManualClock()
+    store = open_store(tmp_path.as_uri())
+    states = StageStateStore(store)
+    run = uuid.uuid4().hex[:8]
+    connect = client_factory(2.0, 0.5)
+
+    def edge(name: str, consumer: str) -> RelocatableQueueEdge:
+        return RelocatableQueueEdge(
+            f"{name}-{run}", fleet.urls[:1], store, consumer=consumer, capacity=1000,
+            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
+            retries=2, poll_interval_ms=0,
+        )  # fmt: skip
+
+    name = 'pr"o\\d/ü'
+    source = Stage(name, lambda n: {"n": n}, states=states, output=edge("a", "fan"),
+                   events=20, batch=7, clock=clock)  # fmt: skip
+    fan = Stage("fan", fan_out, states=states, input=edge("a", "fan"),
+                output=edge("b", "sink"), batch=4, clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge("b", "sink"), batch=5, clock=clock,
+                 sink=Sink(fleet.sink.url, f"fan-{run}", connect=connect))  # fmt: skip
+    stages = (source, fan, sink)
+    for stage in stages:
+        stage.start()
+    for _ in range(200):
+        if source.finished() and not fan.output.unacked:  # type: ignore[union-attr]
+            break
+        for stage in stages:
+            stage.step()
+    assert source.finished()
+    expected = [(n, k) for n in range(20) for k in range(3)]
+    with Client(fleet.sink.url) as client:
+        page = client.diff(f"fan-{run}", 0, limit=1000)
+        assert sorted((r.data["n"], r.data["k"]) for r in page.records) == expected
+        # each was written under the id output_event gives it: the same ids again are
+        # absorbed by the sink's idempotency window, and a new one is not
+        ids = [output_event(f"{name}:{n}", k) for n, k in expected] + ["new"]
+        sink.sink.write(InFlight.of(ids, [b"0"] * len(ids)))  # type: ignore[union-attr]
+        assert client.get_topic(f"fan-{run}").count == len(expected) + 1
