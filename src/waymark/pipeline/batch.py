@@ -144,12 +144,9 @@ class InFlight:
     def records(self) -> Iterator[tuple[bytes, bytes, int, int, int]]:
         """Each record as ``(event id JSON, data JSON, generation, seq, born_ms)``, for
         a stage's function to see one event at a time."""
-        events, data = self.events, self.data
-        ends = self.ints[[EVENT_END, DATA_END, GENERATION, SEQ, BORN_MS]].tolist()
-        e0 = d0 = 0
-        for e1, d1, generation, seq, born in zip(*ends, strict=True):
-            yield events[e0:e1], data[d0:d1], generation, seq, born
-            e0, d0 = e1, d1
+        columns = self.ints[[GENERATION, SEQ, BORN_MS]].tolist()
+        yield from zip(_cut(self.events, self.ints[EVENT_END]),
+                       _cut(self.data, self.ints[DATA_END]), *columns, strict=True)  # fmt: skip
 
     def latencies_ms(self, now_ms: int) -> list[int]:
         """Each record's age at ``now_ms``."""
@@ -234,18 +231,29 @@ class InFlight:
         append to the edge's topic under ``generation``: the meta carries the
         generation, event id and birth time, and the record id is the event id and the
         generation (docs/semantics/pipeline.md §3.1)."""
-        head = b'{"data":%s,"meta":{"' + GEN.encode() + b'":"%d","' + EVENT.encode() + b'":%s,"'
-        tail = BORN.encode() + b'":"%d"},"id":%s@%d"}'
-        form = head + tail
-        out = [
-            form % (data, generation, event, born, event[:-1], generation)
-            for event, data, _, _, born in self.after(start).records()
-        ]
-        return b",".join(out)
+        part = self.after(start)
+        gen, event_key, born_key = GEN.encode(), EVENT.encode(), BORN.encode()
+        # the generation goes in now; data, event id, birth time and id stem per record
+        form = (b'{"data":%%s,"meta":{"%s":"%d","%s":%%s,"%s":"%%d"},"id":%%s@%d"}'
+                % (gen, generation, event_key, born_key, generation))  # fmt: skip
+        events = _cut(part.events, part.ints[EVENT_END])
+        return b",".join([
+            form % (data, event, born, event[:-1])
+            for event, data, born in zip(events, _cut(part.data, part.ints[DATA_END]),
+                                         part.ints[BORN_MS].tolist(), strict=True)
+        ])  # fmt: skip
 
     def sink_records(self) -> bytes:
         """The records as RecordIn JSON objects joined by commas, each with its event
         id as the record id (docs/semantics/pipeline.md §5.2)."""
-        return b",".join(
-            b'{"data":%s,"id":%s}' % (data, event) for event, data, _, _, _ in self.records()
-        )
+        events = _cut(self.events, self.ints[EVENT_END])
+        data = _cut(self.data, self.ints[DATA_END])
+        pairs = zip(data, events, strict=True)
+        return b",".join([b'{"data":%s,"id":%s}' % pair for pair in pairs])
+
+
+def _cut(buffer: bytes, ends: Ints) -> list[bytes]:
+    """The records back to back in ``buffer``, ending at ``ends``, cut apart (the
+    transient pieces of one request body)."""
+    stops = ends.tolist()
+    return [buffer[lo:hi] for lo, hi in zip([0, *stops], stops, strict=False)]  # one start more
