@@ -208,6 +208,13 @@ def test_release_leaves_older_generations_and_unwritten_records_in_the_middle() 
                                                     Position(2, 2)]  # fmt: skip
 
 
+def test_data_that_is_not_one_json_value_is_refused() -> None:
+    # it would go into request bodies as is: '1,"id":"x"' would forge a field
+    for bad in (b'1,"id":"x"', b"", b"{", b"1 2"):
+        with pytest.raises(ValueError, match="data 0 is not one JSON value"):
+            InFlight.of(["a"], [bad])
+
+
 def test_placing_the_wrong_number_of_seqs_is_refused() -> None:
     batch = InFlight.of(["a", "b"], [b"1", b"2"])
     with pytest.raises(ValueError, match="1 seqs for 2 records"):

@@ -26,8 +26,8 @@ BORN = "wm.t0"
 
 # The rows of the int64 table: the end offsets of the event ids and of the data, the
 # origin (the input position, ``(0, n)`` for a source's n-th event), the birth time and
-# the position on the edge; generation 0 there means not written yet (placements are
-# numbered from 1, docs/semantics/pipeline.md §2.1).
+# the position on the edge; generation 0 there means not written yet (generations are
+# positive, docs/semantics/pipeline.md §1.1).
 EVENT_END, DATA_END, ORIGIN_GEN, ORIGIN_SEQ, BORN_MS, GENERATION, SEQ = range(7)
 _ROWS = 7
 
@@ -91,9 +91,15 @@ class InFlight:
         origins: Iterable[Position] | None = None,
         born_ms: IntColumn = 0,
     ) -> InFlight:
-        """From event ids as strings and JSON data; ``origins`` default to ``(0, i)``."""
+        """From event ids as strings and JSON data; ``origins`` default to ``(0, i)``.
+        Each data value must be one JSON value: it goes into request bodies as is."""
         ids = [_encode(event) for event in events]
         values = list(data)
+        for n, value in enumerate(values):
+            try:
+                msgspec.json.decode(value)
+            except msgspec.DecodeError as error:
+                raise ValueError(f"data {n} is not one JSON value: {value[:80]!r}") from error
         places = list(origins) if origins is not None else [Position(0, i) for i in range(len(ids))]
         return cls.build(
             ids, values, born_ms=born_ms,
