@@ -73,7 +73,7 @@ def test_a_spark_import_of_the_pipeline_edge_breaks_a_contract(tmp_path: Path) -
     # edge reaches waymark.checkpoint, which Spark must not (docs/architecture.md).
     shutil.copytree(ROOT / "src" / "waymark", tmp_path / "waymark")
     edge = tmp_path / "waymark" / "spark" / "edge.py"
-    edge.write_text(edge.read_text() + "\nfrom waymark.pipeline.edge import Item  # noqa\n")
+    edge.write_text(edge.read_text() + "\nfrom waymark.pipeline.edge import Sleep  # noqa\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "spark reaches the server through client only" in result.stdout

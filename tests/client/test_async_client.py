@@ -61,6 +61,12 @@ async def test_raw_diff_and_exactly_once_writer_calls(waymark_server: Any, topic
         raw = await client.diff_raw(topic, 0)
         # Stored canonical (docs/semantics/topics.md §1.2): the spaces between tokens go.
         assert bytes(raw.records[0].data) == b'{"a":[1,2]}' and raw.records[0].tag == "t"
+        # records already encoded, joined by commas: the same append, byte for byte
+        joined = await client.append(topic, b'{"data":4,"id":"x"},{"data":5,"meta":{"k":"v"}}')
+        assert joined.seqs == [2, 3]
+        assert (await client.append(topic, b'{"data":6,"id":"x"}')).seqs == [2]  # absorbed
+        tail = (await client.diff(topic, 1)).records
+        assert [(r.data, r.meta) for r in tail] == [(4, None), (5, {"k": "v"})]
         out = f"{topic}-out"
         epoch = (await client.open_writer(topic)).epoch
         head = {"writer": topic, "epoch": epoch, "batch_id": 0, "partition": 0, "attempt": 0}

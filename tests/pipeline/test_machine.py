@@ -96,13 +96,15 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
             def checked_pop(max_items: int = 1000, *, wait_ms: int = 0) -> Any:
                 seen = e.reader.seen.value
                 out = pop(max_items, wait_ms=wait_ms)
-                for delivery in out:
-                    assert delivery.stamp >= seen, (
-                        f"{name} accepted a stale generation {delivery.stamp} "
+                for i in range(len(out)):
+                    at = out.position(i)  # its generation: the one the record was written under
+                    assert at is not None
+                    assert at.generation >= seen, (
+                        f"{name} accepted a stale generation {at.generation} "
                         f"after seeing generation {seen}"
                     )
-                    assert delivery.stamp == e.generation().value, (
-                        f"{name} accepted a stale generation {delivery.stamp} "
+                    assert at.generation == e.generation().value, (
+                        f"{name} accepted a stale generation {at.generation} "
                         f"while bound to {e.generation().value}"
                     )
                 return out

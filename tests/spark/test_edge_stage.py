@@ -21,7 +21,7 @@ from tests.pipeline.test_processes import sink_events
 
 from waymark.client import Client, RecordIn
 from waymark.objstore import open_store
-from waymark.pipeline import HandoffReader, Item, Position, Sink, client_factory
+from waymark.pipeline import HandoffReader, InFlight, Position, Sink, client_factory
 from waymark.pipeline.report import load_report
 
 from .conftest import start_server
@@ -84,7 +84,7 @@ external = true
 
     def deliver(batch: Any, _batch_id: int) -> None:
         rows = batch.collect()
-        sink.write([Item(r.event, r.data.encode(), Position(0, 0), 0) for r in rows])
+        sink.write(InFlight.of([r.event for r in rows], [r.data.encode() for r in rows]))
 
     def start() -> Any:
         stream = (

@@ -68,11 +68,15 @@ class AsyncClient:
     async def append(
         self,
         topic: str,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | bytes,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
-    ) -> AppendResponse: ...
+    ) -> AppendResponse:
+        """Append ``records`` atomically. They may come already encoded: RecordIn JSON
+        objects joined by commas into one byte string, sent byte for byte."""
+        ...
+
     async def diff(
         self,
         topic: str,

@@ -89,11 +89,13 @@ class Api:
     def append(
         self,
         topic: str,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | bytes,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
     ) -> AppendResponse:
+        """Append ``records`` atomically. They may come already encoded: RecordIn JSON
+        objects joined by commas into one byte string, sent byte for byte."""
         return self._run(calls.append(topic, records, create, config))
 
     def diff(

@@ -8,11 +8,10 @@ checkpoint; the sink writes each event under its stable id, so the replays a
 move causes are absorbed. The semantics are docs/semantics/pipeline.md.
 """
 
+from waymark.pipeline.batch import InFlight
 from waymark.pipeline.edge import (
-    Delivery,
     EdgeStats,
     EdgeUnavailable,
-    Item,
     RelocatableQueueEdge,
     Relocation,
     client_factory,
@@ -35,14 +34,13 @@ from waymark.pipeline.state import (
 
 __all__ = [
     "CheckpointedStageState",
-    "Delivery",
     "EdgeStats",
     "EdgeUnavailable",
     "FenceEpoch",
     "Fenced",
     "HandoffReader",
     "HandoffWriter",
-    "Item",
+    "InFlight",
     "Observed",
     "Position",
     "QueueLocator",

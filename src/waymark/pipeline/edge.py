@@ -1,8 +1,9 @@
 """A relocatable queue edge: a waymark topic on one of several servers that moves
 when its server dies (docs/semantics/pipeline.md §3).
 
-The producing side pushes items and keeps each one until the consuming stage's
-checkpoint acknowledges it; when the server under the edge is gone, or a newer
+The producing side pushes records and keeps them, column by column in one
+:class:`~waymark.pipeline.batch.InFlight`, until the consuming stage's checkpoint
+acknowledges them; when the server under the edge is gone, or a newer
 generation is published, it moves (relocates or adopts the newer placement) and
 pushes everything unacknowledged again. The consuming side reads the topic of
 the generation it is bound to, drops records of older generations, and rebinds
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -24,12 +25,12 @@ from waymark.client import (
     Client,
     ConfigPatch,
     ErrorCode,
-    RecordIn,
     TopicState,
     TransportError,
 )
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore
+from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
 from waymark.pipeline.fence import FenceEpoch
 from waymark.pipeline.locator import (
     Fenced,
@@ -40,40 +41,13 @@ from waymark.pipeline.locator import (
 )
 from waymark.pipeline.state import Position, StageStateStore
 
-# Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
-GEN = "wm.gen"
-EVENT = "wm.event"
-BORN = "wm.t0"
-
 Sleep = Callable[[float], None]
+_encode = msgspec.json.encode
 Connect = Callable[[str], Client]
 
 
 class EdgeUnavailable(Exception):
     """The edge could not be reached nor moved within the retry budget."""
-
-
-@dataclass(slots=True)
-class Item:
-    """One event on its way: its stable id, its JSON bytes, the position of the input
-    it came from (``Position(0, n)`` for a source's n-th event) and its birth time."""
-
-    event: str
-    data: bytes
-    origin: Position
-    born_ms: int
-    position: Position | None = None  # where it was last written on the edge
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """An accepted record of the bound generation."""
-
-    event: str
-    data: bytes
-    position: Position
-    born_ms: int
-    stamp: int  # the generation the record was written under
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +63,7 @@ class EdgeStats:
     relocations: int = 0  # placements this side published
     rebinds: int = 0  # newer placements this side adopted (its own included)
     fenced: int = 0  # publishes lost to a concurrent producer
-    replayed: int = 0  # items pushed again after a move
+    replayed: int = 0  # records pushed again after a move
     stale_dropped: int = 0  # records of older generations a consumer dropped
     disconnects: int = 0
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
@@ -159,7 +133,7 @@ class RelocatableQueueEdge:
         self.acks = StageStateStore(handoff)
         self.locator: QueueLocator | None = None
         self.stats = EdgeStats()
-        self.unacked: list[Item] = []
+        self.unacked = InFlight.empty()  # producer: pushed, not yet acknowledged
         self.cursor: Position | None = None  # consumer: last seq read in the bound generation
         self._down_since_ms: int | None = None
         self._polled_ms: int | None = None
@@ -183,7 +157,7 @@ class RelocatableQueueEdge:
             self._down_since_ms = None
 
     def _bind(self, locator: QueueLocator) -> None:
-        self._moved = True  # a producer writes its unacknowledged items there again
+        self._moved = True  # a producer writes its unacknowledged records there again
         self.locator = locator
         self.reader.seen = max(self.reader.seen, locator.epoch)
         self.stats.rebinds += 1
@@ -197,7 +171,7 @@ class RelocatableQueueEdge:
                 self._move()
             else:
                 self._bind(current)
-            self._moved = any(item.position is not None for item in self.unacked)
+            self._moved = self.unacked.written() > 0
         assert self.locator is not None
         return self.locator
 
@@ -276,39 +250,29 @@ class RelocatableQueueEdge:
             return
         self.commit_relocation(self.prepare_relocation(observed))
 
-    def _records(self, items: Sequence[Item], generation: int) -> list[RecordIn]:
-        gen = str(generation)
-        return [
-            RecordIn(
-                msgspec.Raw(item.data),
-                meta={GEN: gen, EVENT: item.event, BORN: str(item.born_ms)},
-                # one id per event and generation: a retried write in one generation is
-                # absorbed, a replay into the next one is not (docs/semantics/pipeline.md §3.1)
-                id=f"{item.event}@{gen}",
-            )
-            for item in items
-        ]
-
-    def push(self, items: Iterable[Item]) -> None:
-        """Write ``items`` to the edge and keep them until acknowledged. A push that
+    def push(self, records: InFlight) -> None:
+        """Write ``records`` to the edge and keep them until acknowledged. A push that
         finds the server gone or the edge moved moves with it and writes every
-        unacknowledged item again, with bounded retries and backoff
+        unacknowledged record again, with bounded retries and backoff
         (docs/semantics/pipeline.md §3.3)."""
-        batch = list(items)
-        self.unacked.extend(batch)
+        start = len(self.unacked)
+        self.unacked += records
         self.open()
-        self._send(self._replay() if self._moved else batch)
+        self._send(self._replay() if self._moved else start)
 
-    def _send(self, batch: list[Item]) -> None:
+    def _send(self, start: int) -> None:
+        """Write the unacknowledged records from ``start`` on."""
         self.open()
         attempt = 0
-        while batch:
+        while start < len(self.unacked):
             locator = self.locator
             assert locator is not None
+            # Each record's id is its event id and the generation: a retried write in one
+            # generation is absorbed, a replay into the next one is not
+            # (docs/semantics/pipeline.md §3.1).
+            body = self.unacked.edge_records(start, locator.generation)
             try:
-                answer = self.connect(locator.server).append(
-                    locator.topic, self._records(batch, locator.generation), create=False
-                )
+                answer = self.connect(locator.server).append(locator.topic, body, create=False)
             except (TransportError, ApiError) as error:
                 full = isinstance(error, ApiError) and error.code == ErrorCode.TOPIC_FULL
                 if not full and not _gone(error):
@@ -325,20 +289,19 @@ class RelocatableQueueEdge:
                     self._move()
                 except EdgeUnavailable:
                     continue
-                batch = self._replay()
+                start = self._replay()
                 continue
             self._succeeded()
-            for item, seq in zip(batch, answer.seqs, strict=True):
-                item.position = Position(locator.generation, seq)
+            self.unacked.place(start, locator.generation, answer.seqs)
             # The write counts only if the edge has not moved meanwhile: a consumer
             # bound to a newer generation never reads it (docs/semantics/pipeline.md §3.4).
             if self._newer_published():
                 attempt += 1
                 if attempt > self.retries:
                     raise EdgeUnavailable(f"edge {self.name!r}: moving on and on")
-                batch = self._replay()
+                start = self._replay()
                 continue
-            batch = []
+            start = len(self.unacked)
 
     def _newer_published(self) -> bool:
         current = self.reader.current()
@@ -347,11 +310,11 @@ class RelocatableQueueEdge:
             return True
         return False
 
-    def _replay(self) -> list[Item]:
-        """Everything unacknowledged, for the placement just bound."""
+    def _replay(self) -> int:
+        """Where to write from for the placement just bound: everything unacknowledged."""
         self._moved = False
-        self.stats.replayed += sum(1 for item in self.unacked if item.position is not None)
-        return list(self.unacked)
+        self.stats.replayed += self.unacked.written()
+        return 0
 
     def settle(self) -> None:
         """Forget what the consumer acknowledged; follow a newer placement and write
@@ -391,17 +354,11 @@ class RelocatableQueueEdge:
         acked = state.input if state is not None else None
         if acked is None:
             return
-        self.unacked = [
-            item
-            for item in self.unacked
-            if item.position is None
-            or item.position.generation != acked.generation
-            or item.position.seq > acked.seq
-        ]
+        self.unacked = self.unacked.acknowledged(acked)
 
     def oldest_origin(self) -> Position | None:
-        """The input position of the oldest unacknowledged item."""
-        return min((item.origin for item in self.unacked), default=None)
+        """The input position of the oldest unacknowledged record."""
+        return self.unacked.oldest_origin()
 
     # --- consumer -----------------------------------------------------------------
     def resume(self, checkpoint: Position | None) -> None:
@@ -459,13 +416,14 @@ class RelocatableQueueEdge:
         one, and must be dropped (docs/semantics/pipeline.md §1.3)."""
         return stamped.is_stale(self.generation())
 
-    def pop(self, max_items: int = 1000, *, wait_ms: int = 0) -> list[Delivery]:
-        """Up to ``max_items`` records of the bound generation, in order; records of
+    def pop(self, max_items: int = 1000, *, wait_ms: int = 0) -> InFlight:
+        """Up to ``max_items`` records of the bound generation, in order, each with its
+        position on the edge (its generation the one it was written under); records of
         older generations are dropped and counted (docs/semantics/pipeline.md §3.5)."""
         if self.locator is None:
             self.resume(None)
             if self.locator is None:
-                return []
+                return InFlight.empty()
         self.poll()
         locator, cursor = self.locator, self.cursor
         assert locator is not None and cursor is not None
@@ -478,10 +436,10 @@ class RelocatableQueueEdge:
                 raise
             self._disconnected()
             self.poll(force=True)
-            return []
+            return InFlight.empty()
         self._succeeded()
         current = locator.epoch
-        out: list[Delivery] = []
+        out = _Accepted()
         last = cursor.seq
         for record in page.records:
             meta = record.meta or {}
@@ -494,12 +452,34 @@ class RelocatableQueueEdge:
                 # a newer generation is written here: read it from its own start
                 if not self.poll(force=True):
                     break  # its handoff is not readable yet; read this again later
-                return out
-            out.append(Delivery(meta.get(EVENT, ""), bytes(record.data),
-                                Position(current.value, record.seq), int(meta.get(BORN, "0")),
-                                stamped.value))  # fmt: skip
+                return out.build()
+            out.add(meta, bytes(record.data), stamped.value, record.seq)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
         self.cursor = Position(current.value, last)
-        return out
+        return out.build()
+
+
+class _Accepted:
+    """The columns of a pop's accepted records, filled one record at a time."""
+
+    __slots__ = ("born", "data", "events", "generations", "seqs")
+
+    def __init__(self) -> None:
+        self.events: list[bytes] = []
+        self.data: list[bytes] = []
+        self.generations: list[int] = []
+        self.seqs: list[int] = []
+        self.born: list[int] = []
+
+    def add(self, meta: dict[str, str], data: bytes, generation: int, seq: int) -> None:
+        self.events.append(_encode(meta.get(EVENT, "")))
+        self.data.append(data)
+        self.generations.append(generation)
+        self.seqs.append(seq)
+        self.born.append(int(meta.get(BORN, "0")))
+
+    def build(self) -> InFlight:
+        return InFlight.build(self.events, self.data, born_ms=self.born,
+                              generation=self.generations, seq=self.seqs)  # fmt: skip

@@ -13,12 +13,15 @@ from typing import Any
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
+from waymark.client import ApiError, Client, ConfigPatch, TransportError
 from waymark.clock import Clock, SystemClock
-from waymark.pipeline.edge import Connect, Delivery, Item, RelocatableQueueEdge, Sleep
+from waymark.pipeline.batch import InFlight
+from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
 
 SourceFn = Callable[[int], Any]
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
 StageFn = Callable[[Any], Iterable[Any]]
 
 
@@ -72,11 +75,11 @@ class Sink:
         self._retry(lambda: self.client.put_topic(
             self.topic, ConfigPatch(idempotency_window_ms=self.WINDOW_MS)))  # fmt: skip
 
-    def write(self, items: list[Item]) -> None:
-        if not items:
+    def write(self, records: InFlight) -> None:
+        if not records:
             return
-        records = [RecordIn(msgspec.Raw(item.data), id=item.event) for item in items]
-        self._retry(lambda: self.client.append(self.topic, records))
+        body = records.sink_records()
+        self._retry(lambda: self.client.append(self.topic, body))
 
 
 @dataclass(slots=True)
@@ -142,44 +145,51 @@ class Stage:
         if self.sink is not None:
             self.sink.open()
 
-    def _produce(self) -> list[Item]:
+    def _produce(self) -> InFlight:
         assert self.events is not None
-        end = min(self.events, self.next_event + self.batch)
-        now = self.clock.now_ms()
-        items = [
-            Item(f"{self.name}:{n}", msgspec.json.encode(self.function(n)), Position(0, n), now)
-            for n in range(self.next_event, end)
-        ]
+        begin, end = self.next_event, min(self.events, self.next_event + self.batch)
+        prefix = _encode(f"{self.name}:")[:-1]  # the event id n is "<stage>:<n>"
+        events = [b'%s%d"' % (prefix, n) for n in range(begin, end)]
+        data = [_encode(self.function(n)) for n in range(begin, end)]
         self.next_event = end
-        return items
+        return InFlight.build(events, data, origin_seq=range(begin, end),
+                              born_ms=self.clock.now_ms())  # fmt: skip
 
-    def _transform(self, deliveries: list[Delivery]) -> list[Item]:
-        items: list[Item] = []
-        for delivery in deliveries:
-            value = msgspec.json.decode(delivery.data)
-            for k, out in enumerate(self.function(value)):
-                items.append(Item(output_event(delivery.event, k), msgspec.json.encode(out),
-                                  delivery.position, delivery.born_ms))  # fmt: skip
-        return items
+    def _transform(self, records: InFlight) -> InFlight:
+        """The function applied to each record: its outputs, each with its stable id
+        and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
+        events: list[bytes] = []
+        data: list[bytes] = []
+        generations: list[int] = []
+        seqs: list[int] = []
+        born: list[int] = []
+        for event, value, generation, seq, born_ms in records.records():
+            for k, out in enumerate(self.function(_decode(value))):
+                events.append(event if k == 0 else b'%s/%d"' % (event[:-1], k))
+                data.append(_encode(out))
+                generations.append(generation)
+                seqs.append(seq)
+                born.append(born_ms)
+        return InFlight.build(events, data, origin_gen=generations, origin_seq=seqs,
+                              born_ms=born)  # fmt: skip
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage and checkpoint; the number of input records
         (or events) taken."""
         if self.input is None:
-            items = self._produce()
-            taken = len(items)
+            records = self._produce()
+            taken = len(records)
         else:
-            deliveries = self.input.pop(self.batch, wait_ms=wait_ms)
-            taken = len(deliveries)
-            items = self._transform(deliveries)
+            popped = self.input.pop(self.batch, wait_ms=wait_ms)
+            taken = len(popped)
+            records = self._transform(popped)
         if self.output is not None:
-            if items:
-                self.output.push(items)
+            if records:
+                self.output.push(records)
             self.output.settle()
         elif self.sink is not None:
-            self.sink.write(items)
-            now = self.clock.now_ms()
-            self.stats.latencies_ms.extend(now - item.born_ms for item in items)
+            self.sink.write(records)
+            self.stats.latencies_ms.extend(records.latencies_ms(self.clock.now_ms()))
         self.stats.processed += taken
         self.checkpoint()
         return taken

@@ -1,0 +1,265 @@
+"""Records in flight on an edge, held column by column (docs/pipeline.md, "In-flight
+records").
+
+What a producer keeps until the consumer acknowledges it, and what a consumer pops,
+is one :class:`InFlight`: the event ids (each a JSON string, quotes included) and the
+data (each a JSON value) concatenated into two byte strings with their end offsets,
+and the origin, birth time and edge position as int64 columns. No record is a Python
+object of its own; one is cut out only where a stage's function must see it
+(:meth:`InFlight.records`), and the HTTP bodies are joined from the buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from waymark.pipeline.state import Position
+
+# Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
+GEN = "wm.gen"
+EVENT = "wm.event"
+BORN = "wm.t0"
+
+# The rows of the int64 table: the end offsets of the event ids and of the data, the
+# origin (the input position, ``(0, n)`` for a source's n-th event), the birth time and
+# the position on the edge; generation 0 there means not written yet (generations are
+# positive, docs/semantics/pipeline.md §1.1).
+EVENT_END, DATA_END, ORIGIN_GEN, ORIGIN_SEQ, BORN_MS, GENERATION, SEQ = range(7)
+_ROWS = 7
+
+Ints = npt.NDArray[np.int64]
+IntColumn = int | Sequence[int] | Ints
+
+_encode = msgspec.json.encode
+
+
+def _ends(parts: Sequence[bytes]) -> Ints:
+    return np.cumsum(np.fromiter(map(len, parts), np.int64, len(parts)), dtype=np.int64)
+
+
+class InFlight:
+    """Records in flight, column by column; immutable but for :meth:`place`."""
+
+    __slots__ = ("data", "events", "ints")
+
+    def __init__(self, events: bytes, data: bytes, ints: Ints) -> None:
+        self.events = events  # JSON strings, concatenated
+        self.data = data  # JSON values, concatenated
+        self.ints = ints  # shape (7, n): the rows named above
+
+    # --- building ---------------------------------------------------------------------
+    @classmethod
+    def empty(cls) -> InFlight:
+        return cls(b"", b"", np.zeros((_ROWS, 0), np.int64))
+
+    @classmethod
+    def build(
+        cls,
+        events: Sequence[bytes],
+        data: Sequence[bytes],
+        *,
+        origin_gen: IntColumn = 0,
+        origin_seq: IntColumn = 0,
+        born_ms: IntColumn = 0,
+        generation: IntColumn = 0,
+        seq: IntColumn = 0,
+    ) -> InFlight:
+        """From encoded parts: ``events`` JSON strings (``msgspec.json.encode(id)``),
+        ``data`` JSON values; each int column one value for all or one per record."""
+        if len(events) != len(data):
+            raise ValueError(f"{len(events)} event ids for {len(data)} data values")
+        ints = np.empty((_ROWS, len(events)), np.int64)
+        ints[EVENT_END] = _ends(events)
+        ints[DATA_END] = _ends(data)
+        ints[ORIGIN_GEN] = origin_gen
+        ints[ORIGIN_SEQ] = origin_seq
+        ints[BORN_MS] = born_ms
+        ints[GENERATION] = generation
+        ints[SEQ] = seq
+        return cls(b"".join(events), b"".join(data), ints)
+
+    @classmethod
+    def of(
+        cls,
+        events: Iterable[str],
+        data: Iterable[bytes],
+        *,
+        origins: Iterable[Position] | None = None,
+        born_ms: IntColumn = 0,
+    ) -> InFlight:
+        """From event ids as strings and JSON data; ``origins`` default to ``(0, i)``.
+        Each data value must be one JSON value: it goes into request bodies as is."""
+        ids = [_encode(event) for event in events]
+        values = list(data)
+        for n, value in enumerate(values):
+            try:
+                msgspec.json.decode(value)
+            except msgspec.DecodeError as error:
+                raise ValueError(f"data {n} is not one JSON value: {value[:80]!r}") from error
+        places = list(origins) if origins is not None else [Position(0, i) for i in range(len(ids))]
+        return cls.build(
+            ids, values, born_ms=born_ms,
+            origin_gen=[p.generation for p in places], origin_seq=[p.seq for p in places],
+        )  # fmt: skip
+
+    # --- reading ----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.ints.shape[1])
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __repr__(self) -> str:
+        return f"InFlight({len(self)} records)"
+
+    def _span(self, row: int, i: int) -> tuple[int, int]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return (int(self.ints[row, i - 1]) if i else 0), int(self.ints[row, i])
+
+    def event_json(self, i: int) -> bytes:
+        lo, hi = self._span(EVENT_END, i)
+        return self.events[lo:hi]
+
+    def event(self, i: int) -> str:
+        return str(msgspec.json.decode(self.event_json(i)))
+
+    def value(self, i: int) -> bytes:
+        lo, hi = self._span(DATA_END, i)
+        return self.data[lo:hi]
+
+    def origin(self, i: int) -> Position:
+        return Position(int(self.ints[ORIGIN_GEN, i]), int(self.ints[ORIGIN_SEQ, i]))
+
+    def born(self, i: int) -> int:
+        return int(self.ints[BORN_MS, i])
+
+    def position(self, i: int) -> Position | None:
+        """Where record ``i`` was last written on the edge; None before it is."""
+        generation = int(self.ints[GENERATION, i])
+        return Position(generation, int(self.ints[SEQ, i])) if generation else None
+
+    def event_ids(self) -> list[str]:
+        return [self.event(i) for i in range(len(self))]
+
+    def records(self) -> Iterator[tuple[bytes, bytes, int, int, int]]:
+        """Each record as ``(event id JSON, data JSON, generation, seq, born_ms)``, for
+        a stage's function to see one event at a time."""
+        columns = self.ints[[GENERATION, SEQ, BORN_MS]].tolist()
+        yield from zip(_cut(self.events, self.ints[EVENT_END]),
+                       _cut(self.data, self.ints[DATA_END]), *columns, strict=True)  # fmt: skip
+
+    def latencies_ms(self, now_ms: int) -> list[int]:
+        """Each record's age at ``now_ms``."""
+        return (now_ms - self.ints[BORN_MS]).tolist()
+
+    def written(self) -> int:
+        """How many records have a position on the edge."""
+        return int(np.count_nonzero(self.ints[GENERATION]))
+
+    def oldest_origin(self) -> Position | None:
+        """The least origin (generation first, then seq); None when empty."""
+        if not self:
+            return None
+        gens = self.ints[ORIGIN_GEN]
+        oldest = int(gens.min())
+        return Position(oldest, int(self.ints[ORIGIN_SEQ][gens == oldest].min()))
+
+    # --- changing -------------------------------------------------------------------
+    def __add__(self, other: InFlight) -> InFlight:
+        if not self:
+            return other
+        if not other:
+            return self
+        tail = other.ints.copy()
+        tail[EVENT_END] += len(self.events)
+        tail[DATA_END] += len(self.data)
+        return InFlight(self.events + other.events, self.data + other.data,
+                        np.concatenate([self.ints, tail], axis=1))  # fmt: skip
+
+    def after(self, start: int) -> InFlight:
+        """Records ``start`` onwards."""
+        if start <= 0:
+            return self
+        if start >= len(self):
+            return InFlight.empty()
+        e0, d0 = int(self.ints[EVENT_END, start - 1]), int(self.ints[DATA_END, start - 1])
+        ints = self.ints[:, start:].copy()
+        ints[EVENT_END] -= e0
+        ints[DATA_END] -= d0
+        return InFlight(self.events[e0:], self.data[d0:], ints)
+
+    def keep(self, mask: npt.NDArray[np.bool_]) -> InFlight:
+        """The records where ``mask`` is true, in order."""
+        if mask.all():
+            return self
+        dropped = np.flatnonzero(~mask)
+        if dropped[-1] == len(dropped) - 1:  # a prefix: one slice
+            return self.after(len(dropped))
+        return InFlight(self._bytes(self.events, EVENT_END, mask),
+                        self._bytes(self.data, DATA_END, mask),
+                        self._rebased(mask))  # fmt: skip
+
+    def _bytes(self, buffer: bytes, row: int, mask: npt.NDArray[np.bool_]) -> bytes:
+        lengths = np.diff(self.ints[row], prepend=0)
+        keep = np.repeat(mask, lengths)
+        return np.frombuffer(buffer, np.uint8)[keep].tobytes()
+
+    def _rebased(self, mask: npt.NDArray[np.bool_]) -> Ints:
+        ints = self.ints[:, mask].copy()
+        for row in (EVENT_END, DATA_END):
+            ints[row] = np.cumsum(np.diff(self.ints[row], prepend=0)[mask])
+        return ints
+
+    def acknowledged(self, acked: Position) -> InFlight:
+        """Without the records written at or before ``acked`` in its generation: what
+        the consumer's checkpoint at ``acked`` lets a producer forget
+        (docs/semantics/pipeline.md §3.4)."""
+        gens, seqs = self.ints[GENERATION], self.ints[SEQ]
+        return self.keep(~((gens == acked.generation) & (seqs <= acked.seq)))
+
+    def place(self, start: int, generation: int, seqs: Sequence[int]) -> None:
+        """Record that records ``start`` onwards were written as ``seqs`` of
+        ``generation``."""
+        if len(seqs) != len(self) - start:
+            raise ValueError(f"{len(seqs)} seqs for {len(self) - start} records")
+        self.ints[GENERATION, start:] = generation
+        self.ints[SEQ, start:] = seqs
+
+    # --- wire -----------------------------------------------------------------------
+    def edge_records(self, start: int, generation: int) -> bytes:
+        """Records ``start`` onwards as RecordIn JSON objects joined by commas, for an
+        append to the edge's topic under ``generation``: the meta carries the
+        generation, event id and birth time, and the record id is the event id and the
+        generation (docs/semantics/pipeline.md §3.1)."""
+        part = self.after(start)
+        gen, event_key, born_key = GEN.encode(), EVENT.encode(), BORN.encode()
+        # the generation goes in now; data, event id, birth time and id stem per record
+        form = (b'{"data":%%s,"meta":{"%s":"%d","%s":%%s,"%s":"%%d"},"id":%%s@%d"}'
+                % (gen, generation, event_key, born_key, generation))  # fmt: skip
+        events = _cut(part.events, part.ints[EVENT_END])
+        return b",".join([
+            form % (data, event, born, event[:-1])
+            for event, data, born in zip(events, _cut(part.data, part.ints[DATA_END]),
+                                         part.ints[BORN_MS].tolist(), strict=True)
+        ])  # fmt: skip
+
+    def sink_records(self) -> bytes:
+        """The records as RecordIn JSON objects joined by commas, each with its event
+        id as the record id (docs/semantics/pipeline.md §5.2)."""
+        events = _cut(self.events, self.ints[EVENT_END])
+        data = _cut(self.data, self.ints[DATA_END])
+        pairs = zip(data, events, strict=True)
+        return b",".join([b'{"data":%s,"id":%s}' % pair for pair in pairs])
+
+
+def _cut(buffer: bytes, ends: Ints) -> list[bytes]:
+    """The records back to back in ``buffer``, ending at ``ends``, cut apart (the
+    transient pieces of one request body)."""
+    stops = ends.tolist()
+    return [buffer[lo:hi] for lo, hi in zip([0, *stops], stops, strict=False)]  # one start more

@@ -1,0 +1,267 @@
+"""The in-flight buffer (waymark.pipeline.batch) against a model of one Python object
+per record: append, placement, release of an acknowledged prefix (or middle), the
+oldest origin, and the HTTP bodies joined from the buffers, with awkward event ids and
+transforms that emit several outputs per input (docs/pipeline.md, "In-flight
+records"; docs/semantics/pipeline.md §3.4). Mutants of its guards are caught."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from waymark.client import RecordIn
+from waymark.pipeline import InFlight, Position
+from waymark.pipeline.batch import BORN, EVENT, GEN
+
+
+@dataclass
+class Rec:
+    event: str
+    data: bytes
+    origin: Position
+    born: int
+    position: Position | None = None
+
+
+# Ids with quotes, backslashes, control characters, non-ASCII and the '/' and '@' the
+# pipeline puts into derived ids; data any JSON value.
+ids = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                               max_size=3),
+    max_leaves=6,
+)  # fmt: skip
+origins = st.builds(Position, st.integers(0, 3), st.integers(0, 1_000_000))
+recs = st.builds(
+    Rec, ids, values.map(msgspec.json.encode), origins, st.integers(0, 2**50)
+)  # fmt: skip
+
+
+def of(records: list[Rec]) -> InFlight:
+    return InFlight.build(
+        [msgspec.json.encode(r.event) for r in records], [r.data for r in records],
+        origin_gen=[r.origin.generation for r in records],
+        origin_seq=[r.origin.seq for r in records], born_ms=[r.born for r in records],
+        generation=[r.position.generation if r.position else 0 for r in records],
+        seq=[r.position.seq if r.position else 0 for r in records],
+    )  # fmt: skip
+
+
+def contents(batch: InFlight) -> list[Rec]:
+    return [
+        Rec(batch.event(i), batch.value(i), batch.origin(i), batch.born(i), batch.position(i))
+        for i in range(len(batch))
+    ]
+
+
+def decoded(body: bytes) -> list[RecordIn]:
+    try:
+        return msgspec.json.decode(b"[" + body + b"]", type=list[RecordIn]) if body else []
+    except msgspec.DecodeError as error:
+        raise AssertionError(f"not a list of records: {body[:200]!r}") from error
+
+
+class InFlightMachine(RuleBasedStateMachine):
+    """A producer's window: pushes, writes to placements, acknowledgements."""
+
+    @initialize()
+    def start(self) -> None:
+        self.batch = InFlight.empty()
+        self.model: list[Rec] = []
+        self.generation = 1
+        self.next_seq = {1: 0}
+
+    @rule(new=st.lists(recs, max_size=6), fanout=st.integers(1, 3))
+    def push(self, new: list[Rec], fanout: int) -> None:
+        # a transform emitting ``fanout`` outputs per input: they share the origin
+        outputs = [
+            Rec(r.event if k == 0 else f"{r.event}/{k}", r.data, r.origin, r.born)
+            for r in new
+            for k in range(fanout)
+        ]
+        self.batch = self.batch + of(outputs)
+        self.model += outputs
+
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+        """A successful append of records ``start`` onwards to the bound placement."""
+        start = data.draw(st.integers(0, len(self.model)))
+        body = self.batch.edge_records(start, self.generation)
+        sent = decoded(body)
+        assert [(r.id, bytes(r.data), r.meta) for r in sent] == [
+            (f"{m.event}@{self.generation}", m.data,
+             {GEN: str(self.generation), EVENT: m.event, BORN: str(m.born)})
+            for m in self.model[start:]
+        ]  # fmt: skip
+        first = self.next_seq[self.generation] + 1
+        seqs = list(range(first, first + len(sent)))
+        self.next_seq[self.generation] += len(sent)
+        self.batch.place(start, self.generation, seqs)
+        for m, seq in zip(self.model[start:], seqs, strict=True):
+            m.position = Position(self.generation, seq)
+
+    @rule()
+    def move(self) -> None:
+        self.generation += 1
+        self.next_seq[self.generation] = 0
+
+    @rule(data=st.data())
+    def acknowledge(self, data: st.DataObject) -> None:
+        """The consumer's checkpoint: anywhere in a known generation, past the end too."""
+        generation = data.draw(st.integers(1, self.generation))
+        seq = data.draw(st.integers(0, self.next_seq[generation] + 2))
+        self.batch = self.batch.acknowledged(Position(generation, seq))
+        self.model = [
+            m for m in self.model
+            if m.position is None or m.position.generation != generation or m.position.seq > seq
+        ]  # fmt: skip
+
+    @invariant()
+    def same_records_in_push_order(self) -> None:
+        assert len(self.batch) == len(self.model)
+        assert contents(self.batch) == self.model
+        assert self.batch.written() == sum(m.position is not None for m in self.model)
+
+    @invariant()
+    def oldest_origin_is_the_least(self) -> None:
+        assert self.batch.oldest_origin() == min((m.origin for m in self.model), default=None)
+
+    @invariant()
+    def a_replay_writes_everything_in_push_order(self) -> None:
+        sent = decoded(self.batch.edge_records(0, 99))
+        assert [r.id for r in sent] == [f"{m.event}@99" for m in self.model]
+        assert [RecordIn(msgspec.Raw(m.data), id=m.event) for m in self.model] == decoded(
+            self.batch.sink_records()
+        )
+
+
+TestInFlight = InFlightMachine.TestCase
+TestInFlight.settings = settings(max_examples=60, stateful_step_count=20, deadline=None)
+MUTANT = settings(max_examples=300, stateful_step_count=20, deadline=None,
+                  phases=[Phase.generate])  # fmt: skip
+
+
+def run_machine() -> None:
+    """The machine under a mutant: stop at the first failure, unshrunk."""
+    run_state_machine_as_test(InFlightMachine, settings=MUTANT)
+
+
+# --- awkward cases ------------------------------------------------------------------
+def test_an_empty_batch() -> None:
+    empty = InFlight.empty()
+    assert len(empty) == 0 and not empty
+    assert empty.oldest_origin() is None and empty.written() == 0
+    assert empty.edge_records(0, 1) == b"" and empty.sink_records() == b""
+    assert len(empty.acknowledged(Position(1, 10))) == 0
+    assert contents(empty + InFlight.of([], [])) == []
+    one = InFlight.of(["a"], [b"1"])
+    assert contents(empty + one) == contents(one + empty) == contents(one)
+    with pytest.raises(IndexError):
+        empty.event(0)
+
+
+def test_release_past_the_end_forgets_everything_written_and_keeps_the_rest() -> None:
+    batch = InFlight.of(["a", "b", "c"], [b"1", b"2", b"3"])
+    batch.place(0, 1, [1, 2, 3])
+    batch += InFlight.of(["d"], [b"4"])  # not written yet
+    left = batch.acknowledged(Position(1, 1000))
+    assert left.event_ids() == ["d"] and left.position(0) is None
+    assert left.value(0) == b"4"
+
+
+def test_release_in_the_middle_of_one_origins_outputs_keeps_its_origin() -> None:
+    # input (1, 7) became three outputs, written as seqs 4, 5, 6; the consumer acknowledged
+    # up to 5: the third output is still in flight, so the input is not done
+    # (docs/semantics/pipeline.md §4.1).
+    batch = InFlight.build(
+        [b'"x"', b'"x/1"', b'"x/2"', b'"y"'], [b"1", b"2", b"3", b"4"],
+        origin_gen=1, origin_seq=[7, 7, 7, 8],
+    )  # fmt: skip
+    batch.place(0, 2, [4, 5, 6, 7])
+    left = batch.acknowledged(Position(2, 5))
+    assert left.event_ids() == ["x/2", "y"]
+    assert left.oldest_origin() == Position(1, 7)
+    assert left.acknowledged(Position(2, 6)).oldest_origin() == Position(1, 8)
+
+
+def test_release_leaves_older_generations_and_unwritten_records_in_the_middle() -> None:
+    batch = InFlight.of(["a", "b", "c", "d"], [b"1", b"[2]", b'"3"', b"{}"])
+    batch.place(0, 1, [1, 2, 3, 4])
+    batch.place(2, 2, [1, 2])  # c and d written again in generation 2
+    left = batch.acknowledged(Position(2, 1))  # c: in the middle
+    assert left.event_ids() == ["a", "b", "d"]
+    assert [left.value(i) for i in range(3)] == [b"1", b"[2]", b"{}"]
+    assert [left.position(i) for i in range(3)] == [Position(1, 1), Position(1, 2),
+                                                    Position(2, 2)]  # fmt: skip
+
+
+def test_data_that_is_not_one_json_value_is_refused() -> None:
+    # it would go into request bodies as is: '1,"id":"x"' would forge a field
+    for bad in (b'1,"id":"x"', b"", b"{", b"1 2"):
+        with pytest.raises(ValueError, match="data 0 is not one JSON value"):
+            InFlight.of(["a"], [bad])
+
+
+def test_placing_the_wrong_number_of_seqs_is_refused() -> None:
+    batch = InFlight.of(["a", "b"], [b"1", b"2"])
+    with pytest.raises(ValueError, match="1 seqs for 2 records"):
+        batch.place(0, 1, [1])
+    with pytest.raises(ValueError, match="2 event ids for 1 data values"):
+        InFlight.build([b'"a"', b'"b"'], [b"1"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(recs, max_size=12), st.lists(st.booleans(), max_size=12))
+def test_keep_selects_any_subset_in_order(records: list[Rec], flags: list[bool]) -> None:
+    mask = np.array((flags + [True] * len(records))[: len(records)], dtype=bool)
+    kept = of(records).keep(mask)
+    assert contents(kept) == [r for r, keep in zip(records, mask, strict=True) if keep]
+
+
+# --- mutants: each guard broken, the machine fails ------------------------------------
+def test_a_release_that_assumes_a_prefix_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def prefix_only(self: InFlight, mask: np.ndarray) -> InFlight:
+        return self.after(int(np.count_nonzero(~mask)))
+
+    monkeypatch.setattr(InFlight, "keep", prefix_only)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_a_release_that_forgets_the_generation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def any_generation(self: InFlight, acked: Position) -> InFlight:
+        from waymark.pipeline.batch import GENERATION, SEQ
+
+        gens, seqs = self.ints[GENERATION], self.ints[SEQ]
+        return self.keep(~((gens > 0) & (seqs <= acked.seq)))
+
+    monkeypatch.setattr(InFlight, "acknowledged", any_generation)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_an_oldest_origin_taken_from_the_front_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(InFlight, "oldest_origin", lambda self: self.origin(0) if self else None)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_offsets_not_rebased_on_a_middle_release_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(InFlight, "_rebased", lambda self, mask: self.ints[:, mask].copy())
+    with pytest.raises(AssertionError):
+        run_machine()
