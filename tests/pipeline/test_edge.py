@@ -80,6 +80,32 @@ def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
         dead.up()
 
 
+def test_records_of_a_push_that_gave_up_are_written_by_the_next_one(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A push that runs out of retries leaves its records unwritten; they stay
+    # unacknowledged, so the next push must write them before its own: a producer writes
+    # every record not yet written under the bound generation (docs/semantics/pipeline.md §3.3).
+    clock = ManualClock()
+    producer, consumer = edges(fleet, tmp_path, clock)
+    producer.push(items(0, 3))
+    first = producer.locator
+    assert first is not None
+    home, other = sorted(fleet.proxies[:2], key=lambda p: p.url != first.server)
+    home.down()
+    other.down()
+    try:
+        with pytest.raises(EdgeUnavailable):
+            producer.push(items(3, 5))  # nowhere to write nor to move to
+    finally:
+        home.up()
+        other.up()
+    producer.push(items(5, 6))  # the first server is back: 3 and 4 go with 5
+    assert sorted(consumer.pop(100).event_ids()) == [f"p:{n}" for n in range(6)]
+
+    assert producer.generation().value == 1 and producer.stats.replayed == 0
+
+
 def test_an_idle_producer_moves_its_edge_off_a_dead_server(
     fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -158,9 +158,15 @@ class InFlight:
         """Each record's age at ``now_ms``."""
         return (now_ms - self.ints[BORN_MS]).tolist()
 
-    def written(self) -> int:
-        """How many records have a position on the edge."""
-        return int(np.count_nonzero(self.ints[GENERATION]))
+    def written(self, start: int = 0) -> int:
+        """How many records (from ``start`` on) have a position on the edge."""
+        return int(np.count_nonzero(self.ints[GENERATION, start:]))
+
+    def placed(self, generation: int) -> int:
+        """How many leading records are written under ``generation``: a producer writes
+        in order from the first record that is not, so these form a prefix."""
+        elsewhere = np.flatnonzero(self.ints[GENERATION] != generation)
+        return int(elsewhere[0]) if len(elsewhere) else len(self)
 
     def oldest_origin(self) -> Position | None:
         """The least origin (generation first, then seq); None when empty."""

@@ -137,7 +137,6 @@ class RelocatableQueueEdge:
         self.cursor: Position | None = None  # consumer: last seq read in the bound generation
         self._down_since_ms: int | None = None
         self._polled_ms: int | None = None
-        self._moved = False
         self._probed_ms: int | None = None
         self._released = 0  # consumer: seqs at or below this are deleted from the topic
 
@@ -157,7 +156,6 @@ class RelocatableQueueEdge:
             self._down_since_ms = None
 
     def _bind(self, locator: QueueLocator) -> None:
-        self._moved = True  # a producer writes its unacknowledged records there again
         self.locator = locator
         self.reader.seen = max(self.reader.seen, locator.epoch)
         self.stats.rebinds += 1
@@ -171,7 +169,6 @@ class RelocatableQueueEdge:
                 self._move()
             else:
                 self._bind(current)
-            self._moved = self.unacked.written() > 0
         assert self.locator is not None
         return self.locator
 
@@ -255,18 +252,21 @@ class RelocatableQueueEdge:
         finds the server gone or the edge moved moves with it and writes every
         unacknowledged record again, with bounded retries and backoff
         (docs/semantics/pipeline.md §3.3)."""
-        start = len(self.unacked)
         self.unacked += records
         self.open()
-        self._send(self._replay() if self._moved else start)
+        self._send()
 
-    def _send(self, start: int) -> None:
-        """Write the unacknowledged records from ``start`` on."""
+    def _send(self) -> None:
+        """Write every unacknowledged record not yet written under the bound generation:
+        after a move that is all of them, after a push that gave up those it left."""
         self.open()
         attempt = 0
-        while start < len(self.unacked):
+        while True:
             locator = self.locator
             assert locator is not None
+            start = self.unacked.placed(locator.generation)
+            if start == len(self.unacked):
+                return
             # Each record's id is its event id and the generation: a retried write in one
             # generation is absorbed, a replay into the next one is not
             # (docs/semantics/pipeline.md §3.1).
@@ -289,9 +289,9 @@ class RelocatableQueueEdge:
                     self._move()
                 except EdgeUnavailable:
                     continue
-                start = self._replay()
                 continue
             self._succeeded()
+            self.stats.replayed += self.unacked.written(start)  # written before, elsewhere
             self.unacked.place(start, locator.generation, answer.seqs)
             # The write counts only if the edge has not moved meanwhile: a consumer
             # bound to a newer generation never reads it (docs/semantics/pipeline.md §3.4).
@@ -299,9 +299,6 @@ class RelocatableQueueEdge:
                 attempt += 1
                 if attempt > self.retries:
                     raise EdgeUnavailable(f"edge {self.name!r}: moving on and on")
-                start = self._replay()
-                continue
-            start = len(self.unacked)
 
     def _newer_published(self) -> bool:
         current = self.reader.current()
@@ -310,19 +307,14 @@ class RelocatableQueueEdge:
             return True
         return False
 
-    def _replay(self) -> int:
-        """Where to write from for the placement just bound: everything unacknowledged."""
-        self._moved = False
-        self.stats.replayed += self.unacked.written()
-        return 0
-
     def settle(self) -> None:
         """Forget what the consumer acknowledged; follow a newer placement and write
         the rest there (docs/semantics/pipeline.md §3.4)."""
         self.trim()
         if self.locator is not None:
             self._newer_published()
-            if self.unacked and not self._moved and not self._reachable():
+            pending = self.unacked.placed(self.generation().value) < len(self.unacked)
+            if self.unacked and not pending and not self._reachable():
                 # Nothing is pushed, but the consumer cannot read what waits here: move
                 # it (docs/semantics/pipeline.md §3.4).
                 self._disconnected()
@@ -330,8 +322,8 @@ class RelocatableQueueEdge:
                     self._move()
                 except EdgeUnavailable:
                     return
-        if self._moved and self.unacked:
-            self._send(self._replay())
+        if self.unacked.placed(self.generation().value) < len(self.unacked):
+            self._send()
 
     def _reachable(self) -> bool:
         """Whether the bound placement answers; probed at most every ``poll_interval_ms``."""
