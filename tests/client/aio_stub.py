@@ -29,8 +29,18 @@ def _public(node: ast.stmt) -> bool:
     )
 
 
+def _async_generator(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return isinstance(node, ast.AsyncFunctionDef) and any(
+        isinstance(n, ast.Yield | ast.YieldFrom) for n in ast.walk(node)
+    )
+
+
 def _stubbed(node: ast.FunctionDef | ast.AsyncFunctionDef, *, awaitable: bool) -> ast.stmt:
+    # In a stub, ``async def f() -> AsyncIterator[T]`` is a coroutine returning an
+    # iterator; an async generator is iterated without ``await``, so it is a plain ``def``.
     kind = ast.AsyncFunctionDef if awaitable else type(node)
+    if _async_generator(node):
+        kind = ast.FunctionDef
     body: list[ast.stmt] = [ast.Expr(ast.Constant(...))]
     doc = ast.get_docstring(node, clean=False)
     if doc is not None:

@@ -16,7 +16,7 @@ USER_CODE = """
 from typing import assert_type
 
 from waymark.client import AsyncClient, Client
-from waymark.protocol import AppendResponse, DiffResponse, RecordIn, TopicState
+from waymark.protocol import AppendResponse, Checkpoint, DiffResponse, RecordIn, TopicState
 
 
 async def user(aclient: AsyncClient, client: Client) -> None:
@@ -25,6 +25,8 @@ async def user(aclient: AsyncClient, client: Client) -> None:
     assert_type(await aclient.list_topics(), list[TopicState])
     async for event in aclient.watch("t"):
         print(event)
+    async for checkpoint in aclient.checkpoints():
+        assert_type(checkpoint, Checkpoint)
     async with aclient:
         pass
     assert_type(client.append("t", [RecordIn.of(1)]), AppendResponse)

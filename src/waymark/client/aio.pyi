@@ -281,7 +281,7 @@ class AsyncClient:
         """Follow a topic over SSE; see :meth:`waymark.client.Client.watch`."""
         ...
 
-    async def checkpoints(
+    def checkpoints(
         self, earliest_ms: int = 0, *, topics: Sequence[str] | None = None, limit: int = 1000
     ) -> AsyncIterator[Checkpoint]:
         """See :meth:`waymark.client.Client.checkpoints`."""

@@ -24,6 +24,7 @@ from waymark.client import (
     ApiError,
     Client,
     ConfigPatch,
+    Discard,
     ErrorCode,
     TopicState,
     TransportError,
@@ -182,7 +183,7 @@ class RelocatableQueueEdge:
                 raise
         state, _ = client.put_topic(
             self.topic,
-            ConfigPatch(cap_records=self.capacity, discard="reject",
+            ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
                         idempotency_window_ms=24 * 3_600_000),
         )  # fmt: skip
         return state
