@@ -287,9 +287,9 @@ class Shipper:
 
     # -- delivering ------------------------------------------------------------
 
-    async def _deliver(self, batch: _Batch, queued: QueuedTicket[int]) -> None:
+    async def _deliver(self, batch: _Batch, queued: QueuedTicket[list[int]]) -> None:
         stats = self.stats
-        ticket: QueuedTicket[int] | SendingTicket[int] | None = queued
+        ticket: QueuedTicket[list[int]] | SendingTicket[list[int]] | None = queued
         try:
             while True:
                 sending = ticket = queued.begin_send()

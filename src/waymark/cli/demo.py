@@ -306,7 +306,7 @@ class Demo:
         for t in threads:
             t.join()
         if errors:
-            raise typer.Exit(f"a producer failed: {errors[0]!r}")
+            raise SystemExit(f"a producer failed: {errors[0]!r}")  # message on stderr, exit 1
         self.timeline.produced_s = time.perf_counter() - began
         self.timeline.produce_rate = s.events / self.timeline.produced_s
 
@@ -608,7 +608,7 @@ def _serve(data_dir: Path, log: Any) -> Iterator[str]:
         assert process.stdout is not None
         line = process.stdout.readline()
         if not line.startswith("waymark listening on "):
-            raise typer.Exit(f"the topic server did not start: {line!r}")
+            raise SystemExit(f"the topic server did not start: {line!r}")
         yield line.split()[-1]
     finally:
         process.send_signal(signal.SIGTERM)
