@@ -274,7 +274,8 @@ class ReportsMachine(RuleBasedStateMachine):
 
 
 ReportsMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=20,
-                                            deadline=None)  # fmt: skip
+                                            deadline=None, database=None,
+                                            derandomize=True)  # fmt: skip
 
 
 def test_reports_model() -> None:
