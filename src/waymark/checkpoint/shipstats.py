@@ -95,9 +95,9 @@ class StatsCollector:
             family.add_metric([self.stats.topic], getattr(self.stats, name))
             yield family
         for name, doc in self._GAUGES:
-            family = GaugeMetricFamily(f"waymark_ship_{name}", doc, labels=labels)
-            family.add_metric([self.stats.topic], getattr(self.stats, name))
-            yield family
+            gauge = GaugeMetricFamily(f"waymark_ship_{name}", doc, labels=labels)
+            gauge.add_metric([self.stats.topic], getattr(self.stats, name))
+            yield gauge
 
 
 def serve_metrics(stats: ShipStats, port: int, host: str = "127.0.0.1") -> int:

@@ -172,8 +172,8 @@ def register(app: typer.Typer) -> None:
                   settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget),
                   tokens=tokens, open_metrics=open_metrics,
                   server_limits=server_limits)  # fmt: skip
-        server = Server(app, tls_cert=tls_cert and str(tls_cert),
-                        tls_key=tls_key and str(tls_key))  # fmt: skip
+        server = Server(app, tls_cert=None if tls_cert is None else str(tls_cert),
+                        tls_key=None if tls_key is None else str(tls_key))  # fmt: skip
         shown = f"[{host}]" if ":" in host else host
         scheme = "https" if tls_cert is not None else "http"
         # Printed once the socket is bound, so a parent process can wait for this line.

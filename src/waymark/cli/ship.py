@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
             wait_ms=wait_ms,
             backoff=Backoff(retry_base_ms / 1000, max(retry_cap_ms, retry_base_ms) / 1000),
             token=token,
-            ca_file=ca_file and str(ca_file),
+            ca_file=None if ca_file is None else str(ca_file),
         )
         shipper = Shipper(config)
         if metrics_port is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import nats.js.errors
 from nats.js import api
@@ -117,7 +117,8 @@ class KvReader:
             )
         except nats.js.errors.NotFoundError:
             return None
-        return msg.headers, msg.data or b"", msg.seq
+        # A message read back from the stream always has its seq (the stubs allow None).
+        return msg.headers, msg.data or b"", cast(int, msg.seq)
 
     async def get(self, key: str) -> KvEntry | None:
         hit = await self._last_msg(key)
@@ -231,7 +232,7 @@ class KvWriter:
         expected = version.as_u64()
         if expected is None:
             raise RevisionMismatch(f"{key}: version {version.raw!r} is not a NATS revision")
-        headers = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected)}
+        headers: dict[str, str] = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected)}
         return VersionToken.from_u64(await self._publish(key, value, headers))
 
     async def create(self, key: str, value: bytes) -> VersionToken:

@@ -31,9 +31,16 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from waymark.kv.applied import ExportRequest
-from waymark.kv.artifact import ExportInfo, ExportManifest, StagedExport, stage_export
+from waymark.kv.artifact import (
+    ArtifactBackend,
+    ExportInfo,
+    ExportManifest,
+    StagedExport,
+    stage_export,
+)
 from waymark.kv.lease import ExportLease
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome
@@ -90,7 +97,8 @@ def export_via(
 
         def action(store: SnapshotStore, cursor: WatchCursor) -> StagedExport:
             # Only the copy stalls the fold; verify and upload run after it resumed.
-            return stage_export(store, dest, meta)
+            # Every fold store class is also its own artifact backend
+            return stage_export(cast(ArtifactBackend, store), dest, meta)
 
         request = ExportRequest(action)
         await requests.put(request)

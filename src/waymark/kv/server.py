@@ -40,10 +40,11 @@ class EmbeddedNats:
     def __init__(
         self, store_dir: str | os.PathLike[str] | None = None, port: int | None = None
     ) -> None:
-        self._tmp = (
-            None if store_dir is not None else tempfile.TemporaryDirectory(prefix="waymark-nats-")
-        )
-        self.store_dir = Path(store_dir if store_dir is not None else self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if store_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="waymark-nats-")
+            store_dir = self._tmp.name
+        self.store_dir = Path(store_dir)
         self.port = port or free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self._proc: subprocess.Popen[bytes] | None = None

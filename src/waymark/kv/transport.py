@@ -23,6 +23,7 @@ docs/kv.md.
 from __future__ import annotations
 
 import enum
+import io
 import logging
 import os
 import re
@@ -173,7 +174,7 @@ def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> b
     return f.read()
 
 
-def extract_payload(stream: IO[bytes], dest: Path, pointer_bytes: bytes) -> None:
+def extract_payload(stream: IO[bytes] | io.RawIOBase, dest: Path, pointer_bytes: bytes) -> None:
     """Stream a payload tar into ``dest``: its manifest must be the pointer, byte for byte.
 
     Only regular files that the manifest lists are written (at most once, at

@@ -372,7 +372,7 @@ class Engine:
         result = topic.delete(bound, match, now, slot)
         if slot is not None and commit is not None and durability is Durability.FSYNC:
             topic.note_unsynced(slot, commit)  # readers pass it once it is synced
-        if changes is not None and keys:
+        if changes is not None and slot is not None and keys:  # changes come with a slot
             changes.removed(topic, keys, slot, commit)
         kernel.commit(topic)
         return DeleteResult(result, commit)

@@ -349,7 +349,12 @@ class Queues:
             deadline, seq, lease_id = heapq.heappop(p.expiry)
             job = p.jobs.get(seq)
             lease = job.lease if job is not None else None
-            if lease is None or lease.lease_id != lease_id or lease.deadline != deadline:
+            if (
+                job is None
+                or lease is None
+                or lease.lease_id != lease_id
+                or lease.deadline != deadline
+            ):
                 continue  # superseded by an extend, an ack or a later claim
             if seq in released:
                 continue
@@ -571,7 +576,7 @@ class Queues:
         topic = self._queue(name)
         target = topic.config.dead_letter
         source = None if target is None else self.engine.kernel.get(target)
-        if source is None:
+        if target is None or source is None:  # no source without a target
             return Redriven([])
         now = self.engine.clock.now_ms()
         moved: list[int] = []

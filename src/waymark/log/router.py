@@ -17,10 +17,11 @@ re-derived copy from a new record by its key.
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import orjson
@@ -33,6 +34,7 @@ from .records import EncodedRecord, check_topic_name, wire_body
 from .results import DiffResult
 
 if TYPE_CHECKING:
+    from .chunk import Chunk
     from .engine import Engine
     from .topic import Topic
 
@@ -267,7 +269,7 @@ class Routers:
             )
         return self._on_cycle
 
-    def _path(self, start: str, goal: str) -> list[str] | None:
+    def _path(self, start: str, goal: str) -> builtins.list[str] | None:
         """Topics along a router path start -> ... -> goal, if there is one."""
         seen = {start}
         stack = [[start]]
@@ -347,7 +349,7 @@ class Routers:
 
     def _copies(
         self, router: Router, source: Topic, page: DiffResult, on_cycle: bool
-    ) -> tuple[list[EncodedRecord], list[int]]:
+    ) -> tuple[builtins.list[EncodedRecord], builtins.list[int]]:
         """The copies of a page's records (docs/semantics/topics.md §8.3), and each one's hop
         count."""
         admits = compile_filter(router.filter)
@@ -356,10 +358,12 @@ class Routers:
         key_prefix = router.key_prefix()
         copies: list[EncodedRecord] = []
         hops: list[int] = []
-        chunk, base, last = None, 0, -1
+        # Set by the first seq (every seq is > -1) before any use.
+        chunk, base, last = cast("Chunk", None), 0, -1
         for seq in page.seqs:
             if seq > last:  # the page's records, chunk by chunk: one lookup per chunk
-                chunk, _ = source.slot(seq)  # type: ignore[misc]  # the page was just read
+                # The page was just read, so its records are live: slot finds them.
+                chunk, _ = cast("tuple[Chunk, int]", source.slot(seq))
                 base, last = chunk.base_seq, chunk.last_seq
                 nodes, tags = chunk.node_names.names, chunk.tag_names.names
             i = seq - base
@@ -402,11 +406,11 @@ class Routers:
             del self._hops[key]
 
     # --- durability ---------------------------------------------------------------
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> builtins.list[dict[str, Any]]:
         """Definitions and cursors for the seal catalog."""
         return [asdict(r) for r in self._routers.values()]
 
-    def restore(self, entries: list[dict[str, Any]]) -> None:
+    def restore(self, entries: builtins.list[dict[str, Any]]) -> None:
         for entry in entries:
             router = Router(**entry)
             self._routers[router.name] = router

@@ -285,7 +285,7 @@ class Topic:
             chunk = chunks[-1] if chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
             room = chunk.room_at(seq + done) if chunk is not None else 0
-            if not room:
+            if chunk is None or not room:  # no chunk means no room
                 chunk = self._new_chunk(seq + done)
                 room = chunk.room()
             end = done + room if done + room < n else n
@@ -660,7 +660,7 @@ class Topic:
             hole = self._hole_after(cursor)
         # A page stops before the next hole, so its tombstone opens the following page.
         stop = head if hole is None else hole.lo - 1
-        runs: list[bytes] = []
+        runs: list[bytes | memoryview] = []
         seqs: list[int] = []
         spans: list[Span] = []
         delivered = 0
@@ -818,7 +818,7 @@ class Topic:
         k: int,
         node_ids: frozenset[int] | None,
         per_record: bool,
-        runs: list[bytes],
+        runs: list[bytes | memoryview],
         seqs: list[int],
     ) -> None:
         """Deliver live slots [i, k) of ``chunk``, dropping the reader's own node's records."""

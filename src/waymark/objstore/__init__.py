@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from waymark.clock import Clock
@@ -41,6 +41,9 @@ from waymark.objstore.types import (
     PreconditionFailed,
     PutMode,
 )
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
 
 
 @runtime_checkable
@@ -106,7 +109,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> ObjectStore:
         # default timeout is 30 s per request). Passing client options replaces
         # the ones obstore reads from the environment, so AWS_ALLOW_HTTP is
         # carried over by hand.
-        options: dict[str, object] = {"timeout": "3600s"}
+        options: ClientConfig = {"timeout": "3600s"}
         if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true"):
             options["allow_http"] = True
         store = S3Store.from_url(url, client_options=options)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from waymark.clock import Clock, SystemClock
@@ -242,7 +242,7 @@ class PipelineCollector(Collector):
     def __init__(self, runner: PipelineRunner) -> None:
         self.runner = runner
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         runner = self.runner
         counters = {
             "relocations": "Placements of an edge this stage published.",

@@ -82,6 +82,7 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool) -
             "required": endpoint.request_required,
             "content": {"application/json": {"schema": ref[endpoint.request]}},
         }
+    ok: dict[str, Any]
     if endpoint.stream is not None:
         media, description = endpoint.stream
         ok = {"description": description, "content": {media: {"schema": {}}}}

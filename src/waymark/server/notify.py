@@ -11,6 +11,7 @@ reader of the topic, however many commits came before it ran.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from .delivery import Deliveries
 
@@ -50,7 +51,7 @@ class Notifier:
         self,
         topic: str,
         timeout: float,
-        also: asyncio.Future[object] | None = None,
+        also: asyncio.Future[Any] | None = None,
         changed: asyncio.Future[None] | None = None,
     ) -> bool:
         """Wait until ``topic`` changes (``changed``: since that future was taken),
@@ -63,7 +64,7 @@ class Notifier:
             changed = self.next_change(topic)
         if self._closed is None:
             self._closed = loop.create_future()
-        waits: set[asyncio.Future[object]] = {changed, self._closed}  # type: ignore[arg-type]
+        waits: set[asyncio.Future[Any]] = {changed, self._closed}
         if also is not None:
             waits.add(also)
         # asyncio.wait (unlike wait_for) never cancels the shared future on timeout.

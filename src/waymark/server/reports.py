@@ -56,6 +56,7 @@ class Kept(Generic[R]):
         self.engine, self.name = engine, name
         engine.internal_log(name, Durability.DISK)
         self.latest: dict[str, _Kept[R]] = {}
+        decoder: msgspec.json.Decoder[_Record[R]]
         decoder = msgspec.json.Decoder(_Record[kind])  # type: ignore[valid-type]
         cursor = 0
         while True:  # read back what a previous run kept

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..client import Client
 from .schema import parse_data, with_parsed_data
@@ -58,7 +58,8 @@ def check_worker_python(spark: SparkSession) -> None:
         context = spark.sparkContext
     except (AttributeError, NotImplementedError):  # Spark Connect: the workers are remote
         return
-    if not context.master.startswith("local"):
+    # A running context always has its master (the stubs allow None).
+    if not cast(str, context.master).startswith("local"):
         return
     python = context.pythonExec
     env = {**os.environ, **{k: str(v) for k, v in context.environment.items()}}

@@ -43,7 +43,7 @@ import posixpath
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -197,7 +197,8 @@ class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
-        batch_id = int(context.getLocalProperty("streaming.sql.batchId"))
+        # Spark sets the property on every streaming write task (the stubs allow None).
+        batch_id = int(cast(str, context.getLocalProperty("streaming.sql.batchId")))
         return self._stage(iterator, batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -248,8 +249,10 @@ class _Stager:
         message: StagedParts,
     ) -> None:
         self.http = http
-        self.head = {"writer": writer.writer, "epoch": writer.epoch, "batch_id": batch_id,
-                     "partition": message.partition, "attempt": message.attempt}  # fmt: skip
+        self.head: dict[str, Any] = {
+            "writer": writer.writer, "epoch": writer.epoch, "batch_id": batch_id,
+            "partition": message.partition, "attempt": message.attempt,
+        }  # fmt: skip
         self.message = message
         self.buffers: dict[str, list[pa.Array]] = {}
         self.buffered: dict[str, int] = {}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -217,7 +217,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = page.tombstone
         return None if gone is None or gone.reason == "recreated" else gone
 
-    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = from_json(start), from_json(end)
         ranges = []
         for topic, last in finish.items():

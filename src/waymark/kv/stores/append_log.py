@@ -38,6 +38,7 @@ import struct
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 from isal.isal_zlib import crc32
 
@@ -65,7 +66,7 @@ log = logging.getLogger("waymark.kv")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _CRC = struct.Struct("<I")
-_TYPE_KEYLEN = struct.Struct("<BH")  # type:u8 ++ key_len:u16, the start of put and delete
+_TYPE_KEYLEN = struct.Struct("<BH")  # kind:u8 ++ key_len:u16, the start of put and delete
 _CODEC = (crc32, _CRC.pack, _TYPE_KEYLEN.pack, _U32.pack, VER_LEN, b"".join)
 # Encoded in advance for the common sizes: a list index is cheaper than a pack call.
 _PUT_HEADS = [_TYPE_KEYLEN.pack(REC_PUT, n) for n in range(1024)]  # by key length
@@ -111,6 +112,7 @@ def _put_records(out: list[bytes], keys: Iterable[str], entries: Iterable[_Entry
             ap(e)
             continue
         k = key.encode()
+        e = cast(KvUpdate, e)  # not bytes, so an update
         v = e.value
         ver = e.version.raw
         kn, vn = len(k), len(v)
@@ -225,7 +227,8 @@ class _Replay:
     def garbage_bytes(self) -> int:
         """Bytes of superseded puts and of deletes: what a compaction would reclaim
         (bar cursor records). Needs the fold built."""
-        live = sum(map(len, self.fold.values())) + 4 * len(self.fold)  # bodies + their CRCs
+        bodies = cast("Iterable[bytes]", self.fold.values())  # a replay folds put bodies only
+        live = sum(map(len, bodies)) + 4 * len(self.fold)  # bodies + their CRCs
         return self.data_bytes - live
 
     def entries(self) -> dict[str, KvEntry]:
@@ -462,6 +465,7 @@ def _write_all(f: io.FileIO, blob: bytes) -> None:
 
 def _entry(key: str, hit: _Entry) -> KvEntry:
     if type(hit) is not bytes:
+        hit = cast(KvUpdate, hit)
         return KvEntry(key, hit.value, hit.version)
     # A put body: type:u8 ++ key_len:u16 ++ key ++ value_len:u32 ++ value ++ ver_len:u8 ++ version
     key_end = 3 + _U16.unpack_from(hit, 1)[0]

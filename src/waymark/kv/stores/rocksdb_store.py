@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
@@ -123,7 +124,9 @@ class RocksDbStore:
     def range(self, prefix: str = "") -> list[KvEntry]:
         p = prefix.encode()
         out = []
-        for k, v in self._data.items(from_key=p):
+        # The fold is opened raw: keys and values are bytes (the stubs say any value).
+        items = cast("Iterator[tuple[bytes, bytes]]", self._data.items(from_key=p))
+        for k, v in items:
             if not k.startswith(p):
                 break
             out.append(decode_record(k.decode(), v))
@@ -131,7 +134,7 @@ class RocksDbStore:
 
     def iter_keys(self, prefix: str = "") -> Iterator[str]:
         p = prefix.encode()
-        for k in self._data.keys(from_key=p):
+        for k in cast("Iterator[bytes]", self._data.keys(from_key=p)):
             if not k.startswith(p):
                 return
             yield k.decode()

@@ -9,6 +9,7 @@ import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -106,7 +107,8 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
             keep.update(paths)
             topic.add_chunk(SealedChunk(*paths))
         recount(topic)
-        for chunk in topic.chunks:
+        # The topic was just built from its segments alone: every chunk is sealed.
+        for chunk in cast("list[SealedChunk]", topic.chunks):
             chunk.drop_cached_pages()
         engine.kernel.register(topic)
     engine.kernel.restore_epoch(catalog.last_epoch)

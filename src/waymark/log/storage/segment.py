@@ -21,6 +21,7 @@ import os
 import struct
 from array import array
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -84,6 +85,15 @@ class SealedChunk(Chunk):
     larger than memory costs only its per-record deleted flags in RAM."""
 
     __slots__ = ("_data", "_idx", "data_path", "disk_dead", "idx_path", "lens", "offsets")
+
+    # numpy views of the mapped index stand in for Chunk's arrays (None while remapping).
+    offsets: Any
+    lens: Any
+    ts: Any
+    size: Any
+    node: Any
+    tag: Any
+    ends: Any
 
     def __init__(self, data_path: Path, idx_path: Path, dead: bytes | None = None) -> None:
         """Map a segment. ``dead``, when the caller knows the flags (it just wrote them),
