@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from waymark.pipeline import (
     output_event,
 )
 from waymark.pipeline.demo import deliver, produce
+from waymark.pipeline.edge import Connect
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 
@@ -46,6 +48,25 @@ def edges(fleet: Fleet, tmp_path: Path, clock: ManualClock) -> tuple[Relocatable
         )  # fmt: skip
 
     return make(), make()
+
+
+def one_server(
+    fleet: Fleet, tmp_path: Path, clock: ManualClock
+) -> tuple[StageStateStore, str, Callable[[str, str, int], RelocatableQueueEdge], Connect]:
+    """Stage states, a run id, a maker of edges (name, consumer, capacity) on the first
+    server alone and the clients they use, for tests that run stages step by step."""
+    store = open_store(tmp_path.as_uri())
+    run = uuid.uuid4().hex[:8]
+    connect = client_factory(2.0, 0.5)
+
+    def edge(name: str, consumer: str, capacity: int) -> RelocatableQueueEdge:
+        return RelocatableQueueEdge(
+            f"{name}-{run}", fleet.urls[:1], store, consumer=consumer, capacity=capacity,
+            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
+            retries=2, poll_interval_ms=0,
+        )  # fmt: skip
+
+    return StageStateStore(store), run, edge, connect
 
 
 def items(lo: int, hi: int) -> InFlight:
@@ -137,21 +158,10 @@ def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
 ) -> None:
     # 60 events through an edge of capacity 10 (docs/semantics/pipeline.md §3.6).
     clock = ManualClock()
-    store = open_store(tmp_path.as_uri())
-    states = StageStateStore(store)
-    run = uuid.uuid4().hex[:8]
-    connect = client_factory(2.0, 0.5)
-
-    def edge(consumer_side: bool) -> RelocatableQueueEdge:
-        return RelocatableQueueEdge(
-            f"cap-{run}", fleet.urls[:1], store, consumer="sink", capacity=10,
-            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
-            retries=2, poll_interval_ms=0,
-        )  # fmt: skip
-
-    source = Stage("produce", produce, states=states, output=edge(False), events=60, batch=5,
-                   clock=clock)  # fmt: skip
-    sink = Stage("sink", deliver, states=states, input=edge(True), clock=clock,
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("cap", "sink", 10), events=60,
+                   batch=5, clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge("cap", "sink", 10), clock=clock,
                  sink=Sink(fleet.sink.url, f"cap-{run}", connect=connect))  # fmt: skip
     source.start()
     sink.start()
@@ -239,17 +249,10 @@ def test_several_outputs_per_input_with_awkward_ids_reach_the_sink_once(
     # that cut one input's outputs apart: the sink gets each output once, under the id
     # output_event gives it (docs/semantics/pipeline.md §5.1).
     clock = ManualClock()
-    store = open_store(tmp_path.as_uri())
-    states = StageStateStore(store)
-    run = uuid.uuid4().hex[:8]
-    connect = client_factory(2.0, 0.5)
+    states, run, make, connect = one_server(fleet, tmp_path, clock)
 
     def edge(name: str, consumer: str) -> RelocatableQueueEdge:
-        return RelocatableQueueEdge(
-            f"{name}-{run}", fleet.urls[:1], store, consumer=consumer, capacity=1000,
-            connect=connect, clock=clock, sleep=lambda s: clock.advance(int(s * 1000)),
-            retries=2, poll_interval_ms=0,
-        )  # fmt: skip
+        return make(name, consumer, 1000)
 
     name = 'pr"o\\d/ü'
     source = Stage(name, lambda n: {"n": n}, states=states, output=edge("a", "fan"),
