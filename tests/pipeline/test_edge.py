@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
-from tests.pipeline.conftest import Fleet
+from tests.pipeline.conftest import FaultProxy, Fleet
 
 from waymark.client import Client
 from waymark.clock import ManualClock
@@ -73,22 +73,29 @@ def items(lo: int, hi: int) -> InFlight:
     return InFlight.of([f"p:{n}" for n in range(lo, hi)], [b'{"n":%d}' % n for n in range(lo, hi)])
 
 
+def pushed(
+    fleet: Fleet, tmp_path: Path, n: int
+) -> tuple[RelocatableQueueEdge, RelocatableQueueEdge, FaultProxy]:
+    """A producer and a consumer of a fresh edge after pushing events 0..n-1, and the
+    proxy of the server the edge was placed on."""
+    producer, consumer = edges(fleet, tmp_path, ManualClock())
+    producer.push(items(0, n))
+    placed = producer.locator
+    assert placed is not None
+    return producer, consumer, next(p for p in fleet.proxies if p.url == placed.server)
+
+
 def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    clock = ManualClock()
-    producer, consumer = edges(fleet, tmp_path, clock)
-    producer.push(items(0, 5))
+    producer, consumer, dead = pushed(fleet, tmp_path, 5)
     assert producer.generation().value == 1
     assert consumer.pop(100).event_ids() == [f"p:{n}" for n in range(5)]
-    first = producer.locator
-    assert first is not None
-    dead = next(p for p in fleet.proxies if p.url == first.server)
     dead.down()
     try:
         producer.push(items(5, 8))  # fails, relocates, writes all 8 unacknowledged again
         assert producer.generation().value == 2
-        assert producer.locator is not None and producer.locator.server != first.server
+        assert producer.locator is not None and producer.locator.server != dead.url
         assert producer.stats.relocations == 1
         assert producer.stats.replayed == 5
         assert producer.stats.recover_s and producer.stats.recover_s[0] > 0  # the backoff
@@ -107,12 +114,8 @@ def test_records_of_a_push_that_gave_up_are_written_by_the_next_one(
     # A push that runs out of retries leaves its records unwritten; they stay
     # unacknowledged, so the next push must write them before its own: a producer writes
     # every record not yet written under the bound generation (docs/semantics/pipeline.md §3.3).
-    clock = ManualClock()
-    producer, consumer = edges(fleet, tmp_path, clock)
-    producer.push(items(0, 3))
-    first = producer.locator
-    assert first is not None
-    home, other = sorted(fleet.proxies[:2], key=lambda p: p.url != first.server)
+    producer, consumer, home = pushed(fleet, tmp_path, 3)
+    other = next(p for p in fleet.proxies[:2] if p is not home)
     home.down()
     other.down()
     try:
@@ -123,7 +126,6 @@ def test_records_of_a_push_that_gave_up_are_written_by_the_next_one(
         other.up()
     producer.push(items(5, 6))  # the first server is back: 3 and 4 go with 5
     assert sorted(consumer.pop(100).event_ids()) == [f"p:{n}" for n in range(6)]
-
     assert producer.generation().value == 1 and producer.stats.replayed == 0
 
 
@@ -132,12 +134,7 @@ def test_an_idle_producer_moves_its_edge_off_a_dead_server(
 ) -> None:
     # Only a producer moves an edge: one with nothing new to write must still notice
     # that its unacknowledged items sit on a dead server (docs/semantics/pipeline.md §3.4).
-    clock = ManualClock()
-    producer, consumer = edges(fleet, tmp_path, clock)
-    producer.push(items(0, 3))
-    first = producer.locator
-    assert first is not None
-    dead = next(p for p in fleet.proxies if p.url == first.server)
+    producer, consumer, dead = pushed(fleet, tmp_path, 3)
     dead.down()
     try:
         with monkeypatch.context() as mutant:  # the probe removed: the edge stays put
