@@ -165,8 +165,11 @@ class InFlight:
     def placed(self, generation: int) -> int:
         """How many leading records are written under ``generation``: a producer writes
         in order from the first record that is not, so these form a prefix."""
-        elsewhere = np.flatnonzero(self.ints[GENERATION] != generation)
-        return int(elsewhere[0]) if len(elsewhere) else len(self)
+        if not len(self):
+            return 0
+        elsewhere = self.ints[GENERATION] != generation
+        first = int(elsewhere.argmax())  # the first True, or 0 when there is none
+        return first if elsewhere[first] else len(self)
 
     def oldest_origin(self) -> Position | None:
         """The least origin (generation first, then seq); None when empty."""
