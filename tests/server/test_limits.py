@@ -211,3 +211,34 @@ def test_an_idle_kept_alive_connection_is_closed(limited: str) -> None:
         assert sock.recv(4096) == b""  # closed by the server, after --keep-alive-s 1
         assert 0.5 < time.monotonic() - started < 5
     assert metric(limited, "waymark_idle_closed_total") == before + 1
+
+
+def _exchange(host: str, port: int, request: bytes) -> bytes:
+    """Send ``request`` on a new connection and read until the server closes it."""
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(request)
+        sock.settimeout(10)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
+def test_upgrade_requests_are_refused_and_leak_no_connection(start_waymark, upgrade) -> None:
+    """An ``Upgrade`` handed the connection to uvicorn's WebSocket protocol, which never
+    gave its slot back: past --max-connections of them, every client got 503 for good."""
+    server = start_waymark("--max-connections", "4")
+    host, port = address(server.url)
+    request = (
+        b"GET /v0/health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: " + upgrade
+        + b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )  # fmt: skip
+    for _ in range(12):  # three times the limit
+        answer = _exchange(host, port, request)
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert b'"code":"invalid_request"' in answer and b"connection: close" in answer
+    deadline = time.monotonic() + 10
+    while metric(server.url, "waymark_connections") > 1:  # the /metrics one itself
+        assert time.monotonic() < deadline, "upgraded connections still count as open"
+    assert httpx.get(f"{server.url}/v0/health", timeout=5).status_code == 200

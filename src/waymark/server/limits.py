@@ -10,7 +10,9 @@ lacks or answers outside the API's error format:
   a slowloris client holds a connection for seconds, not forever;
 - a **connection limit**: past ``max_connections`` open connections a new one is
   answered 503 ``server_busy`` as soon as its headers arrive, and closed;
-- the **idle keep-alive timeout** (uvicorn's own, ``keep_alive_s``), counted.
+- the **idle keep-alive timeout** (uvicorn's own, ``keep_alive_s``), counted;
+- **no connection upgrades**: a request with ``Upgrade`` gets 400 ``invalid_request``
+  and the connection is closed (an upgraded connection left the limit's count).
 
 The SSE stream limit and the body and topic limits are refusals of the app
 (:class:`~waymark.server.App`), in the same error format.
@@ -75,6 +77,16 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self.parser.should_upgrade():
+            # uvicorn would hand the connection to its WebSocket protocol, which never
+            # calls our connection_lost: each upgrade leaked a slot of max_connections.
+            # No route speaks WebSocket or h2c, so an upgrade is refused outright.
+            self._refuse(TopicError(
+                ErrorCode.INVALID_REQUEST,
+                "this server does not upgrade connections (no WebSocket, no h2c); "
+                "send the request without an Upgrade header",
+            ))  # fmt: skip
+            return
         if self._over:
             self._refuse(TopicError(
                 ErrorCode.SERVER_BUSY, "the server holds its limit of open connections",
@@ -82,6 +94,12 @@ class GuardedProtocol(HttpToolsProtocol):
             ))  # fmt: skip
             return
         super().on_headers_complete()
+
+    def _should_upgrade(self) -> bool:
+        return False  # refused in on_headers_complete, whatever libraries are installed
+
+    def _unsupported_upgrade_warning(self) -> None:
+        pass  # answered 400 already; a log line per hostile request is a log flood
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():
