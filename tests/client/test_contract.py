@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from waymark.client import (
@@ -275,6 +276,7 @@ def server_bug(s: Target) -> None:
 CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.INVALID_REQUEST: lambda s: s.client.diff("t", 0, limit=0),
     ErrorCode.INVALID_TOPIC_NAME: lambda s: s.client.get_topic("no/slash"),
+    ErrorCode.INVALID_RECORD: lambda s: s.client.append("t", [RecordIn(msgspec.Raw(b"1e400"))]),
     ErrorCode.RECORD_TOO_LARGE: lambda s: s.client.append("t", [RecordIn.of("x" * 100)]),
     ErrorCode.TAG_TOO_LONG: lambda s: s.client.append("t", [RecordIn.of(1, tag="t" * 9)]),
     ErrorCode.NODE_TOO_LONG: lambda s: s.client.append("t", [RecordIn.of(1, node="n" * 9)]),

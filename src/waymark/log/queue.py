@@ -25,9 +25,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
-from ..protocol import DeadLetterError, Durability, QueueCounts, RecordIn, TopicConfig, TopicType
+from ..protocol import (
+    DeadLetterError,
+    Durability,
+    QueueCounts,
+    Record,
+    RecordIn,
+    TopicConfig,
+    TopicType,
+)
 from .errors import ErrorCode, TopicError
 from .journal import DropFrame, TopicFrame
 from .records import EncodedRecord
@@ -585,14 +594,14 @@ class Queues:
         while len(records) < max_jobs:
             page = source.read(cursor, CLAIM_PAGE, None, None, now, True)
             for run in page.runs:
-                wire = orjson.loads(bytes(run[:-1]))
-                meta = wire.get("meta") or {}
+                letter = _stored_record.decode(run[:-1])
+                meta = letter.meta or {}
                 if meta.get(f"{DEAD_LETTER_META}queue") != name or len(records) == max_jobs:
                     continue
                 kept = {k: v for k, v in meta.items() if not k.startswith(DEAD_LETTER_META)}
-                records.append(RecordIn.of(wire["data"], tag=wire.get("$tag"),
-                                           node=wire.get("$node"), meta=kept or None))  # fmt: skip
-                moved.append(wire["$seq"])
+                records.append(RecordIn(letter.data, tag=letter.tag, node=letter.node,
+                                        meta=kept or None))  # fmt: skip
+                moved.append(letter.seq)
             if page.caught_up or page.next_from_seq == cursor:
                 break
             cursor = page.next_from_seq
@@ -726,17 +735,23 @@ def _event(
     }
 
 
+# A stored record with its data kept as the stored bytes: a dead letter and a redriven
+# job carry the job's data byte for byte (decoding it would turn 2**64+1 into a float,
+# and data a reader cannot decode would fail the claim pass that moves it).
+_stored_record = msgspec.json.Decoder(Record[msgspec.Raw])
+
+
 def _dead_letter_record(queue: str, seq: int, record: bytes, delivery: int) -> RecordIn:
     """The dead letter of a job: its tag, node, meta and data, plus its provenance."""
-    wire = orjson.loads(record)
+    job = _stored_record.decode(record)
     meta = {
-        **wire.get("meta", {}),
+        **(job.meta or {}),
         f"{DEAD_LETTER_META}queue": queue,
         f"{DEAD_LETTER_META}seq": str(seq),
         f"{DEAD_LETTER_META}deliveries": str(delivery),
         f"{DEAD_LETTER_META}reason": "max_deliveries",
     }
-    return RecordIn.of(wire["data"], tag=wire.get("$tag"), node=wire.get("$node"), meta=meta)
+    return RecordIn(job.data, tag=job.tag, node=job.node, meta=meta)
 
 
 def _read_one(topic: Topic, seq: int, now: int) -> bytes | None:

@@ -54,6 +54,8 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
     append = out.append
     changed: list[msgspec.Raw] | None = None
     joined = b"".join(map(_data_of, records))
+    if _may_be_poison(joined):
+        _check_readable(records)
     # Data with no whitespace and no backslash is canonical already: the common case is
     # proven with the cheapest scan for its size and parses nothing. Small writes also
     # tell spaces in strings from spaces between tokens by the quotes around them.
@@ -94,6 +96,46 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
     return out
 
 
+def _may_be_poison(joined: bytes) -> bool:
+    """Whether the data of a write could hold what a reader cannot decode: invalid
+    UTF-8, an escape (a lone surrogate ``\\ud800``), or a number that is infinite as a
+    double (an exponent, or 309 integer digits). A cheap scan with no false
+    negatives: most writes are proven clean without parsing them."""
+    if not joined.isascii():
+        try:
+            joined.decode()
+        except UnicodeDecodeError:
+            return True
+    if joined.find(b"\\") >= 0:
+        return True
+    numbers = joined.translate(_DIGITS_AND_EXPONENTS)
+    return numbers.find(b"0e") >= 0 or numbers.find(_INFINITE_DIGITS) >= 0
+
+
+def _check_readable(records: Sequence[RecordIn]) -> None:
+    """Refuse a write whose data a reader could not decode (docs/semantics/topics.md
+    §1.2): JSON text in UTF-8, no lone surrogates, numbers finite as doubles. One
+    orjson parse of the whole write proves it, and only a refused write is parsed per
+    record to name the one at fault. Stored data would otherwise fail every page that
+    holds it, for every reader, for good."""
+    try:
+        orjson.loads(b"[" + b",".join(map(_data_of, records)) + b"]")
+        return
+    except orjson.JSONDecodeError:
+        pass
+    for index, record in enumerate(records):
+        try:
+            orjson.loads(bytes(record.data))
+        except orjson.JSONDecodeError as error:
+            raise TopicError(
+                ErrorCode.INVALID_RECORD,
+                f"record {index}: data is not JSON a reader can decode ({error.msg}); "
+                "data must be UTF-8 JSON with numbers finite as doubles",
+                {"index": index, "reason": error.msg},
+            ) from None
+    raise TopicError(ErrorCode.INVALID_RECORD, "a record's data is not valid JSON")
+
+
 def wire_body(data: bytes, node: str | None, tag: str | None, meta_json: bytes) -> bytes:
     """A record's wire body from parts already validated (a router's copy,
     docs/semantics/topics.md §8.3)."""
@@ -131,6 +173,13 @@ def _check_meta(meta: dict[str, str], limits: Limits) -> bytes:
 
 
 _data_of = attrgetter("data")
+# Digits to "0", exponent letters to "e", the rest to spaces: "0e" is a digit before an
+# exponent, 309 zeros an integer part of 309 digits (either may be infinite as a double).
+_DIGITS_AND_EXPONENTS = bytes(
+    ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE" else ord(" ")
+    for b in range(256)
+)
+_INFINITE_DIGITS = b"0" * 309
 # Data bytes of a write up to which one translate scans faster than five finds (whose
 # argument parsing costs more than their memchr).
 _SMALL = 512

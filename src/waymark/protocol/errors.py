@@ -16,6 +16,7 @@ from msgspec import Struct
 class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     INVALID_TOPIC_NAME = "invalid_topic_name"
+    INVALID_RECORD = "invalid_record"  # data a reader could not decode (index named)
     RECORD_TOO_LARGE = "record_too_large"
     TAG_TOO_LONG = "tag_too_long"
     NODE_TOO_LONG = "node_too_long"
@@ -49,6 +50,7 @@ class ErrorCode(StrEnum):
 STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 400,
     ErrorCode.INVALID_TOPIC_NAME: 400,
+    ErrorCode.INVALID_RECORD: 400,
     ErrorCode.RECORD_TOO_LARGE: 400,
     ErrorCode.TAG_TOO_LONG: 400,
     ErrorCode.NODE_TOO_LONG: 400,

@@ -1,0 +1,97 @@
+"""Poison records (docs/semantics/topics.md §1.2): data a reader could not decode is
+refused at the door, by a real server, with the index of the record at fault; and a
+job's data moves to its dead-letter topic and back byte for byte."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from waymark.client import Client, ConfigPatch, TopicType
+
+POISON = [
+    pytest.param(b"1e400", id="infinite-exponent"),
+    pytest.param(b"-1E999", id="negative-infinite"),
+    pytest.param(b"9" * 100_000, id="100k-digit-integer"),
+    pytest.param(b'"\xff\xfe"', id="invalid-utf8"),
+    # (the body decoder already refuses a lone surrogate: 400 invalid_request, no index)
+    pytest.param(b'{"a": [1, 2e400]}', id="nested-infinite"),
+]
+
+
+@pytest.fixture(scope="module")
+def http(waymark_server: Any) -> httpx.Client:
+    with httpx.Client(base_url=waymark_server.url, timeout=10) as client:
+        yield client
+
+
+@pytest.mark.parametrize("poison", POISON)
+def test_a_poison_record_is_refused_naming_its_index_and_nothing_is_stored(
+    http: httpx.Client, waymark_server: Any, poison: bytes, request: pytest.FixtureRequest
+) -> None:
+    topic = f"poison-{request.node.callspec.id}"
+    assert http.post(f"/v0/topics/{topic}/records", json={"records": [{"data": 0}]}).is_success
+    body = b'{"records":[{"data":1},{"data":' + poison + b'},{"data":3}]}'
+    answer = http.post(f"/v0/topics/{topic}/records", content=body,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_record" and error["detail"]["index"] == 1, error
+    assert "record 1" in error["message"]
+    with Client(waymark_server.url) as client:  # the shipped client still reads the topic
+        page = client.diff(topic, 0)
+        assert [r.data for r in page.records] == [0] and page.head_seq == 1
+
+
+def test_data_that_is_merely_unusual_is_kept_byte_for_byte(
+    http: httpx.Client, waymark_server: Any
+) -> None:
+    """Big but finite numbers, escapes and non-ASCII text are valid: stored as sent."""
+    data = [b"18446744073709551617", b"1e308", b"1" + b"0" * 308, b'"\\u00e9\\n\xc3\xa9"',
+            b'"550e8400-e29b-41d4"', b"0.1000000000000000000001"]  # fmt: skip
+    body = b'{"records":[' + b",".join(b'{"data":%b}' % d for d in data) + b"]}"
+    answer = http.post("/v0/topics/unusual/records", content=body,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    raw = http.post("/v0/topics/unusual/diff", json={"from_seq": 0}).content
+    for stored in (data[0], data[1], data[2], data[5]):  # the numbers, as sent
+        assert b'"data":' + stored + b"}" in raw
+    with Client(waymark_server.url) as client:
+        assert len(client.diff("unusual", 0).records) == len(data)
+
+
+def test_dead_letters_and_redrive_keep_the_job_s_bytes(waymark_server: Any) -> None:
+    """Dead-lettering decoded the job and encoded it again: 2**64+1 came back as
+    1.8446744073709552e+19 (and data a reader cannot decode failed the claim pass)."""
+    queue, dlq = "poison-jobs", "poison-jobs.dlq"
+    big = b"18446744073709551617"
+    with Client(waymark_server.url) as client:
+        client.put_topic(queue, ConfigPatch(max_deliveries=1, dead_letter=dlq),
+                         type=TopicType.QUEUE)  # fmt: skip
+        body = b'{"records":[{"data":{"n":%b},"tag":"t","meta":{"k":"v"}}]}' % big
+        assert httpx.post(f"{waymark_server.url}/v0/topics/{queue}/records", content=body,
+                          headers={"content-type": "application/json"}).is_success  # fmt: skip
+        [job] = client.claim(queue, "w", 1)
+        client.nack(queue, "w", [job.seq])
+        assert client.claim(queue, "w", 1) == []  # its second delivery is a dead letter
+        letters = httpx.post(f"{waymark_server.url}/v0/topics/{dlq}/diff",
+                             json={"from_seq": 0}).content  # fmt: skip
+        assert b'"data":{"n":%b}' % big in letters
+        redriven = client.redrive(queue).seqs
+        assert len(redriven) == 1
+        again = httpx.post(f"{waymark_server.url}/v0/topics/{queue}/diff",
+                           json={"from_seq": redriven[0] - 1}).content  # fmt: skip
+        assert b'"data":{"n":%b}' % big in again
+        assert b'"$tag":"t"' in again and b'"meta":{"k":"v"}' in again
+        [back] = client.claim(queue, "w", 1)
+        assert back.seq == redriven[0]
+
+
+def test_a_lone_surrogate_escape_is_refused_by_the_body_decoder(http: httpx.Client) -> None:
+    body = b'{"records":[{"data":"\\ud800"}]}'
+    answer = http.post("/v0/topics/surrogate/records", content=body,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_request"
+    assert http.get("/v0/topics/surrogate").status_code == 404  # not even created
