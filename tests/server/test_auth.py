@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,3 +345,65 @@ def test_open_metrics_serves_metrics_without_a_token(start_waymark, tmp_path: Pa
     assert ops["/v0/topics"]["get"]["security"] == [{"bearer": []}]
     assert ops["/v0/health"]["get"]["security"] == []
     assert ops["/metrics"]["get"]["security"] == []
+
+
+def test_a_revoked_token_loses_its_open_streams(secured: Secured) -> None:
+    """A watch and a queue's /work stream opened with a token end with an in-band 401
+    once the token is revoked (``waymark token revoke`` + SIGHUP); before, both went on
+    for good, and /work kept leasing jobs to the revoked token."""
+    name = f"revoked-{next(_ids)}"
+    secret = token_new(secured.tokens, name, "read:rv.*", "queue:rv.*", "write:rv.*")
+    secured.process.send_signal(signal.SIGHUP)
+    with secured.as_token(secured.all) as admin:
+        assert admin.put("/v0/topics/rv.q", json={"type": "queue"}).status_code in (200, 201)
+        assert admin.post("/v0/topics/rv.log/records", json={"records": [{"data": 0}]})
+    with secured.as_token(secret) as http:
+        deadline = time.monotonic() + 10
+        while http.get("/v0/auth/whoami").status_code != 200:  # the SIGHUP is handled
+            assert time.monotonic() < deadline
+        with (
+            http.stream("GET", "/v0/topics/rv.log/watch", params={"from_seq": 0}) as watch,
+            http.stream("GET", "/v0/topics/rv.q/work", params={"node": "w", "max": 1}) as work,
+        ):
+            assert watch.status_code == 200 and work.status_code == 200
+            lines, work_lines = watch.iter_lines(), work.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # record 0
+            subprocess.run([WAYMARK, "token", "revoke", name, "--tokens", str(secured.tokens)],
+                           check=True, capture_output=True)  # fmt: skip
+            revoked_at = time.monotonic()
+            secured.process.send_signal(signal.SIGHUP)
+            for stream_lines in (lines, work_lines):
+                events = []
+                for line in stream_lines:  # ends when the server closes the stream
+                    events.append(line)
+                assert "event: error" in events, events
+                error = next(e for e in events if e.startswith("data:") and "unauthorized" in e)
+                assert '"code":"unauthorized"' in error
+            assert time.monotonic() - revoked_at < 5
+        assert http.get("/v0/auth/whoami").status_code == 401
+        with secured.as_token(secured.all) as admin:  # /work leased nothing after it
+            assert admin.post("/v0/topics/rv.q/records", json={"records": [{"data": 1}]})
+            assert admin.get("/v0/topics/rv.q").json()["queue"]["in_flight"] == 0
+
+
+def test_token_names_in_any_script_read_back_and_control_characters_are_refused(
+    tmp_path: Path,
+) -> None:
+    """An emoji was written as a pair of JSON surrogate escapes that TOML refuses: after
+    it, ``token new`` and ``serve --tokens`` both exited 2 on the broken file."""
+    from waymark.server.auth import Tokens
+
+    tokens = tmp_path / "tokens.toml"
+    token_new(tokens, "café 😀", "read:*")
+    token_new(tokens, "second", "admin")
+    assert sorted(t.name for t in Tokens.load(tokens).by_id.values()) == ["café 😀", "second"]
+    refused = subprocess.run([WAYMARK, "token", "new", "bell\a", "--tokens", str(tokens),
+                              "--scope", "admin"], capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 2 and "control characters" in refused.stderr
+    subprocess.run([WAYMARK, "token", "revoke", "café 😀", "--tokens", str(tokens)], check=True,
+                   capture_output=True)  # fmt: skip
+    assert [t.name for t in Tokens.load(tokens).by_id.values()] == ["second"]
+    assert tokens.stat().st_mode & 0o777 == 0o600
+    missing = subprocess.run([WAYMARK, "token", "revoke", "nobody", "--tokens", str(tokens)],
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 2 and "no token named 'nobody'" in missing.stderr

@@ -95,3 +95,27 @@ def test_a_lone_surrogate_escape_is_refused_by_the_body_decoder(http: httpx.Clie
                        headers={"content-type": "application/json"})  # fmt: skip
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_request"
     assert http.get("/v0/topics/surrogate").status_code == 404  # not even created
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(b'{"data":1,"tag":"\xff"}', id="tag-invalid-utf8"),
+        pytest.param(b'{"data":1,"meta":{"k":"\xc3"}}', id="meta-invalid-utf8"),
+        pytest.param(b'{"data":' + b"[" * 100_000 + b"]" * 100_000 + b"}", id="deep-nesting"),
+        pytest.param(b'{"data":1,"id":"' + b"i" * (1 << 20) + b'"}', id="1-MiB-id"),
+    ],
+)
+def test_hostile_fields_are_400_not_500_and_store_nothing(
+    http: httpx.Client, record: bytes, request: pytest.FixtureRequest
+) -> None:
+    """Invalid UTF-8 in a tag or meta value and deep nesting escaped the body decoder's
+    refusals as a 500; an idempotency id had no length limit (a 1 MiB id was kept for
+    the whole duplicate window)."""
+    topic = f"hostile-{request.node.callspec.id}"
+    answer = http.post(f"/v0/topics/{topic}/records", content=b'{"records":[%b]}' % record,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert http.get(f"/v0/topics/{topic}").status_code == 404
+    assert http.get("/v0/health").status_code == 200

@@ -1,4 +1,5 @@
-"""``waymark token new``: add a bearer token to a tokens file (docs/security.md)."""
+"""``waymark token new`` and ``revoke``: the tokens file of ``waymark serve --tokens``
+(docs/security.md)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,24 @@ def new(
         raise typer.Exit(2) from exc
     typer.echo(f"token {name!r} added to {tokens} with scopes {', '.join(scope)}", err=True)
     typer.echo(secret)
+
+
+@token_app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="The token's name.")],
+    tokens: Annotated[Path, typer.Option(help="The tokens file.")],
+) -> None:
+    """Remove token NAME from the file. A running server refuses it after SIGHUP, and
+    ends the streams (watch, /work, changes) it holds open within a second."""
+    require("token", "server")
+    from waymark.server.auth import TokenFileError, revoke_token
+
+    try:
+        revoke_token(tokens, name)
+    except (TokenFileError, ValueError) as exc:
+        typer.echo(f"waymark: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"token {name!r} removed from {tokens}; send the server SIGHUP", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -113,8 +113,8 @@ def _may_be_poison(joined: bytes) -> bool:
 
 
 def _check_readable(records: Sequence[RecordIn]) -> None:
-    """Refuse a write whose data a reader could not decode (docs/semantics/topics.md
-    §1.2): JSON text in UTF-8, no lone surrogates, numbers finite as doubles. One
+    """Refuse a write whose data a reader could not decode: JSON text in UTF-8, no
+    lone surrogates, numbers finite as doubles (docs/semantics/topics.md §1.2). One
     orjson parse of the whole write proves it, and only a refused write is parsed per
     record to name the one at fault. Stored data would otherwise fail every page that
     holds it, for every reader, for good."""

@@ -32,6 +32,10 @@ Positive = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 # Where a body names a topic that is then checked by the engine (404/400 with the
 # code of docs/semantics/topics.md §11), not refused by the decoder as a malformed field.
 TopicName = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
+# A record's idempotency id (docs/semantics/topics.md §4.1): the server keeps every id
+# for the duplicate window, so its size is bounded like a tag's.
+MAX_ID_LENGTH = 256
+RecordId = Annotated[str, Meta(max_length=MAX_ID_LENGTH)]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Annotated, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct, field
 
+from .limits import RecordId
+
 T = TypeVar("T")
 
 # ["tag", "Eq", "X"] or ["tag", "Glob", "X*"]; a bare string means Eq
@@ -30,7 +32,7 @@ class RecordIn(Struct, forbid_unknown_fields=True):
     tag: str | None = None
     node: str | None = None
     meta: dict[str, str] | None = None
-    id: str | None = None
+    id: RecordId | None = None
 
     @classmethod
     def of(

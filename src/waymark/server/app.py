@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 
@@ -34,6 +35,7 @@ from .queues import QueueApi
 from .reports import ReportsApi
 from .routers import Forwarder, RouterApi
 from .routing import PathTable
+from .sse import EventStream
 from .writers import WritersApi
 
 # Refusals of a limit that a handler raises, counted on /metrics by code
@@ -172,31 +174,18 @@ class App:
             self.tokens = Tokens.load(self.tokens_path)
         except ValueError as exc:
             log.error("tokens not reloaded, the previous ones stay: %s", exc)
+            return
+        # Open streams re-check their token now: a revoked or narrowed one ends them.
+        self.notifier.wake_all()
 
     def _admit(self, scope: Scope, endpoint: Endpoint, params: dict[str, str]) -> TopicError | None:
         """The refusal of a request before its handler runs: no or an unknown token
         (401), a token without the endpoint's scope (403), or an SSE stream past the
         server's limit (429). None admits it."""
         if self.tokens is not None and endpoint.scope is not ScopeKind.OPEN:
-            authorization = None
-            for key, value in scope["headers"]:
-                if key == b"authorization":
-                    authorization = value
-                    break
-            token = self.tokens.verify(authorization)
-            if token is None:
-                return TopicError(
-                    ErrorCode.UNAUTHORIZED,
-                    "a valid bearer token is needed (Authorization: Bearer …)",
-                )
-            scope[TOKEN] = token
-            if not allows(token.grants, endpoint.scope, params.get("topic")):
-                detail = {"token": token.name, "needs": endpoint.scope.value}
-                if "topic" in params:
-                    detail["topic"] = params["topic"]
-                return TopicError(ErrorCode.FORBIDDEN,
-                                  f"token {token.name!r} lacks the {endpoint.scope} scope "
-                                  "this needs", detail)  # fmt: skip
+            refusal = self._authorize(scope, endpoint, params)
+            if refusal is not None:
+                return refusal
         if endpoint.stream is not None and endpoint.stream[0] == "text/event-stream":
             limit = self.server_limits.max_streams
             # The stream counts itself before its first await, and no handler of a
@@ -205,6 +194,34 @@ class App:
                 return TopicError(ErrorCode.TOO_MANY_STREAMS,
                                   f"the server holds its limit of {limit} SSE streams",
                                   {"max_streams": limit})  # fmt: skip
+        return None
+
+    def _authorize(
+        self, scope: Scope, endpoint: Endpoint, params: dict[str, str]
+    ) -> TopicError | None:
+        """401 or 403 for the request's token under the tokens loaded now; an open
+        stream asks again before each send (docs/security.md, "Reloading tokens")."""
+        if self.tokens is None:
+            return None
+        authorization = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+                break
+        token = self.tokens.verify(authorization)
+        if token is None:
+            return TopicError(
+                ErrorCode.UNAUTHORIZED,
+                "a valid bearer token is needed (Authorization: Bearer …)",
+            )
+        scope[TOKEN] = token
+        if not allows(token.grants, endpoint.scope, params.get("topic")):
+            detail = {"token": token.name, "needs": endpoint.scope.value}
+            if "topic" in params:
+                detail["topic"] = params["topic"]
+            return TopicError(ErrorCode.FORBIDDEN,
+                              f"token {token.name!r} lacks the {endpoint.scope} scope "
+                              "this needs", detail)  # fmt: skip
         return None
 
     async def _whoami(self, request: Request) -> Response:
@@ -252,6 +269,12 @@ class App:
             else:
                 try:
                     response = await route.methods[scope["method"]](Request(scope, receive, params))
+                    if (
+                        isinstance(response, EventStream)
+                        and self.tokens is not None
+                        and (endpoint.scope is not ScopeKind.OPEN)
+                    ):
+                        response.admitted = partial(self._authorize, scope, endpoint, params)
                 except Exception as exc:
                     error = as_topic_error(exc)
                     if error is None:

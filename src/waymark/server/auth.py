@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import tomllib
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,10 +100,11 @@ class Tokens:
 def new_token(path: Path, name: str, scopes: list[str]) -> str:
     """Add token ``name`` with ``scopes`` to the file at ``path`` (created if missing,
     mode 0600) and return its secret, which is stored nowhere. ValueError for a bad
-    scope or a name the file already has."""
+    scope or name, or a name the file already has."""
     grants = [Grant.parse(s) for s in scopes]
     if not grants:
         raise ValueError("a token needs at least one --scope")
+    _check_name(name)
     existing = Tokens.load(path) if path.exists() else Tokens([])
     if any(t.name == name for t in existing.by_id.values()):
         raise ValueError(f"{path} already has a token named {name!r}")
@@ -111,19 +113,53 @@ def new_token(path: Path, name: str, scopes: list[str]) -> str:
         token_id = secrets.token_hex(6)
     secret = f"{PREFIX}_{token_id}_{secrets.token_urlsafe(32)}"
     salt = secrets.token_bytes(16)
-    digest = hashlib.sha256(salt + secret.encode()).hexdigest()
-    # TOML basic strings take JSON's escapes; a name is quoted as a key the same way.
-    entry = (
-        f"\n[tokens.{json.dumps(name)}]\n"
-        f'id = "{token_id}"\nsalt = "{salt.hex()}"\nsha256 = "{digest}"\n'
-        f"scopes = [{', '.join(json.dumps(str(g)) for g in grants)}]\n"
-    )
-    header = (
-        ""
-        if path.exists()
-        else ("# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n")
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a", encoding="utf-8") as f:
-        f.write(header + entry)
+    digest = hashlib.sha256(salt + secret.encode()).digest()
+    token = Token(name, token_id, salt, digest, tuple(grants))
+    _write(path, [*existing.by_id.values(), token])
     return secret
+
+
+def revoke_token(path: Path, name: str) -> None:
+    """Remove token ``name`` from the file at ``path``; a running server stops
+    admitting it, and ends its open streams, on SIGHUP. ValueError if there is none."""
+    existing = Tokens.load(path)
+    kept = [t for t in existing.by_id.values() if t.name != name]
+    if len(kept) == len(existing.by_id):
+        raise ValueError(f"{path} has no token named {name!r}")
+    _write(path, kept)
+
+
+def _check_name(name: str) -> None:
+    # TOML basic strings may not hold control characters unescaped, and a name is
+    # shown in 403 bodies and the console: refuse them rather than escape them.
+    if not name or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
+        raise ValueError(f"token name {name!r} is empty or holds control characters")
+
+
+def _toml_string(text: str) -> str:
+    # JSON's escapes are TOML's; ensure_ascii=False keeps emoji as characters (JSON
+    # would write a surrogate pair of \u escapes, which TOML refuses).
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _write(path: Path, tokens: list[Token]) -> None:
+    """Write the whole file anew (a temporary file renamed over it, mode 0600), after
+    checking that it reads back as exactly ``tokens``: the file never becomes one
+    that the next ``token new`` or ``serve --tokens`` cannot read."""
+    text = "# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n"
+    for t in tokens:
+        text += (
+            f"\n[tokens.{_toml_string(t.name)}]\n"
+            f'id = "{t.id}"\nsalt = "{t.salt.hex()}"\nsha256 = "{t.sha256.hex()}"\n'
+            f"scopes = [{', '.join(_toml_string(str(g)) for g in t.grants)}]\n"
+        )
+    parsed = tomllib.loads(text).get("tokens", {})
+    if [(n, e["id"]) for n, e in parsed.items()] != [(t.name, t.id) for t in tokens]:
+        raise TokenFileError(f"{path}: the tokens file would not read back as written")
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

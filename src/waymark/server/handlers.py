@@ -32,15 +32,15 @@ from ..protocol import (
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
-from .http import Request, Response
+from .http import BodyDecoder, Request, Response
 from .metrics import Metrics
 from .notify import Notifier
 from .sse import EventStream, TopicFeed
 
-_append = msgspec.json.Decoder(AppendRequest)
-_diff = msgspec.json.Decoder(DiffRequest)
-_delete = msgspec.json.Decoder(DeleteRequest)
-_put = msgspec.json.Decoder(TopicPut)
+_append = BodyDecoder(AppendRequest)
+_diff = BodyDecoder(DiffRequest)
+_delete = BodyDecoder(DeleteRequest)
+_put = BodyDecoder(TopicPut)
 _encode = msgspec.json.encode
 _HEALTH = _encode(Health("ok"))
 _ARROW = ARROW_STREAM.encode()

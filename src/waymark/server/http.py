@@ -8,10 +8,14 @@ stays close to the speed of a bare ASGI callable.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qs
 
+import msgspec
+
 from ..log import ErrorCode, TopicError
+
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -80,6 +84,30 @@ def _too_large(max_bytes: int) -> TopicError:
         f"request body is larger than {max_bytes} bytes",
         {"max_bytes": max_bytes},
     )
+
+
+class BodyDecoder(Generic[T]):
+    """A request body decoder whose every refusal is a 400 ``invalid_request``.
+
+    msgspec raises ``UnicodeDecodeError`` for invalid UTF-8 inside a string (a tag, a
+    meta value) and ``RecursionError`` for deeply nested JSON, neither a
+    ``DecodeError``: they were answered 500 as if the server had failed.
+    """
+
+    def __init__(self, type: type[T]) -> None:  # noqa: A002 -- msgspec's own name
+        self._decoder = msgspec.json.Decoder(type)
+
+    def decode(self, body: bytes) -> T:
+        try:
+            return self._decoder.decode(body)
+        except UnicodeDecodeError as exc:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST, f"request body is not valid UTF-8: {exc.reason}"
+            ) from None
+        except RecursionError:
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST, "request body is nested too deeply"
+            ) from None
 
 
 class Response:

@@ -32,6 +32,12 @@ class Notifier:
         if future is not None and not future.done():
             future.set_result(None)
 
+    def wake_all(self) -> None:
+        """Wake every waiter as if its topic changed: each stream re-checks what it may
+        still send (a tokens reload may have revoked it, docs/security.md)."""
+        for topic in list(self._changed):
+            self._wake(topic)
+
     def close(self) -> None:
         """Release every waiter for good: the server is shutting down."""
         self.closing = True

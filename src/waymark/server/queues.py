@@ -32,17 +32,17 @@ from ..protocol import (
     RedriveResponse,
 )
 from ..protocol.limits import MAX_BATCH
-from .http import Request, Response
+from .http import BodyDecoder, Request, Response
 from .metrics import Metrics
 from .notify import Notifier
 from .sse import EventStream, one_line
 
 _encode = msgspec.json.encode
-_claim = msgspec.json.Decoder(ClaimBody)
-_ack = msgspec.json.Decoder(AckBody)
-_nack = msgspec.json.Decoder(NackBody)
-_extend = msgspec.json.Decoder(ExtendBody)
-_redrive = msgspec.json.Decoder(RedriveBody)
+_claim = BodyDecoder(ClaimBody)
+_ack = BodyDecoder(AckBody)
+_nack = BodyDecoder(NackBody)
+_extend = BodyDecoder(ExtendBody)
+_redrive = BodyDecoder(RedriveBody)
 
 
 def _jobs_json(jobs: list[ClaimedJob]) -> bytes:

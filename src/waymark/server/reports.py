@@ -27,7 +27,7 @@ from ..protocol import (
     RecoveryReport,
 )
 from ..protocol.reports import STALE_INTERVALS
-from .http import Request, Response
+from .http import BodyDecoder, Request, Response
 
 FOLDS_TOPIC = "waymark$folds"
 RECOVERY_TOPIC = "waymark$recovery"
@@ -138,8 +138,8 @@ class ReportsApi:
         self.max_body = limits.max_body_bytes
         self.folds = Kept(engine, FOLDS_TOPIC, FoldReport)
         self.clients = Kept(engine, RECOVERY_TOPIC, RecoveryReport)
-        self._fold = msgspec.json.Decoder(FoldReport)
-        self._client = msgspec.json.Decoder(RecoveryReport)
+        self._fold = BodyDecoder(FoldReport)
+        self._client = BodyDecoder(RecoveryReport)
 
     # --- folds ----------------------------------------------------------------------
     async def report_fold(self, request: Request) -> Response:

@@ -15,7 +15,7 @@ import msgspec
 from ..log import Engine, Limits
 from ..protocol import RouterDeleted, RouterList, RouterPut
 from .delivery import Deliveries
-from .http import Request, Response
+from .http import BodyDecoder, Request, Response
 
 # A dest refusing copies (discard: reject) is retried after this, doubling up to the cap.
 BACKOFF_S = 0.05
@@ -23,7 +23,7 @@ BACKOFF_MAX_S = 2.0
 PASS_RECORDS = 1000  # per router per pass: one pass never holds the loop for long
 
 
-_put = msgspec.json.Decoder(RouterPut)
+_put = BodyDecoder(RouterPut)
 _encode = msgspec.json.encode
 
 

@@ -25,6 +25,7 @@ gets a tombstone, like any reader.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -93,6 +94,9 @@ class EventStream(Response):
         self._feed, self._notifier, self._metrics = feed, notifier, metrics
         self._heartbeat_s = heartbeat_s
         self._changed = notifier.next_change(feed.topic)
+        # Set by the app for a stream opened with a token: the refusal the request would
+        # get now, re-checked before every read (a reload may have revoked the token).
+        self.admitted: Callable[[], TopicError | None] | None = None
 
     async def __call__(self, send: Send, receive: Receive) -> None:
         # Counted before the first await: the app's stream limit reads this count
@@ -125,6 +129,9 @@ class EventStream(Response):
         loop = asyncio.get_running_loop()
         last_sent = loop.time()
         while not (disconnected.done() or notifier.closing):
+            if self.admitted is not None and (refusal := self.admitted()) is not None:
+                self._metrics.refused(refusal.code)
+                raise refusal
             chunk, more = await feed.next()
             if chunk:
                 # A slow reader holds this send; commits meanwhile complete `changed`.

@@ -16,12 +16,12 @@ from ..protocol import (
     StageResponse,
     WriterList,
 )
-from .http import Request, Response
+from .http import BodyDecoder, Request, Response
 from .metrics import Metrics
 
-_open = msgspec.json.Decoder(OpenWriterRequest)
-_stage = msgspec.json.Decoder(StageRequest[list[RecordIn]])
-_publish = msgspec.json.Decoder(PublishRequest)
+_open = BodyDecoder(OpenWriterRequest)
+_stage = BodyDecoder(StageRequest[list[RecordIn]])
+_publish = BodyDecoder(PublishRequest)
 _encode = msgspec.json.encode
 
 
