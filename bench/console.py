@@ -93,7 +93,9 @@ def fold_report(i: int, cursor: int = 1000) -> bytes:
 def fill(url: str, topics: int, leases: int, folds: int, clients: int) -> None:
     with httpx.Client(base_url=url, timeout=120) as http:
         for i in range(folds):
-            http.post("/v0/folds", content=fold_report(i)).raise_for_status()
+            http.post(
+                "/v0/folds", content=fold_report(i), headers={"content-type": "application/json"}
+            ).raise_for_status()
         for i in range(clients):
             http.post("/v0/recovery/clients", json={"client": f"c{i:04d}", "watermark": i,
                       "range_receipts": 3, "pending": 1}).raise_for_status()  # fmt: skip

@@ -186,7 +186,11 @@ def bench_classes(seconds: int, shards: int) -> None:
             before = written_bytes(pid)
             got = wrk(f"{url}/v0/topics/{name}/records", body, seconds, 32)
             wal_mb_s = (written_bytes(pid) - before) / seconds / 1e6
-            answer = httpx.post(f"{url}/v0/topics/{name}/records", content=body).json()
+            answer = httpx.post(
+                f"{url}/v0/topics/{name}/records",
+                content=body,
+                headers={"content-type": "application/json"},
+            ).json()
             rows.append((durability, got, answer["durability"], wal_mb_s))
             # Free the records before the next class: each run holds millions in memory.
             httpx.delete(f"{url}/v0/topics/{name}").raise_for_status()
@@ -553,7 +557,11 @@ def time_restart(data_dir: Path) -> dict[str, float]:
         with httpx.Client(timeout=60) as client:
             while True:
                 try:
-                    answer = client.post(diff, content=b'{"from_seq":0,"limit":1}')
+                    answer = client.post(
+                        diff,
+                        content=b'{"from_seq":0,"limit":1}',
+                        headers={"content-type": "application/json"},
+                    )
                     if answer.status_code in (200, 404):  # 404: an empty data dir
                         break
                 except httpx.TransportError:

@@ -96,7 +96,11 @@ def server(kind: str, app: str) -> Iterator[str]:
     try:
         for _ in range(400):
             try:
-                httpx.post(f"{url}{TOPIC}/records", content=b'{"records":[{"data":0}]}')
+                httpx.post(
+                    f"{url}{TOPIC}/records",
+                    content=b'{"records":[{"data":0}]}',
+                    headers={"content-type": "application/json"},
+                )
                 break
             except httpx.TransportError:
                 time.sleep(0.05)

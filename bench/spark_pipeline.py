@@ -140,7 +140,11 @@ def produce(url: str, stream: Stream, rows: int, batch: int = 5000, producers: i
                 if lo is None:
                     return
                 body = stream.body(lo, min(lo + batch, rows))
-                http.post(f"/v0/topics/{TOPIC}/records", content=body).raise_for_status()
+                http.post(
+                    f"/v0/topics/{TOPIC}/records",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                ).raise_for_status()
 
     began = time.perf_counter()
     threads = [threading.Thread(target=producer) for _ in range(producers)]

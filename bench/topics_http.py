@@ -124,7 +124,11 @@ def server(kind: str) -> Iterator[str]:
         url = f"http://127.0.0.1:{process.stdout.readline().strip()}"
         for _ in range(200):
             try:
-                httpx.post(f"{url}{TOPIC}/records", content=b'{"records":[{"data":0}]}')
+                httpx.post(
+                    f"{url}{TOPIC}/records",
+                    content=b'{"records":[{"data":0}]}',
+                    headers={"content-type": "application/json"},
+                )
                 break
             except httpx.TransportError:
                 time.sleep(0.05)

@@ -263,6 +263,12 @@ def method_not_allowed(s: Target) -> None:
     raise ApiError.from_response(httpx.patch(f"{s.url}/v0/topics/t"))
 
 
+def not_json(s: Target) -> None:
+    # The client always sends JSON: decode what the server answers a form post.
+    raise ApiError.from_response(httpx.post(f"{s.url}/v0/topics/t/records", content=b"{}",
+                                            headers={"content-type": "text/plain"}))  # fmt: skip
+
+
 def disk_full(s: Target) -> None:
     with fault(s.disk.full):
         s.client.append("synced", [RecordIn.of(1)])  # an fsync topic acks once synced
@@ -285,6 +291,7 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.TOO_MANY_RECORDS: lambda s: s.client.append(
         "t", [RecordIn.of(i) for i in range(4)]),
     ErrorCode.BODY_TOO_LARGE: lambda s: s.client.delete("t", match="x" * 5000),
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: not_json,
     ErrorCode.TOPIC_NOT_FOUND: lambda s: s.client.get_topic("missing"),
     ErrorCode.TOPIC_FULL: topic_full,
     ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: incompatible,
@@ -301,7 +308,7 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
         s, "reader", lambda c: c.append("t", [RecordIn.of(1)])),
     ErrorCode.REQUEST_TIMEOUT: lambda s: refused_by_connection(s, b"GET /v0/health HTTP/1.1\r\n"),
     ErrorCode.SERVER_BUSY: lambda s: refused_by_connection(
-        s, b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n", hold=4),
+        s, b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n", hold=4),
     ErrorCode.TOO_MANY_STREAMS: too_many_streams,
     ErrorCode.TOO_MANY_TOPICS: too_many_topics,  # last: no topic can be made after it
 }  # fmt: skip

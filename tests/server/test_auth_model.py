@@ -201,7 +201,7 @@ def test_a_header_timer_mutant_lets_slowloris_hold_on() -> None:
         thread.start()
         try:
             with socket.create_connection(sock.getsockname()) as client:
-                client.sendall(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n")
+                client.sendall(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n")
                 client.settimeout(seconds)
                 try:
                     return client.recv(4096)

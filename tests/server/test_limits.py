@@ -17,6 +17,7 @@ from waymark.client import ApiError, Client, ErrorCode
 from waymark.protocol import RecordIn, TopicType
 
 HEADER_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +27,13 @@ def limited(tmp_path_factory: pytest.TempPathFactory, spawn_module_server) -> st
         "--header-timeout-s", str(HEADER_TIMEOUT_S), "--max-body-bytes", "4096",
         "--max-streams", "2", "--max-topics", "8", "--keep-alive-s", "1",
     )  # fmt: skip
+    return server.url
+
+
+@pytest.fixture(scope="module")
+def slow_bodies(tmp_path_factory: pytest.TempPathFactory, spawn_module_server) -> str:
+    server = spawn_module_server(tmp_path_factory.mktemp("slow-bodies"),
+                                 "--body-timeout-s", str(BODY_TIMEOUT_S))  # fmt: skip
     return server.url
 
 
@@ -46,7 +54,7 @@ async def drip(host: str, port: int, seconds: float) -> bytes:
     """A slowloris client: a request line, then a header byte every 100 ms, never the
     blank line that ends the headers. Returns what the server answered."""
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n")
+    writer.write(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n")
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline and not reader.at_eof():
@@ -116,7 +124,8 @@ def test_an_oversized_body_is_413_and_stores_nothing(limited: str) -> None:
         # Declared too large up front: refused before the body is read.
         response = httpx.post(f"{limited}/v0/topics/sized/records",
                               content=iter([b'{"records":[', b"0" * 8000, b"]}"]),
-                              headers={"content-length": "8014"})  # fmt: skip
+                              headers={"content-length": "8014",
+                                       "content-type": "application/json"})  # fmt: skip
         assert response.status_code == 413
         after = client.diff("sized", 0)
         assert (after.head_seq, len(after.records)) == (before.head_seq, len(before.records))
@@ -177,7 +186,7 @@ def test_connections_past_the_limit_are_503(start_waymark) -> None:
     held = [socket.create_connection((host, port)) for _ in range(4)]
     try:
         with socket.create_connection((host, port)) as extra:
-            extra.sendall(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            extra.sendall(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             extra.settimeout(10)
             answer = b""
             while chunk := extra.recv(4096):
@@ -201,7 +210,7 @@ def test_connections_past_the_limit_are_503(start_waymark) -> None:
 def test_an_idle_kept_alive_connection_is_closed(limited: str) -> None:
     before = metric(limited, "waymark_idle_closed_total")
     with socket.create_connection(address(limited)) as sock:
-        sock.sendall(b"GET /v0/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         sock.settimeout(10)
         answer = b""
         while not answer.endswith(b'{"status":"ok"}'):  # head and body may come apart
@@ -231,7 +240,7 @@ def test_upgrade_requests_are_refused_and_leak_no_connection(start_waymark, upgr
     server = start_waymark("--max-connections", "4")
     host, port = address(server.url)
     request = (
-        b"GET /v0/health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: " + upgrade
+        b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: " + upgrade
         + b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     )  # fmt: skip
     for _ in range(12):  # three times the limit
@@ -242,3 +251,72 @@ def test_upgrade_requests_are_refused_and_leak_no_connection(start_waymark, upgr
     while metric(server.url, "waymark_connections") > 1:  # the /metrics one itself
         assert time.monotonic() < deadline, "upgraded connections still count as open"
     assert httpx.get(f"{server.url}/v0/health", timeout=5).status_code == 200
+
+
+async def drip_body(host: str, port: int, seconds: float) -> tuple[bytes, float]:
+    """Whole headers declaring a 100 kB body, then a byte of it every 200 ms. Returns
+    what the server answered and after how long."""
+    reader, writer = await asyncio.open_connection(host, port)
+    started = time.monotonic()
+    writer.write(b"POST /v0/topics/dripped/records HTTP/1.1\r\nHost: localhost\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")  # fmt: skip
+    try:
+        while time.monotonic() - started < seconds:
+            try:
+                answer = await asyncio.wait_for(reader.read(65536), 0.2)
+            except TimeoutError:
+                writer.write(b" ")
+                await writer.drain()
+                continue
+            return answer + await reader.read(), time.monotonic() - started
+    except ConnectionError:
+        return b"reset", time.monotonic() - started
+    finally:
+        writer.close()
+    return b"", time.monotonic() - started
+
+
+def test_a_dripped_body_is_cut_while_a_normal_client_is_served(slow_bodies: str) -> None:
+    """Headers on time, then a body a byte at a time: such requests were never cut, and
+    enough of them held every connection (health checks got 503)."""
+    host, port = address(slow_bodies)
+    before = metric(slow_bodies, 'waymark_refusals_total{code="request_timeout"}')
+
+    async def run() -> tuple[list[tuple[bytes, float]], list[float]]:
+        drippers = [asyncio.create_task(drip_body(host, port, BODY_TIMEOUT_S * 10))
+                    for _ in range(100)]  # fmt: skip
+        latencies = await normal_client(slow_bodies, 50)
+        return await asyncio.gather(*drippers), latencies
+
+    answers, latencies = asyncio.run(run())
+    assert max(latencies) < 2.0
+    for answer, seconds in answers:
+        assert answer.startswith(b"HTTP/1.1 408") or answer == b"reset", answer[:60]
+        assert seconds < BODY_TIMEOUT_S * 5  # 1 s and a few dripped bytes, not forever
+    after = metric(slow_bodies, 'waymark_refusals_total{code="request_timeout"}')
+    assert after - before == 100
+    response = httpx.get(f"{slow_bodies}/v0/topics/dripped")
+    assert response.status_code == 404  # nothing of them was stored
+
+
+def test_a_large_body_on_a_slow_link_still_arrives(slow_bodies: str) -> None:
+    """Each byte received earns time (1 s per 64 KiB): 150 kB sent in pieces over 2 s,
+    past the 1 s body timeout, is served."""
+    host, port = address(slow_bodies)
+    data = b'"' + b"x" * 150_000 + b'"'
+    body = b'{"records":[{"data":%b}]}' % data
+
+    async def send() -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"POST /v0/topics/slow-link/records HTTP/1.1\r\nHost: localhost\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body))  # fmt: skip
+        for i in range(0, len(body), len(body) // 8 + 1):
+            writer.write(body[i : i + len(body) // 8 + 1])
+            await writer.drain()
+            await asyncio.sleep(0.25)
+        answer = await reader.readuntil(b"}")
+        writer.close()
+        return answer
+
+    assert asyncio.run(send()).startswith(b"HTTP/1.1 200")

@@ -115,7 +115,9 @@ def post_raw(http: httpx.Client, topic: str, *datas: bytes, **config: object) ->
     records = b",".join(b'{"data": ' + data + b"}" for data in datas)
     head = b'{"config": ' + orjson.dumps(config) + b", " if config else b"{"
     body = head + b'"records": [' + records + b"]}"
-    return http.post(f"/v0/topics/{topic}/records", content=body)
+    return http.post(
+        f"/v0/topics/{topic}/records", content=body, headers={"content-type": "application/json"}
+    )
 
 
 def test_the_limit_and_bytes_count_canonical_bytes(http, api, topic) -> None:
@@ -176,7 +178,11 @@ def test_body_over_64_mib_is_refused_while_streaming(http, topic) -> None:
         for _ in range(65):
             yield piece
 
-    response = http.post(f"/v0/topics/{topic}/records", content=chunks())
+    response = http.post(
+        f"/v0/topics/{topic}/records",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "body_too_large"
 
@@ -187,7 +193,11 @@ def test_body_under_the_limit_streams_in_fine(http, api, topic) -> None:
         yield b'"' + b"y" * 100_000 + b'"'
         yield b"}]}"
 
-    response = http.post(f"/v0/topics/{topic}/records", content=chunks())
+    response = http.post(
+        f"/v0/topics/{topic}/records",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 200, response.text
     assert api.diff(topic, 0)["records"][0]["data"] == "y" * 100_000
 
@@ -208,6 +218,10 @@ def test_idempotency_window_zero_disables_dedupe(api, topic) -> None:
 
 def test_malformed_json_is_400_invalid_request(http: httpx.Client, api, topic) -> None:
     for body in (b"{", b"", b"nope", b'{"records": [{"data": }]}', b"\xff\xfe"):
-        response = http.post(f"/v0/topics/{topic}/records", content=body)
+        response = http.post(
+            f"/v0/topics/{topic}/records",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
         error = api.error(response, 400, "invalid_request")
         assert "JSON" in error["message"] or "invalid" in error["message"]

@@ -101,7 +101,11 @@ async def refused_storing_nothing(app: App, client: AsyncClient, body: object) -
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://w")
     async with http:
         answer = await http.post("/v0/folds", json=body)
-        garbage = await http.post("/v0/recovery/clients", content=b"{not json")
+        garbage = await http.post(
+            "/v0/recovery/clients",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "invalid_request"
     assert garbage.status_code == 400

@@ -214,7 +214,14 @@ def test_resuming_with_a_stale_epoch_reports_the_recreate(http, api, topic) -> N
 
 def test_data_with_line_breaks_stays_one_event(http, api, topic) -> None:
     body = b'{"records": [{"data": {"a":\n [1,\r\n 2]}}, {"data": "x"}]}'
-    assert http.post(f"/v0/topics/{topic}/records", content=body).status_code == 200
+    assert (
+        http.post(
+            f"/v0/topics/{topic}/records",
+            content=body,
+            headers={"content-type": "application/json"},
+        ).status_code
+        == 200
+    )
     with watch(http, topic) as stream:
         first, second = stream.take(2)
     assert first.data["data"] == {"a": [1, 2]} and second.data["data"] == "x"

@@ -40,7 +40,9 @@ def test_put_with_an_empty_body_creates_with_defaults(http, topic) -> None:
 
 def test_put_with_a_blank_body_is_invalid_json_and_creates_nothing(http, topic) -> None:
     # Only an empty body means "the defaults"; whitespace is a body, and not JSON.
-    response = http.put(f"/v0/topics/{topic}", content=b"\r\n")
+    response = http.put(
+        f"/v0/topics/{topic}", content=b"\r\n", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "invalid_request"
     assert http.get(f"/v0/topics/{topic}").status_code == 404

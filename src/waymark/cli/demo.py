@@ -286,7 +286,9 @@ class Demo:
                     hi = min(lo + s.batch, s.events)
                     try:
                         response = http.post(
-                            f"/v0/topics/{INPUT_TOPIC}/records", content=stream.body(lo, hi)
+                            f"/v0/topics/{INPUT_TOPIC}/records",
+                            content=stream.body(lo, hi),
+                            headers={"content-type": "application/json"},
                         )
                         response.raise_for_status()
                     except BaseException as e:  # surfaced after the join

@@ -89,6 +89,12 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option(help="Seconds a request's headers may take to arrive (408 after)."),
         ] = 10.0,
+        body_timeout_s: Annotated[
+            float,
+            typer.Option(
+                help="Seconds a request body may take, plus 1 s per 64 KiB received (408 after)."
+            ),
+        ] = 10.0,
         keep_alive_s: Annotated[
             float, typer.Option(help="Seconds an idle kept-alive connection stays open.")
         ] = 5.0,
@@ -104,6 +110,21 @@ def register(app: typer.Typer) -> None:
         max_topics: Annotated[
             int, typer.Option(min=1, help="Topics the server holds; one more gets 429.")
         ] = 100_000,
+        allowed_host: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A name of this server that requests may carry in Host (besides "
+                "localhost and the loopback addresses on a loopback --host); repeatable. "
+                "Others get 403: a page rebinding its DNS name to this server is refused.",
+            ),
+        ] = None,
+        cors_origin: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A web page origin (https://app.example) whose requests are served, "
+                "with CORS headers; repeatable. Requests from other pages get 403.",
+            ),
+        ] = None,
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         require("serve", "server")
@@ -124,6 +145,7 @@ def register(app: typer.Typer) -> None:
         from waymark.protocol import Limits
         from waymark.server import App, Settings
         from waymark.server.auth import TokenFileError, Tokens
+        from waymark.server.browser import BrowserPolicy
         from waymark.server.limits import ServerLimits
         from waymark.server.serving import Server, listen
 
@@ -162,6 +184,7 @@ def register(app: typer.Typer) -> None:
         sock = listen(host, port)
         server_limits = ServerLimits(
             header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
             keep_alive_s=keep_alive_s,
             max_connections=max_connections,
             max_streams=max_streams,
@@ -171,7 +194,9 @@ def register(app: typer.Typer) -> None:
                   recovery_window_s=recovery_window_s,
                   settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget),
                   tokens=tokens, open_metrics=open_metrics,
-                  server_limits=server_limits)  # fmt: skip
+                  server_limits=server_limits,
+                  browser=BrowserPolicy.for_bind(host, allowed_host or [],
+                                                 cors_origin or []))  # fmt: skip
         server = Server(app, tls_cert=None if tls_cert is None else str(tls_cert),
                         tls_key=None if tls_key is None else str(tls_key))  # fmt: skip
         shown = f"[{host}]" if ":" in host else host

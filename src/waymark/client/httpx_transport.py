@@ -47,6 +47,8 @@ class HttpxTransport:
         timeout: float,
         idempotent: bool,
     ) -> httpx.Response:
+        if body is not None:  # every body is JSON (docs/http-api.md)
+            headers = {**headers, "content-type": "application/json"}
         with _translated():
             return self._http.request(
                 method, target, content=body, headers=_headers(self._origin, headers),

@@ -23,6 +23,7 @@ class ErrorCode(StrEnum):
     META_TOO_LARGE = "meta_too_large"
     TOO_MANY_RECORDS = "too_many_records"
     BODY_TOO_LARGE = "body_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a body not sent as application/json
     TOPIC_NOT_FOUND = "topic_not_found"
     TOPIC_FULL = "topic_full"
     TOPIC_EXISTS_INCOMPATIBLE = "topic_exists_incompatible"
@@ -57,6 +58,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.META_TOO_LARGE: 400,
     ErrorCode.TOO_MANY_RECORDS: 400,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.TOPIC_NOT_FOUND: 404,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.ROUTER_NOT_FOUND: 404,

@@ -100,7 +100,7 @@ def _operation(endpoint: Endpoint, ref: dict[Any, dict[str, str]], auth: bool) -
     if secured:
         statuses += [401] if endpoint.scope is ScopeKind.TOKEN else [401, 403]
     if endpoint.request is not None:
-        statuses.append(413)
+        statuses += [413, 415]
     for status in sorted(statuses):
         codes = ", ".join(code.value for code, s in STATUS.items() if s == status)
         responses[str(status)] = {**error, "description": f"Refused: {codes}"}

@@ -22,6 +22,7 @@ from ..protocol import ENDPOINTS, Endpoint
 from ..protocol.openapi import document
 from ..protocol.scopes import ALL_SCOPES, ScopeKind, WhoAmI, allows
 from .auth import TOKEN, Token, Tokens
+from .browser import BrowserPolicy, allow_origin
 from .changes import ChangesApi
 from .console import Console
 from .delivery import Deliveries
@@ -70,6 +71,7 @@ class App:
         tokens: Path | None = None,
         open_metrics: bool = False,
         server_limits: ServerLimits | None = None,
+        browser: BrowserPolicy | None = None,
     ) -> None:
         """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
 
@@ -79,8 +81,10 @@ class App:
         is written, kept for ``recovery_window_s`` (docs/semantics/recovery.md §1; 0
         keeps none). With ``tokens`` (a tokens file) every route but the open ones needs
         a bearer token with its scope; ``open_metrics`` opens /metrics too
-        (docs/security.md).
+        (docs/security.md). A ``browser`` policy refuses requests by their Host and
+        Origin headers (docs/security.md, "Browsers"); ``waymark serve`` always sets one.
         """
+        self.browser = browser
         self.tokens_path = tokens
         self.tokens = Tokens.load(tokens) if tokens is not None else None
         self.server_limits = server_limits or ServerLimits()
@@ -242,6 +246,12 @@ class App:
                 await self._lifespan(receive, send)
             return
         start = perf_counter()
+        cors = None
+        if self.browser is not None:
+            refusal, cors = self.browser.check(scope)
+            if refusal is not None or (cors is not None and scope["method"] == "OPTIONS"):
+                await self._answer_browser(refusal, cors, send)
+                return
         found = self.paths.resolve(scope.get("raw_path") or scope["path"])
         if found is None:
             if Console.owns(scope["path"]):
@@ -284,11 +294,27 @@ class App:
                             self.metrics.refused(error.code)
                         response = error_response(error)
         self.metrics.observe(label, response.status, perf_counter() - start)
+        if cors is not None:
+            allow_origin(response, cors)
         if type(response) is Response:  # complete: sent here, one coroutine less per request
             await send(response.start())
             await send({"type": "http.response.body", "body": response.body})
         else:
             await response(send, receive)
+
+    async def _answer_browser(
+        self, refusal: TopicError | None, cors: bytes | None, send: Send
+    ) -> None:
+        """A refusal by Host or Origin, or an allowed origin's CORS preflight."""
+        if refusal is not None:
+            self.metrics.refused(refusal.code)
+            response = error_response(refusal)
+        else:
+            assert self.browser is not None and cors is not None
+            response = self.browser.preflight(cors)
+        self.metrics.observe("browser", response.status, 0.0)
+        await send(response.start())
+        await send({"type": "http.response.body", "body": response.body})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

@@ -56,12 +56,17 @@ class Request:
         the declared Content-Length is checked before reading on, and the running size
         while reading, so an oversized body is never buffered in full.
         """
+        json_body = _is_json(self.header(b"content-type"))
         message = await self.receive()
         chunk = message.get("body", b"")
         if not message.get("more_body", False):
             if len(chunk) > max_bytes:
                 raise _too_large(max_bytes)
+            if chunk and not json_body:
+                raise _not_json(self.header(b"content-type"))
             return chunk
+        if not json_body:  # more body follows, so there is one
+            raise _not_json(self.header(b"content-type"))
         declared = self.header(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             raise _too_large(max_bytes)
@@ -76,6 +81,26 @@ class Request:
                 raise _too_large(max_bytes)
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    return content_type == JSON or content_type.split(b";", 1)[0].strip().lower() == JSON
+
+
+def _not_json(content_type: bytes | None) -> TopicError:
+    # Every body is JSON. Requiring the type says so, and is what keeps a page on another
+    # origin from writing: a browser sends a form, or a no-cors fetch, only as text/plain,
+    # a form type or no type at all, and asks the server first before any other
+    # (docs/security.md, "Browsers").
+    got = "none" if content_type is None else content_type.decode("latin-1")
+    return TopicError(
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        f"a request body must be sent as Content-Type: application/json (got {got}; "
+        "with curl: --json '...', or -H 'content-type: application/json')",
+        {"content_type": got},
+    )
 
 
 def _too_large(max_bytes: int) -> TopicError:

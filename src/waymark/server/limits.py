@@ -4,6 +4,8 @@
 :class:`GuardedProtocol` is uvicorn's httptools protocol with three guards uvicorn
 lacks or answers outside the API's error format:
 
+- a **body read timeout**: a body not complete within ``body_timeout_s`` (plus a second
+  per ``MIN_BODY_RATE`` bytes received) gets 408 and the connection is closed;
 - a **header read timeout**: a request whose headers are not complete within
   ``header_timeout_s`` of the connection opening (or of the request's first byte on a
   kept-alive connection) gets 408 ``request_timeout`` and the connection is closed, so
@@ -35,9 +37,16 @@ class ServerLimits:
     """The serve options that bound what clients may hold."""
 
     header_timeout_s: float = 10.0  # 408 request_timeout
+    # 408 too: a body must arrive within this, plus a second per MIN_BODY_RATE bytes
+    body_timeout_s: float = 10.0
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 1000  # 503 server_busy past this
     max_streams: int = 500  # open SSE streams (watch and /work); 429 too_many_streams
+
+
+# A body is given body_timeout_s plus one more second per this many bytes received: a
+# large body on a slow link still arrives, one dripped a byte at a time does not.
+MIN_BODY_RATE = 64 << 10
 
 
 def refusal_bytes(error: TopicError) -> bytes:
@@ -59,6 +68,10 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._in_body = False
+        self._body_started = 0.0
+        self._body_bytes = 0
         self._over = self.metrics.connections >= self.limits.max_connections
         if not self._over:
             self.metrics.connections += 1
@@ -66,6 +79,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
         if not self._over:
             self.metrics.connections -= 1
         super().connection_lost(exc)
@@ -94,6 +108,26 @@ class GuardedProtocol(HttpToolsProtocol):
             ))  # fmt: skip
             return
         super().on_headers_complete()
+        # Until on_message_complete: a body that never ends holds its connection and
+        # its request, which headers that arrived in time did not bound. The timer is
+        # armed in data_received, only for a body still incomplete after a read (most
+        # requests arrive whole: no timer to make and cancel on the hot path).
+        self._in_body, self._body_started, self._body_bytes = True, self.loop.time(), 0
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm_body()
+        super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_body and self._body_timer is None and not self.transport.is_closing():
+            left = self._body_started + self.limits.body_timeout_s - self.loop.time()
+            self._body_timer = self.loop.call_later(max(left, 0.0), self._body_late)
 
     def _should_upgrade(self) -> bool:
         return False  # refused in on_headers_complete, whatever libraries are installed
@@ -113,6 +147,25 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_late(self) -> None:
+        allowed = self.limits.body_timeout_s + self._body_bytes / MIN_BODY_RATE
+        left = self._body_started + allowed - self.loop.time()
+        if left > 0:  # bytes came meanwhile: the deadline moved on
+            self._body_timer = self.loop.call_later(left, self._body_late)
+            return
+        self._body_timer = None
+        self._refuse(TopicError(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"the request body did not arrive within {allowed:.1f} s "
+            f"({self.limits.body_timeout_s} s and 1 s per {MIN_BODY_RATE} bytes received)",
+            {"body_timeout_s": self.limits.body_timeout_s, "received_bytes": self._body_bytes},
+        ))  # fmt: skip
 
     def _headers_late(self) -> None:
         self._header_timer = None
