@@ -34,8 +34,9 @@ from waymark.server.serving import Server, listen
 TOPICS = ("a", "ab", "b.1", "b.2")
 GLOBS = ("*", "a*", "b.*", "ab", "b.[12]", "?")
 KINDS = ("read", "write", "delete", "queue")
-SCOPES = st.one_of(st.just("admin"), st.tuples(st.sampled_from(KINDS), st.sampled_from(GLOBS))
-                   .map(lambda kg: f"{kg[0]}:{kg[1]}"))  # fmt: skip
+# admin is one scope among the 24 kind:glob ones: it holds every scope, so a token with
+# it would hide a broken glob or kind check half the time if drawn as often as all the rest.
+SCOPES = st.sampled_from(["admin", *(f"{k}:{g}" for k in KINDS for g in GLOBS)])
 # (operation, needed kind or None for any token, method, path template, body); "read:any"
 # is read on any topic (docs/security.md: reading routers, writers, checkpoints)
 CALLS = (
@@ -73,10 +74,10 @@ def stored(app: App) -> bytes:
 
 
 def grants(scopes: list[str], kind: str | None, topic: str) -> bool:
-    if kind is None:
+    if kind is None or "admin" in scopes:  # admin holds every scope (a super user)
         return True
     if kind == "admin":
-        return "admin" in scopes
+        return False
     if kind == "read:any":
         return any(s.startswith("read:") for s in scopes)
     return any(s.partition(":")[0] == kind and fnmatchcase(topic, s.partition(":")[2])

@@ -61,9 +61,9 @@ def allows(grants: tuple[Grant, ...], kind: ScopeKind, topic: str | None) -> boo
     if kind is ScopeKind.OPEN or kind is ScopeKind.TOKEN:
         return True
     for grant in grants:
-        if grant.kind is kind and (
-            kind is ScopeKind.ADMIN or topic is None or fnmatchcase(topic, grant.glob)
-        ):
+        if grant.kind is ScopeKind.ADMIN:  # every scope, like Kafka's super users
+            return True
+        if grant.kind is kind and (topic is None or fnmatchcase(topic, grant.glob)):
             return True
     return False
 
