@@ -75,7 +75,8 @@ class FutureServer(httpx.MockTransport):
         super().__init__(self._forward)
 
     def _forward(self, request: httpx.Request) -> httpx.Response:
-        headers = {k: v for k, v in request.headers.items() if k in ("accept", "last-event-id")}
+        forwarded = ("accept", "last-event-id", "content-type")
+        headers = {k: v for k, v in request.headers.items() if k in forwarded}
         path = request.url.raw_path.decode()
         with self._upstream.stream(
             request.method, path, content=request.content, headers=headers

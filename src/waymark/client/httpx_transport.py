@@ -25,9 +25,12 @@ def _translated() -> Iterator[None]:
         raise TransportError(f"{type(e).__name__}: {e}") from e
 
 
-def _headers(origin: Origin, headers: dict[str, str]) -> dict[str, str]:
-    """The call's headers and the client's token; httpx sends its own Host."""
+def _headers(origin: Origin, headers: dict[str, str], body: bytes | None = None) -> dict[str, str]:
+    """The call's headers and the client's token; httpx sends its own Host. Every body
+    is JSON, and is refused unless it says so (docs/security.md, "Browsers")."""
     token = {k: v for k, v in origin.headers.items() if k == "authorization"}
+    if body is not None:
+        token["content-type"] = "application/json"
     return {**token, **headers}
 
 
@@ -47,11 +50,9 @@ class HttpxTransport:
         timeout: float,
         idempotent: bool,
     ) -> httpx.Response:
-        if body is not None:  # every body is JSON (docs/http-api.md)
-            headers = {**headers, "content-type": "application/json"}
         with _translated():
             return self._http.request(
-                method, target, content=body, headers=_headers(self._origin, headers),
+                method, target, content=body, headers=_headers(self._origin, headers, body),
                 timeout=httpx.Timeout(timeout, connect=self._connect),
             )  # fmt: skip
 
@@ -101,7 +102,7 @@ class AsyncHttpxTransport:
     ) -> httpx.Response:
         with _translated():
             return await self._http.request(
-                method, target, content=body, headers=_headers(self._origin, headers),
+                method, target, content=body, headers=_headers(self._origin, headers, body),
                 timeout=httpx.Timeout(timeout, connect=self._connect),
             )  # fmt: skip
 
