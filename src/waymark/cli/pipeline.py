@@ -85,13 +85,15 @@ def run(
     from prometheus_client import start_http_server
     from rich.console import Console, Group
     from rich.live import Live
+    from rich.markup import escape
 
+    from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
 
     spec = _load(spec_path)
     try:
         runner = PipelineRunner(spec, stage)
-    except KeyError as error:
+    except (KeyError, IdentityError) as error:
         raise typer.BadParameter(str(error)) from error
     console = Console(stderr=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
@@ -106,7 +108,12 @@ def run(
         while not done and (deadline is None or time.monotonic() < deadline):
             done = runner.wait(0.5)
             live.update(Group(*status_tables(spec, runner.store)), refresh=True)
+            if runner.failure() is not None:
+                break
     runner.stop()
+    if (failure := runner.failure()) is not None:
+        console.print(f"[red]pipeline {spec.name} stopped: {escape(failure)}[/red]")
+        raise typer.Exit(1)
     if not done:
         console.print("[red]not done before --timeout-s[/red]")
         raise typer.Exit(1)

@@ -33,6 +33,7 @@ from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore
 from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
 from waymark.pipeline.fence import FenceEpoch
+from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.locator import (
     Fenced,
     HandoffReader,
@@ -49,6 +50,11 @@ Connect = Callable[[str], Client]
 
 class EdgeUnavailable(Exception):
     """The edge could not be reached nor moved within the retry budget."""
+
+
+class EdgeOwned(Exception):
+    """A server holds the edge's topic for another pipeline (docs/semantics/pipeline.md
+    §8.2): never retried, the pipeline stops."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +102,8 @@ class RelocatableQueueEdge:
 
     ``candidates`` are the server URLs the edge may live on, in preference order;
     ``handoff`` is the rendezvous store; ``consumer`` names the stage that reads the
-    edge, whose checkpoint acknowledges what a producer may forget.
+    edge, whose checkpoint acknowledges what a producer may forget; ``identity`` is the
+    pipeline's (default: the one kept in ``handoff``), which scopes the edge's topic.
     """
 
     def __init__(
@@ -114,11 +121,13 @@ class RelocatableQueueEdge:
         backoff: Backoff | None = None,
         poll_interval_ms: int = 200,
         rng: random.Random | None = None,
+        identity: PipelineIdentity | None = None,
     ) -> None:
         if not candidates:
             raise ValueError(f"edge {name!r} has no candidate servers")
         self.name = name
-        self.topic = f"edge.{name}"
+        self.identity = identity or identity_of(handoff)
+        self.topic = self.identity.edge_topic(name)
         self.candidates = list(candidates)
         self.consumer = consumer
         self.capacity = capacity
@@ -174,18 +183,19 @@ class RelocatableQueueEdge:
         return self.locator
 
     def _allocate(self, url: str) -> TopicState:
-        """The edge's topic on ``url``, created with the edge's capacity if missing."""
-        client = self.connect(url)
+        """The edge's topic on ``url``, created with the edge's capacity if missing and
+        claimed for this pipeline; raises :class:`EdgeOwned` when the server holds it
+        for another (docs/semantics/pipeline.md §8.2)."""
         try:
-            return client.get_topic(self.topic, touch=False)
+            state, _ = self.connect(url).put_topic(
+                self.topic,
+                ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
+                            idempotency_window_ms=24 * 3_600_000, owner=self.identity.scope),
+            )  # fmt: skip
         except ApiError as error:
-            if error.status != 404:
-                raise
-        state, _ = client.put_topic(
-            self.topic,
-            ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
-                        idempotency_window_ms=24 * 3_600_000),
-        )  # fmt: skip
+            if error.detail.get("reason") == "topic_owned":
+                raise EdgeOwned(f"edge {self.name!r} on {url}: {error.message}") from error
+            raise
         return state
 
     def prepare_relocation(self, observed: Observed | None = None) -> Relocation:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -16,7 +15,13 @@ from prometheus_client.registry import Collector
 
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
-from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
+from waymark.pipeline.edge import (
+    EdgeOwned,
+    EdgeUnavailable,
+    RelocatableQueueEdge,
+    client_factory,
+)
+from waymark.pipeline.identity import PipelineIdentity, establish
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.spec import PipelineSpec
@@ -28,7 +33,9 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock) -> Stage:
+def build_stage(
+    spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock, identity: PipelineIdentity
+) -> Stage:
     """A stage of ``spec`` as the runner starts it (and starts it again after a failure)."""
     stage_spec = spec.stages[name]
     connect = client_factory()
@@ -36,7 +43,8 @@ def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock)
     def edge(edge_name: str) -> RelocatableQueueEdge:
         e = spec.edges[edge_name]
         return RelocatableQueueEdge(e.name, e.candidates, store, consumer=spec.consumers[e.name],
-                                    capacity=e.capacity, connect=connect, clock=clock)  # fmt: skip
+                                    capacity=e.capacity, connect=connect, clock=clock,
+                                    identity=identity)  # fmt: skip
 
     sink = stage_spec.sink
     return Stage(
@@ -44,7 +52,7 @@ def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock)
         input=edge(stage_spec.input) if stage_spec.input else None,
         output=edge(stage_spec.output) if stage_spec.output else None,
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
-        events=stage_spec.events, batch=stage_spec.batch,
+        events=stage_spec.events, batch=stage_spec.batch, identity=identity,
     )  # fmt: skip
 
 
@@ -56,6 +64,7 @@ class StageRun:
     stage: Stage | None = None
     report: StageReport = field(init=False)
     done: threading.Event = field(default_factory=threading.Event)
+    failed: str | None = None  # why the stage stopped for good; the pipeline stops
 
     def __post_init__(self) -> None:
         self.report = StageReport(stage=self.name)
@@ -78,6 +87,9 @@ class PipelineRunner:
         :meth:`stop`); a test injects one that advances a manual ``clock``."""
         self.spec = spec
         self.store = open_store(spec.handoff)
+        # Created once per handoff store: it scopes every topic and id this run makes
+        # (docs/semantics/pipeline.md §8).
+        self.identity = establish(self.store, spec.name)
         self.clock = clock or SystemClock()
         names = (
             list(stages)
@@ -93,6 +105,7 @@ class PipelineRunner:
         self.report_interval_s = report_interval_s
         self.restart_delay_s = restart_delay_s
         self._stop = threading.Event()
+        self._ended = threading.Condition()  # a stage finished or failed
         self.sleep = sleep or self._stop.wait
         self._failed_over = False
         self.registry = CollectorRegistry()
@@ -151,13 +164,20 @@ class PipelineRunner:
         run.report.restarts += 1
         self.sleep(self.restart_delay_s)
 
+    def _end(self, run: StageRun, failed: str | None = None) -> None:
+        with self._ended:
+            run.failed = failed
+            run.done.set()
+            self._ended.notify_all()
+
     def _run_stage(self, run: StageRun) -> None:
         last_report_ms: int | None = None
         idle = False
         while not self._stop.is_set():
             try:
                 if run.stage is None:
-                    run.stage = build_stage(self.spec, run.name, self.store, self.clock)
+                    run.stage = build_stage(self.spec, run.name, self.store, self.clock,
+                                            self.identity)  # fmt: skip
                     run.stage.start()
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
@@ -165,6 +185,13 @@ class PipelineRunner:
             except StageFenced as error:
                 # Another instance of this stage claimed it: it runs the stage now.
                 log.error("stage %s: %s; this instance stops", run.name, error)
+                self._end(run, f"stage {run.name!r} is superseded: {error}")
+                return
+            except EdgeOwned as error:
+                # Another pipeline's topic: no restart changes that
+                # (docs/semantics/pipeline.md §8.2).
+                log.error("stage %s: %s", run.name, error)
+                self._end(run, f"stage {run.name!r}: {error}")
                 return
             except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
@@ -189,7 +216,7 @@ class PipelineRunner:
                 self._publish(run)
                 last_report_ms = now_ms
             if finished:
-                run.done.set()
+                self._end(run)
                 return
 
     def _watch_generations(self) -> None:
@@ -212,13 +239,21 @@ class PipelineRunner:
         return threads
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Whether every stage finished within ``timeout_s``."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for run in self.runs.values():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not run.done.wait(left):
-                return False
-        return True
+        """Whether every stage finished within ``timeout_s``; False at once when one
+        failed for good (:meth:`failure`)."""
+        with self._ended:
+            self._ended.wait_for(
+                lambda: (
+                    self.failure() is not None
+                    or all(run.done.is_set() for run in self.runs.values())
+                ),
+                timeout_s,
+            )
+        return self.failure() is None and all(run.done.is_set() for run in self.runs.values())
+
+    def failure(self) -> str | None:
+        """Why the pipeline stopped: the first stage that failed for good, or None."""
+        return next((run.failed for run in self.runs.values() if run.failed), None)
 
     def stop(self) -> None:
         self._stop.set()

@@ -17,6 +17,7 @@ from waymark.client import ApiError, Client, ConfigPatch, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
+from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
 
 SourceFn = Callable[[int], Any]
@@ -93,7 +94,8 @@ class Stage:
 
     A source stage (``events`` set) calls ``function(n)`` for event n; another stage
     calls ``function(value)`` for each input record and writes every value it yields.
-    Exactly one of ``output`` and ``sink`` is set.
+    Exactly one of ``output`` and ``sink`` is set. ``identity`` (default: the one kept
+    in the states' store) scopes a source's event ids.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class Stage:
         events: int | None = None,
         batch: int = 500,
         clock: Clock | None = None,
+        identity: PipelineIdentity | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -122,6 +125,7 @@ class Stage:
         self.events = events
         self.batch = batch
         self.clock = clock or SystemClock()
+        self.identity = identity or identity_of(states.store)
         self.stats = StageStats()
         self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
@@ -148,7 +152,8 @@ class Stage:
     def _produce(self) -> InFlight:
         assert self.events is not None
         begin, end = self.next_event, min(self.events, self.next_event + self.batch)
-        prefix = _encode(f"{self.name}:")[:-1]  # the event id n is "<stage>:<n>"
+        # event n's id is "<pipeline>.<run>/<stage>:<n>" (docs/semantics/pipeline.md §5.1)
+        prefix = _encode(self.identity.event_prefix(self.name))[:-1]
         events = [b'%s%d"' % (prefix, n) for n in range(begin, end)]
         data = [_encode(self.function(n)) for n in range(begin, end)]
         self.next_event = end
