@@ -29,10 +29,13 @@ def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]
     window, time to recover), from the handoff records and the stages' reports."""
     from rich.table import Table
 
+    from waymark.pipeline.identity import load_identity
     from waymark.pipeline.report import load_report
     from waymark.pipeline.runner import edge_statuses
 
-    edges = Table(title=f"pipeline {spec.name}: edges")
+    identity = load_identity(store)
+    run = f" (run {identity.run})" if identity is not None else ""
+    edges = Table(title=f"pipeline {spec.name}{run}: edges")
     for column in ("edge", "generation", "server", "topic", "consumer"):
         edges.add_column(column, justify="right" if column == "generation" else "left")
     for status in edge_statuses(spec, store):
