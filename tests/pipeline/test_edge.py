@@ -33,6 +33,7 @@ from waymark.pipeline.demo import deliver, produce
 from waymark.pipeline.edge import Connect
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
+from waymark.protocol import Limits
 
 
 def edges(fleet: Fleet, tmp_path: Path, clock: ManualClock) -> tuple[RelocatableQueueEdge, ...]:
@@ -273,6 +274,56 @@ def test_several_outputs_per_input_with_awkward_ids_reach_the_sink_once(
         assert sorted((r.data["n"], r.data["k"]) for r in page.records) == expected
         # each was written under the id output_event gives it: the same ids again are
         # absorbed by the sink's idempotency window, and a new one is not
-        ids = [output_event(source.identity.event(name, n), k) for n, k in expected] + ["new"]
+        ids = [output_event(source.identity.event(name, n), "fan", k) for n, k in expected]
+        ids.append("new")
         sink.sink.write(InFlight.of(ids, [b"0"] * len(ids)))  # type: ignore[union-attr]
         assert client.get_topic(f"fan-{run}").count == len(expected) + 1
+
+
+def test_a_push_and_a_replay_above_the_servers_write_limit_are_written_in_chunks(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # The server takes at most Limits.max_records_per_write records per append; a push
+    # of more (one batch's fan-out) and the replay after a move are cut to fit
+    # (docs/semantics/pipeline.md §3.7).
+    over = Limits().max_records_per_write + 2_000
+    producer, consumer, dead = pushed(fleet, tmp_path, over)
+    assert producer.unacked.written() == over
+    dead.down()
+    try:
+        producer.settle()  # an idle producer moves the edge and writes all of it again
+        assert producer.generation().value == 2 and producer.stats.replayed == over
+        got = consumer.pop(10_000)  # the dead server: it rebinds
+        while len(more := consumer.pop(10_000)):
+            got += more
+        assert sorted(got.event_ids()) == sorted(f"p:{n}" for n in range(over))
+    finally:
+        dead.up()
+
+
+def test_a_fan_out_above_the_write_limit_reaches_the_sink_once(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # 500 events, 25 outputs each: one step of the transform pushes 12,500 records; the
+    # sink stage doubles what it pops, 10,000 at a time, and writes that in chunks too
+    # (docs/semantics/pipeline.md §3.7).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("src", "fan", 10**6),
+                   events=500, batch=500, clock=clock)  # fmt: skip
+    fan = Stage("fan", lambda e: [{**e, "k": k} for k in range(25)], states=states,
+                input=edge("src", "fan", 10**6), output=edge("out", "sink", 10**6),
+                batch=500, clock=clock)  # fmt: skip
+    sink = Stage("sink", lambda e: [e, e], states=states, input=edge("out", "sink", 10**6),
+                 clock=clock, batch=10_000,
+                 sink=Sink(fleet.sink.url, f"wide-{run}", connect=connect))  # fmt: skip
+    for stage in (source, fan, sink):
+        stage.start()
+    for _ in range(20):
+        if source.finished() and not fan.output.unacked:  # type: ignore[union-attr]
+            break
+        for stage in (source, fan, sink):
+            stage.step()
+    assert source.finished()
+    with Client(fleet.sink.url) as client:
+        assert client.get_topic(f"wide-{run}").count == 500 * 25 * 2

@@ -281,7 +281,10 @@ class RelocatableQueueEdge:
             # Each record's id is its event id and the generation: a retried write in one
             # generation is absorbed, a replay into the next one is not
             # (docs/semantics/pipeline.md §3.1).
-            body = self.unacked.edge_records(start, locator.generation)
+            # One write at most carries what the server takes (docs/semantics/pipeline.md
+            # §3.7); the loop writes the rest, each chunk placed as it lands.
+            end = self.unacked.chunk_end(start)
+            body = self.unacked.edge_records(start, locator.generation, end)
             try:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
             except (TransportError, ApiError) as error:
@@ -302,8 +305,8 @@ class RelocatableQueueEdge:
                     continue
                 continue
             self._succeeded()
-            self.stats.replayed += self.unacked.written(start)  # written before, elsewhere
-            self.unacked.place(start, locator.generation, answer.seqs)
+            self.stats.replayed += self.unacked.written(start, end)  # written before, elsewhere
+            self.unacked.place(start, locator.generation, answer.seqs, end)
             # The write counts only if the edge has not moved meanwhile: a consumer
             # bound to a newer generation never reads it (docs/semantics/pipeline.md §3.4).
             if self._newer_published():

@@ -26,9 +26,12 @@ _decode = msgspec.json.decode
 StageFn = Callable[[Any], Iterable[Any]]
 
 
-def output_event(event: str, k: int) -> str:
-    """The stable id of a record's ``k``-th output (docs/semantics/pipeline.md §5.1)."""
-    return event if k == 0 else f"{event}/{k}"
+def output_event(event: str, stage: str, k: int) -> str:
+    """The stable id of the ``k``-th output ``stage`` makes of the record ``event``
+    (docs/semantics/pipeline.md §5.1). The stage's name keeps two fanning-out stages
+    apart: with ``/k`` alone, the second output of ``e`` and the first of ``e/1`` would
+    both be ``e/1``, and the sink would drop one as a repeat."""
+    return event if k == 0 else f"{event}/{stage}:{k}"
 
 
 class SinkUnavailable(Exception):
@@ -77,10 +80,11 @@ class Sink:
             self.topic, ConfigPatch(idempotency_window_ms=self.WINDOW_MS)))  # fmt: skip
 
     def write(self, records: InFlight) -> None:
-        if not records:
-            return
-        body = records.sink_records()
-        self._retry(lambda: self.client.append(self.topic, body))
+        # in writes the server takes (docs/semantics/pipeline.md §3.7); a retried chunk
+        # is absorbed by the ids
+        for chunk in records.chunks():
+            body = chunk.sink_records()
+            self._retry(lambda body=body: self.client.append(self.topic, body))  # type: ignore[misc]
 
 
 @dataclass(slots=True)
@@ -168,9 +172,10 @@ class Stage:
         generations: list[int] = []
         seqs: list[int] = []
         born: list[int] = []
+        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
         for event, value, generation, seq, born_ms in records.records():
             for k, out in enumerate(self.function(_decode(value))):
-                events.append(event if k == 0 else b'%s/%d"' % (event[:-1], k))
+                events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
                 data.append(_encode(out))
                 generations.append(generation)
                 seqs.append(seq)
