@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,6 +27,7 @@ pipeline_app = typer.Typer(
 def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
     """The edges (generation, server) and the stages (progress, relocations, replay
     window, time to recover), from the handoff records and the stages' reports."""
+    from rich.markup import escape
     from rich.table import Table
 
     from waymark.pipeline.identity import load_identity
@@ -45,18 +46,49 @@ def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]
                       spec.consumers[status.edge])  # fmt: skip
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
-                   "time to recover", "restarts", "state"):  # fmt: skip
+                   "time to recover", "restarts", "dead letters", "state"):  # fmt: skip
         stages.add_column(column, justify="left" if column in ("stage", "state") else "right")
     for name in spec.stages:
         r = load_report(store, name)
         if r is None:
-            stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "not started")
+            stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "-", "not started")
             continue
         recover = f"{max(r.recover_s):.2f} s" if r.recover_s else "-"
+        state = "done" if r.done else "running"
+        if r.last_error and not r.done:
+            state += f" (last error: {r.last_error[:120]})"
         stages.add_row(name, f"{r.processed:,}", str(r.relocations), str(r.rebinds),
                        f"{r.replayed:,}", f"{r.stale_dropped:,}", recover, str(r.restarts),
-                       "done" if r.done else "running")  # fmt: skip
+                       f"{r.dead_lettered:,}", escape(state))  # fmt: skip
     return edges, stages
+
+
+def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
+    """What the tables show, as one JSON object (``status --json``)."""
+    import msgspec
+
+    from waymark.pipeline.identity import load_identity
+    from waymark.pipeline.report import load_report
+    from waymark.pipeline.runner import edge_statuses
+
+    identity = load_identity(store)
+    return {
+        "pipeline": spec.name,
+        "run": identity.run if identity is not None else None,
+        "edges": {
+            s.edge: {
+                "generation": s.locator.generation if s.locator else 0,
+                "server": s.locator.server if s.locator else None,
+                "topic": s.locator.topic if s.locator else None,
+                "consumer": spec.consumers[s.edge],
+            }
+            for s in edge_statuses(spec, store)
+        },
+        "stages": {
+            name: msgspec.to_builtins(r) if (r := load_report(store, name)) else None
+            for name in spec.stages
+        },
+    }
 
 
 def _load(spec_path: Path) -> PipelineSpec:
@@ -167,6 +199,7 @@ def status(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The pipeline spec.")],
     watch: Annotated[bool, typer.Option(help="Keep the tables live until Ctrl-C.")] = False,
     interval_s: Annotated[float, typer.Option(help="Refresh interval with --watch.")] = 0.5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Each edge's generation and server; each stage's relocations, replay window and
     time to recover."""
@@ -179,6 +212,11 @@ def status(
     spec = _load(spec_path)
     store = open_store(spec.handoff)
     console = Console()
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(status_json(spec, store)))
+        return
     if not watch:
         console.print(*status_tables(spec, store))
         return

@@ -5,7 +5,9 @@ Prometheus metrics (docs/pipeline.md, "Metrics")."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -24,8 +26,9 @@ from waymark.pipeline.edge import (
 from waymark.pipeline.identity import PipelineIdentity, establish
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.report import StageReport, load_report, publish_report
+from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.spec import PipelineSpec
-from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
+from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
 
 log = logging.getLogger(__name__)
@@ -34,9 +37,15 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 
 def build_stage(
-    spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock, identity: PipelineIdentity
+    spec: PipelineSpec,
+    name: str,
+    store: ObjectStore,
+    clock: Clock,
+    identity: PipelineIdentity,
+    poison: dict[bytes, tuple[int, str]] | None = None,
 ) -> Stage:
-    """A stage of ``spec`` as the runner starts it (and starts it again after a failure)."""
+    """A stage of ``spec`` as the runner starts it (and starts it again after a failure);
+    ``poison``: the events it dead-letters instead of calling its function on them."""
     stage_spec = spec.stages[name]
     connect = client_factory()
 
@@ -46,13 +55,14 @@ def build_stage(
                                     capacity=e.capacity, connect=connect, clock=clock,
                                     identity=identity)  # fmt: skip
 
-    sink = stage_spec.sink
+    sink, dead = stage_spec.sink, spec.dead_letter
     return Stage(
         name, stage_spec.load(), states=StageStateStore(store), clock=clock,
         input=edge(stage_spec.input) if stage_spec.input else None,
         output=edge(stage_spec.output) if stage_spec.output else None,
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
+        dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
     )  # fmt: skip
 
 
@@ -65,6 +75,9 @@ class StageRun:
     report: StageReport = field(init=False)
     done: threading.Event = field(default_factory=threading.Event)
     failed: str | None = None  # why the stage stopped for good; the pipeline stops
+    restarts: Restarts | None = None
+    attempts: Counter[bytes] = field(default_factory=Counter)  # function failures per event
+    poison: dict[bytes, tuple[int, str]] = field(default_factory=dict)  # to dead-letter
 
     def __post_init__(self) -> None:
         self.report = StageReport(stage=self.name)
@@ -80,11 +93,13 @@ class PipelineRunner:
         *,
         clock: Clock | None = None,
         report_interval_s: float = 0.5,
-        restart_delay_s: float = 0.5,
+        restart: RestartPolicy | None = None,
         sleep: Callable[[float], object] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        """``sleep`` waits before a restart (default: until the delay passes or
-        :meth:`stop`); a test injects one that advances a manual ``clock``."""
+        """``restart`` defaults to the spec's; ``sleep`` waits before a restart
+        (default: until the delay passes or :meth:`stop`), a test injects one that
+        advances a manual ``clock``, and ``rng`` for the jitter."""
         self.spec = spec
         self.store = open_store(spec.handoff)
         # Created once per handoff store: it scopes every topic and id this run makes
@@ -101,9 +116,10 @@ class PipelineRunner:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
             if spec.stages[name].external:
                 raise KeyError(f"stage {name!r} is external: its own process runs it")
-        self.runs = {name: StageRun(name) for name in names}
+        self.restart = restart or spec.restart
+        rng = rng or random.Random()
+        self.runs = {name: StageRun(name, restarts=Restarts(self.restart, rng)) for name in names}
         self.report_interval_s = report_interval_s
-        self.restart_delay_s = restart_delay_s
         self._stop = threading.Event()
         self._ended = threading.Condition()  # a stage finished or failed
         self.sleep = sleep or self._stop.wait
@@ -142,7 +158,8 @@ class PipelineRunner:
             s.disconnects = 0
             s.recover_s = []
         r.processed += stage.stats.processed
-        stage.stats.processed = 0
+        r.dead_lettered += stage.stats.dead_lettered
+        stage.stats.processed = stage.stats.dead_lettered = 0
         phase = r.latency_after_ms if self._failed_over else r.latency_before_ms
         phase += stage.stats.latencies_ms[:: max(1, len(stage.stats.latencies_ms) // 50)]
         histogram = self.latency.labels("after" if self._failed_over else "before")
@@ -155,20 +172,55 @@ class PipelineRunner:
         run.report.updated_ms = self.clock.now_ms()
         publish_report(self.store, run.report)
 
-    def _restart(self, run: StageRun) -> None:
+    def _restart(self, run: StageRun, error: str) -> bool:
         """Drop the stage instance (and its memory); the next one starts from its
-        checkpoint (docs/semantics/pipeline.md §4.3)."""
+        checkpoint (docs/semantics/pipeline.md §4.3) after the policy's backoff. False
+        when the failure-rate limit is passed: the stage ends and the pipeline stops
+        (docs/semantics/pipeline.md §9.1)."""
         if run.stage is not None:
             self._fold(run, run.stage)
         run.stage = None
+        run.report.last_error = error[:2000]
+        assert run.restarts is not None
+        wait = run.restarts.failed(self.clock.now_ms())
+        if wait is None:
+            policy = self.restart
+            self._end(run, f"stage {run.name!r} failed more than {policy.max_restarts} times "
+                           f"within {policy.window_s:g} s; last error: {error}")  # fmt: skip
+            self._publish(run)
+            return False
         run.report.restarts += 1
-        self.sleep(self.restart_delay_s)
+        self._publish(run)
+        self.sleep(wait)
+        return True
+
+    def _poisoned(self, run: StageRun, failure: StageFunctionFailed) -> bool:
+        """Count a function's failure on one event; after ``max_attempts`` the event is
+        dead-lettered by the next instance. False when there is no dead-letter topic:
+        the stage ends and the pipeline stops (docs/semantics/pipeline.md §9.2)."""
+        run.attempts[failure.event] += 1
+        attempts = run.attempts[failure.event]
+        if attempts < self.restart.max_attempts:
+            return True
+        if self.spec.dead_letter is None:
+            self._end(run, f"{failure}; it failed {attempts} times and the pipeline has no "
+                           "dead_letter topic")  # fmt: skip
+            if run.stage is not None:
+                self._fold(run, run.stage)
+            run.report.last_error = str(failure)[:2000]
+            self._publish(run)
+            return False
+        run.poison[failure.event] = (attempts, failure.error)
+        return True
 
     def _end(self, run: StageRun, failed: str | None = None) -> None:
+        """The stage is over: finished, or ``failed`` for good, which stops every stage."""
         with self._ended:
             run.failed = failed
             run.done.set()
             self._ended.notify_all()
+        if failed is not None:
+            self._stop.set()
 
     def _run_stage(self, run: StageRun) -> None:
         last_report_ms: int | None = None
@@ -177,11 +229,13 @@ class PipelineRunner:
             try:
                 if run.stage is None:
                     run.stage = build_stage(self.spec, run.name, self.store, self.clock,
-                                            self.identity)  # fmt: skip
+                                            self.identity, run.poison)  # fmt: skip
                     run.stage.start()
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
                 idle = taken == 0
+                assert run.restarts is not None
+                run.restarts.succeeded()
             except StageFenced as error:
                 # Another instance of this stage claimed it: it runs the stage now.
                 log.error("stage %s: %s; this instance stops", run.name, error)
@@ -193,13 +247,20 @@ class PipelineRunner:
                 log.error("stage %s: %s", run.name, error)
                 self._end(run, f"stage {run.name!r}: {error}")
                 return
+            except StageFunctionFailed as failure:
+                log.warning("%s; restarting it from its checkpoint", failure)
+                if not self._poisoned(run, failure) or not self._restart(run, str(failure)):
+                    return
+                continue
             except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
-                self._restart(run)
+                if not self._restart(run, f"{type(error).__name__}: {error}"):
+                    return
                 continue
-            except Exception:  # a stage function's bug: logged, retried from the checkpoint
+            except Exception as error:  # a bug: logged, retried from the checkpoint
                 log.exception("stage %s failed; restarting it from its checkpoint", run.name)
-                self._restart(run)
+                if not self._restart(run, f"{type(error).__name__}: {error}"):
+                    return
                 continue
             finished = stage.finished() if stage.input is None else (
                 idle and (stage.output is None or not stage.output.unacked)

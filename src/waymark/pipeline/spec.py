@@ -25,6 +25,7 @@ import msgspec
 from msgspec import Meta
 
 from waymark.pipeline.identity import NAME_PATTERN
+from waymark.pipeline.restart import RestartPolicy
 from waymark.protocol.limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
 
@@ -41,22 +42,32 @@ Topic = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
 Batch = Annotated[int, Meta(ge=1, le=MAX_DIFF_LIMIT)]
 
 
+class _Restart(msgspec.Struct, forbid_unknown_fields=True):
+    delay_s: Annotated[float, Meta(gt=0, le=3600)] = 0.5
+    max_delay_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    max_restarts: Annotated[int, Meta(ge=0)] = 10
+    window_s: Annotated[float, Meta(gt=0)] = 60.0
+    max_attempts: Annotated[int, Meta(ge=1)] = 3
+
+
+class _Sink(msgspec.Struct, forbid_unknown_fields=True):
+    url: Url
+    topic: Topic
+
+
 class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     handoff: Store
     name: Name = "pipeline"
     servers: list[Url] = msgspec.field(default_factory=list)
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] | None = None
+    restart: _Restart = msgspec.field(default_factory=_Restart)
+    dead_letter: _Sink | None = None
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     candidates: list[Url] | None = None
     capacity: Annotated[int, Meta(ge=1, le=2**62)] = 1_000_000
-
-
-class _Sink(msgspec.Struct, forbid_unknown_fields=True):
-    url: Url
-    topic: Topic
 
 
 class _Stage(msgspec.Struct, forbid_unknown_fields=True):
@@ -79,6 +90,7 @@ class _File(msgspec.Struct, forbid_unknown_fields=True):
 # The table a path's last key names, for close matches of an unknown key.
 _TABLES: dict[str, type[msgspec.Struct]] = {
     "$": _File, "pipeline": _Pipeline, "edge": _Edge, "stage": _Stage, "sink": _Sink,
+    "dead_letter": _Sink, "restart": _Restart,
 }  # fmt: skip
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 
@@ -91,6 +103,8 @@ def _where(path: str, doc: dict[str, Any]) -> str:
     table, index = steps[0][0], steps[1][1] if len(steps) > 1 else ""
     where = f"[{table}]"
     rest = steps[1:]
+    if table == "pipeline" and rest and rest[0][0] in ("restart", "dead_letter"):
+        where, rest = f"[pipeline.{rest[0][0]}]", rest[1:]
     if index:
         rows = doc.get(table)
         name = rows[int(index)].get("name") if isinstance(rows, list) else None
@@ -180,6 +194,8 @@ class PipelineSpec:
     stages: dict[str, StageSpec]
     metrics_port: int | None = None
     consumers: dict[str, str] = field(default_factory=dict)  # edge -> its reading stage
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
@@ -246,7 +262,15 @@ class PipelineSpec:
                         f"[[edge]] {edge.name!r}: capacity {edge.capacity} is below the batch "
                         f"{producer.batch} of its producer {producer.name!r}"
                     )
-        return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers)
+        r = top.restart
+        if r.max_delay_s < r.delay_s:
+            raise SpecError(f"[pipeline.restart]: max_delay_s {r.max_delay_s} is below "
+                            f"delay_s {r.delay_s}")  # fmt: skip
+        restart = RestartPolicy(r.delay_s, r.max_delay_s, r.max_restarts, r.window_s,
+                                r.max_attempts)  # fmt: skip
+        dead = top.dead_letter
+        return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
+                   SinkSpec(dead.url, dead.topic) if dead else None)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, Client, ConfigPatch, TransportError
+from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
-from waymark.pipeline.batch import InFlight
+from waymark.pipeline.batch import EVENT, InFlight
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
@@ -36,6 +36,22 @@ def output_event(event: str, stage: str, k: int) -> str:
 
 class SinkUnavailable(Exception):
     """The sink server refused or did not answer within the retry budget."""
+
+
+class StageFunctionFailed(Exception):
+    """A stage's function raised on one event (or gave a value JSON cannot hold);
+    ``event`` is its id as JSON (docs/semantics/pipeline.md §9.2)."""
+
+    def __init__(self, stage: str, event: bytes, error: BaseException) -> None:
+        self.stage = stage
+        self.event = event
+        self.error = f"{type(error).__name__}: {error}"
+        name = event.decode(errors="replace")
+        super().__init__(f"stage {stage!r}: its function failed on event {name}: {self.error}")
+
+
+# The meta of a dead-lettered record (docs/semantics/pipeline.md §9.2).
+DEAD_STAGE, DEAD_ERROR, DEAD_ATTEMPTS = "wm.stage", "wm.error", "wm.attempts"
 
 
 class Sink:
@@ -86,10 +102,18 @@ class Sink:
             body = chunk.sink_records()
             self._retry(lambda body=body: self.client.append(self.topic, body))  # type: ignore[misc]
 
+    def write_dead(self, event: bytes, data: bytes, meta: dict[str, str]) -> None:
+        """One poison event, as a dead-letter topic takes it: its input as ``data``, why
+        in ``meta``, its event id as the record id (a second write is absorbed)."""
+        eid = str(_decode(event))
+        record = RecordIn(msgspec.Raw(data), meta={EVENT: eid, **meta}, id=eid)
+        self._retry(lambda: self.client.append(self.topic, [record]))
+
 
 @dataclass(slots=True)
 class StageStats:
     processed: int = 0
+    dead_lettered: int = 0
     latencies_ms: list[int] = field(default_factory=list)  # at a sink: now - born
 
 
@@ -115,6 +139,8 @@ class Stage:
         batch: int = 500,
         clock: Clock | None = None,
         identity: PipelineIdentity | None = None,
+        dead_letter: Sink | None = None,
+        poison: dict[bytes, tuple[int, str]] | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -130,6 +156,10 @@ class Stage:
         self.batch = batch
         self.clock = clock or SystemClock()
         self.identity = identity or identity_of(states.store)
+        # Events (ids as JSON) the function failed on too often: (attempts, last error).
+        # Each goes to ``dead_letter`` instead of the function (docs/semantics/pipeline.md §9.2).
+        self.poison = poison if poison is not None else {}
+        self.dead_letter = dead_letter
         self.stats = StageStats()
         self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
@@ -152,16 +182,48 @@ class Stage:
             self.output.open()
         if self.sink is not None:
             self.sink.open()
+        if self.dead_letter is not None and self.poison:
+            self.dead_letter.open()
+
+    def _dead(self, event: bytes, data: bytes) -> bool:
+        """Dead-letter ``event`` if it is poison; whether it was."""
+        found = self.poison.get(event)
+        if found is None:
+            return False
+        if self.dead_letter is None:
+            raise ValueError(f"stage {self.name!r}: poison events but no dead letter topic")
+        attempts, error = found
+        self.dead_letter.write_dead(event, data, {DEAD_STAGE: self.name, DEAD_ERROR: error[:2000],
+                                                  DEAD_ATTEMPTS: str(attempts)})  # fmt: skip
+        self.stats.dead_lettered += 1
+        return True
+
+    def _call(self, event: bytes, arg: Any) -> list[bytes]:
+        """The function's outputs for one event, encoded; any failure is the event's."""
+        try:
+            if self.input is None:
+                return [_encode(self.function(arg))]
+            return [_encode(out) for out in self.function(arg)]
+        except Exception as error:  # the user's code: any failure is this event's
+            raise StageFunctionFailed(self.name, event, error) from error
 
     def _produce(self) -> InFlight:
         assert self.events is not None
         begin, end = self.next_event, min(self.events, self.next_event + self.batch)
         # event n's id is "<pipeline>.<run>/<stage>:<n>" (docs/semantics/pipeline.md §5.1)
         prefix = _encode(self.identity.event_prefix(self.name))[:-1]
-        events = [b'%s%d"' % (prefix, n) for n in range(begin, end)]
-        data = [_encode(self.function(n)) for n in range(begin, end)]
+        events: list[bytes] = []
+        data: list[bytes] = []
+        origins: list[int] = []
+        for n in range(begin, end):
+            event = b'%s%d"' % (prefix, n)
+            if self.poison and self._dead(event, b"%d" % n):
+                continue
+            events.append(event)
+            data += self._call(event, n)
+            origins.append(n)
         self.next_event = end
-        return InFlight.build(events, data, origin_seq=range(begin, end),
+        return InFlight.build(events, data, origin_seq=origins,
                               born_ms=self.clock.now_ms())  # fmt: skip
 
     def _transform(self, records: InFlight) -> InFlight:
@@ -174,9 +236,11 @@ class Stage:
         born: list[int] = []
         stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
         for event, value, generation, seq, born_ms in records.records():
-            for k, out in enumerate(self.function(_decode(value))):
+            if self.poison and self._dead(event, value):
+                continue
+            for k, out in enumerate(self._call(event, _decode(value))):
                 events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
-                data.append(_encode(out))
+                data.append(out)
                 generations.append(generation)
                 seqs.append(seq)
                 born.append(born_ms)
