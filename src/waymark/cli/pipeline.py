@@ -24,9 +24,29 @@ pipeline_app = typer.Typer(
 )
 
 
-def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
+def status_tables(
+    spec: PipelineSpec, store: ObjectStore, *, waiting_s: float | None = None
+) -> tuple[Table, Table]:
     """The edges (generation, server) and the stages (progress, relocations, replay
-    window, time to recover), from the handoff records and the stages' reports."""
+    window, time to recover), from the handoff records and the stages' reports; while
+    the store does not answer (or the runner has waited ``waiting_s`` for it), titled
+    "waiting for the store" instead (docs/semantics/pipeline.md §10)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from waymark.objstore import ObjectStoreError
+
+    try:
+        edges, stages = _tables(spec, store)
+    except ObjectStoreError as error:
+        title = f"pipeline {spec.name}: waiting for the store ({escape(str(error)[:200])})"
+        return Table(title=title), Table(title="stages")
+    if waiting_s is not None:
+        edges.title = f"{edges.title} - waiting for the store for {waiting_s:.1f} s"
+    return edges, stages
+
+
+def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
     from rich.markup import escape
     from rich.table import Table
 
@@ -177,11 +197,18 @@ def run(
     runner.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     done = False
-    with Live(Group(*status_tables(spec, runner.store)), console=console,
-              auto_refresh=False, transient=not console.is_terminal) as live:  # fmt: skip
+
+    def tables() -> Group:
+        # the store as it is, not waited for: the display never blocks on an outage
+        since = runner.store.waiting_since_ms()
+        waiting = None if since is None else (runner.clock.now_ms() - since) / 1000
+        return Group(*status_tables(spec, runner.store.inner, waiting_s=waiting))
+
+    with Live(tables(), console=console, auto_refresh=False,
+              transient=not console.is_terminal) as live:  # fmt: skip
         while not done and (deadline is None or time.monotonic() < deadline):
             done = runner.wait(0.5)
-            live.update(Group(*status_tables(spec, runner.store)), refresh=True)
+            live.update(tables(), refresh=True)
             if runner.failure() is not None:
                 break
     runner.stop()
@@ -191,7 +218,7 @@ def run(
     if not done:
         console.print("[red]not done before --timeout-s[/red]")
         raise typer.Exit(1)
-    console.print(*status_tables(spec, runner.store))
+    console.print(*tables().renderables)
 
 
 @pipeline_app.command()
@@ -215,7 +242,13 @@ def status(
     if as_json:
         import json
 
-        typer.echo(json.dumps(status_json(spec, store)))
+        from waymark.objstore import ObjectStoreError
+
+        try:
+            typer.echo(json.dumps(status_json(spec, store)))
+        except ObjectStoreError as error:
+            typer.echo(f"{spec_path}: waiting for the store: {error}", err=True)
+            raise typer.Exit(1) from None
         return
     if not watch:
         console.print(*status_tables(spec, store))

@@ -25,6 +25,7 @@ from waymark.pipeline.edge import (
 )
 from waymark.pipeline.identity import PipelineIdentity, establish
 from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.spec import PipelineSpec
@@ -101,11 +102,16 @@ class PipelineRunner:
         (default: until the delay passes or :meth:`stop`), a test injects one that
         advances a manual ``clock``, and ``rng`` for the jitter."""
         self.spec = spec
-        self.store = open_store(spec.handoff)
+        self.clock = clock or SystemClock()
+        self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait
+        # Every call to the rendezvous store waits out an outage within its budget
+        # (docs/semantics/pipeline.md §10).
+        self.store = PatientStore(open_store(spec.handoff), clock=self.clock, sleep=self.sleep,
+                                  cancel=self._stop)  # fmt: skip
         # Created once per handoff store: it scopes every topic and id this run makes
         # (docs/semantics/pipeline.md §8).
         self.identity = establish(self.store, spec.name)
-        self.clock = clock or SystemClock()
         names = (
             list(stages)
             if stages is not None
@@ -120,9 +126,7 @@ class PipelineRunner:
         rng = rng or random.Random()
         self.runs = {name: StageRun(name, restarts=Restarts(self.restart, rng)) for name in names}
         self.report_interval_s = report_interval_s
-        self._stop = threading.Event()
         self._ended = threading.Condition()  # a stage finished or failed
-        self.sleep = sleep or self._stop.wait
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -168,9 +172,17 @@ class PipelineRunner:
         stage.stats.latencies_ms = []
         del r.latency_before_ms[:-500], r.latency_after_ms[:-500]
 
-    def _publish(self, run: StageRun) -> None:
+    def _publish(self, run: StageRun, *, required: bool = False) -> None:
+        """Put the stage's report in the store. Best effort unless ``required`` (a
+        finished stage's: its consumers wait for it); an outage past the store's budget
+        is logged and the next report tries again."""
         run.report.updated_ms = self.clock.now_ms()
-        publish_report(self.store, run.report)
+        try:
+            publish_report(self.store, run.report)
+        except ObjectStoreError as error:
+            if required:
+                raise
+            log.warning("stage %s: its report waits for the store: %s", run.name, error)
 
     def _restart(self, run: StageRun, error: str) -> bool:
         """Drop the stage instance (and its memory); the next one starts from its
@@ -262,28 +274,39 @@ class PipelineRunner:
                 if not self._restart(run, f"{type(error).__name__}: {error}"):
                     return
                 continue
-            finished = stage.finished() if stage.input is None else (
-                idle and (stage.output is None or not stage.output.unacked)
-                and self._upstream_done(stage)
-            )  # fmt: skip
             now_ms = self.clock.now_ms()
-            if (
-                finished
-                or last_report_ms is None
-                or (now_ms - last_report_ms >= self.report_interval_s * 1000)
-            ):
-                self._fold(run, stage)
-                run.report.done = finished
-                self._publish(run)
-                last_report_ms = now_ms
+            try:
+                finished = stage.finished() if stage.input is None else (
+                    idle and (stage.output is None or not stage.output.unacked)
+                    and self._upstream_done(stage)
+                )  # fmt: skip
+                if (
+                    finished
+                    or last_report_ms is None
+                    or (now_ms - last_report_ms >= self.report_interval_s * 1000)
+                ):
+                    self._fold(run, stage)
+                    run.report.done = finished
+                    self._publish(run, required=finished)
+                    last_report_ms = now_ms
+            except ObjectStoreError as error:
+                # the store stayed out past its budget: step on, ask again next time
+                # (docs/semantics/pipeline.md §10)
+                log.warning("stage %s: the store: %s", run.name, error)
+                continue
             if finished:
                 self._end(run)
                 return
 
     def _watch_generations(self) -> None:
-        readers = [HandoffReader(self.store, e) for e in self.spec.edges]
+        readers = [HandoffReader(self.store.inner, e) for e in self.spec.edges]
         while not self._stop.wait(0.2):
-            if any((loc := r.current()) is not None and loc.generation > 1 for r in readers):
+            try:
+                moved = any((loc := r.current()) is not None and loc.generation > 1
+                            for r in readers)  # fmt: skip
+            except ObjectStoreError:
+                continue  # an outage: look again later
+            if moved:
                 self._failed_over = True
                 return
 
