@@ -19,7 +19,8 @@ from tests.conftest import ServerProcess, start_server
 
 class FaultProxy:
     """Forwards TCP to one server; :meth:`down` makes the server look dead (every open
-    connection cut, new ones closed at once) until :meth:`up`."""
+    connection cut, new ones closed at once) until :meth:`up`; :meth:`hang` makes it
+    look hung (connections stay open, nothing is forwarded either way)."""
 
     def __init__(self, target_url: str) -> None:
         host, port = target_url.removeprefix("http://").rsplit(":", 1)
@@ -27,6 +28,8 @@ class FaultProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.is_down = False
+        self.flowing = threading.Event()  # cleared while hung
+        self.flowing.set()
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -50,10 +53,10 @@ class FaultProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                self.flowing.wait()  # held while hung
                 sink.sendall(data)
         except OSError:
             pass
@@ -72,6 +75,10 @@ class FaultProxy:
 
     def up(self) -> None:
         self.is_down = False
+        self.flowing.set()
+
+    def hang(self) -> None:
+        self.flowing.clear()
 
     def close(self) -> None:
         self.listener.close()

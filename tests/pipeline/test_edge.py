@@ -327,3 +327,24 @@ def test_a_fan_out_above_the_write_limit_reaches_the_sink_once(
     assert source.finished()
     with Client(fleet.sink.url) as client:
         assert client.get_topic(f"wide-{run}").count == 500 * 25 * 2
+
+
+def test_time_to_recover_counts_from_the_call_a_hung_server_never_answered(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A hung server answers nothing until the client's timeout (0.5 s here): the outage
+    # began when the unanswered call did, not when its timeout fired.
+    producer = RelocatableQueueEdge(
+        f"h-{uuid.uuid4().hex[:8]}", fleet.urls[:2], open_store(tmp_path.as_uri()),
+        consumer="c", connect=client_factory(0.5, 0.5), retries=4, poll_interval_ms=0,
+    )  # fmt: skip
+    producer.push(items(0, 3))
+    assert producer.locator is not None
+    hung = next(p for p in fleet.proxies if p.url == producer.locator.server)
+    hung.hang()
+    try:
+        producer.push(items(3, 5))  # times out, moves, writes all five again
+        assert producer.generation().value == 2
+        assert producer.stats.recover_s and producer.stats.recover_s[0] >= 0.5
+    finally:
+        hung.up()

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from tests.conftest import ServerProcess
 
 from waymark.clock import ManualClock
+from waymark.objstore import open_store
+from waymark.pipeline import StageStateStore
 from waymark.pipeline.report import load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.runner import PipelineRunner
@@ -205,3 +208,46 @@ def test_a_failure_window_that_never_slides_is_caught(monkeypatch: pytest.Monkey
     monkeypatch.setattr(Restarts, "failed", lambda self, now_ms: failed(self, 0))
     with pytest.raises(AssertionError):
         under_mutant()
+
+
+def test_a_stages_counters_go_on_across_runner_processes(tmp_path: Path) -> None:
+    # A restarted `--stage` process (here: a second runner on the same store) goes on
+    # from the stage's last report instead of resetting its counters.
+    policy = RestartPolicy(delay_s=0.01, max_delay_s=0.01, max_restarts=2, window_s=60)
+    for restarts in (2, 4):
+        runner = PipelineRunner(_dead_edge_spec(tmp_path), ["produce"], restart=policy,
+                                sleep=lambda s: None)  # fmt: skip
+        for thread in runner.start():
+            thread.join(30)
+        report = load_report(runner.store, "produce")
+        assert report is not None and report.restarts == restarts and not report.done
+
+
+def test_a_superseded_stage_stops_its_runner(tmp_path: Path, waymark_server: ServerProcess) -> None:
+    # Another instance claimed the stage (docs/semantics/pipeline.md §4.4): this one
+    # ends, and with it the runner (a `--stage` process exits 1), instead of running on.
+    spec = PipelineSpec.parse({
+        "pipeline": {"handoff": tmp_path.as_uri(), "name": "fenced"},
+        "edge": [{"name": "raw", "candidates": [waymark_server.url]}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce",
+             "events": 10**9, "batch": 100, "output": "raw"},
+            {"name": "sink", "function": "waymark.pipeline.demo:deliver", "input": "raw",
+             "sink": {"url": waymark_server.url, "topic": "fenced-out"}},
+        ],
+    })  # fmt: skip
+    runner = PipelineRunner(spec, ["produce"])
+    threads = runner.start()
+    states = StageStateStore(open_store(tmp_path.as_uri()))
+    for _ in range(3000):  # until the stage has claimed its state
+        if (state := states.load("produce")) is not None:
+            break
+        threading.Event().wait(0.01)
+    assert state is not None
+    states.claim(state, "produce/another-instance")
+    assert not runner.wait(30)
+    failure = runner.failure()
+    assert failure is not None and failure.startswith("stage 'produce' is superseded"), failure
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()

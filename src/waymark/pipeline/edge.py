@@ -155,10 +155,13 @@ class RelocatableQueueEdge:
         """The generation this side is bound to (0 before it is bound)."""
         return FenceEpoch(self.locator.generation if self.locator else 0)
 
-    def _disconnected(self) -> None:
+    def _disconnected(self, since_ms: int) -> None:
+        """A call that began at ``since_ms`` failed: the outage counts from then, not
+        from when the failure surfaced (a hung server answers nothing until the client's
+        timeout; docs/semantics/pipeline.md §3.3)."""
         self.stats.disconnects += 1
         if self._down_since_ms is None:
-            self._down_since_ms = self.clock.now_ms()
+            self._down_since_ms = since_ms
 
     def _succeeded(self) -> None:
         if self._down_since_ms is not None:
@@ -285,6 +288,7 @@ class RelocatableQueueEdge:
             # §3.7); the loop writes the rest, each chunk placed as it lands.
             end = self.unacked.chunk_end(start)
             body = self.unacked.edge_records(start, locator.generation, end)
+            began = self.clock.now_ms()
             try:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
             except (TransportError, ApiError) as error:
@@ -292,7 +296,7 @@ class RelocatableQueueEdge:
                 if not full and not _gone(error):
                     raise
                 if not full:
-                    self._disconnected()
+                    self._disconnected(began)
                 attempt += 1
                 if attempt > self.retries:
                     raise EdgeUnavailable(f"edge {self.name!r}: {error}") from error
@@ -331,7 +335,7 @@ class RelocatableQueueEdge:
             if self.unacked and not pending and not self._reachable():
                 # Nothing is pushed, but the consumer cannot read what waits here: move
                 # it (docs/semantics/pipeline.md §3.4).
-                self._disconnected()
+                self._disconnected(self._probed_ms or self.clock.now_ms())
                 try:
                     self._move()
                 except EdgeUnavailable:
@@ -433,6 +437,7 @@ class RelocatableQueueEdge:
         self.poll()
         locator, cursor = self.locator, self.cursor
         assert locator is not None and cursor is not None
+        began = self.clock.now_ms()
         try:
             page = self.connect(locator.server).diff_raw(
                 locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
@@ -440,7 +445,8 @@ class RelocatableQueueEdge:
         except (TransportError, ApiError) as error:
             if not _gone(error):
                 raise
-            self._disconnected()
+            # a long poll may have waited wait_ms on a live server before it died
+            self._disconnected(min(self.clock.now_ms(), began + wait_ms))
             self.poll(force=True)
             return InFlight.empty()
         self._succeeded()

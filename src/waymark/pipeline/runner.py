@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -125,6 +126,12 @@ class PipelineRunner:
         self.restart = restart or spec.restart
         rng = rng or random.Random()
         self.runs = {name: StageRun(name, restarts=Restarts(self.restart, rng)) for name in names}
+        for run in self.runs.values():
+            # The counters go on from the stage's last report: a restarted process (or a
+            # rerun on the same store) does not reset them (docs/pipeline.md, "Running it").
+            earlier = load_report(self.store, run.name)
+            if earlier is not None:
+                run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
         self._ended = threading.Condition()  # a stage finished or failed
         self._failed_over = False
