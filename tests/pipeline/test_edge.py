@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 from tests.pipeline.conftest import FaultProxy, Fleet
@@ -30,7 +31,8 @@ from waymark.pipeline import (
     output_event,
 )
 from waymark.pipeline.demo import deliver, produce
-from waymark.pipeline.edge import Connect
+from waymark.pipeline.edge import Connect, HandoffRolledBack
+from waymark.pipeline.locator import handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.protocol import Limits
@@ -348,3 +350,18 @@ def test_time_to_recover_counts_from_the_call_a_hung_server_never_answered(
         assert producer.stats.recover_s and producer.stats.recover_s[0] >= 0.5
     finally:
         hung.up()
+
+
+def test_a_rolled_back_handoff_record_stops_the_consumer_instead_of_stalling_it(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    producer, consumer, _ = pushed(fleet, tmp_path, 3)
+    first = producer.locator
+    assert first is not None
+    producer.relocate()
+    consumer.pop(100)  # follows the move: bound to generation 2
+    assert consumer.generation().value == 2
+    # the store restored from a backup taken at generation 1
+    producer.writer.store.put(handoff_key(producer.name), msgspec.json.encode(first))
+    with pytest.raises(HandoffRolledBack, match="holds generation 1, but generation 2"):
+        consumer.pop(100)

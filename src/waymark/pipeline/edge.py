@@ -52,6 +52,12 @@ class EdgeUnavailable(Exception):
     """The edge could not be reached nor moved within the retry budget."""
 
 
+class HandoffRolledBack(Exception):
+    """The handoff record names an older generation than one already seen, or is gone
+    (the store was restored or tampered with; docs/semantics/pipeline.md §2.3): a
+    consumer that waited for a newer one would stall silently, so it stops instead."""
+
+
 class EdgeOwned(Exception):
     """A server holds the edge's topic for another pipeline (docs/semantics/pipeline.md
     §8.2): never retried, the pipeline stops."""
@@ -415,10 +421,21 @@ class RelocatableQueueEdge:
         ):
             return False
         self._polled_ms = now
-        newer = self.reader.poll()
-        if newer is None or not self.generation().is_stale(newer.epoch):
+        current = self.reader.current()
+        seen = self.reader.seen
+        if (current is None and seen.value) or (current is not None and current.epoch < seen):
+            found = f"generation {current.generation}" if current else "no handoff record"
+            raise HandoffRolledBack(
+                f"edge {self.name!r}: the handoff store holds {found}, but generation "
+                f"{seen.value} was published: it was rolled back (docs/semantics/pipeline.md "
+                "§2.3)"
+            )
+        if current is None or not seen.is_stale(current.epoch):
             return False
-        self.rebind(newer)
+        self.reader.seen = current.epoch
+        if not self.generation().is_stale(current.epoch):
+            return False
+        self.rebind(current)
         return True
 
     def stale(self, stamped: FenceEpoch) -> bool:

@@ -21,6 +21,7 @@ from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import (
     EdgeOwned,
     EdgeUnavailable,
+    HandoffRolledBack,
     RelocatableQueueEdge,
     client_factory,
 )
@@ -260,7 +261,7 @@ class PipelineRunner:
                 log.error("stage %s: %s; this instance stops", run.name, error)
                 self._end(run, f"stage {run.name!r} is superseded: {error}")
                 return
-            except EdgeOwned as error:
+            except (EdgeOwned, HandoffRolledBack) as error:
                 # Another pipeline's topic: no restart changes that
                 # (docs/semantics/pipeline.md §8.2).
                 log.error("stage %s: %s", run.name, error)
