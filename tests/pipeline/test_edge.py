@@ -4,6 +4,7 @@ backoff, time to recover, relocation on a failed push, and the runner's /metrics
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -365,3 +366,38 @@ def test_a_rolled_back_handoff_record_stops_the_consumer_instead_of_stalling_it(
     producer.writer.store.put(handoff_key(producer.name), msgspec.json.encode(first))
     with pytest.raises(HandoffRolledBack, match="holds generation 1, but generation 2"):
         consumer.pop(100)
+
+
+def test_a_busy_stage_saves_its_checkpoint_at_most_every_interval(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/semantics/pipeline.md §4.2: a moving position is saved at most every
+    # checkpoint_interval_ms, an idle step saves what moved at once, and a stage saves
+    # at least every second (a superseded instance learns it is).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    sink_states = StageStateStore(states.store)
+    saved: list[int] = []
+    save = sink_states.save
+    sink_states.save = lambda state: (saved.append(clock.now_ms()), save(state))[1]  # type: ignore[method-assign]
+    source = Stage("produce", produce, states=states, output=edge("ck", "sink", 10**6),
+                   events=100, batch=5, clock=clock, checkpoint_interval_ms=200)  # fmt: skip
+    sink = Stage("sink", deliver, states=sink_states, input=edge("ck", "sink", 10**6),
+                 batch=5, clock=clock, checkpoint_interval_ms=200,
+                 sink=Sink(fleet.sink.url, f"ck-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(20):  # busy: 5 events a step, 50 ms apart
+        source.step()
+        assert sink.step() == 5
+        clock.advance(50)
+    assert 4 <= len(saved) <= 6  # 1 s of steps, one save per 200 ms
+    assert all(b - a >= 200 for a, b in itertools.pairwise(saved))
+    sink.step()  # idle: what moved is saved at once, and the producer is acknowledged
+    source.step()
+    assert source.finished() and len(saved) <= 7
+    before = len(saved)
+    for _ in range(30):  # idle and nothing moves for 2.9 s: a save a second
+        sink.step()
+        clock.advance(100)
+    assert len(saved) - before == 2

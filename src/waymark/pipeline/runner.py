@@ -66,6 +66,7 @@ def build_stage(
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
+        checkpoint_interval_ms=spec.checkpoint_interval_ms,
     )  # fmt: skip
 
 

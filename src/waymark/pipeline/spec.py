@@ -62,6 +62,7 @@ class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] | None = None
     restart: _Restart = msgspec.field(default_factory=_Restart)
     dead_letter: _Sink | None = None
+    checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
@@ -196,6 +197,7 @@ class PipelineSpec:
     consumers: dict[str, str] = field(default_factory=dict)  # edge -> its reading stage
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
+    checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
@@ -270,7 +272,8 @@ class PipelineSpec:
                                 r.max_attempts)  # fmt: skip
         dead = top.dead_letter
         return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
-                   SinkSpec(dead.url, dead.topic) if dead else None)  # fmt: skip
+                   SinkSpec(dead.url, dead.topic) if dead else None,
+                   top.checkpoint_interval_ms)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:

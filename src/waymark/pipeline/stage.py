@@ -141,6 +141,7 @@ class Stage:
         identity: PipelineIdentity | None = None,
         dead_letter: Sink | None = None,
         poison: dict[bytes, tuple[int, str]] | None = None,
+        checkpoint_interval_ms: int = 0,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -160,6 +161,9 @@ class Stage:
         # Each goes to ``dead_letter`` instead of the function (docs/semantics/pipeline.md §9.2).
         self.poison = poison if poison is not None else {}
         self.dead_letter = dead_letter
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self._saved: tuple[Position | None, int] | None = None  # what the last save held
+        self._saved_ms: int | None = None
         self.stats = StageStats()
         self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
@@ -175,6 +179,7 @@ class Stage:
             output_edge=self.output.name if self.output else None,
         )
         self.state = self.states.claim(fresh, self.instance)
+        self._saved = (self.state.input, self.state.source_offset)
         self.next_event = self.state.source_offset
         if self.input is not None:
             self.input.resume(self.state.input)
@@ -265,12 +270,14 @@ class Stage:
             self.sink.write(records)
             self.stats.latencies_ms.extend(records.latencies_ms(self.clock.now_ms()))
         self.stats.processed += taken
-        self.checkpoint()
+        self.checkpoint(now=taken == 0)
         return taken
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, now: bool = True) -> None:
         """Persist how far the input is fully acknowledged downstream
-        (docs/semantics/pipeline.md §4.1)."""
+        (docs/semantics/pipeline.md §4.1): when it moved, at most every
+        ``checkpoint_interval_ms`` unless ``now`` (an idle step saves what it has at
+        once, so the last acknowledgements never wait)."""
         oldest = self.output.oldest_origin() if self.output is not None else None
         state = self.state
         if self.input is None:
@@ -279,10 +286,21 @@ class Stage:
             state.input = Position(oldest.generation, oldest.seq - 1)
         else:
             state.input = self.input.cursor
+        moved = (state.input, state.source_offset) != self._saved
+        clock_ms = self.clock.now_ms()
+        since = None if self._saved_ms is None else clock_ms - self._saved_ms
+        interval = self.checkpoint_interval_ms
+        due = since is None or since >= interval
+        # A save also tells a superseded instance that it is (§4.4): at least every
+        # second even when nothing moved.
+        heartbeat = since is None or since >= max(interval, 1000)
+        if interval and not (moved and (now or due)) and not heartbeat:
+            return  # saving less often only makes a restart replay more (§4.1)
         if self.output is not None:
             downstream = self.states.load(self.output.consumer)
             state.output = downstream.input if downstream is not None else None
         self.states.save(state)
+        self._saved, self._saved_ms = (state.input, state.source_offset), clock_ms
         if self.input is not None and state.input is not None:
             self.input.release(state.input)
 
