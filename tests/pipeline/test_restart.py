@@ -6,6 +6,7 @@ tests/pipeline/test_runner.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,9 +95,12 @@ def test_a_poison_event_goes_to_the_dead_letter_topic_and_the_rest_is_delivered(
     assert dead.meta["wm.stage"] == "transform" and dead.meta["wm.attempts"] == "2"
     assert dead.meta["wm.error"] == "ValueError: poison 7"
     assert dead.meta["wm.event"].endswith("/produce:7")
-    status = subprocess.run([WAYMARK, "pipeline", "status", str(tmp_path / "poison.toml"),
-                             "--json"], capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert '"dead_lettered": 1' in status.stdout, status.stdout
+    status = json.loads(subprocess.run(
+        [WAYMARK, "pipeline", "status", str(tmp_path / "poison.toml"), "--json"],
+        capture_output=True, text=True, timeout=60, check=True).stdout)  # fmt: skip
+    assert status["stages"]["transform"]["dead_lettered"] == 1
+    assert {e: (s["generation"], s["lag"]) for e, s in status["edges"].items()} == {
+        "raw": (1, 0), "enriched": (1, 0)}  # fmt: skip
 
 
 def test_without_a_dead_letter_topic_a_poison_event_stops_the_pipeline_naming_it(
@@ -109,3 +113,8 @@ def test_without_a_dead_letter_topic_a_poison_event_stops_the_pipeline_naming_it
     assert "pipeline poison stopped: stage 'transform': its function failed on event" in message
     assert "/produce:7" in message and "ValueError: poison 7" in message, message
     assert "it failed 2 times and the pipeline has no dead_letter topic" in message, message
+    status = json.loads(subprocess.run(
+        [WAYMARK, "pipeline", "status", str(tmp_path / "poison.toml"), "--json"],
+        capture_output=True, text=True, timeout=60, check=True).stdout)  # fmt: skip
+    assert status["edges"]["raw"]["lag"] == EVENTS  # the transform acknowledged none
+    assert status["stages"]["transform"]["last_error"].endswith("ValueError: poison 7")

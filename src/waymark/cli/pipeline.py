@@ -52,18 +52,20 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
 
     from waymark.pipeline.identity import load_identity
     from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_statuses
+    from waymark.pipeline.runner import edge_lag, edge_statuses
 
     identity = load_identity(store)
     run = f" (run {identity.run})" if identity is not None else ""
     edges = Table(title=f"pipeline {spec.name}{run}: edges")
-    for column in ("edge", "generation", "server", "topic", "consumer"):
-        edges.add_column(column, justify="right" if column == "generation" else "left")
+    for column in ("edge", "generation", "server", "topic", "consumer", "lag"):
+        edges.add_column(column, justify="right" if column in ("generation", "lag") else "left")
     for status in edge_statuses(spec, store):
         loc = status.locator
+        lag = edge_lag(spec, store, status) if loc else None
         edges.add_row(status.edge, str(loc.generation) if loc else "-",
                       loc.server if loc else "(not placed)", loc.topic if loc else "-",
-                      spec.consumers[status.edge])  # fmt: skip
+                      spec.consumers[status.edge],
+                      "-" if lag is None else f"{lag:,}")  # fmt: skip
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
                    "time to recover", "restarts", "dead letters", "state"):  # fmt: skip
@@ -89,7 +91,7 @@ def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
 
     from waymark.pipeline.identity import load_identity
     from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_statuses
+    from waymark.pipeline.runner import edge_lag, edge_statuses
 
     identity = load_identity(store)
     return {
@@ -101,6 +103,7 @@ def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
                 "server": s.locator.server if s.locator else None,
                 "topic": s.locator.topic if s.locator else None,
                 "consumer": spec.consumers[s.edge],
+                "lag": edge_lag(spec, store, s),
             }
             for s in edge_statuses(spec, store)
         },

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from waymark.client import ApiError, Client, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import (
@@ -361,6 +362,25 @@ class EdgeStatus:
 
 def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
     return [EdgeStatus(e, HandoffReader(store, e).current()) for e in spec.edges]
+
+
+def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> int | None:
+    """Records on the edge's current placement its consumer has not acknowledged: the
+    topic's head past the consumer's checkpointed input position (or past the
+    placement's start when that is of another generation); None when the edge is not
+    placed or its server does not answer within a second."""
+    loc = status.locator
+    if loc is None:
+        return None
+    state = StageStateStore(store).load(spec.consumers[status.edge])
+    acked = state.input if state is not None else None
+    done = acked.seq if acked is not None and acked.generation == loc.generation else loc.start_seq
+    try:
+        with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
+            head = client.get_topic(loc.topic, touch=False).head_seq
+    except (TransportError, ApiError):
+        return None
+    return max(0, head - done)
 
 
 class PipelineCollector(Collector):
