@@ -134,6 +134,20 @@ def test_two_pipelines_sharing_edge_names_and_servers_each_get_their_own_events(
     assert sink_events(fleet.sink.url, "beta-out") == exactly(500)
 
 
+def test_a_handoff_store_of_another_pipeline_is_refused(tmp_path: Path, fleet: Fleet) -> None:
+    alpha = write_spec(tmp_path, fleet, "a", name="alpha", sink_topic="one-store", events=1)
+    establish(open_store((tmp_path / "handoff-a").as_uri()), "alpha")
+    beta = alpha.read_text().replace('name = "alpha"', 'name = "beta"')
+    (tmp_path / "beta.toml").write_text(beta)
+    done = subprocess.run([WAYMARK, "pipeline", "run", str(tmp_path / "beta.toml")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith(
+        "the handoff store belongs to pipeline 'alpha', not 'beta': give each pipeline its "
+        "own handoff store"
+    ), done.stderr
+
+
 def test_a_server_refuses_a_second_owner_of_a_topic_even_after_a_restart(
     tmp_path: Path, spawn_server: Callable[..., ServerProcess]
 ) -> None:

@@ -191,7 +191,9 @@ def run(
     try:
         runner = PipelineRunner(spec, stage)
     except (KeyError, IdentityError) as error:
-        raise typer.BadParameter(str(error)) from error
+        message = error.args[0] if isinstance(error, KeyError) else str(error)
+        typer.echo(f"{spec_path}: {message}", err=True)
+        raise typer.Exit(2) from None
     console = Console(stderr=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:
