@@ -32,8 +32,8 @@ from waymark.pipeline import (
     output_event,
 )
 from waymark.pipeline.demo import deliver, produce
-from waymark.pipeline.edge import Connect, HandoffRolledBack
-from waymark.pipeline.locator import handoff_key
+from waymark.pipeline.edge import Connect
+from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.protocol import Limits

@@ -37,6 +37,7 @@ from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.locator import (
     Fenced,
     HandoffReader,
+    HandoffRolledBack,
     HandoffWriter,
     Observed,
     QueueLocator,
@@ -50,12 +51,6 @@ Connect = Callable[[str], Client]
 
 class EdgeUnavailable(Exception):
     """The edge could not be reached nor moved within the retry budget."""
-
-
-class HandoffRolledBack(Exception):
-    """The handoff record names an older generation than one already seen, or is gone
-    (the store was restored or tampered with; docs/semantics/pipeline.md §2.3): a
-    consumer that waited for a newer one would stall silently, so it stops instead."""
 
 
 class EdgeOwned(Exception):
@@ -424,12 +419,7 @@ class RelocatableQueueEdge:
         current = self.reader.current()
         seen = self.reader.seen
         if (current is None and seen.value) or (current is not None and current.epoch < seen):
-            found = f"generation {current.generation}" if current else "no handoff record"
-            raise HandoffRolledBack(
-                f"edge {self.name!r}: the handoff store holds {found}, but generation "
-                f"{seen.value} was published: it was rolled back (docs/semantics/pipeline.md "
-                "§2.3)"
-            )
+            raise HandoffRolledBack(self.name, current, seen.value)
         if current is None or not seen.is_stale(current.epoch):
             return False
         self.reader.seen = current.epoch

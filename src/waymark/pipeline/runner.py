@@ -22,12 +22,11 @@ from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.edge import (
     EdgeOwned,
     EdgeUnavailable,
-    HandoffRolledBack,
     RelocatableQueueEdge,
     client_factory,
 )
 from waymark.pipeline.identity import PipelineIdentity, establish
-from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.locator import HandoffReader, HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
