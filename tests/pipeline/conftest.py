@@ -12,9 +12,12 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from tests.conftest import ServerProcess, start_server
+
+from waymark.objstore import OVERWRITE, ObjectStore, ObjectStoreError, ObjectVersion, PutMode
 
 
 class FaultProxy:
@@ -109,3 +112,43 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for server in [*servers, sink]:
         server.process.kill()
         server.process.wait()
+
+
+class StoreFaults:
+    """A fault injector for an object store (the file:// store has no network to cut):
+    while ``down`` every call fails as an outage; ``lose`` makes that many writes land
+    and then fail as an outage, the answer lost on its way back."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.lose = 0
+
+    def wrap(self, store: ObjectStore) -> ObjectStore:
+        return cast(ObjectStore, _FaultyStore(store, self))
+
+
+class _FaultyStore:
+    def __init__(self, inner: ObjectStore, faults: StoreFaults) -> None:
+        self.inner, self.faults = inner, faults
+        self.url, self.capabilities = inner.url, inner.capabilities
+
+    def _check(self) -> None:
+        if self.faults.down:
+            raise ObjectStoreError("injected outage")
+
+    def __getattr__(self, name: str) -> Any:  # reads: get, head, list, ...
+        call = getattr(self.inner, name)
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            self._check()
+            return call(*args, **kwargs)
+
+        return checked
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = OVERWRITE) -> ObjectVersion:
+        self._check()
+        version = self.inner.put(key, data, mode=mode)
+        if self.faults.lose > 0:
+            self.faults.lose -= 1
+            raise ObjectStoreError(f"injected: the answer to put {key} was lost")
+        return version

@@ -30,14 +30,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from tests.conftest import ServerProcess
-from tests.pipeline.conftest import Fleet
+from tests.pipeline.conftest import Fleet, StoreFaults
 from tests.pipeline.test_processes import sink_events
 
 from waymark.client import ApiError, Client, ConfigPatch, ErrorCode
 from waymark.clock import ManualClock
-from waymark.objstore import ObjectStore, open_store
+from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline import (
     EdgeUnavailable,
     RelocatableQueueEdge,
@@ -47,6 +52,7 @@ from waymark.pipeline import (
     client_factory,
 )
 from waymark.pipeline.identity import PipelineIdentity, establish
+from waymark.pipeline.patience import PatientStore
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -214,8 +220,12 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
             self.clock = ManualClock()
             self.connect = client_factory(timeout_s=5.0, connect_s=1.0)
             self.runs: list[Run] = []
+            self.faults = StoreFaults()  # every run's handoff store goes through it
             for proxy in proxies:
                 proxy.up()
+
+        def _sleep(self, seconds: float) -> None:
+            self.clock.advance(int(seconds * 1000))
 
         def _start(self, run: Run, name: str) -> None:
             """A stage of ``run`` as the runner builds it; any earlier instance and its
@@ -243,7 +253,7 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
                 )  # fmt: skip
             try:
                 stage.start()
-            except EdgeUnavailable:
+            except (EdgeUnavailable, ObjectStoreError):
                 run.stages[name] = None  # it could not place its edge: started again later
                 return
             run.stages[name] = stage
@@ -255,14 +265,19 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
                 return
             try:
                 stage.step()
-            except EdgeUnavailable:
+            except (EdgeUnavailable, ObjectStoreError):
                 run.stages[name] = None  # the stage gave up: a crash, restarted later
 
         # --- rules --------------------------------------------------------------------
+        @precondition(lambda self: not self.faults.down)
         @rule(pipeline=st.sampled_from(PIPELINES))
         def new_run(self, pipeline: str) -> None:
             """A run on a fresh handoff store: the first of ``pipeline`` or a rerun."""
-            store = open_store(f"file://{tempfile.mkdtemp(prefix='handoff-')}")
+            # as the runner opens it: outages waited out within a budget
+            # (docs/semantics/pipeline.md §10), here 2 s of the injected clock
+            raw = open_store(f"file://{tempfile.mkdtemp(prefix='handoff-')}")
+            store = PatientStore(self.faults.wrap(raw), clock=self.clock, sleep=self._sleep,
+                                 budget_s=2.0)  # fmt: skip
             run = Run(f"{pipeline}#{len(self.runs)}", store, establish(store, pipeline))
             self.runs.append(run)
             for name in STAGES:
@@ -288,11 +303,26 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
         def server_returns(self, i: int) -> None:
             proxies[i].up()
 
+        @rule()
+        def store_goes_down(self) -> None:
+            self.faults.down = True
+
+        @rule()
+        def store_comes_back(self) -> None:
+            self.faults.down = False
+
+        @rule(n=st.integers(1, 3))
+        def store_loses_answers(self, n: int) -> None:
+            """The next n writes land, but their answers are lost: the retries must
+            find and accept their own writes (docs/semantics/pipeline.md §10)."""
+            self.faults.lose = n
+
         # --- the end: every server back, every run to its end ----------------------------
         def teardown(self) -> None:
             try:
                 for proxy in proxies:
                     proxy.up()
+                self.faults.down, self.faults.lose = False, 0
                 for _ in range(60):
                     unfinished = [
                         run for run in self.runs
