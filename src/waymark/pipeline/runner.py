@@ -263,8 +263,8 @@ class PipelineRunner:
                 self._end(run, f"stage {run.name!r} is superseded: {error}")
                 return
             except (EdgeOwned, HandoffRolledBack) as error:
-                # Another pipeline's topic: no restart changes that
-                # (docs/semantics/pipeline.md §8.2).
+                # Another pipeline's topic, or a handoff store gone back in time: no
+                # restart mends either (docs/semantics/pipeline.md §9.3).
                 log.error("stage %s: %s", run.name, error)
                 self._end(run, f"stage {run.name!r}: {error}")
                 return
