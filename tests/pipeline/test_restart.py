@@ -32,7 +32,7 @@ def enrich(event):
 
 def spec(root: Path, url: str, sink_topic: str, dead_letter: str | None) -> Path:
     """produce -> raw -> transform (fails on event 7) -> enriched -> sink, its function
-    in a module next to the spec."""
+    in a module next to the pipeline file."""
     (root / "poison_stages.py").write_text(STAGES)
     dead = f'\n[pipeline.dead_letter]\nurl = "{url}"\ntopic = "{dead_letter}"\n'
     path = root / "poison.toml"

@@ -54,8 +54,8 @@ class EdgeUnavailable(Exception):
 
 
 class EdgeOwned(Exception):
-    """A server holds the edge's topic for another pipeline (docs/semantics/pipeline.md
-    §8.2): never retried, the pipeline stops."""
+    """A server holds the edge's topic for another pipeline: never retried, the
+    pipeline stops (docs/semantics/pipeline.md §8.2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,8 +285,8 @@ class RelocatableQueueEdge:
             # Each record's id is its event id and the generation: a retried write in one
             # generation is absorbed, a replay into the next one is not
             # (docs/semantics/pipeline.md §3.1).
-            # One write at most carries what the server takes (docs/semantics/pipeline.md
-            # §3.7); the loop writes the rest, each chunk placed as it lands.
+            # One write carries at most what the server takes; the loop writes the rest,
+            # each chunk placed as it lands (docs/semantics/pipeline.md §3.7).
             end = self.unacked.chunk_end(start)
             body = self.unacked.edge_records(start, locator.generation, end)
             began = self.clock.now_ms()

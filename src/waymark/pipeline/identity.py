@@ -27,7 +27,7 @@ class IdentityError(ValueError):
 
 
 class PipelineIdentity(msgspec.Struct, frozen=True, kw_only=True):
-    """``pipeline``: the spec's name; ``run``: the handoff store's id (12 hex digits,
+    """``pipeline``: the pipeline file's name; ``run``: the handoff store's id (12 hex digits,
     random, written once with a create-only put)."""
 
     pipeline: str

@@ -101,7 +101,7 @@ class PipelineRunner:
         sleep: Callable[[float], object] | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        """``restart`` defaults to the spec's; ``sleep`` waits before a restart
+        """``restart`` defaults to the pipeline file's; ``sleep`` waits before a restart
         (default: until the delay passes or :meth:`stop`), a test injects one that
         advances a manual ``clock``, and ``rng`` for the jitter."""
         self.spec = spec

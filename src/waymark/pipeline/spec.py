@@ -6,7 +6,7 @@ Validated whole before anything runs: the file's shape and types with msgspec
 (unknown keys refused, with the closest known key offered), ranges, names, the
 topology (every edge produced and consumed once, no duplicate names), each output
 edge's capacity against its producers' batch, and every function imported (the
-spec's directory on the import path). Each problem is one line naming where it is.
+file's directory on the import path). Each problem is one line naming where it is.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class PipelineSpec:
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
-        """The pipeline in ``path``, validated, every function imported. The spec's
+        """The pipeline in ``path``, validated, every function imported. The file's
         directory goes on the import path first, so ``myapp.stages:produce`` next to
         it imports without ``PYTHONPATH``."""
         try:

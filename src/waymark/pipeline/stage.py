@@ -291,11 +291,12 @@ class Stage:
         since = None if self._saved_ms is None else clock_ms - self._saved_ms
         interval = self.checkpoint_interval_ms
         due = since is None or since >= interval
-        # A save also tells a superseded instance that it is (§4.4): at least every
+        # A save also tells a superseded instance that it is
+        # (docs/semantics/pipeline.md §4.4): at least every
         # second even when nothing moved.
         heartbeat = since is None or since >= max(interval, 1000)
         if interval and not (moved and (now or due)) and not heartbeat:
-            return  # saving less often only makes a restart replay more (§4.1)
+            return  # less often only replays more (docs/semantics/pipeline.md §4.1)
         if self.output is not None:
             downstream = self.states.load(self.output.consumer)
             state.output = downstream.input if downstream is not None else None
