@@ -224,6 +224,8 @@ def test_the_runner_exports_pipeline_metrics(fleet: Fleet, tmp_path: Path) -> No
     assert 'waymark_pipeline_processed{stage="produce"} 50.0' in text
     assert 'waymark_pipeline_processed{stage="sink"} 50.0' in text
     assert f'waymark_pipeline_edge_generation{{edge="r{run}",server="{fleet.urls[0]}"}} 1.0' in text
+    assert f'waymark_pipeline_edge_lag{{edge="r{run}"}} 0.0' in text  # all acknowledged
+    assert 'waymark_pipeline_dead_lettered{stage="sink"} 0.0' in text
     assert 'waymark_pipeline_latency_seconds_count{phase="before"} 50.0' in text
 
 

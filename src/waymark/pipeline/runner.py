@@ -399,6 +399,7 @@ class PipelineCollector(Collector):
             "stale_dropped": "Records of an older generation this stage dropped.",
             "disconnects": "Failed requests to an edge server.",
             "restarts": "Restarts of this stage from its checkpoint.",
+            "dead_lettered": "Poison events this stage sent to the dead-letter topic.",
             "processed": "Input records (or events) this stage took.",
         }
         for key, doc in counters.items():
@@ -417,8 +418,17 @@ class PipelineCollector(Collector):
             "waymark_pipeline_edge_generation", "Current generation of each edge.",
             labels=["edge", "server"],
         )  # fmt: skip
-        for status in edge_statuses(runner.spec, runner.store):
+        lag = GaugeMetricFamily(
+            "waymark_pipeline_edge_lag",
+            "Seqs on each edge's current placement past its consumer's checkpoint.",
+            labels=["edge"],
+        )  # fmt: skip
+        for status in edge_statuses(runner.spec, runner.store.inner):
             if status.locator is not None:
                 generation.add_metric([status.edge, status.locator.server],
                                       status.locator.generation)  # fmt: skip
+                behind = edge_lag(runner.spec, runner.store.inner, status)
+                if behind is not None:
+                    lag.add_metric([status.edge], behind)
         yield generation
+        yield lag
