@@ -27,8 +27,8 @@ from waymark.objstore import open_store
 from waymark.pipeline.spec import PipelineSpec
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
-EVENTS = 10_000
-OUTAGE_S = 4.0
+EVENTS = 6_000
+OUTAGE_S = 3.0
 
 
 @pytest.fixture
