@@ -12,14 +12,18 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from tests.conftest import ServerProcess, start_server
 
+from waymark.objstore import OVERWRITE, ObjectStore, ObjectStoreError, ObjectVersion, PutMode
+
 
 class FaultProxy:
     """Forwards TCP to one server; :meth:`down` makes the server look dead (every open
-    connection cut, new ones closed at once) until :meth:`up`."""
+    connection cut, new ones closed at once) until :meth:`up`; :meth:`hang` makes it
+    look hung (connections stay open, nothing is forwarded either way)."""
 
     def __init__(self, target_url: str) -> None:
         host, port = target_url.removeprefix("http://").rsplit(":", 1)
@@ -27,6 +31,8 @@ class FaultProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.is_down = False
+        self.flowing = threading.Event()  # cleared while hung
+        self.flowing.set()
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -50,10 +56,10 @@ class FaultProxy:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                self.flowing.wait()  # held while hung
                 sink.sendall(data)
         except OSError:
             pass
@@ -72,6 +78,10 @@ class FaultProxy:
 
     def up(self) -> None:
         self.is_down = False
+        self.flowing.set()
+
+    def hang(self) -> None:
+        self.flowing.clear()
 
     def close(self) -> None:
         self.listener.close()
@@ -102,3 +112,43 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for server in [*servers, sink]:
         server.process.kill()
         server.process.wait()
+
+
+class StoreFaults:
+    """A fault injector for an object store (the file:// store has no network to cut):
+    while ``down`` every call fails as an outage; ``lose`` makes that many writes land
+    and then fail as an outage, the answer lost on its way back."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.lose = 0
+
+    def wrap(self, store: ObjectStore) -> ObjectStore:
+        return cast(ObjectStore, _FaultyStore(store, self))
+
+
+class _FaultyStore:
+    def __init__(self, inner: ObjectStore, faults: StoreFaults) -> None:
+        self.inner, self.faults = inner, faults
+        self.url, self.capabilities = inner.url, inner.capabilities
+
+    def _check(self) -> None:
+        if self.faults.down:
+            raise ObjectStoreError("injected outage")
+
+    def __getattr__(self, name: str) -> Any:  # reads: get, head, list, ...
+        call = getattr(self.inner, name)
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            self._check()
+            return call(*args, **kwargs)
+
+        return checked
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = OVERWRITE) -> ObjectVersion:
+        self._check()
+        version = self.inner.put(key, data, mode=mode)
+        if self.faults.lose > 0:
+            self.faults.lose -= 1
+            raise ObjectStoreError(f"injected: the answer to put {key} was lost")
+        return version

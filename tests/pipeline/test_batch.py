@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 
 from waymark.client import RecordIn
 from waymark.pipeline import InFlight, Position
-from waymark.pipeline.batch import BORN, EVENT, GEN
+from waymark.pipeline.batch import BORN, EVENT, GEN, RECORD_OVERHEAD
 
 
 @dataclass
@@ -268,3 +268,24 @@ def test_offsets_not_rebased_on_a_middle_release_are_caught(
     monkeypatch.setattr(InFlight, "_rebased", lambda self, mask: self.ints[:, mask].copy())
     with pytest.raises(AssertionError):
         run_machine()
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(st.lists(recs, max_size=12), st.integers(1, 5), st.integers(1, 400))
+def test_chunks_fit_one_write_and_cover_everything_in_order(
+    records: list[Rec], max_records: int, max_bytes: int
+) -> None:
+    # docs/semantics/pipeline.md §3.7: at most max_records per write, within max_bytes
+    # unless a single record alone is larger, every record once, in order.
+    batch = of(records)
+    start, joined = 0, InFlight.empty()
+    while start < len(batch):
+        end = batch.chunk_end(start, max_records, max_bytes)
+        assert start < end <= start + max_records
+        piece = batch.between(start, end)
+        size = sum(2 * len(piece.event_json(i)) + len(piece.value(i)) + RECORD_OVERHEAD
+                   for i in range(len(piece)))  # fmt: skip
+        assert size <= max_bytes or len(piece) == 1
+        joined += piece
+        start = end
+    assert contents(joined) == contents(batch)

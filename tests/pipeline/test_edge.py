@@ -4,6 +4,7 @@ backoff, time to recover, relocation on a failed push, and the runner's /metrics
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 from prometheus_client import generate_latest
 from tests.pipeline.conftest import FaultProxy, Fleet
@@ -31,8 +33,10 @@ from waymark.pipeline import (
 )
 from waymark.pipeline.demo import deliver, produce
 from waymark.pipeline.edge import Connect
+from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
+from waymark.protocol import Limits
 
 
 def edges(fleet: Fleet, tmp_path: Path, clock: ManualClock) -> tuple[RelocatableQueueEdge, ...]:
@@ -172,7 +176,7 @@ def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
         page = client.diff(f"cap-{run}", 0, limit=1000)
         assert sorted(r.data["event_id"] for r in page.records) == list(range(60))
     with Client(fleet.urls[0]) as client:
-        assert client.get_topic(f"edge.cap-{run}").count <= 10
+        assert client.get_topic(sink.input.topic).count <= 10  # type: ignore[union-attr]
 
 
 def test_retries_are_bounded_and_backed_off_on_the_injected_clock(
@@ -220,6 +224,8 @@ def test_the_runner_exports_pipeline_metrics(fleet: Fleet, tmp_path: Path) -> No
     assert 'waymark_pipeline_processed{stage="produce"} 50.0' in text
     assert 'waymark_pipeline_processed{stage="sink"} 50.0' in text
     assert f'waymark_pipeline_edge_generation{{edge="r{run}",server="{fleet.urls[0]}"}} 1.0' in text
+    assert f'waymark_pipeline_edge_lag{{edge="r{run}"}} 0.0' in text  # all acknowledged
+    assert 'waymark_pipeline_dead_lettered{stage="sink"} 0.0' in text
     assert 'waymark_pipeline_latency_seconds_count{phase="before"} 50.0' in text
 
 
@@ -273,6 +279,127 @@ def test_several_outputs_per_input_with_awkward_ids_reach_the_sink_once(
         assert sorted((r.data["n"], r.data["k"]) for r in page.records) == expected
         # each was written under the id output_event gives it: the same ids again are
         # absorbed by the sink's idempotency window, and a new one is not
-        ids = [output_event(f"{name}:{n}", k) for n, k in expected] + ["new"]
+        ids = [output_event(source.identity.event(name, n), "fan", k) for n, k in expected]
+        ids.append("new")
         sink.sink.write(InFlight.of(ids, [b"0"] * len(ids)))  # type: ignore[union-attr]
         assert client.get_topic(f"fan-{run}").count == len(expected) + 1
+
+
+def test_a_push_and_a_replay_above_the_servers_write_limit_are_written_in_chunks(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # The server takes at most Limits.max_records_per_write records per append; a push
+    # of more (one batch's fan-out) and the replay after a move are cut to fit
+    # (docs/semantics/pipeline.md §3.7).
+    over = Limits().max_records_per_write + 2_000
+    producer, consumer, dead = pushed(fleet, tmp_path, over)
+    assert producer.unacked.written() == over
+    dead.down()
+    try:
+        producer.settle()  # an idle producer moves the edge and writes all of it again
+        assert producer.generation().value == 2 and producer.stats.replayed == over
+        got = consumer.pop(10_000)  # the dead server: it rebinds
+        while len(more := consumer.pop(10_000)):
+            got += more
+        assert sorted(got.event_ids()) == sorted(f"p:{n}" for n in range(over))
+    finally:
+        dead.up()
+
+
+def test_a_fan_out_above_the_write_limit_reaches_the_sink_once(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # 500 events, 25 outputs each: one step of the transform pushes 12,500 records; the
+    # sink stage doubles what it pops, 10,000 at a time, and writes that in chunks too
+    # (docs/semantics/pipeline.md §3.7).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("src", "fan", 10**6),
+                   events=500, batch=500, clock=clock)  # fmt: skip
+    fan = Stage("fan", lambda e: [{**e, "k": k} for k in range(25)], states=states,
+                input=edge("src", "fan", 10**6), output=edge("out", "sink", 10**6),
+                batch=500, clock=clock)  # fmt: skip
+    sink = Stage("sink", lambda e: [e, e], states=states, input=edge("out", "sink", 10**6),
+                 clock=clock, batch=10_000,
+                 sink=Sink(fleet.sink.url, f"wide-{run}", connect=connect))  # fmt: skip
+    for stage in (source, fan, sink):
+        stage.start()
+    for _ in range(20):
+        if source.finished() and not fan.output.unacked:  # type: ignore[union-attr]
+            break
+        for stage in (source, fan, sink):
+            stage.step()
+    assert source.finished()
+    with Client(fleet.sink.url) as client:
+        assert client.get_topic(f"wide-{run}").count == 500 * 25 * 2
+
+
+def test_time_to_recover_counts_from_the_call_a_hung_server_never_answered(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A hung server answers nothing until the client's timeout (0.5 s here): the outage
+    # began when the unanswered call did, not when its timeout fired.
+    producer = RelocatableQueueEdge(
+        f"h-{uuid.uuid4().hex[:8]}", fleet.urls[:2], open_store(tmp_path.as_uri()),
+        consumer="c", connect=client_factory(0.5, 0.5), retries=4, poll_interval_ms=0,
+    )  # fmt: skip
+    producer.push(items(0, 3))
+    assert producer.locator is not None
+    hung = next(p for p in fleet.proxies if p.url == producer.locator.server)
+    hung.hang()
+    try:
+        producer.push(items(3, 5))  # times out, moves, writes all five again
+        assert producer.generation().value == 2
+        assert producer.stats.recover_s and producer.stats.recover_s[0] >= 0.5
+    finally:
+        hung.up()
+
+
+def test_a_rolled_back_handoff_record_stops_the_consumer_instead_of_stalling_it(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    producer, consumer, _ = pushed(fleet, tmp_path, 3)
+    first = producer.locator
+    assert first is not None
+    producer.relocate()
+    consumer.pop(100)  # follows the move: bound to generation 2
+    assert consumer.generation().value == 2
+    # the store restored from a backup taken at generation 1
+    producer.writer.store.put(handoff_key(producer.name), msgspec.json.encode(first))
+    with pytest.raises(HandoffRolledBack, match="holds generation 1, but generation 2"):
+        consumer.pop(100)
+
+
+def test_a_busy_stage_saves_its_checkpoint_at_most_every_interval(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/semantics/pipeline.md §4.2: a moving position is saved at most every
+    # checkpoint_interval_ms, an idle step saves what moved at once, and a stage saves
+    # at least every second (a superseded instance learns it is).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    sink_states = StageStateStore(states.store)
+    saved: list[int] = []
+    save = sink_states.save
+    sink_states.save = lambda state: (saved.append(clock.now_ms()), save(state))[1]  # type: ignore[method-assign]
+    source = Stage("produce", produce, states=states, output=edge("ck", "sink", 10**6),
+                   events=100, batch=5, clock=clock, checkpoint_interval_ms=200)  # fmt: skip
+    sink = Stage("sink", deliver, states=sink_states, input=edge("ck", "sink", 10**6),
+                 batch=5, clock=clock, checkpoint_interval_ms=200,
+                 sink=Sink(fleet.sink.url, f"ck-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(20):  # busy: 5 events a step, 50 ms apart
+        source.step()
+        assert sink.step() == 5
+        clock.advance(50)
+    assert 4 <= len(saved) <= 6  # 1 s of steps, one save per 200 ms
+    assert all(b - a >= 200 for a, b in itertools.pairwise(saved))
+    sink.step()  # idle: what moved is saved at once, and the producer is acknowledged
+    source.step()
+    assert source.finished() and len(saved) <= 7
+    before = len(saved)
+    for _ in range(30):  # idle and nothing moves for 2.9 s: a save a second
+        sink.step()
+        clock.advance(100)
+    assert len(saved) - before == 2

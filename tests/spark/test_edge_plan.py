@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 import waymark.spark.edge as E
-from waymark.pipeline.locator import QueueLocator
+from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.state import Position
 
 SERVERS = ("a", "b", "c")
@@ -331,3 +331,17 @@ def test_a_batch_across_a_handoff_read_from_the_old_cursor_is_caught(
 
     monkeypatch.setattr(E, "span", from_the_old_cursor)
     assert "events lost" in _fails()
+
+
+def test_a_rolled_back_handoff_fails_the_query_instead_of_stalling_it() -> None:
+    # docs/semantics/pipeline.md §2.3: the driver saw generation 2; the store now says 1
+    # (restored from a backup) or nothing: waiting for a newer one would stall silently.
+    first = QueueLocator(edge="e", server="http://a", topic="edge.p.0.e", generation=1)
+    second = QueueLocator(edge="e", server="http://b", topic="edge.p.0.e", generation=2,
+                          start_seq=5)  # fmt: skip
+    at = E.follow(E.bind(first), second)
+    assert at.generation == 2 and E.follow(at, second) == at
+    for published in (first, None):
+        with pytest.raises(HandoffRolledBack, match="but generation 2 was published"):
+            E.follow(at, published)
+    assert E.follow(E.UNPLACED, None) == E.UNPLACED

@@ -114,8 +114,10 @@ external = true
               and loc.generation >= 2, 60, "the edge to move", query)  # fmt: skip
         # A producer that missed the move writes under generation 1 into the new
         # placement (a fault injected through the public client): it must be dropped.
+        placed = HandoffReader(store, edge).current()
+        assert placed is not None
         with Client(b.url) as client:
-            client.append(f"edge.{edge}", [RecordIn.of(
+            client.append(placed.topic, [RecordIn.of(
                 {"event_id": -1}, meta={"wm.gen": "1", "wm.event": "zombie", "wm.t0": "0"},
                 id="zombie@1",
             )])  # fmt: skip

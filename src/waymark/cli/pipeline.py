@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,45 +24,142 @@ pipeline_app = typer.Typer(
 )
 
 
-def status_tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
+def status_tables(
+    spec: PipelineSpec, store: ObjectStore, *, waiting_s: float | None = None
+) -> tuple[Table, Table]:
     """The edges (generation, server) and the stages (progress, relocations, replay
-    window, time to recover), from the handoff records and the stages' reports."""
+    window, time to recover), from the handoff records and the stages' reports; while
+    the store does not answer (or the runner has waited ``waiting_s`` for it), titled
+    "waiting for the store" instead (docs/semantics/pipeline.md §10)."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_statuses
+    from waymark.objstore import ObjectStoreError
 
-    edges = Table(title=f"pipeline {spec.name}: edges")
-    for column in ("edge", "generation", "server", "topic", "consumer"):
-        edges.add_column(column, justify="right" if column == "generation" else "left")
+    try:
+        edges, stages = _tables(spec, store)
+    except ObjectStoreError as error:
+        title = f"pipeline {spec.name}: waiting for the store ({escape(str(error)[:200])})"
+        return Table(title=title), Table(title="stages")
+    if waiting_s is not None:
+        edges.title = f"{edges.title} - waiting for the store for {waiting_s:.1f} s"
+    return edges, stages
+
+
+def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from waymark.pipeline.identity import load_identity
+    from waymark.pipeline.report import load_report
+    from waymark.pipeline.runner import edge_lag, edge_statuses
+
+    identity = load_identity(store)
+    run = f" (run {identity.run})" if identity is not None else ""
+    edges = Table(title=f"pipeline {spec.name}{run}: edges")
+    for column in ("edge", "generation", "server", "topic", "consumer", "lag"):
+        edges.add_column(column, justify="right" if column in ("generation", "lag") else "left")
     for status in edge_statuses(spec, store):
         loc = status.locator
+        lag = edge_lag(spec, store, status) if loc else None
         edges.add_row(status.edge, str(loc.generation) if loc else "-",
                       loc.server if loc else "(not placed)", loc.topic if loc else "-",
-                      spec.consumers[status.edge])  # fmt: skip
+                      spec.consumers[status.edge],
+                      "-" if lag is None else f"{lag:,}")  # fmt: skip
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
-                   "time to recover", "restarts", "state"):  # fmt: skip
+                   "time to recover", "restarts", "dead letters", "state"):  # fmt: skip
         stages.add_column(column, justify="left" if column in ("stage", "state") else "right")
     for name in spec.stages:
         r = load_report(store, name)
         if r is None:
-            stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "not started")
+            stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "-", "not started")
             continue
         recover = f"{max(r.recover_s):.2f} s" if r.recover_s else "-"
+        state = "done" if r.done else "running"
+        if r.last_error and not r.done:
+            state += f" (last error: {r.last_error[:120]})"
         stages.add_row(name, f"{r.processed:,}", str(r.relocations), str(r.rebinds),
                        f"{r.replayed:,}", f"{r.stale_dropped:,}", recover, str(r.restarts),
-                       "done" if r.done else "running")  # fmt: skip
+                       f"{r.dead_lettered:,}", escape(state))  # fmt: skip
     return edges, stages
 
 
+def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
+    """What the tables show, as one JSON object (``status --json``)."""
+    import msgspec
+
+    from waymark.pipeline.identity import load_identity
+    from waymark.pipeline.report import load_report
+    from waymark.pipeline.runner import edge_lag, edge_statuses
+
+    identity = load_identity(store)
+    return {
+        "pipeline": spec.name,
+        "run": identity.run if identity is not None else None,
+        "edges": {
+            s.edge: {
+                "generation": s.locator.generation if s.locator else 0,
+                "server": s.locator.server if s.locator else None,
+                "topic": s.locator.topic if s.locator else None,
+                "consumer": spec.consumers[s.edge],
+                "lag": edge_lag(spec, store, s),
+            }
+            for s in edge_statuses(spec, store)
+        },
+        "stages": {
+            name: msgspec.to_builtins(r) if (r := load_report(store, name)) else None
+            for name in spec.stages
+        },
+    }
+
+
 def _load(spec_path: Path) -> PipelineSpec:
+    """The validated spec, every function imported; a bad one is one line on stderr and
+    exit status 2 (docs/pipeline.md, "Checking a pipeline file")."""
     from waymark.pipeline.spec import PipelineSpec, SpecError
 
     try:
         return PipelineSpec.load(spec_path)
     except SpecError as error:
-        raise typer.BadParameter(str(error)) from error
+        typer.echo(f"{spec_path}: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+@pipeline_app.command()
+def check(
+    spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The pipeline spec.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the topology as JSON.")] = False,
+) -> None:
+    """Validate a pipeline file without running it: keys, types and ranges, the
+    topology, capacities against batches, and every stage's function imported."""
+    require("pipeline", "kv")
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = _load(spec_path)
+    if as_json:
+        typer.echo(json.dumps({
+            "pipeline": spec.name, "handoff": spec.handoff,
+            "edges": {e.name: {"candidates": e.candidates, "capacity": e.capacity,
+                               "consumer": spec.consumers[e.name]} for e in spec.edges.values()},
+            "stages": {s.name: {"function": s.function or None, "input": s.input,
+                                "output": s.output, "sink": s.sink.topic if s.sink else None,
+                                "events": s.events, "batch": s.batch, "external": s.external}
+                       for s in spec.stages.values()},
+        }))  # fmt: skip
+        return
+    table = Table(title=f"pipeline {spec.name}: ok")
+    for column in ("stage", "function", "reads", "writes", "batch"):
+        table.add_column(column, justify="right" if column == "batch" else "left")
+    for s in spec.stages.values():
+        reads = s.input or (f"{s.events:,} events" if s.events is not None else "-")
+        writes = s.output or (f"{s.sink.topic} on {s.sink.url}" if s.sink else "-")
+        table.add_row(s.name, "(external)" if s.external else s.function, reads, writes,
+                      str(s.batch))  # fmt: skip
+    Console().print(table)
 
 
 @pipeline_app.command()
@@ -85,14 +182,18 @@ def run(
     from prometheus_client import start_http_server
     from rich.console import Console, Group
     from rich.live import Live
+    from rich.markup import escape
 
+    from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
 
     spec = _load(spec_path)
     try:
         runner = PipelineRunner(spec, stage)
-    except KeyError as error:
-        raise typer.BadParameter(str(error)) from error
+    except (KeyError, IdentityError) as error:
+        message = error.args[0] if isinstance(error, KeyError) else str(error)
+        typer.echo(f"{spec_path}: {message}", err=True)
+        raise typer.Exit(2) from None
     console = Console(stderr=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:
@@ -101,16 +202,28 @@ def run(
     runner.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     done = False
-    with Live(Group(*status_tables(spec, runner.store)), console=console,
-              auto_refresh=False, transient=not console.is_terminal) as live:  # fmt: skip
+
+    def tables() -> Group:
+        # the store as it is, not waited for: the display never blocks on an outage
+        since = runner.store.waiting_since_ms()
+        waiting = None if since is None else (runner.clock.now_ms() - since) / 1000
+        return Group(*status_tables(spec, runner.store.inner, waiting_s=waiting))
+
+    with Live(tables(), console=console, auto_refresh=False,
+              transient=not console.is_terminal) as live:  # fmt: skip
         while not done and (deadline is None or time.monotonic() < deadline):
             done = runner.wait(0.5)
-            live.update(Group(*status_tables(spec, runner.store)), refresh=True)
+            live.update(tables(), refresh=True)
+            if runner.failure() is not None:
+                break
     runner.stop()
+    if (failure := runner.failure()) is not None:
+        console.print(f"[red]pipeline {spec.name} stopped: {escape(failure)}[/red]")
+        raise typer.Exit(1)
     if not done:
         console.print("[red]not done before --timeout-s[/red]")
         raise typer.Exit(1)
-    console.print(*status_tables(spec, runner.store))
+    console.print(*tables().renderables)
 
 
 @pipeline_app.command()
@@ -118,6 +231,7 @@ def status(
     spec_path: Annotated[Path, typer.Argument(metavar="SPEC.toml", help="The pipeline spec.")],
     watch: Annotated[bool, typer.Option(help="Keep the tables live until Ctrl-C.")] = False,
     interval_s: Annotated[float, typer.Option(help="Refresh interval with --watch.")] = 0.5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Each edge's generation and server; each stage's relocations, replay window and
     time to recover."""
@@ -130,6 +244,17 @@ def status(
     spec = _load(spec_path)
     store = open_store(spec.handoff)
     console = Console()
+    if as_json:
+        import json
+
+        from waymark.objstore import ObjectStoreError
+
+        try:
+            typer.echo(json.dumps(status_json(spec, store)))
+        except ObjectStoreError as error:
+            typer.echo(f"{spec_path}: waiting for the store: {error}", err=True)
+            raise typer.Exit(1) from None
+        return
     if not watch:
         console.print(*status_tables(spec, store))
         return

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from msgspec import UNSET
 
 from ..clock import Clock, SystemClock
 from ..protocol import (
@@ -142,6 +143,15 @@ class Engine:
                 f"topic {name!r} exists with type {topic.type!s}; a topic's type never changes",
                 {"topic": name, "type": str(topic.type), "requested": str(topic_type)},
             )
+        owner = topic.config.owner
+        if patch.owner is not UNSET and owner is not UNSET and patch.owner != owner:
+            # An owned topic is never claimed by another (docs/semantics/topics.md §2.2).
+            raise TopicError(
+                ErrorCode.TOPIC_EXISTS_INCOMPATIBLE,
+                f"topic {name!r} is owned by {owner!r}; {patch.owner!r} cannot claim it",
+                {"topic": name, "reason": "topic_owned", "owner": owner,
+                 "requested": patch.owner},
+            )  # fmt: skip
         config = topic.config.apply(patch)
         if topic.type is TopicType.QUEUE:
             check_queue_config(name, config)

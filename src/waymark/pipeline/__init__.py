@@ -20,6 +20,7 @@ from waymark.pipeline.fence import FenceEpoch
 from waymark.pipeline.locator import (
     Fenced,
     HandoffReader,
+    HandoffRolledBack,
     HandoffWriter,
     Observed,
     QueueLocator,
@@ -39,6 +40,7 @@ __all__ = [
     "FenceEpoch",
     "Fenced",
     "HandoffReader",
+    "HandoffRolledBack",
     "HandoffWriter",
     "InFlight",
     "Observed",

@@ -18,6 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from waymark.pipeline.state import Position
+from waymark.protocol import Limits
+
+# One append carries at most the server's max records per write, and a body well
+# under its max body size: ids count twice (the record id and wm.event), plus the
+# meta's keys (docs/semantics/pipeline.md §3.7).
+WRITE_RECORDS = Limits().max_records_per_write
+WRITE_BYTES = Limits().max_body_bytes // 2
+RECORD_OVERHEAD = 128
 
 # Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
 GEN = "wm.gen"
@@ -158,9 +166,32 @@ class InFlight:
         """Each record's age at ``now_ms``."""
         return (now_ms - self.ints[BORN_MS]).tolist()
 
-    def written(self, start: int = 0) -> int:
-        """How many records (from ``start`` on) have a position on the edge."""
-        return int(np.count_nonzero(self.ints[GENERATION, start:]))
+    def written(self, start: int = 0, end: int | None = None) -> int:
+        """How many records (from ``start`` to ``end``) have a position on the edge."""
+        return int(np.count_nonzero(self.ints[GENERATION, start:end]))
+
+    def chunk_end(
+        self, start: int, max_records: int = WRITE_RECORDS, max_bytes: int = WRITE_BYTES
+    ) -> int:
+        """Where one write from record ``start`` ends: at most ``max_records`` records
+        whose ids (twice) and data, with a fixed overhead each, stay within
+        ``max_bytes``; always at least one record (docs/semantics/pipeline.md §3.7)."""
+        end = min(len(self), start + max_records)
+        if end <= start + 1:
+            return end
+        e0 = int(self.ints[EVENT_END, start - 1]) if start else 0
+        d0 = int(self.ints[DATA_END, start - 1]) if start else 0
+        sizes = (2 * (self.ints[EVENT_END, start:end] - e0) + (self.ints[DATA_END, start:end] - d0)
+                 + RECORD_OVERHEAD * np.arange(1, end - start + 1))  # fmt: skip
+        return start + max(1, int(np.searchsorted(sizes, max_bytes, side="right")))
+
+    def chunks(self) -> Iterator[InFlight]:
+        """The records cut into pieces that each fit one write."""
+        start = 0
+        while start < len(self):
+            end = self.chunk_end(start)
+            yield self.between(start, end)
+            start = end
 
     def placed(self, generation: int) -> int:
         """How many leading records are written under ``generation``: a producer writes
@@ -203,6 +234,19 @@ class InFlight:
         ints[DATA_END] -= d0
         return InFlight(self.events[e0:], self.data[d0:], ints)
 
+    def before(self, end: int) -> InFlight:
+        """Records before ``end``."""
+        if end >= len(self):
+            return self
+        if end <= 0:
+            return InFlight.empty()
+        e, d = int(self.ints[EVENT_END, end - 1]), int(self.ints[DATA_END, end - 1])
+        return InFlight(self.events[:e], self.data[:d], self.ints[:, :end].copy())
+
+    def between(self, start: int, end: int) -> InFlight:
+        """Records ``start`` to ``end`` (not included)."""
+        return self.before(end).after(start)
+
     def keep(self, mask: npt.NDArray[np.bool_]) -> InFlight:
         """The records where ``mask`` is true, in order."""
         if mask.all():
@@ -232,21 +276,24 @@ class InFlight:
         gens, seqs = self.ints[GENERATION], self.ints[SEQ]
         return self.keep(~((gens == acked.generation) & (seqs <= acked.seq)))
 
-    def place(self, start: int, generation: int, seqs: Sequence[int]) -> None:
-        """Record that records ``start`` onwards were written as ``seqs`` of
-        ``generation``."""
-        if len(seqs) != len(self) - start:
-            raise ValueError(f"{len(seqs)} seqs for {len(self) - start} records")
-        self.ints[GENERATION, start:] = generation
-        self.ints[SEQ, start:] = seqs
+    def place(
+        self, start: int, generation: int, seqs: Sequence[int], end: int | None = None
+    ) -> None:
+        """Record that records ``start`` to ``end`` (default: the last) were written as
+        ``seqs`` of ``generation``."""
+        end = len(self) if end is None else end
+        if len(seqs) != end - start:
+            raise ValueError(f"{len(seqs)} seqs for {end - start} records")
+        self.ints[GENERATION, start:end] = generation
+        self.ints[SEQ, start:end] = seqs
 
     # --- wire -----------------------------------------------------------------------
-    def edge_records(self, start: int, generation: int) -> bytes:
-        """Records ``start`` onwards as RecordIn JSON objects joined by commas, for an
-        append to the edge's topic under ``generation``: the meta carries the
-        generation, event id and birth time, and the record id is the event id and the
-        generation (docs/semantics/pipeline.md §3.1)."""
-        part = self.after(start)
+    def edge_records(self, start: int, generation: int, end: int | None = None) -> bytes:
+        """Records ``start`` to ``end`` (default: the last) as RecordIn JSON objects
+        joined by commas, for an append to the edge's topic under ``generation``: the
+        meta carries the generation, event id and birth time, and the record id is the
+        event id and the generation (docs/semantics/pipeline.md §3.1)."""
+        part = self.between(start, len(self) if end is None else end)
         gen, event_key, born_key = GEN.encode(), EVENT.encode(), BORN.encode()
         # the generation goes in now; data, event id, birth time and id stem per record
         form = (b'{"data":%%s,"meta":{"%s":"%d","%s":%%s,"%s":"%%d"},"id":%%s@%d"}'

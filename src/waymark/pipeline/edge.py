@@ -33,9 +33,11 @@ from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore
 from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
 from waymark.pipeline.fence import FenceEpoch
+from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.locator import (
     Fenced,
     HandoffReader,
+    HandoffRolledBack,
     HandoffWriter,
     Observed,
     QueueLocator,
@@ -49,6 +51,11 @@ Connect = Callable[[str], Client]
 
 class EdgeUnavailable(Exception):
     """The edge could not be reached nor moved within the retry budget."""
+
+
+class EdgeOwned(Exception):
+    """A server holds the edge's topic for another pipeline: never retried, the
+    pipeline stops (docs/semantics/pipeline.md §8.2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +103,8 @@ class RelocatableQueueEdge:
 
     ``candidates`` are the server URLs the edge may live on, in preference order;
     ``handoff`` is the rendezvous store; ``consumer`` names the stage that reads the
-    edge, whose checkpoint acknowledges what a producer may forget.
+    edge, whose checkpoint acknowledges what a producer may forget; ``identity`` is the
+    pipeline's (default: the one kept in ``handoff``), which scopes the edge's topic.
     """
 
     def __init__(
@@ -114,11 +122,13 @@ class RelocatableQueueEdge:
         backoff: Backoff | None = None,
         poll_interval_ms: int = 200,
         rng: random.Random | None = None,
+        identity: PipelineIdentity | None = None,
     ) -> None:
         if not candidates:
             raise ValueError(f"edge {name!r} has no candidate servers")
         self.name = name
-        self.topic = f"edge.{name}"
+        self.identity = identity or identity_of(handoff)
+        self.topic = self.identity.edge_topic(name)
         self.candidates = list(candidates)
         self.consumer = consumer
         self.capacity = capacity
@@ -146,10 +156,13 @@ class RelocatableQueueEdge:
         """The generation this side is bound to (0 before it is bound)."""
         return FenceEpoch(self.locator.generation if self.locator else 0)
 
-    def _disconnected(self) -> None:
+    def _disconnected(self, since_ms: int) -> None:
+        """A call that began at ``since_ms`` failed: the outage counts from then, not
+        from when the failure surfaced (a hung server answers nothing until the client's
+        timeout; docs/semantics/pipeline.md §3.3)."""
         self.stats.disconnects += 1
         if self._down_since_ms is None:
-            self._down_since_ms = self.clock.now_ms()
+            self._down_since_ms = since_ms
 
     def _succeeded(self) -> None:
         if self._down_since_ms is not None:
@@ -174,18 +187,19 @@ class RelocatableQueueEdge:
         return self.locator
 
     def _allocate(self, url: str) -> TopicState:
-        """The edge's topic on ``url``, created with the edge's capacity if missing."""
-        client = self.connect(url)
+        """The edge's topic on ``url``, created with the edge's capacity if missing and
+        claimed for this pipeline; raises :class:`EdgeOwned` when the server holds it
+        for another (docs/semantics/pipeline.md §8.2)."""
         try:
-            return client.get_topic(self.topic, touch=False)
+            state, _ = self.connect(url).put_topic(
+                self.topic,
+                ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
+                            idempotency_window_ms=24 * 3_600_000, owner=self.identity.scope),
+            )  # fmt: skip
         except ApiError as error:
-            if error.status != 404:
-                raise
-        state, _ = client.put_topic(
-            self.topic,
-            ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
-                        idempotency_window_ms=24 * 3_600_000),
-        )  # fmt: skip
+            if error.detail.get("reason") == "topic_owned":
+                raise EdgeOwned(f"edge {self.name!r} on {url}: {error.message}") from error
+            raise
         return state
 
     def prepare_relocation(self, observed: Observed | None = None) -> Relocation:
@@ -271,7 +285,11 @@ class RelocatableQueueEdge:
             # Each record's id is its event id and the generation: a retried write in one
             # generation is absorbed, a replay into the next one is not
             # (docs/semantics/pipeline.md §3.1).
-            body = self.unacked.edge_records(start, locator.generation)
+            # One write carries at most what the server takes; the loop writes the rest,
+            # each chunk placed as it lands (docs/semantics/pipeline.md §3.7).
+            end = self.unacked.chunk_end(start)
+            body = self.unacked.edge_records(start, locator.generation, end)
+            began = self.clock.now_ms()
             try:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
             except (TransportError, ApiError) as error:
@@ -279,7 +297,7 @@ class RelocatableQueueEdge:
                 if not full and not _gone(error):
                     raise
                 if not full:
-                    self._disconnected()
+                    self._disconnected(began)
                 attempt += 1
                 if attempt > self.retries:
                     raise EdgeUnavailable(f"edge {self.name!r}: {error}") from error
@@ -292,8 +310,8 @@ class RelocatableQueueEdge:
                     continue
                 continue
             self._succeeded()
-            self.stats.replayed += self.unacked.written(start)  # written before, elsewhere
-            self.unacked.place(start, locator.generation, answer.seqs)
+            self.stats.replayed += self.unacked.written(start, end)  # written before, elsewhere
+            self.unacked.place(start, locator.generation, answer.seqs, end)
             # The write counts only if the edge has not moved meanwhile: a consumer
             # bound to a newer generation never reads it (docs/semantics/pipeline.md §3.4).
             if self._newer_published():
@@ -318,7 +336,7 @@ class RelocatableQueueEdge:
             if self.unacked and not pending and not self._reachable():
                 # Nothing is pushed, but the consumer cannot read what waits here: move
                 # it (docs/semantics/pipeline.md §3.4).
-                self._disconnected()
+                self._disconnected(self._probed_ms or self.clock.now_ms())
                 try:
                     self._move()
                 except EdgeUnavailable:
@@ -398,10 +416,16 @@ class RelocatableQueueEdge:
         ):
             return False
         self._polled_ms = now
-        newer = self.reader.poll()
-        if newer is None or not self.generation().is_stale(newer.epoch):
+        current = self.reader.current()
+        seen = self.reader.seen
+        if (current is None and seen.value) or (current is not None and current.epoch < seen):
+            raise HandoffRolledBack(self.name, current, seen.value)
+        if current is None or not seen.is_stale(current.epoch):
             return False
-        self.rebind(newer)
+        self.reader.seen = current.epoch
+        if not self.generation().is_stale(current.epoch):
+            return False
+        self.rebind(current)
         return True
 
     def stale(self, stamped: FenceEpoch) -> bool:
@@ -420,6 +444,7 @@ class RelocatableQueueEdge:
         self.poll()
         locator, cursor = self.locator, self.cursor
         assert locator is not None and cursor is not None
+        began = self.clock.now_ms()
         try:
             page = self.connect(locator.server).diff_raw(
                 locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
@@ -427,7 +452,8 @@ class RelocatableQueueEdge:
         except (TransportError, ApiError) as error:
             if not _gone(error):
                 raise
-            self._disconnected()
+            # a long poll may have waited wait_ms on a live server before it died
+            self._disconnected(min(self.clock.now_ms(), began + wait_ms))
             self.poll(force=True)
             return InFlight.empty()
         self._succeeded()

@@ -56,6 +56,19 @@ class Fenced(Exception):
         self.current = current
 
 
+class HandoffRolledBack(Exception):
+    """The handoff record names an older generation than one already seen, or is gone
+    (the store was restored or tampered with; docs/semantics/pipeline.md §2.3): a
+    consumer that waited for a newer one would stall silently, so it stops instead."""
+
+    def __init__(self, edge: str, current: QueueLocator | None, seen: int) -> None:
+        found = f"generation {current.generation}" if current else "no handoff record"
+        super().__init__(
+            f"edge {edge!r}: the handoff store holds {found}, but generation {seen} was "
+            "published: it was rolled back (docs/semantics/pipeline.md §2.3)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Observed:
     """The handoff record as read: its locator (None when there is none) and the

@@ -21,6 +21,8 @@ class StageReport(msgspec.Struct, kw_only=True):
     stale_dropped: int = 0
     disconnects: int = 0
     restarts: int = 0
+    dead_lettered: int = 0  # poison events sent to the dead-letter topic
+    last_error: str = ""  # why the stage last restarted (or stopped)
     recover_s: list[float] = msgspec.field(default_factory=list)
     latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
     latency_after_ms: list[int] = msgspec.field(default_factory=list)

@@ -5,22 +5,33 @@ Prometheus metrics (docs/pipeline.md, "Metrics")."""
 from __future__ import annotations
 
 import logging
+import random
 import threading
-import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from waymark.client import ApiError, Client, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
-from waymark.pipeline.edge import EdgeUnavailable, RelocatableQueueEdge, client_factory
-from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.edge import (
+    EdgeOwned,
+    EdgeUnavailable,
+    RelocatableQueueEdge,
+    client_factory,
+)
+from waymark.pipeline.identity import PipelineIdentity, establish
+from waymark.pipeline.locator import HandoffReader, HandoffRolledBack, QueueLocator
+from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import StageReport, load_report, publish_report
+from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.spec import PipelineSpec
-from waymark.pipeline.stage import Sink, SinkUnavailable, Stage
+from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
 
 log = logging.getLogger(__name__)
@@ -28,23 +39,34 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-def build_stage(spec: PipelineSpec, name: str, store: ObjectStore, clock: Clock) -> Stage:
-    """A stage of ``spec`` as the runner starts it (and starts it again after a failure)."""
+def build_stage(
+    spec: PipelineSpec,
+    name: str,
+    store: ObjectStore,
+    clock: Clock,
+    identity: PipelineIdentity,
+    poison: dict[bytes, tuple[int, str]] | None = None,
+) -> Stage:
+    """A stage of ``spec`` as the runner starts it (and starts it again after a failure);
+    ``poison``: the events it dead-letters instead of calling its function on them."""
     stage_spec = spec.stages[name]
     connect = client_factory()
 
     def edge(edge_name: str) -> RelocatableQueueEdge:
         e = spec.edges[edge_name]
         return RelocatableQueueEdge(e.name, e.candidates, store, consumer=spec.consumers[e.name],
-                                    capacity=e.capacity, connect=connect, clock=clock)  # fmt: skip
+                                    capacity=e.capacity, connect=connect, clock=clock,
+                                    identity=identity)  # fmt: skip
 
-    sink = stage_spec.sink
+    sink, dead = stage_spec.sink, spec.dead_letter
     return Stage(
         name, stage_spec.load(), states=StageStateStore(store), clock=clock,
         input=edge(stage_spec.input) if stage_spec.input else None,
         output=edge(stage_spec.output) if stage_spec.output else None,
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
-        events=stage_spec.events, batch=stage_spec.batch,
+        events=stage_spec.events, batch=stage_spec.batch, identity=identity,
+        dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
+        checkpoint_interval_ms=spec.checkpoint_interval_ms,
     )  # fmt: skip
 
 
@@ -56,6 +78,10 @@ class StageRun:
     stage: Stage | None = None
     report: StageReport = field(init=False)
     done: threading.Event = field(default_factory=threading.Event)
+    failed: str | None = None  # why the stage stopped for good; the pipeline stops
+    restarts: Restarts | None = None
+    attempts: Counter[bytes] = field(default_factory=Counter)  # function failures per event
+    poison: dict[bytes, tuple[int, str]] = field(default_factory=dict)  # to dead-letter
 
     def __post_init__(self) -> None:
         self.report = StageReport(stage=self.name)
@@ -71,14 +97,24 @@ class PipelineRunner:
         *,
         clock: Clock | None = None,
         report_interval_s: float = 0.5,
-        restart_delay_s: float = 0.5,
+        restart: RestartPolicy | None = None,
         sleep: Callable[[float], object] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        """``sleep`` waits before a restart (default: until the delay passes or
-        :meth:`stop`); a test injects one that advances a manual ``clock``."""
+        """``restart`` defaults to the pipeline file's; ``sleep`` waits before a restart
+        (default: until the delay passes or :meth:`stop`), a test injects one that
+        advances a manual ``clock``, and ``rng`` for the jitter."""
         self.spec = spec
-        self.store = open_store(spec.handoff)
         self.clock = clock or SystemClock()
+        self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait
+        # Every call to the rendezvous store waits out an outage within its budget
+        # (docs/semantics/pipeline.md §10).
+        self.store = PatientStore(open_store(spec.handoff), clock=self.clock, sleep=self.sleep,
+                                  cancel=self._stop)  # fmt: skip
+        # Created once per handoff store: it scopes every topic and id this run makes
+        # (docs/semantics/pipeline.md §8).
+        self.identity = establish(self.store, spec.name)
         names = (
             list(stages)
             if stages is not None
@@ -89,11 +125,17 @@ class PipelineRunner:
                 raise KeyError(f"no stage {name!r} in pipeline {spec.name!r}")
             if spec.stages[name].external:
                 raise KeyError(f"stage {name!r} is external: its own process runs it")
-        self.runs = {name: StageRun(name) for name in names}
+        self.restart = restart or spec.restart
+        rng = rng or random.Random()
+        self.runs = {name: StageRun(name, restarts=Restarts(self.restart, rng)) for name in names}
+        for run in self.runs.values():
+            # The counters go on from the stage's last report: a restarted process (or a
+            # rerun on the same store) does not reset them (docs/pipeline.md, "Running it").
+            earlier = load_report(self.store, run.name)
+            if earlier is not None:
+                run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
-        self.restart_delay_s = restart_delay_s
-        self._stop = threading.Event()
-        self.sleep = sleep or self._stop.wait
+        self._ended = threading.Condition()  # a stage finished or failed
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -129,7 +171,8 @@ class PipelineRunner:
             s.disconnects = 0
             s.recover_s = []
         r.processed += stage.stats.processed
-        stage.stats.processed = 0
+        r.dead_lettered += stage.stats.dead_lettered
+        stage.stats.processed = stage.stats.dead_lettered = 0
         phase = r.latency_after_ms if self._failed_over else r.latency_before_ms
         phase += stage.stats.latencies_ms[:: max(1, len(stage.stats.latencies_ms) // 50)]
         histogram = self.latency.labels("after" if self._failed_over else "before")
@@ -138,18 +181,67 @@ class PipelineRunner:
         stage.stats.latencies_ms = []
         del r.latency_before_ms[:-500], r.latency_after_ms[:-500]
 
-    def _publish(self, run: StageRun) -> None:
+    def _publish(self, run: StageRun, *, required: bool = False) -> None:
+        """Put the stage's report in the store. Best effort unless ``required`` (a
+        finished stage's: its consumers wait for it); an outage past the store's budget
+        is logged and the next report tries again."""
         run.report.updated_ms = self.clock.now_ms()
-        publish_report(self.store, run.report)
+        try:
+            publish_report(self.store, run.report)
+        except ObjectStoreError as error:
+            if required:
+                raise
+            log.warning("stage %s: its report waits for the store: %s", run.name, error)
 
-    def _restart(self, run: StageRun) -> None:
+    def _restart(self, run: StageRun, error: str) -> bool:
         """Drop the stage instance (and its memory); the next one starts from its
-        checkpoint (docs/semantics/pipeline.md §4.3)."""
+        checkpoint (docs/semantics/pipeline.md §4.3) after the policy's backoff. False
+        when the failure-rate limit is passed: the stage ends and the pipeline stops
+        (docs/semantics/pipeline.md §9.1)."""
         if run.stage is not None:
             self._fold(run, run.stage)
         run.stage = None
+        run.report.last_error = error[:2000]
+        assert run.restarts is not None
+        wait = run.restarts.failed(self.clock.now_ms())
+        if wait is None:
+            policy = self.restart
+            self._end(run, f"stage {run.name!r} failed more than {policy.max_restarts} times "
+                           f"within {policy.window_s:g} s; last error: {error}")  # fmt: skip
+            self._publish(run)
+            return False
         run.report.restarts += 1
-        self.sleep(self.restart_delay_s)
+        self._publish(run)
+        self.sleep(wait)
+        return True
+
+    def _poisoned(self, run: StageRun, failure: StageFunctionFailed) -> bool:
+        """Count a function's failure on one event; after ``max_attempts`` the event is
+        dead-lettered by the next instance. False when there is no dead-letter topic:
+        the stage ends and the pipeline stops (docs/semantics/pipeline.md §9.2)."""
+        run.attempts[failure.event] += 1
+        attempts = run.attempts[failure.event]
+        if attempts < self.restart.max_attempts:
+            return True
+        if self.spec.dead_letter is None:
+            self._end(run, f"{failure}; it failed {attempts} times and the pipeline has no "
+                           "dead_letter topic")  # fmt: skip
+            if run.stage is not None:
+                self._fold(run, run.stage)
+            run.report.last_error = str(failure)[:2000]
+            self._publish(run)
+            return False
+        run.poison[failure.event] = (attempts, failure.error)
+        return True
+
+    def _end(self, run: StageRun, failed: str | None = None) -> None:
+        """The stage is over: finished, or ``failed`` for good, which stops every stage."""
+        with self._ended:
+            run.failed = failed
+            run.done.set()
+            self._ended.notify_all()
+        if failed is not None:
+            self._stop.set()
 
     def _run_stage(self, run: StageRun) -> None:
         last_report_ms: int | None = None
@@ -157,45 +249,73 @@ class PipelineRunner:
         while not self._stop.is_set():
             try:
                 if run.stage is None:
-                    run.stage = build_stage(self.spec, run.name, self.store, self.clock)
+                    run.stage = build_stage(self.spec, run.name, self.store, self.clock,
+                                            self.identity, run.poison)  # fmt: skip
                     run.stage.start()
                 stage = run.stage
                 taken = stage.step(wait_ms=200 if stage.input is not None else 0)
                 idle = taken == 0
+                assert run.restarts is not None
+                run.restarts.succeeded()
             except StageFenced as error:
                 # Another instance of this stage claimed it: it runs the stage now.
                 log.error("stage %s: %s; this instance stops", run.name, error)
+                self._end(run, f"stage {run.name!r} is superseded: {error}")
                 return
+            except (EdgeOwned, HandoffRolledBack) as error:
+                # Another pipeline's topic, or a handoff store gone back in time: no
+                # restart mends either (docs/semantics/pipeline.md §9.3).
+                log.error("stage %s: %s", run.name, error)
+                self._end(run, f"stage {run.name!r}: {error}")
+                return
+            except StageFunctionFailed as failure:
+                log.warning("%s; restarting it from its checkpoint", failure)
+                if not self._poisoned(run, failure) or not self._restart(run, str(failure)):
+                    return
+                continue
             except (EdgeUnavailable, SinkUnavailable, ObjectStoreError, OSError) as error:
                 log.warning("stage %s: %s; restarting it from its checkpoint", run.name, error)
-                self._restart(run)
+                if not self._restart(run, f"{type(error).__name__}: {error}"):
+                    return
                 continue
-            except Exception:  # a stage function's bug: logged, retried from the checkpoint
+            except Exception as error:  # a bug: logged, retried from the checkpoint
                 log.exception("stage %s failed; restarting it from its checkpoint", run.name)
-                self._restart(run)
+                if not self._restart(run, f"{type(error).__name__}: {error}"):
+                    return
                 continue
-            finished = stage.finished() if stage.input is None else (
-                idle and (stage.output is None or not stage.output.unacked)
-                and self._upstream_done(stage)
-            )  # fmt: skip
             now_ms = self.clock.now_ms()
-            if (
-                finished
-                or last_report_ms is None
-                or (now_ms - last_report_ms >= self.report_interval_s * 1000)
-            ):
-                self._fold(run, stage)
-                run.report.done = finished
-                self._publish(run)
-                last_report_ms = now_ms
+            try:
+                finished = stage.finished() if stage.input is None else (
+                    idle and (stage.output is None or not stage.output.unacked)
+                    and self._upstream_done(stage)
+                )  # fmt: skip
+                if (
+                    finished
+                    or last_report_ms is None
+                    or (now_ms - last_report_ms >= self.report_interval_s * 1000)
+                ):
+                    self._fold(run, stage)
+                    run.report.done = finished
+                    self._publish(run, required=finished)
+                    last_report_ms = now_ms
+            except ObjectStoreError as error:
+                # the store stayed out past its budget: step on, ask again next time
+                # (docs/semantics/pipeline.md §10)
+                log.warning("stage %s: the store: %s", run.name, error)
+                continue
             if finished:
-                run.done.set()
+                self._end(run)
                 return
 
     def _watch_generations(self) -> None:
-        readers = [HandoffReader(self.store, e) for e in self.spec.edges]
+        readers = [HandoffReader(self.store.inner, e) for e in self.spec.edges]
         while not self._stop.wait(0.2):
-            if any((loc := r.current()) is not None and loc.generation > 1 for r in readers):
+            try:
+                moved = any((loc := r.current()) is not None and loc.generation > 1
+                            for r in readers)  # fmt: skip
+            except ObjectStoreError:
+                continue  # an outage: look again later
+            if moved:
                 self._failed_over = True
                 return
 
@@ -212,13 +332,21 @@ class PipelineRunner:
         return threads
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Whether every stage finished within ``timeout_s``."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for run in self.runs.values():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not run.done.wait(left):
-                return False
-        return True
+        """Whether every stage finished within ``timeout_s``; False at once when one
+        failed for good (:meth:`failure`)."""
+        with self._ended:
+            self._ended.wait_for(
+                lambda: (
+                    self.failure() is not None
+                    or all(run.done.is_set() for run in self.runs.values())
+                ),
+                timeout_s,
+            )
+        return self.failure() is None and all(run.done.is_set() for run in self.runs.values())
+
+    def failure(self) -> str | None:
+        """Why the pipeline stopped: the first stage that failed for good, or None."""
+        return next((run.failed for run in self.runs.values() if run.failed), None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -233,6 +361,25 @@ class EdgeStatus:
 
 def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
     return [EdgeStatus(e, HandoffReader(store, e).current()) for e in spec.edges]
+
+
+def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> int | None:
+    """Records on the edge's current placement its consumer has not acknowledged: the
+    topic's head past the consumer's checkpointed input position (or past the
+    placement's start when that is of another generation); None when the edge is not
+    placed or its server does not answer within a second."""
+    loc = status.locator
+    if loc is None:
+        return None
+    state = StageStateStore(store).load(spec.consumers[status.edge])
+    acked = state.input if state is not None else None
+    done = acked.seq if acked is not None and acked.generation == loc.generation else loc.start_seq
+    try:
+        with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
+            head = client.get_topic(loc.topic, touch=False).head_seq
+    except (TransportError, ApiError):
+        return None
+    return max(0, head - done)
 
 
 class PipelineCollector(Collector):
@@ -252,6 +399,7 @@ class PipelineCollector(Collector):
             "stale_dropped": "Records of an older generation this stage dropped.",
             "disconnects": "Failed requests to an edge server.",
             "restarts": "Restarts of this stage from its checkpoint.",
+            "dead_lettered": "Poison events this stage sent to the dead-letter topic.",
             "processed": "Input records (or events) this stage took.",
         }
         for key, doc in counters.items():
@@ -270,8 +418,17 @@ class PipelineCollector(Collector):
             "waymark_pipeline_edge_generation", "Current generation of each edge.",
             labels=["edge", "server"],
         )  # fmt: skip
-        for status in edge_statuses(runner.spec, runner.store):
+        lag = GaugeMetricFamily(
+            "waymark_pipeline_edge_lag",
+            "Seqs on each edge's current placement past its consumer's checkpoint.",
+            labels=["edge"],
+        )  # fmt: skip
+        for status in edge_statuses(runner.spec, runner.store.inner):
             if status.locator is not None:
                 generation.add_metric([status.edge, status.locator.server],
                                       status.locator.generation)  # fmt: skip
+                behind = edge_lag(runner.spec, runner.store.inner, status)
+                if behind is not None:
+                    lag.add_metric([status.edge], behind)
         yield generation
+        yield lag

@@ -1,20 +1,142 @@
 """A pipeline's spec: a TOML file naming the rendezvous store, the edges with their
-candidate servers, and the stages with their functions (docs/pipeline.md)."""
+candidate servers, and the stages with their functions (docs/pipeline.md, "A pipeline
+file").
+
+Validated whole before anything runs: the file's shape and types with msgspec
+(unknown keys refused, with the closest known key offered), ranges, names, the
+topology (every edge produced and consumed once, no duplicate names), each output
+edge's capacity against its producers' batch, and every function imported (the
+file's directory on the import path). Each problem is one line naming where it is.
+"""
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from waymark.pipeline.identity import NAME_PATTERN
+from waymark.pipeline.restart import RestartPolicy
+from waymark.protocol.limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
 
 class SpecError(ValueError):
     """The pipeline file is not a valid pipeline."""
 
 
+# --- the file's shape ----------------------------------------------------------------
+Name = Annotated[str, Meta(pattern=f"^{NAME_PATTERN}$")]
+Url = Annotated[str, Meta(pattern=r"^https?://[^\s/]+(/\S*)?$")]
+Store = Annotated[str, Meta(pattern=r"^(file|s3)://\S+$")]
+Topic = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
+# A stage's batch is what one pop reads: a JSON page's limit (docs/semantics/topics.md).
+Batch = Annotated[int, Meta(ge=1, le=MAX_DIFF_LIMIT)]
+
+
+class _Restart(msgspec.Struct, forbid_unknown_fields=True):
+    delay_s: Annotated[float, Meta(gt=0, le=3600)] = 0.5
+    max_delay_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    max_restarts: Annotated[int, Meta(ge=0)] = 10
+    window_s: Annotated[float, Meta(gt=0)] = 60.0
+    max_attempts: Annotated[int, Meta(ge=1)] = 3
+
+
+class _Sink(msgspec.Struct, forbid_unknown_fields=True):
+    url: Url
+    topic: Topic
+
+
+class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
+    handoff: Store
+    name: Name = "pipeline"
+    servers: list[Url] = msgspec.field(default_factory=list)
+    metrics_port: Annotated[int, Meta(ge=0, le=65535)] | None = None
+    restart: _Restart = msgspec.field(default_factory=_Restart)
+    dead_letter: _Sink | None = None
+    checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
+
+
+class _Edge(msgspec.Struct, forbid_unknown_fields=True):
+    name: Name
+    candidates: list[Url] | None = None
+    capacity: Annotated[int, Meta(ge=1, le=2**62)] = 1_000_000
+
+
+class _Stage(msgspec.Struct, forbid_unknown_fields=True):
+    name: Name
+    function: str = ""
+    input: Name | None = None
+    output: Name | None = None
+    sink: _Sink | None = None
+    events: Annotated[int, Meta(ge=0)] | None = None
+    batch: Batch = 500
+    external: bool = False
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    pipeline: _Pipeline
+    edge: list[_Edge] = msgspec.field(default_factory=list)
+    stage: list[_Stage] = msgspec.field(default_factory=list)
+
+
+# The table a path's last key names, for close matches of an unknown key.
+_TABLES: dict[str, type[msgspec.Struct]] = {
+    "$": _File, "pipeline": _Pipeline, "edge": _Edge, "stage": _Stage, "sink": _Sink,
+    "dead_letter": _Sink, "restart": _Restart,
+}  # fmt: skip
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def _where(path: str, doc: dict[str, Any]) -> str:
+    """``$.stage[1].sink`` as the file says it: ``[[stage]] 'sink': sink``."""
+    steps = _STEP.findall(path.removeprefix("$"))
+    if not steps:
+        return "the file"
+    table, index = steps[0][0], steps[1][1] if len(steps) > 1 else ""
+    where = f"[{table}]"
+    rest = steps[1:]
+    if table == "pipeline" and rest and rest[0][0] in ("restart", "dead_letter"):
+        where, rest = f"[pipeline.{rest[0][0]}]", rest[1:]
+    if index:
+        rows = doc.get(table)
+        name = rows[int(index)].get("name") if isinstance(rows, list) else None
+        label = repr(name) if isinstance(name, str) else f"#{int(index) + 1}"
+        where = f"[[{table}]] {label}"
+        rest = steps[2:]
+    keys = ".".join(key or f"[{i}]" for key, i in rest)
+    return f"{where}: {keys}" if keys else where
+
+
+def _explain(error: msgspec.ValidationError, doc: dict[str, Any]) -> str:
+    text = str(error)
+    message, _, path = text.partition(" - at `")
+    path = path.rstrip("`") or "$"
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", message)
+    if unknown:
+        key = unknown.group(1)
+        last = [k for k, _ in _STEP.findall(path) if k]
+        table = _TABLES[last[-1] if last else "$"]
+        known = [f.encode_name for f in msgspec.structs.fields(table)]
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+        return f"{_where(path, doc)}: unknown key {key!r}{hint}"
+    missing = re.fullmatch(r"Object missing required field `(.+)`", message)
+    if missing:
+        return f"{_where(path, doc)}: {missing.group(1)} is required"
+    message = message.replace("Expected `str` matching regex", "expected a string matching")
+    return f"{_where(path, doc)}: {message[:1].lower()}{message[1:]}"
+
+
+# --- the validated pipeline ------------------------------------------------------------
 @dataclass(frozen=True)
 class EdgeSpec:
     name: str
@@ -43,11 +165,26 @@ class StageSpec:
         """The stage's function, from ``module:function``."""
         module, _, attr = self.function.partition(":")
         if not module or not attr:
-            raise SpecError(f"stage {self.name!r}: function must be 'module:function'")
+            raise SpecError(f"[[stage]] {self.name!r}: function must be 'module:function', "
+                            f"not {self.function!r}")  # fmt: skip
         try:
-            return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
-        except (ImportError, AttributeError) as error:
-            raise SpecError(f"stage {self.name!r}: cannot load {self.function}: {error}") from error
+            loaded = importlib.import_module(module)
+        except ImportError as error:
+            raise SpecError(f"[[stage]] {self.name!r}: cannot load {self.function}: "
+                            f"{type(error).__name__}: {error}") from error  # fmt: skip
+        except Exception as error:  # the module itself failed on import
+            raise SpecError(f"[[stage]] {self.name!r}: importing {module} failed: "
+                            f"{type(error).__name__}: {error}") from error  # fmt: skip
+        try:
+            function = getattr(loaded, attr)
+        except AttributeError as error:
+            close = difflib.get_close_matches(attr, dir(loaded), n=1, cutoff=0.6)
+            hint = f"; did you mean {module}:{close[0]}?" if close else ""
+            raise SpecError(f"[[stage]] {self.name!r}: cannot load {self.function}: "
+                            f"{type(error).__name__}: {error}{hint}") from error  # fmt: skip
+        if not callable(function):
+            raise SpecError(f"[[stage]] {self.name!r}: {self.function} is not callable")
+        return function  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -58,63 +195,105 @@ class PipelineSpec:
     stages: dict[str, StageSpec]
     metrics_port: int | None = None
     consumers: dict[str, str] = field(default_factory=dict)  # edge -> its reading stage
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
+    checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
+        """The pipeline in ``path``, validated, every function imported. The file's
+        directory goes on the import path first, so ``myapp.stages:produce`` next to
+        it imports without ``PYTHONPATH``."""
         try:
             doc = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise SpecError(f"{path}: {error}") from error
-        return cls.parse(doc)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+            raise SpecError(str(error)) from error
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = cls.parse(doc)
+        for stage in spec.stages.values():
+            if not stage.external:
+                stage.load()
+        return spec
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> PipelineSpec:
-        top = doc.get("pipeline", {})
-        if "handoff" not in top:
-            raise SpecError("[pipeline] needs handoff = 'file:///dir' or 's3://bucket/prefix'")
-        servers = list(top.get("servers", []))
+        """Validate a parsed spec file (functions are not imported: :meth:`load` does)."""
+        try:
+            raw = msgspec.convert(doc, _File)
+        except msgspec.ValidationError as error:
+            raise SpecError(_explain(error, doc)) from error
+        top = raw.pipeline
         edges: dict[str, EdgeSpec] = {}
-        for raw in doc.get("edge", []):
-            candidates = list(raw.get("candidates", servers))
+        for e in raw.edge:
+            if e.name in edges:
+                raise SpecError(f"[[edge]] {e.name!r} is declared twice")
+            candidates = e.candidates if e.candidates is not None else top.servers
             if not candidates:
-                raise SpecError(f"edge {raw.get('name')!r} has no candidate servers")
-            edges[raw["name"]] = EdgeSpec(raw["name"], candidates,
-                                          int(raw.get("capacity", 1_000_000)))  # fmt: skip
+                raise SpecError(f"[[edge]] {e.name!r}: no candidates, and [pipeline] has no "
+                                "servers")  # fmt: skip
+            edges[e.name] = EdgeSpec(e.name, list(candidates), e.capacity)
         stages: dict[str, StageSpec] = {}
         consumers: dict[str, str] = {}
-        for raw in doc.get("stage", []):
-            sink = raw.get("sink")
-            external = bool(raw.get("external", False))
+        for s in raw.stage:
+            if s.name in stages:
+                raise SpecError(f"[[stage]] {s.name!r} is declared twice")
             stage = StageSpec(
-                name=raw["name"], function=raw.get("function", ""), input=raw.get("input"),
-                output=raw.get("output"),
-                sink=SinkSpec(sink["url"], sink["topic"]) if sink else None,
-                events=raw.get("events"), batch=int(raw.get("batch", 500)), external=external,
+                name=s.name, function=s.function, input=s.input, output=s.output,
+                sink=SinkSpec(s.sink.url, s.sink.topic) if s.sink else None,
+                events=s.events, batch=s.batch, external=s.external,
             )  # fmt: skip
-            if external:
-                # Only its input matters here: the producers of that edge keep what
-                # it has not acknowledged (docs/pipeline.md, "A Spark stage").
-                if stage.input is None or stage.output is not None or stage.events is not None:
-                    raise SpecError(f"stage {stage.name!r}: an external stage has input = EDGE "
-                                    "only")  # fmt: skip
-            else:
-                if not stage.function:
-                    raise SpecError(f"stage {stage.name!r}: function = 'module:function'")
-                if (stage.input is None) == (stage.events is None):
-                    raise SpecError(f"stage {stage.name!r}: give input = EDGE or events = N")
-                if (stage.output is None) == (stage.sink is None):
-                    raise SpecError(f"stage {stage.name!r}: give output = EDGE or a sink")
-            for edge in (stage.input, stage.output):
-                if edge is not None and edge not in edges:
-                    raise SpecError(f"stage {stage.name!r}: no [[edge]] named {edge!r}")
+            _check_stage(stage, edges)
             if stage.input is not None:
                 if stage.input in consumers:
-                    raise SpecError(f"edge {stage.input!r} has two consuming stages")
+                    raise SpecError(f"[[edge]] {stage.input!r} has two consuming stages: "
+                                    f"{consumers[stage.input]!r} and {stage.name!r}")  # fmt: skip
                 consumers[stage.input] = stage.name
             stages[stage.name] = stage
-        for edge in edges:
-            if edge not in consumers:
-                raise SpecError(f"edge {edge!r} has no consuming stage")
-        port = top.get("metrics_port")
-        return cls(top.get("name", "pipeline"), top["handoff"], edges, stages,
-                   None if port is None else int(port), consumers)  # fmt: skip
+        for edge in edges.values():
+            if edge.name not in consumers:
+                raise SpecError(f"[[edge]] {edge.name!r} has no consuming stage")
+            producers = [s for s in stages.values() if s.output == edge.name]
+            if not producers:
+                raise SpecError(f"[[edge]] {edge.name!r} has no producing stage")
+            for producer in producers:
+                # A batch that never fits the bounded topic is refused forever.
+                if producer.batch > edge.capacity:
+                    raise SpecError(
+                        f"[[edge]] {edge.name!r}: capacity {edge.capacity} is below the batch "
+                        f"{producer.batch} of its producer {producer.name!r}"
+                    )
+        r = top.restart
+        if r.max_delay_s < r.delay_s:
+            raise SpecError(f"[pipeline.restart]: max_delay_s {r.max_delay_s} is below "
+                            f"delay_s {r.delay_s}")  # fmt: skip
+        restart = RestartPolicy(r.delay_s, r.max_delay_s, r.max_restarts, r.window_s,
+                                r.max_attempts)  # fmt: skip
+        dead = top.dead_letter
+        return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
+                   SinkSpec(dead.url, dead.topic) if dead else None,
+                   top.checkpoint_interval_ms)  # fmt: skip
+
+
+def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
+    where = f"[[stage]] {stage.name!r}"
+    if stage.external:
+        # Only its input matters here: the producers of that edge keep what it has not
+        # acknowledged (docs/pipeline.md, "A Spark stage").
+        if stage.input is None or stage.output is not None or stage.events is not None:
+            raise SpecError(f"{where}: an external stage has input = EDGE only")
+    else:
+        if not stage.function:
+            raise SpecError(f"{where}: function = 'module:function' is required")
+        if (stage.input is None) == (stage.events is None):
+            raise SpecError(f"{where}: give input = EDGE or events = N (one of them)")
+        if (stage.output is None) == (stage.sink is None):
+            raise SpecError(f"{where}: give output = EDGE or a sink (one of them)")
+    for key, edge in (("input", stage.input), ("output", stage.output)):
+        if edge is not None and edge not in edges:
+            close = difflib.get_close_matches(edge, list(edges), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecError(f"{where}: {key}: no [[edge]] named {edge!r}{hint}")
+    if stage.input is not None and stage.input == stage.output:
+        raise SpecError(f"{where}: reads and writes the same edge {stage.input!r}")

@@ -13,10 +13,11 @@ from typing import Any
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, Client, ConfigPatch, TransportError
+from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
-from waymark.pipeline.batch import InFlight
+from waymark.pipeline.batch import EVENT, InFlight
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
+from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
 
 SourceFn = Callable[[int], Any]
@@ -25,13 +26,32 @@ _decode = msgspec.json.decode
 StageFn = Callable[[Any], Iterable[Any]]
 
 
-def output_event(event: str, k: int) -> str:
-    """The stable id of a record's ``k``-th output (docs/semantics/pipeline.md §5.1)."""
-    return event if k == 0 else f"{event}/{k}"
+def output_event(event: str, stage: str, k: int) -> str:
+    """The stable id of the ``k``-th output ``stage`` makes of the record ``event``
+    (docs/semantics/pipeline.md §5.1). The stage's name keeps two fanning-out stages
+    apart: with ``/k`` alone, the second output of ``e`` and the first of ``e/1`` would
+    both be ``e/1``, and the sink would drop one as a repeat."""
+    return event if k == 0 else f"{event}/{stage}:{k}"
 
 
 class SinkUnavailable(Exception):
     """The sink server refused or did not answer within the retry budget."""
+
+
+class StageFunctionFailed(Exception):
+    """A stage's function raised on one event (or gave a value JSON cannot hold);
+    ``event`` is its id as JSON (docs/semantics/pipeline.md §9.2)."""
+
+    def __init__(self, stage: str, event: bytes, error: BaseException) -> None:
+        self.stage = stage
+        self.event = event
+        self.error = f"{type(error).__name__}: {error}"
+        name = event.decode(errors="replace")
+        super().__init__(f"stage {stage!r}: its function failed on event {name}: {self.error}")
+
+
+# The meta of a dead-lettered record (docs/semantics/pipeline.md §9.2).
+DEAD_STAGE, DEAD_ERROR, DEAD_ATTEMPTS = "wm.stage", "wm.error", "wm.attempts"
 
 
 class Sink:
@@ -76,15 +96,24 @@ class Sink:
             self.topic, ConfigPatch(idempotency_window_ms=self.WINDOW_MS)))  # fmt: skip
 
     def write(self, records: InFlight) -> None:
-        if not records:
-            return
-        body = records.sink_records()
-        self._retry(lambda: self.client.append(self.topic, body))
+        # in writes the server takes (docs/semantics/pipeline.md §3.7); a retried chunk
+        # is absorbed by the ids
+        for chunk in records.chunks():
+            body = chunk.sink_records()
+            self._retry(lambda body=body: self.client.append(self.topic, body))  # type: ignore[misc]
+
+    def write_dead(self, event: bytes, data: bytes, meta: dict[str, str]) -> None:
+        """One poison event, as a dead-letter topic takes it: its input as ``data``, why
+        in ``meta``, its event id as the record id (a second write is absorbed)."""
+        eid = str(_decode(event))
+        record = RecordIn(msgspec.Raw(data), meta={EVENT: eid, **meta}, id=eid)
+        self._retry(lambda: self.client.append(self.topic, [record]))
 
 
 @dataclass(slots=True)
 class StageStats:
     processed: int = 0
+    dead_lettered: int = 0
     latencies_ms: list[int] = field(default_factory=list)  # at a sink: now - born
 
 
@@ -93,7 +122,8 @@ class Stage:
 
     A source stage (``events`` set) calls ``function(n)`` for event n; another stage
     calls ``function(value)`` for each input record and writes every value it yields.
-    Exactly one of ``output`` and ``sink`` is set.
+    Exactly one of ``output`` and ``sink`` is set. ``identity`` (default: the one kept
+    in the states' store) scopes a source's event ids.
     """
 
     def __init__(
@@ -108,6 +138,10 @@ class Stage:
         events: int | None = None,
         batch: int = 500,
         clock: Clock | None = None,
+        identity: PipelineIdentity | None = None,
+        dead_letter: Sink | None = None,
+        poison: dict[bytes, tuple[int, str]] | None = None,
+        checkpoint_interval_ms: int = 0,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -122,6 +156,14 @@ class Stage:
         self.events = events
         self.batch = batch
         self.clock = clock or SystemClock()
+        self.identity = identity or identity_of(states.store)
+        # Events (ids as JSON) the function failed on too often: (attempts, last error).
+        # Each goes to ``dead_letter`` instead of the function (docs/semantics/pipeline.md §9.2).
+        self.poison = poison if poison is not None else {}
+        self.dead_letter = dead_letter
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self._saved: tuple[Position | None, int] | None = None  # what the last save held
+        self._saved_ms: int | None = None
         self.stats = StageStats()
         self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
@@ -137,6 +179,7 @@ class Stage:
             output_edge=self.output.name if self.output else None,
         )
         self.state = self.states.claim(fresh, self.instance)
+        self._saved = (self.state.input, self.state.source_offset)
         self.next_event = self.state.source_offset
         if self.input is not None:
             self.input.resume(self.state.input)
@@ -144,15 +187,48 @@ class Stage:
             self.output.open()
         if self.sink is not None:
             self.sink.open()
+        if self.dead_letter is not None and self.poison:
+            self.dead_letter.open()
+
+    def _dead(self, event: bytes, data: bytes) -> bool:
+        """Dead-letter ``event`` if it is poison; whether it was."""
+        found = self.poison.get(event)
+        if found is None:
+            return False
+        if self.dead_letter is None:
+            raise ValueError(f"stage {self.name!r}: poison events but no dead letter topic")
+        attempts, error = found
+        self.dead_letter.write_dead(event, data, {DEAD_STAGE: self.name, DEAD_ERROR: error[:2000],
+                                                  DEAD_ATTEMPTS: str(attempts)})  # fmt: skip
+        self.stats.dead_lettered += 1
+        return True
+
+    def _call(self, event: bytes, arg: Any) -> list[bytes]:
+        """The function's outputs for one event, encoded; any failure is the event's."""
+        try:
+            if self.input is None:
+                return [_encode(self.function(arg))]
+            return [_encode(out) for out in self.function(arg)]
+        except Exception as error:  # the user's code: any failure is this event's
+            raise StageFunctionFailed(self.name, event, error) from error
 
     def _produce(self) -> InFlight:
         assert self.events is not None
         begin, end = self.next_event, min(self.events, self.next_event + self.batch)
-        prefix = _encode(f"{self.name}:")[:-1]  # the event id n is "<stage>:<n>"
-        events = [b'%s%d"' % (prefix, n) for n in range(begin, end)]
-        data = [_encode(self.function(n)) for n in range(begin, end)]
+        # event n's id is "<pipeline>.<run>/<stage>:<n>" (docs/semantics/pipeline.md §5.1)
+        prefix = _encode(self.identity.event_prefix(self.name))[:-1]
+        events: list[bytes] = []
+        data: list[bytes] = []
+        origins: list[int] = []
+        for n in range(begin, end):
+            event = b'%s%d"' % (prefix, n)
+            if self.poison and self._dead(event, b"%d" % n):
+                continue
+            events.append(event)
+            data += self._call(event, n)
+            origins.append(n)
         self.next_event = end
-        return InFlight.build(events, data, origin_seq=range(begin, end),
+        return InFlight.build(events, data, origin_seq=origins,
                               born_ms=self.clock.now_ms())  # fmt: skip
 
     def _transform(self, records: InFlight) -> InFlight:
@@ -163,10 +239,13 @@ class Stage:
         generations: list[int] = []
         seqs: list[int] = []
         born: list[int] = []
+        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
         for event, value, generation, seq, born_ms in records.records():
-            for k, out in enumerate(self.function(_decode(value))):
-                events.append(event if k == 0 else b'%s/%d"' % (event[:-1], k))
-                data.append(_encode(out))
+            if self.poison and self._dead(event, value):
+                continue
+            for k, out in enumerate(self._call(event, _decode(value))):
+                events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
+                data.append(out)
                 generations.append(generation)
                 seqs.append(seq)
                 born.append(born_ms)
@@ -191,12 +270,14 @@ class Stage:
             self.sink.write(records)
             self.stats.latencies_ms.extend(records.latencies_ms(self.clock.now_ms()))
         self.stats.processed += taken
-        self.checkpoint()
+        self.checkpoint(now=taken == 0)
         return taken
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, now: bool = True) -> None:
         """Persist how far the input is fully acknowledged downstream
-        (docs/semantics/pipeline.md §4.1)."""
+        (docs/semantics/pipeline.md §4.1): when it moved, at most every
+        ``checkpoint_interval_ms`` unless ``now`` (an idle step saves what it has at
+        once, so the last acknowledgements never wait)."""
         oldest = self.output.oldest_origin() if self.output is not None else None
         state = self.state
         if self.input is None:
@@ -205,10 +286,22 @@ class Stage:
             state.input = Position(oldest.generation, oldest.seq - 1)
         else:
             state.input = self.input.cursor
+        moved = (state.input, state.source_offset) != self._saved
+        clock_ms = self.clock.now_ms()
+        since = None if self._saved_ms is None else clock_ms - self._saved_ms
+        interval = self.checkpoint_interval_ms
+        due = since is None or since >= interval
+        # A save also tells a superseded instance that it is
+        # (docs/semantics/pipeline.md §4.4): at least every
+        # second even when nothing moved.
+        heartbeat = since is None or since >= max(interval, 1000)
+        if interval and not (moved and (now or due)) and not heartbeat:
+            return  # less often only replays more (docs/semantics/pipeline.md §4.1)
         if self.output is not None:
             downstream = self.states.load(self.output.consumer)
             state.output = downstream.input if downstream is not None else None
         self.states.save(state)
+        self._saved, self._saved_ms = (state.input, state.source_offset), clock_ms
         if self.input is not None and state.input is not None:
             self.input.release(state.input)
 

@@ -27,6 +27,10 @@ from .records import Record, RecordIn, TagRule, Tombstone
 
 T = TypeVar("T")
 
+# An owner is an opaque name (a pipeline's identity, docs/pipeline.md), 1-255 printable
+# characters.
+OwnerName = Annotated[str, Meta(min_length=1, max_length=255, pattern=r"^[!-~]+$")]
+
 
 class Discard(StrEnum):
     OLD = "old"
@@ -64,6 +68,9 @@ class ConfigPatch(Struct, forbid_unknown_fields=True, omit_defaults=True):
     auto_create: bool | UnsetType = UNSET
     idempotency_window_ms: NonNegative | UnsetType = UNSET
     dedupe_node: bool | UnsetType = UNSET
+    # Who the topic belongs to; set once, a PUT naming another owner is refused
+    # (docs/semantics/topics.md §2.2).
+    owner: OwnerName | UnsetType = UNSET
     # --- queues (docs/semantics/topics.md §10); accepted on any topic, used only by "queue" ---
     lease_ms: Positive | UnsetType = UNSET
     max_deliveries: NonNegative | UnsetType = UNSET
@@ -95,6 +102,9 @@ class TopicConfig(Struct, frozen=True):
     dead_letter: str | None = None
     claim_jitter_ms: int = 0  # 0: greedy claims; > 0: the coalescing window of a cohort
     leases_durable: bool = False  # the leases log follows the jobs' class instead of memory
+    # Set once: a PUT naming another owner is refused. UNSET (never encoded) while
+    # there is none, so what the engine persists for an unowned topic is unchanged.
+    owner: str | UnsetType = UNSET
 
     @property
     def durable(self) -> bool:
@@ -132,6 +142,7 @@ class TopicConfig(Struct, frozen=True):
             auto_create=self.auto_create,
             idempotency_window_ms=self.idempotency_window_ms,
             dedupe_node=self.dedupe_node,
+            owner=None if self.owner is UNSET else self.owner,
         )
         if queue:
             view.lease_ms = self.lease_ms
@@ -162,6 +173,7 @@ class ConfigView(Struct, kw_only=True, omit_defaults=True):
     dead_letter: str | UnsetType | None = UNSET
     claim_jitter_ms: int | UnsetType = UNSET
     leases_durable: bool | UnsetType = UNSET
+    owner: str | None = None  # absent when the topic has none
 
 
 # --- state -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from enum import Enum
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from waymark.pipeline.locator import QueueLocator
+from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.state import Position
 
 GEN = "wm.gen"  # the meta key of a record's generation (docs/semantics/pipeline.md §3.1)
@@ -144,6 +144,10 @@ def follow(start: EdgeOffset, published: QueueLocator | None) -> EdgeOffset:
     (docs/semantics/pipeline.md §7.1)."""
     if published is not None and published.generation > start.generation:
         return bind(published)
+    if start.generation and (published is None or published.generation < start.generation):
+        # restored or edited: waiting for a newer one would stall the query silently
+        raise HandoffRolledBack(published.edge if published else start.topic, published,
+                                start.generation)  # fmt: skip
     return start
 
 
