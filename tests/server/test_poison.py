@@ -119,3 +119,13 @@ def test_hostile_fields_are_400_not_500_and_store_nothing(
     assert answer.json()["error"]["code"] == "invalid_request"
     assert http.get(f"/v0/topics/{topic}").status_code == 404
     assert http.get("/v0/health").status_code == 200
+
+
+def test_server_meta_cannot_be_forged(http: httpx.Client) -> None:
+    """A token that can write a dead-letter topic forged a letter naming another queue,
+    which that queue's redrive then moved in: producer meta keys may not start with $."""
+    body = b'{"records":[{"data":1,"meta":{"$dead_letter_queue":"victim"}}]}'
+    answer = http.post("/v0/topics/forged.dlq/records", content=body,
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_request"
+    assert http.get("/v0/topics/forged.dlq").status_code == 404

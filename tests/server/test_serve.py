@@ -83,3 +83,40 @@ def test_the_listening_line_is_true_when_printed(tmp_path: Path) -> None:
         finally:
             process.kill()
             process.wait()
+
+
+WAYMARK = str(Path(sys.executable).parent / "waymark")
+
+
+def test_a_sighup_while_the_data_dir_recovers_does_not_kill_the_server(tmp_path: Path) -> None:
+    """SIGHUP (a tokens reload) sent between the start and the listening line killed
+    the process by its default action."""
+    process = subprocess.Popen(
+        [WAYMARK, "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None and process.stdout is not None
+        assert "waymark recovered" in process.stderr.readline()  # recovered, not serving yet
+        process.send_signal(signal.SIGHUP)
+        url = process.stdout.readline().split("listening on ")[1].strip()
+        assert httpx.get(f"{url}/v0/health", timeout=10).status_code == 200
+        process.send_signal(signal.SIGHUP)  # and once serving: a reload, not a death
+        assert httpx.get(f"{url}/v0/health", timeout=10).status_code == 200
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_bad_tls_certificate_fails_before_the_listening_line(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+    key.write_text("nor a key\n")
+    done = subprocess.run(
+        [WAYMARK, "serve", "--port", "0", "--data-dir", str(tmp_path / "data"),
+         "--tls-cert", str(cert), "--tls-key", str(key)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "listening" not in done.stdout
+    assert "cannot use --tls-cert/--tls-key" in done.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
+import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -149,11 +151,22 @@ def register(app: typer.Typer) -> None:
         from waymark.server.limits import ServerLimits
         from waymark.server.serving import Server, listen
 
+        # A SIGHUP (a tokens reload) sent while the data dir recovers would kill the
+        # process by its default action: until the server handles it, it is ignored.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if tokens is not None:
             try:
                 Tokens.load(tokens)
             except TokenFileError as exc:
                 typer.echo(f"waymark: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        if tls_cert is not None and tls_key is not None:
+            try:  # before "listening on https://" is printed, not when uvicorn starts
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                    tls_cert, tls_key
+                )
+            except (OSError, ssl.SSLError) as exc:
+                typer.echo(f"waymark: cannot use --tls-cert/--tls-key: {exc}", err=True)
                 raise typer.Exit(2) from exc
         limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics)
         try:

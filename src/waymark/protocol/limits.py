@@ -36,6 +36,9 @@ TopicName = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
 # for the duplicate window, so its size is bounded like a tag's.
 MAX_ID_LENGTH = 256
 RecordId = Annotated[str, Meta(max_length=MAX_ID_LENGTH)]
+# A producer's meta key never starts with "$": those are the server's own (a dead
+# letter's $dead_letter_queue, which redrive trusts), docs/semantics/topics.md §1.1.
+MetaKey = Annotated[str, Meta(pattern=r"^(?!\$)")]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Annotated, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct, field
 
-from .limits import RecordId
+from .limits import MetaKey, RecordId
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class RecordIn(Struct, forbid_unknown_fields=True):
     data: msgspec.Raw
     tag: str | None = None
     node: str | None = None
-    meta: dict[str, str] | None = None
+    meta: dict[MetaKey, str] | None = None
     id: RecordId | None = None
 
     @classmethod
