@@ -189,3 +189,16 @@ def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the real pool
     yield
     hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the empty one
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``pytest -n 2 --dist loadgroup`` (how ``./run test`` runs): a
+    module's tests stay on one worker, so its module fixtures (servers, nats-server)
+    start once; the Spark tests share one worker and so one Spark session. They are
+    the longest group and come first, so the other worker takes every other module
+    meanwhile instead of waiting for Spark at the end."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "spark" if module.startswith("tests/spark/") else module
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))
