@@ -172,7 +172,7 @@ def fault(flag: threading.Event) -> Iterator[None]:
 
 LIMITS = Limits(max_record_bytes=64, max_tag_bytes=8, max_node_bytes=8, max_meta_bytes=64,
                 max_meta_keys=2, max_records_per_write=3, max_body_bytes=4096,
-                max_topics=40)  # fmt: skip
+                max_topics=40, max_staged_bytes_per_writer=100)  # fmt: skip
 SERVER_LIMITS = ServerLimits(header_timeout_s=0.3, max_connections=4, max_streams=1)
 
 
@@ -232,6 +232,13 @@ def too_many_streams(s: Target) -> None:
 def too_many_topics(s: Target) -> None:
     for i in range(LIMITS.max_topics + 1):
         s.client.put_topic(f"many-{i}")
+
+
+def staging_full(s: Target) -> None:
+    epoch = s.client.open_writer("stager").epoch
+    for partition in range(10):  # 100 staged bytes per writer at the most
+        s.client.stage("t", [RecordIn.of("x" * 40)], writer="stager", epoch=epoch,
+                       batch_id=0, partition=partition, attempt=0)  # fmt: skip
 
 
 def fenced(s: Target) -> None:
@@ -311,6 +318,7 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.SERVER_BUSY: lambda s: refused_by_connection(
         s, b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n", hold=4),
     ErrorCode.TOO_MANY_STREAMS: too_many_streams,
+    ErrorCode.STAGING_FULL: staging_full,
     ErrorCode.TOO_MANY_TOPICS: too_many_topics,  # last: no topic can be made after it
 }  # fmt: skip
 

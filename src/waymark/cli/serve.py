@@ -112,6 +112,13 @@ def register(app: typer.Typer) -> None:
         max_topics: Annotated[
             int, typer.Option(min=1, help="Topics the server holds; one more gets 429.")
         ] = 100_000,
+        max_staged_bytes_per_writer: Annotated[
+            int,
+            typer.Option(min=1, help="Unpublished bytes one exactly-once writer may stage (429)."),
+        ] = 256 << 20,
+        max_staged_bytes: Annotated[
+            int, typer.Option(min=1, help="Unpublished bytes all writers may stage (429).")
+        ] = 1 << 30,
         allowed_host: Annotated[
             list[str] | None,
             typer.Option(
@@ -168,7 +175,9 @@ def register(app: typer.Typer) -> None:
             except (OSError, ssl.SSLError) as exc:
                 typer.echo(f"waymark: cannot use --tls-cert/--tls-key: {exc}", err=True)
                 raise typer.Exit(2) from exc
-        limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics)
+        limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics,
+                        max_staged_bytes_per_writer=max_staged_bytes_per_writer,
+                        max_staged_bytes=max_staged_bytes)  # fmt: skip
         try:
             engine, store, report = open_engine(
                 data_dir,

@@ -51,6 +51,11 @@ class PartKey:
 class _Part:
     created_ms: int
     chunks: dict[int, list[EncodedRecord]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)  # chunk -> its records' bytes
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 @dataclass(slots=True)
@@ -117,9 +122,39 @@ class Writers:
         encoded = encode_batch(records, self._engine.limits)
         now = self._engine.clock.now_ms()
         self._expire(state, now)
+        size = sum(len(r.body) for r in encoded)
+        existing = state.stages.get((batch_id, part))
+        replaced = existing.sizes.get(chunk, 0) if existing is not None else 0  # a retry
+        self._check_room(writer, size - replaced, now)
         staged = state.stages.setdefault((batch_id, part), _Part(now))
         staged.chunks[chunk] = encoded
+        staged.sizes[chunk] = size
         return True
+
+    def staged_bytes(self, writer: str | None = None) -> int:
+        """Bytes staged and unpublished, by ``writer`` or by every writer."""
+        return sum(part.bytes for (_, w), state in self._writers.items()
+                   if writer is None or w == writer
+                   for part in state.stages.values())  # fmt: skip
+
+    def _check_room(self, writer: str, more: int, now: int) -> None:
+        """Refuse a stage past the staged-bytes limits (docs/security.md, Limits): the
+        stages of a writer that never publishes would otherwise hold memory until they
+        expire, and any number of writers could."""
+        limits = self._engine.limits
+        for state in self._writers.values():
+            self._expire(state, now)
+        mine, total = self.staged_bytes(writer), self.staged_bytes()
+        for held, limit, whose in ((mine, limits.max_staged_bytes_per_writer, "this writer"),
+                                   (total, limits.max_staged_bytes, "all writers")):  # fmt: skip
+            if held + more > limit:
+                raise TopicError(
+                    ErrorCode.STAGING_FULL,
+                    f"{whose} would hold {held + more} staged, unpublished bytes; at most "
+                    f"{limit} are allowed: publish or let stages expire first",
+                    {"writer": writer, "staged_bytes": held, "bytes": more,
+                     "max_bytes": limit},
+                )  # fmt: skip
 
     def publish(
         self,

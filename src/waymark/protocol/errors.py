@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"  # headers not complete within the read timeout
     TOO_MANY_STREAMS = "too_many_streams"  # the server's SSE stream limit
     TOO_MANY_TOPICS = "too_many_topics"  # the server's topic limit
+    STAGING_FULL = "staging_full"  # unpublished staged bytes, per writer or in all
     SERVER_BUSY = "server_busy"  # the server's connection limit
     INTERNAL = "internal"  # a server fault, never a refusal of the request's content
 
@@ -73,6 +74,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.TOPIC_FULL: 422,
     ErrorCode.TOO_MANY_STREAMS: 429,
     ErrorCode.TOO_MANY_TOPICS: 429,
+    ErrorCode.STAGING_FULL: 429,
     ErrorCode.INTERNAL: 500,
     ErrorCode.STORAGE_UNAVAILABLE: 503,
     ErrorCode.SERVER_BUSY: 503,

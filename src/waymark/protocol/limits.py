@@ -56,3 +56,8 @@ class Limits:
     # Topics a server holds, a queue's internal leases log included; creating one more
     # is 429 too_many_topics (docs/security.md, Limits). Recovered topics are all kept.
     max_topics: int = 100_000
+    # Bytes staged by exactly-once writers and not yet published, per writer and in all:
+    # past either a stage is 429 staging_full (docs/security.md, Limits). Stages live in
+    # memory until published or expired, so an unpublished stage must not grow forever.
+    max_staged_bytes_per_writer: int = 256 << 20
+    max_staged_bytes: int = 1 << 30
