@@ -426,3 +426,32 @@ def test_admin_holds_every_scope(secured: Secured) -> None:
         assert client.append("root.anything", [{"data": 1}]).seqs  # type: ignore[list-item]
         assert "root.anything" in [t.name for t in client.list_topics()]
         assert client.diff("root.anything", 0).records[0].data == 1
+
+
+def test_a_token_fences_only_writers_of_topics_it_may_write(secured: Secured) -> None:
+    """Any write token could open (and so fence) another team's exactly-once writer;
+    and the writers list showed every team's topics to any read token."""
+    n = next(_ids)
+    team_a = token_new(secured.tokens, f"team-a-{n}", f"write:a{n}.*", f"read:a{n}.*")
+    team_b = token_new(secured.tokens, f"team-b-{n}", f"write:b{n}.*", f"read:b{n}.*")
+    secured.process.send_signal(signal.SIGHUP)
+    with Client(secured.url, token=team_a) as a, Client(secured.url, token=team_b) as b:
+        deadline = time.monotonic() + 10
+        while True:  # the signal is handled between two requests
+            try:
+                b.whoami()
+                break
+            except ApiError:
+                assert time.monotonic() < deadline
+        writer = f"sink-a{n}"
+        epoch = a.open_writer(writer).epoch
+        a.stage(f"a{n}.out", [{"data": 1}], writer=writer, epoch=epoch, batch_id=0,  # type: ignore[list-item]
+                partition=0, attempt=0)  # fmt: skip
+        with pytest.raises(ApiError) as refused:
+            b.open_writer(writer)
+        assert refused.value.status == 403
+        assert refused.value.detail["topic"] == f"a{n}.out"
+        assert a.open_writer(writer).epoch == epoch + 1  # its own team still may
+        assert writer not in [w.writer for w in b.list_writers()]  # none of its topics shown
+        theirs = [w for w in a.list_writers() if w.writer == writer]
+        assert [t.topic for w in theirs for t in w.topics] == [f"a{n}.out"]

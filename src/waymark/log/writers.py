@@ -222,6 +222,10 @@ class Writers:
         self._expire(state, self._engine.clock.now_ms())
         return len(state.stages)
 
+    def topics_of(self, writer: str) -> list[str]:
+        """The topics ``writer`` has staged or published to (the current instances')."""
+        return sorted(topic for topic, w in self._writers if w == writer)
+
     def states(self) -> list[WriterState]:
         """Every writer by id: its epoch and, per topic, its last published batch."""
         now = self._engine.clock.now_ms()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..log import Engine, Limits
+from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
@@ -16,6 +16,8 @@ from ..protocol import (
     StageResponse,
     WriterList,
 )
+from ..protocol.scopes import ScopeKind, allows
+from .auth import TOKEN, Token
 from .http import BodyDecoder, Request, Response
 from .metrics import Metrics
 
@@ -34,12 +36,37 @@ class WritersApi:
 
     async def open_writer(self, request: Request) -> Response:
         body = _open.decode(await request.body(self.max_body))
+        token: Token | None = request.scope.get(TOKEN)
+        if token is not None:
+            self._check_may_fence(token, body.writer)
         epoch = self.writers.open_writer(body.writer)
         await self._durable(body.writer)  # an epoch is handed out only once it is durable
         return Response(_encode(OpenWriterResponse(body.writer, epoch)))
 
     async def list_writers(self, request: Request) -> Response:
-        return Response(_encode(WriterList(self.writers.states())))
+        states = self.writers.states()
+        token: Token | None = request.scope.get(TOKEN)
+        if token is not None:  # only the topics it may read (docs/security.md)
+            visible = []
+            for state in states:
+                topics = [t for t in state.topics
+                          if allows(token.grants, ScopeKind.READ, t.topic)]  # fmt: skip
+                if topics or not state.topics:  # one that wrote nothing yet shows bare
+                    visible.append(msgspec.structs.replace(state, topics=topics))
+            states = visible
+        return Response(_encode(WriterList(states)))
+
+    def _check_may_fence(self, token: Token, writer: str) -> None:
+        """Opening a writer fences its running instance: a token may do so only if it
+        may write every topic the writer writes (docs/security.md, Scopes)."""
+        for topic in self.writers.topics_of(writer):
+            if not allows(token.grants, ScopeKind.WRITE, topic):
+                raise TopicError(
+                    ErrorCode.FORBIDDEN,
+                    f"token {token.name!r} may not open writer {writer!r}: it writes "
+                    f"{topic!r}, which the token may not write",
+                    {"token": token.name, "writer": writer, "topic": topic, "needs": "write"},
+                )
 
     async def stage(self, request: Request) -> Response:
         body = _stage.decode(await request.body(self.max_body))
