@@ -34,7 +34,7 @@ Positive = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 TopicName = Annotated[str, Meta(pattern=f"^{TOPIC_NAME_PATTERN}$")]
 # A record's idempotency id (docs/semantics/topics.md §4.1): the server keeps every id
 # for the duplicate window, so its size is bounded like a tag's.
-MAX_ID_LENGTH = 256
+MAX_ID_LENGTH = 1024
 RecordId = Annotated[str, Meta(max_length=MAX_ID_LENGTH)]
 # A producer's meta key never starts with "$": those are the server's own (a dead
 # letter's $dead_letter_queue, which redrive trusts), docs/semantics/topics.md §1.1.
