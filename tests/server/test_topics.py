@@ -177,3 +177,32 @@ def test_effective_priority_reports_manual_and_recency(api, topic) -> None:
     # Just consumed: the auto term is at its maximum, AUTO_MAX = 500.
     api.state(topic)
     assert api.state(topic)["effective_priority"] == 500
+
+
+def test_topics_are_listed_a_page_at_a_time(tmp_path, spawn_server) -> None:
+    """10k topics made one listing a second of the event loop's time: the list is paged
+    by name, and the client and the console read the pages one after another."""
+    from waymark.client import Client, RecordIn
+
+    server = spawn_server(tmp_path / "data")
+    names = sorted(f"paged-{i:03}" for i in range(25))
+    with Client(server.url) as client:
+        for name in names:
+            client.append(name, [RecordIn.of(1)])
+        seen, after, pages = [], None, 0
+        while True:
+            page = client.list_topics_page(after=after, limit=10)
+            assert len(page.topics) <= 10
+            seen += [t.name for t in page.topics]
+            pages += 1
+            if page.next_after is None:
+                break
+            after = page.next_after
+        assert seen == names and pages == 3
+        assert [t.name for t in client.list_topics()] == names
+        first = httpx.get(f"{server.url}/v0/topics").json()
+        assert len(first["topics"]) == 25 and first["next_after"] is None  # default page 1000
+        for bad in ("0", "10001", "-1", "x"):
+            answer = httpx.get(f"{server.url}/v0/topics", params={"limit": bad})
+            assert answer.status_code == 400, bad
+            assert answer.json()["error"]["code"] == "invalid_request"

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from ..protocol import Checkpoint
+from ..protocol import Checkpoint, TopicState
 from . import calls
 from .api import Api
 from .changes import CheckpointWatch
@@ -109,6 +109,17 @@ class AsyncClient(Api):
             max_retries=max_retries,
         )
         return self._follow(watch, read_timeout)
+
+    async def list_topics(self) -> list[TopicState]:
+        """See :meth:`waymark.client.Client.list_topics`."""
+        topics: list[TopicState] = []
+        after: str | None = None
+        while True:
+            page = await self.list_topics_page(after=after)
+            topics += page.topics
+            if page.next_after is None:
+                return topics
+            after = page.next_after
 
     # --- change checkpoints (docs/semantics/recovery.md §1) --------------------------
     async def checkpoints(

@@ -36,6 +36,7 @@ from ..protocol import (
     StagedPart,
     StageResponse,
     TagRule,
+    TopicList,
     TopicState,
     TopicType,
     WhoAmI,
@@ -56,7 +57,13 @@ class AsyncClient:
         """The calling token's name and scopes (with auth off: every scope)."""
         ...
 
-    async def list_topics(self) -> list[TopicState]: ...
+    async def list_topics_page(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> TopicList:
+        """One page of topics by name, those after ``after``; ``next_after`` names the
+        next page (None on the last). :meth:`list_topics` reads them all."""
+        ...
+
     async def put_topic(
         self, topic: str, config: ConfigPatch | None = None, *, type: TopicType | None = None
     ) -> tuple[TopicState, bool]:
@@ -279,6 +286,10 @@ class AsyncClient:
         max_retries: int | None = None,
     ) -> AsyncIterator[WatchEvent]:
         """Follow a topic over SSE; see :meth:`waymark.client.Client.watch`."""
+        ...
+
+    async def list_topics(self) -> list[TopicState]:
+        """See :meth:`waymark.client.Client.list_topics`."""
         ...
 
     def checkpoints(

@@ -41,6 +41,7 @@ from ..protocol import (
     StagedPart,
     StageResponse,
     TagRule,
+    TopicList,
     TopicState,
     TopicType,
     WhoAmI,
@@ -67,8 +68,10 @@ class Api:
         """The calling token's name and scopes (with auth off: every scope)."""
         return self._run(calls.whoami())
 
-    def list_topics(self) -> list[TopicState]:
-        return self._run(calls.list_topics())
+    def list_topics_page(self, *, after: str | None = None, limit: int | None = None) -> TopicList:
+        """One page of topics by name, those after ``after``; ``next_after`` names the
+        next page (None on the last). :meth:`list_topics` reads them all."""
+        return self._run(calls.list_topics_page(after, limit))
 
     def put_topic(
         self,

@@ -123,8 +123,13 @@ def whoami() -> Call[WhoAmI]:
     return call("whoami", _whoami)
 
 
-def list_topics() -> Call[list[TopicState]]:
-    return call("listTopics", lambda r: _topics(r).topics)
+def list_topics_page(after: str | None, limit: int | None) -> Call[TopicList]:
+    params: dict[str, Any] = {}
+    if after is not None:
+        params["after"] = after
+    if limit is not None:
+        params["limit"] = limit
+    return call("listTopics", _topics, params=params)
 
 
 def put_topic(

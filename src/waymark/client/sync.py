@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from ..protocol import Checkpoint
+from ..protocol import Checkpoint, TopicState
 from . import calls
 from .api import Api
 from .changes import CheckpointWatch
@@ -115,6 +115,18 @@ class Client(Api):
             max_retries=max_retries,
         )
         return self._follow(watch, read_timeout)
+
+    def list_topics(self) -> list[TopicState]:
+        """Every topic's state (the token's readable ones), sorted by name: the server's
+        pages read one after another."""
+        topics: list[TopicState] = []
+        after: str | None = None
+        while True:
+            page = self.list_topics_page(after=after)
+            topics += page.topics
+            if page.next_after is None:
+                return topics
+            after = page.next_after
 
     # --- change checkpoints (docs/semantics/recovery.md §1) --------------------------
     def checkpoints(

@@ -15,7 +15,8 @@ to wait on and whether the class requires waiting.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -100,11 +101,32 @@ class Engine:
         self.kernel.recovering = recovering
 
     # --- topics -----------------------------------------------------------------
-    def list_topics(self) -> list[TopicState]:
-        """Every topic's state, sorted by name; a queue's internal leases log is not one."""
+    @property
+    def topic_count(self) -> int:
+        """Topics a user made (internal logs are not counted)."""
+        return self.kernel.user_topics
+
+    def list_topics(
+        self,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        visible: Callable[[str], bool] | None = None,
+    ) -> list[TopicState]:
+        """The states of topics named after ``after`` (all: None), sorted by name, at
+        most ``limit`` of them, only those ``visible`` admits; a queue's internal leases
+        log is not one. Only the page's states are built: a state costs far more than
+        its name (docs/http-api.md, listing topics)."""
         now = self.clock.now_ms()
-        topics = sorted(self.kernel.topics(), key=lambda t: t.name)
-        return [self._state(t, now) for t in topics if "$" not in t.name]
+        names = sorted(n for n in self.kernel.names() if "$" not in n)
+        if after is not None:
+            names = names[bisect.bisect_right(names, after) :]
+        if visible is not None:
+            names = [n for n in names if visible(n)]
+        if limit is not None:
+            names = names[:limit]
+        get = self.kernel.get
+        return [self._state(t, now) for n in names if (t := get(n)) is not None]
 
     def _check_room(self, name: str) -> None:
         """Refuse a new topic past ``Limits.max_topics`` (docs/security.md, Limits)."""

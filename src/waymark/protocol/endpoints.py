@@ -15,7 +15,7 @@ from urllib.parse import quote
 from msgspec import Struct
 
 from .changes import CheckpointPage
-from .limits import MAX_BATCH
+from .limits import DEFAULT_TOPIC_PAGE, MAX_BATCH, MAX_TOPIC_PAGE
 from .pages import ARROW_STREAM
 from .queues import (
     AckBody,
@@ -111,8 +111,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v0/auth/whoami", "whoami",
              "The calling token's name and scopes (auth false: the server has no tokens)",
              response=WhoAmI, errors=(), scope=ScopeKind.TOKEN),
-    Endpoint("GET", "/v0/topics", "listTopics", "Every topic's state, sorted by name",
-             response=TopicList, errors=(), scope=ScopeKind.READ),
+    Endpoint("GET", "/v0/topics", "listTopics",
+             "A page of topics' states by name (those after `after`); next_after names "
+             "the next page",
+             response=TopicList, errors=(400,), scope=ScopeKind.READ,
+             query=(QueryParam("after", {"type": "string"},
+                               "exclusive lower bound on names (a page's next_after)"),
+                    QueryParam("limit", {"type": "integer", "minimum": 1,
+                                         "maximum": MAX_TOPIC_PAGE},
+                               f"topics per page (default {DEFAULT_TOPIC_PAGE})"))),
     # --- topics (the order of one path's methods is the order of its Allow header)
     Endpoint("PUT", _TOPIC, "putTopic",
              "Create (201) or update (200) a topic; config fields at the top level",

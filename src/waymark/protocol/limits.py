@@ -24,6 +24,8 @@ MAX_DIFF_LIMIT = 10_000  # records a JSON diff page may scan
 MAX_ARROW_DIFF_LIMIT = 100_000  # records an Arrow diff page may scan (docs/http-api.md)
 DEFAULT_DIFF_LIMIT = 1000
 MAX_WAIT_MS = 60_000  # the longest diff long-poll
+DEFAULT_TOPIC_PAGE = 1000  # topics a GET /v0/topics page holds unless asked
+MAX_TOPIC_PAGE = 10_000
 MAX_BATCH = 10_000  # jobs per claim, leases per /work stream, seqs per ack/nack/extend
 
 Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]

@@ -251,7 +251,11 @@ class TopicPut(ConfigPatch, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class TopicList(Struct):
+    """``GET /v0/topics``: one page of topics by name; ``next_after`` is the ``after``
+    of the next page, None on the last (docs/http-api.md)."""
+
     topics: list[TopicState]
+    next_after: str | None = None
 
 
 class TopicDeleted(Struct):

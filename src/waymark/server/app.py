@@ -106,7 +106,7 @@ class App:
         self.forwarder = Forwarder(self.engine, self.deliveries)
         self.engine.add_listener(self.forwarder.poke)
         self.metrics = Metrics(
-            lambda: len(self.engine.list_topics()), self._recovering, self._dead_letters
+            lambda: self.engine.topic_count, self._recovering, self._dead_letters
         )
         api = TopicApi(self.engine, self.limits, self.notifier, self.metrics, settings)
         writers = WritersApi(self.engine, self.limits, self.metrics)

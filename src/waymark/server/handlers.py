@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 import orjson
@@ -29,6 +30,7 @@ from ..protocol import (
     TopicPut,
     parse_cursor,
 )
+from ..protocol.limits import DEFAULT_TOPIC_PAGE, MAX_TOPIC_PAGE
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
@@ -53,6 +55,10 @@ class Settings:
     heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
     sse_batch: int = 500  # records read from the engine per SSE chunk
     delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
+
+
+def _readable(token: Token, topic: str) -> bool:
+    return allows(token.grants, ScopeKind.READ, topic)
 
 
 def _topic(request: Request) -> str:
@@ -110,11 +116,20 @@ class TopicApi:
         return Response(_HEALTH)
 
     async def list_topics(self, request: Request) -> Response:
-        topics = self.engine.list_topics()
+        after = request.query.get("after", [None])[-1]
+        asked = _int(request, "limit")
+        limit = DEFAULT_TOPIC_PAGE if asked is None else asked
+        if not 1 <= limit <= MAX_TOPIC_PAGE:
+            raise TopicError(ErrorCode.INVALID_REQUEST, f"limit is 1 to {MAX_TOPIC_PAGE}",
+                             {"limit": limit})  # fmt: skip
         token: Token | None = request.scope.get(TOKEN)
-        if token is not None:  # only the topics it may read (docs/security.md)
-            topics = [t for t in topics if allows(token.grants, ScopeKind.READ, t.name)]
-        return Response(_encode(TopicList(topics)))
+        # Only the topics it may read (docs/security.md); a page at a time, so a server
+        # with many topics answers without holding up other requests for long.
+        visible = None if token is None else partial(_readable, token)
+        topics = self.engine.list_topics(after=after, limit=limit + 1, visible=visible)
+        more = len(topics) > limit
+        del topics[limit:]
+        return Response(_encode(TopicList(topics, topics[-1].name if more else None)))
 
     async def _control_durable(self, name: str) -> None:
         # Topic config and deletions are control frames: acknowledged once durable.

@@ -52,6 +52,20 @@ export async function api(method, path, body, signal) {
   return parsed;
 }
 
+// Every topic's state (those the token may read): GET /v0/topics answers a page at a
+// time, by name; next_after names the next page.
+export async function allTopics(signal) {
+  let topics = [];
+  let after = null;
+  for (;;) {
+    const query = after === null ? "" : `?after=${encodeURIComponent(after)}`;
+    const page = await api("GET", `/v0/topics${query}`, undefined, signal);
+    topics = topics.concat(page.topics);
+    if (!page.next_after) return topics;
+    after = page.next_after;
+  }
+}
+
 // Everything, when the server has no token support yet (404) or auth is off.
 const OPEN = { name: null, scopes: ["admin", "read:*", "write:*", "delete:*", "queue:*"], auth: false };
 

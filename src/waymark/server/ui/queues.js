@@ -1,6 +1,6 @@
 // The Queues page: ready / in flight / dead-lettered counts, the oldest lease, and a
 // redrive of dead letters for tokens with the queue scope.
-import { allowed, api, serverNow, topicPath } from "./api.js";
+import { allTopics, allowed, api, serverNow, topicPath } from "./api.js";
 import { fmtInt, fmtSpan, h, sortableTable } from "./dom.js";
 import { record, values } from "./samples.js";
 import { chart } from "./svg.js";
@@ -53,7 +53,7 @@ export async function queuesPage(view, { identity, every, signal }) {
     charts.replaceChildren(...queues.slice(0, 4).map((t) => chart(values(`ready:${t.name}`), { title: `${t.name} ready` })));
   };
   await every(2000, async () => {
-    const topics = (await api("GET", "/v0/topics", undefined, signal)).topics;
+    const topics = await allTopics(signal);
     queues = topics.filter((t) => t.type === "queue");
     for (const q of queues) record(`ready:${q.name}`, q.queue.ready);
     draw();

@@ -1,7 +1,7 @@
 // The Routers page: the forwarding graph (source → dest, guarantee, filter, lag) and
 // each router's lag over the last minutes. Lag is the source's head seq minus the
 // router's forward cursor: records committed to the source and not yet forwarded.
-import { api, isAdmin } from "./api.js";
+import { allTopics, api, isAdmin } from "./api.js";
 import { fmtInt, h } from "./dom.js";
 import { record, values } from "./samples.js";
 import { chart, describeFilter, routerGraph } from "./svg.js";
@@ -36,8 +36,8 @@ export async function routersPage(view, { identity, every, signal }) {
       h("button", { type: "button", onclick: () => { confirming = null; redraw(); } }, "Cancel"));
   };
   await every(2000, poll = async () => {
-    const [{ routers }, { topics }] = await Promise.all([
-      api("GET", "/v0/routers", undefined, signal), api("GET", "/v0/topics", undefined, signal)]);
+    const [{ routers }, topics] = await Promise.all([
+      api("GET", "/v0/routers", undefined, signal), allTopics(signal)]);
     const heads = new Map(topics.map((t) => [t.name, t.head_seq]));
     for (const r of routers) {
       r.lag = Math.max(0, (heads.get(r.source) ?? r.cursor) - r.cursor);

@@ -1,5 +1,5 @@
 // The Topics page: every topic's state, sortable and filterable, with its append rate.
-import { api } from "./api.js";
+import { allTopics } from "./api.js";
 import { card, fmtAgo, fmtBytes, fmtInt, fmtRate, h, sortableTable } from "./dom.js";
 import { headKey, latestRate, rates, recordTopics } from "./samples.js";
 import { chart } from "./svg.js";
@@ -59,7 +59,7 @@ export async function topicsPage(view, { every, signal }) {
   };
   filter.addEventListener("input", () => { state.filter = filter.value; draw(); });
   await every(2000, async () => {
-    topics = (await api("GET", "/v0/topics", undefined, signal)).topics;
+    topics = await allTopics(signal);
     recordTopics(topics);
     draw();
   });
