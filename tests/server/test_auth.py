@@ -410,19 +410,25 @@ def test_token_names_in_any_script_read_back_and_control_characters_are_refused(
     assert missing.returncode == 2 and "no token named 'nobody'" in missing.stderr
 
 
+def until_known(client: Client) -> None:
+    """Wait until the server took the client's new token up (its SIGHUP is handled
+    between two requests)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.whoami()
+            return
+        except ApiError:
+            assert time.monotonic() < deadline
+
+
 def test_admin_holds_every_scope(secured: Secured) -> None:
     """``admin`` alone was refused listing topics and appending (403), though the
     console and the docs treated it as a super user."""
     secret = token_new(secured.tokens, f"root-{next(_ids)}", "admin")
     secured.process.send_signal(signal.SIGHUP)
     with Client(secured.url, token=secret) as client:
-        deadline = time.monotonic() + 10
-        while True:  # the signal is handled between two requests
-            try:
-                client.whoami()
-                break
-            except ApiError:
-                assert time.monotonic() < deadline
+        until_known(client)
         assert client.append("root.anything", [{"data": 1}]).seqs  # type: ignore[list-item]
         assert "root.anything" in [t.name for t in client.list_topics()]
         assert client.diff("root.anything", 0).records[0].data == 1
@@ -436,13 +442,7 @@ def test_a_token_fences_only_writers_of_topics_it_may_write(secured: Secured) ->
     team_b = token_new(secured.tokens, f"team-b-{n}", f"write:b{n}.*", f"read:b{n}.*")
     secured.process.send_signal(signal.SIGHUP)
     with Client(secured.url, token=team_a) as a, Client(secured.url, token=team_b) as b:
-        deadline = time.monotonic() + 10
-        while True:  # the signal is handled between two requests
-            try:
-                b.whoami()
-                break
-            except ApiError:
-                assert time.monotonic() < deadline
+        until_known(b)
         writer = f"sink-a{n}"
         epoch = a.open_writer(writer).epoch
         a.stage(f"a{n}.out", [{"data": 1}], writer=writer, epoch=epoch, batch_id=0,  # type: ignore[list-item]
