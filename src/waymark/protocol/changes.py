@@ -10,7 +10,11 @@ strictly and are never reused, also across restarts.
 
 from __future__ import annotations
 
-from msgspec import Struct
+from msgspec import Struct, field
+
+# (topic, epoch, seq): every change of ``topic`` up to ``(epoch, seq)`` is named by this
+# checkpoint or an older one (docs/semantics/recovery.md §1.6).
+Covered = tuple[str, int, int]
 
 
 class KeyChange(Struct, array_like=True, frozen=True):
@@ -38,10 +42,13 @@ class Checkpoint(Struct, array_like=True, frozen=True):
 
 class CheckpointData(Struct, array_like=True, frozen=True):
     """What the server stores per checkpoint in its internal topic (the record's seq
-    is the id)."""
+    is the id). ``covered`` is what a restart rebuilds after: per topic it names, the
+    version up to which that topic's changes are in checkpoints (absent before it was
+    kept: readers of older records see none)."""
 
     time_ms: int
     changes: list[KeyChange]
+    covered: list[Covered] = field(default_factory=list)
 
 
 class CheckpointPage(Struct, frozen=True):

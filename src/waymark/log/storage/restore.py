@@ -15,6 +15,7 @@ import numpy as np
 
 from ...clock import Clock
 from ...protocol import Limits, TopicConfig
+from ..changes import Changes
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
@@ -50,8 +51,13 @@ def open_engine(
     fileio: FileIO | None = None,
     cold_dir: Path | None = None,
     hot_segments: int = 4,
+    track_changes: bool = False,
 ) -> tuple[Engine, Store, RestoreReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
+
+    ``track_changes``: the engine keeps change checkpoints (:meth:`Engine.track_changes`
+    follows); the changes no checkpoint named before the stop are noted again, from the
+    catalog and the WAL, for the next one (docs/semantics/recovery.md §1.6).
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
     :class:`~waymark.log.storage.segment.SegmentError`) naming the file and offset
@@ -62,6 +68,8 @@ def open_engine(
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(clock=clock, defaults=defaults, limits=limits)
+    if track_changes:
+        engine.changes = Changes()
     catalog = read_catalog(data_dir)
     segments = 0
     if catalog is not None:
@@ -112,6 +120,8 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
             chunk.drop_cached_pages()
         engine.kernel.register(topic)
     engine.kernel.restore_epoch(catalog.last_epoch)
+    if engine.changes is not None and catalog.changes:
+        engine.changes.replayed().restored(catalog.changes)
     engine.writers.restore(catalog.writers)
     engine.routers.restore(catalog.routers)
     remove_unreferenced(data_dir / TOPICS, keep)
