@@ -54,11 +54,16 @@ from waymark.server.serving import Server, listen
 class Prepared:
     """A checkpoint source of prepared checkpoints, handed to the listener on demand."""
 
+    topics = None
+
     def __init__(self) -> None:
         self.listener: CheckpointListener | None = None
 
     def newest_id(self) -> int:
         return 0
+
+    def instance(self) -> str:
+        return ""
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter(())

@@ -11,6 +11,7 @@ import msgspec
 from waymark.log import CHANGES_TOPIC, Engine
 from waymark.protocol import Checkpoint, CheckpointData, key_topic
 from waymark.recovery import CheckpointListener, LocalReceiptStore
+from waymark.recovery.store import Binding
 
 
 class _Stored(msgspec.Struct):
@@ -42,13 +43,17 @@ class EngineCheckpoints:
                 changes = stored.data.changes
                 if self.topics is not None:
                     changes = [c for c in changes if key_topic(c.key) in self.topics]
-                found.append(Checkpoint(stored.seq, stored.data.time_ms, changes))
+                found.append(Checkpoint(stored.seq, stored.data.time_ms, changes,
+                                        self.engine.instance))  # fmt: skip
             cursor = page.next_from_seq
             if page.caught_up:
                 return found
 
     def newest_id(self) -> int:
         return self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
+
+    def instance(self) -> str:
+        return self.engine.instance
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter([c for c in reversed(self.all()) if c.time_ms >= earliest_ms])
@@ -107,6 +112,13 @@ class FaultInjectingStore:
     def purge_before(self, client: str, checkpoint: int) -> None:
         self._check()
         self.store.purge_before(client, checkpoint)
+
+    def binding(self, client: str) -> Binding | None:
+        return self.store.binding(client)
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        self._check()
+        self.store.store_binding(client, binding)
 
     def close(self) -> None:
         self.store.close()

@@ -67,6 +67,15 @@ def register(app: typer.Typer) -> None:
         recent_s: RecentS = 30.0,
         max_window_s: WindowS = 86_400.0,
         json: Annotated[bool, typer.Option("--json", help="JSON lines {key, version}.")] = False,
+        resync: Annotated[
+            bool,
+            typer.Option(
+                "--resync",
+                help="When CLIENT's receipts are of another server instance (a new, "
+                "replaced or restored data directory), list every key this server's "
+                "checkpoints name instead of refusing (docs/recovery.md, Resync).",
+            ),
+        ] = False,
     ) -> None:
         """Print the keys CLIENT never receipted, each with its newest committed version.
         Reads only: nothing is receipted or stored."""
@@ -74,10 +83,15 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from waymark.recovery import RecoveryError
+
         service = _service(url, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
-                found = service.missed()
+                found = service.missed(resync=resync)
+        except RecoveryError as exc:
+            typer.echo(f"waymark: {exc}", err=True)
+            raise typer.Exit(1) from exc
         finally:
             service.close()
             service.store.close()
@@ -106,10 +120,15 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from waymark.recovery import RecoveryError
+
         service = _service(url, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
                 state = service.status()
+        except RecoveryError as exc:
+            typer.echo(f"waymark: {exc}", err=True)
+            raise typer.Exit(1) from exc
         finally:
             service.close()
             service.store.close()

@@ -15,6 +15,7 @@ to wait on and whether the class requires waiting.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,10 @@ class Engine:
         # Committed changes per key, for change checkpoints
         # (docs/semantics/recovery.md §1); None until track_changes.
         self.changes: Changes | None = None
+        # Names this engine's history, which checkpoint ids count in: a new one per
+        # in-memory engine, the data directory's for a restored one
+        # (docs/semantics/recovery.md §3.5).
+        self.instance = secrets.token_hex(8)
 
     @property
     def journal(self) -> Journal | None:

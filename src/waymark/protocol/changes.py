@@ -30,14 +30,17 @@ class KeyChange(Struct, array_like=True, frozen=True):
 
 
 class Checkpoint(Struct, array_like=True, frozen=True):
-    """A change checkpoint, ``[id, time_ms, [[key, first, last], ...]]`` on the wire (a
-    day of 1 s checkpoints is 86 400 of them: no field names repeated). ``changes`` is
-    empty when a topic filter left nothing of it: the id still tells a filtered reader
-    that it exists (docs/semantics/recovery.md §3.4)."""
+    """A change checkpoint, ``[id, time_ms, [[key, first, last], ...], instance]`` on
+    the wire (a day of 1 s checkpoints is 86 400 of them: no field names repeated).
+    ``changes`` is empty when a topic filter left nothing of it: the id still tells a
+    filtered reader that it exists (docs/semantics/recovery.md §3.4). ``instance`` names
+    the server's data directory: ids are comparable only within one instance
+    (docs/semantics/recovery.md §3.5; empty from a server before it was sent)."""
 
     id: int
     time_ms: int
     changes: list[KeyChange]
+    instance: str = ""
 
 
 class CheckpointData(Struct, array_like=True, frozen=True):
@@ -57,6 +60,7 @@ class CheckpointPage(Struct, frozen=True):
 
     checkpoints: list[Checkpoint]
     next_before: int | None = None
+    instance: str = ""  # the server's instance id, also when no checkpoint is kept yet
 
 
 def key_topic(key: str) -> str:

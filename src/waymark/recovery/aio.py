@@ -29,8 +29,17 @@ from .types import CheckpointListener, CommittedVersion, CommittedVersionListene
 class AsyncCheckpointSource(Protocol):
     """Where change checkpoints come from, for asyncio (docs/semantics/recovery.md §1.5)."""
 
+    @property
+    def topics(self) -> Sequence[str] | None:
+        """The topics whose changes it hands out, None for all."""
+        ...
+
     async def newest_id(self) -> int:
         """The newest checkpoint's id (0: none yet)."""
+        ...
+
+    def instance(self) -> str:
+        """The server instance the last :meth:`newest_id` answered for ("" unknown)."""
         ...
 
     def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
@@ -56,10 +65,15 @@ class AsyncTopicCheckpoints:
         self.topics = list(topics) if topics else None
         self.client = client or AsyncClient(url)
         self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
+        self._instance = ""
 
     async def newest_id(self) -> int:
         page = await self.client.list_checkpoints(limit=1)
+        self._instance = page.instance
         return page.checkpoints[0].id if page.checkpoints else 0
+
+    def instance(self) -> str:
+        return self._instance
 
     def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
         return self.client.checkpoints(earliest_ms, topics=self.topics)
@@ -113,6 +127,7 @@ class AsyncRecoveryService:
             compress_interval_s=compress_interval_s, clock=clock or SystemClock(),
             new_future=_future,
         )  # fmt: skip
+        self.core.topics = sorted(source.topics) if source.topics is not None else None
         # One step of the bookkeeping at a time: a flush awaits the store, and the
         # receipts arriving meanwhile wait for the next one.
         self._lock = asyncio.Lock()
@@ -139,25 +154,32 @@ class AsyncRecoveryService:
             return stop.value
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------
-    async def _query(self) -> Query:
+    async def _query(self, resync: bool = False) -> Query:
         core = self.core
         newest = await self.source.newest_id()
-        walk = core.walk(newest, *await self._run(core.stored()))
+        instance = self.source.instance()
+        stored = await self._run(core.stored())
+        reset = core.check(newest, instance, stored, resync=resync)
+        walk = core.walk(newest, stored, reset=reset)
         if walk is not None:
             async for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
                 if not walk.step(checkpoint):
                     break
-        return core.query(newest, walk)
+        return core.query(newest, walk, instance=instance, stored=stored, reset=reset)
 
-    async def missed(self) -> list[CommittedVersion]:
-        """The recovery query alone; nothing is written and nothing subscribed."""
-        return versions((await self._query()).found.missed)
+    async def missed(self, *, resync: bool = False) -> list[CommittedVersion]:
+        """The recovery query alone; nothing is written and nothing subscribed
+        (``resync`` as :meth:`RecoveryService.missed`)."""
+        return versions((await self._query(resync)).found.missed)
 
-    async def subscribe(self, listener: CommittedVersionListener) -> list[CommittedVersion]:
+    async def subscribe(
+        self, listener: CommittedVersionListener, *, resync: bool = False
+    ) -> list[CommittedVersion]:
         """The committed versions this client never receipted (each key once, at its
-        newest version); every later one goes to ``listener``, called on the loop."""
+        newest version); every later one goes to ``listener``, called on the loop
+        (``resync`` as :meth:`RecoveryService.subscribe`)."""
         async with self._lock:
-            query = await self._query()
+            query = await self._query(resync)
             in_flight = await self._run(self.core.start(query, listener))
             self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
             if self.reporter is not None:

@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from ..clock import Clock
 from ..protocol import Checkpoint, RecoveryReport
 from .ledger import Ledger, Recovery, Version, Walk
-from .store import ReceiptStore
+from .store import Binding, ReceiptStore
 from .types import CommittedVersion, CommittedVersionListener, RecoveryError
 
 Op = tuple[Callable[..., Any], tuple[Any, ...]]  # a store call: method, arguments
@@ -50,12 +50,28 @@ class Status:
 
 
 @dataclass
+class Stored:
+    """A client's persisted state: watermark, range receipts above it, binding."""
+
+    mark: int | None
+    ranges: list[tuple[int, int]]
+    binding: Binding | None
+
+
+@dataclass
 class Query:
     ledger: Ledger
     found: Recovery
     newest: int
     first_start: bool
     moved: int | None  # the watermark moved into the window, if it was older
+    instance: str = ""  # the server instance the query walked
+    binding: Binding | None = None  # as stored before the query
+    reset: bool = False  # a resync: the receipts of another instance are dropped
+
+
+# The highest checkpoint id there is: a resync purges every range at or below it.
+MAX_ID = 2**63 - 1
 
 
 class _Waiter(Generic[F]):
@@ -92,6 +108,10 @@ class ServiceCore(Generic[F]):
         self.new_future = new_future
         self.ledger: Ledger | None = None
         self.listener: CommittedVersionListener | None = None
+        self.topics: list[str] | None = None  # the source's filter, bound with the receipts
+        self.instance = ""  # the server instance subscribed to
+        # Why the service stopped, once it did: every later call says so.
+        self.failure: RecoveryError | None = None
         self.on_watermark: Callable[[], None] | None = None  # told when the watermark moves
         # Per unpersisted checkpoint, the future of every receipt waiting for it alone
         # (shared: one object per checkpoint, not per receipt), and the receipts that
@@ -101,26 +121,69 @@ class ServiceCore(Generic[F]):
         self._next_compress = clock.now_ms() + self.compress_interval_ms
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------
-    def stored(self) -> Io[tuple[int | None, list[tuple[int, int]]]]:
-        """The persisted watermark and the range receipts above it."""
+    def stored(self) -> Io[Stored]:
+        """The persisted watermark, the range receipts above it and the binding."""
         mark = yield (self.store.low_watermark, (self.client_id,))
         ranges = yield (_list_ranges, (self.store, self.client_id, mark or 0))
-        return mark, ranges
+        binding = yield (self.store.binding, (self.client_id,))
+        return Stored(mark, ranges, binding)
 
-    def walk(self, newest: int, mark: int | None, ranges: list[tuple[int, int]]) -> Walk | None:
+    def check(self, newest: int, instance: str, stored: Stored, *, resync: bool) -> bool:
+        """Whether the stored receipts count in this server's checkpoint ids
+        (docs/semantics/recovery.md §3.5). If not, a :class:`RecoveryError` naming both
+        sides, or with ``resync`` True: they are to be dropped (a reset)."""
+        bound = stored.binding.instance if stored.binding is not None else ""
+        receipted = max([stored.mark or 0, *(end for _, end in stored.ranges)])
+        if bound and instance and bound != instance:
+            problem = (
+                f"client {self.client_id!r} receipted the change checkpoints of server "
+                f"instance {bound}, but this server is instance {instance} (a new or "
+                "replaced data directory): its checkpoint ids count from scratch"
+            )
+        elif receipted > newest:
+            problem = (
+                f"checkpoint ids went backwards: client {self.client_id!r} receipted up to "
+                f"checkpoint {receipted}, but the newest checkpoint of this server "
+                f"(instance {instance or 'unknown'}) is {newest} (a data directory "
+                "restored from a backup?)"
+            )
+        else:
+            return False
+        if resync:
+            return True
+        raise RecoveryError(
+            f"{problem}. No answer rather than a wrong one: re-process every key from "
+            "its current state, then resync (subscribe(..., resync=True); `waymark "
+            "recovery missed --resync` lists what this server's checkpoints name)"
+        )
+
+    def walk(self, newest: int, stored: Stored, *, reset: bool = False) -> Walk | None:
         """The walk of the checkpoints back to :meth:`earliest_ms`; None on a first
-        start, which reports nothing (docs/semantics/recovery.md §3.1)."""
-        if mark is None and not ranges:
+        start, which reports nothing (docs/semantics/recovery.md §3.1). A reset walks
+        as if nothing were receipted: every key of the window is missed."""
+        recent = self.clock.now_ms() - self.recent_ms
+        if reset:
+            return Walk(Ledger(0), [], newest, recent)
+        if stored.mark is None and not stored.ranges:
             return None
-        return Walk(Ledger(mark or 0), ranges, newest, self.clock.now_ms() - self.recent_ms)
+        return Walk(Ledger(stored.mark or 0), stored.ranges, newest, recent)
 
     def earliest_ms(self) -> int:
         return self.clock.now_ms() - self.max_window_ms
 
-    def query(self, newest: int, walk: Walk | None) -> Query:
+    def query(
+        self,
+        newest: int,
+        walk: Walk | None,
+        *,
+        instance: str = "",
+        stored: Stored | None = None,
+        reset: bool = False,
+    ) -> Query:
         """The query's outcome once its walk ended (or ran out of checkpoints)."""
+        binding = stored.binding if stored is not None else None
         if walk is None:
-            return Query(Ledger(newest), Recovery(), newest, True, None)
+            return Query(Ledger(newest), Recovery(), newest, True, None, instance, binding)
         found = walk.done()
         moved = None
         if not found.reached:
@@ -129,17 +192,26 @@ class ServiceCore(Generic[F]):
             moved = newest if found.oldest is None else found.oldest - 1
             if moved <= walk.ledger.low_watermark:
                 moved = None
-        return Query(walk.ledger, found, newest, False, moved)
+        return Query(walk.ledger, found, newest, False, moved, instance, binding, reset)
 
     def start(self, query: Query, listener: CommittedVersionListener) -> Io[list[CommittedVersion]]:
-        """Subscribe ``listener`` after ``query``: store the first or moved watermark,
-        persist what the walk found receipted; the in-flight versions for the listener."""
+        """Subscribe ``listener`` after ``query``: drop another instance's receipts on a
+        resync, store the first or moved watermark and the binding, persist what the
+        walk found receipted; the in-flight versions for the listener."""
         ledger = query.ledger
+        client, store = self.client_id, self.store
+        if query.reset:  # (the binding goes last: a crash in between resyncs again)
+            yield (store.purge_before, (client, MAX_ID))
+            yield (store.store_low_watermark, (client, 0))
         if query.first_start:
-            yield (self.store.store_low_watermark, (self.client_id, query.newest))
+            yield (store.store_low_watermark, (client, query.newest))
         elif query.moved is not None:
-            yield (self.store.store_low_watermark, (self.client_id, query.moved))
+            yield (store.store_low_watermark, (client, query.moved))
             ledger.advance(query.moved)
+        binding = Binding(query.instance, self.topics)
+        if binding != query.binding:
+            yield (store.store_binding, (client, binding))
+        self.instance = query.instance
         self.ledger, self.listener = ledger, listener
         yield from self.flush()  # checkpoints every key of which a newer receipt covers
         return [
@@ -150,9 +222,21 @@ class ServiceCore(Generic[F]):
 
     def offer(self, checkpoint: Checkpoint) -> tuple[list[CommittedVersion], bool]:
         """A new checkpoint from the source: its versions for the listener, and whether
-        to :meth:`flush` (nothing of it passes the filter: receipted at once)."""
+        to :meth:`flush` (nothing of it passes the filter: receipted at once). One of
+        another server instance stops the service (docs/semantics/recovery.md §3.5)."""
         ledger = self.ledger
-        if ledger is None or self.listener is None or not ledger.add(checkpoint):
+        if ledger is None or self.listener is None or self.failure is not None:
+            return [], False
+        if checkpoint.instance and self.instance and checkpoint.instance != self.instance:
+            self.failure = RecoveryError(
+                f"checkpoint {checkpoint.id} comes from server instance "
+                f"{checkpoint.instance}, but client {self.client_id!r} follows instance "
+                f"{self.instance} (a new or replaced data directory): stopped rather than "
+                "skip its checkpoints; subscribe again (with resync=True once every key "
+                "is re-processed)"
+            )
+            return [], False
+        if not ledger.add(checkpoint):
             return [], False
         fresh = ledger.unreceipted(checkpoint.id)
         return [CommittedVersion(key, v, epoch) for key, (epoch, v) in fresh], not fresh
@@ -163,6 +247,8 @@ class ServiceCore(Generic[F]):
         ledger = self.ledger
         if ledger is None:
             return self._failed(RecoveryError("subscribe first: no version is known yet")), False
+        if self.failure is not None:
+            return self._failed(self.failure), False
         try:
             hit = ledger.receipt(key, (epoch, version))
         except RecoveryError as exc:

@@ -8,10 +8,13 @@ cut. One file serves any number of clients (the client id is part of each row's 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from .store import Binding
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS watermark (client TEXT PRIMARY KEY, checkpoint INTEGER NOT NULL);
@@ -19,6 +22,7 @@ CREATE TABLE IF NOT EXISTS ranges (
     client TEXT NOT NULL, begin INTEGER NOT NULL, end INTEGER NOT NULL,
     PRIMARY KEY (client, begin)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS binding (client TEXT PRIMARY KEY, instance TEXT NOT NULL, topics TEXT);
 """
 
 
@@ -77,6 +81,23 @@ class LocalReceiptStore:
 
     def purge_before(self, client: str, checkpoint: int) -> None:
         self._write("DELETE FROM ranges WHERE client = ? AND end <= ?", [(client, checkpoint)])
+
+    def binding(self, client: str) -> Binding | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT instance, topics FROM binding WHERE client = ?", (client,)
+            ).fetchone()
+        if row is None:
+            return None
+        return Binding(row[0], None if row[1] is None else json.loads(row[1]))
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        topics = None if binding.topics is None else json.dumps(binding.topics)
+        self._write(
+            "INSERT INTO binding VALUES (?, ?, ?) ON CONFLICT (client) "
+            "DO UPDATE SET instance = excluded.instance, topics = excluded.topics",
+            [(client, binding.instance, topics)],
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -53,33 +53,45 @@ class RecoveryService:
             compress_interval_s=compress_interval_s, clock=clock or SystemClock(),
             new_future=Future,
         )  # fmt: skip
+        self.core.topics = sorted(source.topics) if source.topics is not None else None
         self._lock = threading.RLock()
         self.reporter = reporter_for(report_to, store, self._report, report_every_s, report)
         if self.reporter is not None:
             self.core.on_watermark = self.reporter.poke
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------------
-    def _query(self) -> Query:
+    def _query(self, resync: bool = False) -> Query:
         core = self.core
         newest = self.source.newest_id()
-        walk = core.walk(newest, *run(core.stored()))
+        instance = self.source.instance()
+        stored = run(core.stored())
+        reset = core.check(newest, instance, stored, resync=resync)
+        walk = core.walk(newest, stored, reset=reset)
         if walk is not None:
             for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
                 if not walk.step(checkpoint):
                     break
-        return core.query(newest, walk)
+        return core.query(newest, walk, instance=instance, stored=stored, reset=reset)
 
-    def missed(self) -> list[CommittedVersion]:
+    def missed(self, *, resync: bool = False) -> list[CommittedVersion]:
         """The recovery query alone: keys never receipted with their newest version,
-        each once; nothing is written and nothing subscribed."""
-        return versions(self._query().found.missed)
+        each once; nothing is written and nothing subscribed. Raises
+        :class:`RecoveryError` if the receipts are of another server instance or ids
+        went backwards; ``resync`` then reports every key the server's checkpoints
+        name instead (docs/semantics/recovery.md §3.5)."""
+        return versions(self._query(resync).found.missed)
 
-    def subscribe(self, listener: CommittedVersionListener) -> Iterator[CommittedVersion]:
+    def subscribe(
+        self, listener: CommittedVersionListener, *, resync: bool = False
+    ) -> Iterator[CommittedVersion]:
         """The committed versions this client never receipted (each key once, at its
         newest version), then every later one through ``listener``
-        (docs/semantics/recovery.md §3.3)."""
+        (docs/semantics/recovery.md §3.3). ``resync``: if the receipts are of another
+        server instance (or ids went backwards), drop them and report every key this
+        server's checkpoints name (docs/semantics/recovery.md §3.5); without it, that
+        case raises :class:`RecoveryError`."""
         with self._lock:
-            query = self._query()
+            query = self._query(resync)
             in_flight = run(self.core.start(query, listener))
             self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
             if self.reporter is not None:

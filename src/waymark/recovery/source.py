@@ -25,10 +25,15 @@ class TopicCheckpoints:
         self.bytes_read = 0  # answer bytes of the recovery walks, for the benchmark
         self._watchers: list[Client] = []
         self._closed = threading.Event()
+        self._instance = ""
 
     def newest_id(self) -> int:
         page = self.client.list_checkpoints(limit=1)
+        self._instance = page.instance
         return page.checkpoints[0].id if page.checkpoints else 0
+
+    def instance(self) -> str:
+        return self._instance
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return self.client.checkpoints(earliest_ms, topics=self.topics)

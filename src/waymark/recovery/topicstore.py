@@ -16,6 +16,7 @@ import msgspec
 
 from ..client import Client
 from ..protocol import ConfigPatch, Durability, RecordIn
+from .store import Binding
 
 COMPACT_AFTER = 1000  # a client's records before a snapshot replaces them
 
@@ -38,14 +39,19 @@ class Purge(_Entry):
     before: int | None = None  # every range ending at or below
 
 
+class Bind(_Entry):
+    binding: Binding
+
+
 class Snapshot(_Entry):
     """Everything the client's earlier records said: they are deleted after it."""
 
     watermark: int | None
     ranges: list[tuple[int, int]]
+    binding: Binding | None = None
 
 
-Entry = Watermark | Range | Purge | Snapshot
+Entry = Watermark | Range | Purge | Bind | Snapshot
 _entry = msgspec.json.Decoder(Entry)
 
 
@@ -53,14 +59,18 @@ class _State:
     def __init__(self) -> None:
         self.watermark: int | None = None
         self.ranges: dict[int, int] = {}  # begin -> end
+        self.binding: Binding | None = None
         self.cursor = 0  # the last seq folded in
         self.records = 0  # the client's records since its last snapshot
 
     def apply(self, entry: Entry) -> None:
         self.records += 1
         match entry:
-            case Snapshot(watermark, ranges):
+            case Snapshot(watermark, ranges, binding):
                 self.watermark, self.ranges, self.records = watermark, dict(ranges), 1
+                self.binding = binding
+            case Bind(binding):
+                self.binding = binding
             case Watermark(checkpoint):
                 self.watermark = checkpoint
             case Range(begin, end):
@@ -132,8 +142,16 @@ class TopicReceiptStore:
             if state.records > COMPACT_AFTER:
                 # One record holds it all; the client's records before it go.
                 ranges = sorted(state.ranges.items())
-                seq = self._append(client, Snapshot(state.watermark, ranges))
+                seq = self._append(client, Snapshot(state.watermark, ranges, state.binding))
                 self._client.delete(self.topic, before_seq=seq, match=client)
+
+    def binding(self, client: str) -> Binding | None:
+        with self._lock:
+            return self._state(client).binding
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        with self._lock:
+            self._append(client, Bind(binding))
 
     def close(self) -> None:
         if self._owned:

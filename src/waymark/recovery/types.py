@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,8 +32,19 @@ class RecoveryError(Exception):
 class CheckpointSource(Protocol):
     """Where change checkpoints come from (docs/semantics/recovery.md §1.5)."""
 
+    @property
+    def topics(self) -> Sequence[str] | None:
+        """The topics whose changes it hands out, None for all
+        (docs/semantics/recovery.md §3.4)."""
+        ...
+
     def newest_id(self) -> int:
         """The newest checkpoint's id (0: none yet)."""
+        ...
+
+    def instance(self) -> str:
+        """The server instance the last :meth:`newest_id` answered for ("" unknown):
+        checkpoint ids count within one instance (docs/semantics/recovery.md §3.5)."""
         ...
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:

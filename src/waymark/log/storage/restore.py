@@ -5,6 +5,7 @@ the engine is returned (:mod:`waymark.log.gradual`)."""
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from array import array
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from .seal import TOPICS, Sealer, remove_unreferenced
 from .segment import SealedChunk, SegmentError, segment_paths
 from .store import Store
 from .wal import Wal
+
+INSTANCE = "instance"  # the file holding the data directory's instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ def open_engine(
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(clock=clock, defaults=defaults, limits=limits)
+    engine.instance = instance_of(data_dir, fileio)
     if track_changes:
         engine.changes = Changes()
     catalog = read_catalog(data_dir)
@@ -97,6 +101,18 @@ def open_engine(
                             gradual.frames)  # fmt: skip
     sealer = Sealer(data_dir, wal, fileio, cold_dir, hot_segments)
     return engine, Store(wal, sealer), report
+
+
+def instance_of(data_dir: Path, fileio: FileIO) -> str:
+    """The data directory's instance id, made with it (docs/semantics/recovery.md §3.5):
+    a new or replaced directory is another instance, whose checkpoint ids start again.
+    A directory from before ids were kept gets one at its first start."""
+    path = data_dir / INSTANCE
+    if path.exists():
+        return path.read_text().strip()
+    instance = secrets.token_hex(8)
+    fileio.replace_file(path, instance.encode() + b"\n")
+    return instance
 
 
 def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None) -> int:
