@@ -45,6 +45,7 @@ from waymark.recovery import (
     CheckpointListener,
     LocalReceiptStore,
     RecoveryService,
+    SourceView,
     TopicCheckpoints,
 )
 from waymark.server import App
@@ -62,8 +63,8 @@ class Prepared:
     def newest_id(self) -> int:
         return 0
 
-    def instance(self) -> str:
-        return ""
+    def view(self) -> SourceView:
+        return SourceView()
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter(())

@@ -10,7 +10,7 @@ import msgspec
 
 from waymark.log import CHANGES_TOPIC, Engine
 from waymark.protocol import Checkpoint, CheckpointData, key_topic
-from waymark.recovery import CheckpointListener, LocalReceiptStore
+from waymark.recovery import CheckpointListener, LocalReceiptStore, SourceView
 from waymark.recovery.store import Binding
 
 
@@ -52,8 +52,9 @@ class EngineCheckpoints:
     def newest_id(self) -> int:
         return self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
 
-    def instance(self) -> str:
-        return self.engine.instance
+    def view(self) -> SourceView:
+        state = self.engine.get_topic(CHANGES_TOPIC, touch=False)
+        return SourceView(self.engine.instance, state.evict_floor - 1)
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter([c for c in reversed(self.all()) if c.time_ms >= earliest_ms])

@@ -76,14 +76,23 @@ def register(app: typer.Typer) -> None:
                 "checkpoints name instead of refusing (docs/recovery.md, Resync).",
             ),
         ] = False,
+        accept_loss: Annotated[
+            bool,
+            typer.Option(
+                "--accept-loss",
+                help="Exit 0 even when checkpoints fell out of the recovery window "
+                "(they are still listed).",
+            ),
+        ] = False,
     ) -> None:
-        """Print the keys CLIENT never receipted, each with its newest committed version.
-        Reads only: nothing is receipted or stored."""
+        """Print the keys CLIENT never receipted, each with its newest committed version,
+        after the ranges of checkpoints it could not examine (lost: exit 3 unless
+        --accept-loss). Reads only: nothing is receipted or stored."""
         import msgspec
         from rich.console import Console
         from rich.table import Table
 
-        from waymark.recovery import RecoveryError
+        from waymark.recovery import CommittedVersion, RecoveryError, WindowLoss
 
         service = _service(url, store, client, topics, recent_s, max_window_s)
         try:
@@ -95,16 +104,34 @@ def register(app: typer.Typer) -> None:
         finally:
             service.close()
             service.store.close()
+        losses = [f for f in found if isinstance(f, WindowLoss)]
+        keys = [f for f in found if isinstance(f, CommittedVersion)]
         if json:
-            for committed in found:
+            for loss in losses:
+                lost = {"lost": [loss.first, loss.last], "reason": loss.reason}
+                typer.echo(msgspec.json.encode(lost).decode())
+            for committed in keys:
                 line = {"key": committed.key, "version": committed.version,
                         "epoch": committed.epoch}  # fmt: skip
                 typer.echo(msgspec.json.encode(line).decode())
-            return
-        table = Table("key", "version", "epoch", title=f"{len(found)} keys missed by {client}")
-        for committed in found:
-            table.add_row(committed.key, str(committed.version), str(committed.epoch))
-        Console().print(table)
+        else:
+            console = Console()
+            for loss in losses:
+                console.print(f"[red]lost: checkpoints {loss.first}-{loss.last} "
+                              f"({loss.reason})[/red]")  # fmt: skip
+            table = Table("key", "version", "epoch", title=f"{len(keys)} keys missed by {client}")
+            for committed in keys:
+                table.add_row(committed.key, str(committed.version), str(committed.epoch))
+            console.print(table)
+        if losses and not accept_loss:
+            ranges = ", ".join(f"{x.first}-{x.last} ({x.reason})" for x in losses)
+            typer.echo(
+                f"waymark: checkpoints {ranges} could not be examined: changes named only "
+                "there are lost to this query (docs/recovery.md). Re-process what they may "
+                "have named, or pass --accept-loss.",
+                err=True,
+            )
+            raise typer.Exit(3)
 
     @recovery.command()
     def status(

@@ -61,6 +61,12 @@ class CheckpointPage(Struct, frozen=True):
     checkpoints: list[Checkpoint]
     next_before: int | None = None
     instance: str = ""  # the server's instance id, also when no checkpoint is kept yet
+    # The highest checkpoint id the recovery window removed (0: none), and the newest
+    # one this page left out for being older than earliest_ms (0: none): what a
+    # recovery query needs to tell ids that held checkpoints it cannot see from ids
+    # that never held one (docs/semantics/recovery.md §3.2).
+    expired_to: int = 0
+    older: int = 0
 
 
 def key_topic(key: str) -> str:

@@ -20,10 +20,16 @@ from typing import Protocol
 from ..client import AsyncClient, Client, TransportError
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, RecoveryReport
-from .core import Io, Query, ServiceCore, Status, T, versions
+from .core import Io, Query, ServiceCore, Status, T
 from .report import reporter_for
+from .source import PAGE
 from .store import ReceiptStore
-from .types import CheckpointListener, CommittedVersion, CommittedVersionListener
+from .types import (
+    CheckpointListener,
+    CommittedVersionListener,
+    Missed,
+    SourceView,
+)
 
 
 class AsyncCheckpointSource(Protocol):
@@ -38,8 +44,8 @@ class AsyncCheckpointSource(Protocol):
         """The newest checkpoint's id (0: none yet)."""
         ...
 
-    def instance(self) -> str:
-        """The server instance the last :meth:`newest_id` answered for ("" unknown)."""
+    def view(self) -> SourceView:
+        """What the last answers said of the server (as ``CheckpointSource.view``)."""
         ...
 
     def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
@@ -65,18 +71,29 @@ class AsyncTopicCheckpoints:
         self.topics = list(topics) if topics else None
         self.client = client or AsyncClient(url)
         self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
-        self._instance = ""
+        self._view = SourceView()
 
     async def newest_id(self) -> int:
         page = await self.client.list_checkpoints(limit=1)
-        self._instance = page.instance
-        return page.checkpoints[0].id if page.checkpoints else 0
+        self._view = SourceView(page.instance, page.expired_to)
+        # (the newest may have expired with the rest: its id is still the newest one)
+        return max(page.checkpoints[0].id if page.checkpoints else 0, page.expired_to)
 
-    def instance(self) -> str:
-        return self._instance
+    def view(self) -> SourceView:
+        return self._view
 
-    def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
-        return self.client.checkpoints(earliest_ms, topics=self.topics)
+    async def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
+        before: int | None = None
+        while True:
+            page = await self.client.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=PAGE, topics=self.topics
+            )
+            self._view = SourceView(page.instance, page.expired_to, page.older)
+            for checkpoint in page.checkpoints:
+                yield checkpoint
+            if page.next_before is None:
+                return
+            before = page.next_before
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         """Follow new checkpoints over SSE in a task of the running loop, until
@@ -157,27 +174,27 @@ class AsyncRecoveryService:
     async def _query(self, resync: bool = False) -> Query:
         core = self.core
         newest = await self.source.newest_id()
-        instance = self.source.instance()
         stored = await self._run(core.stored())
-        reset = core.check(newest, instance, stored, resync=resync)
+        reset = core.check(newest, self.source.view().instance, stored, resync=resync)
         walk = core.walk(newest, stored, reset=reset)
         if walk is not None:
             async for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
                 if not walk.step(checkpoint):
                     break
-        return core.query(newest, walk, instance=instance, stored=stored, reset=reset)
+        return core.query(newest, walk, view=self.source.view(), stored=stored, reset=reset)
 
-    async def missed(self, *, resync: bool = False) -> list[CommittedVersion]:
+    async def missed(self, *, resync: bool = False) -> Missed:
         """The recovery query alone; nothing is written and nothing subscribed
         (``resync`` as :meth:`RecoveryService.missed`)."""
-        return versions((await self._query(resync)).found.missed)
+        return (await self._query(resync)).missed()
 
     async def subscribe(
         self, listener: CommittedVersionListener, *, resync: bool = False
-    ) -> list[CommittedVersion]:
+    ) -> Missed:
         """The committed versions this client never receipted (each key once, at its
-        newest version); every later one goes to ``listener``, called on the loop
-        (``resync`` as :meth:`RecoveryService.subscribe`)."""
+        newest version), after its window losses; every later one goes to
+        ``listener``, called on the loop (``resync`` as
+        :meth:`RecoveryService.subscribe`)."""
         async with self._lock:
             query = await self._query(resync)
             in_flight = await self._run(self.core.start(query, listener))
@@ -187,7 +204,7 @@ class AsyncRecoveryService:
                 self.reporter.start()
         for committed in in_flight:
             listener(committed)
-        return versions(query.found.missed)
+        return query.missed()
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""

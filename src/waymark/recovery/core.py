@@ -14,14 +14,21 @@ feed the walk of the recovery query (:class:`~waymark.recovery.ledger.Walk`).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..clock import Clock
 from ..protocol import Checkpoint, RecoveryReport
 from .ledger import Ledger, Recovery, Version, Walk
 from .store import Binding, ReceiptStore
-from .types import CommittedVersion, CommittedVersionListener, RecoveryError
+from .types import (
+    CommittedVersion,
+    CommittedVersionListener,
+    Missed,
+    RecoveryError,
+    SourceView,
+    WindowLoss,
+)
 
 Op = tuple[Callable[..., Any], tuple[Any, ...]]  # a store call: method, arguments
 T = TypeVar("T")
@@ -68,6 +75,11 @@ class Query:
     instance: str = ""  # the server instance the query walked
     binding: Binding | None = None  # as stored before the query
     reset: bool = False  # a resync: the receipts of another instance are dropped
+    losses: list[WindowLoss] = field(default_factory=list)  # ids it could not examine
+
+    def missed(self) -> Missed:
+        """What the query reports: its losses first, then each missed key once."""
+        return [*self.losses, *versions(self.found.missed)]
 
 
 # The highest checkpoint id there is: a resync purges every range at or below it.
@@ -176,23 +188,27 @@ class ServiceCore(Generic[F]):
         newest: int,
         walk: Walk | None,
         *,
-        instance: str = "",
+        view: SourceView | None = None,
         stored: Stored | None = None,
         reset: bool = False,
     ) -> Query:
         """The query's outcome once its walk ended (or ran out of checkpoints)."""
+        view = view or SourceView()
         binding = stored.binding if stored is not None else None
         if walk is None:
-            return Query(Ledger(newest), Recovery(), newest, True, None, instance, binding)
+            return Query(Ledger(newest), Recovery(), newest, True, None, view.instance, binding)
         found = walk.done()
         moved = None
+        losses: list[WindowLoss] = []
         if not found.reached:
             # What lies between the watermark and the walk's end is older than the
             # window: the watermark moves into it (docs/semantics/recovery.md §3.2).
             moved = newest if found.oldest is None else found.oldest - 1
+            losses = window_losses(walk.ledger.low_watermark, moved, view)
             if moved <= walk.ledger.low_watermark:
                 moved = None
-        return Query(walk.ledger, found, newest, False, moved, instance, binding, reset)
+        return Query(walk.ledger, found, newest, False, moved, view.instance, binding, reset,
+                     losses)  # fmt: skip
 
     def start(self, query: Query, listener: CommittedVersionListener) -> Io[list[CommittedVersion]]:
         """Subscribe ``listener`` after ``query``: drop another instance's receipts on a
@@ -353,6 +369,21 @@ class ServiceCore(Generic[F]):
         ranges = yield (_count_ranges, (self.store, self.client_id, mark))
         interval_ms = min(max(int(every_s * 1000), 100), 3_600_000)
         return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms)
+
+
+def window_losses(mark: int, below: int, view: SourceView) -> list[WindowLoss]:
+    """The checkpoints above ``mark`` up to ``below`` that a walk could not examine, by
+    reason (docs/semantics/recovery.md §3.2): those the server's window removed, and
+    those older than the service's window. Ids neither holds never held a checkpoint (a
+    crash skips some): no loss is reported for them."""
+    losses = []
+    first = mark + 1
+    if min(view.expired_to, below) >= first:
+        losses.append(WindowLoss(first, min(view.expired_to, below), "expired"))
+        first = view.expired_to + 1
+    if min(view.older, below) >= first:
+        losses.append(WindowLoss(first, min(view.older, below), "outside_window"))
+    return losses
 
 
 def _count_ranges(store: ReceiptStore, client: str, after: int) -> int:

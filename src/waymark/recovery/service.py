@@ -20,10 +20,16 @@ from concurrent.futures import Future
 from ..client import Client
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, RecoveryReport
-from .core import Query, ServiceCore, Status, run, versions
+from .core import Query, ServiceCore, Status, run
 from .report import reporter_for
 from .store import ReceiptStore
-from .types import CheckpointSource, CommittedVersion, CommittedVersionListener
+from .types import (
+    CheckpointSource,
+    CommittedVersion,
+    CommittedVersionListener,
+    Missed,
+    WindowLoss,
+)
 
 
 class RecoveryService:
@@ -63,33 +69,36 @@ class RecoveryService:
     def _query(self, resync: bool = False) -> Query:
         core = self.core
         newest = self.source.newest_id()
-        instance = self.source.instance()
         stored = run(core.stored())
-        reset = core.check(newest, instance, stored, resync=resync)
+        reset = core.check(newest, self.source.view().instance, stored, resync=resync)
         walk = core.walk(newest, stored, reset=reset)
         if walk is not None:
             for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
                 if not walk.step(checkpoint):
                     break
-        return core.query(newest, walk, instance=instance, stored=stored, reset=reset)
+        return core.query(newest, walk, view=self.source.view(), stored=stored, reset=reset)
 
-    def missed(self, *, resync: bool = False) -> list[CommittedVersion]:
+    def missed(self, *, resync: bool = False) -> Missed:
         """The recovery query alone: keys never receipted with their newest version,
-        each once; nothing is written and nothing subscribed. Raises
+        each once, after a :class:`WindowLoss` for each range of checkpoints it could
+        not examine (docs/semantics/recovery.md §3.2); nothing is written and nothing
+        subscribed. Raises
         :class:`RecoveryError` if the receipts are of another server instance or ids
         went backwards; ``resync`` then reports every key the server's checkpoints
         name instead (docs/semantics/recovery.md §3.5)."""
-        return versions(self._query(resync).found.missed)
+        return self._query(resync).missed()
 
     def subscribe(
         self, listener: CommittedVersionListener, *, resync: bool = False
-    ) -> Iterator[CommittedVersion]:
+    ) -> Iterator[CommittedVersion | WindowLoss]:
         """The committed versions this client never receipted (each key once, at its
-        newest version), then every later one through ``listener``
-        (docs/semantics/recovery.md §3.3). ``resync``: if the receipts are of another
-        server instance (or ids went backwards), drop them and report every key this
-        server's checkpoints name (docs/semantics/recovery.md §3.5); without it, that
-        case raises :class:`RecoveryError`."""
+        newest version), after a :class:`WindowLoss` for each range of checkpoints the
+        query could not examine (reported once: the watermark then moves past it), then
+        every later version through ``listener`` (docs/semantics/recovery.md §3.2,
+        §3.3). ``resync``: if the receipts are of another server instance (or ids
+        went backwards), drop them and report every key this server's checkpoints name
+        (docs/semantics/recovery.md §3.5); without it, that case raises
+        :class:`RecoveryError`."""
         with self._lock:
             query = self._query(resync)
             in_flight = run(self.core.start(query, listener))
@@ -98,7 +107,7 @@ class RecoveryService:
                 self.reporter.start()
         for committed in in_flight:
             listener(committed)
-        return iter(versions(query.found.missed))
+        return iter(query.missed())
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""

@@ -8,7 +8,9 @@ from collections.abc import Iterator, Sequence
 
 from ..client import Client, TransportError
 from ..protocol import Checkpoint
-from .types import CheckpointListener
+from .types import CheckpointListener, SourceView
+
+PAGE = 1000  # checkpoints per page of a recovery walk
 
 
 class TopicCheckpoints:
@@ -25,18 +27,28 @@ class TopicCheckpoints:
         self.bytes_read = 0  # answer bytes of the recovery walks, for the benchmark
         self._watchers: list[Client] = []
         self._closed = threading.Event()
-        self._instance = ""
+        self._view = SourceView()
 
     def newest_id(self) -> int:
         page = self.client.list_checkpoints(limit=1)
-        self._instance = page.instance
-        return page.checkpoints[0].id if page.checkpoints else 0
+        self._view = SourceView(page.instance, page.expired_to)
+        # (the newest may have expired with the rest: its id is still the newest one)
+        return max(page.checkpoints[0].id if page.checkpoints else 0, page.expired_to)
 
-    def instance(self) -> str:
-        return self._instance
+    def view(self) -> SourceView:
+        return self._view
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
-        return self.client.checkpoints(earliest_ms, topics=self.topics)
+        before: int | None = None
+        while True:
+            page = self.client.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=PAGE, topics=self.topics
+            )
+            self._view = SourceView(page.instance, page.expired_to, page.older)
+            yield from page.checkpoints
+            if page.next_before is None:
+                return
+            before = page.next_before
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`."""

@@ -21,6 +21,33 @@ class CommittedVersion:
     epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class WindowLoss:
+    """Checkpoints ``first``..``last`` (ids, inclusive) could not be examined: a change
+    named only there and never receipted is lost to this client, like a tombstone's gap
+    in a read (docs/semantics/recovery.md §3.2). ``reason``: ``"expired"``, the server's
+    recovery window (``--recovery-window-s``) removed them; ``"outside_window"``, older
+    than this service's ``max_window_s``."""
+
+    first: int
+    last: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceView:
+    """What a source's last answers said of the server: its instance id ("" unknown,
+    docs/semantics/recovery.md §3.5), the highest checkpoint id its recovery window
+    removed (0: none), and the newest checkpoint the last walk left out for being
+    older than it asked for (0: none, §3.2)."""
+
+    instance: str = ""
+    expired_to: int = 0
+    older: int = 0
+
+
+Missed = list[CommittedVersion | WindowLoss]  # what a recovery query reports, losses first
+
 CommittedVersionListener = Callable[[CommittedVersion], None]
 CheckpointListener = Callable[[Checkpoint], None]
 
@@ -42,9 +69,9 @@ class CheckpointSource(Protocol):
         """The newest checkpoint's id (0: none yet)."""
         ...
 
-    def instance(self) -> str:
-        """The server instance the last :meth:`newest_id` answered for ("" unknown):
-        checkpoint ids count within one instance (docs/semantics/recovery.md §3.5)."""
+    def view(self) -> SourceView:
+        """What the last :meth:`newest_id` and :meth:`request_checkpoints` answers said
+        of the server (docs/semantics/recovery.md §3.2, §3.5)."""
         ...
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:

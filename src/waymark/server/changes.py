@@ -51,6 +51,8 @@ class _Page(msgspec.Struct):
     checkpoints: list[_Out]
     next_before: int | None
     instance: str
+    expired_to: int
+    older: int
 
 
 _stored = msgspec.json.Decoder(_Stored)
@@ -131,7 +133,10 @@ class ChangesApi:
         kept = [c for c in found if c.time_ms >= earliest_ms]
         # More to walk back only if nothing in this page was too old and seqs remain.
         more = len(kept) == len(found) and page is not None and low >= page.earliest_seq
-        body = _Page(kept, low + 1 if more and low > 0 else None, instance)
+        # (the read above applied the window: expiry is lazy, docs/semantics/topics.md §5.1)
+        expired_to = self.engine.get_topic(CHANGES_TOPIC, touch=False).evict_floor - 1
+        older = max((c.id for c in found if c.time_ms < earliest_ms), default=0)
+        body = _Page(kept, low + 1 if more and low > 0 else None, instance, expired_to, older)
         return Response(_encode(body))
 
     async def watch(self, request: Request) -> Response:
