@@ -66,6 +66,9 @@ class Prepared:
     def view(self) -> SourceView:
         return SourceView()
 
+    def committed(self, key: str, version: int, epoch: int) -> str | None:
+        return None
+
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter(())
 

@@ -5,12 +5,14 @@ store fault injector."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import msgspec
 
 from waymark.log import CHANGES_TOPIC, Engine
-from waymark.protocol import Checkpoint, CheckpointData, key_topic
+from waymark.protocol import Checkpoint, CheckpointData, Record, key_topic
 from waymark.recovery import CheckpointListener, LocalReceiptStore, SourceView
+from waymark.recovery.source import refusal
 from waymark.recovery.store import Binding
 
 
@@ -31,6 +33,7 @@ class EngineCheckpoints:
         self.topics = frozenset(topics) if topics is not None else None
         self.listener: CheckpointListener | None = None
         self.cursor = 0
+        self.older = 0  # the newest checkpoint the last walk left out for age
 
     def all(self) -> list[Checkpoint]:
         found: list[Checkpoint] = []
@@ -50,14 +53,29 @@ class EngineCheckpoints:
                 return found
 
     def newest_id(self) -> int:
+        self.older = 0
         return self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
 
     def view(self) -> SourceView:
         state = self.engine.get_topic(CHANGES_TOPIC, touch=False)
-        return SourceView(self.engine.instance, state.evict_floor - 1)
+        return SourceView(self.engine.instance, state.evict_floor - 1, self.older)
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
-        return iter([c for c in reversed(self.all()) if c.time_ms >= earliest_ms])
+        found = list(reversed(self.all()))
+        self.older = max((c.id for c in found if c.time_ms < earliest_ms), default=0)
+        return iter([c for c in found if c.time_ms >= earliest_ms])
+
+    def committed(self, key: str, version: int, epoch: int) -> str | None:
+        topic = key_topic(key)
+        if self.engine.kernel.get(topic) is None:
+            return refusal(key, version, epoch, None, None)
+        state = self.engine.get_topic(topic, touch=False)
+        found = None
+        if version <= state.head_seq:
+            page = self.engine.diff(topic, version - 1, limit=1, touch=False)
+            records = msgspec.convert(page.records(), list[Record[Any]])
+            found = records[0] if records else None
+        return refusal(key, version, epoch, state, found)
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         self.listener, self.cursor = listener, after

@@ -17,15 +17,16 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from ..client import AsyncClient, Client, TransportError
+from ..client import ApiError, AsyncClient, Client, TransportError
 from ..clock import Clock, SystemClock
-from ..protocol import Checkpoint, RecoveryReport
-from .core import Io, Query, ServiceCore, Status, T
+from ..protocol import Checkpoint, ErrorCode, RecoveryReport, key_topic
+from .core import Io, Lookup, Query, ServiceCore, Status, T
 from .report import reporter_for
-from .source import PAGE
+from .source import PAGE, refusal
 from .store import ReceiptStore
 from .types import (
     CheckpointListener,
+    CommittedVersion,
     CommittedVersionListener,
     Missed,
     SourceView,
@@ -50,6 +51,10 @@ class AsyncCheckpointSource(Protocol):
 
     def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
         """Checkpoints back to time ``earliest_ms``, newest first."""
+        ...
+
+    async def committed(self, key: str, version: int, epoch: int) -> str | None:
+        """As ``CheckpointSource.committed``."""
         ...
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
@@ -94,6 +99,20 @@ class AsyncTopicCheckpoints:
             if page.next_before is None:
                 return
             before = page.next_before
+
+    async def committed(self, key: str, version: int, epoch: int) -> str | None:
+        topic = key_topic(key)
+        try:
+            state = await self.client.get_topic(topic, touch=False)
+        except ApiError as exc:
+            if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                raise
+            return refusal(key, version, epoch, None, None)
+        found = None
+        if version <= state.head_seq:
+            page = await self.client.diff(topic, version - 1, limit=1)
+            found = page.records[0] if page.records else None
+        return refusal(key, version, epoch, state, found)
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         """Follow new checkpoints over SSE in a task of the running loop, until
@@ -217,15 +236,26 @@ class AsyncRecoveryService:
             listener(committed)
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------
-    def submit_receipt(self, key: str, version: int, epoch: int) -> asyncio.Future[None]:
-        """Receipt ``key`` up to ``version`` of topic instance ``epoch``; returns at once.
-        The future resolves once every checkpoint naming the key up to that version has
-        its receipt persisted, and fails with :class:`~waymark.recovery.RecoveryError`
-        as :meth:`RecoveryService.submit_receipt`'s does."""
-        future, flush = self.core.receipt(key, version, epoch)
+    def submit_receipt(
+        self, key: str | CommittedVersion, version: int | None = None, epoch: int | None = None
+    ) -> asyncio.Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch`` (or the
+        :class:`CommittedVersion` itself); returns at once. The future resolves once
+        every checkpoint naming the key up to that version has its receipt persisted,
+        and fails with :class:`~waymark.recovery.RecoveryError` as
+        :meth:`RecoveryService.submit_receipt`'s does."""
+        future, flush, lookup = self.core.receipt(key, version, epoch)
         if flush:
             self._flush_soon()
+        if lookup is not None:
+            task = asyncio.create_task(self._look_up(future, lookup))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
         return future
+
+    async def _look_up(self, future: asyncio.Future[None], lookup: Lookup) -> None:
+        refusal = await self.source.committed(lookup.key, lookup.version, lookup.epoch)
+        self.core.looked_up(future, lookup, refusal)
 
     def _flush_soon(self) -> None:
         task = asyncio.create_task(self._flush())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..clock import Clock
-from ..protocol import Checkpoint, RecoveryReport
+from ..protocol import Checkpoint, RecoveryReport, key_topic
 from .ledger import Ledger, Recovery, Version, Walk
 from .store import Binding, ReceiptStore
 from .types import (
@@ -54,6 +54,15 @@ class Status:
     ranges: list[tuple[int, int]]
     pending: list[tuple[int, list[str]]]  # unreceipted checkpoints and their keys
     missed: list[CommittedVersion]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A receipt the service asks the log about (:meth:`CheckpointSource.committed`)."""
+
+    key: str
+    version: int
+    epoch: int
 
 
 @dataclass
@@ -258,22 +267,33 @@ class ServiceCore(Generic[F]):
         return [CommittedVersion(key, v, epoch) for key, (epoch, v) in fresh], not fresh
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------
-    def receipt(self, key: str, version: int, epoch: int) -> tuple[F, bool]:
-        """The receipt's future, and whether to :meth:`flush` for it."""
+    def receipt(
+        self, key: str | CommittedVersion, version: int | None, epoch: int | None
+    ) -> tuple[F, bool, Lookup | None]:
+        """The receipt's future, whether to :meth:`flush` for it, and what to ask the
+        log when no checkpoint this service saw names the key (then the future waits
+        for :meth:`looked_up`)."""
         ledger = self.ledger
         if ledger is None:
-            return self._failed(RecoveryError("subscribe first: no version is known yet")), False
+            return (
+                self._failed(RecoveryError("subscribe first: no version is known yet")),
+                False,
+                None,
+            )
         if self.failure is not None:
-            return self._failed(self.failure), False
+            return self._failed(self.failure), False, None
         try:
+            key, version, epoch = self._checked(key, version, epoch)
             hit = ledger.receipt(key, (epoch, version))
         except RecoveryError as exc:
-            return self._failed(exc), False
+            return self._failed(exc), False, None
+        if hit is None:
+            return self.new_future(), False, Lookup(key, version, epoch)
         waiting = [c for c in hit if not ledger.persisted(c)]
         if not waiting:
             done = self.new_future()
             done.set_result(None)
-            return done, False
+            return done, False, None
         if len(waiting) == 1:  # the common case: one checkpoint's shared future
             future = self._futures.get(waiting[0])
             if future is None:
@@ -283,7 +303,46 @@ class ServiceCore(Generic[F]):
             waiter = _Waiter(future, len(waiting))
             for checkpoint in waiting:
                 self._waiters.setdefault(checkpoint, []).append(waiter)
-        return future, ledger.has_ready()
+        return future, ledger.has_ready(), None
+
+    def _checked(
+        self, key: str | CommittedVersion, version: int | None, epoch: int | None
+    ) -> tuple[str, int, int]:
+        """A receipt's key, version and epoch, or a RecoveryError saying what is wrong
+        (docs/semantics/recovery.md §2.1)."""
+        if isinstance(key, CommittedVersion):
+            if version is not None or epoch is not None:
+                raise RecoveryError("a CommittedVersion is a whole receipt: pass it alone")
+            committed = key
+            key, version, epoch = committed.key, committed.version, committed.epoch
+        if not isinstance(key, str) or not key:
+            raise RecoveryError(f"a key is '<topic>/<tag>' or '<topic>', got {key!r}")
+        for name, value in (("version", version), ("epoch", epoch)):
+            if type(value) is not int:  # (not a bool, a float, a string)
+                raise RecoveryError(f"the {name} is an integer, got {value!r}")
+        assert isinstance(version, int) and isinstance(epoch, int)
+        if version < 1:
+            raise RecoveryError(f"a version is a seq, 1 or more: got {version}")
+        if epoch < 0:
+            raise RecoveryError(f"an epoch is 0 or more: got {epoch}")
+        topic = key_topic(key)
+        if self.topics is not None and topic not in self.topics:
+            raise RecoveryError(
+                f"{key!r}: this client does not read topic {topic!r} (its topics are "
+                f"{', '.join(self.topics)}); their changes are receipted implicitly"
+            )
+        return key, version, epoch
+
+    def looked_up(self, future: F, lookup: Lookup, refusal: str | None) -> None:
+        """What the log said of a receipt of a key no checkpoint this service saw names:
+        ``refusal`` None, the version is committed and nothing held waits for it (a
+        receipt persisted before a restart, again: idempotent)."""
+        if future.done():
+            return
+        if refusal is None:
+            future.set_result(None)
+        else:
+            future.set_exception(RecoveryError(refusal))
 
     def _failed(self, error: RecoveryError) -> F:
         future = self.new_future()

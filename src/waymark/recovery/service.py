@@ -121,16 +121,23 @@ class RecoveryService:
             listener(committed)
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------------
-    def submit_receipt(self, key: str, version: int, epoch: int) -> Future[None]:
-        """Receipt ``key`` up to ``version`` of topic instance ``epoch`` (what a
-        :class:`CommittedVersion` names). Idempotent; the future fails with
-        :class:`RecoveryError` if the version is not known to be committed or a
-        receipt could not be persisted, and resolves once every checkpoint naming the
-        key up to that version has its receipt persisted."""
+    def submit_receipt(
+        self, key: str | CommittedVersion, version: int | None = None, epoch: int | None = None
+    ) -> Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch``: the
+        :class:`CommittedVersion` the listener got, or its three parts. Idempotent, also
+        after a restart; the future fails with :class:`RecoveryError` saying why if the
+        receipt cannot be right (not an integer version, an epoch or a version the key
+        never had, a key no checkpoint names, a topic this client does not read,
+        docs/semantics/recovery.md §2.1) or could not be persisted, and resolves once
+        every checkpoint naming the key up to that version has its receipt persisted."""
         with self._lock:
-            future, flush = self.core.receipt(key, version, epoch)
+            future, flush, lookup = self.core.receipt(key, version, epoch)
             if flush:
                 run(self.core.flush())
+        if lookup is not None:
+            refusal = self.source.committed(lookup.key, lookup.version, lookup.epoch)
+            self.core.looked_up(future, lookup, refusal)
         return future
 
     # --- compression (docs/semantics/recovery.md §4.2) -----------------------------------------

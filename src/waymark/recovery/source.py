@@ -5,12 +5,37 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from ..client import Client, TransportError
-from ..protocol import Checkpoint
+from ..client import ApiError, Client, TransportError
+from ..protocol import Checkpoint, ErrorCode, Record, TopicState, key_topic
 from .types import CheckpointListener, SourceView
 
 PAGE = 1000  # checkpoints per page of a recovery walk
+
+
+def refusal(
+    key: str, version: int, epoch: int, state: TopicState | None, found: Record[Any] | None
+) -> str | None:
+    """Why ``version`` of ``key`` in topic instance ``epoch`` cannot be a committed version,
+    from its topic's state and the first record at or after that seq (None: it may be;
+    docs/semantics/recovery.md §2.1)."""
+    topic = key_topic(key)
+    if state is None:
+        return (f"unknown key {key!r}: no checkpoint this service saw names it, and topic "
+                f"{topic!r} does not exist")  # fmt: skip
+    if epoch > state.epoch:
+        return f"{key!r} has no version in epoch {epoch}: topic {topic!r} is at epoch {state.epoch}"
+    if epoch < state.epoch:
+        return None  # of an older instance, gone with it: nothing waits for it
+    if version > state.head_seq:
+        return (f"{key!r} at version {version} of epoch {epoch} is not committed: topic "
+                f"{topic!r} has handed out seqs up to {state.head_seq}")  # fmt: skip
+    if found is not None and found.seq == version:
+        held = topic if found.tag is None else f"{topic}/{found.tag}"
+        if held != key:
+            return f"unknown key {key!r}: seq {version} of topic {topic!r} holds {held!r}"
+    return None  # committed; a deletion or a drop may have removed what it held
 
 
 class TopicCheckpoints:
@@ -49,6 +74,18 @@ class TopicCheckpoints:
             if page.next_before is None:
                 return
             before = page.next_before
+
+    def committed(self, key: str, version: int, epoch: int) -> str | None:
+        topic = key_topic(key)
+        try:
+            state = self.client.get_topic(topic, touch=False)
+        except ApiError as exc:
+            if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                raise
+            return refusal(key, version, epoch, None, None)
+        page = self.client.diff(topic, version - 1, limit=1) if version <= state.head_seq else None
+        found = page.records[0] if page is not None and page.records else None
+        return refusal(key, version, epoch, state, found)
 
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`."""

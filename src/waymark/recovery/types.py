@@ -78,6 +78,12 @@ class CheckpointSource(Protocol):
         """Checkpoints back to time ``earliest_ms``, newest first."""
         ...
 
+    def committed(self, key: str, version: int, epoch: int) -> str | None:
+        """Why the log shows no committed ``version`` of ``key`` in topic instance
+        ``epoch`` (None: it may; a receipt of a key no checkpoint the service saw
+        names, docs/semantics/recovery.md §2.1)."""
+        ...
+
     def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
         """Call ``listener`` with every checkpoint whose id is above ``after``, in id
         order, from now on."""
