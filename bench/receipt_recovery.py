@@ -72,7 +72,9 @@ class Prepared:
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter(())
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    def register_checkpoint_listener(
+        self, listener: CheckpointListener, after: int, on_error: object = None
+    ) -> None:
         self.listener = listener
 
     def close(self) -> None:

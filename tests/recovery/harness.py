@@ -4,7 +4,7 @@ store fault injector."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -34,6 +34,7 @@ class EngineCheckpoints:
         self.listener: CheckpointListener | None = None
         self.cursor = 0
         self.older = 0  # the newest checkpoint the last walk left out for age
+        self.on_error: Callable[[BaseException], None] | None = None
 
     def all(self) -> list[Checkpoint]:
         found: list[Checkpoint] = []
@@ -77,12 +78,25 @@ class EngineCheckpoints:
             found = records[0] if records else None
         return refusal(key, version, epoch, state, found)
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
-        self.listener, self.cursor = listener, after
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.listener, self.cursor, self.on_error = listener, after, on_error
 
     def deliver(self) -> int:
-        """Hand the listener every checkpoint after its cursor; how many."""
+        """Hand the listener every checkpoint after its cursor; how many. A cursor the
+        server's watch refuses (past its newest checkpoint: another instance; behind its
+        window: expired ones unsent) ends the following, as the SSE stream does."""
         if self.listener is None:
+            return 0
+        state = self.engine.get_topic(CHANGES_TOPIC, touch=False)
+        if self.cursor > state.head_seq or self.cursor < state.evict_floor - 1:
+            self.listener = None
+            if self.on_error is not None:
+                self.on_error(RuntimeError(f"the watch refuses cursor {self.cursor}"))
             return 0
         fresh = [c for c in self.all() if c.id > self.cursor]
         for checkpoint in fresh:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import ServerProcess
 
-from waymark.client import AsyncClient
+from waymark.client import AsyncClient, Client
 from waymark.protocol import RecordIn
 from waymark.recovery import (
     AsyncRecoveryService,
@@ -29,7 +29,10 @@ from .test_server import FAST
 
 @pytest.fixture
 def server(start_waymark: Callable[..., ServerProcess]) -> ServerProcess:
-    return start_waymark(*FAST)
+    started = start_waymark(*FAST)
+    with Client(started.url) as client:
+        client.put_topic("orders")  # a filter names existing topics
+    return started
 
 
 def service(url: str, store: object) -> AsyncRecoveryService:

@@ -1,6 +1,7 @@
-"""A restart names what no change checkpoint named before it (docs/semantics/recovery.md
-§1.6): the engine's changes are rebuilt from the catalog and the WAL, against a real
-data directory, and only those the replayed checkpoints do not cover."""
+"""A restart names what no change checkpoint named before it
+(docs/semantics/recovery.md §1.6): the engine's changes are rebuilt from the catalog
+and the WAL, against a real data directory, and only those the replayed checkpoints
+do not cover."""
 
 from __future__ import annotations
 

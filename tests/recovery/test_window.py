@@ -142,3 +142,23 @@ def test_only_ids_that_held_checkpoints_are_reported_lost() -> None:
     assert window_losses(3, 9, SourceView("x", expired_to=12, older=0)) == [
         WindowLoss(4, 9, "expired")
     ]  # fmt: skip
+
+
+def test_a_watch_cursor_behind_the_window_is_refused(
+    start_waymark: Callable[..., ServerProcess],
+) -> None:
+    """A follower reconnecting after its next checkpoints expired would pass them
+    silently: refused, so the service stops and the query reports them lost."""
+    import httpx
+
+    server = start_waymark("--checkpoint-interval-s", "0.05", "--recovery-window-s", "1")
+    with Client(server.url) as client:
+        client.append("orders", [RecordIn.of("a", tag="a")])
+        gone = checkpoint_id(client, "orders/a")
+        deadline = time.monotonic() + 20
+        while list(client.checkpoints()):
+            assert time.monotonic() < deadline, "the checkpoint outlives the window"
+            time.sleep(0.1)
+    answer = httpx.get(f"{server.url}/v0/changes/watch", params={"after": str(gone - 1)})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["detail"]["lost"] == [gone, gone]

@@ -6,11 +6,12 @@ with the journal commit that makes it durable; :meth:`Changes.take` hands back t
 changes that are durable now, merged per key into the first and the last version.
 The server turns them into a checkpoint every interval (``--checkpoint-interval-s``).
 
-The changes not yet in a checkpoint are never only here (docs/semantics/recovery.md
-§1.6): each checkpoint states, per topic it names, the version up to which that
-topic's changes are in checkpoints (its *coverage*); a seal keeps the changes still
-waiting in the catalog (:meth:`Changes.pending`); and restore notes again every change
-of the WAL it replays, dropping those a replayed checkpoint covers.
+The changes not yet in a checkpoint are never only here
+(docs/semantics/recovery.md §1.6): each checkpoint states, per topic it names, the
+version up to which that topic's changes are in checkpoints (its *coverage*); a seal
+keeps the changes still waiting in the catalog (:meth:`Changes.pending`); and restore
+notes again every change of the WAL it replays, dropping those a replayed checkpoint
+covers.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from ..client import ApiError, AsyncClient, Client, TransportError
@@ -22,15 +23,19 @@ from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, ErrorCode, RecoveryReport, key_topic
 from .core import Io, Lookup, Query, ServiceCore, Status, T
 from .report import reporter_for
-from .source import PAGE, refusal
+from .source import PAGE, check_topics, refusal
 from .store import ReceiptStore
+from .topicstore import TopicReceiptStore
 from .types import (
     CheckpointListener,
     CommittedVersion,
     CommittedVersionListener,
     Missed,
+    RecoveryError,
     SourceView,
 )
+
+log = logging.getLogger("waymark.recovery")
 
 
 class AsyncCheckpointSource(Protocol):
@@ -57,9 +62,14 @@ class AsyncCheckpointSource(Protocol):
         """As ``CheckpointSource.committed``."""
         ...
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Call ``listener`` with every checkpoint whose id is above ``after``, in id
-        order, from now on (on the running loop)."""
+        order, from now on (on the running loop); ``on_error`` with what ended that."""
         ...
 
     async def aclose(self) -> None: ...
@@ -79,6 +89,8 @@ class AsyncTopicCheckpoints:
         self._view = SourceView()
 
     async def newest_id(self) -> int:
+        if self.topics is not None:
+            check_topics(self.url, self.topics, [t.name for t in await self.client.list_topics()])
         page = await self.client.list_checkpoints(limit=1)
         self._view = SourceView(page.instance, page.expired_to)
         # (the newest may have expired with the rest: its id is still the newest one)
@@ -114,14 +126,25 @@ class AsyncTopicCheckpoints:
             found = page.records[0] if page.records else None
         return refusal(key, version, epoch, state, found)
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Follow new checkpoints over SSE in a task of the running loop, until
-        :meth:`aclose`."""
+        :meth:`aclose`; what ends it otherwise goes to ``on_error``."""
         watcher = AsyncClient(self.url)
 
         async def follow() -> None:
-            async for checkpoint in watcher.watch_checkpoints(after=after, topics=self.topics):
-                listener(checkpoint)
+            try:
+                async for checkpoint in watcher.watch_checkpoints(after=after,
+                                                                  topics=self.topics):  # fmt: skip
+                    listener(checkpoint)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
 
         self._follows.append((watcher, asyncio.create_task(follow(), name="waymark-checkpoints")))
 
@@ -164,6 +187,7 @@ class AsyncRecoveryService:
             new_future=_future,
         )  # fmt: skip
         self.core.topics = sorted(source.topics) if source.topics is not None else None
+        self.core.own = store.topic if isinstance(store, TopicReceiptStore) else None
         # One step of the bookkeeping at a time: a flush awaits the store, and the
         # receipts arriving meanwhile wait for the next one.
         self._lock = asyncio.Lock()
@@ -190,50 +214,88 @@ class AsyncRecoveryService:
             return stop.value
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------
-    async def _query(self, resync: bool = False) -> Query:
+    async def _query(self, resync: bool = False, new_filter: bool = False) -> Query:
         core = self.core
         newest = await self.source.newest_id()
         stored = await self._run(core.stored())
-        reset = core.check(newest, self.source.view().instance, stored, resync=resync)
-        walk = core.walk(newest, stored, reset=reset)
+        checked = core.check(newest, self.source.view().instance, stored, resync=resync,
+                             new_filter=new_filter)  # fmt: skip
+        walk = core.walk(newest, stored, reset=checked.reset)
         if walk is not None:
             async for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
-                if not walk.step(checkpoint):
+                if not walk.step(core.visible(checkpoint)):
                     break
-        return core.query(newest, walk, view=self.source.view(), stored=stored, reset=reset)
+        return core.query(newest, walk, view=self.source.view(), stored=stored, checked=checked)
 
-    async def missed(self, *, resync: bool = False) -> Missed:
+    async def missed(self, *, resync: bool = False, new_filter: bool = False) -> Missed:
         """The recovery query alone; nothing is written and nothing subscribed
         (``resync`` as :meth:`RecoveryService.missed`)."""
-        return (await self._query(resync)).missed()
+        return (await self._query(resync, new_filter)).missed()
 
     async def subscribe(
-        self, listener: CommittedVersionListener, *, resync: bool = False
+        self,
+        listener: CommittedVersionListener,
+        *,
+        resync: bool = False,
+        new_filter: bool = False,
     ) -> Missed:
         """The committed versions this client never receipted (each key once, at its
         newest version), after its window losses; every later one goes to
         ``listener``, called on the loop (``resync`` as
         :meth:`RecoveryService.subscribe`)."""
         async with self._lock:
-            query = await self._query(resync)
+            query = await self._query(resync, new_filter)
             in_flight = await self._run(self.core.start(query, listener))
-            self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+            self.source.register_checkpoint_listener(
+                self.receive_checkpoint, query.newest, self._source_failed
+            )
             if self.reporter is not None:
                 self._loop = asyncio.get_running_loop()
                 self.reporter.start()
-        for committed in in_flight:
-            listener(committed)
+        self._deliver(in_flight)
         return query.missed()
+
+    @property
+    def failure(self) -> RecoveryError | None:
+        """Why the service stopped (docs/semantics/recovery.md §3.6); None while it runs."""
+        return self.core.failure
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""
         fresh, flush = self.core.offer(checkpoint)
         if flush:
             self._flush_soon()
+        self._deliver(fresh)
+
+    def _deliver(self, versions: list[CommittedVersion]) -> None:
+        """As :meth:`RecoveryService._deliver`: a listener that raises stops the service."""
         listener = self.core.listener
-        for committed in fresh:
+        for committed in versions:
+            if self.core.failure is not None:
+                return
             assert listener is not None
-            listener(committed)
+            try:
+                listener(committed)
+            except Exception as exc:
+                self._fail(RecoveryError(
+                    f"the listener raised {type(exc).__name__}: {exc} (on {committed}): "
+                    f"client {self.client_id!r} stopped; subscribe again once it is "
+                    "fixed, the keys it did not receipt are reported then"
+                ), exc)  # fmt: skip
+                return
+
+    def _source_failed(self, exc: BaseException) -> None:
+        self._fail(RecoveryError(
+            f"following new change checkpoints failed: {exc}: client {self.client_id!r} "
+            "stopped; subscribe again"
+        ), exc)  # fmt: skip
+
+    def _fail(self, error: RecoveryError, cause: BaseException) -> None:
+        error.__cause__ = cause
+        log.error("%s", error, exc_info=cause)
+        self.core.fail(error)
+        if self.reporter is not None:
+            self.reporter.poke()
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------
     def submit_receipt(

@@ -17,6 +17,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
+
 from ..clock import Clock
 from ..protocol import Checkpoint, RecoveryReport, key_topic
 from .ledger import Ledger, Recovery, Version, Walk
@@ -54,6 +56,7 @@ class Status:
     ranges: list[tuple[int, int]]
     pending: list[tuple[int, list[str]]]  # unreceipted checkpoints and their keys
     missed: list[CommittedVersion]
+    failure: str | None = None  # why it stopped (docs/semantics/recovery.md §3.6)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,20 @@ class Lookup:
     key: str
     version: int
     epoch: int
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What :meth:`ServiceCore.check` found: a reset (a resync), the losses of a filter
+    change, how far the stored receipts reached."""
+
+    reset: bool
+    losses: list[WindowLoss]
+    receipted: int
+
+
+def _topics(topics: list[str] | None) -> str:
+    return "every topic" if topics is None else "topics " + ", ".join(topics)
 
 
 @dataclass
@@ -85,6 +102,7 @@ class Query:
     binding: Binding | None = None  # as stored before the query
     reset: bool = False  # a resync: the receipts of another instance are dropped
     losses: list[WindowLoss] = field(default_factory=list)  # ids it could not examine
+    receipted: int = 0  # the highest checkpoint id the stored receipts reached
 
     def missed(self) -> Missed:
         """What the query reports: its losses first, then each missed key once."""
@@ -93,6 +111,7 @@ class Query:
 
 # The highest checkpoint id there is: a resync purges every range at or below it.
 MAX_ID = 2**63 - 1
+MAX_FAILURE = 1000  # characters of a failure a status report carries
 
 
 class _Waiter(Generic[F]):
@@ -130,6 +149,10 @@ class ServiceCore(Generic[F]):
         self.ledger: Ledger | None = None
         self.listener: CommittedVersionListener | None = None
         self.topics: list[str] | None = None  # the source's filter, bound with the receipts
+        # The topic the receipts themselves are written to (a TopicReceiptStore's): its
+        # changes are this client's own writes, never reported to it
+        # (docs/semantics/recovery.md §3.4).
+        self.own: str | None = None
         self.instance = ""  # the server instance subscribed to
         # Why the service stopped, once it did: every later call says so.
         self.failure: RecoveryError | None = None
@@ -149,34 +172,63 @@ class ServiceCore(Generic[F]):
         binding = yield (self.store.binding, (self.client_id,))
         return Stored(mark, ranges, binding)
 
-    def check(self, newest: int, instance: str, stored: Stored, *, resync: bool) -> bool:
-        """Whether the stored receipts count in this server's checkpoint ids
-        (docs/semantics/recovery.md §3.5). If not, a :class:`RecoveryError` naming both
-        sides, or with ``resync`` True: they are to be dropped (a reset)."""
-        bound = stored.binding.instance if stored.binding is not None else ""
+    def check(
+        self, newest: int, instance: str, stored: Stored, *, resync: bool, new_filter: bool
+    ) -> Checked:
+        """Whether the stored receipts hold for this server and this filter. Another
+        instance or ids gone backwards (docs/semantics/recovery.md §3.5) raise a
+        :class:`RecoveryError` naming both sides, or with ``resync`` the receipts are to
+        be dropped (a reset). Another filter (docs/semantics/recovery.md §3.4) raises
+        one too, or with
+        ``new_filter`` it is adopted, and what the receipts took implicitly of the topics
+        it adds is a loss."""
+        binding = stored.binding
         receipted = max([stored.mark or 0, *(end for _, end in stored.ranges)])
+        if self._other_server(newest, instance, receipted, binding):
+            if not resync:
+                raise RecoveryError(
+                    f"{self._other_server(newest, instance, receipted, binding)}. No answer "
+                    "rather than a wrong one: re-process every key from its current state, "
+                    "then resync (subscribe(..., resync=True); `waymark recovery missed "
+                    "--resync` lists what this server's checkpoints name)"
+                )
+            return Checked(True, [], receipted)
+        if binding is None or binding.topics == self.topics:
+            return Checked(False, [], receipted)
+        if not new_filter:
+            raise RecoveryError(
+                f"client {self.client_id!r} kept its receipts for {_topics(binding.topics)}, "
+                f"but this run reads {_topics(self.topics)}: the changes of topics outside a "
+                "filter count as receipted, so a new filter cannot see what the old one "
+                "passed. Pass new_filter=True (--new-filter) to change it; the changes the "
+                "receipts passed of the topics it adds are then reported lost"
+            )
+        old, new = binding.topics, self.topics
+        adds = old is not None and (new is None or not set(new) <= set(old))
+        losses = []
+        if adds and receipted > binding.since:
+            losses.append(WindowLoss(binding.since + 1, receipted, "filter_changed"))
+        return Checked(False, losses, receipted)
+
+    def _other_server(
+        self, newest: int, instance: str, receipted: int, binding: Binding | None
+    ) -> str | None:
+        """Why the receipts do not count in this server's ids, if they do not."""
+        bound = binding.instance if binding is not None else ""
         if bound and instance and bound != instance:
-            problem = (
+            return (
                 f"client {self.client_id!r} receipted the change checkpoints of server "
                 f"instance {bound}, but this server is instance {instance} (a new or "
                 "replaced data directory): its checkpoint ids count from scratch"
             )
-        elif receipted > newest:
-            problem = (
+        if receipted > newest:
+            return (
                 f"checkpoint ids went backwards: client {self.client_id!r} receipted up to "
                 f"checkpoint {receipted}, but the newest checkpoint of this server "
                 f"(instance {instance or 'unknown'}) is {newest} (a data directory "
                 "restored from a backup?)"
             )
-        else:
-            return False
-        if resync:
-            return True
-        raise RecoveryError(
-            f"{problem}. No answer rather than a wrong one: re-process every key from "
-            "its current state, then resync (subscribe(..., resync=True); `waymark "
-            "recovery missed --resync` lists what this server's checkpoints name)"
-        )
+        return None
 
     def walk(self, newest: int, stored: Stored, *, reset: bool = False) -> Walk | None:
         """The walk of the checkpoints back to :meth:`earliest_ms`; None on a first
@@ -199,10 +251,12 @@ class ServiceCore(Generic[F]):
         *,
         view: SourceView | None = None,
         stored: Stored | None = None,
-        reset: bool = False,
+        checked: Checked | None = None,
     ) -> Query:
         """The query's outcome once its walk ended (or ran out of checkpoints)."""
         view = view or SourceView()
+        checked = checked or Checked(False, [], 0)
+        reset = checked.reset
         binding = stored.binding if stored is not None else None
         if walk is None:
             return Query(Ledger(newest), Recovery(), newest, True, None, view.instance, binding)
@@ -217,7 +271,7 @@ class ServiceCore(Generic[F]):
             if moved <= walk.ledger.low_watermark:
                 moved = None
         return Query(walk.ledger, found, newest, False, moved, view.instance, binding, reset,
-                     losses)  # fmt: skip
+                     [*checked.losses, *losses], checked.receipted)  # fmt: skip
 
     def start(self, query: Query, listener: CommittedVersionListener) -> Io[list[CommittedVersion]]:
         """Subscribe ``listener`` after ``query``: drop another instance's receipts on a
@@ -233,8 +287,9 @@ class ServiceCore(Generic[F]):
         elif query.moved is not None:
             yield (store.store_low_watermark, (client, query.moved))
             ledger.advance(query.moved)
-        binding = Binding(query.instance, self.topics)
-        if binding != query.binding:
+        since = query.newest if query.first_start else 0 if query.reset else query.receipted
+        binding = Binding(query.instance, self.topics, since)
+        if not binding.same(query.binding):
             yield (store.store_binding, (client, binding))
         self.instance = query.instance
         self.ledger, self.listener = ledger, listener
@@ -245,6 +300,16 @@ class ServiceCore(Generic[F]):
             for key, (epoch, version) in ledger.unreceipted(checkpoint.id)
         ]
 
+    def visible(self, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` without the changes of the receipt store's own topic: they
+        count as receipted, like a filtered client's other topics
+        (docs/semantics/recovery.md §3.4)."""
+        own = self.own
+        if own is None or not any(key_topic(c.key) == own for c in checkpoint.changes):
+            return checkpoint
+        changes = [c for c in checkpoint.changes if key_topic(c.key) != own]
+        return msgspec.structs.replace(checkpoint, changes=changes)
+
     def offer(self, checkpoint: Checkpoint) -> tuple[list[CommittedVersion], bool]:
         """A new checkpoint from the source: its versions for the listener, and whether
         to :meth:`flush` (nothing of it passes the filter: receipted at once). One of
@@ -253,14 +318,15 @@ class ServiceCore(Generic[F]):
         if ledger is None or self.listener is None or self.failure is not None:
             return [], False
         if checkpoint.instance and self.instance and checkpoint.instance != self.instance:
-            self.failure = RecoveryError(
+            self.fail(RecoveryError(
                 f"checkpoint {checkpoint.id} comes from server instance "
                 f"{checkpoint.instance}, but client {self.client_id!r} follows instance "
                 f"{self.instance} (a new or replaced data directory): stopped rather than "
                 "skip its checkpoints; subscribe again (with resync=True once every key "
                 "is re-processed)"
-            )
+            ))  # fmt: skip
             return [], False
+        checkpoint = self.visible(checkpoint)
         if not ledger.add(checkpoint):
             return [], False
         fresh = ledger.unreceipted(checkpoint.id)
@@ -326,6 +392,11 @@ class ServiceCore(Generic[F]):
         if epoch < 0:
             raise RecoveryError(f"an epoch is 0 or more: got {epoch}")
         topic = key_topic(key)
+        if topic == self.own:
+            raise RecoveryError(
+                f"{key!r}: topic {topic!r} holds this client's receipts; its changes are "
+                "the client's own writes, never reported to it"
+            )
         if self.topics is not None and topic not in self.topics:
             raise RecoveryError(
                 f"{key!r}: this client does not read topic {topic!r} (its topics are "
@@ -343,6 +414,22 @@ class ServiceCore(Generic[F]):
             future.set_result(None)
         else:
             future.set_exception(RecoveryError(refusal))
+
+    def fail(self, error: RecoveryError) -> None:
+        """Stop the service (docs/semantics/recovery.md §3.6): no checkpoint reaches the
+        listener any more, every receipt waiting for a checkpoint fails with ``error``
+        and so does every later call."""
+        if self.failure is None:
+            self.failure = error
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(error)
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(error)
+        self._futures.clear()
+        self._waiters.clear()
 
     def _failed(self, error: RecoveryError) -> F:
         future = self.new_future()
@@ -415,7 +502,8 @@ class ServiceCore(Generic[F]):
         mark = yield (self.store.low_watermark, (self.client_id,))
         ranges = yield (_list_ranges, (self.store, self.client_id, mark or 0))
         pending = [(c, sorted(keys)) for c, keys in query.ledger.waiting()]
-        return Status(mark, sorted(ranges), pending, versions(query.found.missed))
+        failure = None if self.failure is None else str(self.failure)
+        return Status(mark, sorted(ranges), pending, versions(query.found.missed), failure)
 
     # --- status reports (docs/reports.md) -------------------------------------------------
     def report(self, every_s: float) -> Io[RecoveryReport | None]:
@@ -427,7 +515,8 @@ class ServiceCore(Generic[F]):
         pending = sum(1 for _ in ledger.waiting())
         ranges = yield (_count_ranges, (self.store, self.client_id, mark))
         interval_ms = min(max(int(every_s * 1000), 100), 3_600_000)
-        return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms)
+        failed = None if self.failure is None else str(self.failure)[:MAX_FAILURE]
+        return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms, failed)
 
 
 def window_losses(mark: int, below: int, view: SourceView) -> list[WindowLoss]:

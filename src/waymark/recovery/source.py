@@ -3,15 +3,31 @@
 
 from __future__ import annotations
 
+import difflib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..client import ApiError, Client, TransportError
+from ..client import ApiError, Client
 from ..protocol import Checkpoint, ErrorCode, Record, TopicState, key_topic
-from .types import CheckpointListener, SourceView
+from .types import CheckpointListener, RecoveryError, SourceView
 
 PAGE = 1000  # checkpoints per page of a recovery walk
+
+
+def check_topics(url: str, topics: Sequence[str], existing: list[str]) -> None:
+    """Refuse a filter naming a topic the server does not hold
+    (docs/semantics/recovery.md §3.4): every change of the others would count as
+    receipted, the ones meant too."""
+    for topic in topics:
+        if topic not in existing:
+            close = difflib.get_close_matches(topic, existing, n=3)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            raise RecoveryError(
+                f"topic {topic!r} of the filter does not exist on {url}{hint}. A filter "
+                "passes every change of the topics it does not name as receipted: create "
+                "the topic first if it is new"
+            )
 
 
 def refusal(
@@ -55,6 +71,8 @@ class TopicCheckpoints:
         self._view = SourceView()
 
     def newest_id(self) -> int:
+        if self.topics is not None:
+            check_topics(self.url, self.topics, [t.name for t in self.client.list_topics()])
         page = self.client.list_checkpoints(limit=1)
         self._view = SourceView(page.instance, page.expired_to)
         # (the newest may have expired with the rest: its id is still the newest one)
@@ -87,8 +105,14 @@ class TopicCheckpoints:
         found = page.records[0] if page is not None and page.records else None
         return refusal(key, version, epoch, state, found)
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
-        """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`."""
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`;
+        what ends it otherwise goes to ``on_error`` (else it is raised in the thread)."""
         watcher = Client(self.url)
         self._watchers.append(watcher)
 
@@ -96,9 +120,12 @@ class TopicCheckpoints:
             try:
                 for checkpoint in watcher.watch_checkpoints(after=after, topics=self.topics):
                     listener(checkpoint)
-            except (TransportError, RuntimeError):
-                if not self._closed.is_set():
+            except Exception as exc:
+                if self._closed.is_set():
+                    return
+                if on_error is None:
                     raise
+                on_error(exc)
 
         threading.Thread(target=follow, name="waymark-checkpoints", daemon=True).start()
 

@@ -16,10 +16,16 @@ import msgspec
 class Binding(msgspec.Struct, frozen=True):
     """What a client's receipts hold for: the server instance whose checkpoint ids they
     count (docs/semantics/recovery.md §3.5) and the topics the client reads, None for
-    all (§3.4). Stored with the receipts, checked at every start."""
+    all (docs/semantics/recovery.md §3.4). Stored with the receipts, checked at every start."""
 
     instance: str
     topics: list[str] | None = None
+    # The checkpoint id the receipts had reached when this filter took effect: what a
+    # later filter change reports as lost for the topics it adds.
+    since: int = 0
+
+    def same(self, other: Binding | None) -> bool:
+        return other is not None and (self.instance, self.topics) == (other.instance, other.topics)
 
 
 class ReceiptStore(Protocol):

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from ..client import Client
-from ..protocol import ConfigPatch, Durability, RecordIn
+from ..client import ApiError, Client
+from ..protocol import ConfigPatch, Durability, ErrorCode, RecordIn
 from .store import Binding
 
 COMPACT_AFTER = 1000  # a client's records before a snapshot replaces them
@@ -83,11 +83,27 @@ class _State:
 
 
 class TopicReceiptStore:
-    def __init__(self, url: str, topic: str, *, client: Client | None = None) -> None:
+    def __init__(
+        self, url: str, topic: str, *, client: Client | None = None, read_only: bool = False
+    ) -> None:
+        """``read_only``: look at an existing store (``waymark recovery missed`` and
+        ``status``): the topic is neither created nor reconfigured, a missing one is a
+        :class:`FileNotFoundError`."""
         self.topic = topic
         self._client = client or Client(url)
         self._owned = client is None
-        self._client.put_topic(topic, ConfigPatch(durability=Durability.FSYNC))
+        if not read_only:
+            self._client.put_topic(topic, ConfigPatch(durability=Durability.FSYNC))
+        else:
+            try:
+                self._client.get_topic(topic, touch=False)
+            except ApiError as exc:
+                if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                    raise
+                self.close()
+                raise FileNotFoundError(
+                    f"no receipt store: topic {topic!r} does not exist"
+                ) from exc
         self._states: dict[str, _State] = {}
         self._lock = threading.Lock()
 

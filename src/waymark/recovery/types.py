@@ -39,7 +39,7 @@ class SourceView:
     """What a source's last answers said of the server: its instance id ("" unknown,
     docs/semantics/recovery.md §3.5), the highest checkpoint id its recovery window
     removed (0: none), and the newest checkpoint the last walk left out for being
-    older than it asked for (0: none, §3.2)."""
+    older than it asked for (0: none, docs/semantics/recovery.md §3.2)."""
 
     instance: str = ""
     expired_to: int = 0
@@ -84,9 +84,15 @@ class CheckpointSource(Protocol):
         names, docs/semantics/recovery.md §2.1)."""
         ...
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Call ``listener`` with every checkpoint whose id is above ``after``, in id
-        order, from now on."""
+        order, from now on; ``on_error`` with what ended that for good (the server
+        refused, or stayed unreachable past the client's retries)."""
         ...
 
     def close(self) -> None: ...

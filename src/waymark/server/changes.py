@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import msgspec
 
 from ..log import CHANGES_TOPIC, DiffResult, Engine, ErrorCode, TopicError
-from ..protocol import KeyChange, key_topic
+from ..protocol import KeyChange, TombstoneReason, key_topic
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -150,6 +150,8 @@ class ChangesApi:
         head = self.read(0, 1).head_seq
         if after < 0:
             after = head  # from the newest on
+        elif after < (expired := self.engine.get_topic(CHANGES_TOPIC, touch=False).evict_floor - 1):
+            raise _behind(after + 1, expired)
         elif after > head:
             # Ids never go back within one instance: a cursor past the newest one was
             # given by another (a new, replaced or restored data directory). Waiting for
@@ -165,6 +167,15 @@ class ChangesApi:
         return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
 
 
+def _behind(first: int, last: int) -> TopicError:
+    return TopicError(
+        ErrorCode.INVALID_REQUEST,
+        f"checkpoints {first} to {last} passed the recovery window before this stream "
+        "sent them: query again (the recovery query reports them lost)",
+        {"lost": [first, last], "reason": "expired"},
+    )
+
+
 class CheckpointFeed:
     """SSE ``event: checkpoint`` per checkpoint after a cursor; ``id:`` is its id."""
 
@@ -175,6 +186,13 @@ class CheckpointFeed:
 
     async def next(self) -> tuple[bytes, bool]:
         page = self._api.read(self._cursor, 100)
+        gap = page.tombstone
+        if gap is not None and gap.reason != TombstoneReason.LOST:
+            # The recovery window took checkpoints this stream had not sent: ending it
+            # with the refusal, never passing them silently
+            # (docs/semantics/recovery.md §3.6). (A "lost" gap is seqs a crash
+            # skipped: they never held one.)
+            raise _behind(gap.gap_from, gap.gap_to)
         self._cursor = page.next_from_seq
         parts = [
             b"event: checkpoint\nid: %d\ndata: %b\n\n" % (c.id, _encode(c))
