@@ -249,8 +249,18 @@ class Changes:
                 reached[topic] = (epoch, last)
 
         for (topic, epoch), tags in by_instance.items():
+            if covered is not None:
+                for tag, (first, last) in tags.items():
+                    add(topic, record_key(topic, tag), first, last, epoch)
+                continue
+            # The live path, inlined: a step per key, the newest seq once per instance.
+            newest = 0
             for tag, (first, last) in tags.items():
-                add(topic, record_key(topic, tag), first, last, epoch)
+                _merge(merged, record_key(topic, tag), first, last, epoch)
+                if last > newest:
+                    newest = last
+            if reached.get(topic, none) < (epoch, newest):
+                reached[topic] = (epoch, newest)
         removals, self._removals = self._removals, []
         for removal in removals:
             commit, keys, version, epoch = removal
