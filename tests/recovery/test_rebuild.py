@@ -137,3 +137,23 @@ def test_mutant_no_coverage_names_changes_twice(
     monkeypatch.setattr(Changes, "cover", lambda self, covered: None)
     with pytest.raises(AssertionError):
         test_a_crash_before_the_checkpoint_loses_nothing_and_repeats_nothing(tmp_path)
+
+
+def test_a_seal_right_after_a_restart_keeps_only_what_no_checkpoint_named(
+    tmp_path: Path,
+) -> None:
+    """The restart notes every replayed change again, those a replayed checkpoint covers
+    too; a seal before the first checkpoint keeps only the others (its segments take the
+    covering checkpoint out of the WAL)."""
+    engine, store = start(tmp_path)
+    engine.append("orders", [RecordIn.of(1, tag="a")])
+    checkpoint(engine, store)  # names orders/a
+    engine.append("orders", [RecordIn.of(2, tag="b")])
+    crash(engine, store)
+    engine, store = start(tmp_path)
+    store.seal(engine)  # before any checkpoint of this run
+    crash(engine, store)
+    engine, store = start(tmp_path)
+    epoch = engine.get_topic("orders").epoch
+    assert checkpoint(engine, store) == {"orders/b": (2, 2, epoch)}
+    crash(engine, store)

@@ -166,8 +166,14 @@ class Changes:
             for key in keys:
                 _merge(merged, key, version, version, epoch)
         if self.rebuilt is not None:
+            # Without those a replayed checkpoint covers: after the seal that checkpoint
+            # is in the segments, no longer replayed to say so.
             for change in self.rebuilt.pending():
-                _merge(merged, change.key, change.first, change.last, change.epoch)
+                cover = self.covered.get(key_topic(change.key), (-1, -1))
+                if (change.epoch, change.last) <= cover:
+                    continue
+                first = change.first if (change.epoch, change.first) > cover else cover[1] + 1
+                _merge(merged, change.key, first, change.last, change.epoch)
         return [KeyChange(k, first, last, epoch) for k, (first, last, epoch) in merged.items()]
 
     def take(self) -> tuple[list[KeyChange], list[Covered]]:
