@@ -81,11 +81,6 @@ class ServerMachine(RecoveryMachine):
         self.source.engine = self.engine
 
     @rule()
-    def seal(self) -> None:
-        """A seal: the WAL's frames go into segments, the changes waiting into the catalog."""
-        self.wal.seal(self.engine)
-
-    @rule()
     def replace_data_dir(self) -> None:
         """The server comes back with an empty data directory: another instance."""
         self.wal.close()
