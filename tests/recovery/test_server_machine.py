@@ -22,7 +22,7 @@ def test_no_miss_across_restarts_replacements_and_expiry() -> None:
     run_state_machine_as_test(ServerMachine, settings=SETTINGS)
 
 
-def _hunt(examples: int = 40) -> None:
+def _hunt(examples: int = 120) -> None:
     run_state_machine_as_test(
         ServerMachine,
         settings=settings(
