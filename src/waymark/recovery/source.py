@@ -71,8 +71,14 @@ class TopicCheckpoints:
         self._view = SourceView()
 
     def newest_id(self) -> int:
-        if self.topics is not None:
-            check_topics(self.url, self.topics, [t.name for t in self.client.list_topics()])
+        for topic in self.topics or ():  # one cheap look each; the list only on a miss
+            try:
+                self.client.get_topic(topic, touch=False)
+            except ApiError as exc:
+                if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                    raise
+                check_topics(self.url, self.topics or (),
+                             [t.name for t in self.client.list_topics()])  # fmt: skip
         page = self.client.list_checkpoints(limit=1)
         self._view = SourceView(page.instance, page.expired_to)
         # (the newest may have expired with the rest: its id is still the newest one)
