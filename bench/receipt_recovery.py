@@ -45,6 +45,7 @@ from waymark.recovery import (
     CheckpointListener,
     LocalReceiptStore,
     RecoveryService,
+    SourceView,
     TopicCheckpoints,
 )
 from waymark.server import App
@@ -54,16 +55,26 @@ from waymark.server.serving import Server, listen
 class Prepared:
     """A checkpoint source of prepared checkpoints, handed to the listener on demand."""
 
+    topics = None
+
     def __init__(self) -> None:
         self.listener: CheckpointListener | None = None
 
     def newest_id(self) -> int:
         return 0
 
+    def view(self) -> SourceView:
+        return SourceView()
+
+    def committed(self, key: str, version: int, epoch: int) -> str | None:
+        return None
+
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         return iter(())
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    def register_checkpoint_listener(
+        self, listener: CheckpointListener, after: int, on_error: object = None
+    ) -> None:
         self.listener = listener
 
     def close(self) -> None:

@@ -98,6 +98,7 @@ def test_a_recovery_client_s_watermark_shows_and_moves_after_receipts(
     page: Page, server: ServerProcess, client: Client, shot: Shot
 ) -> None:
     name, topic = fresh("indexer"), fresh("docs")
+    client.put_topic(topic)  # a filter names existing topics
     service = RecoveryService(TopicCheckpoints(server.url, [topic]),
                               TopicReceiptStore(server.url, fresh("receipts")), name,
                               report_every_s=60)  # fmt: skip
@@ -122,6 +123,36 @@ def test_a_recovery_client_s_watermark_shows_and_moves_after_receipts(
         expect(watermark).not_to_have_text(f"{before:,}", timeout=10_000)
         assert int(watermark.inner_text().replace(",", "")) >= mine
         shot(page, "recovery")
+    finally:
+        service.close()
+
+
+def test_a_stopped_recovery_client_is_marked_failed(
+    page: Page, server: ServerProcess, client: Client, shot: Shot
+) -> None:
+    """A listener that raised stopped the service (docs/semantics/recovery.md §3.6): its
+    report says so and the page marks it."""
+    name, topic = fresh("indexer"), fresh("docs")
+    client.put_topic(topic)
+
+    def listener(committed: CommittedVersion) -> None:
+        raise ValueError("the index is gone")
+
+    service = RecoveryService(TopicCheckpoints(server.url, [topic]),
+                              TopicReceiptStore(server.url, fresh("receipts")), name,
+                              report_every_s=60)  # fmt: skip
+    try:
+        list(service.subscribe(listener))
+        client.append(topic, [RecordIn.of({"doc": 1}, tag="d1")])
+        deadline = time.monotonic() + 15
+        while service.failure is None:
+            assert time.monotonic() < deadline, "the listener's failure did not stop it"
+            time.sleep(0.05)
+        open_page(page, server, "recovery")
+        failed = page.locator(f"tr[data-client='{name}']").get_by_test_id("client-failed")
+        expect(failed).to_have_text("failed", timeout=10_000)
+        assert "the index is gone" in (failed.get_attribute("title") or "")
+        shot(page, "recovery-failed")
     finally:
         service.close()
 

@@ -27,7 +27,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from waymark.clock import ManualClock
 from waymark.log import Engine, RecordIn, TagMatch
 from waymark.protocol import ConfigPatch, Durability
-from waymark.recovery import CommittedVersion, LocalReceiptStore, RecoveryError, RecoveryService
+from waymark.recovery import (
+    CommittedVersion,
+    LocalReceiptStore,
+    RecoveryError,
+    RecoveryService,
+    WindowLoss,
+)
 
 from .harness import EngineCheckpoints, FaultInjectingStore
 
@@ -70,8 +76,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="waymark-recovery-",
                                          dir=shm if shm.is_dir() else None))  # fmt: skip
         self.clock = ManualClock()
-        self.engine = Engine(clock=self.clock)
-        self.engine.track_changes(86_400_000)
+        self.engine = self._new_engine()
         self.engine.put_topic("scratch", ConfigPatch(durability=Durability.EPHEMERAL))
         self.source = EngineCheckpoints(self.engine)
         # the model of the server: live records per topic (seq, tag), each instance's
@@ -88,7 +93,16 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.processed: dict[str, int] = {}  # key -> the latest tick of a receipted read
         self.persisted: set[int] = set()
         self.floor: int | None = None  # the first start's watermark
+        self.resync = False  # the next start resyncs (docs/semantics/recovery.md §3.5)
         self._start()
+
+    def _new_engine(self) -> Engine:
+        engine = Engine(clock=self.clock)
+        engine.track_changes(86_400_000)
+        return engine
+
+    def _sync(self) -> None:
+        """Make every journal frame durable (an engine with a WAL)."""
 
     # --- a run of the client ------------------------------------------------------------
     def _start(self) -> None:
@@ -101,16 +115,24 @@ class RecoveryMachine(RuleBasedStateMachine):
         self.reads: list[Read] = []
         self.futures: list[tuple[Future[None], str, Version, int]] = []
         newest = self.source.newest_id()
-        missed = list(self.service.subscribe(self.notified.append))
-        self.check_restart(newest, missed, list(self.notified))
-        self.notified += missed
+        found = list(self.service.subscribe(self.notified.append, resync=self.resync))
+        self.resync = False
+        self.check_restart(newest, found, list(self.notified))
+        self.notified += [f for f in found if isinstance(f, CommittedVersion)]
         self.known = newest
         if self.floor is None:
             self.floor = newest
 
     def check_restart(
-        self, newest: int, missed: list[CommittedVersion], live: list[CommittedVersion]
+        self,
+        newest: int,
+        found: list[CommittedVersion | WindowLoss],
+        live: list[CommittedVersion],
     ) -> None:
+        """NoMiss, OncePerQuery, ReceiptedNeverReported over a query's answer; the
+        checkpoints a reported loss covers are announced, not missed."""
+        losses = [f for f in found if isinstance(f, WindowLoss)]
+        missed = [f for f in found if isinstance(f, CommittedVersion)]
         keys = [m.key for m in missed]
         assert len(keys) == len(set(keys)), f"a key reported twice in one query: {missed}"
         if self.floor is None:
@@ -121,6 +143,8 @@ class RecoveryMachine(RuleBasedStateMachine):
             reported[c.key] = max(reported.get(c.key, (-1, -1)), (c.epoch, c.version))
         for checkpoint, changes in self.changes.items():
             if not self.floor < checkpoint <= newest:
+                continue
+            if any(loss.first <= checkpoint <= loss.last for loss in losses):
                 continue
             for change in changes:
                 if self.processed.get(change.key, -1) < change.tick:
@@ -191,7 +215,9 @@ class RecoveryMachine(RuleBasedStateMachine):
     def checkpoint(self, deliver: bool) -> None:
         """The interval ends; ``deliver``: its checkpoint reaches the client at once."""
         self.clock.advance(1_000)
+        self._sync()
         result = self.engine.emit_checkpoint()
+        self._sync()
         if result is None:
             assert not self.pending, f"changes left out of every checkpoint: {self.pending}"
             return

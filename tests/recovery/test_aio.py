@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import ServerProcess
 
-from waymark.client import AsyncClient
+from waymark.client import AsyncClient, Client
 from waymark.protocol import RecordIn
 from waymark.recovery import (
     AsyncRecoveryService,
@@ -29,7 +29,10 @@ from .test_server import FAST
 
 @pytest.fixture
 def server(start_waymark: Callable[..., ServerProcess]) -> ServerProcess:
-    return start_waymark(*FAST)
+    started = start_waymark(*FAST)
+    with Client(started.url) as client:
+        client.put_topic("orders")  # a filter names existing topics
+    return started
 
 
 def service(url: str, store: object) -> AsyncRecoveryService:
@@ -110,3 +113,45 @@ async def test_a_failed_store_write_fails_the_future_and_a_retry_persists(
     assert store.low_watermark("indexer") is not None
     assert await twin.missed() == []
     await twin.aclose()
+
+
+async def test_strict_receipts_and_a_stopping_listener_in_asyncio(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The asyncio twin refuses what the blocking service refuses, asks the log about a
+    key it holds no checkpoint of (a receipt again after a restart is accepted), and
+    stops when its listener raises (docs/semantics/recovery.md §2.1, §3.6)."""
+    store = LocalReceiptStore(tmp_path / "receipts.db")
+    first = service(server.url, store)
+    seen: asyncio.Queue[CommittedVersion] = asyncio.Queue()
+    await first.subscribe(seen.put_nowait)
+    async with AsyncClient(server.url) as client:
+        await client.append("orders", [RecordIn.of(1, tag="a")])
+    a = await told(seen, "orders/a", 1)
+    with pytest.raises(RecoveryError, match="epoch"):
+        await asyncio.wait_for(first.submit_receipt(a.key, a.version, a.epoch + 1), 10)
+    await asyncio.wait_for(first.submit_receipt(a), 10)
+    await first.aclose()
+
+    def listener(committed: CommittedVersion) -> None:
+        raise ValueError("boom")
+
+    again = service(server.url, LocalReceiptStore(tmp_path / "receipts.db"))
+    try:
+        assert await again.subscribe(listener) == []
+        await asyncio.wait_for(again.submit_receipt(a), 10)  # persisted before: accepted
+        with pytest.raises(RecoveryError, match="unknown key"):
+            await asyncio.wait_for(again.submit_receipt("orders/zz", 1, a.epoch), 10)
+        async with AsyncClient(server.url) as client:
+            await client.append("orders", [RecordIn.of(2, tag="b")])
+        for _ in range(1000):
+            if again.failure is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert again.failure is not None and "listener raised ValueError: boom" in str(
+            again.failure
+        )
+        with pytest.raises(RecoveryError, match="listener raised"):
+            await asyncio.wait_for(again.submit_receipt(a), 10)
+    finally:
+        await again.aclose()

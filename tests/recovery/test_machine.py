@@ -93,10 +93,12 @@ def _drop_the_epochs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutant: checkpoints name versions without their topic instance (every epoch 0), so
     a recreated topic's version 1 compares below the old instance's versions."""
     original = Changes.take
-    monkeypatch.setattr(
-        Changes, "take",
-        lambda self: [KeyChange(c.key, c.first, c.last, 0) for c in original(self)],
-    )  # fmt: skip
+
+    def take(self: Changes) -> tuple[list[KeyChange], list[tuple[str, int, int]]]:
+        changes, covered = original(self)
+        return [KeyChange(c.key, c.first, c.last, 0) for c in changes], covered
+
+    monkeypatch.setattr(Changes, "take", take)
 
 
 def test_mutant_versions_without_epochs_miss(monkeypatch: pytest.MonkeyPatch) -> None:

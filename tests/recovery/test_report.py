@@ -36,6 +36,7 @@ def test_a_topic_store_client_reports_and_its_watermark_moves_after_receipts(
 ) -> None:
     server = spawn_server(tmp_path, "--checkpoint-interval-s", "0.2")
     http = Client(server.url)
+    http.put_topic("orders")  # a filter names existing topics
     service = RecoveryService(TopicCheckpoints(server.url, ["orders"]),
                               TopicReceiptStore(server.url, "receipts"), "indexer",
                               report_every_s=60)  # fmt: skip
@@ -107,6 +108,8 @@ async def test_the_asyncio_service_reports_too(
     from waymark.recovery import AsyncRecoveryService, AsyncTopicCheckpoints, LocalReceiptStore
 
     server = spawn_server(tmp_path, "--checkpoint-interval-s", "0.2")
+    with Client(server.url) as http:
+        http.put_topic("orders")  # a filter names existing topics
     service = AsyncRecoveryService(
         AsyncTopicCheckpoints(server.url, ["orders"]), LocalReceiptStore(tmp_path / "r.db"),
         "async-indexer", recent_s=0, report_to=server.url, report_every_s=60,

@@ -175,6 +175,9 @@ def test_a_stateless_client_recovers_on_another_machine(server: ServerProcess) -
     but the server, reports exactly what the first never receipted."""
     from waymark.recovery import RecoveryService, TopicCheckpoints, TopicReceiptStore
 
+    with Client(server.url) as http:
+        http.put_topic("orders")  # a filter names existing topics
+
     def service() -> RecoveryService:
         return RecoveryService(TopicCheckpoints(server.url, topics=["orders"]),
                                TopicReceiptStore(server.url, "indexer-receipts"),

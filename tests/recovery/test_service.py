@@ -10,11 +10,19 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, RecordIn, TagMatch
-from waymark.recovery import CommittedVersion, LocalReceiptStore, RecoveryError, RecoveryService
+from waymark.recovery import (
+    CommittedVersion,
+    LocalReceiptStore,
+    RecoveryError,
+    RecoveryService,
+    WindowLoss,
+)
 
 from .harness import EngineCheckpoints, FaultInjectingStore
 
-Started = tuple[RecoveryService, EngineCheckpoints, list[CommittedVersion], list[CommittedVersion]]
+Started = tuple[
+    RecoveryService, EngineCheckpoints, list[CommittedVersion | WindowLoss], list[CommittedVersion]
+]
 
 
 class World:
@@ -115,7 +123,8 @@ def test_a_watermark_older_than_the_window_moves_into_it(tmp_path: Path) -> None
     store = LocalReceiptStore(world.path)
     assert store.low_watermark("c") == 0
     service, _, missed, _ = world.start(recent_s=0, max_window_s=60)
-    assert missed == [world.at("orders/new", 2)]  # the old one is outside the window
+    # the old one is outside the window: announced, not reported
+    assert missed == [WindowLoss(1, 1, "outside_window"), world.at("orders/new", 2)]
     assert store.low_watermark("c") == 1  # moved behind the window's first checkpoint
     world.receipt(service, "orders/new", 2).result(timeout=1)
     assert store.low_watermark("c") == 2 and list(store.range_receipts("c", 0)) == []

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from waymark.recovery import RecoveryService
+    from waymark.recovery import CommittedVersion, RecoveryService
 
 Url = Annotated[str, typer.Option(help="The waymark server, e.g. http://127.0.0.1:8080.")]
 StoreOpt = Annotated[
@@ -21,7 +21,11 @@ StoreOpt = Annotated[
 ]
 ClientOpt = Annotated[str, typer.Option("--client", help="The client id receipts are kept under.")]
 Topics = Annotated[
-    str | None, typer.Option(help="Comma-separated topics the client reads (default: all).")
+    str | None,
+    typer.Option(
+        help="Comma-separated topics the client reads (default: those its receipts were "
+        "kept for, else all)."
+    ),
 ]
 RecentS = Annotated[
     float, typer.Option(help="Checkpoints newer than this are in flight, not missed.")
@@ -29,23 +33,53 @@ RecentS = Annotated[
 WindowS = Annotated[float, typer.Option(help="How far back the query looks, in seconds.")]
 
 
+# Above this many keys, `missed` prints plain aligned columns instead of a rich table,
+# as fast as --json (rich lays out every cell: 212 s for 100 000 keys).
+RICH_ROWS = 1000
+
+
+def _plain(title: str, keys: list[CommittedVersion]) -> str:
+    """``keys`` as a table of plain aligned columns under ``title``."""
+    width = max(len("key"), *(len(c.key) for c in keys))
+    lines = [title, f"{'key':<{width}}  {'version':>10}  {'epoch':>10}"]
+    lines += [f"{c.key:<{width}}  {c.version:>10}  {c.epoch:>10}" for c in keys]
+    return "\n".join(lines)
+
+
 def _service(
     url: str, store: str, client: str, topics: str | None, recent_s: float, max_window_s: float
 ) -> RecoveryService:
     from waymark.recovery import (
         LocalReceiptStore,
+        ReceiptStore,
         RecoveryService,
         TopicCheckpoints,
         TopicReceiptStore,
     )
 
+    try:  # read only: a look from the command line creates and changes nothing
+        receipts: ReceiptStore = (
+            TopicReceiptStore(url, store.removeprefix("topic:"), read_only=True)
+            if store.startswith("topic:")
+            else LocalReceiptStore(store, read_only=True)
+        )
+    except FileNotFoundError as exc:
+        typer.echo(f"waymark: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    binding = receipts.binding(client)
+    if (
+        binding is None
+        and receipts.low_watermark(client) is None
+        and not any(receipts.range_receipts(client, 0))
+    ):
+        receipts.close()
+        typer.echo(f"waymark: {store} holds no receipts of client {client!r} (it never "
+                   "subscribed there, or --client is another name)", err=True)  # fmt: skip
+        raise typer.Exit(2)
     chosen = [t for t in (topics or "").split(",") if t] or None
+    if topics is None and binding is not None:
+        chosen = binding.topics  # the filter the receipts were kept for
     source = TopicCheckpoints(url, chosen)
-    receipts = (
-        TopicReceiptStore(url, store.removeprefix("topic:"))
-        if store.startswith("topic:")
-        else LocalReceiptStore(store)
-    )
     # A look from the command line is not the client itself: it reports nothing.
     return RecoveryService(source, receipts, client, recent_s=recent_s,
                            max_window_s=max_window_s, report=False)  # fmt: skip
@@ -67,30 +101,84 @@ def register(app: typer.Typer) -> None:
         recent_s: RecentS = 30.0,
         max_window_s: WindowS = 86_400.0,
         json: Annotated[bool, typer.Option("--json", help="JSON lines {key, version}.")] = False,
+        resync: Annotated[
+            bool,
+            typer.Option(
+                "--resync",
+                help="When CLIENT's receipts are of another server instance (a new, "
+                "replaced or restored data directory), list every key this server's "
+                "checkpoints name instead of refusing (docs/recovery.md, Resync).",
+            ),
+        ] = False,
+        new_filter: Annotated[
+            bool,
+            typer.Option(
+                "--new-filter",
+                help="--topics differ from those CLIENT's receipts were kept for: query "
+                "with them anyway (what the old filter passed of added topics is lost).",
+            ),
+        ] = False,
+        accept_loss: Annotated[
+            bool,
+            typer.Option(
+                "--accept-loss",
+                help="Exit 0 even when checkpoints fell out of the recovery window "
+                "(they are still listed).",
+            ),
+        ] = False,
     ) -> None:
-        """Print the keys CLIENT never receipted, each with its newest committed version.
-        Reads only: nothing is receipted or stored."""
+        """Print the keys CLIENT never receipted, each with its newest committed version,
+        after the ranges of checkpoints it could not examine (lost: exit 3 unless
+        --accept-loss). Reads only: nothing is receipted or stored."""
         import msgspec
         from rich.console import Console
         from rich.table import Table
 
+        from waymark.recovery import CommittedVersion, RecoveryError, WindowLoss
+
         service = _service(url, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
-                found = service.missed()
+                found = service.missed(resync=resync, new_filter=new_filter)
+        except RecoveryError as exc:
+            typer.echo(f"waymark: {exc}", err=True)
+            raise typer.Exit(1) from exc
         finally:
             service.close()
             service.store.close()
+        losses = [f for f in found if isinstance(f, WindowLoss)]
+        keys = [f for f in found if isinstance(f, CommittedVersion)]
         if json:
-            for committed in found:
+            for loss in losses:
+                lost = {"lost": [loss.first, loss.last], "reason": loss.reason}
+                typer.echo(msgspec.json.encode(lost).decode())
+            for committed in keys:
                 line = {"key": committed.key, "version": committed.version,
                         "epoch": committed.epoch}  # fmt: skip
                 typer.echo(msgspec.json.encode(line).decode())
-            return
-        table = Table("key", "version", "epoch", title=f"{len(found)} keys missed by {client}")
-        for committed in found:
-            table.add_row(committed.key, str(committed.version), str(committed.epoch))
-        Console().print(table)
+        else:
+            console = Console()
+            for loss in losses:
+                console.print(f"[red]lost: checkpoints {loss.first}-{loss.last} "
+                              f"({loss.reason})[/red]")  # fmt: skip
+            title = f"{len(keys)} keys missed by {client}"
+            if len(keys) > RICH_ROWS:
+                # rich measures every cell: minutes for 100 000 rows. Plain columns.
+                typer.echo(_plain(title, keys))
+            else:
+                table = Table("key", "version", "epoch", title=title)
+                for committed in keys:
+                    table.add_row(committed.key, str(committed.version), str(committed.epoch))
+                console.print(table)
+        if losses and not accept_loss:
+            ranges = ", ".join(f"{x.first}-{x.last} ({x.reason})" for x in losses)
+            typer.echo(
+                f"waymark: checkpoints {ranges} could not be examined: changes named only "
+                "there are lost to this query (docs/recovery.md). Re-process what they may "
+                "have named, or pass --accept-loss.",
+                err=True,
+            )
+            raise typer.Exit(3)
 
     @recovery.command()
     def status(
@@ -106,10 +194,15 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from waymark.recovery import RecoveryError
+
         service = _service(url, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
                 state = service.status()
+        except RecoveryError as exc:
+            typer.echo(f"waymark: {exc}", err=True)
+            raise typer.Exit(1) from exc
         finally:
             service.close()
             service.store.close()
@@ -157,6 +250,8 @@ def register(app: typer.Typer) -> None:
                       "last report", title=title)  # fmt: skip
         for c in found.clients:
             seen = f"{c.age_ms / 1000:.1f} s ago" + (" [red]stale[/red]" if c.stale else "")
+            if c.failed:  # its service stopped (docs/semantics/recovery.md §3.6)
+                seen += f" [red]failed: {c.failed}[/red]"
             table.add_row(c.client, "none" if c.watermark is None else str(c.watermark),
                           str(c.behind), str(c.range_receipts), str(c.pending), seen)  # fmt: skip
         Console().print(table)

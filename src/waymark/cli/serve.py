@@ -185,6 +185,7 @@ def register(app: typer.Typer) -> None:
                 cold_dir=cold_dir,
                 hot_segments=hot_segments,
                 limits=limits,
+                track_changes=checkpoint_interval_s > 0,
             )
         except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)

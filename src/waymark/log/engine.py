@@ -16,6 +16,7 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 import bisect
+import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,10 @@ class Engine:
         # Committed changes per key, for change checkpoints
         # (docs/semantics/recovery.md §1); None until track_changes.
         self.changes: Changes | None = None
+        # Names this engine's history, which checkpoint ids count in: a new one per
+        # in-memory engine, the data directory's for a restored one
+        # (docs/semantics/recovery.md §3.5).
+        self.instance = secrets.token_hex(8)
 
     @property
     def journal(self) -> Journal | None:
@@ -217,7 +222,7 @@ class Engine:
         topic = kernel.existing(name, recover=False)  # what is still set aside never applies
         commit = kernel.write(name, DropFrame(name, topic.epoch).encode())
         kernel.drop(name)
-        if topic.head_seq > 0 and (changes := self._changes_of(topic)) is not None:
+        if topic.head_seq > 0 and (changes := self.changes_of(topic)) is not None:
             # A drop's version is the instance's next seq, which it never hands out: later
             # than every change of the instance (docs/semantics/recovery.md §1.3).
             changes.removed(topic, dropped_keys(topic), topic.next_seq, commit)
@@ -317,7 +322,7 @@ class Engine:
             source = kernel.latest(derived_from) if derived_from is not None else None
             if source is not None:
                 topic.note_unsynced(plan.first_seq, source)
-        if plan.fresh and (changes := self._changes_of(topic)) is not None:
+        if plan.fresh and (changes := self.changes_of(topic)) is not None:
             # A router's copies are as durable as the source records they copy.
             latest = kernel.latest(derived_from) if derived_from is not None else commit
             changes.appended(name, topic.epoch, plan.first_seq, plan.fresh, latest)
@@ -399,7 +404,7 @@ class Engine:
                 frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
                                        slot=slot)  # fmt: skip
                 commit = kernel.write(name, frame.encode())
-        changes = self._changes_of(topic) if slot is not None else None
+        changes = self.changes_of(topic) if slot is not None else None
         keys = deleted_keys(topic, bound, match) if changes is not None else None
         result = topic.delete(bound, match, now, slot)
         if slot is not None and commit is not None and durability is Durability.FSYNC:
@@ -592,13 +597,15 @@ class Engine:
         if self.journal is not None:
             # Refused (503) before anything is taken: the changes wait for the next try.
             self.journal.check_available(CHANGES_TOPIC)
-        changes = self.changes.take()
+        changes, covered = self.changes.take()
         if not changes:
             return None
-        data = msgspec.json.encode(CheckpointData(self.clock.now_ms(), changes))
+        data = msgspec.json.encode(CheckpointData(self.clock.now_ms(), changes, covered))
         # Not bound by max_record_bytes: a checkpoint names every key of its interval.
         record = EncodedRecord(b',"data":%b}' % data, len(data), None, None, None)
-        return self.append_encoded(CHANGES_TOPIC, [record], create=False)
+        result = self.append_encoded(CHANGES_TOPIC, [record], create=False)
+        self.changes.cover(covered)
+        return result
 
     def internal_log(self, name: str, durability: Durability) -> Topic:
         """The internal log ``name`` (a ``$`` in it: no request can reach it, and it
@@ -618,7 +625,7 @@ class Engine:
         return topic
 
     # --- internals ----------------------------------------------------------------
-    def _changes_of(self, topic: Topic) -> Changes | None:
+    def changes_of(self, topic: Topic) -> Changes | None:
         """Where ``topic``'s changes are noted for checkpoints: only log topics that keep
         their records (not ephemeral ones), never internal ones
         (docs/semantics/recovery.md §1.4)."""

@@ -94,8 +94,13 @@ class GradualReplay:
         elif (kind is FrameKind.DROP and epoch == backlog.epoch) or (
             kind is FrameKind.TOPIC and epoch != backlog.epoch
         ):
-            # The instance is dropped or replaced by a new one: its frames never apply.
-            del self._backlogs[name]
+            # The instance is dropped or replaced by a new one: its frames never apply,
+            # unless changes are tracked: the drop is a change of every key the
+            # instance had, those frames' included (docs/semantics/recovery.md §1.6).
+            if self._engine.changes is not None:
+                self.finish(name)
+            else:
+                del self._backlogs[name]
             return False
         elif epoch != backlog.epoch:
             return False  # written for an older instance: replay ignores it

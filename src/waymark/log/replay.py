@@ -5,6 +5,11 @@ Pure: frames in, engine state out. Each frame is decoded once into its typed for
 the same topic methods as live mutations, each at the time it first happened (frames
 carry it), so eviction, TTL expiry, deletion and dedupe state come out exactly as
 they were.
+
+An engine that tracks changes (``engine.changes``) notes every replayed append,
+deletion and drop again, as the live mutation did, and every replayed checkpoint's
+coverage: the next checkpoint names what no checkpoint before the crash named
+(docs/semantics/recovery.md §1.6).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from msgspec import UNSET
 
 from ..protocol import Durability
+from .changes import CHANGES_TOPIC, coverage_of, deleted_keys, dropped_keys
 from .engine import Engine
 from .journal import (
     DeleteFrame,
@@ -44,6 +50,12 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             plan = AppendPlan(fresh, seqs, entry.first_seq, entry.ts, sum(r.size for r in fresh))
             topic.apply_append(plan, entry.now)
             topic.settle_front()  # after a hole, the front moves past it
+            if engine.changes is not None:
+                if entry.name == CHANGES_TOPIC:
+                    engine.changes.cover(coverage_of(fresh))
+                elif (changes := engine.changes_of(topic)) is not None:
+                    changes.replayed().appended(entry.name, entry.epoch, entry.first_seq, fresh,
+                                                None)  # fmt: skip
             if entry.extra and "publish" in entry.extra:
                 writer, batch_id = entry.extra["publish"]
                 engine.writers.restore_published(
@@ -65,6 +77,8 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         case DropFrame():
             topic = kernel.get(entry.name)
             if topic is not None and topic.epoch == entry.epoch:
+                if topic.head_seq > 0 and (changes := engine.changes_of(topic)) is not None:
+                    changes.replayed().removed(topic, dropped_keys(topic), topic.next_seq, None)
                 kernel.drop(entry.name)
                 engine.routers.topic_dropped(entry.name, entry.epoch)
         case HeadFrame():
@@ -83,7 +97,11 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             if entry.slot is not UNSET and entry.slot >= topic.next_seq:
                 _skip_to(topic, entry.slot)
                 slot = entry.slot
+            changes = engine.changes_of(topic) if slot is not None else None
+            keys = deleted_keys(topic, entry.bound, entry.selector) if changes is not None else None
             topic.delete(entry.bound, entry.selector, now, slot)
+            if changes is not None and slot is not None and keys:
+                changes.replayed().removed(topic, keys, slot, None)
 
 
 def _skip_to(topic: Topic, seq: int) -> None:

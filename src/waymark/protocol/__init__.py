@@ -26,7 +26,14 @@ client) never loads the engine. One module per concept:
 ``openapi``    the OpenAPI 3.1 document (imported on its own: only the server needs it)
 """
 
-from .changes import Checkpoint, CheckpointData, CheckpointPage, KeyChange, key_topic
+from .changes import (
+    Checkpoint,
+    CheckpointData,
+    CheckpointPage,
+    Covered,
+    KeyChange,
+    key_topic,
+)
 from .cursors import Cursor, format_cursor, parse_cursor
 from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
 from .errors import Error, ErrorBody, ErrorCode
@@ -110,6 +117,7 @@ __all__ = [
     "ClaimResponse",
     "ConfigPatch",
     "ConfigView",
+    "Covered",
     "Cursor",
     "DeadLetterError",
     "DeleteRequest",

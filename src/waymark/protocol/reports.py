@@ -81,6 +81,9 @@ class RecoveryReport(Struct, forbid_unknown_fields=True, frozen=True):
     range_receipts: NonNegative  # persisted range receipts above the watermark
     pending: NonNegative  # checkpoints held with keys not receipted yet
     interval_ms: IntervalMs = 5000
+    # Why the client's service stopped (a listener raised, another server instance),
+    # None while it runs (docs/semantics/recovery.md §3.6).
+    failed: Annotated[str, Meta(max_length=1000)] | None = None
 
 
 class RecoveryClient(Struct, frozen=True):
@@ -97,6 +100,7 @@ class RecoveryClient(Struct, frozen=True):
     reported_ms: int
     age_ms: int
     stale: bool
+    failed: str | None = None  # why its service stopped, as it reported (None: running)
 
 
 class RecoveryClientList(Struct, frozen=True):

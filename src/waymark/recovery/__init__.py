@@ -12,6 +12,7 @@ every new one. It is a client-side package: it talks to the server through
 ``LocalReceiptStore`` receipts in an embedded SQLite file (the default)
 ``TopicReceiptStore`` receipts in a waymark topic (recover on any machine)
 ``CommittedVersion``  a key at a version known to be committed
+``WindowLoss``        checkpoints a query could not examine (a loss, announced)
 ``AsyncRecoveryService``, ``AsyncTopicCheckpoints``  the same for asyncio
 """
 
@@ -27,7 +28,10 @@ from .types import (
     CheckpointSource,
     CommittedVersion,
     CommittedVersionListener,
+    Missed,
     RecoveryError,
+    SourceView,
+    WindowLoss,
 )
 
 __all__ = [
@@ -39,10 +43,13 @@ __all__ = [
     "CommittedVersion",
     "CommittedVersionListener",
     "LocalReceiptStore",
+    "Missed",
     "ReceiptStore",
     "RecoveryError",
     "RecoveryService",
+    "SourceView",
     "Status",
     "TopicCheckpoints",
     "TopicReceiptStore",
+    "WindowLoss",
 ]

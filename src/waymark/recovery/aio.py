@@ -14,32 +14,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
-from ..client import AsyncClient, Client, TransportError
+from ..client import ApiError, AsyncClient, Client, TransportError
 from ..clock import Clock, SystemClock
-from ..protocol import Checkpoint, RecoveryReport
-from .core import Io, Query, ServiceCore, Status, T, versions
+from ..protocol import Checkpoint, ErrorCode, RecoveryReport, key_topic
+from .core import Io, Lookup, Query, ServiceCore, Status, T
 from .report import reporter_for
+from .source import PAGE, check_topics, refusal
 from .store import ReceiptStore
-from .types import CheckpointListener, CommittedVersion, CommittedVersionListener
+from .topicstore import TopicReceiptStore
+from .types import (
+    CheckpointListener,
+    CommittedVersion,
+    CommittedVersionListener,
+    Missed,
+    RecoveryError,
+    SourceView,
+)
+
+log = logging.getLogger("waymark.recovery")
 
 
 class AsyncCheckpointSource(Protocol):
     """Where change checkpoints come from, for asyncio (docs/semantics/recovery.md §1.5)."""
 
+    @property
+    def topics(self) -> Sequence[str] | None:
+        """The topics whose changes it hands out, None for all."""
+        ...
+
     async def newest_id(self) -> int:
         """The newest checkpoint's id (0: none yet)."""
+        ...
+
+    def view(self) -> SourceView:
+        """What the last answers said of the server (as ``CheckpointSource.view``)."""
         ...
 
     def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
         """Checkpoints back to time ``earliest_ms``, newest first."""
         ...
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    async def committed(self, key: str, version: int, epoch: int) -> str | None:
+        """As ``CheckpointSource.committed``."""
+        ...
+
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Call ``listener`` with every checkpoint whose id is above ``after``, in id
-        order, from now on (on the running loop)."""
+        order, from now on (on the running loop); ``on_error`` with what ended that."""
         ...
 
     async def aclose(self) -> None: ...
@@ -56,22 +86,71 @@ class AsyncTopicCheckpoints:
         self.topics = list(topics) if topics else None
         self.client = client or AsyncClient(url)
         self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
+        self._view = SourceView()
 
     async def newest_id(self) -> int:
+        for topic in self.topics or ():  # one cheap look each; the list only on a miss
+            try:
+                await self.client.get_topic(topic, touch=False)
+            except ApiError as exc:
+                if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                    raise
+                check_topics(self.url, self.topics or (),
+                             [t.name for t in await self.client.list_topics()])  # fmt: skip
         page = await self.client.list_checkpoints(limit=1)
-        return page.checkpoints[0].id if page.checkpoints else 0
+        self._view = SourceView(page.instance, page.expired_to)
+        # (the newest may have expired with the rest: its id is still the newest one)
+        return max(page.checkpoints[0].id if page.checkpoints else 0, page.expired_to)
 
-    def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
-        return self.client.checkpoints(earliest_ms, topics=self.topics)
+    def view(self) -> SourceView:
+        return self._view
 
-    def register_checkpoint_listener(self, listener: CheckpointListener, after: int) -> None:
+    async def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
+        before: int | None = None
+        while True:
+            page = await self.client.list_checkpoints(
+                earliest_ms=earliest_ms, before=before, limit=PAGE, topics=self.topics
+            )
+            self._view = SourceView(page.instance, page.expired_to, page.older)
+            for checkpoint in page.checkpoints:
+                yield checkpoint
+            if page.next_before is None:
+                return
+            before = page.next_before
+
+    async def committed(self, key: str, version: int, epoch: int) -> str | None:
+        topic = key_topic(key)
+        try:
+            state = await self.client.get_topic(topic, touch=False)
+        except ApiError as exc:
+            if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                raise
+            return refusal(key, version, epoch, None, None)
+        found = None
+        if version <= state.head_seq:
+            page = await self.client.diff(topic, version - 1, limit=1)
+            found = page.records[0] if page.records else None
+        return refusal(key, version, epoch, state, found)
+
+    def register_checkpoint_listener(
+        self,
+        listener: CheckpointListener,
+        after: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """Follow new checkpoints over SSE in a task of the running loop, until
-        :meth:`aclose`."""
+        :meth:`aclose`; what ends it otherwise goes to ``on_error``."""
         watcher = AsyncClient(self.url)
 
         async def follow() -> None:
-            async for checkpoint in watcher.watch_checkpoints(after=after, topics=self.topics):
-                listener(checkpoint)
+            try:
+                async for checkpoint in watcher.watch_checkpoints(after=after,
+                                                                  topics=self.topics):  # fmt: skip
+                    listener(checkpoint)
+            except Exception as exc:
+                if on_error is None:
+                    raise
+                on_error(exc)
 
         self._follows.append((watcher, asyncio.create_task(follow(), name="waymark-checkpoints")))
 
@@ -113,6 +192,8 @@ class AsyncRecoveryService:
             compress_interval_s=compress_interval_s, clock=clock or SystemClock(),
             new_future=_future,
         )  # fmt: skip
+        self.core.topics = sorted(source.topics) if source.topics is not None else None
+        self.core.own = store.topic if isinstance(store, TopicReceiptStore) else None
         # One step of the bookkeeping at a time: a flush awaits the store, and the
         # receipts arriving meanwhile wait for the next one.
         self._lock = asyncio.Lock()
@@ -139,54 +220,110 @@ class AsyncRecoveryService:
             return stop.value
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------
-    async def _query(self) -> Query:
+    async def _query(self, resync: bool = False, new_filter: bool = False) -> Query:
         core = self.core
         newest = await self.source.newest_id()
-        walk = core.walk(newest, *await self._run(core.stored()))
+        stored = await self._run(core.stored())
+        checked = core.check(newest, self.source.view().instance, stored, resync=resync,
+                             new_filter=new_filter)  # fmt: skip
+        walk = core.walk(newest, stored, reset=checked.reset)
         if walk is not None:
             async for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
-                if not walk.step(checkpoint):
+                if not walk.step(core.visible(checkpoint)):
                     break
-        return core.query(newest, walk)
+        return core.query(newest, walk, view=self.source.view(), stored=stored, checked=checked)
 
-    async def missed(self) -> list[CommittedVersion]:
-        """The recovery query alone; nothing is written and nothing subscribed."""
-        return versions((await self._query()).found.missed)
+    async def missed(self, *, resync: bool = False, new_filter: bool = False) -> Missed:
+        """The recovery query alone; nothing is written and nothing subscribed
+        (``resync`` as :meth:`RecoveryService.missed`)."""
+        return (await self._query(resync, new_filter)).missed()
 
-    async def subscribe(self, listener: CommittedVersionListener) -> list[CommittedVersion]:
+    async def subscribe(
+        self,
+        listener: CommittedVersionListener,
+        *,
+        resync: bool = False,
+        new_filter: bool = False,
+    ) -> Missed:
         """The committed versions this client never receipted (each key once, at its
-        newest version); every later one goes to ``listener``, called on the loop."""
+        newest version), after its window losses; every later one goes to
+        ``listener``, called on the loop (``resync`` as
+        :meth:`RecoveryService.subscribe`)."""
         async with self._lock:
-            query = await self._query()
+            query = await self._query(resync, new_filter)
             in_flight = await self._run(self.core.start(query, listener))
-            self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+            self.source.register_checkpoint_listener(
+                self.receive_checkpoint, query.newest, self._source_failed
+            )
             if self.reporter is not None:
                 self._loop = asyncio.get_running_loop()
                 self.reporter.start()
-        for committed in in_flight:
-            listener(committed)
-        return versions(query.found.missed)
+        self._deliver(in_flight)
+        return query.missed()
+
+    @property
+    def failure(self) -> RecoveryError | None:
+        """Why the service stopped (docs/semantics/recovery.md §3.6); None while it runs."""
+        return self.core.failure
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""
         fresh, flush = self.core.offer(checkpoint)
         if flush:
             self._flush_soon()
+        self._deliver(fresh)
+
+    def _deliver(self, versions: list[CommittedVersion]) -> None:
+        """As :meth:`RecoveryService._deliver`: a listener that raises stops the service."""
         listener = self.core.listener
-        for committed in fresh:
+        for committed in versions:
+            if self.core.failure is not None:
+                return
             assert listener is not None
-            listener(committed)
+            try:
+                listener(committed)
+            except Exception as exc:
+                self._fail(RecoveryError(
+                    f"the listener raised {type(exc).__name__}: {exc} (on {committed}): "
+                    f"client {self.client_id!r} stopped; subscribe again once it is "
+                    "fixed, the keys it did not receipt are reported then"
+                ), exc)  # fmt: skip
+                return
+
+    def _source_failed(self, exc: BaseException) -> None:
+        self._fail(RecoveryError(
+            f"following new change checkpoints failed: {exc}: client {self.client_id!r} "
+            "stopped; subscribe again"
+        ), exc)  # fmt: skip
+
+    def _fail(self, error: RecoveryError, cause: BaseException) -> None:
+        error.__cause__ = cause
+        log.error("%s", error, exc_info=cause)
+        self.core.fail(error)
+        if self.reporter is not None:
+            self.reporter.poke()
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------
-    def submit_receipt(self, key: str, version: int, epoch: int) -> asyncio.Future[None]:
-        """Receipt ``key`` up to ``version`` of topic instance ``epoch``; returns at once.
-        The future resolves once every checkpoint naming the key up to that version has
-        its receipt persisted, and fails with :class:`~waymark.recovery.RecoveryError`
-        as :meth:`RecoveryService.submit_receipt`'s does."""
-        future, flush = self.core.receipt(key, version, epoch)
+    def submit_receipt(
+        self, key: str | CommittedVersion, version: int | None = None, epoch: int | None = None
+    ) -> asyncio.Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch`` (or the
+        :class:`CommittedVersion` itself); returns at once. The future resolves once
+        every checkpoint naming the key up to that version has its receipt persisted,
+        and fails with :class:`~waymark.recovery.RecoveryError` as
+        :meth:`RecoveryService.submit_receipt`'s does."""
+        future, flush, lookup = self.core.receipt(key, version, epoch)
         if flush:
             self._flush_soon()
+        if lookup is not None:
+            task = asyncio.create_task(self._look_up(future, lookup))
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
         return future
+
+    async def _look_up(self, future: asyncio.Future[None], lookup: Lookup) -> None:
+        refusal = await self.source.committed(lookup.key, lookup.version, lookup.epoch)
+        self.core.looked_up(future, lookup, refusal)
 
     def _flush_soon(self) -> None:
         task = asyncio.create_task(self._flush())

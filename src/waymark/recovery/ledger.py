@@ -67,6 +67,10 @@ class Ledger:
         self._known.append(checkpoint.id)
         if receipted:
             self._persisted.add(checkpoint.id)
+            for change in checkpoint.changes:  # known committed: a receipt again is idempotent
+                version = (change.epoch, change.last)
+                if self._newest.get(change.key, _NONE) < version:
+                    self._newest[change.key] = version
             return True
         entries = {c.key: (c.epoch, c.last) for c in checkpoint.changes}
         self._entries[checkpoint.id] = entries
@@ -85,14 +89,28 @@ class Ledger:
         """Every key of ``checkpoint`` is receipted: its receipt may be persisted."""
         return not self._waiting[checkpoint]
 
-    def receipt(self, key: str, version: Version) -> set[int]:
+    def receipt(self, key: str, version: Version) -> set[int] | None:
         """Receipt ``key`` up to ``version`` (docs/semantics/recovery.md §2.1); the
         not-yet-persisted checkpoints naming it at or below that version, whose
-        persistence the receipt waits for."""
-        if version > self._newest.get(key, _NONE):
-            epoch, seq = version
+        persistence the receipt waits for. None: no checkpoint the ledger saw names the
+        key (the service asks the log). Refused: an epoch the ledger does not know the
+        key in, a version above the newest it knows."""
+        newest = self._newest.get(key)
+        if newest is None:
+            return None
+        epoch, seq = version
+        epochs = {self._entries[c][key][0] for c in self._holding.get(key, ())} | {newest[0]}
+        if epoch not in epochs:
+            known = ", ".join(map(str, sorted(epochs)))
             raise RecoveryError(
-                f"{key!r} at version {seq} of epoch {epoch} is not known to be committed"
+                f"{key!r} has no version in epoch {epoch}: the checkpoints name it in epoch "
+                f"{known} (the epoch is the topic instance of the version: pass the "
+                "CommittedVersion as it was handed over)"
+            )
+        if version > newest:
+            raise RecoveryError(
+                f"{key!r} at version {seq} of epoch {epoch} is not known to be committed: "
+                f"the newest known is version {newest[1]} of epoch {newest[0]}"
             )
         hit: set[int] = set()
         for checkpoint in self._holding.get(key, ()):
@@ -242,5 +260,11 @@ class Walk:
         return True
 
     def done(self) -> Recovery:
-        self.found.recent.reverse()
-        return self.found
+        """The outcome: a key an in-flight checkpoint names goes to the listener with
+        that (newer) version, not to the missed ones too (once per subscribe)."""
+        found = self.found
+        found.recent.reverse()
+        for checkpoint in found.recent:
+            for key, _ in self.ledger.unreceipted(checkpoint.id):
+                found.missed.pop(key, None)
+        return found

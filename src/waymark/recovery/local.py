@@ -8,10 +8,13 @@ cut. One file serves any number of clients (the client id is part of each row's 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from .store import Binding
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS watermark (client TEXT PRIMARY KEY, checkpoint INTEGER NOT NULL);
@@ -19,16 +22,34 @@ CREATE TABLE IF NOT EXISTS ranges (
     client TEXT NOT NULL, begin INTEGER NOT NULL, end INTEGER NOT NULL,
     PRIMARY KEY (client, begin)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS binding (
+    client TEXT PRIMARY KEY, instance TEXT NOT NULL, topics TEXT, since INTEGER NOT NULL
+);
 """
 
 
 class LocalReceiptStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        """``read_only``: open an existing file to look at (``waymark recovery missed``
+        and ``status``): nothing is created or changed, a missing file is a
+        :class:`FileNotFoundError`, and a write fails."""
         self.path = Path(path)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        if read_only:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"no receipt store at {self.path}")
+            self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                       check_same_thread=False, isolation_level=None)  # fmt: skip
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+            if not {"watermark", "ranges"} <= tables:
+                self._db.close()
+                raise FileNotFoundError(f"{self.path} is not a receipt store")
+            self._binding = "binding" in tables
+        else:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._binding = True
         self._lock = threading.Lock()
 
     def _write(self, sql: str, rows: Iterable[tuple[object, ...]]) -> None:
@@ -77,6 +98,25 @@ class LocalReceiptStore:
 
     def purge_before(self, client: str, checkpoint: int) -> None:
         self._write("DELETE FROM ranges WHERE client = ? AND end <= ?", [(client, checkpoint)])
+
+    def binding(self, client: str) -> Binding | None:
+        if not self._binding:
+            return None  # (a file from before bindings were kept, opened read-only)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT instance, topics, since FROM binding WHERE client = ?", (client,)
+            ).fetchone()
+        if row is None:
+            return None
+        return Binding(row[0], None if row[1] is None else json.loads(row[1]), int(row[2]))
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        topics = None if binding.topics is None else json.dumps(binding.topics)
+        self._write(
+            "INSERT INTO binding VALUES (?, ?, ?, ?) ON CONFLICT (client) DO UPDATE SET "
+            "instance = excluded.instance, topics = excluded.topics, since = excluded.since",
+            [(client, binding.instance, topics, binding.since)],
+        )
 
     def close(self) -> None:
         with self._lock:

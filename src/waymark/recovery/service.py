@@ -13,6 +13,7 @@ in place, under a lock.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -20,10 +21,20 @@ from concurrent.futures import Future
 from ..client import Client
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, RecoveryReport
-from .core import Query, ServiceCore, Status, run, versions
+from .core import Query, ServiceCore, Status, run
 from .report import reporter_for
 from .store import ReceiptStore
-from .types import CheckpointSource, CommittedVersion, CommittedVersionListener
+from .topicstore import TopicReceiptStore
+from .types import (
+    CheckpointSource,
+    CommittedVersion,
+    CommittedVersionListener,
+    Missed,
+    RecoveryError,
+    WindowLoss,
+)
+
+log = logging.getLogger("waymark.recovery")
 
 
 class RecoveryService:
@@ -53,40 +64,78 @@ class RecoveryService:
             compress_interval_s=compress_interval_s, clock=clock or SystemClock(),
             new_future=Future,
         )  # fmt: skip
+        self.core.topics = sorted(source.topics) if source.topics is not None else None
+        self.core.own = store.topic if isinstance(store, TopicReceiptStore) else None
         self._lock = threading.RLock()
         self.reporter = reporter_for(report_to, store, self._report, report_every_s, report)
         if self.reporter is not None:
             self.core.on_watermark = self.reporter.poke
 
     # --- the recovery query (docs/semantics/recovery.md §3.3) ----------------------------------
-    def _query(self) -> Query:
+    def _query(self, resync: bool = False, new_filter: bool = False) -> Query:
         core = self.core
         newest = self.source.newest_id()
-        walk = core.walk(newest, *run(core.stored()))
+        stored = run(core.stored())
+        checked = core.check(newest, self.source.view().instance, stored, resync=resync,
+                             new_filter=new_filter)  # fmt: skip
+        walk = core.walk(newest, stored, reset=checked.reset)
         if walk is not None:
             for checkpoint in self.source.request_checkpoints(core.earliest_ms()):
-                if not walk.step(checkpoint):
+                if not walk.step(core.visible(checkpoint)):
                     break
-        return core.query(newest, walk)
+        return core.query(newest, walk, view=self.source.view(), stored=stored, checked=checked)
 
-    def missed(self) -> list[CommittedVersion]:
+    def missed(self, *, resync: bool = False, new_filter: bool = False) -> Missed:
         """The recovery query alone: keys never receipted with their newest version,
-        each once; nothing is written and nothing subscribed."""
-        return versions(self._query().found.missed)
+        each once, after a :class:`WindowLoss` for each range of checkpoints it could
+        not examine (docs/semantics/recovery.md §3.2); nothing is written and nothing
+        subscribed. Raises
+        :class:`RecoveryError` if the receipts are of another server instance or ids
+        went backwards; ``resync`` then reports every key the server's checkpoints
+        name instead (docs/semantics/recovery.md §3.5)."""
+        return self._query(resync, new_filter).missed()
 
-    def subscribe(self, listener: CommittedVersionListener) -> Iterator[CommittedVersion]:
+    def subscribe(
+        self,
+        listener: CommittedVersionListener,
+        *,
+        resync: bool = False,
+        new_filter: bool = False,
+    ) -> Iterator[CommittedVersion | WindowLoss]:
         """The committed versions this client never receipted (each key once, at its
-        newest version), then every later one through ``listener``
-        (docs/semantics/recovery.md §3.3)."""
+        newest version), after a :class:`WindowLoss` for each range of checkpoints the
+        query could not examine (reported once: the watermark then moves past it), then
+        every later version through ``listener`` (docs/semantics/recovery.md §3.3).
+
+        ``resync``: if the receipts are of another server instance (or ids went
+        backwards), drop them and report every key this server's checkpoints name
+        (docs/semantics/recovery.md §3.5); without it, that case raises
+        :class:`RecoveryError`. ``new_filter``: the source's topics differ from those
+        the receipts were kept for; adopt them, reporting what the old filter passed of
+        the topics added as a :class:`WindowLoss` (docs/semantics/recovery.md §3.4);
+        without it, refused."""
         with self._lock:
-            query = self._query()
+            query = self._query(resync, new_filter)
             in_flight = run(self.core.start(query, listener))
-            self.source.register_checkpoint_listener(self.receive_checkpoint, query.newest)
+            self.source.register_checkpoint_listener(
+                self.receive_checkpoint, query.newest, self._source_failed
+            )
             if self.reporter is not None:
                 self.reporter.start()
-        for committed in in_flight:
-            listener(committed)
-        return iter(versions(query.found.missed))
+        self._deliver(in_flight)
+        return self._reported(query.missed())
+
+    def _reported(self, found: Missed) -> Iterator[CommittedVersion | WindowLoss]:
+        """``found``, one at a time; raises the service's failure once it stopped."""
+        for item in found:
+            if self.core.failure is not None:
+                raise self.core.failure
+            yield item
+
+    @property
+    def failure(self) -> RecoveryError | None:
+        """Why the service stopped (docs/semantics/recovery.md §3.6); None while it runs."""
+        return self.core.failure
 
     def receive_checkpoint(self, checkpoint: Checkpoint) -> None:
         """A new checkpoint from the source: its versions go to the listener."""
@@ -94,22 +143,61 @@ class RecoveryService:
             fresh, flush = self.core.offer(checkpoint)
             if flush:
                 run(self.core.flush())
-            listener = self.core.listener
-        for committed in fresh:
+        self._deliver(fresh)
+
+    def _deliver(self, versions: list[CommittedVersion]) -> None:
+        """Hand ``versions`` to the listener; one that raises stops the service
+        (docs/semantics/recovery.md §3.6): never a dead thread and a service that goes
+        on taking receipts."""
+        listener = self.core.listener
+        for committed in versions:
+            if self.core.failure is not None:
+                return
             assert listener is not None
-            listener(committed)
+            try:
+                listener(committed)
+            except Exception as exc:
+                self._fail(RecoveryError(
+                    f"the listener raised {type(exc).__name__}: {exc} (on {committed}): "
+                    f"client {self.client_id!r} stopped; subscribe again once it is "
+                    "fixed, the keys it did not receipt are reported then"
+                ), exc)  # fmt: skip
+                return
+
+    def _source_failed(self, exc: BaseException) -> None:
+        """The source can follow new checkpoints no longer (its server refused, or
+        stayed unreachable): the service stops."""
+        self._fail(RecoveryError(
+            f"following new change checkpoints failed: {exc}: client {self.client_id!r} "
+            "stopped; subscribe again"
+        ), exc)  # fmt: skip
+
+    def _fail(self, error: RecoveryError, cause: BaseException) -> None:
+        error.__cause__ = cause
+        log.error("%s", error, exc_info=cause)
+        with self._lock:
+            self.core.fail(error)
+        if self.reporter is not None:
+            self.reporter.poke()
 
     # --- receipts (docs/semantics/recovery.md §2.1) --------------------------------------------
-    def submit_receipt(self, key: str, version: int, epoch: int) -> Future[None]:
-        """Receipt ``key`` up to ``version`` of topic instance ``epoch`` (what a
-        :class:`CommittedVersion` names). Idempotent; the future fails with
-        :class:`RecoveryError` if the version is not known to be committed or a
-        receipt could not be persisted, and resolves once every checkpoint naming the
-        key up to that version has its receipt persisted."""
+    def submit_receipt(
+        self, key: str | CommittedVersion, version: int | None = None, epoch: int | None = None
+    ) -> Future[None]:
+        """Receipt ``key`` up to ``version`` of topic instance ``epoch``: the
+        :class:`CommittedVersion` the listener got, or its three parts. Idempotent, also
+        after a restart; the future fails with :class:`RecoveryError` saying why if the
+        receipt cannot be right (not an integer version, an epoch or a version the key
+        never had, a key no checkpoint names, a topic this client does not read,
+        docs/semantics/recovery.md §2.1) or could not be persisted, and resolves once
+        every checkpoint naming the key up to that version has its receipt persisted."""
         with self._lock:
-            future, flush = self.core.receipt(key, version, epoch)
+            future, flush, lookup = self.core.receipt(key, version, epoch)
             if flush:
                 run(self.core.flush())
+        if lookup is not None:
+            refusal = self.source.committed(lookup.key, lookup.version, lookup.epoch)
+            self.core.looked_up(future, lookup, refusal)
         return future
 
     # --- compression (docs/semantics/recovery.md §4.2) -----------------------------------------

@@ -10,6 +10,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+import msgspec
+
+
+class Binding(msgspec.Struct, frozen=True):
+    """What a client's receipts hold for: the server instance whose checkpoint ids they
+    count (docs/semantics/recovery.md §3.5) and the topics the client reads, None for
+    all (docs/semantics/recovery.md §3.4). Stored with the receipts, checked at every start."""
+
+    instance: str
+    topics: list[str] | None = None
+    # The checkpoint id the receipts had reached when this filter took effect: what a
+    # later filter change reports as lost for the topics it adds.
+    since: int = 0
+
+    def same(self, other: Binding | None) -> bool:
+        return other is not None and (self.instance, self.topics) == (other.instance, other.topics)
+
 
 class ReceiptStore(Protocol):
     def low_watermark(self, client: str) -> int | None:
@@ -36,6 +53,14 @@ class ReceiptStore(Protocol):
 
     def purge_before(self, client: str, checkpoint: int) -> None:
         """Delete the ranges ending at or below ``checkpoint`` (under the watermark)."""
+        ...
+
+    def binding(self, client: str) -> Binding | None:
+        """What ``client``'s receipts hold for (None: never stored)."""
+        ...
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        """Bind ``client``'s receipts to a server instance and a topic filter."""
         ...
 
     def close(self) -> None: ...

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from ..client import Client
-from ..protocol import ConfigPatch, Durability, RecordIn
+from ..client import ApiError, Client
+from ..protocol import ConfigPatch, Durability, ErrorCode, RecordIn
+from .store import Binding
 
 COMPACT_AFTER = 1000  # a client's records before a snapshot replaces them
 
@@ -38,14 +39,19 @@ class Purge(_Entry):
     before: int | None = None  # every range ending at or below
 
 
+class Bind(_Entry):
+    binding: Binding
+
+
 class Snapshot(_Entry):
     """Everything the client's earlier records said: they are deleted after it."""
 
     watermark: int | None
     ranges: list[tuple[int, int]]
+    binding: Binding | None = None
 
 
-Entry = Watermark | Range | Purge | Snapshot
+Entry = Watermark | Range | Purge | Bind | Snapshot
 _entry = msgspec.json.Decoder(Entry)
 
 
@@ -53,14 +59,18 @@ class _State:
     def __init__(self) -> None:
         self.watermark: int | None = None
         self.ranges: dict[int, int] = {}  # begin -> end
+        self.binding: Binding | None = None
         self.cursor = 0  # the last seq folded in
         self.records = 0  # the client's records since its last snapshot
 
     def apply(self, entry: Entry) -> None:
         self.records += 1
         match entry:
-            case Snapshot(watermark, ranges):
+            case Snapshot(watermark, ranges, binding):
                 self.watermark, self.ranges, self.records = watermark, dict(ranges), 1
+                self.binding = binding
+            case Bind(binding):
+                self.binding = binding
             case Watermark(checkpoint):
                 self.watermark = checkpoint
             case Range(begin, end):
@@ -73,11 +83,27 @@ class _State:
 
 
 class TopicReceiptStore:
-    def __init__(self, url: str, topic: str, *, client: Client | None = None) -> None:
+    def __init__(
+        self, url: str, topic: str, *, client: Client | None = None, read_only: bool = False
+    ) -> None:
+        """``read_only``: look at an existing store (``waymark recovery missed`` and
+        ``status``): the topic is neither created nor reconfigured, a missing one is a
+        :class:`FileNotFoundError`."""
         self.topic = topic
         self._client = client or Client(url)
         self._owned = client is None
-        self._client.put_topic(topic, ConfigPatch(durability=Durability.FSYNC))
+        if not read_only:
+            self._client.put_topic(topic, ConfigPatch(durability=Durability.FSYNC))
+        else:
+            try:
+                self._client.get_topic(topic, touch=False)
+            except ApiError as exc:
+                if exc.code != ErrorCode.TOPIC_NOT_FOUND:
+                    raise
+                self.close()
+                raise FileNotFoundError(
+                    f"no receipt store: topic {topic!r} does not exist"
+                ) from exc
         self._states: dict[str, _State] = {}
         self._lock = threading.Lock()
 
@@ -132,8 +158,16 @@ class TopicReceiptStore:
             if state.records > COMPACT_AFTER:
                 # One record holds it all; the client's records before it go.
                 ranges = sorted(state.ranges.items())
-                seq = self._append(client, Snapshot(state.watermark, ranges))
+                seq = self._append(client, Snapshot(state.watermark, ranges, state.binding))
                 self._client.delete(self.topic, before_seq=seq, match=client)
+
+    def binding(self, client: str) -> Binding | None:
+        with self._lock:
+            return self._state(client).binding
+
+    def store_binding(self, client: str, binding: Binding) -> None:
+        with self._lock:
+            self._append(client, Bind(binding))
 
     def close(self) -> None:
         if self._owned:

@@ -46,6 +46,8 @@ LIMIT_CODES = frozenset((ErrorCode.BODY_TOO_LARGE, ErrorCode.TOO_MANY_TOPICS))
 # Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
 # exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
 TRIM_INTERVAL_S = 0.05
+# How long a clean stop waits for its last change checkpoint to be durable.
+LAST_CHECKPOINT_S = 5.0
 log = logging.getLogger("waymark.server")
 
 
@@ -340,6 +342,7 @@ class App:
                     self._trims.cancel()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
+                    await self._last_checkpoint()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -374,6 +377,23 @@ class App:
             if result is not None and result.commit is not None:
                 synced = asyncio.ensure_future(result.commit.wait())
                 synced.add_done_callback(lambda _: self.notifier.notify(CHANGES_TOPIC))
+
+    async def _last_checkpoint(self) -> None:
+        """On a clean stop, one change checkpoint of everything committed so far, once
+        it is durable (docs/semantics/recovery.md §1.6). Should it fail, nothing is
+        lost: the seal keeps the changes and the next start names them."""
+        changes = self.engine.changes
+        assert changes is not None
+        try:
+            async with asyncio.timeout(LAST_CHECKPOINT_S):
+                for name in changes.unsynced_topics():
+                    if (commit := self.engine.commit_point(name)) is not None:
+                        await commit.wait()
+                result = self.engine.emit_checkpoint()
+                if result is not None and result.commit is not None:
+                    await result.commit.wait()
+        except (TopicError, OSError, TimeoutError):
+            pass
 
     async def _trim_loop(self) -> None:
         while True:

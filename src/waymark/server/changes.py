@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import msgspec
 
 from ..log import CHANGES_TOPIC, DiffResult, Engine, ErrorCode, TopicError
-from ..protocol import KeyChange, key_topic
+from ..protocol import KeyChange, TombstoneReason, key_topic
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -42,13 +42,17 @@ class _Out(msgspec.Struct, array_like=True):
     id: int
     time_ms: int
     changes: msgspec.Raw
+    instance: str
 
 
 class _Page(msgspec.Struct):
     """A :class:`~waymark.protocol.CheckpointPage` on the wire."""
 
     checkpoints: list[_Out]
-    next_before: int | None = None
+    next_before: int | None
+    instance: str
+    expired_to: int
+    older: int
 
 
 _stored = msgspec.json.Decoder(_Stored)
@@ -73,7 +77,9 @@ def _topics(request: Request) -> frozenset[str] | None:
     return frozenset(t for v in values for t in v.split(",") if t)
 
 
-def _checkpoints(result: DiffResult, topics: frozenset[str] | None) -> Iterator[_Out]:
+def _checkpoints(
+    result: DiffResult, topics: frozenset[str] | None, instance: str
+) -> Iterator[_Out]:
     """The checkpoints of a per-record page, oldest first; a filter keeps only the
     changes of ``topics`` but every id (docs/semantics/recovery.md §3.4)."""
     for run in result.runs:
@@ -82,7 +88,7 @@ def _checkpoints(result: DiffResult, topics: frozenset[str] | None) -> Iterator[
         if topics is not None:
             kept = [c for c in _changes.decode(changes) if key_topic(c.key) in topics]
             changes = msgspec.Raw(_encode(kept))
-        yield _Out(stored.seq, stored.data.time_ms, changes)
+        yield _Out(stored.seq, stored.data.time_ms, changes, instance)
 
 
 class ChangesApi:
@@ -107,16 +113,30 @@ class ChangesApi:
             raise TopicError(ErrorCode.INVALID_REQUEST, f"limit is 1 to {MAX_PAGE}",
                              {"limit": limit})  # fmt: skip
         topics = _topics(request)
+        instance = self.engine.instance
         head = self.read(0, 1).head_seq  # (also refuses when no checkpoints are kept)
         top = min(_int(request, "before", head + 1) - 1, head)
         low = max(top - limit, 0)
-        page = self.read(low, limit) if top > 0 else None
-        found = [] if page is None else [c for c in _checkpoints(page, topics) if c.id <= top]
+        found: list[_Out] = []
+        page = None
+        cursor = low
+        while cursor < top:
+            # A crash leaves seqs of the checkpoint topic that no checkpoint holds (its
+            # ceiling's lead, docs/durability.md): a read stops before them, and the walk
+            # goes on past them.
+            page = self.read(cursor, top - cursor)
+            found += [c for c in _checkpoints(page, topics, instance) if c.id <= top]
+            if page.caught_up or page.next_from_seq <= cursor:
+                break
+            cursor = page.next_from_seq
         found.reverse()
         kept = [c for c in found if c.time_ms >= earliest_ms]
         # More to walk back only if nothing in this page was too old and seqs remain.
         more = len(kept) == len(found) and page is not None and low >= page.earliest_seq
-        body = _Page(kept, low + 1 if more and low > 0 else None)
+        # (the read above applied the window: expiry is lazy, docs/semantics/topics.md §5.1)
+        expired_to = self.engine.get_topic(CHANGES_TOPIC, touch=False).evict_floor - 1
+        older = max((c.id for c in found if c.time_ms < earliest_ms), default=0)
+        body = _Page(kept, low + 1 if more and low > 0 else None, instance, expired_to, older)
         return Response(_encode(body))
 
     async def watch(self, request: Request) -> Response:
@@ -127,10 +147,33 @@ class ChangesApi:
                 raise TopicError(ErrorCode.INVALID_REQUEST, "Last-Event-ID is a checkpoint id",
                                  {"cursor": value})  # fmt: skip
             after = int(value)
+        head = self.read(0, 1).head_seq
         if after < 0:
-            after = self.read(0, 1).head_seq  # from the newest on
+            after = head  # from the newest on
+        elif after < (expired := self.engine.get_topic(CHANGES_TOPIC, touch=False).evict_floor - 1):
+            raise _behind(after + 1, expired)
+        elif after > head:
+            # Ids never go back within one instance: a cursor past the newest one was
+            # given by another (a new, replaced or restored data directory). Waiting for
+            # this one's ids to pass it would skip its checkpoints without a word
+            # (docs/semantics/recovery.md §3.5).
+            raise TopicError(
+                ErrorCode.INVALID_REQUEST,
+                f"checkpoint {after} is past this server's newest, {head}: the cursor is "
+                f"from another server instance (this one is {self.engine.instance})",
+                {"after": after, "newest": head, "instance": self.engine.instance},
+            )
         feed = CheckpointFeed(self, after, _topics(request))
         return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
+
+
+def _behind(first: int, last: int) -> TopicError:
+    return TopicError(
+        ErrorCode.INVALID_REQUEST,
+        f"checkpoints {first} to {last} passed the recovery window before this stream "
+        "sent them: query again (the recovery query reports them lost)",
+        {"lost": [first, last], "reason": "expired"},
+    )
 
 
 class CheckpointFeed:
@@ -143,10 +186,17 @@ class CheckpointFeed:
 
     async def next(self) -> tuple[bytes, bool]:
         page = self._api.read(self._cursor, 100)
+        gap = page.tombstone
+        if gap is not None and gap.reason != TombstoneReason.LOST:
+            # The recovery window took checkpoints this stream had not sent: ending it
+            # with the refusal, never passing them silently
+            # (docs/semantics/recovery.md §3.6). (A "lost" gap is seqs a crash
+            # skipped: they never held one.)
+            raise _behind(gap.gap_from, gap.gap_to)
         self._cursor = page.next_from_seq
         parts = [
             b"event: checkpoint\nid: %d\ndata: %b\n\n" % (c.id, _encode(c))
-            for c in _checkpoints(page, self._topics)
+            for c in _checkpoints(page, self._topics, self._api.engine.instance)
         ]
         return b"".join(parts), not page.caught_up
 

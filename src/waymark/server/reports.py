@@ -189,7 +189,8 @@ class ReportsApi:
         age, stale = _age(kept, now)
         behind = max((newest or 0) - (r.watermark or 0), 0)
         return RecoveryClient(r.client, r.watermark, r.range_receipts, r.pending,
-                              r.interval_ms, behind, kept.reported_ms, age, stale)  # fmt: skip
+                              r.interval_ms, behind, kept.reported_ms, age, stale,
+                              r.failed)  # fmt: skip
 
     def client_list(self) -> RecoveryClientList:
         now, newest = self.engine.clock.now_ms(), self.newest_checkpoint()

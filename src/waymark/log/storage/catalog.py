@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ...protocol import Durability, TopicConfig, TopicType
+from ...protocol import Durability, KeyChange, TopicConfig, TopicType
 from ..topic import Hole, LossRun, Topic
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
@@ -76,6 +76,10 @@ class Catalog(msgspec.Struct):
     # the writers' epochs and publish ledgers; "staging" on disk since the first version
     writers: dict[str, Any] = msgspec.field(name="staging")
     routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
+    # Changes no change checkpoint named yet when the seal began: a restart names them
+    # (docs/semantics/recovery.md §1.6). Left out when there are none, so a catalog
+    # without them is the bytes it always was.
+    changes: list[KeyChange] | msgspec.UnsetType = msgspec.UNSET
 
 
 def topic_dir_name(topic: Topic) -> str:

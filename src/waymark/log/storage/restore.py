@@ -5,6 +5,7 @@ the engine is returned (:mod:`waymark.log.gradual`)."""
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from array import array
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 
 from ...clock import Clock
 from ...protocol import Limits, TopicConfig
+from ..changes import Changes
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
@@ -25,6 +27,8 @@ from .seal import TOPICS, Sealer, remove_unreferenced
 from .segment import SealedChunk, SegmentError, segment_paths
 from .store import Store
 from .wal import Wal
+
+INSTANCE = "instance"  # the file holding the data directory's instance id
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +54,13 @@ def open_engine(
     fileio: FileIO | None = None,
     cold_dir: Path | None = None,
     hot_segments: int = 4,
+    track_changes: bool = False,
 ) -> tuple[Engine, Store, RestoreReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
+
+    ``track_changes``: the engine keeps change checkpoints (:meth:`Engine.track_changes`
+    follows); the changes no checkpoint named before the stop are noted again, from the
+    catalog and the WAL, for the next one (docs/semantics/recovery.md §1.6).
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
     :class:`~waymark.log.storage.segment.SegmentError`) naming the file and offset
@@ -62,6 +71,9 @@ def open_engine(
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(clock=clock, defaults=defaults, limits=limits)
+    engine.instance = instance_of(data_dir, fileio)
+    if track_changes:
+        engine.changes = Changes()
     catalog = read_catalog(data_dir)
     segments = 0
     if catalog is not None:
@@ -91,6 +103,18 @@ def open_engine(
     return engine, Store(wal, sealer), report
 
 
+def instance_of(data_dir: Path, fileio: FileIO) -> str:
+    """The data directory's instance id, made with it (docs/semantics/recovery.md §3.5):
+    a new or replaced directory is another instance, whose checkpoint ids start again.
+    A directory from before ids were kept gets one at its first start."""
+    path = data_dir / INSTANCE
+    if path.exists():
+        return path.read_text().strip()
+    instance = secrets.token_hex(8)
+    fileio.replace_file(path, instance.encode() + b"\n")
+    return instance
+
+
 def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path | None) -> int:
     keep: set[Path] = set()
     for entry in catalog.topics:
@@ -112,6 +136,8 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
             chunk.drop_cached_pages()
         engine.kernel.register(topic)
     engine.kernel.restore_epoch(catalog.last_epoch)
+    if engine.changes is not None and catalog.changes:
+        engine.changes.replayed().restored(catalog.changes)
     engine.writers.restore(catalog.writers)
     engine.routers.restore(catalog.routers)
     remove_unreferenced(data_dir / TOPICS, keep)

@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from ...protocol import Durability
 from ..chunk import Chunk
 from ..engine import Engine
@@ -118,8 +120,12 @@ class Sealer:
             entry = topic_entry(topic, segments)
             entry.cold = cold_segments
             entries.append(entry)
+        # The changes no checkpoint named yet: the WAL frames that noted them go with
+        # this seal (docs/semantics/recovery.md §1.6).
+        pending = engine.changes.pending() if engine.changes is not None else []
         plan.catalog = Catalog(1, engine.kernel.last_epoch, wal_start, entries,
-                               engine.writers.snapshot(), engine.routers.snapshot())  # fmt: skip
+                               engine.writers.snapshot(), engine.routers.snapshot(),
+                               pending or msgspec.UNSET)  # fmt: skip
         return plan
 
     def write(self, plan: SealPlan) -> SealReport:

@@ -36,6 +36,8 @@ export async function recoveryPage(view, { every, signal }) {
         h("td", { class: "num", "data-testid": "client-behind" }, c.behind ? h("span", { class: "badge warn" }, fmtInt(c.behind)) : "0"),
         h("td", { class: "num" }, fmtInt(c.range_receipts)), h("td", { class: "num" }, fmtInt(c.pending)),
         h("td", {}, `${fmtSpan(Math.round(c.age_ms / 1000))} ago `,
-          c.stale ? h("span", { class: "badge warn", "data-testid": "client-stale" }, "stale: stopped reporting") : ""))))));
+          c.stale ? h("span", { class: "badge warn", "data-testid": "client-stale" }, "stale: stopped reporting") : "",
+          // Its service stopped (docs/semantics/recovery.md §3.6): why, on hover.
+          c.failed ? h("span", { class: "badge warn", "data-testid": "client-failed", title: c.failed }, "failed") : ""))))));
   });
 }

@@ -1,0 +1,114 @@
+"""Change checkpoints survive the server (docs/semantics/recovery.md §1.6): a change
+the log acknowledged is in some checkpoint whatever happens to the server process.
+Played as a user would, with real ``waymark serve`` processes, the shipped service and
+the shipped CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import ServerProcess
+
+from waymark.client import Client
+from waymark.protocol import ConfigPatch, Durability, RecordIn
+from waymark.recovery import LocalReceiptStore, RecoveryService, TopicCheckpoints
+
+WAYMARK = str(Path(sys.executable).parent / "waymark")
+
+
+def cli_missed(url: str, store: Path, client: str) -> dict[str, int]:
+    """``waymark recovery missed --json``: key -> version."""
+    out = subprocess.run(
+        [WAYMARK, "recovery", "missed", "--url", url, "--store", str(store), "--client", client,
+         "--topics", "orders", "--recent-s", "0", "--json"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    return {line["key"]: line["version"] for line in map(json.loads, out.splitlines())}
+
+
+def wait_named(url: str, key: str, timeout: float = 20.0) -> None:
+    """Until some change checkpoint names ``key``."""
+    deadline = time.monotonic() + timeout
+    with Client(url) as client:
+        while not any(ch.key == key for cp in client.checkpoints() for ch in cp.changes):
+            assert time.monotonic() < deadline, f"no checkpoint names {key}"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_change_acked_before_a_stop_is_reported_after_it(
+    stop: signal.Signals, spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """The repro of issue #23, item 1: a client subscribed once, ``x`` appended and
+    acknowledged, the server stopped before its checkpoint interval came round,
+    restarted, ``y`` appended: ``recovery missed`` names both."""
+    data, receipts = tmp_path / "data", tmp_path / "receipts.db"
+    # An interval no test outlives: x's checkpoint can only come from the restart.
+    server = spawn_server(data, "--checkpoint-interval-s", "3600")
+    with Client(server.url) as client:
+        client.put_topic("orders", ConfigPatch(durability=Durability.FSYNC))
+    service = RecoveryService(TopicCheckpoints(server.url, topics=["orders"]),
+                              LocalReceiptStore(receipts), "indexer", recent_s=0)  # fmt: skip
+    assert list(service.subscribe(lambda committed: None)) == []  # a first start
+    service.close()
+    service.store.close()
+    with Client(server.url) as client:
+        x = client.append("orders", [RecordIn.of("x", tag="x")]).seqs[0]  # acknowledged
+    assert server.stop(stop) == (-signal.SIGKILL if stop is signal.SIGKILL else 0)
+
+    server = spawn_server(data, "--checkpoint-interval-s", "0.05")
+    with Client(server.url) as client:
+        y = client.append("orders", [RecordIn.of("y", tag="y")]).seqs[0]
+    wait_named(server.url, "orders/y")
+    assert cli_missed(server.url, receipts, "indexer") == {"orders/x": x, "orders/y": y}
+
+
+def seals(url: str) -> int:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("waymark_seals_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no waymark_seals_total in /metrics")
+
+
+def newest_id(url: str) -> int:
+    with Client(url) as client:
+        return max((c.id for c in client.checkpoints()), default=0)
+
+
+def test_checkpoints_after_a_crash_gap_are_listed(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A crash leaves seqs of the checkpoint topic that no checkpoint holds (the lead of
+    its seq ceiling, docs/durability.md), which a seal before it does not know of: the
+    listing walks past them to every later checkpoint."""
+    data = tmp_path / "data"
+    server = spawn_server(data, "--checkpoint-interval-s", "0.02", "--seal-interval-s", "0.05")
+    with Client(server.url) as client:
+        deadline = time.monotonic() + 20
+        for i in itertools.count():  # a checkpoint per interval: the ceiling leads the head
+            client.append("orders", [RecordIn.of(i, tag="a")])
+            if seals(server.url) >= 2 and newest_id(server.url) >= 10:
+                break
+            assert time.monotonic() < deadline, "no seals or no checkpoints"
+        burst = time.monotonic() + 0.3  # appends with nothing between: no idle trim
+        while time.monotonic() < burst:
+            client.append("orders", [RecordIn.of(i, tag="a")])
+        server.stop(signal.SIGKILL)
+    server = spawn_server(data, "--checkpoint-interval-s", "0.02", "--seal-interval-s", "3600")
+    before = newest_id(server.url)
+    with Client(server.url) as client:
+        client.append("orders", [RecordIn.of("b", tag="b")])
+    wait_named(server.url, "orders/b")
+    assert newest_id(server.url) > before + 1, "no gap: the case is not played"
+    server.stop(signal.SIGKILL)
+    server = spawn_server(data, "--checkpoint-interval-s", "3600")
+    wait_named(server.url, "orders/b")
