@@ -455,3 +455,33 @@ def test_a_token_fences_only_writers_of_topics_it_may_write(secured: Secured) ->
         assert writer not in [w.writer for w in b.list_writers()]  # none of its topics shown
         theirs = [w for w in a.list_writers() if w.writer == writer]
         assert [t.topic for w in theirs for t in w.topics] == [f"a{n}.out"]
+
+
+def test_change_checkpoints_show_a_token_only_the_topics_it_may_read(secured: Secured) -> None:
+    """Any read token listed every topic's changed keys (a read:public token asking for
+    ?topic=secret saw secret/customer:42)."""
+    n = next(_ids)
+    reader = token_new(secured.tokens, f"public-{n}", f"read:pub{n}")
+    secured.process.send_signal(signal.SIGHUP)
+    with Client(secured.url, token=secured.all) as admin, Client(secured.url, token=reader) as c:
+        until_known(c)
+        admin.append(f"pub{n}", [{"data": 1, "tag": "visible"}])  # type: ignore[list-item]
+        admin.append(f"sec{n}", [{"data": 1, "tag": "customer:42"}])  # type: ignore[list-item]
+
+        def keys(client: Client, topics: list[str] | None) -> set[str]:
+            return {change.key for checkpoint in client.checkpoints(topics=topics)
+                    for change in checkpoint.changes}  # fmt: skip
+
+        deadline = time.monotonic() + 20
+        while not {f"pub{n}/visible", f"sec{n}/customer:42"} <= keys(admin, None):
+            assert time.monotonic() < deadline, "no checkpoint named the two writes"
+        assert keys(c, None) & {f"pub{n}/visible", f"sec{n}/customer:42"} == {f"pub{n}/visible"}
+        assert keys(c, [f"sec{n}"]) == set()
+        secret = max(cp.id for cp in admin.checkpoints()
+                     if any(ch.key == f"sec{n}/customer:42" for ch in cp.changes))  # fmt: skip
+        streamed: set[str] = set()
+        for checkpoint in c.watch_checkpoints(after=0, read_timeout=10):  # SSE: the same
+            streamed |= {change.key for change in checkpoint.changes}
+            if checkpoint.id >= secret:
+                break
+        assert f"pub{n}/visible" in streamed and f"sec{n}/customer:42" not in streamed

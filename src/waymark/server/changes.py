@@ -5,12 +5,15 @@ whose seqs are the checkpoint ids."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import msgspec
 
 from ..log import CHANGES_TOPIC, DiffResult, Engine, ErrorCode, TopicError
 from ..protocol import KeyChange, TombstoneReason, key_topic
+from ..protocol.scopes import ScopeKind, allows
+from .auth import TOKEN, Token
 from .http import Request, Response
 from .metrics import Metrics
 from .notify import Notifier
@@ -77,16 +80,34 @@ def _topics(request: Request) -> frozenset[str] | None:
     return frozenset(t for v in values for t in v.split(",") if t)
 
 
+def _shown(request: Request) -> Callable[[str], bool] | None:
+    """Which topics' changes a request is shown (None: all): those of its ``topic``
+    filter (docs/semantics/recovery.md §3.4) that its token may read. A checkpoint
+    names each change's topic and key, so a read token of other topics must not see
+    them (docs/security.md)."""
+    topics = _topics(request)
+    token: Token | None = request.scope.get(TOKEN)
+    if token is None or any(
+        g.kind is ScopeKind.ADMIN or (g.kind is ScopeKind.READ and g.glob == "*")
+        for g in token.grants
+    ):
+        return None if topics is None else topics.__contains__
+    readable = partial(allows, token.grants, ScopeKind.READ)
+    if topics is None:
+        return readable
+    return lambda topic: topic in topics and readable(topic)
+
+
 def _checkpoints(
-    result: DiffResult, topics: frozenset[str] | None, instance: str
+    result: DiffResult, shown: Callable[[str], bool] | None, instance: str
 ) -> Iterator[_Out]:
-    """The checkpoints of a per-record page, oldest first; a filter keeps only the
-    changes of ``topics`` but every id (docs/semantics/recovery.md §3.4)."""
+    """The checkpoints of a per-record page, oldest first; ``shown`` keeps only the
+    changes of the topics it admits, but every id (docs/semantics/recovery.md §3.4)."""
     for run in result.runs:
         stored = _stored.decode(bytes(run)[:-1])
         changes = stored.data.changes
-        if topics is not None:
-            kept = [c for c in _changes.decode(changes) if key_topic(c.key) in topics]
+        if shown is not None:
+            kept = [c for c in _changes.decode(changes) if shown(key_topic(c.key))]
             changes = msgspec.Raw(_encode(kept))
         yield _Out(stored.seq, stored.data.time_ms, changes, instance)
 
@@ -112,7 +133,7 @@ class ChangesApi:
         if not 1 <= limit <= MAX_PAGE:
             raise TopicError(ErrorCode.INVALID_REQUEST, f"limit is 1 to {MAX_PAGE}",
                              {"limit": limit})  # fmt: skip
-        topics = _topics(request)
+        shown = _shown(request)
         instance = self.engine.instance
         head = self.read(0, 1).head_seq  # (also refuses when no checkpoints are kept)
         top = min(_int(request, "before", head + 1) - 1, head)
@@ -125,7 +146,7 @@ class ChangesApi:
             # ceiling's lead, docs/durability.md): a read stops before them, and the walk
             # goes on past them.
             page = self.read(cursor, top - cursor)
-            found += [c for c in _checkpoints(page, topics, instance) if c.id <= top]
+            found += [c for c in _checkpoints(page, shown, instance) if c.id <= top]
             if page.caught_up or page.next_from_seq <= cursor:
                 break
             cursor = page.next_from_seq
@@ -163,7 +184,7 @@ class ChangesApi:
                 f"from another server instance (this one is {self.engine.instance})",
                 {"after": after, "newest": head, "instance": self.engine.instance},
             )
-        feed = CheckpointFeed(self, after, _topics(request))
+        feed = CheckpointFeed(self, after, _shown(request))
         return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
 
 
@@ -181,8 +202,8 @@ class CheckpointFeed:
 
     topic = CHANGES_TOPIC
 
-    def __init__(self, api: ChangesApi, after: int, topics: frozenset[str] | None) -> None:
-        self._api, self._cursor, self._topics = api, after, topics
+    def __init__(self, api: ChangesApi, after: int, shown: Callable[[str], bool] | None) -> None:
+        self._api, self._cursor, self._shown = api, after, shown
 
     async def next(self) -> tuple[bytes, bool]:
         page = self._api.read(self._cursor, 100)
@@ -196,7 +217,7 @@ class CheckpointFeed:
         self._cursor = page.next_from_seq
         parts = [
             b"event: checkpoint\nid: %d\ndata: %b\n\n" % (c.id, _encode(c))
-            for c in _checkpoints(page, self._topics, self._api.engine.instance)
+            for c in _checkpoints(page, self._shown, self._api.engine.instance)
         ]
         return b"".join(parts), not page.caught_up
 
