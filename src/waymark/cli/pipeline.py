@@ -184,6 +184,7 @@ def run(
     from rich.live import Live
     from rich.markup import escape
 
+    from waymark.objstore import ObjectStoreError
     from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
 
@@ -194,6 +195,9 @@ def run(
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
         raise typer.Exit(2) from None
+    except ObjectStoreError as error:  # out for longer than the store's budget
+        typer.echo(f"{spec_path}: the handoff store does not answer: {error}", err=True)
+        raise typer.Exit(1) from None
     console = Console(stderr=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:

@@ -111,7 +111,7 @@ class PipelineRunner:
         # Every call to the rendezvous store waits out an outage within its budget
         # (docs/semantics/pipeline.md §10).
         self.store = PatientStore(open_store(spec.handoff), clock=self.clock, sleep=self.sleep,
-                                  cancel=self._stop)  # fmt: skip
+                                  cancel=self._stop, budget_s=spec.store_budget_s)  # fmt: skip
         # Created once per handoff store: it scopes every topic and id this run makes
         # (docs/semantics/pipeline.md §8).
         self.identity = establish(self.store, spec.name)

@@ -63,6 +63,7 @@ class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     restart: _Restart = msgspec.field(default_factory=_Restart)
     dead_letter: _Sink | None = None
     checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
+    store_budget_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
@@ -198,6 +199,7 @@ class PipelineSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
     checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
+    store_budget_s: float = 60.0  # how long one store call waits out an outage
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
@@ -273,7 +275,7 @@ class PipelineSpec:
         dead = top.dead_letter
         return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
                    SinkSpec(dead.url, dead.topic) if dead else None,
-                   top.checkpoint_interval_ms)  # fmt: skip
+                   top.checkpoint_interval_ms, top.store_budget_s)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
