@@ -4,6 +4,7 @@ backoff, time to recover, relocation on a failed push, and the runner's /metrics
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import subprocess
@@ -403,3 +404,35 @@ def test_a_busy_stage_saves_its_checkpoint_at_most_every_interval(
         sink.step()
         clock.advance(100)
     assert len(saved) - before == 2
+
+
+def test_a_stage_writing_two_edges_sends_every_output_down_both(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Fan-out": a broadcast to two edges whose sinks write one topic;
+    # the second branch's ids differ, so both copies of each event are kept, and the
+    # source is done only once both consumers acknowledged.
+    run = uuid.uuid4().hex[:6]
+    spec = PipelineSpec.parse({
+        "pipeline": {"handoff": tmp_path.as_uri(), "servers": fleet.urls[:2]},
+        "edge": [{"name": f"in{run}"}, {"name": f"a{run}"}, {"name": f"b{run}"}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": 300,
+             "batch": 70, "output": f"in{run}"},
+            {"name": "fan", "function": "waymark.pipeline.demo:enrich", "input": f"in{run}",
+             "output": [f"a{run}", f"b{run}"], "batch": 50},
+            *({"name": f"sink{x}", "function": "waymark.pipeline.demo:deliver",
+               "input": f"{x}{run}", "sink": {"url": fleet.sink.url, "topic": f"fan{run}"}}
+              for x in "ab"),
+        ],
+    })  # fmt: skip
+    assert spec.stages["fan"].outputs == (f"a{run}", f"b{run}")
+    runner = PipelineRunner(spec, report_interval_s=0.05)
+    runner.start()
+    assert runner.wait(60), runner.failure()
+    runner.stop()
+    seen: collections.Counter[int] = collections.Counter()
+    with Client(fleet.sink.url) as client:
+        page = client.diff(f"fan{run}", 0, limit=1000)
+        seen.update(r.data["event_id"] for r in page.records)
+    assert seen == collections.Counter(2 * list(range(300)))

@@ -93,6 +93,14 @@ BAD = {
         spec_with('output = "raw"', 'output = "rwa"'),
         "[[stage]] 'produce': output: no [[edge]] named 'rwa'; did you mean 'raw'?",
     ),
+    "an edge named twice in one output list": (
+        spec_with('output = "raw"', 'output = ["raw", "raw"]'),
+        "[[stage]] 'produce': output names an edge twice",
+    ),
+    "an output list with an undeclared edge": (
+        spec_with('output = "raw"', 'output = ["raw", "rwa"]'),
+        "[[stage]] 'produce': output: no [[edge]] named 'rwa'; did you mean 'raw'?",
+    ),
     "a name a topic cannot hold": (
         spec_with('name = "clicks"', 'name = "click stream"'),
         "[pipeline]: name: expected a string matching",
