@@ -4,6 +4,7 @@ backoff, time to recover, relocation on a failed push, and the runner's /metrics
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import subprocess
@@ -36,6 +37,7 @@ from waymark.pipeline.edge import Connect
 from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
+from waymark.pipeline.stage import StageFunctionFailed
 from waymark.protocol import Limits
 
 
@@ -403,3 +405,76 @@ def test_a_busy_stage_saves_its_checkpoint_at_most_every_interval(
         sink.step()
         clock.advance(100)
     assert len(saved) - before == 2
+
+
+def test_a_stage_writing_two_edges_sends_every_output_down_both(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Fan-out": a broadcast to two edges whose sinks write one topic;
+    # the second branch's ids differ, so both copies of each event are kept, and the
+    # source is done only once both consumers acknowledged.
+    run = uuid.uuid4().hex[:6]
+    spec = PipelineSpec.parse({
+        "pipeline": {"handoff": tmp_path.as_uri(), "servers": fleet.urls[:2]},
+        "edge": [{"name": f"in{run}"}, {"name": f"a{run}"}, {"name": f"b{run}"}],
+        "stage": [
+            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": 300,
+             "batch": 70, "output": f"in{run}"},
+            {"name": "fan", "function": "waymark.pipeline.demo:enrich", "input": f"in{run}",
+             "output": [f"a{run}", f"b{run}"], "batch": 50},
+            *({"name": f"sink{x}", "function": "waymark.pipeline.demo:deliver",
+               "input": f"{x}{run}", "sink": {"url": fleet.sink.url, "topic": f"fan{run}"}}
+              for x in "ab"),
+        ],
+    })  # fmt: skip
+    assert spec.stages["fan"].outputs == (f"a{run}", f"b{run}")
+    runner = PipelineRunner(spec, report_interval_s=0.05)
+    runner.start()
+    assert runner.wait(60), runner.failure()
+    runner.stop()
+    seen: collections.Counter[int] = collections.Counter()
+    with Client(fleet.sink.url) as client:
+        page = client.diff(f"fan{run}", 0, limit=1000)
+        seen.update(r.data["event_id"] for r in page.records)
+    assert seen == collections.Counter(2 * list(range(300)))
+
+
+def test_a_poison_event_of_a_source_is_dead_lettered_with_its_number(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/semantics/pipeline.md §9.2 for a source stage: its function fails on event 3;
+    # once that event is poison, the next instance writes the number to the dead-letter
+    # topic and produces the rest.
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+
+    def produce_but_3(n: int) -> dict[str, int]:
+        if n == 3:
+            raise ValueError("three")
+        return produce(n)
+
+    def source(poison: dict[bytes, tuple[int, str]]) -> Stage:
+        stage = Stage("produce", produce_but_3, states=states, events=6, batch=6, clock=clock,
+                      output=edge("src", "sink", 100), poison=poison,
+                      dead_letter=Sink(fleet.sink.url, f"dead-{run}", connect=connect))  # fmt: skip
+        stage.start()
+        return stage
+
+    with pytest.raises(StageFunctionFailed) as failed:
+        source({}).step()
+    assert failed.value.error == "ValueError: three"
+    poisoned = source({failed.value.event: (3, failed.value.error)})
+    sink = Stage("sink", deliver, states=states, input=edge("src", "sink", 100), clock=clock,
+                 sink=Sink(fleet.sink.url, f"out-{run}", connect=connect))  # fmt: skip
+    sink.start()
+    for _ in range(5):
+        poisoned.step()
+        sink.step()
+    assert poisoned.finished() and poisoned.stats.dead_lettered == 1
+    with Client(fleet.sink.url) as client:
+        assert sorted(r.data["event_id"] for r in client.diff(f"out-{run}", 0).records) == [
+            0, 1, 2, 4, 5]  # fmt: skip
+        (dead,) = client.diff(f"dead-{run}", 0).records
+    assert dead.data == 3 and dead.meta is not None
+    assert dead.meta["wm.error"] == "ValueError: three" and dead.meta["wm.attempts"] == "3"
+    assert dead.meta["wm.event"] == poisoned.identity.event("produce", 3)

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from waymark.pipeline import output_event
+from waymark.pipeline.identity import NAME, PipelineIdentity
 from waymark.pipeline.spec import PipelineSpec, SpecError
+from waymark.protocol.limits import MAX_ID_LENGTH
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -90,6 +93,14 @@ BAD = {
         spec_with('output = "raw"', 'output = "rwa"'),
         "[[stage]] 'produce': output: no [[edge]] named 'rwa'; did you mean 'raw'?",
     ),
+    "an edge named twice in one output list": (
+        spec_with('output = "raw"', 'output = ["raw", "raw"]'),
+        "[[stage]] 'produce': output names an edge twice",
+    ),
+    "an output list with an undeclared edge": (
+        spec_with('output = "raw"', 'output = ["raw", "rwa"]'),
+        "[[stage]] 'produce': output: no [[edge]] named 'rwa'; did you mean 'raw'?",
+    ),
     "a name a topic cannot hold": (
         spec_with('name = "clicks"', 'name = "click stream"'),
         "[pipeline]: name: expected a string matching",
@@ -143,3 +154,15 @@ def test_check_and_run_print_one_line_and_exit_2_without_a_traceback(tmp_path: P
             "AttributeError: module 'waymark.pipeline.demo' has no attribute 'produc'; "
             "did you mean waymark.pipeline.demo:produce?"
         )
+
+
+def test_the_longest_names_keep_record_ids_within_the_servers_limit() -> None:
+    # docs/pipeline.md, "Reruns and neighbours": 32-character names, the largest event
+    # number, three stages that fan out, a large generation: still a valid record id.
+    name = "n" * 32
+    assert NAME.fullmatch(name) and not NAME.fullmatch(name + "n")
+    identity = PipelineIdentity(pipeline=name, run="0123456789ab")
+    event = identity.event(name, 2**63 - 1)
+    for _ in range(3):
+        event = output_event(event, name, 999)
+    assert len(f"{event}@{2**31}") <= MAX_ID_LENGTH

@@ -146,7 +146,8 @@ def check(
             "edges": {e.name: {"candidates": e.candidates, "capacity": e.capacity,
                                "consumer": spec.consumers[e.name]} for e in spec.edges.values()},
             "stages": {s.name: {"function": s.function or None, "input": s.input,
-                                "output": s.output, "sink": s.sink.topic if s.sink else None,
+                                "outputs": list(s.outputs),
+                                "sink": s.sink.topic if s.sink else None,
                                 "events": s.events, "batch": s.batch, "external": s.external}
                        for s in spec.stages.values()},
         }))  # fmt: skip
@@ -156,7 +157,7 @@ def check(
         table.add_column(column, justify="right" if column == "batch" else "left")
     for s in spec.stages.values():
         reads = s.input or (f"{s.events:,} events" if s.events is not None else "-")
-        writes = s.output or (f"{s.sink.topic} on {s.sink.url}" if s.sink else "-")
+        writes = ", ".join(s.outputs) or (f"{s.sink.topic} on {s.sink.url}" if s.sink else "-")
         table.add_row(s.name, "(external)" if s.external else s.function, reads, writes,
                       str(s.batch))  # fmt: skip
     Console().print(table)
@@ -184,6 +185,7 @@ def run(
     from rich.live import Live
     from rich.markup import escape
 
+    from waymark.objstore import ObjectStoreError
     from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
 
@@ -194,6 +196,9 @@ def run(
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
         raise typer.Exit(2) from None
+    except ObjectStoreError as error:  # out for longer than the store's budget
+        typer.echo(f"{spec_path}: the handoff store does not answer: {error}", err=True)
+        raise typer.Exit(1) from None
     console = Console(stderr=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:

@@ -247,6 +247,19 @@ class InFlight:
         """Records ``start`` to ``end`` (not included)."""
         return self.before(end).after(start)
 
+    def branch(self, suffix: bytes) -> InFlight:
+        """A copy whose event ids each end with ``suffix`` (JSON string content): what
+        a stage writing several edges pushes to its second and later ones
+        (docs/semantics/pipeline.md §5.1)."""
+        events = [e[:-1] + suffix + b'"' for e in _cut(self.events, self.ints[EVENT_END])]
+        ints = self.ints.copy()
+        ints[EVENT_END] = _ends(events)
+        return InFlight(b"".join(events), self.data, ints)
+
+    def copy(self) -> InFlight:
+        """A copy whose positions :meth:`place` sets apart from this one's."""
+        return InFlight(self.events, self.data, self.ints.copy())
+
     def keep(self, mask: npt.NDArray[np.bool_]) -> InFlight:
         """The records where ``mask`` is true, in order."""
         if mask.all():

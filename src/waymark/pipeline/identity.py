@@ -16,8 +16,11 @@ import msgspec
 from waymark.objstore import CREATE, ObjectExists, ObjectNotFound, ObjectStore
 
 # Pipeline, stage and edge names: what a topic name takes, without the "." and ":"
-# that separate the parts of a scoped name (docs/pipeline.md, "A pipeline file").
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+# that separate the parts of a scoped name, and short enough that a record id (the
+# scope, the source stage, the event number, a segment per fanning-out stage, the
+# generation) stays far below the server's MAX_ID_LENGTH (docs/pipeline.md, "Reruns
+# and neighbours").
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
 NAME = re.compile(NAME_PATTERN)
 IDENTITY_KEY = "identity.json"
 

@@ -62,7 +62,7 @@ def build_stage(
     return Stage(
         name, stage_spec.load(), states=StageStateStore(store), clock=clock,
         input=edge(stage_spec.input) if stage_spec.input else None,
-        output=edge(stage_spec.output) if stage_spec.output else None,
+        output=[edge(o) for o in stage_spec.outputs],
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
@@ -111,7 +111,7 @@ class PipelineRunner:
         # Every call to the rendezvous store waits out an outage within its budget
         # (docs/semantics/pipeline.md §10).
         self.store = PatientStore(open_store(spec.handoff), clock=self.clock, sleep=self.sleep,
-                                  cancel=self._stop)  # fmt: skip
+                                  cancel=self._stop, budget_s=spec.store_budget_s)  # fmt: skip
         # Created once per handoff store: it scopes every topic and id this run makes
         # (docs/semantics/pipeline.md §8).
         self.identity = establish(self.store, spec.name)
@@ -149,14 +149,14 @@ class PipelineRunner:
     def _upstream_done(self, stage: Stage) -> bool:
         if stage.input is None:
             return True
-        producers = [s.name for s in self.spec.stages.values() if s.output == stage.input.name]
+        producers = [s.name for s in self.spec.stages.values() if stage.input.name in s.outputs]
         reports = [load_report(self.store, p) for p in producers]
         return all(r is not None and r.done for r in reports)
 
     def _fold(self, run: StageRun, stage: Stage) -> None:
         """Add a stage instance's counters to the run's totals (at a restart or the end)."""
         r = run.report
-        for edge in (stage.input, stage.output):
+        for edge in (stage.input, *stage.outputs):
             if edge is None:
                 continue
             s = edge.stats
@@ -286,7 +286,7 @@ class PipelineRunner:
             now_ms = self.clock.now_ms()
             try:
                 finished = stage.finished() if stage.input is None else (
-                    idle and (stage.output is None or not stage.output.unacked)
+                    idle and not any(out.unacked for out in stage.outputs)
                     and self._upstream_done(stage)
                 )  # fmt: skip
                 if (

@@ -63,6 +63,7 @@ class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     restart: _Restart = msgspec.field(default_factory=_Restart)
     dead_letter: _Sink | None = None
     checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
+    store_budget_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
@@ -75,7 +76,7 @@ class _Stage(msgspec.Struct, forbid_unknown_fields=True):
     name: Name
     function: str = ""
     input: Name | None = None
-    output: Name | None = None
+    output: Name | list[Name] | None = None  # several: each gets every output
     sink: _Sink | None = None
     events: Annotated[int, Meta(ge=0)] | None = None
     batch: Batch = 500
@@ -155,11 +156,16 @@ class StageSpec:
     name: str
     function: str
     input: str | None = None
-    output: str | None = None
+    outputs: tuple[str, ...] = ()  # several: a broadcast (docs/pipeline.md, "Fan-out")
     sink: SinkSpec | None = None
     events: int | None = None
     batch: int = 500
     external: bool = False  # run outside the runner, e.g. a Spark query (docs/spark.md)
+
+    @property
+    def output(self) -> str | None:
+        """The first output edge, or None."""
+        return self.outputs[0] if self.outputs else None
 
     def load(self) -> Callable[..., Any]:
         """The stage's function, from ``module:function``."""
@@ -198,6 +204,7 @@ class PipelineSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
     checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
+    store_budget_s: float = 60.0  # how long one store call waits out an outage
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
@@ -240,7 +247,8 @@ class PipelineSpec:
             if s.name in stages:
                 raise SpecError(f"[[stage]] {s.name!r} is declared twice")
             stage = StageSpec(
-                name=s.name, function=s.function, input=s.input, output=s.output,
+                name=s.name, function=s.function, input=s.input,
+                outputs=(s.output,) if isinstance(s.output, str) else tuple(s.output or ()),
                 sink=SinkSpec(s.sink.url, s.sink.topic) if s.sink else None,
                 events=s.events, batch=s.batch, external=s.external,
             )  # fmt: skip
@@ -254,7 +262,7 @@ class PipelineSpec:
         for edge in edges.values():
             if edge.name not in consumers:
                 raise SpecError(f"[[edge]] {edge.name!r} has no consuming stage")
-            producers = [s for s in stages.values() if s.output == edge.name]
+            producers = [s for s in stages.values() if edge.name in s.outputs]
             if not producers:
                 raise SpecError(f"[[edge]] {edge.name!r} has no producing stage")
             for producer in producers:
@@ -273,7 +281,7 @@ class PipelineSpec:
         dead = top.dead_letter
         return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
                    SinkSpec(dead.url, dead.topic) if dead else None,
-                   top.checkpoint_interval_ms)  # fmt: skip
+                   top.checkpoint_interval_ms, top.store_budget_s)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
@@ -281,19 +289,22 @@ def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
     if stage.external:
         # Only its input matters here: the producers of that edge keep what it has not
         # acknowledged (docs/pipeline.md, "A Spark stage").
-        if stage.input is None or stage.output is not None or stage.events is not None:
+        if stage.input is None or stage.outputs or stage.events is not None:
             raise SpecError(f"{where}: an external stage has input = EDGE only")
     else:
         if not stage.function:
             raise SpecError(f"{where}: function = 'module:function' is required")
         if (stage.input is None) == (stage.events is None):
             raise SpecError(f"{where}: give input = EDGE or events = N (one of them)")
-        if (stage.output is None) == (stage.sink is None):
-            raise SpecError(f"{where}: give output = EDGE or a sink (one of them)")
-    for key, edge in (("input", stage.input), ("output", stage.output)):
+        if (not stage.outputs) == (stage.sink is None):
+            raise SpecError(f"{where}: give output = EDGE (or a list of edges) or a sink "
+                            "(one of them)")  # fmt: skip
+    if len(set(stage.outputs)) < len(stage.outputs):
+        raise SpecError(f"{where}: output names an edge twice")
+    for key, edge in (("input", stage.input), *(("output", o) for o in stage.outputs)):
         if edge is not None and edge not in edges:
             close = difflib.get_close_matches(edge, list(edges), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise SpecError(f"{where}: {key}: no [[edge]] named {edge!r}{hint}")
-    if stage.input is not None and stage.input == stage.output:
+    if stage.input is not None and stage.input in stage.outputs:
         raise SpecError(f"{where}: reads and writes the same edge {stage.input!r}")

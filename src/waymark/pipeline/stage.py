@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,7 +133,7 @@ class Stage:
         *,
         states: StageStateStore,
         input: RelocatableQueueEdge | None = None,  # noqa: A002 -- the pipeline file's word
-        output: RelocatableQueueEdge | None = None,
+        output: RelocatableQueueEdge | Sequence[RelocatableQueueEdge] | None = None,
         sink: Sink | None = None,
         events: int | None = None,
         batch: int = 500,
@@ -145,13 +145,16 @@ class Stage:
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
-        if (output is None) == (sink is None):
-            raise ValueError(f"stage {name!r}: give an output edge or a sink")
+        outputs = [output] if isinstance(output, RelocatableQueueEdge) else list(output or ())
+        if (not outputs) == (sink is None):
+            raise ValueError(f"stage {name!r}: give output edges or a sink")
         self.name = name
         self.function = function
         self.states = states
         self.input = input
-        self.output = output
+        # Several output edges: each gets every output (docs/pipeline.md, "Fan-out").
+        self.outputs = outputs
+        self.output = outputs[0] if outputs else None
         self.sink = sink
         self.events = events
         self.batch = batch
@@ -183,8 +186,8 @@ class Stage:
         self.next_event = self.state.source_offset
         if self.input is not None:
             self.input.resume(self.state.input)
-        if self.output is not None:
-            self.output.open()
+        for out in self.outputs:
+            out.open()
         if self.sink is not None:
             self.sink.open()
         if self.dead_letter is not None and self.poison:
@@ -262,10 +265,11 @@ class Stage:
             popped = self.input.pop(self.batch, wait_ms=wait_ms)
             taken = len(popped)
             records = self._transform(popped)
-        if self.output is not None:
-            if records:
-                self.output.push(records)
-            self.output.settle()
+        if self.outputs:
+            for i, out in enumerate(self.outputs):
+                if records:
+                    out.push(self._branch(records, i))
+                out.settle()
         elif self.sink is not None:
             self.sink.write(records)
             self.stats.latencies_ms.extend(records.latencies_ms(self.clock.now_ms()))
@@ -273,12 +277,25 @@ class Stage:
         self.checkpoint(now=taken == 0)
         return taken
 
+    def _branch(self, records: InFlight, i: int) -> InFlight:
+        """What output edge ``i`` gets: the records themselves when it is the only one;
+        else a copy of its own (each edge places its records), whose ids end with
+        ``/<stage>><edge>`` past the first edge, so branches that meet again in one sink
+        topic are not taken for repeats (docs/semantics/pipeline.md §5.1)."""
+        if len(self.outputs) == 1:
+            return records
+        if i == 0:
+            return records.copy()
+        edge = self.outputs[i].name
+        return records.branch(b"/%s>%s" % (_encode(self.name)[1:-1], _encode(edge)[1:-1]))
+
     def checkpoint(self, *, now: bool = True) -> None:
         """Persist how far the input is fully acknowledged downstream
         (docs/semantics/pipeline.md §4.1): when it moved, at most every
         ``checkpoint_interval_ms`` unless ``now`` (an idle step saves what it has at
         once, so the last acknowledgements never wait)."""
-        oldest = self.output.oldest_origin() if self.output is not None else None
+        origins = [o for out in self.outputs if (o := out.oldest_origin()) is not None]
+        oldest = min(origins, default=None)
         state = self.state
         if self.input is None:
             state.source_offset = oldest.seq if oldest is not None else self.next_event
@@ -310,5 +327,5 @@ class Stage:
         return (
             self.events is not None
             and self.next_event >= self.events
-            and (self.output is None or not self.output.unacked)
+            and not any(out.unacked for out in self.outputs)
         )
