@@ -315,6 +315,8 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.FORBIDDEN: lambda s: as_token(
         s, "reader", lambda c: c.append("t", [RecordIn.of(1)])),
     ErrorCode.REQUEST_TIMEOUT: lambda s: refused_by_connection(s, b"GET /v0/health HTTP/1.1\r\n"),
+    ErrorCode.HEADERS_TOO_LARGE: lambda s: refused_by_connection(
+        s, b"GET /v0/health HTTP/1.1\r\nX-Big: " + b"x" * (128 << 10)),
     ErrorCode.SERVER_BUSY: lambda s: refused_by_connection(
         s, b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n", hold=4),
     ErrorCode.TOO_MANY_STREAMS: too_many_streams,

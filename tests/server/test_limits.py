@@ -320,3 +320,27 @@ def test_a_large_body_on_a_slow_link_still_arrives(slow_bodies: str) -> None:
         return answer
 
     assert asyncio.run(send()).startswith(b"HTTP/1.1 200")
+
+
+def test_headers_past_the_limit_are_431_and_a_large_body_is_not(slow_bodies: str) -> None:
+    """Header bytes were unbounded (940 MiB of one header buffered from one connection)."""
+    host, port = address(slow_bodies)
+    with socket.create_connection((host, port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\nX-Big: ")
+        answer, sent = b"", 0
+        try:
+            while sent < 8 << 20:  # the server answers long before 8 MiB
+                sock.sendall(b"x" * 65536)
+                sent += 65536
+        except OSError:  # closed by the server while sending
+            pass
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+    assert b'"code":"headers_too_large"' in answer
+    headers = {"x-fine": "y" * 16_000, "content-type": "application/json"}  # large, legal
+    body = b'{"records":[{"data":"' + b"z" * 300_000 + b'"}]}'
+    answer = httpx.post(f"{slow_bodies}/v0/topics/big-headers/records", headers=headers,
+                        content=body)  # fmt: skip
+    assert answer.status_code == 200, answer.text

@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"  # no token, or one the server does not know
     FORBIDDEN = "forbidden"  # a valid token without the endpoint's scope
     REQUEST_TIMEOUT = "request_timeout"  # headers not complete within the read timeout
+    HEADERS_TOO_LARGE = "headers_too_large"  # request line and headers past the limit
     TOO_MANY_STREAMS = "too_many_streams"  # the server's SSE stream limit
     TOO_MANY_TOPICS = "too_many_topics"  # the server's topic limit
     STAGING_FULL = "staging_full"  # unpublished staged bytes, per writer or in all
@@ -73,6 +74,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.FENCED: 409,
     ErrorCode.TOPIC_FULL: 422,
     ErrorCode.TOO_MANY_STREAMS: 429,
+    ErrorCode.HEADERS_TOO_LARGE: 431,
     ErrorCode.TOO_MANY_TOPICS: 429,
     ErrorCode.STAGING_FULL: 429,
     ErrorCode.INTERNAL: 500,

@@ -6,6 +6,8 @@ lacks or answers outside the API's error format:
 
 - a **body read timeout**: a body not complete within ``body_timeout_s`` (plus a second
   per ``MIN_BODY_RATE`` bytes received) gets 408 and the connection is closed;
+- a **header size limit**: past ``max_header_bytes`` without the end of the headers,
+  431 ``headers_too_large`` and the connection is closed;
 - a **header read timeout**: a request whose headers are not complete within
   ``header_timeout_s`` of the connection opening (or of the request's first byte on a
   kept-alive connection) gets 408 ``request_timeout`` and the connection is closed, so
@@ -37,6 +39,7 @@ class ServerLimits:
     """The serve options that bound what clients may hold."""
 
     header_timeout_s: float = 10.0  # 408 request_timeout
+    max_header_bytes: int = 64 << 10  # a request line and headers larger: 431
     # 408 too: a body must arrive within this, plus a second per MIN_BODY_RATE bytes
     body_timeout_s: float = 10.0
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
@@ -47,6 +50,7 @@ class ServerLimits:
 # A body is given body_timeout_s plus one more second per this many bytes received: a
 # large body on a slow link still arrives, one dripped a byte at a time does not.
 MIN_BODY_RATE = 64 << 10
+LINGER_S = 1.0  # how long a refused connection stays half-closed, reading nothing
 
 
 def refusal_bytes(error: TopicError) -> bytes:
@@ -70,6 +74,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._in_body = False
+        self._refused = False
+        self._head_bytes = 0  # received while this request's headers are incomplete
         self._body_started = 0.0
         self._body_bytes = 0
         self._over = self.metrics.connections >= self.limits.max_connections
@@ -87,6 +93,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._header_timer is None:  # the next request on a kept-alive connection
+            self._head_bytes = 0
             self._arm()
 
     def on_headers_complete(self) -> None:
@@ -124,7 +131,24 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # a refused connection only lingers until it closes
+        # Bytes of a request whose headers are not complete yet: the parser buffers
+        # them (one header of a gigabyte was buffered whole), so past max_header_bytes
+        # the request is refused 431 and the connection closed.
+        heading = self._header_timer is not None
+        if heading:
+            self._head_bytes += len(data)
         super().data_received(data)
+        unfinished = heading and self._header_timer is not None  # no end of headers yet
+        if unfinished and self._head_bytes > self.limits.max_header_bytes:
+            self._disarm()
+            self._refuse(TopicError(
+                ErrorCode.HEADERS_TOO_LARGE,
+                f"request headers are larger than {self.limits.max_header_bytes} bytes",
+                {"max_header_bytes": self.limits.max_header_bytes},
+            ))  # fmt: skip
+            return
         if self._in_body and self._body_timer is None and not self.transport.is_closing():
             left = self._body_started + self.limits.body_timeout_s - self.loop.time()
             self._body_timer = self.loop.call_later(max(left, 0.0), self._body_late)
@@ -176,11 +200,19 @@ class GuardedProtocol(HttpToolsProtocol):
         ))  # fmt: skip
 
     def _refuse(self, error: TopicError) -> None:
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
             return
+        self._refused = True
         self.metrics.refused(error.code)
         self.transport.write(refusal_bytes(error))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            # A close with unread request bytes in the kernel's buffer resets the
+            # connection, and the client may never read the answer: end our side after
+            # it, discard what still comes, and close a moment later (a lingering close).
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
 
 def guarded(limits: ServerLimits, metrics: Metrics) -> type[GuardedProtocol]:
