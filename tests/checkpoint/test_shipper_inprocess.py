@@ -169,13 +169,13 @@ async def test_the_saver_saves_again_when_the_run_ends_during_a_save(tmp_path: P
     shipper = Shipper(config)
     store = shipper.store = StallingStore(shipper.store.path, threading.Event())
     sending = shipper.tracker.create_batch("t", [1, 10]).begin_send()
-    saver = asyncio.create_task(shipper._save_loop())
+    saver = asyncio.create_task(shipper._save_loop())  # noqa: SLF001 - the saver alone
     assert await asyncio.to_thread(store.entered.wait, 10)
     assert store.stalled == {}  # the held save predates the ack
     sending.ack()
     await shipper.tracker.drain()
     # What run() does once drained; the held save cannot return before this.
-    shipper._finished.set()
+    shipper._finished.set()  # noqa: SLF001
     store.release.set()
     await asyncio.wait_for(saver, 10)
     assert CheckpointStore(store.path).load()["t"].checkpoint == [1, 10]

@@ -413,7 +413,7 @@ class Shipper:
 
         The final save is one that began after the run finished. A save already on the
         disk then holds an older snapshot (batches may have committed during its fsync),
-        so it is followed by one more (docs/checkpoint.md, "Shipper").
+        so it is followed by one more (docs/semantics/checkpoint.md §7).
         """
         interval = self.config.save_interval_s
         while True:
