@@ -50,10 +50,18 @@ def start_collector(tmp: Path, *args: str) -> CollectorProcess:
 
 
 def start_ship(
-    server: str, topic: str, collector: CollectorProcess, state: Path, *args: str
+    server: str,
+    topic: str,
+    collector: CollectorProcess,
+    state: Path,
+    *args: str,
+    launcher: tuple[str, ...] = (str(WAYMARK),),
 ) -> subprocess.Popen[str]:
-    """``waymark ship`` with short retry delays, so transient faults cost milliseconds."""
-    command = [str(WAYMARK), "ship", "--url", server, "--topic", topic, "--to", collector.url,
+    """``waymark ship`` with short retry delays, so transient faults cost milliseconds.
+
+    ``launcher`` runs the CLI some other way, e.g. under a fault injector script.
+    """
+    command = [*launcher, "ship", "--url", server, "--topic", topic, "--to", collector.url,
                "--state", str(state), "--retry-base-ms", "5", "--retry-cap-ms", "50",
                *args]  # fmt: skip
     return subprocess.Popen(

@@ -24,6 +24,8 @@ from .collector_harness import (
     wait_until,
 )
 
+STALLED_SAVE = (sys.executable, str(Path(__file__).with_name("stalled_save.py")))
+
 
 @pytest.fixture
 def collectors(tmp_path: Path) -> Iterator[list[CollectorProcess]]:
@@ -101,6 +103,32 @@ def test_once_delivers_everything_through_faults_and_dead_letters_rejects(
     assert final["status_counts"]["transport"] > 0
     firsts = [batch[0] for batch in sink.acked()]
     assert firsts != sorted(firsts)
+
+
+def test_once_saves_the_final_checkpoint_even_when_a_save_was_on_the_disk_at_the_end(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    """A save still in its fsync when the last batches resolve (a loaded machine) is
+    followed by the final save: ``--once`` exits with the head committed on disk, in
+    status.json and in what it prints. The fault injector holds the first save until
+    the tracker has drained; the collector's 300 ms per batch, three rounds deep, makes
+    that first save (at 0.2 s) hold a checkpoint below the head."""
+    seqs = fill(server, topic, 60)
+    sink = collector(collectors, tmp_path, "--delay-ms", "300")
+    state = tmp_path / "state"
+    code, out = finish(
+        start_ship(server, topic, sink, state, "--once", "--in-flight", "2",
+                   "--batch-records", "10", launcher=STALLED_SAVE),
+        timeout=30,
+    )  # fmt: skip
+    assert code == 0, out
+    assert sink.received() == set(seqs)
+    held = orjson.loads(out.split("the stalled save held ")[1].splitlines()[0])
+    assert held is not None and held.get(topic, [0, 0])[1] < seqs[-1], out
+
+    assert committed(state, topic) == seqs[-1], out
+    assert status(state)["committed_seq"] == seqs[-1]
+    assert f"committed $seq {seqs[-1]}" in out
 
 
 def test_sigkill_mid_run_then_restart_loses_nothing(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import orjson
 import pytest
 from tests.conftest import readable
 
+from waymark.checkpoint import CheckpointStore
 from waymark.checkpoint.backoff import Backoff, Verdict, verdict
 from waymark.checkpoint.shipper import ShipConfig, Shipper
 
@@ -28,6 +30,7 @@ from .collector_harness import (
     status,
     wait_until,
 )
+from .stalled_save import StallingStore
 
 
 @pytest.fixture
@@ -156,3 +159,24 @@ def test_a_topic_recreated_while_the_shipper_was_down_is_never_skipped_silently(
     assert gap["reason"] == "recreated"
     after = {seq for batch in sink.acked()[shipped_before:] for seq in batch}
     assert sorted(after) == new == list(range(1, 9))
+
+
+async def test_the_saver_saves_again_when_the_run_ends_during_a_save(tmp_path: Path) -> None:
+    """The exact race behind a ``--once`` that exited with a stale checkpoint: the saver
+    snapshots, its save stalls in the disk, the last batch commits and the run finishes
+    meanwhile. The saver must not take that earlier save for the final one."""
+    config = ShipConfig("http://unused", "t", "http://unused", tmp_path, save_interval_s=0.001)
+    shipper = Shipper(config)
+    store = shipper.store = StallingStore(shipper.store.path, threading.Event())
+    sending = shipper.tracker.create_batch("t", [1, 10]).begin_send()
+    saver = asyncio.create_task(shipper._save_loop())  # noqa: SLF001 - the saver alone
+    assert await asyncio.to_thread(store.entered.wait, 10)
+    assert store.stalled == {}  # the held save predates the ack
+    sending.ack()
+    await shipper.tracker.drain()
+    # What run() does once drained; the held save cannot return before this.
+    shipper._finished.set()  # noqa: SLF001
+    store.release.set()
+    await asyncio.wait_for(saver, 10)
+    assert CheckpointStore(store.path).load()["t"].checkpoint == [1, 10]
+    assert shipper.stats.committed_seq == 10

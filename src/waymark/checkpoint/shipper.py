@@ -409,12 +409,20 @@ class Shipper:
         return work.result()
 
     async def _save_loop(self) -> None:
-        """Persist the committed checkpoint when it moved, on a timer: a save is an fsync."""
+        """Persist the committed checkpoint when it moved, on a timer: a save is an fsync.
+
+        The final save is one that began after the run finished. A save already on the
+        disk then holds an older snapshot (batches may have committed during its fsync),
+        so it is followed by one more (docs/semantics/checkpoint.md §7).
+        """
         interval = self.config.save_interval_s
-        while not self._finished.is_set():
+        while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._finished.wait(), interval)
+            final = self._finished.is_set()
             await self._persist()
+            if final:
+                return
 
     async def _persist(self) -> None:
         version = self.tracker.version
