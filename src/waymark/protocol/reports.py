@@ -72,7 +72,7 @@ class FoldList(Struct, frozen=True):
     folds: list[FoldStatus]
 
 
-class RecoveryReport(Struct, forbid_unknown_fields=True, frozen=True):
+class RecoveryReport(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """``POST /v0/recovery/clients``: one recovery client's receipts
     (docs/semantics/recovery.md §2-§4)."""
 
@@ -82,7 +82,8 @@ class RecoveryReport(Struct, forbid_unknown_fields=True, frozen=True):
     pending: NonNegative  # checkpoints held with keys not receipted yet
     interval_ms: IntervalMs = 5000
     # Why the client's service stopped (a listener raised, another server instance),
-    # None while it runs (docs/semantics/recovery.md §3.6).
+    # None while it runs (docs/semantics/recovery.md §3.6). Defaults are left out of
+    # the body, so a server from before this field still takes a running client's.
     failed: Annotated[str, Meta(max_length=1000)] | None = None
 
 
