@@ -211,11 +211,17 @@ async def _run_watch(
     resume: WatchCursor,
     reader: KvReader | None,
     resync_possible: bool,
-    control: asyncio.Queue[ResyncRequest],
     data: asyncio.Queue[object],
     config: BatchConfig,
 ) -> None:
-    """The watch task: resume (or resync and re-list) and forward chunks to the loop."""
+    """The watch task: resume (or resync and re-list) and forward chunks to the loop.
+
+    A cursor found expired at the start, or by a reset mid-stream (the next
+    revisions were evicted while the consumer was being recreated), takes the
+    same resync path: list the live keys, have the loop delete the vanished
+    ones, then re-list. The resync request travels on ``data`` behind every
+    chunk already forwarded, so the loop applies those first.
+    """
     try:
         watch = None
         if not resume.is_none:
@@ -227,31 +233,49 @@ async def _run_watch(
                     floor_interval=config.floor_interval,
                 )
             except CursorExpired as e:
-                log.warning("%s; resyncing", e)
-                if reader is not None and resync_possible:
-                    try:
-                        live = await reader.keys(list(scope.prefixes) or "")
-                    except Exception as le:
-                        raise WatchError(f"resync could not list live keys: {le}") from le
-                    request = ResyncRequest(frozenset(live))
-                    await control.put(request)
-                    await request.wait()
-                    if not fallback_may_start(request.acknowledged):
-                        raise WatchError(f"resync failed: {request.error}") from request.error
-                else:
-                    log.warning("no reader or store: keys deleted during the gap may stay stale")
-        if watch is None:
-            watch = await watcher.watch(scope, capacity=config.channel_capacity)
-        try:
-            async for chunk in watch:
-                await data.put(chunk)
-        finally:
-            await watch.stop()
+                await _resync_before_relist(e, scope, reader, resync_possible, data)
+        while True:
+            if watch is None:
+                watch = await watcher.watch(scope, capacity=config.channel_capacity)
+            try:
+                async for chunk in watch:
+                    await data.put(chunk)
+            except CursorExpired as e:
+                await watch.stop()
+                watch = None
+                await _resync_before_relist(e, scope, reader, resync_possible, data)
+                continue
+            finally:
+                if watch is not None:
+                    await watch.stop()
+            break
         await data.put(END)
     except asyncio.CancelledError:
         raise
     except BaseException as e:
         await data.put(Failed(e))
+
+
+async def _resync_before_relist(
+    expired: CursorExpired,
+    scope: WatchScope,
+    reader: KvReader | None,
+    resync_possible: bool,
+    data: asyncio.Queue[object],
+) -> None:
+    log.warning("%s; resyncing", expired)
+    if reader is None or not resync_possible:
+        log.warning("no reader or store: keys deleted during the gap may stay stale")
+        return
+    try:
+        live = await reader.keys(list(scope.prefixes) or "")
+    except Exception as le:
+        raise WatchError(f"resync could not list live keys: {le}") from le
+    request = ResyncRequest(frozenset(live))
+    await data.put(request)
+    await request.wait()
+    if not fallback_may_start(request.acknowledged):
+        raise WatchError(f"resync failed: {request.error}") from request.error
 
 
 async def watch_applied(
@@ -317,14 +341,10 @@ async def watch_applied(
             await _maybe_await(on_applied(cursor))
 
     data: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
-    control: asyncio.Queue[ResyncRequest] = asyncio.Queue()
     watch_task = asyncio.create_task(
-        _run_watch(watcher, scope, resume, reader, store is not None, control, data, config)
+        _run_watch(watcher, scope, resume, reader, store is not None, data, config)
     )
-    waits: dict[str, asyncio.Future[Any]] = {
-        "data": asyncio.ensure_future(data.get()),
-        "control": asyncio.ensure_future(control.get()),
-    }
+    waits: dict[str, asyncio.Future[Any]] = {"data": asyncio.ensure_future(data.get())}
     if shutdown is not None:
         waits["shutdown"] = asyncio.ensure_future(shutdown.wait())
     if export_requests is not None:
@@ -342,10 +362,6 @@ async def watch_applied(
             if "shutdown" in ready:
                 await flush()
                 return core.stored_cursor
-            if "control" in ready:
-                request: ResyncRequest = waits["control"].result()
-                waits["control"] = asyncio.ensure_future(control.get())
-                await _resync(core, flush, store, scope, request)
             if "export" in ready:
                 export: ExportRequest = waits["export"].result()
                 waits["export"] = asyncio.ensure_future(export_requests.get())  # type: ignore[union-attr]
@@ -360,6 +376,9 @@ async def watch_applied(
                     err = item.error
                     raise err if isinstance(err, WatchError) else WatchError(str(err)) from err
                 waits["data"] = asyncio.ensure_future(data.get())
+                if isinstance(item, ResyncRequest):
+                    await _resync(core, flush, store, scope, item)
+                    continue
                 core.receive(item)  # type: ignore[arg-type]
                 if core.batch_len >= config.max:
                     await flush()
