@@ -48,6 +48,9 @@ ADDRESS_BYTES = 8
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 _SAFE_PATH = re.compile(r"^data(/[^/\0]+)+$")
+MAX_NAME_BYTES = 255
+"""A path component longer than this no common file system can create."""
+MAX_PATH_BYTES = 1024
 
 
 class ArtifactFile(msgspec.Struct, frozen=True):
@@ -107,11 +110,31 @@ class ExportManifest(msgspec.Struct, frozen=True):
         if paths != sorted(set(paths)):
             raise ArtifactInvalid("manifest files are not unique and in path order")
         for f in m.files:
-            if not _SAFE_PATH.match(f.path) or any(p in (".", "..") for p in f.path.split("/")):
-                raise ArtifactInvalid(f"manifest names an unsafe path {f.path!r}")
+            _check_path(f.path)
             if f.size < 0 or not re.fullmatch(r"[0-9a-f]{64}", f.blake3):
-                raise ArtifactInvalid(f"manifest entry for {f.path} has a bad size or digest")
+                raise ArtifactInvalid(f"manifest entry for {f.path!r} has a bad size or digest")
+        # A path that is also another's directory ("data/a" and "data/a/b") could
+        # never be written: refuse it here, not with an OSError halfway through.
+        dirs = {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/"))}
+        if clash := sorted(dirs.intersection(paths)):
+            raise ArtifactInvalid(f"manifest lists {clash[0]!r} as a file and as a directory")
         return m
+
+
+def _check_path(path: str) -> None:
+    """A manifest path this node can write: under data/, no '.' or '..', no empty or
+    overlong component, UTF-8 encodable (docs/semantics/kv.md §9.1)."""
+    parts = path.split("/")
+    if not _SAFE_PATH.match(path) or any(p in (".", "..") for p in parts):
+        raise ArtifactInvalid(f"manifest names an unsafe path {path!r}")
+    try:
+        encoded = [p.encode() for p in parts]
+    except UnicodeEncodeError:
+        raise ArtifactInvalid(f"manifest path {path!r} is not valid UTF-8") from None
+    if sum(map(len, encoded)) + len(parts) > MAX_PATH_BYTES or any(
+        len(p) > MAX_NAME_BYTES for p in encoded
+    ):
+        raise ArtifactInvalid(f"manifest path {path[:80]!r}... is longer than any we write")
 
 
 def content_address(manifest_bytes: bytes) -> str:

@@ -101,6 +101,7 @@ class PointerObservation:
     version: ObjectVersion | None = None
     body: bytes | None = None
     manifest: ExportManifest | None = None
+    invalid: str | None = None  # why ``body`` is not a manifest
 
 
 @dataclass(frozen=True)
@@ -267,13 +268,14 @@ class ObjectStoreTransport:
             got = self.store.get(self.pointer_key(key))
         except ObjectNotFound:
             return PointerObservation(POINTER_ABSENT)
+        invalid = None
         try:
             manifest: ExportManifest | None = ExportManifest.decode(got.data)
-        except ArtifactInvalid:
-            manifest = None
+        except ArtifactInvalid as e:
+            manifest, invalid = None, e.reason
         rank = manifest.rank if manifest is not None else None
         return PointerObservation(
-            PointerState(True, rank), got.meta.object_version, got.data, manifest
+            PointerState(True, rank), got.meta.object_version, got.data, manifest, invalid
         )
 
     def try_swap(
@@ -368,7 +370,9 @@ class ObjectStoreTransport:
         if observed.body is None:
             raise ArtifactUnavailable(f"no artifact published at {self.pointer_key(key)}")
         if observed.manifest is None:
-            raise ArtifactInvalid(f"the pointer {self.pointer_key(key)} is not a valid manifest")
+            raise ArtifactInvalid(
+                f"the pointer {self.pointer_key(key)} is not a valid manifest: {observed.invalid}"
+            )
         payload = self.payload_key(key, content_address(observed.body))
         Path(into).mkdir(parents=True, exist_ok=True)
         artifact = Path(tempfile.mkdtemp(prefix=".download-", dir=into))
