@@ -197,3 +197,53 @@ def test_a_refused_artifact_exits_non_zero_and_leaves_no_store(tmp_path: Path) -
     )
     assert result.exit_code == 4 and "ArtifactUnavailable" in result.output
     assert not dest.exists()
+
+
+async def test_a_fleets_first_node_replays_with_if_exists_and_the_next_bootstraps(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """``--bootstrap-from URL --if-exists``: nothing published yet is a cold replay (the
+    first node, which then publishes); once something is, the next node bootstraps."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:04}", b"v%d" % i) for i in range(300)])
+    _, last = await kv.stream_bounds()
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+            "--bootstrap-from", url, "--if-exists")  # fmt: skip
+    first = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--export-to", url,
+                    "--export-every-s", "0.2", "--lease-ttl-s", "1")  # fmt: skip
+    try:
+        await until(lambda: transport.read_pointer(bucket_name).state.rank == last, first, "a")
+    finally:
+        err = stop(first)
+    assert f"nothing published at {url} ({bucket_name}) yet: replaying the bucket" in err
+    second = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}")
+    after = (await kv.writer().put("k.after", b"tail")).as_u64()
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "b") == after, second, "b to fold the tail")
+    finally:
+        err = stop(second)
+    assert f"bootstrapped from {url} ({bucket_name}): cursor {last}" in err
+
+
+def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path) -> None:
+    """Only an absent pointer means "nothing published yet"; a published artifact that
+    cannot be fetched is reported (exit 4), not silently replaced by a cold replay."""
+    store = LmdbStore(tmp_path / "src")
+    store.apply([KvUpdate.put("k", b"v", 1)], WatchCursor.from_u64(1))
+    store.export_to(tmp_path / "art")
+    store.close()
+    url = (tmp_path / "objects").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    transport.upload("routes", tmp_path / "art")
+    transport.store.delete(next(transport.store.list("routes.payloads/")).key)
+    dest = tmp_path / "new"
+    args = ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}", "--bootstrap-from", url,
+            "--nats", "nats://127.0.0.1:1"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--if-exists"])
+    assert result.exit_code == 4 and "gone" in result.output, result.output
+    assert not dest.exists()
+    result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
+                                      "--if-exists"])  # fmt: skip
+    assert result.exit_code == 2 and "--bootstrap-from" in result.output

@@ -88,6 +88,14 @@ def fold(
             "then fold only the tail."
         ),
     ] = None,
+    if_exists: Annotated[
+        bool,
+        typer.Option(
+            "--if-exists",
+            help="With --bootstrap-from: when nothing is published yet (a fleet's first "
+            "node), replay the bucket from the start instead of exiting 4.",
+        ),
+    ] = False,
     artifact_key: Annotated[
         str | None, typer.Option(help="Artifact key in the object store (default: the bucket).")
     ] = None,
@@ -116,6 +124,8 @@ def fold(
         return
     if bucket is None or store is None:
         raise typer.BadParameter("--bucket and --store are required to run a fold")
+    if if_exists and bootstrap_from is None:
+        raise typer.BadParameter("--if-exists goes with --bootstrap-from")
     import asyncio
 
     replicas = Replicas(
@@ -125,6 +135,7 @@ def fold(
         node_id=node_id,
         bootstrap_from=bootstrap_from,
         key=artifact_key or bucket,
+        if_exists=if_exists,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
     asyncio.run(
@@ -162,6 +173,7 @@ class Replicas:
     node_id: str | None
     bootstrap_from: str | None
     key: str
+    if_exists: bool = False
 
 
 def _bootstrap(
@@ -172,7 +184,12 @@ def _bootstrap(
     when the path already holds a fold."""
     from rich.markup import escape
 
-    from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
+    from waymark.kv import (
+        ArtifactInvalid,
+        ArtifactUnavailable,
+        NothingPublished,
+        ObjectStoreTransport,
+    )
     from waymark.kv.artifact import destination_is_empty
     from waymark.objstore import open_store as open_objstore
 
@@ -189,6 +206,17 @@ def _bootstrap(
     except ArtifactInvalid as e:
         console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
         raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
+    except NothingPublished as e:
+        if not replicas.if_exists:
+            console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
+            raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
+        # Only an absent pointer: a pointer whose payload is gone, or one that does
+        # not parse, is a fault to report, not "nothing published yet".
+        console.print(
+            f"nothing published at {escape(replicas.bootstrap_from)} ({escape(replicas.key)}) "
+            "yet: replaying the bucket from the start (--if-exists)"
+        )
+        return None
     except ArtifactUnavailable as e:
         console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
         raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e

@@ -82,3 +82,12 @@ class ArtifactInvalid(SnapshotError):
 
 class ArtifactUnavailable(KvError):
     """No artifact could be fetched: no pointer, or its payload is gone (pruned)."""
+
+
+class NothingPublished(ArtifactUnavailable):
+    """No pointer at all: nothing was ever published under the key (or it was removed).
+
+    The one unavailability a new fleet's first node may treat as "start from an
+    empty fold" (``waymark fold --bootstrap-from URL --if-exists``); a pointer
+    whose payload is gone is not that.
+    """

@@ -47,7 +47,7 @@ from waymark.kv.artifact import (
     import_artifact,
     read_manifest,
 )
-from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable
+from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable, NothingPublished
 from waymark.kv.guards import (
     POINTER_ABSENT,
     PointerState,
@@ -368,7 +368,7 @@ class ObjectStoreTransport:
         """
         observed = pointer if pointer is not None else self.read_pointer(key)
         if observed.body is None:
-            raise ArtifactUnavailable(f"no artifact published at {self.pointer_key(key)}")
+            raise NothingPublished(f"no artifact published at {self.pointer_key(key)}")
         if observed.manifest is None:
             raise ArtifactInvalid(
                 f"the pointer {self.pointer_key(key)} is not a valid manifest: {observed.invalid}"
