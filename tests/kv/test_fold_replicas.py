@@ -247,3 +247,47 @@ def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path)
     result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
                                       "--if-exists"])  # fmt: skip
     assert result.exit_code == 2 and "--bootstrap-from" in result.output
+
+
+async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_has_one_node(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:05}", b"v" * 200) for i in range(20_000)])
+    url = (tmp_path / "artifacts").as_uri()
+    store = tmp_path / "node" / "a"
+    work = tmp_path / "node" / ".a.exports"
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--store", f"lmdb:{store}")
+    a = waymark(*node, "--export-to", url, "--export-every-s", "0.05", "--lease-ttl-s", "1")
+    writes = 0
+    try:
+        for _ in range(3000):  # the fold keeps moving, so rounds keep coming; kill one mid-way
+            if work.is_dir() and any(work.iterdir()):
+                a.kill()
+                break
+            assert a.poll() is None, a.stderr.read() if a.stderr else ""
+            await kv.writer().put(f"more.{writes}", b"x")
+            writes += 1
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("never saw an export round in progress")
+    finally:
+        a.kill()
+        a.wait()
+    left = list(work.iterdir())
+    assert left, "the killed round left its working copy"
+
+    b = waymark(*node)
+    after = (await kv.writer().put("after", b"x")).as_u64()
+    try:
+        await until(lambda: lmdb_cursor(store) >= after, b, "b to fold on")
+        # A second node on the same store is refused while b holds it.
+        second = subprocess.run(
+            [str(Path(sys.executable).parent / "waymark"), *node],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1 and "StoreInUse" in second.stderr, second.stderr
+    finally:
+        err = stop(b)
+    assert f"removed {len(left)} leftover(s) of a killed run" in err
+    assert not work.exists() or list(work.iterdir()) == []

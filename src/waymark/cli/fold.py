@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from waymark.cli.fold_report import FoldReporter
     from waymark.client import AsyncClient
     from waymark.kv import ExportRequest, KvStore, SnapshotStore
+    from waymark.kv.leftovers import StoreLock
 
 EXIT_ARTIFACT_INVALID = 3
 EXIT_ARTIFACT_UNAVAILABLE = 4
@@ -251,6 +252,7 @@ async def _export_rounds(
     from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
     from waymark.kv.artifact import ExportInfo
     from waymark.kv.export import export_via, run_export_round
+    from waymark.kv.leftovers import exports_dir
     from waymark.objstore import open_store as open_objstore
 
     assert replicas.export_to is not None
@@ -261,7 +263,12 @@ async def _export_rounds(
         leases.reader(), leases.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
     )
     export = export_via(requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes))
-    workdir = Path(spec.partition(":")[2]).absolute().parent
+    workdir = exports_dir(Path(spec.partition(":")[2]).absolute())
+    if abandoned := await asyncio.to_thread(transport.store.clean_abandoned_temp):
+        console.print(
+            f"removed {len(abandoned)} abandoned upload temp file(s) from {replicas.export_to} "
+            f"({sum(n for _, n in abandoned):,} bytes)"
+        )
     last = None
     while True:
         await asyncio.sleep(replicas.every_s)
@@ -348,6 +355,7 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
+    store_lock = _lock_and_clean(console, Path(spec.partition(":")[2]).absolute())
     bootstrapped = None
     if replicas.bootstrap_from is not None:
         bootstrapped = _bootstrap(console, replicas, spec, bucket, prefixes)
@@ -426,6 +434,29 @@ async def _run(
         fold_store.close()
         if server is not None:
             server.stop()
+        store_lock.close()
+
+
+def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:
+    """Take the store's lock (exit 1 if another process holds it), then remove what a
+    killed run of this node left beside the store (docs/kv.md, "Crash leftovers")."""
+    from rich.markup import escape
+
+    from waymark.kv.errors import StoreInUse
+    from waymark.kv.leftovers import StoreLock, clean_leftovers
+
+    try:
+        lock = StoreLock(store_path)
+    except StoreInUse as e:
+        console.print(f"[red]StoreInUse[/red]: {escape(str(e))}")
+        raise typer.Exit(1) from e
+    if removed := clean_leftovers(store_path, lock):
+        names = ", ".join(p.name for p, _ in removed)
+        console.print(
+            f"removed {len(removed)} leftover(s) of a killed run "
+            f"({sum(n for _, n in removed):,} bytes): {escape(names)}"
+        )
+    return lock
 
 
 @fold_app.command()

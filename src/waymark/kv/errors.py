@@ -65,6 +65,10 @@ class SnapshotIoError(SnapshotError):
     """An I/O failure in a fold store, including use of a poisoned writer."""
 
 
+class StoreInUse(SnapshotError):
+    """Another process runs a fold on this store (it holds the store's lock)."""
+
+
 class ArtifactInvalid(SnapshotError):
     """A fold artifact was refused at import; nothing was written at the destination
     (docs/semantics/kv.md §9.3).

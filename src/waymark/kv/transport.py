@@ -54,6 +54,7 @@ from waymark.kv.guards import (
     payload_prunable,
     pointer_publish_allowed,
 )
+from waymark.kv.leftovers import download_prefix
 from waymark.objstore import (
     CREATE,
     OVERWRITE,
@@ -355,7 +356,12 @@ class ObjectStoreTransport:
     # -- fetch -----------------------------------------------------------------
 
     def download(
-        self, key: str, into: str | os.PathLike[str], *, pointer: PointerObservation | None = None
+        self,
+        key: str,
+        into: str | os.PathLike[str],
+        *,
+        pointer: PointerObservation | None = None,
+        prefix: str = ".download-",
     ) -> tuple[ExportManifest, Path]:
         """Fetch the pointer's artifact into a new directory under ``into``
         (docs/semantics/kv.md §11.3).
@@ -375,7 +381,7 @@ class ObjectStoreTransport:
             )
         payload = self.payload_key(key, content_address(observed.body))
         Path(into).mkdir(parents=True, exist_ok=True)
-        artifact = Path(tempfile.mkdtemp(prefix=".download-", dir=into))
+        artifact = Path(tempfile.mkdtemp(prefix=prefix, dir=into))
         try:
             try:
                 with self.store.stream(payload) as stream:
@@ -434,7 +440,10 @@ class ObjectStoreTransport:
         observed = self.read_pointer(key)
         if observed.manifest is not None:  # refuse a mismatch before downloading anything
             check_source(observed.manifest, backend, bucket, scope)
-        _, artifact = self.download(key, Path(path).parent, pointer=observed)
+        dest = Path(path)
+        _, artifact = self.download(
+            key, dest.parent, pointer=observed, prefix=download_prefix(dest)
+        )
         return artifact
 
     def payload_rank(self, payload_key: str) -> int | None:

@@ -22,7 +22,7 @@ import contextlib
 import fcntl
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -111,20 +111,50 @@ class LocalObjectStore:
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _write_temp(self, chunks: Iterable[bytes]) -> Path:
+    @contextlib.contextmanager
+    def _write_temp(self, chunks: Iterable[bytes]) -> Iterator[Path]:
+        """The object's bytes in a temp file, flocked until it is committed or removed:
+        :meth:`clean_abandoned_temp` removes only temp files nobody holds."""
         tmp = self._tmp / uuid.uuid4().hex
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            with open(tmp, "wb") as f:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with os.fdopen(os.dup(fd), "wb") as f:
                 for chunk in chunks:
                     f.write(chunk)
                 f.flush()
                 if self._fsync:
                     os.fsync(f.fileno())
-        except BaseException:
+            yield tmp
+        finally:
             with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        return tmp
+                tmp.unlink()  # only still there if the commit was refused or failed
+            os.close(fd)
+
+    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+        """Remove temp files a killed writer left (name, bytes): those older than
+        ``min_age_s`` that no live writer holds (docs/objstore.md)."""
+        removed: list[tuple[str, int]] = []
+        now_ns = self._clock.now_ms() * 1_000_000
+        for p in self._tmp.iterdir():
+            try:
+                st = p.stat()
+                if now_ns - st.st_mtime_ns < min_age_s * 1e9:
+                    continue
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer's
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                    removed.append((p.name, st.st_size))
+            finally:
+                os.close(fd)
+        return removed
 
     def _stamp(self, lock_fd: int, tmp: Path, current: os.stat_result | None) -> None:
         """Give ``tmp`` an mtime above every one issued so far (caller holds the lock)."""
@@ -143,31 +173,28 @@ class LocalObjectStore:
 
     def _commit(self, key: str, tmp: Path, mode: PutMode) -> ObjectVersion:
         path = self._path(key)
-        try:
-            with self._locked() as lock_fd:
-                current = self._stat(path)
-                if isinstance(mode, Create) and current is not None:
-                    raise ObjectExists(key)
-                if isinstance(mode, IfMatch) and (
-                    current is None or _etag(current) != mode.version.etag
-                ):
-                    raise PreconditionFailed(f"{key} is not at version {mode.version.etag}")
-                self._stamp(lock_fd, tmp, current)
-                st = tmp.stat()
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(tmp, path)
-                if self._fsync:
-                    _fsync_dir(path.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()  # only still there if the commit was refused or failed
+        with self._locked() as lock_fd:
+            current = self._stat(path)
+            if isinstance(mode, Create) and current is not None:
+                raise ObjectExists(key)
+            if isinstance(mode, IfMatch) and (
+                current is None or _etag(current) != mode.version.etag
+            ):
+                raise PreconditionFailed(f"{key} is not at version {mode.version.etag}")
+            self._stamp(lock_fd, tmp, current)
+            st = tmp.stat()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, path)
+            if self._fsync:
+                _fsync_dir(path.parent)
         return ObjectVersion(_etag(st))
 
     # -- the ObjectStore API ---------------------------------------------------
 
     def put(self, key: str, data: bytes, *, mode: PutMode = OVERWRITE) -> ObjectVersion:
         self._path(key)  # refuse a bad key before writing anything
-        return self._commit(key, self._write_temp((data,)), mode)
+        with self._write_temp((data,)) as tmp:
+            return self._commit(key, tmp, mode)
 
     def upload(
         self,
@@ -179,7 +206,8 @@ class LocalObjectStore:
     ) -> ObjectVersion:
         """Stream ``chunks`` into the object (overwrite); there are no parts on a local disk."""
         self._path(key)
-        return self._commit(key, self._write_temp(chunks), OVERWRITE)
+        with self._write_temp(chunks) as tmp:
+            return self._commit(key, tmp, OVERWRITE)
 
     def get(self, key: str) -> GetResult:
         with self._open(key) as f:
