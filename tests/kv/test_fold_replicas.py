@@ -229,7 +229,8 @@ async def test_a_fleets_first_node_replays_with_if_exists_and_the_next_bootstrap
 
 def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path) -> None:
     """Only an absent pointer means "nothing published yet"; a published artifact that
-    cannot be fetched is reported (exit 4), not silently replaced by a cold replay."""
+    cannot be fetched is reported, not silently replaced by a cold replay. Here the
+    pointer's own target was removed by hand, which pruning never does: invalid, exit 3."""
     store = LmdbStore(tmp_path / "src")
     store.apply([KvUpdate.put("k", b"v", 1)], WatchCursor.from_u64(1))
     store.export_to(tmp_path / "art")
@@ -242,7 +243,7 @@ def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path)
     args = ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}", "--bootstrap-from", url,
             "--nats", "nats://127.0.0.1:1"]  # fmt: skip
     result = CliRunner().invoke(app, [*args, "--if-exists"])
-    assert result.exit_code == 4 and "gone" in result.output, result.output
+    assert result.exit_code == 3 and "does not exist" in result.output, result.output
     assert not dest.exists()
     result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
                                       "--if-exists"])  # fmt: skip
@@ -291,3 +292,29 @@ async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_h
         err = stop(b)
     assert f"removed {len(left)} leftover(s) of a killed run" in err
     assert not work.exists() or list(work.iterdir()) == []
+
+
+async def test_the_lease_holder_and_a_standby_each_say_what_they_do(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:03}", b"v") for i in range(100)])
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--export-to", url,
+            "--export-every-s", "0.1", "--lease-ttl-s", "60")  # fmt: skip
+    a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--node-id", "node-a",
+                stderr_to=tmp_path / "a.err")  # fmt: skip
+    try:
+        await until(lambda: transport.read_pointer(bucket_name).state.rank == 100, a, "a")
+        b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}", "--node-id", "node-b",
+                    stderr_to=tmp_path / "b.err")  # fmt: skip
+        try:
+            await until(lambda: "standing by" in (tmp_path / "b.err").read_text(), b, "b")
+        finally:
+            err_b = stop(b, tmp_path / "b.err")
+    finally:
+        err_a = stop(a, tmp_path / "a.err")
+    assert "export: node-a holds the lease lease." in err_a
+    assert "export: standing by; node-a holds the lease lease." in err_b
+    assert err_b.count("standing by") == 1  # said once, not every round

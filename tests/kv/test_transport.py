@@ -16,7 +16,7 @@ import pytest
 from obstore.store import LocalStore
 
 from waymark.clock import ManualClock
-from waymark.kv import ArtifactInvalid, ArtifactUnavailable, KvUpdate, WatchCursor, open_store
+from waymark.kv import ArtifactInvalid, KvUpdate, WatchCursor, open_store
 from waymark.kv.artifact import ExportInfo, content_address
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
@@ -163,11 +163,12 @@ def test_a_tampered_manifest_is_refused(transport: ObjectStoreTransport, tmp_pat
     payload = f"{KEY}.payloads/{content_address(pointer)}.tar"
     spec = f"append-log:{tmp_path / 'new' / 'fold.log'}"
 
-    # The pointer edited (a later cursor claimed): it now addresses a payload that does not exist.
+    # The pointer edited (a later cursor claimed): it now addresses a payload that does not
+    # exist. The prune guard never deletes the pointer's target, so that is not "pruned".
     doc = json.loads(pointer)
     doc["cursor_hex"] = WatchCursor.from_u64(99).raw.hex()
     transport.store.put(f"{KEY}.manifest.json", json.dumps(doc).encode())
-    with pytest.raises(ArtifactUnavailable, match="gone"):
+    with pytest.raises(ArtifactInvalid, match="does not exist: the pointer was edited"):
         transport.bootstrap(KEY, spec)
 
     # The payload's embedded manifest edited under the genuine pointer.

@@ -139,20 +139,24 @@ def fold(
         if_exists=if_exists,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
-    asyncio.run(
-        _run(
-            nats,
-            bucket,
-            store,
-            _prefixes(prefix),
-            creds,
-            nats_dir,
-            window_ms / 1000,
-            batch_max,
-            replicas,
-            reporting,
+    from rich.console import Console
+
+    # Held for the whole run, whichever way it ends (an exit code included).
+    with _lock_and_clean(Console(stderr=True), Path(store.partition(":")[2]).absolute()):
+        asyncio.run(
+            _run(
+                nats,
+                bucket,
+                store,
+                _prefixes(prefix),
+                creds,
+                nats_dir,
+                window_ms / 1000,
+                batch_max,
+                replicas,
+                reporting,
+            )
         )
-    )
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,7 @@ async def _export_rounds(
     from waymark.clock import SystemClock
     from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
     from waymark.kv.artifact import ExportInfo
-    from waymark.kv.export import export_via, run_export_round
+    from waymark.kv.export import RoundState, export_via, run_export_round
     from waymark.kv.leftovers import exports_dir
     from waymark.objstore import open_store as open_objstore
 
@@ -270,6 +274,7 @@ async def _export_rounds(
             f"({sum(n for _, n in abandoned):,} bytes)"
         )
     last = None
+    role = None  # what this node last said it does: "holder" or the standby's holder
     while True:
         await asyncio.sleep(replicas.every_s)
         cursor = fold_store.cursor
@@ -278,6 +283,19 @@ async def _export_rounds(
         report = await run_export_round(
             lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir
         )
+        if report.result is RoundResult.NotYours:
+            holder = await lease.current()
+            name = holder.holder_id if holder is not None else "another node"
+            if role != name:
+                role = name
+                until = f" until {holder.expires_at_unix} (Unix s)" if holder is not None else ""
+                console.print(
+                    f"export: standing by; {escape(name)} holds the lease {lease.key}{until}"
+                )
+            continue
+        if RoundState.Exporting in report.states and role != "holder":
+            role = "holder"
+            console.print(f"export: {escape(node)} holds the lease {lease.key}; exporting")
         if report.result is RoundResult.Published:
             assert report.manifest is not None
             last = report.manifest.cursor
@@ -355,7 +373,6 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
-    store_lock = _lock_and_clean(console, Path(spec.partition(":")[2]).absolute())
     bootstrapped = None
     if replicas.bootstrap_from is not None:
         bootstrapped = _bootstrap(console, replicas, spec, bucket, prefixes)
@@ -434,7 +451,6 @@ async def _run(
         fold_store.close()
         if server is not None:
             server.stop()
-        store_lock.close()
 
 
 def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -191,13 +192,51 @@ class ExportRequest:
     exactly the one the store holds. ``action`` runs on a worker thread; its
     result (or error) arrives on ``reply``. This is the hook the export of
     fold artifacts plugs into. A requester may give up by cancelling ``reply``:
-    the request is then skipped, or its late result dropped.
+    the request is then skipped, or its late result dropped. A request the
+    fold will never run (it stopped) gets WatchError on ``reply``: see
+    :func:`submit_export`. It may be built anywhere; ``reply`` belongs to the
+    event loop that first reads it.
     """
 
     action: Callable[[SnapshotStore, WatchCursor], Any]
-    reply: asyncio.Future[Any] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    _reply: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def reply(self) -> asyncio.Future[Any]:
+        if self._reply is None:
+            self._reply = asyncio.get_running_loop().create_future()
+        return self._reply
+
+
+# Export queues whose fold stopped, and why: a request put on one afterwards is
+# answered at once instead of waiting for a fold that is gone.
+_stopped_queues: weakref.WeakKeyDictionary[asyncio.Queue[ExportRequest], BaseException] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def submit_export(requests: asyncio.Queue[ExportRequest], request: ExportRequest) -> Any:
+    """Queue ``request`` for the fold reading ``requests`` and wait for its result.
+
+    Raises WatchError at once if that fold has stopped (or stops before the
+    request's turn), rather than waiting forever.
+    """
+    await requests.put(request)
+    if (stopped := _stopped_queues.get(requests)) is not None:
+        _answer_stopped(requests, stopped)
+    return await request.reply
+
+
+def _close_export_queue(requests: asyncio.Queue[ExportRequest], why: BaseException) -> None:
+    """The fold reading ``requests`` stopped: answer what waits, and what comes later."""
+    _stopped_queues[requests] = why
+    _answer_stopped(requests, why)
+
+
+def _answer_stopped(requests: asyncio.Queue[ExportRequest], why: BaseException) -> None:
+    while not requests.empty():
+        request = requests.get_nowait()
+        _answer(request.reply, error=WatchError(f"the fold stopped before this export ran: {why}"))
 
 
 async def _maybe_await(result: object) -> None:
@@ -310,6 +349,8 @@ async def watch_applied(
     """
     config = config or BatchConfig()
     clock = clock or SystemClock()
+    if export_requests is not None:
+        _stopped_queues.pop(export_requests, None)  # read again
     if resume is None:
         resume = store.cursor if store is not None else NO_CURSOR
     core: AppliedCursor[Any] = AppliedCursor(resume, parse, keep_parsed=apply is not None)
@@ -387,6 +428,13 @@ async def watch_applied(
     finally:
         for fut in waits.values():
             fut.cancel()
+        if export_requests is not None:
+            stopped = WatchError("watch_applied returned")
+            taken = waits.get("export")
+            if taken is not None and taken.done() and not taken.cancelled():
+                # Taken off the queue in the round that returned: answer it too.
+                _answer(taken.result().reply, error=WatchError(f"the fold stopped: {stopped}"))
+            _close_export_queue(export_requests, stopped)
         watch_task.cancel()
         await asyncio.gather(watch_task, return_exceptions=True)
 

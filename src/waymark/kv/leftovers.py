@@ -54,6 +54,12 @@ class StoreLock:
             os.close(self._fd)
             self._fd = None
 
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _size(path: Path) -> int:
     if path.is_file() or path.is_symlink():

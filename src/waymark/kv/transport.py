@@ -387,15 +387,33 @@ class ObjectStoreTransport:
                 with self.store.stream(payload) as stream:
                     extract_payload(stream, artifact, observed.body)
             except ObjectNotFound:
-                raise ArtifactUnavailable(
-                    f"the pointer names {payload}, which is gone (pruned?)"
-                ) from None
+                raise self._missing_target(key, observed, payload) from None
             except ObjectStoreError as e:  # the store failed mid-fetch: nothing was refused
                 raise ArtifactUnavailable(f"fetching {payload} failed: {e}") from e
         except BaseException:
             shutil.rmtree(artifact, ignore_errors=True)
             raise
         return observed.manifest, artifact
+
+    def _missing_target(
+        self, key: str, observed: PointerObservation, payload: str
+    ) -> ArtifactUnavailable | ArtifactInvalid:
+        """Why the payload ``observed`` names is absent. The pointer moved on since it
+        was read: pruned after the grace, fetch again. It did not: the prune guard never
+        deletes the pointer's target, so the pointer was edited (it addresses a payload
+        that never was) or the payload removed by hand (docs/semantics/kv.md §11.3)."""
+        try:
+            now = self.read_pointer(key).body
+        except ObjectStoreError as e:
+            return ArtifactUnavailable(f"{payload} is gone; re-reading the pointer failed: {e}")
+        if now != observed.body:
+            return ArtifactUnavailable(
+                f"{payload} was pruned after a newer artifact was published; fetch again"
+            )
+        return ArtifactInvalid(
+            f"the pointer {self.pointer_key(key)} names {payload}, which does not exist: "
+            "the pointer was edited or the payload removed by hand"
+        )
 
     def bootstrap(
         self,
