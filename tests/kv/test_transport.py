@@ -54,14 +54,15 @@ def state(store: SnapshotStore) -> dict[str, bytes]:
 
 
 def age_payloads(transport: ObjectStoreTransport, clock: ManualClock, ms: int) -> None:
-    """Move the transport's clock to ``ms`` past the newest payload's stamp.
+    """Move the transport's clock to ``ms`` past the newest payload's or retirement's stamp.
 
     The stamps are not this clock's: the writing process (file://) or the S3
     server stamps with the wall clock, S3 to the whole second. A clock frozen
     when the test began can be behind them (a second boundary crossed on a
     loaded machine): a payload would then not have aged even with zero grace.
     """
-    newest = max(m.last_modified_ms for m in transport.store.list(f"{KEY}.payloads/"))
+    stamps = [*transport.store.list(f"{KEY}.payloads/"), *transport.store.list(f"{KEY}.retired/")]
+    newest = max(m.last_modified_ms for m in stamps)
     clock.set(max(clock.now_ms(), newest + ms))
 
 
@@ -414,6 +415,7 @@ def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
     transport.upload(KEY, exported(tmp_path, "p10", 10))
     # Was flaky on S3 (once a second boundary passed after the clock fixture): see age_payloads.
+    transport.prune(KEY, grace_ms=3_600_000)  # stamps the retired payloads, deletes none
     age_payloads(transport, clock, 0)
     assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
     transport.store.put(f"{KEY}.manifest.json", b"garbage")

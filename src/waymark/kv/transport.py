@@ -22,6 +22,7 @@ docs/kv.md.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import logging
@@ -81,6 +82,9 @@ MAX_SWAP_RETRIES = 8
 
 POINTER_SUFFIX = ".manifest.json"
 PAYLOADS_SUFFIX = ".payloads/"
+RETIRED_SUFFIX = ".retired/"
+"""``K.retired/<payload name>``: empty; its modification time bounds from above the last
+moment a pointer read could name that payload (docs/semantics/kv.md §11.4)."""
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -488,7 +492,12 @@ class ObjectStoreTransport:
         """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds;
         docs/semantics/kv.md §11.4).
 
-        With no parseable pointer nothing is provably older, so nothing goes.
+        The grace counts from a payload's *retirement*, not its upload: the first
+        prune that finds it strictly below the pointer (so the pointer has moved off
+        it for good) stamps ``K.retired/<name>``; every pointer read that could name
+        the payload happened before that stamp, and the payload goes only once the
+        stamp is ``grace_ms`` old. With no parseable pointer nothing is provably
+        older, so nothing goes.
         """
         report = PruneReport()
         observed = self.read_pointer(key)
@@ -496,23 +505,52 @@ class ObjectStoreTransport:
         if observed.manifest is None or observed.body is None:
             report.kept = [m.key for m in payloads]
             return report
+        pointer_rank = observed.manifest.rank
         target = self.payload_key(key, content_address(observed.body))
+        retired_prefix = check_key(key) + RETIRED_SUFFIX
+        stamps = {m.key[len(retired_prefix) :]: m for m in self.store.list(retired_prefix)}
         now = self.clock.now_ms()
         for meta in payloads:
-            is_target = meta.key == target
-            aged_out = now - meta.last_modified_ms >= grace_ms
-            # Reading a rank costs two range reads; only a candidate needs it.
-            rank = self.payload_rank(meta.key) if aged_out and not is_target else None
-            if payload_prunable(rank, observed.manifest.rank, is_target, aged_out):
+            name = meta.key.rsplit("/", 1)[1]
+            stamp = stamps.pop(name, None)
+            if meta.key == target:
+                if stamp is not None:  # a corrupt pointer was replaced by it: not retired
+                    self._delete_quietly(stamp)
+                report.kept.append(meta.key)
+                continue
+            if stamp is None:
+                # Reading a rank costs two range reads; only an unstamped payload needs it.
+                # Retired for good iff the guard would delete it once aged: strictly
+                # below the pointer, which never comes back down to it.
+                rank = self.payload_rank(meta.key)
+                if not payload_prunable(rank, pointer_rank, False, True):
+                    report.kept.append(meta.key)
+                    continue
+                stamp = self._stamp_retired(retired_prefix + name)
+            aged_out = now - stamp.last_modified_ms >= grace_ms
+            rank = self.payload_rank(meta.key) if aged_out else None
+            if payload_prunable(rank, pointer_rank, False, aged_out):
                 try:
                     self._delete(meta)
                 except PreconditionFailed:
                     report.kept.append(meta.key)  # re-uploaded since it was listed
                     continue
+                self._delete_quietly(stamp)
                 report.deleted.append(meta.key)
             else:
                 report.kept.append(meta.key)
+        for orphan in stamps.values():  # its payload is gone (a crash between the deletes)
+            self._delete_quietly(orphan)
         return report
+
+    def _stamp_retired(self, stamp_key: str) -> ObjectMeta:
+        with contextlib.suppress(ObjectExists):  # a concurrent pruner stamped it first
+            self.store.put(stamp_key, b"", mode=CREATE)
+        return self.store.head(stamp_key)
+
+    def _delete_quietly(self, meta: ObjectMeta) -> None:
+        with contextlib.suppress(ObjectNotFound, PreconditionFailed):
+            self._delete(meta)
 
     def _delete(self, meta: ObjectMeta) -> None:
         if self.store.capabilities.conditional_delete:
