@@ -50,6 +50,12 @@ def lmdb_cursor(path: Path) -> int:
         store.close()
 
 
+def published_cursor(transport: ObjectStoreTransport, key: str) -> int | None:
+    """The cursor of the published artifact (the pointer's rank also orders generations)."""
+    manifest = transport.read_pointer(key).manifest
+    return None if manifest is None else manifest.rank
+
+
 async def until(condition: object, proc: subprocess.Popen[str], what: str) -> None:
     for _ in range(1500):
         if condition():  # type: ignore[operator]
@@ -87,7 +93,7 @@ async def test_an_exporting_node_and_a_bootstrapped_node_that_fetches_only_the_t
     err = tmp_path / "a.err"
     try:
         # The pointer moves before the round completes its lease, prunes and says so.
-        await until(lambda: transport.read_pointer(bucket_name).state.rank == exported_at
+        await until(lambda: published_cursor(transport, bucket_name) == exported_at
                     and published in " ".join(err.read_text().split()), a, "a publish")  # fmt: skip
     finally:
         err_a = stop(a, err)
@@ -214,10 +220,11 @@ async def test_a_fleets_first_node_replays_with_if_exists_and_the_next_bootstrap
     first = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--export-to", url,
                     "--export-every-s", "0.2", "--lease-ttl-s", "1")  # fmt: skip
     try:
-        await until(lambda: transport.read_pointer(bucket_name).state.rank == last, first, "a")
+        await until(lambda: published_cursor(transport, bucket_name) == last, first, "a")
     finally:
         err = stop(first)
-    assert f"nothing published at {url} ({bucket_name}) yet: replaying the bucket" in err
+    assert f"nothing published at {url} ({bucket_name}) yet for this bucket" in err
+    assert "replaying the bucket from the start" in err
     second = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}")
     after = (await kv.writer().put("k.after", b"tail")).as_u64()
     try:
@@ -306,7 +313,7 @@ async def test_the_lease_holder_and_a_standby_each_say_what_they_do(
     a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--node-id", "node-a",
                 stderr_to=tmp_path / "a.err")  # fmt: skip
     try:
-        await until(lambda: transport.read_pointer(bucket_name).state.rank == 100, a, "a")
+        await until(lambda: published_cursor(transport, bucket_name) == 100, a, "a")
         b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}", "--node-id", "node-b",
                     stderr_to=tmp_path / "b.err")  # fmt: skip
         try:
@@ -318,3 +325,40 @@ async def test_the_lease_holder_and_a_standby_each_say_what_they_do(
     assert "export: node-a holds the lease lease." in err_a
     assert "export: standing by; node-a holds the lease lease." in err_b
     assert err_b.count("standing by") == 1  # said once, not every round
+
+
+async def test_a_recreated_bucket_is_a_new_generation_its_nodes_never_get_the_old_artifact(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """The bucket deleted and recreated: its revisions start over. A new node must not
+    bootstrap the dead bucket's artifact (it replays, with --if-exists), and it publishes
+    over it rather than being superseded by its higher cursor every round."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"old.{i:03}", b"v") for i in range(200)])
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--export-to", url,
+            "--export-every-s", "0.1", "--lease-ttl-s", "1", "--bootstrap-from", url,
+            "--if-exists")  # fmt: skip
+    a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}")
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 200, a, "a")
+    finally:
+        stop(a)
+    old = transport.read_pointer(bucket_name).manifest
+    assert old is not None and old.generation == await kv.generation()
+
+    await kv.js.delete_stream(kv.stream)
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"new.{i}", b"w") for i in range(5)])
+    b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}")
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 5, b, "b to publish")
+    finally:
+        err = stop(b)
+    assert "which was deleted and recreated since" in err and "bootstrapped" not in err
+    new = transport.read_pointer(bucket_name).manifest
+    assert new is not None and new.generation == await kv.generation() > old.generation
+    store = LmdbStore(tmp_path / "b")
+    assert sorted(e.key for e in store.range()) == [f"new.{i}" for i in range(5)]
+    store.close()

@@ -16,7 +16,7 @@ import pytest
 from obstore.store import LocalStore
 
 from waymark.clock import ManualClock
-from waymark.kv import ArtifactInvalid, KvUpdate, WatchCursor, open_store
+from waymark.kv import ArtifactInvalid, KvUpdate, NothingPublished, WatchCursor, open_store
 from waymark.kv.artifact import ExportInfo, content_address
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
@@ -34,7 +34,13 @@ KEY = "routes"
 
 
 def exported(
-    tmp_path: Path, name: str, cursor: int, *, node: str = "a", backend: str = "append-log"
+    tmp_path: Path,
+    name: str,
+    cursor: int,
+    *,
+    node: str = "a",
+    backend: str = "append-log",
+    generation: int = 0,
 ) -> Path:
     """An artifact of a store holding keys 1..cursor, exported at ``cursor``."""
     path = tmp_path / "stores" / name / ("fold.log" if backend == "append-log" else "db")
@@ -44,7 +50,7 @@ def exported(
         WatchCursor.from_u64(cursor),
     )
     art = tmp_path / "artifacts" / name
-    store.export_to(art, ExportInfo(exporter=node))
+    store.export_to(art, ExportInfo(exporter=node, generation=generation))
     store.close()
     return art
 
@@ -421,3 +427,27 @@ def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     transport.store.put(f"{KEY}.manifest.json", b"garbage")
     assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer
     assert transport.read_pointer(KEY).body == b"garbage"
+
+
+def test_a_recreated_buckets_generation_outranks_the_dead_ones_artifacts(
+    transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Deleting and recreating the bucket starts its revisions over. Its exporters must
+    publish over the dead bucket's pointer (not be superseded by its higher cursor every
+    round), and its nodes must never be offered the dead bucket's artifact."""
+    dead, live = 1_700_000_000_000_000, 1_700_000_900_000_000  # stream creation times, µs
+    transport.upload(KEY, exported(tmp_path, "dead", 1000, generation=dead))
+    spec = f"append-log:{tmp_path / 'node' / 'fold.log'}"
+    with pytest.raises(NothingPublished, match="deleted and recreated"):
+        transport.bootstrap(KEY, spec, generation=live)  # not offered: a replay follows
+    assert not (tmp_path / "node" / "fold.log").exists()
+
+    manifest, outcome = transport.upload(KEY, exported(tmp_path, "live", 5, generation=live))
+    assert outcome is PublishOutcome.Published and manifest.generation == live
+    assert transport.bootstrap(KEY, spec, generation=live).rank == 5
+    # A slow exporter of the dead bucket, at a far higher cursor, is the one superseded.
+    _, late = transport.upload(KEY, exported(tmp_path, "late", 2000, generation=dead))
+    assert late is PublishOutcome.SupersededByNewer
+    transport.prune(KEY, grace_ms=3_600_000)  # stamps the dead generation's payloads
+    age_payloads(transport, clock, 3_600_000)
+    assert len(transport.prune(KEY, grace_ms=3_600_000).deleted) == 2

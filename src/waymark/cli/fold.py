@@ -18,6 +18,7 @@ from waymark.cli.extras import require
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Awaitable, Callable
 
     from rich.console import Console
 
@@ -181,8 +182,13 @@ class Replicas:
     if_exists: bool = False
 
 
-def _bootstrap(
-    console: Console, replicas: Replicas, spec: str, bucket: str, prefixes: tuple[str, ...]
+async def _bootstrap(
+    console: Console,
+    replicas: Replicas,
+    spec: str,
+    bucket: str,
+    prefixes: tuple[str, ...],
+    generation: Callable[[], Awaitable[int]],
 ) -> SnapshotStore | None:
     """Import the published artifact into the empty store path and return the store open
     (an append log replays once, in the import's verification), or exit non-zero; None
@@ -204,9 +210,12 @@ def _bootstrap(
         console.print(f"{path} already holds a fold: resuming it instead of bootstrapping")
         return None
     transport = ObjectStoreTransport(open_objstore(replicas.bootstrap_from))
+    published = transport.read_pointer(replicas.key).manifest
+    # Only an artifact that names its bucket instance needs this one's, from NATS.
+    current = await generation() if published is not None and published.generation else None
     try:
         manifest, store = transport.bootstrap_open(
-            replicas.key, spec, bucket=bucket, scope=prefixes
+            replicas.key, spec, bucket=bucket, scope=prefixes, generation=current
         )
     except ArtifactInvalid as e:
         console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
@@ -215,11 +224,13 @@ def _bootstrap(
         if not replicas.if_exists:
             console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
             raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
-        # Only an absent pointer: a pointer whose payload is gone, or one that does
-        # not parse, is a fault to report, not "nothing published yet".
+        # Only an absent pointer, or an artifact of a deleted instance of the bucket:
+        # a pointer whose payload is gone, or one that does not parse, is a fault to
+        # report, not "nothing published yet".
         console.print(
             f"nothing published at {escape(replicas.bootstrap_from)} ({escape(replicas.key)}) "
-            "yet: replaying the bucket from the start (--if-exists)"
+            f"yet for this bucket ({escape(str(e))}): replaying the bucket from the start "
+            "(--if-exists)"
         )
         return None
     except ArtifactUnavailable as e:
@@ -237,6 +248,7 @@ def _bootstrap(
 async def _export_rounds(
     console: Console,
     replicas: Replicas,
+    folded: KvStore,
     leases: KvStore,
     fold_store: SnapshotStore,
     requests: asyncio.Queue[ExportRequest],
@@ -266,7 +278,10 @@ async def _export_rounds(
     lease = ExportLease(
         leases.reader(), leases.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
     )
-    export = export_via(requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes))
+    generation = await folded.generation()
+    export = export_via(
+        requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes, generation)
+    )
     workdir = exports_dir(Path(spec.partition(":")[2]).absolute())
     if abandoned := await asyncio.to_thread(transport.store.clean_abandoned_temp):
         console.print(
@@ -280,6 +295,19 @@ async def _export_rounds(
         cursor = fold_store.cursor
         if cursor.is_none or cursor == last:
             continue  # nothing folded yet, or nothing new since this node's last export
+        try:
+            now = await folded.generation()
+        except Exception as e:  # the bucket is gone, or NATS unreachable: not this round
+            console.print(f"[yellow]export round skipped[/yellow]: {escape(str(e))}")
+            continue
+        if now != generation:
+            # This fold is of the deleted instance until it resyncs; labelled with the
+            # new one its artifacts would be offered to the new bucket's nodes.
+            console.print(
+                f"[yellow]export stopped[/yellow]: the bucket was deleted and recreated "
+                f"(generation {generation} -> {now}); restart this node to fold and export it"
+            )
+            return
         report = await run_export_round(
             lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir
         )
@@ -373,14 +401,28 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
-    bootstrapped = None
-    if replicas.bootstrap_from is not None:
-        bootstrapped = _bootstrap(console, replicas, spec, bucket, prefixes)
     server = None
     if url is None:
         server = EmbeddedNats(nats_dir).start()
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
+    nats_url = url
+    store_config = StoreConfig(max_bytes=None) if server else None
+
+    async def bucket_generation() -> int:
+        async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
+            return await (await c.store(bucket, store_config)).generation()
+
+    try:
+        bootstrapped = None
+        if replicas.bootstrap_from is not None:
+            bootstrapped = await _bootstrap(
+                console, replicas, spec, bucket, prefixes, bucket_generation
+            )
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
     fold_store = bootstrapped if bootstrapped is not None else open_store(spec)
     requests: asyncio.Queue[ExportRequest] | None = (
         asyncio.Queue() if replicas.export_to is not None else None
@@ -407,12 +449,12 @@ async def _run(
 
     try:
         async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as conn:
-            kv = await conn.store(bucket, StoreConfig(max_bytes=None) if server else None)
+            kv = await conn.store(bucket, store_config)
             if requests is not None:
                 # The lease lives in a bucket of its own: in the folded one it would be folded.
                 leases = await conn.store(f"{bucket}-export")
                 exporter = asyncio.create_task(
-                    _export_rounds(console, replicas, leases, fold_store, requests, bucket,
+                    _export_rounds(console, replicas, kv, leases, fold_store, requests, bucket,
                                    prefixes, spec, reporter)
                 )  # fmt: skip
             if reporter is not None:

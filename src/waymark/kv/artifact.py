@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 import blake3
 import msgspec
 
-from waymark.kv.errors import ArtifactInvalid, SnapshotError
+from waymark.kv.errors import ArtifactInvalid, NothingPublished, SnapshotError
 from waymark.kv.types import WatchCursor
 
 if TYPE_CHECKING:
@@ -71,6 +71,9 @@ class ExportManifest(msgspec.Struct, frozen=True):
     exported_at_ms: int = 0
     bucket: str | None = None
     scope: tuple[str, ...] = ()
+    generation: int = 0
+    """The bucket instance folded: its stream's creation time in microseconds (0:
+    unknown). A bucket deleted and recreated is a new generation."""
 
     @property
     def cursor(self) -> WatchCursor:
@@ -78,8 +81,15 @@ class ExportManifest(msgspec.Struct, frozen=True):
 
     @property
     def rank(self) -> int:
-        """The cursor as a number: what the pointer guard and the prune guard compare."""
+        """The cursor as a number."""
         return self.cursor.as_u64()
+
+    @property
+    def order(self) -> int:
+        """What the pointer guard and the prune guard compare: the generation, then the
+        cursor (docs/semantics/kv.md §11.2), so a recreated bucket's artifacts outrank
+        the dead one's whatever their cursors."""
+        return (self.generation << 64) | self.rank
 
     def encode(self) -> bytes:
         """Deterministic bytes: sorted keys, no whitespace, files in path order."""
@@ -150,6 +160,7 @@ class ExportInfo:
     exported_at_ms: int = 0
     bucket: str | None = None
     scope: tuple[str, ...] = ()
+    generation: int = 0
 
 
 class ArtifactBackend(Protocol):
@@ -267,6 +278,7 @@ class StagedExport:
             exported_at_ms=self.info.exported_at_ms,
             bucket=self.info.bucket,
             scope=tuple(self.info.scope),
+            generation=self.info.generation,
         )
         return manifest.encode(), manifest
 
@@ -365,6 +377,7 @@ def check_source(
     backend: str,
     bucket: str | None = None,
     scope: tuple[str, ...] | None = None,
+    generation: int | None = None,
 ) -> type[ArtifactBackend]:
     """Everything decidable from the manifest alone, before any file is fetched or opened
     (docs/semantics/kv.md §9.3 step 1).
@@ -383,6 +396,13 @@ def check_source(
         )
     if bucket is not None and manifest.bucket not in (None, bucket):
         raise ArtifactInvalid(f"artifact folds bucket {manifest.bucket!r}, not {bucket!r}")
+    if generation and manifest.generation and manifest.generation != generation:
+        # The artifact is sound, just of a bucket that no longer exists: for this one
+        # nothing is published yet.
+        raise NothingPublished(
+            f"the published artifact folds generation {manifest.generation} of the bucket, "
+            f"which was deleted and recreated since (now generation {generation})"
+        )
     if scope is not None and tuple(manifest.scope) != tuple(scope):
         raise ArtifactInvalid(
             f"artifact folds scope {list(manifest.scope) or 'all'}, "

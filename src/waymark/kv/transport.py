@@ -278,7 +278,7 @@ class ObjectStoreTransport:
             manifest: ExportManifest | None = ExportManifest.decode(got.data)
         except ArtifactInvalid as e:
             manifest, invalid = None, e.reason
-        rank = manifest.rank if manifest is not None else None
+        rank = manifest.order if manifest is not None else None
         return PointerObservation(
             PointerState(True, rank), got.meta.object_version, got.data, manifest, invalid
         )
@@ -290,7 +290,7 @@ class ObjectStoreTransport:
 
         Steps 2 to 4 of docs/semantics/kv.md §11.2.
         """
-        if not pointer_publish_allowed(observed.state, uploaded.manifest.rank):
+        if not pointer_publish_allowed(observed.state, uploaded.manifest.order):
             return PublishOutcome.SupersededByNewer
         if not self._still_fetchable(observed, uploaded):
             return PublishOutcome.SupersededByNewer
@@ -426,14 +426,17 @@ class ObjectStoreTransport:
         *,
         bucket: str | None = None,
         scope: tuple[str, ...] | None = None,
+        generation: int | None = None,
     ) -> ExportManifest:
         """Download the pointer's artifact and import it as the new store ``BACKEND:PATH``.
 
         The download is staged beside PATH (same file system: the import
         moves it). Raises ArtifactInvalid / ArtifactUnavailable with nothing
-        left at PATH, or FileExistsError if PATH is not empty.
+        left at PATH, or FileExistsError if PATH is not empty. With ``generation``
+        (the bucket instance's, ``KvStore.generation``) an artifact of another
+        instance of the bucket is refused before anything is fetched.
         """
-        artifact = self._fetch_for(key, store_spec, bucket, scope)
+        artifact = self._fetch_for(key, store_spec, bucket, scope, generation)
         try:
             return import_artifact(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
@@ -446,22 +449,28 @@ class ObjectStoreTransport:
         *,
         bucket: str | None = None,
         scope: tuple[str, ...] | None = None,
+        generation: int | None = None,
     ) -> tuple[ExportManifest, SnapshotStore]:
         """:meth:`bootstrap`, returning the new store open (see ``import_and_open``):
         an append log is replayed once, by the verification, instead of twice."""
-        artifact = self._fetch_for(key, store_spec, bucket, scope)
+        artifact = self._fetch_for(key, store_spec, bucket, scope, generation)
         try:
             return import_and_open(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
             shutil.rmtree(artifact, ignore_errors=True)
 
     def _fetch_for(
-        self, key: str, store_spec: str, bucket: str | None, scope: tuple[str, ...] | None
+        self,
+        key: str,
+        store_spec: str,
+        bucket: str | None,
+        scope: tuple[str, ...] | None,
+        generation: int | None,
     ) -> Path:
         backend, _, path = store_spec.partition(":")
         observed = self.read_pointer(key)
         if observed.manifest is not None:  # refuse a mismatch before downloading anything
-            check_source(observed.manifest, backend, bucket, scope)
+            check_source(observed.manifest, backend, bucket, scope, generation)
         dest = Path(path)
         _, artifact = self.download(
             key, dest.parent, pointer=observed, prefix=download_prefix(dest)
@@ -469,10 +478,14 @@ class ObjectStoreTransport:
         return artifact
 
     def payload_rank(self, payload_key: str) -> int | None:
-        """The cursor a payload's embedded manifest names (read from its first bytes).
+        """The order (generation, then cursor: ``ExportManifest.order``) a payload's
+        embedded manifest names. None if it cannot be read: such a payload is never
+        pruned."""
+        manifest = self.payload_manifest(payload_key)
+        return None if manifest is None else manifest.order
 
-        None if it cannot be read: such a payload is never pruned.
-        """
+    def payload_manifest(self, payload_key: str) -> ExportManifest | None:
+        """A payload's embedded manifest, read from its first bytes (None if unreadable)."""
         try:
             header = tarfile.TarInfo.frombuf(
                 self.store.get_range(payload_key, 0, _BLOCK), "utf-8", "surrogateescape"
@@ -482,7 +495,7 @@ class ObjectStoreTransport:
             if header.size > MAX_MANIFEST_BYTES:
                 return None
             raw = self.store.get_range(payload_key, _BLOCK, _BLOCK + header.size)
-            return ExportManifest.decode(raw).rank
+            return ExportManifest.decode(raw)
         except (tarfile.TarError, ArtifactInvalid, ObjectStoreError):
             return None
 
@@ -505,7 +518,7 @@ class ObjectStoreTransport:
         if observed.manifest is None or observed.body is None:
             report.kept = [m.key for m in payloads]
             return report
-        pointer_rank = observed.manifest.rank
+        pointer_rank = observed.manifest.order
         target = self.payload_key(key, content_address(observed.body))
         retired_prefix = check_key(key) + RETIRED_SUFFIX
         stamps = {m.key[len(retired_prefix) :]: m for m in self.store.list(retired_prefix)}
@@ -598,7 +611,8 @@ class ObjectStoreTransport:
                 "key": m.key,
                 "size": m.size,
                 "last_modified_ms": m.last_modified_ms,
-                "rank": self.payload_rank(m.key),
+                "rank": None if (pm := self.payload_manifest(m.key)) is None else pm.rank,
+                "generation": None if pm is None else pm.generation,
                 "target": m.key == target,
             }
             for m in self.store.list(check_key(key) + PAYLOADS_SUFFIX)
@@ -618,6 +632,7 @@ def _manifest_doc(m: ExportManifest | None) -> dict[str, Any] | None:
         "exporter": m.exporter,
         "exported_at_ms": m.exported_at_ms,
         "bucket": m.bucket,
+        "generation": m.generation,
         "scope": list(m.scope),
         "files": [{"path": f.path, "size": f.size, "blake3": f.blake3} for f in m.files],
     }
