@@ -362,3 +362,32 @@ async def test_a_recreated_bucket_is_a_new_generation_its_nodes_never_get_the_ol
     store = LmdbStore(tmp_path / "b")
     assert sorted(e.key for e in store.range()) == [f"new.{i}" for i in range(5)]
     store.close()
+
+
+async def test_a_fold_of_a_deleted_bucket_starts_over_instead_of_resuming_on_its_successor(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """The node was down while the bucket was deleted and recreated, and the new bucket
+    grew past the old cursor: resuming from it would skip new revisions 1..50 without a
+    trace (the resume window cannot tell). The recorded generation tells."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"old.{i:03}", b"v") for i in range(50)])
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+            "--store", f"lmdb:{tmp_path / 'a'}")  # fmt: skip
+    a = waymark(*node)
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "a") == 50, a, "a")
+    finally:
+        stop(a)
+    await kv.js.delete_stream(kv.stream)
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"new.{i:03}", b"w") for i in range(80)])
+    again = waymark(*node)
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "a") == 80, again, "the fold to start over")
+    finally:
+        err = stop(again)
+    assert "which was deleted and recreated since" in err and "starting it over" in err
+    store = LmdbStore(tmp_path / "a")
+    assert sorted(e.key for e in store.range()) == [f"new.{i:03}" for i in range(80)]
+    store.close()

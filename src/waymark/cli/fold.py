@@ -414,6 +414,7 @@ async def _run(
             return await (await c.store(bucket, store_config)).generation()
 
     try:
+        await _forget_a_dead_buckets_fold(console, Path(spec.partition(":")[2]), bucket_generation)
         bootstrapped = None
         if replicas.bootstrap_from is not None:
             bootstrapped = await _bootstrap(
@@ -450,6 +451,7 @@ async def _run(
     try:
         async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as conn:
             kv = await conn.store(bucket, store_config)
+            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
             if requests is not None:
                 # The lease lives in a bucket of its own: in the folded one it would be folded.
                 leases = await conn.store(f"{bucket}-export")
@@ -493,6 +495,53 @@ async def _run(
         fold_store.close()
         if server is not None:
             server.stop()
+
+
+async def _forget_a_dead_buckets_fold(
+    console: Console, store_path: Path, generation: Callable[[], Awaitable[int]]
+) -> None:
+    """Start the fold over if it is of a bucket that was deleted and recreated since.
+
+    Its cursor counts the dead bucket's revisions: resumed on the new bucket
+    (whose revisions start over) it would skip every new revision up to it,
+    silently, once the new bucket has that many (docs/kv.md, CLI, "Generations")."""
+    import contextlib
+    import shutil
+
+    from rich.markup import escape
+
+    from waymark.kv.artifact import destination_is_empty
+    from waymark.kv.leftovers import generation_path
+
+    recorded_at = generation_path(store_path)
+    if destination_is_empty(store_path) or not recorded_at.exists():
+        return
+    recorded = int(recorded_at.read_text() or 0)
+    current = await generation()
+    if not recorded or recorded == current:
+        return
+    console.print(
+        f"[yellow]{escape(str(store_path))} folds generation {recorded} of the bucket, which "
+        f"was deleted and recreated since (now generation {current}): starting it over[/yellow]"
+    )
+    if store_path.is_dir() and not store_path.is_symlink():
+        shutil.rmtree(store_path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            store_path.unlink()
+    recorded_at.unlink()
+
+
+def _record_generation(store_path: Path, generation: int) -> None:
+    """Write the bucket generation the fold is of, atomically, beside the store."""
+    import os
+
+    from waymark.kv.leftovers import generation_path
+
+    target = generation_path(store_path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(str(generation))
+    os.replace(tmp, target)
 
 
 def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:

@@ -26,6 +26,12 @@ def exports_dir(store_path: Path) -> Path:
     return store_path.parent / f".{store_path.name}.exports"
 
 
+def generation_path(store_path: Path) -> Path:
+    """Where a fold node records the generation of the bucket its fold is of
+    (``KvStore.generation``): a fold of a deleted bucket must not resume on its successor."""
+    return store_path.parent / f".{store_path.name}.generation"
+
+
 def download_prefix(store_path: Path) -> str:
     """The name prefix of a bootstrap's download directory beside the store."""
     return f".{store_path.name}.download-"
