@@ -296,3 +296,25 @@ def test_a_killed_uploads_temp_file_is_cleaned_a_live_ones_is_not(tmp_path: Path
     live.join()
     assert store.get("other").data == b"y" * 1000 + b"z"
     assert list(temp.iterdir()) == []
+
+
+def test_file_cas_is_trusted_on_a_local_disk_and_fails_closed_on_nfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from waymark.kv.artifact import ExportManifest
+    from waymark.kv.transport import ObjectStoreTransport
+    from waymark.objstore import local
+
+    manifest = ExportManifest(1, "append-log", 1, "00", ())
+
+    store = LocalObjectStore(tmp_path / "here")
+    assert store.file_system not in (None, *local.NETWORK_FILE_SYSTEMS)  # the real mount
+    assert store.capabilities.conditional_put and store.capabilities.conditional_delete
+    # Fault injector: an NFS (or FUSE) mount cannot be made here; its type can be reported.
+    for fs_type in ("nfs4", "fuse.sshfs"):
+        monkeypatch.setattr(local, "file_system_type", lambda path, t=fs_type: t)
+        remote = LocalObjectStore(tmp_path / fs_type)
+        assert not remote.capabilities.conditional_put
+        with pytest.raises(ConditionalWriteUnsupported, match="fails closed"):
+            ObjectStoreTransport(remote).upload_files("k", tmp_path, manifest.encode(), manifest)
+        assert list(remote.list()) == []  # refused before anything was uploaded

@@ -50,6 +50,43 @@ from waymark.objstore.types import (
 INTERNAL = ".objstore"
 """The root's reserved directory: the lock (and mtime counter) and temp files."""
 
+NETWORK_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
+     "gpfs", "ncpfs", "fuse"}
+)  # fmt: skip
+"""File systems whose ``flock`` does not exclude other hosts (NFS emulates it with
+byte-range locks, or not at all; FUSE file systems may ignore it): the compare-and-swap
+of this store is not atomic there (docs/kv.md, "Object stores")."""
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system holding ``path`` (Linux ``/proc/self/mountinfo``:
+    the longest mount point containing it); None where that cannot be told."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best, found = -1, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best:
+            best, found = len(mount), right.split()[0]
+    return found
+
+
+def cas_is_atomic(fs_type: str | None) -> bool:
+    """Whether this store's ``flock``-based compare-and-swap is atomic on ``fs_type``.
+    An unknown type (not Linux) is trusted: a local disk is the common case."""
+    if fs_type is None:
+        return True
+    return fs_type not in NETWORK_FILE_SYSTEMS and not fs_type.startswith("fuse.")
+
 
 def _etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
@@ -64,7 +101,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class LocalObjectStore:
-    capabilities = Capabilities(conditional_put=True, conditional_delete=True)
+    """Objects as files under ``root``; compare-and-swap by rename under an ``flock``.
+
+    ``capabilities`` says whether that is atomic: not on a network or FUSE file
+    system (:func:`cas_is_atomic`), where a transport then fails closed.
+    """
 
     def __init__(
         self, root: str | os.PathLike[str], *, clock: Clock | None = None, fsync: bool = True
@@ -75,6 +116,9 @@ class LocalObjectStore:
         self._fsync = fsync
         self._tmp = self.root / INTERNAL / "tmp"
         self._tmp.mkdir(parents=True, exist_ok=True)
+        self.file_system = file_system_type(self.root)
+        atomic = cas_is_atomic(self.file_system)
+        self.capabilities = Capabilities(conditional_put=atomic, conditional_delete=atomic)
         self._lock_path = self.root / INTERNAL / "lock"
 
     # -- keys and files -------------------------------------------------------
