@@ -177,7 +177,7 @@ class LocalObjectStore:
 
     def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
         """Remove temp files a killed writer left (name, bytes): those older than
-        ``min_age_s`` that no live writer holds (docs/objstore.md)."""
+        ``min_age_s`` that no live writer holds (docs/kv.md, "Crash leftovers")."""
         removed: list[tuple[str, int]] = []
         now_ns = self._clock.now_ms() * 1_000_000
         for p in self._tmp.iterdir():
