@@ -378,3 +378,49 @@ async def test_two_nodes_a_bootstrapped_node_fetches_only_the_tail(
     assert {e.key: e.value for e in b.store.range()} == {
         e.key: e.value for e in await kv.reader().scan()
     }
+
+
+def test_an_export_request_is_built_outside_a_running_loop() -> None:
+    """It used to raise RuntimeError: no running event loop."""
+    request = ExportRequest(lambda store, cursor: cursor)
+
+    async def answered() -> object:
+        request.reply.set_result("ok")
+        return await request.reply
+
+    assert asyncio.run(answered()) == "ok"
+
+
+async def test_an_export_round_after_the_fold_stopped_fails_instead_of_hanging(
+    conn: Connection, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name)
+    leases = await conn.store(f"{bucket_name}-export")
+    last = (await kv.writer().put("k", b"v")).as_u64()
+    store = open_store(f"append-log:{tmp_path / 'fold.log'}")
+    requests: asyncio.Queue[ExportRequest] = asyncio.Queue()
+    stop = asyncio.Event()
+
+    def caught_up(cursor: WatchCursor) -> None:
+        if cursor.as_u64() >= last:
+            stop.set()
+
+    await asyncio.wait_for(
+        watch_applied(kv.watcher(), WatchScope.all(), store=store, export_requests=requests,
+                      on_applied=caught_up, shutdown=stop),
+        10,
+    )  # fmt: skip
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()))
+    report = await asyncio.wait_for(
+        run_export_round(
+            lease=lease_for(leases, "a", ManualClock()),
+            export=export_via(requests),
+            transport=transport,
+            key=KEY,
+            workdir=tmp_path / "work",
+        ),
+        10,
+    )
+    assert report.result is RoundResult.Failed and "fold stopped" in str(report.error)
+    assert await leases.reader().get("lease.fold") is None  # abandoned: the next node may go
+    store.close()

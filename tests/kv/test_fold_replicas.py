@@ -50,6 +50,12 @@ def lmdb_cursor(path: Path) -> int:
         store.close()
 
 
+def published_cursor(transport: ObjectStoreTransport, key: str) -> int | None:
+    """The cursor of the published artifact (the pointer's rank also orders generations)."""
+    manifest = transport.read_pointer(key).manifest
+    return None if manifest is None else manifest.rank
+
+
 async def until(condition: object, proc: subprocess.Popen[str], what: str) -> None:
     for _ in range(1500):
         if condition():  # type: ignore[operator]
@@ -87,7 +93,7 @@ async def test_an_exporting_node_and_a_bootstrapped_node_that_fetches_only_the_t
     err = tmp_path / "a.err"
     try:
         # The pointer moves before the round completes its lease, prunes and says so.
-        await until(lambda: transport.read_pointer(bucket_name).state.rank == exported_at
+        await until(lambda: published_cursor(transport, bucket_name) == exported_at
                     and published in " ".join(err.read_text().split()), a, "a publish")  # fmt: skip
     finally:
         err_a = stop(a, err)
@@ -197,3 +203,191 @@ def test_a_refused_artifact_exits_non_zero_and_leaves_no_store(tmp_path: Path) -
     )
     assert result.exit_code == 4 and "ArtifactUnavailable" in result.output
     assert not dest.exists()
+
+
+async def test_a_fleets_first_node_replays_with_if_exists_and_the_next_bootstraps(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """``--bootstrap-from URL --if-exists``: nothing published yet is a cold replay (the
+    first node, which then publishes); once something is, the next node bootstraps."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:04}", b"v%d" % i) for i in range(300)])
+    _, last = await kv.stream_bounds()
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+            "--bootstrap-from", url, "--if-exists")  # fmt: skip
+    first = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--export-to", url,
+                    "--export-every-s", "0.2", "--lease-ttl-s", "1")  # fmt: skip
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == last, first, "a")
+    finally:
+        err = stop(first)
+    assert f"nothing published at {url} ({bucket_name}) yet for this bucket" in err
+    assert "replaying the bucket from the start" in err
+    second = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}")
+    after = (await kv.writer().put("k.after", b"tail")).as_u64()
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "b") == after, second, "b to fold the tail")
+    finally:
+        err = stop(second)
+    assert f"bootstrapped from {url} ({bucket_name}): cursor {last}" in err
+
+
+def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path) -> None:
+    """Only an absent pointer means "nothing published yet"; a published artifact that
+    cannot be fetched is reported, not silently replaced by a cold replay. Here the
+    pointer's own target was removed by hand, which pruning never does: invalid, exit 3."""
+    store = LmdbStore(tmp_path / "src")
+    store.apply([KvUpdate.put("k", b"v", 1)], WatchCursor.from_u64(1))
+    store.export_to(tmp_path / "art")
+    store.close()
+    url = (tmp_path / "objects").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    transport.upload("routes", tmp_path / "art")
+    transport.store.delete(next(transport.store.list("routes.payloads/")).key)
+    dest = tmp_path / "new"
+    args = ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}", "--bootstrap-from", url,
+            "--nats", "nats://127.0.0.1:1"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--if-exists"])
+    assert result.exit_code == 3 and "does not exist" in result.output, result.output
+    assert not dest.exists()
+    result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
+                                      "--if-exists"])  # fmt: skip
+    assert result.exit_code == 2 and "--bootstrap-from" in result.output
+
+
+async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_has_one_node(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:05}", b"v" * 200) for i in range(20_000)])
+    url = (tmp_path / "artifacts").as_uri()
+    store = tmp_path / "node" / "a"
+    work = tmp_path / "node" / ".a.exports"
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--store", f"lmdb:{store}")
+    a = waymark(*node, "--export-to", url, "--export-every-s", "0.05", "--lease-ttl-s", "1")
+    writes = 0
+    try:
+        for _ in range(3000):  # the fold keeps moving, so rounds keep coming; kill one mid-way
+            if work.is_dir() and any(work.iterdir()):
+                a.kill()
+                break
+            assert a.poll() is None, a.stderr.read() if a.stderr else ""
+            await kv.writer().put(f"more.{writes}", b"x")
+            writes += 1
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("never saw an export round in progress")
+    finally:
+        a.kill()
+        a.wait()
+    left = list(work.iterdir())
+    assert left, "the killed round left its working copy"
+
+    b = waymark(*node)
+    after = (await kv.writer().put("after", b"x")).as_u64()
+    try:
+        await until(lambda: lmdb_cursor(store) >= after, b, "b to fold on")
+        # A second node on the same store is refused while b holds it.
+        second = subprocess.run(
+            [str(Path(sys.executable).parent / "waymark"), *node],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1 and "StoreInUse" in second.stderr, second.stderr
+    finally:
+        err = stop(b)
+    assert f"removed {len(left)} leftover(s) of a killed run" in err
+    assert not work.exists() or list(work.iterdir()) == []
+
+
+async def test_the_lease_holder_and_a_standby_each_say_what_they_do(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:03}", b"v") for i in range(100)])
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--export-to", url,
+            "--export-every-s", "0.1", "--lease-ttl-s", "60")  # fmt: skip
+    a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--node-id", "node-a",
+                stderr_to=tmp_path / "a.err")  # fmt: skip
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 100, a, "a")
+        b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}", "--node-id", "node-b",
+                    stderr_to=tmp_path / "b.err")  # fmt: skip
+        try:
+            await until(lambda: "standing by" in (tmp_path / "b.err").read_text(), b, "b")
+        finally:
+            err_b = stop(b, tmp_path / "b.err")
+    finally:
+        err_a = stop(a, tmp_path / "a.err")
+    assert "export: node-a holds the lease lease." in err_a
+    assert "export: standing by; node-a holds the lease lease." in err_b
+    assert err_b.count("standing by") == 1  # said once, not every round
+
+
+async def test_a_recreated_bucket_is_a_new_generation_its_nodes_never_get_the_old_artifact(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """The bucket deleted and recreated: its revisions start over. A new node must not
+    bootstrap the dead bucket's artifact (it replays, with --if-exists), and it publishes
+    over it rather than being superseded by its higher cursor every round."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"old.{i:03}", b"v") for i in range(200)])
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--export-to", url,
+            "--export-every-s", "0.1", "--lease-ttl-s", "1", "--bootstrap-from", url,
+            "--if-exists")  # fmt: skip
+    a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}")
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 200, a, "a")
+    finally:
+        stop(a)
+    old = transport.read_pointer(bucket_name).manifest
+    assert old is not None and old.generation == await kv.generation()
+
+    await kv.js.delete_stream(kv.stream)
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"new.{i}", b"w") for i in range(5)])
+    b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}")
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 5, b, "b to publish")
+    finally:
+        err = stop(b)
+    assert "which was deleted and recreated since" in err and "bootstrapped" not in err
+    new = transport.read_pointer(bucket_name).manifest
+    assert new is not None and new.generation == await kv.generation() > old.generation
+    store = LmdbStore(tmp_path / "b")
+    assert sorted(e.key for e in store.range()) == [f"new.{i}" for i in range(5)]
+    store.close()
+
+
+async def test_a_fold_of_a_deleted_bucket_starts_over_instead_of_resuming_on_its_successor(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """The node was down while the bucket was deleted and recreated, and the new bucket
+    grew past the old cursor: resuming from it would skip new revisions 1..50 without a
+    trace (the resume window cannot tell). The recorded generation tells."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"old.{i:03}", b"v") for i in range(50)])
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+            "--store", f"lmdb:{tmp_path / 'a'}")  # fmt: skip
+    a = waymark(*node)
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "a") == 50, a, "a")
+    finally:
+        stop(a)
+    await kv.js.delete_stream(kv.stream)
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"new.{i:03}", b"w") for i in range(80)])
+    again = waymark(*node)
+    try:
+        await until(lambda: lmdb_cursor(tmp_path / "a") == 80, again, "the fold to start over")
+    finally:
+        err = stop(again)
+    assert "which was deleted and recreated since" in err and "starting it over" in err
+    store = LmdbStore(tmp_path / "a")
+    assert sorted(e.key for e in store.range()) == [f"new.{i:03}" for i in range(80)]
+    store.close()

@@ -3,9 +3,10 @@
 After ``CursorExpired`` the watch task lists live keys and hands the listing to
 the loop; the loop diffs the fold and runs synthetic deletes through apply and
 the store, then acknowledges; only then may the state-sync re-list start. The
-loop serves its data and control channels in whatever order they become ready,
-so the acknowledgement is the only thing ordering a synthetic delete before the
-re-list put of the same key. The machine runs the production
+listing now travels on the data channel behind every chunk, but the machine
+still lets the loop serve listing and chunks in either order (the stricter
+case), so the acknowledgement is the only thing ordering a synthetic delete
+before the re-list put of the same key. The machine runs the production
 ``AppliedCursor.resync`` / ``stale_keys`` / ``fallback_may_start`` against a
 real store, with a model bucket whose clients keep writing during the resync;
 dropping the barrier must be caught (a key recreated during the gap is lost).

@@ -16,7 +16,7 @@ import pytest
 from obstore.store import LocalStore
 
 from waymark.clock import ManualClock
-from waymark.kv import ArtifactInvalid, ArtifactUnavailable, KvUpdate, WatchCursor, open_store
+from waymark.kv import ArtifactInvalid, KvUpdate, NothingPublished, WatchCursor, open_store
 from waymark.kv.artifact import ExportInfo, content_address
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
@@ -34,7 +34,13 @@ KEY = "routes"
 
 
 def exported(
-    tmp_path: Path, name: str, cursor: int, *, node: str = "a", backend: str = "append-log"
+    tmp_path: Path,
+    name: str,
+    cursor: int,
+    *,
+    node: str = "a",
+    backend: str = "append-log",
+    generation: int = 0,
 ) -> Path:
     """An artifact of a store holding keys 1..cursor, exported at ``cursor``."""
     path = tmp_path / "stores" / name / ("fold.log" if backend == "append-log" else "db")
@@ -44,7 +50,7 @@ def exported(
         WatchCursor.from_u64(cursor),
     )
     art = tmp_path / "artifacts" / name
-    store.export_to(art, ExportInfo(exporter=node))
+    store.export_to(art, ExportInfo(exporter=node, generation=generation))
     store.close()
     return art
 
@@ -54,14 +60,15 @@ def state(store: SnapshotStore) -> dict[str, bytes]:
 
 
 def age_payloads(transport: ObjectStoreTransport, clock: ManualClock, ms: int) -> None:
-    """Move the transport's clock to ``ms`` past the newest payload's stamp.
+    """Move the transport's clock to ``ms`` past the newest payload's or retirement's stamp.
 
     The stamps are not this clock's: the writing process (file://) or the S3
     server stamps with the wall clock, S3 to the whole second. A clock frozen
     when the test began can be behind them (a second boundary crossed on a
     loaded machine): a payload would then not have aged even with zero grace.
     """
-    newest = max(m.last_modified_ms for m in transport.store.list(f"{KEY}.payloads/"))
+    stamps = [*transport.store.list(f"{KEY}.payloads/"), *transport.store.list(f"{KEY}.retired/")]
+    newest = max(m.last_modified_ms for m in stamps)
     clock.set(max(clock.now_ms(), newest + ms))
 
 
@@ -163,11 +170,12 @@ def test_a_tampered_manifest_is_refused(transport: ObjectStoreTransport, tmp_pat
     payload = f"{KEY}.payloads/{content_address(pointer)}.tar"
     spec = f"append-log:{tmp_path / 'new' / 'fold.log'}"
 
-    # The pointer edited (a later cursor claimed): it now addresses a payload that does not exist.
+    # The pointer edited (a later cursor claimed): it now addresses a payload that does not
+    # exist. The prune guard never deletes the pointer's target, so that is not "pruned".
     doc = json.loads(pointer)
     doc["cursor_hex"] = WatchCursor.from_u64(99).raw.hex()
     transport.store.put(f"{KEY}.manifest.json", json.dumps(doc).encode())
-    with pytest.raises(ArtifactUnavailable, match="gone"):
+    with pytest.raises(ArtifactInvalid, match="does not exist: the pointer was edited"):
         transport.bootstrap(KEY, spec)
 
     # The payload's embedded manifest edited under the genuine pointer.
@@ -413,8 +421,33 @@ def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
     transport.upload(KEY, exported(tmp_path, "p10", 10))
     # Was flaky on S3 (once a second boundary passed after the clock fixture): see age_payloads.
+    transport.prune(KEY, grace_ms=3_600_000)  # stamps the retired payloads, deletes none
     age_payloads(transport, clock, 0)
     assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
     transport.store.put(f"{KEY}.manifest.json", b"garbage")
     assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer
     assert transport.read_pointer(KEY).body == b"garbage"
+
+
+def test_a_recreated_buckets_generation_outranks_the_dead_ones_artifacts(
+    transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Deleting and recreating the bucket starts its revisions over. Its exporters must
+    publish over the dead bucket's pointer (not be superseded by its higher cursor every
+    round), and its nodes must never be offered the dead bucket's artifact."""
+    dead, live = 1_700_000_000_000_000, 1_700_000_900_000_000  # stream creation times, µs
+    transport.upload(KEY, exported(tmp_path, "dead", 1000, generation=dead))
+    spec = f"append-log:{tmp_path / 'node' / 'fold.log'}"
+    with pytest.raises(NothingPublished, match="deleted and recreated"):
+        transport.bootstrap(KEY, spec, generation=live)  # not offered: a replay follows
+    assert not (tmp_path / "node" / "fold.log").exists()
+
+    manifest, outcome = transport.upload(KEY, exported(tmp_path, "live", 5, generation=live))
+    assert outcome is PublishOutcome.Published and manifest.generation == live
+    assert transport.bootstrap(KEY, spec, generation=live).rank == 5
+    # A slow exporter of the dead bucket, at a far higher cursor, is the one superseded.
+    _, late = transport.upload(KEY, exported(tmp_path, "late", 2000, generation=dead))
+    assert late is PublishOutcome.SupersededByNewer
+    transport.prune(KEY, grace_ms=3_600_000)  # stamps the dead generation's payloads
+    age_payloads(transport, clock, 3_600_000)
+    assert len(transport.prune(KEY, grace_ms=3_600_000).deleted) == 2

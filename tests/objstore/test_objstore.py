@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import obstore
@@ -250,3 +252,69 @@ def test_open_store_urls(tmp_path: Path) -> None:
     for bad in ("http://example.com/x", "file://host/x", "gs://b"):
         with pytest.raises(ValueError):
             open_store(bad)
+
+
+KILLED_MID_UPLOAD = """
+import os, signal, sys
+from waymark.objstore import open_store
+store = open_store(sys.argv[1])
+def chunks():
+    yield b"x" * 1_000_000
+    print("writing", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # dies mid-upload: its temp file stays behind
+    yield b""
+store.upload("big", chunks())
+"""
+
+
+def test_a_killed_uploads_temp_file_is_cleaned_a_live_ones_is_not(tmp_path: Path) -> None:
+    url = (tmp_path / "objects").as_uri()
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_UPLOAD, url], capture_output=True, text=True, timeout=60
+    )
+    assert killed.returncode == -signal.SIGKILL and "writing" in killed.stdout
+    clock = ManualClock(time.time_ns() // 1_000_000)
+    store = LocalObjectStore(tmp_path / "objects", clock=clock)
+    temp = tmp_path / "objects" / ".objstore" / "tmp"
+    [left] = list(temp.iterdir())
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> Iterator[bytes]:
+        yield b"y" * 1000
+        started.set()
+        release.wait(30)
+        yield b"z"
+
+    live = threading.Thread(target=store.upload, args=("other", slow()))
+    live.start()
+    assert started.wait(30)
+    assert store.clean_abandoned_temp() == []  # too young: it might still be being created
+    clock.advance(120_000)
+    assert store.clean_abandoned_temp() == [(left.name, 1_000_000)]  # the live one is flocked
+    release.set()
+    live.join()
+    assert store.get("other").data == b"y" * 1000 + b"z"
+    assert list(temp.iterdir()) == []
+
+
+def test_file_cas_is_trusted_on_a_local_disk_and_fails_closed_on_nfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from waymark.kv.artifact import ExportManifest
+    from waymark.kv.transport import ObjectStoreTransport
+    from waymark.objstore import local
+
+    manifest = ExportManifest(1, "append-log", 1, "00", ())
+
+    store = LocalObjectStore(tmp_path / "here")
+    assert store.file_system not in (None, *local.NETWORK_FILE_SYSTEMS)  # the real mount
+    assert store.capabilities.conditional_put and store.capabilities.conditional_delete
+    # Fault injector: an NFS (or FUSE) mount cannot be made here; its type can be reported.
+    for fs_type in ("nfs4", "fuse.sshfs"):
+        monkeypatch.setattr(local, "file_system_type", lambda path, t=fs_type: t)
+        remote = LocalObjectStore(tmp_path / fs_type)
+        assert not remote.capabilities.conditional_put
+        with pytest.raises(ConditionalWriteUnsupported, match="fails closed"):
+            ObjectStoreTransport(remote).upload_files("k", tmp_path, manifest.encode(), manifest)
+        assert list(remote.list()) == []  # refused before anything was uploaded

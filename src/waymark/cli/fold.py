@@ -18,12 +18,14 @@ from waymark.cli.extras import require
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Awaitable, Callable
 
     from rich.console import Console
 
     from waymark.cli.fold_report import FoldReporter
     from waymark.client import AsyncClient
     from waymark.kv import ExportRequest, KvStore, SnapshotStore
+    from waymark.kv.leftovers import StoreLock
 
 EXIT_ARTIFACT_INVALID = 3
 EXIT_ARTIFACT_UNAVAILABLE = 4
@@ -88,6 +90,14 @@ def fold(
             "then fold only the tail."
         ),
     ] = None,
+    if_exists: Annotated[
+        bool,
+        typer.Option(
+            "--if-exists",
+            help="With --bootstrap-from: when nothing is published yet (a fleet's first "
+            "node), replay the bucket from the start instead of exiting 4.",
+        ),
+    ] = False,
     artifact_key: Annotated[
         str | None, typer.Option(help="Artifact key in the object store (default: the bucket).")
     ] = None,
@@ -116,6 +126,8 @@ def fold(
         return
     if bucket is None or store is None:
         raise typer.BadParameter("--bucket and --store are required to run a fold")
+    if if_exists and bootstrap_from is None:
+        raise typer.BadParameter("--if-exists goes with --bootstrap-from")
     import asyncio
 
     replicas = Replicas(
@@ -125,22 +137,27 @@ def fold(
         node_id=node_id,
         bootstrap_from=bootstrap_from,
         key=artifact_key or bucket,
+        if_exists=if_exists,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
-    asyncio.run(
-        _run(
-            nats,
-            bucket,
-            store,
-            _prefixes(prefix),
-            creds,
-            nats_dir,
-            window_ms / 1000,
-            batch_max,
-            replicas,
-            reporting,
+    from rich.console import Console
+
+    # Held for the whole run, whichever way it ends (an exit code included).
+    with _lock_and_clean(Console(stderr=True), Path(store.partition(":")[2]).absolute()):
+        asyncio.run(
+            _run(
+                nats,
+                bucket,
+                store,
+                _prefixes(prefix),
+                creds,
+                nats_dir,
+                window_ms / 1000,
+                batch_max,
+                replicas,
+                reporting,
+            )
         )
-    )
 
 
 @dataclass(frozen=True)
@@ -162,17 +179,28 @@ class Replicas:
     node_id: str | None
     bootstrap_from: str | None
     key: str
+    if_exists: bool = False
 
 
-def _bootstrap(
-    console: Console, replicas: Replicas, spec: str, bucket: str, prefixes: tuple[str, ...]
+async def _bootstrap(
+    console: Console,
+    replicas: Replicas,
+    spec: str,
+    bucket: str,
+    prefixes: tuple[str, ...],
+    generation: Callable[[], Awaitable[int]],
 ) -> SnapshotStore | None:
     """Import the published artifact into the empty store path and return the store open
     (an append log replays once, in the import's verification), or exit non-zero; None
     when the path already holds a fold."""
     from rich.markup import escape
 
-    from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
+    from waymark.kv import (
+        ArtifactInvalid,
+        ArtifactUnavailable,
+        NothingPublished,
+        ObjectStoreTransport,
+    )
     from waymark.kv.artifact import destination_is_empty
     from waymark.objstore import open_store as open_objstore
 
@@ -182,13 +210,29 @@ def _bootstrap(
         console.print(f"{path} already holds a fold: resuming it instead of bootstrapping")
         return None
     transport = ObjectStoreTransport(open_objstore(replicas.bootstrap_from))
+    published = transport.read_pointer(replicas.key).manifest
+    # Only an artifact that names its bucket instance needs this one's, from NATS.
+    current = await generation() if published is not None and published.generation else None
     try:
         manifest, store = transport.bootstrap_open(
-            replicas.key, spec, bucket=bucket, scope=prefixes
+            replicas.key, spec, bucket=bucket, scope=prefixes, generation=current
         )
     except ArtifactInvalid as e:
         console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
         raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
+    except NothingPublished as e:
+        if not replicas.if_exists:
+            console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
+            raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
+        # Only an absent pointer, or an artifact of a deleted instance of the bucket:
+        # a pointer whose payload is gone, or one that does not parse, is a fault to
+        # report, not "nothing published yet".
+        console.print(
+            f"nothing published at {escape(replicas.bootstrap_from)} ({escape(replicas.key)}) "
+            f"yet for this bucket ({escape(str(e))}): replaying the bucket from the start "
+            "(--if-exists)"
+        )
+        return None
     except ArtifactUnavailable as e:
         console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
         raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
@@ -204,6 +248,7 @@ def _bootstrap(
 async def _export_rounds(
     console: Console,
     replicas: Replicas,
+    folded: KvStore,
     leases: KvStore,
     fold_store: SnapshotStore,
     requests: asyncio.Queue[ExportRequest],
@@ -222,7 +267,8 @@ async def _export_rounds(
     from waymark.clock import SystemClock
     from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
     from waymark.kv.artifact import ExportInfo
-    from waymark.kv.export import export_via, run_export_round
+    from waymark.kv.export import RoundState, export_via, run_export_round
+    from waymark.kv.leftovers import exports_dir
     from waymark.objstore import open_store as open_objstore
 
     assert replicas.export_to is not None
@@ -232,17 +278,52 @@ async def _export_rounds(
     lease = ExportLease(
         leases.reader(), leases.writer(), f"lease.{replicas.key}", node, replicas.ttl_s, clock
     )
-    export = export_via(requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes))
-    workdir = Path(spec.partition(":")[2]).absolute().parent
+    generation = await folded.generation()
+    export = export_via(
+        requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes, generation)
+    )
+    workdir = exports_dir(Path(spec.partition(":")[2]).absolute())
+    if abandoned := await asyncio.to_thread(transport.store.clean_abandoned_temp):
+        console.print(
+            f"removed {len(abandoned)} abandoned upload temp file(s) from {replicas.export_to} "
+            f"({sum(n for _, n in abandoned):,} bytes)"
+        )
     last = None
+    role = None  # what this node last said it does: "holder" or the standby's holder
     while True:
         await asyncio.sleep(replicas.every_s)
         cursor = fold_store.cursor
         if cursor.is_none or cursor == last:
             continue  # nothing folded yet, or nothing new since this node's last export
+        try:
+            now = await folded.generation()
+        except Exception as e:  # the bucket is gone, or NATS unreachable: not this round
+            console.print(f"[yellow]export round skipped[/yellow]: {escape(str(e))}")
+            continue
+        if now != generation:
+            # This fold is of the deleted instance until it resyncs; labelled with the
+            # new one its artifacts would be offered to the new bucket's nodes.
+            console.print(
+                f"[yellow]export stopped[/yellow]: the bucket was deleted and recreated "
+                f"(generation {generation} -> {now}); restart this node to fold and export it"
+            )
+            return
         report = await run_export_round(
             lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir
         )
+        if report.result is RoundResult.NotYours:
+            holder = await lease.current()
+            name = holder.holder_id if holder is not None else "another node"
+            if role != name:
+                role = name
+                until = f" until {holder.expires_at_unix} (Unix s)" if holder is not None else ""
+                console.print(
+                    f"export: standing by; {escape(name)} holds the lease {lease.key}{until}"
+                )
+            continue
+        if RoundState.Exporting in report.states and role != "holder":
+            role = "holder"
+            console.print(f"export: {escape(node)} holds the lease {lease.key}; exporting")
         if report.result is RoundResult.Published:
             assert report.manifest is not None
             last = report.manifest.cursor
@@ -320,14 +401,29 @@ async def _run(
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True)
-    bootstrapped = None
-    if replicas.bootstrap_from is not None:
-        bootstrapped = _bootstrap(console, replicas, spec, bucket, prefixes)
     server = None
     if url is None:
         server = EmbeddedNats(nats_dir).start()
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
+    nats_url = url
+    store_config = StoreConfig(max_bytes=None) if server else None
+
+    async def bucket_generation() -> int:
+        async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
+            return await (await c.store(bucket, store_config)).generation()
+
+    try:
+        await _forget_a_dead_buckets_fold(console, Path(spec.partition(":")[2]), bucket_generation)
+        bootstrapped = None
+        if replicas.bootstrap_from is not None:
+            bootstrapped = await _bootstrap(
+                console, replicas, spec, bucket, prefixes, bucket_generation
+            )
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
     fold_store = bootstrapped if bootstrapped is not None else open_store(spec)
     requests: asyncio.Queue[ExportRequest] | None = (
         asyncio.Queue() if replicas.export_to is not None else None
@@ -354,12 +450,13 @@ async def _run(
 
     try:
         async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as conn:
-            kv = await conn.store(bucket, StoreConfig(max_bytes=None) if server else None)
+            kv = await conn.store(bucket, store_config)
+            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
             if requests is not None:
                 # The lease lives in a bucket of its own: in the folded one it would be folded.
                 leases = await conn.store(f"{bucket}-export")
                 exporter = asyncio.create_task(
-                    _export_rounds(console, replicas, leases, fold_store, requests, bucket,
+                    _export_rounds(console, replicas, kv, leases, fold_store, requests, bucket,
                                    prefixes, spec, reporter)
                 )  # fmt: skip
             if reporter is not None:
@@ -398,6 +495,75 @@ async def _run(
         fold_store.close()
         if server is not None:
             server.stop()
+
+
+async def _forget_a_dead_buckets_fold(
+    console: Console, store_path: Path, generation: Callable[[], Awaitable[int]]
+) -> None:
+    """Start the fold over if it is of a bucket that was deleted and recreated since.
+
+    Its cursor counts the dead bucket's revisions: resumed on the new bucket
+    (whose revisions start over) it would skip every new revision up to it,
+    silently, once the new bucket has that many (docs/kv.md, CLI, "Generations")."""
+    import contextlib
+    import shutil
+
+    from rich.markup import escape
+
+    from waymark.kv.artifact import destination_is_empty
+    from waymark.kv.leftovers import generation_path
+
+    recorded_at = generation_path(store_path)
+    if destination_is_empty(store_path) or not recorded_at.exists():
+        return
+    recorded = int(recorded_at.read_text() or 0)
+    current = await generation()
+    if not recorded or recorded == current:
+        return
+    console.print(
+        f"[yellow]{escape(str(store_path))} folds generation {recorded} of the bucket, which "
+        f"was deleted and recreated since (now generation {current}): starting it over[/yellow]"
+    )
+    if store_path.is_dir() and not store_path.is_symlink():
+        shutil.rmtree(store_path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            store_path.unlink()
+    recorded_at.unlink()
+
+
+def _record_generation(store_path: Path, generation: int) -> None:
+    """Write the bucket generation the fold is of, atomically, beside the store."""
+    import os
+
+    from waymark.kv.leftovers import generation_path
+
+    target = generation_path(store_path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(str(generation))
+    os.replace(tmp, target)
+
+
+def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:
+    """Take the store's lock (exit 1 if another process holds it), then remove what a
+    killed run of this node left beside the store (docs/kv.md, "Crash leftovers")."""
+    from rich.markup import escape
+
+    from waymark.kv.errors import StoreInUse
+    from waymark.kv.leftovers import StoreLock, clean_leftovers
+
+    try:
+        lock = StoreLock(store_path)
+    except StoreInUse as e:
+        console.print(f"[red]StoreInUse[/red]: {escape(str(e))}")
+        raise typer.Exit(1) from e
+    if removed := clean_leftovers(store_path, lock):
+        names = ", ".join(p.name for p, _ in removed)
+        console.print(
+            f"removed {len(removed)} leftover(s) of a killed run "
+            f"({sum(n for _, n in removed):,} bytes): {escape(names)}"
+        )
+    return lock
 
 
 @fold_app.command()

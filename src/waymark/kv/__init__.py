@@ -6,7 +6,13 @@ updates have been applied, so a restarted node resumes with the delta instead
 of a full replay. See docs/kv.md.
 """
 
-from waymark.kv.applied import AppliedCursor, BatchConfig, ExportRequest, watch_applied
+from waymark.kv.applied import (
+    AppliedCursor,
+    BatchConfig,
+    ExportRequest,
+    submit_export,
+    watch_applied,
+)
 from waymark.kv.artifact import ExportInfo, ExportManifest, import_and_open, import_artifact
 from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
 from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
@@ -19,6 +25,7 @@ from waymark.kv.errors import (
     InvalidFormat,
     KvConnectionError,
     KvError,
+    NothingPublished,
     RevisionMismatch,
     SnapshotError,
     SnapshotIoError,
@@ -69,6 +76,7 @@ __all__ = [
     "LeaseGuard",
     "LeaseRecord",
     "NatsConnectionConfig",
+    "NothingPublished",
     "ObjectStoreTransport",
     "Op",
     "PublishOutcome",
@@ -92,5 +100,6 @@ __all__ = [
     "open_store",
     "run_export_round",
     "stale_keys",
+    "submit_export",
     "watch_applied",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -191,13 +192,51 @@ class ExportRequest:
     exactly the one the store holds. ``action`` runs on a worker thread; its
     result (or error) arrives on ``reply``. This is the hook the export of
     fold artifacts plugs into. A requester may give up by cancelling ``reply``:
-    the request is then skipped, or its late result dropped.
+    the request is then skipped, or its late result dropped. A request the
+    fold will never run (it stopped) gets WatchError on ``reply``: see
+    :func:`submit_export`. It may be built anywhere; ``reply`` belongs to the
+    event loop that first reads it.
     """
 
     action: Callable[[SnapshotStore, WatchCursor], Any]
-    reply: asyncio.Future[Any] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    _reply: asyncio.Future[Any] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def reply(self) -> asyncio.Future[Any]:
+        if self._reply is None:
+            self._reply = asyncio.get_running_loop().create_future()
+        return self._reply
+
+
+# Export queues whose fold stopped, and why: a request put on one afterwards is
+# answered at once instead of waiting for a fold that is gone.
+_stopped_queues: weakref.WeakKeyDictionary[asyncio.Queue[ExportRequest], BaseException] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def submit_export(requests: asyncio.Queue[ExportRequest], request: ExportRequest) -> Any:
+    """Queue ``request`` for the fold reading ``requests`` and wait for its result.
+
+    Raises WatchError at once if that fold has stopped (or stops before the
+    request's turn), rather than waiting forever.
+    """
+    await requests.put(request)
+    if (stopped := _stopped_queues.get(requests)) is not None:
+        _answer_stopped(requests, stopped)
+    return await request.reply
+
+
+def _close_export_queue(requests: asyncio.Queue[ExportRequest], why: BaseException) -> None:
+    """The fold reading ``requests`` stopped: answer what waits, and what comes later."""
+    _stopped_queues[requests] = why
+    _answer_stopped(requests, why)
+
+
+def _answer_stopped(requests: asyncio.Queue[ExportRequest], why: BaseException) -> None:
+    while not requests.empty():
+        request = requests.get_nowait()
+        _answer(request.reply, error=WatchError(f"the fold stopped before this export ran: {why}"))
 
 
 async def _maybe_await(result: object) -> None:
@@ -211,11 +250,17 @@ async def _run_watch(
     resume: WatchCursor,
     reader: KvReader | None,
     resync_possible: bool,
-    control: asyncio.Queue[ResyncRequest],
     data: asyncio.Queue[object],
     config: BatchConfig,
 ) -> None:
-    """The watch task: resume (or resync and re-list) and forward chunks to the loop."""
+    """The watch task: resume (or resync and re-list) and forward chunks to the loop.
+
+    A cursor found expired at the start, or by a reset mid-stream (the next
+    revisions were evicted while the consumer was being recreated), takes the
+    same resync path: list the live keys, have the loop delete the vanished
+    ones, then re-list. The resync request travels on ``data`` behind every
+    chunk already forwarded, so the loop applies those first.
+    """
     try:
         watch = None
         if not resume.is_none:
@@ -227,31 +272,49 @@ async def _run_watch(
                     floor_interval=config.floor_interval,
                 )
             except CursorExpired as e:
-                log.warning("%s; resyncing", e)
-                if reader is not None and resync_possible:
-                    try:
-                        live = await reader.keys(list(scope.prefixes) or "")
-                    except Exception as le:
-                        raise WatchError(f"resync could not list live keys: {le}") from le
-                    request = ResyncRequest(frozenset(live))
-                    await control.put(request)
-                    await request.wait()
-                    if not fallback_may_start(request.acknowledged):
-                        raise WatchError(f"resync failed: {request.error}") from request.error
-                else:
-                    log.warning("no reader or store: keys deleted during the gap may stay stale")
-        if watch is None:
-            watch = await watcher.watch(scope, capacity=config.channel_capacity)
-        try:
-            async for chunk in watch:
-                await data.put(chunk)
-        finally:
-            await watch.stop()
+                await _resync_before_relist(e, scope, reader, resync_possible, data)
+        while True:
+            if watch is None:
+                watch = await watcher.watch(scope, capacity=config.channel_capacity)
+            try:
+                async for chunk in watch:
+                    await data.put(chunk)
+            except CursorExpired as e:
+                await watch.stop()
+                watch = None
+                await _resync_before_relist(e, scope, reader, resync_possible, data)
+                continue
+            finally:
+                if watch is not None:
+                    await watch.stop()
+            break
         await data.put(END)
     except asyncio.CancelledError:
         raise
     except BaseException as e:
         await data.put(Failed(e))
+
+
+async def _resync_before_relist(
+    expired: CursorExpired,
+    scope: WatchScope,
+    reader: KvReader | None,
+    resync_possible: bool,
+    data: asyncio.Queue[object],
+) -> None:
+    log.warning("%s; resyncing", expired)
+    if reader is None or not resync_possible:
+        log.warning("no reader or store: keys deleted during the gap may stay stale")
+        return
+    try:
+        live = await reader.keys(list(scope.prefixes) or "")
+    except Exception as le:
+        raise WatchError(f"resync could not list live keys: {le}") from le
+    request = ResyncRequest(frozenset(live))
+    await data.put(request)
+    await request.wait()
+    if not fallback_may_start(request.acknowledged):
+        raise WatchError(f"resync failed: {request.error}") from request.error
 
 
 async def watch_applied(
@@ -286,6 +349,8 @@ async def watch_applied(
     """
     config = config or BatchConfig()
     clock = clock or SystemClock()
+    if export_requests is not None:
+        _stopped_queues.pop(export_requests, None)  # read again
     if resume is None:
         resume = store.cursor if store is not None else NO_CURSOR
     core: AppliedCursor[Any] = AppliedCursor(resume, parse, keep_parsed=apply is not None)
@@ -317,14 +382,10 @@ async def watch_applied(
             await _maybe_await(on_applied(cursor))
 
     data: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
-    control: asyncio.Queue[ResyncRequest] = asyncio.Queue()
     watch_task = asyncio.create_task(
-        _run_watch(watcher, scope, resume, reader, store is not None, control, data, config)
+        _run_watch(watcher, scope, resume, reader, store is not None, data, config)
     )
-    waits: dict[str, asyncio.Future[Any]] = {
-        "data": asyncio.ensure_future(data.get()),
-        "control": asyncio.ensure_future(control.get()),
-    }
+    waits: dict[str, asyncio.Future[Any]] = {"data": asyncio.ensure_future(data.get())}
     if shutdown is not None:
         waits["shutdown"] = asyncio.ensure_future(shutdown.wait())
     if export_requests is not None:
@@ -342,10 +403,6 @@ async def watch_applied(
             if "shutdown" in ready:
                 await flush()
                 return core.stored_cursor
-            if "control" in ready:
-                request: ResyncRequest = waits["control"].result()
-                waits["control"] = asyncio.ensure_future(control.get())
-                await _resync(core, flush, store, scope, request)
             if "export" in ready:
                 export: ExportRequest = waits["export"].result()
                 waits["export"] = asyncio.ensure_future(export_requests.get())  # type: ignore[union-attr]
@@ -360,6 +417,9 @@ async def watch_applied(
                     err = item.error
                     raise err if isinstance(err, WatchError) else WatchError(str(err)) from err
                 waits["data"] = asyncio.ensure_future(data.get())
+                if isinstance(item, ResyncRequest):
+                    await _resync(core, flush, store, scope, item)
+                    continue
                 core.receive(item)  # type: ignore[arg-type]
                 if core.batch_len >= config.max:
                     await flush()
@@ -368,6 +428,13 @@ async def watch_applied(
     finally:
         for fut in waits.values():
             fut.cancel()
+        if export_requests is not None:
+            stopped = WatchError("watch_applied returned")
+            taken = waits.get("export")
+            if taken is not None and taken.done() and not taken.cancelled():
+                # Taken off the queue in the round that returned: answer it too.
+                _answer(taken.result().reply, error=WatchError(f"the fold stopped: {stopped}"))
+            _close_export_queue(export_requests, stopped)
         watch_task.cancel()
         await asyncio.gather(watch_task, return_exceptions=True)
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 import blake3
 import msgspec
 
-from waymark.kv.errors import ArtifactInvalid, SnapshotError
+from waymark.kv.errors import ArtifactInvalid, NothingPublished, SnapshotError
 from waymark.kv.types import WatchCursor
 
 if TYPE_CHECKING:
@@ -48,6 +48,9 @@ ADDRESS_BYTES = 8
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 _SAFE_PATH = re.compile(r"^data(/[^/\0]+)+$")
+MAX_NAME_BYTES = 255
+"""A path component longer than this no common file system can create."""
+MAX_PATH_BYTES = 1024
 
 
 class ArtifactFile(msgspec.Struct, frozen=True):
@@ -68,6 +71,9 @@ class ExportManifest(msgspec.Struct, frozen=True):
     exported_at_ms: int = 0
     bucket: str | None = None
     scope: tuple[str, ...] = ()
+    generation: int = 0
+    """The bucket instance folded: its stream's creation time in microseconds (0:
+    unknown). A bucket deleted and recreated is a new generation."""
 
     @property
     def cursor(self) -> WatchCursor:
@@ -75,8 +81,15 @@ class ExportManifest(msgspec.Struct, frozen=True):
 
     @property
     def rank(self) -> int:
-        """The cursor as a number: what the pointer guard and the prune guard compare."""
+        """The cursor as a number."""
         return self.cursor.as_u64()
+
+    @property
+    def order(self) -> int:
+        """What the pointer guard and the prune guard compare: the generation, then the
+        cursor (docs/semantics/kv.md §11.2), so a recreated bucket's artifacts outrank
+        the dead one's whatever their cursors."""
+        return (self.generation << 64) | self.rank
 
     def encode(self) -> bytes:
         """Deterministic bytes: sorted keys, no whitespace, files in path order."""
@@ -107,11 +120,31 @@ class ExportManifest(msgspec.Struct, frozen=True):
         if paths != sorted(set(paths)):
             raise ArtifactInvalid("manifest files are not unique and in path order")
         for f in m.files:
-            if not _SAFE_PATH.match(f.path) or any(p in (".", "..") for p in f.path.split("/")):
-                raise ArtifactInvalid(f"manifest names an unsafe path {f.path!r}")
+            _check_path(f.path)
             if f.size < 0 or not re.fullmatch(r"[0-9a-f]{64}", f.blake3):
-                raise ArtifactInvalid(f"manifest entry for {f.path} has a bad size or digest")
+                raise ArtifactInvalid(f"manifest entry for {f.path!r} has a bad size or digest")
+        # A path that is also another's directory ("data/a" and "data/a/b") could
+        # never be written: refuse it here, not with an OSError halfway through.
+        dirs = {p.rsplit("/", i)[0] for p in paths for i in range(1, p.count("/"))}
+        if clash := sorted(dirs.intersection(paths)):
+            raise ArtifactInvalid(f"manifest lists {clash[0]!r} as a file and as a directory")
         return m
+
+
+def _check_path(path: str) -> None:
+    """A manifest path this node can write: under data/, no '.' or '..', no empty or
+    overlong component, UTF-8 encodable (docs/semantics/kv.md §9.1)."""
+    parts = path.split("/")
+    if not _SAFE_PATH.match(path) or any(p in (".", "..") for p in parts):
+        raise ArtifactInvalid(f"manifest names an unsafe path {path!r}")
+    try:
+        encoded = [p.encode() for p in parts]
+    except UnicodeEncodeError:
+        raise ArtifactInvalid(f"manifest path {path!r} is not valid UTF-8") from None
+    if sum(map(len, encoded)) + len(parts) > MAX_PATH_BYTES or any(
+        len(p) > MAX_NAME_BYTES for p in encoded
+    ):
+        raise ArtifactInvalid(f"manifest path {path[:80]!r}... is longer than any we write")
 
 
 def content_address(manifest_bytes: bytes) -> str:
@@ -127,6 +160,7 @@ class ExportInfo:
     exported_at_ms: int = 0
     bucket: str | None = None
     scope: tuple[str, ...] = ()
+    generation: int = 0
 
 
 class ArtifactBackend(Protocol):
@@ -244,6 +278,7 @@ class StagedExport:
             exported_at_ms=self.info.exported_at_ms,
             bucket=self.info.bucket,
             scope=tuple(self.info.scope),
+            generation=self.info.generation,
         )
         return manifest.encode(), manifest
 
@@ -342,6 +377,7 @@ def check_source(
     backend: str,
     bucket: str | None = None,
     scope: tuple[str, ...] | None = None,
+    generation: int | None = None,
 ) -> type[ArtifactBackend]:
     """Everything decidable from the manifest alone, before any file is fetched or opened
     (docs/semantics/kv.md §9.3 step 1).
@@ -360,6 +396,13 @@ def check_source(
         )
     if bucket is not None and manifest.bucket not in (None, bucket):
         raise ArtifactInvalid(f"artifact folds bucket {manifest.bucket!r}, not {bucket!r}")
+    if generation and manifest.generation and manifest.generation != generation:
+        # The artifact is sound, just of a bucket that no longer exists: for this one
+        # nothing is published yet.
+        raise NothingPublished(
+            f"the published artifact folds generation {manifest.generation} of the bucket, "
+            f"which was deleted and recreated since (now generation {generation})"
+        )
     if scope is not None and tuple(manifest.scope) != tuple(scope):
         raise ArtifactInvalid(
             f"artifact folds scope {list(manifest.scope) or 'all'}, "

@@ -7,6 +7,7 @@ Every NATS operation runs under the connection's timeout.
 from __future__ import annotations
 
 import asyncio
+import calendar
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -85,6 +86,16 @@ class KvStore:
         from waymark.kv.watcher import KvWatcher
 
         return KvWatcher(self)
+
+    async def generation(self) -> int:
+        """This instance of the bucket: its stream's creation time in microseconds.
+        A bucket deleted and recreated under the same name is a new generation, whose
+        revisions start over (docs/semantics/kv.md §11.2)."""
+        info = await timed(self.js.stream_info(self.stream), self.timeout, "stream info")
+        created = info.created
+        if created is None:
+            return 0
+        return calendar.timegm(created.utctimetuple()) * 1_000_000 + created.microsecond
 
     async def stream_bounds(self) -> tuple[int, int]:
         """(first_sequence, last_sequence) of the bucket's stream."""

@@ -5,9 +5,16 @@ watches, ``scan`` and ``keys`` all use this consumer. It subscribes to its
 inbox *before* creating the consumer (no early message can miss the
 subscription), never acks (``AckPolicy.NONE``: an explicit-ack consumer stalls
 after ``max_ack_pending`` messages), and keeps ordered-consumer discipline: a
-gap in consumer sequence or lost heartbeats recreates a watch's consumer from
-the last stream sequence seen. A listing (``scan``/``keys``) is not resumable
-that way: it fails with :class:`ConsumerLost` and the reader starts over.
+gap in consumer sequence, lost heartbeats or a stalled consumer recreates a
+watch's consumer (a reset). A reset resumes strictly after the last revision
+*handed over* to the reader, never after the last one received: whatever was
+received but not yet handed over (the chunk being built, a chunk blocked on a
+full channel) is dropped and delivered again, so every revision reaches the
+reader once and in order (docs/semantics/kv.md, "Watch resets"). A reset that
+finds the stream no longer holds the next revision fails with
+:class:`CursorExpired`, the resync path, never a silent skip. A listing
+(``scan``/``keys``) is not resumable that way: it fails with
+:class:`ConsumerLost` and the reader starts over.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from waymark.kv.connection import timed
-from waymark.kv.errors import KvError, WatchError
+from waymark.kv.errors import CursorExpired, KvError, WatchError
+from waymark.kv.guards import reset_resume_point, resume_window_ok, resume_within_stream
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
 
 KV_OPERATION = "KV-Operation"
@@ -140,6 +148,7 @@ class OrderedFeed:
         self._heartbeat = heartbeat
         self._resumable = resumable
         self.frontier = frontier  # last stream sequence delivered
+        self.handed = frontier  # last stream sequence handed over to the reader
         self._plen = len(spec.subject_prefix)
         self._dseq = 1
         self._gen = 0
@@ -148,6 +157,11 @@ class OrderedFeed:
         self._sub: Subscription | None = None
         self._consumer: str | None = None
         self._chunk: list[KvUpdate] = []
+        self._handing: asyncio.Task[None] | None = None  # a hand-over blocked on a full queue
+        self._final: asyncio.Task[None] | None = None  # END or Failed, behind a full queue
+        # A reset waits for a consumer creation in flight: two at once would
+        # leave the feed holding one consumer's subscription and another's name.
+        self._creating = asyncio.Lock()
         self._last_activity = time.monotonic()
         self._monitor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # resets and teardowns in flight
@@ -158,7 +172,8 @@ class OrderedFeed:
         self.pending = 0  # the consumer's num_pending as of the last delivery
 
     async def start(self) -> None:
-        await self._create(self._spec.deliver_policy, self._spec.start_seq)
+        async with self._creating:
+            await self._create(self._spec.deliver_policy, self._spec.start_seq)
         self._monitor = asyncio.create_task(self._watch_heartbeats())
 
     async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
@@ -214,7 +229,7 @@ class OrderedFeed:
             sub = self._sub
             if self._chunk and not self._stopped and (sub is None or sub.pending_msgs == 0):
                 chunk, self._chunk = self._chunk, []
-                await self._out.put(chunk)
+                await self._hand_over(gen, chunk)
             return
         ack = parse_ack(msg.reply)
         if ack is None:
@@ -231,6 +246,8 @@ class OrderedFeed:
                 except BaseException as e:
                     await self.fail(e)
                     return
+                if gen != self._gen:
+                    return  # reset while the check ran: the new consumer resends this one
             self.frontier = sseq
             version = VersionToken(sseq.to_bytes(8, "big"))  # VersionToken.from_u64, inlined
         if headers:
@@ -247,7 +264,34 @@ class OrderedFeed:
         sub = self._sub
         if len(chunk) >= self._chunk_max or sub is None or sub.pending_msgs == 0:
             self._chunk = []
-            await self._out.put(chunk)
+            await self._hand_over(gen, chunk)
+
+    async def _hand_over(self, gen: int, chunk: list[KvUpdate]) -> None:
+        """Put ``chunk`` on the queue and move ``handed`` past it, as one step.
+
+        ``self.frontier`` is the chunk's last known revision: a chunk is handed
+        over as soon as the update that ends it is received. A full queue (an
+        idle reader) blocks in a task of its own, so that a reset can cancel
+        it and know for sure whether the chunk went out (then ``handed``
+        covers it) or not (then the new consumer delivers it again).
+        """
+        if gen != self._gen:
+            return  # reset meanwhile: the new consumer resends this chunk
+        high = self.frontier
+        try:
+            self._out.put_nowait(chunk)
+        except asyncio.QueueFull:
+            self._handing = asyncio.create_task(self._put(chunk, high))
+            try:
+                await self._handing
+            finally:
+                self._handing = None
+        else:
+            self.handed = high
+
+    async def _put(self, chunk: list[KvUpdate], high: int) -> None:
+        await self._out.put(chunk)
+        self.handed = high  # no await between the put and this: both or neither
 
     async def _on_control(self, msg: Msg, headers: dict[str, str]) -> None:
         if msg.reply:  # flow control: every message before it has been processed
@@ -289,13 +333,46 @@ class OrderedFeed:
 
     async def _recreate(self) -> None:
         try:
-            await self._drop_consumer()
-            await self._create(api.DeliverPolicy.BY_START_SEQUENCE, self.frontier + 1)
-            self._last_activity = time.monotonic()
+            async with self._creating:
+                await self._recreate_consumer()
+        except CursorExpired as e:
+            await self.fail(e)
         except Exception as e:
             await self.fail(WatchError(f"watch consumer lost and could not be recreated: {e}"))
         finally:
             self._resetting = False
+
+    async def _recreate_consumer(self) -> None:
+        handing = self._handing
+        if handing is not None:
+            # Settle the blocked hand-over first: after this, ``handed`` is final.
+            handing.cancel()
+            await asyncio.gather(handing, return_exceptions=True)
+        self._chunk = []  # received, never handed over: the new consumer resends it
+        await self._drop_consumer()
+        if self._stopped:
+            return
+        after = reset_resume_point(self.frontier, self.handed)
+        self.frontier = after
+        if after == 0:  # nothing handed over yet: start over as the watch began
+            await self._create(self._spec.deliver_policy, self._spec.start_seq)
+        else:
+            await self._check_window(after)
+            await self._create(api.DeliverPolicy.BY_START_SEQUENCE, after + 1)
+        self._last_activity = time.monotonic()
+
+    async def _check_window(self, after: int) -> None:
+        """CursorExpired unless the stream still holds everything after ``after``.
+
+        NATS would silently start a consumer at its first sequence (retention
+        evicted the rest) or wait past its last one (the bucket was recreated).
+        """
+        info = await timed(self._js.stream_info(self._spec.stream), self._timeout, "stream info")
+        first, last = info.state.first_seq, info.state.last_seq
+        if not resume_within_stream(after, last):
+            raise CursorExpired(after, first, last, "beyond the last sequence: bucket recreated?")
+        if not resume_window_ok(after, first):
+            raise CursorExpired(after, first, last, "retention evicted sequences during a reset")
 
     async def _watch_heartbeats(self) -> None:
         # Arrivals, not processing, prove the consumer alive: a loop that is
@@ -348,6 +425,8 @@ class OrderedFeed:
         # creation returned: wait for it, then drop whatever is left.
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._drop_consumer()
+        if self._final is not None:
+            self._final.cancel()  # the reader stopped without reading to the end
 
     def _halt(self) -> None:
         self._stopped = True
@@ -356,10 +435,11 @@ class OrderedFeed:
             self._monitor.cancel()
 
     def _put_final(self, item: object) -> None:
-        # The reader may be gone; never block on a full queue while stopping.
-        while True:
-            try:
-                self._out.put_nowait(item)
-                return
-            except asyncio.QueueFull:
-                self._out.get_nowait()
+        """Queue ``item`` behind what was handed over, never in its place: a chunk
+        handed over is the reader's (a reset resumes after it). Never blocks: the
+        reader may be gone, so behind a full queue the put waits in a task that
+        ``stop`` cancels."""
+        try:
+            self._out.put_nowait(item)
+        except asyncio.QueueFull:
+            self._final = asyncio.create_task(self._out.put(item))

@@ -65,6 +65,10 @@ class SnapshotIoError(SnapshotError):
     """An I/O failure in a fold store, including use of a poisoned writer."""
 
 
+class StoreInUse(SnapshotError):
+    """Another process runs a fold on this store (it holds the store's lock)."""
+
+
 class ArtifactInvalid(SnapshotError):
     """A fold artifact was refused at import; nothing was written at the destination
     (docs/semantics/kv.md §9.3).
@@ -82,3 +86,12 @@ class ArtifactInvalid(SnapshotError):
 
 class ArtifactUnavailable(KvError):
     """No artifact could be fetched: no pointer, or its payload is gone (pruned)."""
+
+
+class NothingPublished(ArtifactUnavailable):
+    """No pointer at all: nothing was ever published under the key (or it was removed).
+
+    The one unavailability a new fleet's first node may treat as "start from an
+    empty fold" (``waymark fold --bootstrap-from URL --if-exists``); a pointer
+    whose payload is gone is not that.
+    """

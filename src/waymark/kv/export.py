@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from waymark.kv.applied import ExportRequest
+from waymark.kv.applied import ExportRequest, submit_export
 from waymark.kv.artifact import (
     ArtifactBackend,
     ExportInfo,
@@ -100,9 +100,7 @@ def export_via(
             # Every fold store class is also its own artifact backend
             return stage_export(cast(ArtifactBackend, store), dest, meta)
 
-        request = ExportRequest(action)
-        await requests.put(request)
-        return await request.reply
+        return await submit_export(requests, ExportRequest(action))
 
     return export
 

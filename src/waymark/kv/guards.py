@@ -29,6 +29,16 @@ def resume_within_stream(revision: int, last_sequence: int) -> bool:
     return revision <= last_sequence
 
 
+def reset_resume_point(delivered: int, handed: int) -> int:
+    """The revision a recreated watch consumer resumes after (docs/semantics/kv.md).
+
+    The last one handed over to the reader, not the last one delivered by the
+    old consumer: what was delivered but not handed over was dropped with the
+    old consumer, and a resume after it would skip it without a trace.
+    """
+    return handed
+
+
 def delivery_is_gap(frontier: int, delivered: int) -> bool:
     """Whether a delivery on an All-scope resume watch skipped sequences.
 

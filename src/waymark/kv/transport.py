@@ -22,6 +22,7 @@ docs/kv.md.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import logging
@@ -47,13 +48,14 @@ from waymark.kv.artifact import (
     import_artifact,
     read_manifest,
 )
-from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable
+from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable, NothingPublished
 from waymark.kv.guards import (
     POINTER_ABSENT,
     PointerState,
     payload_prunable,
     pointer_publish_allowed,
 )
+from waymark.kv.leftovers import download_prefix
 from waymark.objstore import (
     CREATE,
     OVERWRITE,
@@ -80,6 +82,9 @@ MAX_SWAP_RETRIES = 8
 
 POINTER_SUFFIX = ".manifest.json"
 PAYLOADS_SUFFIX = ".payloads/"
+RETIRED_SUFFIX = ".retired/"
+"""``K.retired/<payload name>``: empty; its modification time bounds from above the last
+moment a pointer read could name that payload (docs/semantics/kv.md §11.4)."""
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -101,6 +106,7 @@ class PointerObservation:
     version: ObjectVersion | None = None
     body: bytes | None = None
     manifest: ExportManifest | None = None
+    invalid: str | None = None  # why ``body`` is not a manifest
 
 
 @dataclass(frozen=True)
@@ -267,13 +273,14 @@ class ObjectStoreTransport:
             got = self.store.get(self.pointer_key(key))
         except ObjectNotFound:
             return PointerObservation(POINTER_ABSENT)
+        invalid = None
         try:
             manifest: ExportManifest | None = ExportManifest.decode(got.data)
-        except ArtifactInvalid:
-            manifest = None
-        rank = manifest.rank if manifest is not None else None
+        except ArtifactInvalid as e:
+            manifest, invalid = None, e.reason
+        rank = manifest.order if manifest is not None else None
         return PointerObservation(
-            PointerState(True, rank), got.meta.object_version, got.data, manifest
+            PointerState(True, rank), got.meta.object_version, got.data, manifest, invalid
         )
 
     def try_swap(
@@ -283,7 +290,7 @@ class ObjectStoreTransport:
 
         Steps 2 to 4 of docs/semantics/kv.md §11.2.
         """
-        if not pointer_publish_allowed(observed.state, uploaded.manifest.rank):
+        if not pointer_publish_allowed(observed.state, uploaded.manifest.order):
             return PublishOutcome.SupersededByNewer
         if not self._still_fetchable(observed, uploaded):
             return PublishOutcome.SupersededByNewer
@@ -353,7 +360,12 @@ class ObjectStoreTransport:
     # -- fetch -----------------------------------------------------------------
 
     def download(
-        self, key: str, into: str | os.PathLike[str], *, pointer: PointerObservation | None = None
+        self,
+        key: str,
+        into: str | os.PathLike[str],
+        *,
+        pointer: PointerObservation | None = None,
+        prefix: str = ".download-",
     ) -> tuple[ExportManifest, Path]:
         """Fetch the pointer's artifact into a new directory under ``into``
         (docs/semantics/kv.md §11.3).
@@ -366,26 +378,46 @@ class ObjectStoreTransport:
         """
         observed = pointer if pointer is not None else self.read_pointer(key)
         if observed.body is None:
-            raise ArtifactUnavailable(f"no artifact published at {self.pointer_key(key)}")
+            raise NothingPublished(f"no artifact published at {self.pointer_key(key)}")
         if observed.manifest is None:
-            raise ArtifactInvalid(f"the pointer {self.pointer_key(key)} is not a valid manifest")
+            raise ArtifactInvalid(
+                f"the pointer {self.pointer_key(key)} is not a valid manifest: {observed.invalid}"
+            )
         payload = self.payload_key(key, content_address(observed.body))
         Path(into).mkdir(parents=True, exist_ok=True)
-        artifact = Path(tempfile.mkdtemp(prefix=".download-", dir=into))
+        artifact = Path(tempfile.mkdtemp(prefix=prefix, dir=into))
         try:
             try:
                 with self.store.stream(payload) as stream:
                     extract_payload(stream, artifact, observed.body)
             except ObjectNotFound:
-                raise ArtifactUnavailable(
-                    f"the pointer names {payload}, which is gone (pruned?)"
-                ) from None
+                raise self._missing_target(key, observed, payload) from None
             except ObjectStoreError as e:  # the store failed mid-fetch: nothing was refused
                 raise ArtifactUnavailable(f"fetching {payload} failed: {e}") from e
         except BaseException:
             shutil.rmtree(artifact, ignore_errors=True)
             raise
         return observed.manifest, artifact
+
+    def _missing_target(
+        self, key: str, observed: PointerObservation, payload: str
+    ) -> ArtifactUnavailable | ArtifactInvalid:
+        """Why the payload ``observed`` names is absent. The pointer moved on since it
+        was read: pruned after the grace, fetch again. It did not: the prune guard never
+        deletes the pointer's target, so the pointer was edited (it addresses a payload
+        that never was) or the payload removed by hand (docs/semantics/kv.md §11.3)."""
+        try:
+            now = self.read_pointer(key).body
+        except ObjectStoreError as e:
+            return ArtifactUnavailable(f"{payload} is gone; re-reading the pointer failed: {e}")
+        if now != observed.body:
+            return ArtifactUnavailable(
+                f"{payload} was pruned after a newer artifact was published; fetch again"
+            )
+        return ArtifactInvalid(
+            f"the pointer {self.pointer_key(key)} names {payload}, which does not exist: "
+            "the pointer was edited or the payload removed by hand"
+        )
 
     def bootstrap(
         self,
@@ -394,14 +426,17 @@ class ObjectStoreTransport:
         *,
         bucket: str | None = None,
         scope: tuple[str, ...] | None = None,
+        generation: int | None = None,
     ) -> ExportManifest:
         """Download the pointer's artifact and import it as the new store ``BACKEND:PATH``.
 
         The download is staged beside PATH (same file system: the import
         moves it). Raises ArtifactInvalid / ArtifactUnavailable with nothing
-        left at PATH, or FileExistsError if PATH is not empty.
+        left at PATH, or FileExistsError if PATH is not empty. With ``generation``
+        (the bucket instance's, ``KvStore.generation``) an artifact of another
+        instance of the bucket is refused before anything is fetched.
         """
-        artifact = self._fetch_for(key, store_spec, bucket, scope)
+        artifact = self._fetch_for(key, store_spec, bucket, scope, generation)
         try:
             return import_artifact(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
@@ -414,30 +449,43 @@ class ObjectStoreTransport:
         *,
         bucket: str | None = None,
         scope: tuple[str, ...] | None = None,
+        generation: int | None = None,
     ) -> tuple[ExportManifest, SnapshotStore]:
         """:meth:`bootstrap`, returning the new store open (see ``import_and_open``):
         an append log is replayed once, by the verification, instead of twice."""
-        artifact = self._fetch_for(key, store_spec, bucket, scope)
+        artifact = self._fetch_for(key, store_spec, bucket, scope, generation)
         try:
             return import_and_open(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
         finally:
             shutil.rmtree(artifact, ignore_errors=True)
 
     def _fetch_for(
-        self, key: str, store_spec: str, bucket: str | None, scope: tuple[str, ...] | None
+        self,
+        key: str,
+        store_spec: str,
+        bucket: str | None,
+        scope: tuple[str, ...] | None,
+        generation: int | None,
     ) -> Path:
         backend, _, path = store_spec.partition(":")
         observed = self.read_pointer(key)
         if observed.manifest is not None:  # refuse a mismatch before downloading anything
-            check_source(observed.manifest, backend, bucket, scope)
-        _, artifact = self.download(key, Path(path).parent, pointer=observed)
+            check_source(observed.manifest, backend, bucket, scope, generation)
+        dest = Path(path)
+        _, artifact = self.download(
+            key, dest.parent, pointer=observed, prefix=download_prefix(dest)
+        )
         return artifact
 
     def payload_rank(self, payload_key: str) -> int | None:
-        """The cursor a payload's embedded manifest names (read from its first bytes).
+        """The order (generation, then cursor: ``ExportManifest.order``) a payload's
+        embedded manifest names. None if it cannot be read: such a payload is never
+        pruned."""
+        manifest = self.payload_manifest(payload_key)
+        return None if manifest is None else manifest.order
 
-        None if it cannot be read: such a payload is never pruned.
-        """
+    def payload_manifest(self, payload_key: str) -> ExportManifest | None:
+        """A payload's embedded manifest, read from its first bytes (None if unreadable)."""
         try:
             header = tarfile.TarInfo.frombuf(
                 self.store.get_range(payload_key, 0, _BLOCK), "utf-8", "surrogateescape"
@@ -447,7 +495,7 @@ class ObjectStoreTransport:
             if header.size > MAX_MANIFEST_BYTES:
                 return None
             raw = self.store.get_range(payload_key, _BLOCK, _BLOCK + header.size)
-            return ExportManifest.decode(raw).rank
+            return ExportManifest.decode(raw)
         except (tarfile.TarError, ArtifactInvalid, ObjectStoreError):
             return None
 
@@ -457,7 +505,12 @@ class ObjectStoreTransport:
         """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds;
         docs/semantics/kv.md §11.4).
 
-        With no parseable pointer nothing is provably older, so nothing goes.
+        The grace counts from a payload's *retirement*, not its upload: the first
+        prune that finds it strictly below the pointer (so the pointer has moved off
+        it for good) stamps ``K.retired/<name>``; every pointer read that could name
+        the payload happened before that stamp, and the payload goes only once the
+        stamp is ``grace_ms`` old. With no parseable pointer nothing is provably
+        older, so nothing goes.
         """
         report = PruneReport()
         observed = self.read_pointer(key)
@@ -465,23 +518,52 @@ class ObjectStoreTransport:
         if observed.manifest is None or observed.body is None:
             report.kept = [m.key for m in payloads]
             return report
+        pointer_rank = observed.manifest.order
         target = self.payload_key(key, content_address(observed.body))
+        retired_prefix = check_key(key) + RETIRED_SUFFIX
+        stamps = {m.key[len(retired_prefix) :]: m for m in self.store.list(retired_prefix)}
         now = self.clock.now_ms()
         for meta in payloads:
-            is_target = meta.key == target
-            aged_out = now - meta.last_modified_ms >= grace_ms
-            # Reading a rank costs two range reads; only a candidate needs it.
-            rank = self.payload_rank(meta.key) if aged_out and not is_target else None
-            if payload_prunable(rank, observed.manifest.rank, is_target, aged_out):
+            name = meta.key.rsplit("/", 1)[1]
+            stamp = stamps.pop(name, None)
+            if meta.key == target:
+                if stamp is not None:  # a corrupt pointer was replaced by it: not retired
+                    self._delete_quietly(stamp)
+                report.kept.append(meta.key)
+                continue
+            if stamp is None:
+                # Reading a rank costs two range reads; only an unstamped payload needs it.
+                # Retired for good iff the guard would delete it once aged: strictly
+                # below the pointer, which never comes back down to it.
+                rank = self.payload_rank(meta.key)
+                if not payload_prunable(rank, pointer_rank, False, True):
+                    report.kept.append(meta.key)
+                    continue
+                stamp = self._stamp_retired(retired_prefix + name)
+            aged_out = now - stamp.last_modified_ms >= grace_ms
+            rank = self.payload_rank(meta.key) if aged_out else None
+            if payload_prunable(rank, pointer_rank, False, aged_out):
                 try:
                     self._delete(meta)
                 except PreconditionFailed:
                     report.kept.append(meta.key)  # re-uploaded since it was listed
                     continue
+                self._delete_quietly(stamp)
                 report.deleted.append(meta.key)
             else:
                 report.kept.append(meta.key)
+        for orphan in stamps.values():  # its payload is gone (a crash between the deletes)
+            self._delete_quietly(orphan)
         return report
+
+    def _stamp_retired(self, stamp_key: str) -> ObjectMeta:
+        with contextlib.suppress(ObjectExists):  # a concurrent pruner stamped it first
+            self.store.put(stamp_key, b"", mode=CREATE)
+        return self.store.head(stamp_key)
+
+    def _delete_quietly(self, meta: ObjectMeta) -> None:
+        with contextlib.suppress(ObjectNotFound, PreconditionFailed):
+            self._delete(meta)
 
     def _delete(self, meta: ObjectMeta) -> None:
         if self.store.capabilities.conditional_delete:
@@ -529,7 +611,8 @@ class ObjectStoreTransport:
                 "key": m.key,
                 "size": m.size,
                 "last_modified_ms": m.last_modified_ms,
-                "rank": self.payload_rank(m.key),
+                "rank": None if (pm := self.payload_manifest(m.key)) is None else pm.rank,
+                "generation": None if pm is None else pm.generation,
                 "target": m.key == target,
             }
             for m in self.store.list(check_key(key) + PAYLOADS_SUFFIX)
@@ -549,6 +632,7 @@ def _manifest_doc(m: ExportManifest | None) -> dict[str, Any] | None:
         "exporter": m.exporter,
         "exported_at_ms": m.exported_at_ms,
         "bucket": m.bucket,
+        "generation": m.generation,
         "scope": list(m.scope),
         "files": [{"path": f.path, "size": f.size, "blake3": f.blake3} for f in m.files],
     }

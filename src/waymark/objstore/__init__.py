@@ -12,7 +12,7 @@ is stored. See docs/kv.md ("Object stores").
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
@@ -89,6 +89,11 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         """Objects whose key starts with ``prefix``, in key order."""
+        ...
+
+    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+        """Remove what writers killed mid-upload left behind and no live writer holds,
+        older than ``min_age_s``: (name, bytes) of each. Startup housekeeping."""
         ...
 
 

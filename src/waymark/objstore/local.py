@@ -22,7 +22,7 @@ import contextlib
 import fcntl
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -50,6 +50,43 @@ from waymark.objstore.types import (
 INTERNAL = ".objstore"
 """The root's reserved directory: the lock (and mtime counter) and temp files."""
 
+NETWORK_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre",
+     "gpfs", "ncpfs", "fuse"}
+)  # fmt: skip
+"""File systems whose ``flock`` does not exclude other hosts (NFS emulates it with
+byte-range locks, or not at all; FUSE file systems may ignore it): the compare-and-swap
+of this store is not atomic there (docs/kv.md, "Object stores")."""
+
+
+def file_system_type(path: Path) -> str | None:
+    """The type of the file system holding ``path`` (Linux ``/proc/self/mountinfo``:
+    the longest mount point containing it); None where that cannot be told."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best, found = -1, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        mount = fields[4].replace("\\040", " ")
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > best:
+            best, found = len(mount), right.split()[0]
+    return found
+
+
+def cas_is_atomic(fs_type: str | None) -> bool:
+    """Whether this store's ``flock``-based compare-and-swap is atomic on ``fs_type``.
+    An unknown type (not Linux) is trusted: a local disk is the common case."""
+    if fs_type is None:
+        return True
+    return fs_type not in NETWORK_FILE_SYSTEMS and not fs_type.startswith("fuse.")
+
 
 def _etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
@@ -64,7 +101,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class LocalObjectStore:
-    capabilities = Capabilities(conditional_put=True, conditional_delete=True)
+    """Objects as files under ``root``; compare-and-swap by rename under an ``flock``.
+
+    ``capabilities`` says whether that is atomic: not on a network or FUSE file
+    system (:func:`cas_is_atomic`), where a transport then fails closed.
+    """
 
     def __init__(
         self, root: str | os.PathLike[str], *, clock: Clock | None = None, fsync: bool = True
@@ -75,6 +116,9 @@ class LocalObjectStore:
         self._fsync = fsync
         self._tmp = self.root / INTERNAL / "tmp"
         self._tmp.mkdir(parents=True, exist_ok=True)
+        self.file_system = file_system_type(self.root)
+        atomic = cas_is_atomic(self.file_system)
+        self.capabilities = Capabilities(conditional_put=atomic, conditional_delete=atomic)
         self._lock_path = self.root / INTERNAL / "lock"
 
     # -- keys and files -------------------------------------------------------
@@ -111,20 +155,50 @@ class LocalObjectStore:
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
-    def _write_temp(self, chunks: Iterable[bytes]) -> Path:
+    @contextlib.contextmanager
+    def _write_temp(self, chunks: Iterable[bytes]) -> Iterator[Path]:
+        """The object's bytes in a temp file, flocked until it is committed or removed:
+        :meth:`clean_abandoned_temp` removes only temp files nobody holds."""
         tmp = self._tmp / uuid.uuid4().hex
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            with open(tmp, "wb") as f:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with os.fdopen(os.dup(fd), "wb") as f:
                 for chunk in chunks:
                     f.write(chunk)
                 f.flush()
                 if self._fsync:
                     os.fsync(f.fileno())
-        except BaseException:
+            yield tmp
+        finally:
             with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        return tmp
+                tmp.unlink()  # only still there if the commit was refused or failed
+            os.close(fd)
+
+    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+        """Remove temp files a killed writer left (name, bytes): those older than
+        ``min_age_s`` that no live writer holds (docs/kv.md, "Crash leftovers")."""
+        removed: list[tuple[str, int]] = []
+        now_ns = self._clock.now_ms() * 1_000_000
+        for p in self._tmp.iterdir():
+            try:
+                st = p.stat()
+                if now_ns - st.st_mtime_ns < min_age_s * 1e9:
+                    continue
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer's
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                    removed.append((p.name, st.st_size))
+            finally:
+                os.close(fd)
+        return removed
 
     def _stamp(self, lock_fd: int, tmp: Path, current: os.stat_result | None) -> None:
         """Give ``tmp`` an mtime above every one issued so far (caller holds the lock)."""
@@ -143,31 +217,28 @@ class LocalObjectStore:
 
     def _commit(self, key: str, tmp: Path, mode: PutMode) -> ObjectVersion:
         path = self._path(key)
-        try:
-            with self._locked() as lock_fd:
-                current = self._stat(path)
-                if isinstance(mode, Create) and current is not None:
-                    raise ObjectExists(key)
-                if isinstance(mode, IfMatch) and (
-                    current is None or _etag(current) != mode.version.etag
-                ):
-                    raise PreconditionFailed(f"{key} is not at version {mode.version.etag}")
-                self._stamp(lock_fd, tmp, current)
-                st = tmp.stat()
-                path.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(tmp, path)
-                if self._fsync:
-                    _fsync_dir(path.parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()  # only still there if the commit was refused or failed
+        with self._locked() as lock_fd:
+            current = self._stat(path)
+            if isinstance(mode, Create) and current is not None:
+                raise ObjectExists(key)
+            if isinstance(mode, IfMatch) and (
+                current is None or _etag(current) != mode.version.etag
+            ):
+                raise PreconditionFailed(f"{key} is not at version {mode.version.etag}")
+            self._stamp(lock_fd, tmp, current)
+            st = tmp.stat()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, path)
+            if self._fsync:
+                _fsync_dir(path.parent)
         return ObjectVersion(_etag(st))
 
     # -- the ObjectStore API ---------------------------------------------------
 
     def put(self, key: str, data: bytes, *, mode: PutMode = OVERWRITE) -> ObjectVersion:
         self._path(key)  # refuse a bad key before writing anything
-        return self._commit(key, self._write_temp((data,)), mode)
+        with self._write_temp((data,)) as tmp:
+            return self._commit(key, tmp, mode)
 
     def upload(
         self,
@@ -179,7 +250,8 @@ class LocalObjectStore:
     ) -> ObjectVersion:
         """Stream ``chunks`` into the object (overwrite); there are no parts on a local disk."""
         self._path(key)
-        return self._commit(key, self._write_temp(chunks), OVERWRITE)
+        with self._write_temp(chunks) as tmp:
+            return self._commit(key, tmp, OVERWRITE)
 
     def get(self, key: str) -> GetResult:
         with self._open(key) as f:

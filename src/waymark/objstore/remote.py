@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -178,3 +178,9 @@ class ObstoreObjectStore:
                 for m in batch:
                     if m["path"].startswith(prefix):
                         yield _meta(m)
+
+    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+        """Nothing: an aborted multipart upload's parts stay on S3 until a lifecycle
+        rule (``AbortIncompleteMultipartUpload``) removes them. obstore has no call to
+        list or abort another process's uploads (docs/kv.md, "Crash leftovers")."""
+        return []

@@ -1,0 +1,203 @@
+"""A watch whose consumer is recreated (a reset) resumes strictly after what it handed over.
+
+A reset is what the heartbeat monitor, a consumer-sequence gap, a reconnect or a
+server restart all end in (docs/semantics/kv.md §watch resumption). Forcing one is
+the fault injector here: ``force_reset`` calls the same recreation they call, at
+the moment the test chooses (a reader idle, the feed blocked on a full channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from tests.kv.test_nats import bulk_put, fold_state
+
+from waymark.kv import (
+    BatchConfig,
+    Connection,
+    CursorExpired,
+    KvUpdate,
+    StoreConfig,
+    WatchScope,
+    watch_applied,
+)
+from waymark.kv import watcher as watcher_module
+from waymark.kv.consumer import OrderedFeed
+from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.watcher import Watch
+
+pytestmark = pytest.mark.timeout(60)
+
+KEYS = 5_000
+
+
+def force_reset(feed: OrderedFeed) -> None:
+    """Fault injector: recreate the feed's consumer now, as its monitors would."""
+    feed._reset()
+
+
+async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def backpressured(feed: OrderedFeed, queue: asyncio.Queue[object]) -> bool:
+    """The reader is idle: a chunk waits in the channel and the feed has delivered past it."""
+    if not queue.full():
+        return False
+    waiting = queue._queue[0]  # type: ignore[attr-defined]
+    return isinstance(waiting, list) and feed.frontier > (waiting[-1].revision or 0)
+
+
+async def test_a_reset_while_the_reader_is_idle_loses_nothing(
+    conn: Connection, bucket_name: str
+) -> None:
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
+    watch: Watch = await kv.watcher().watch_all(capacity=256)
+    feed = watch._feed
+    await wait_until(lambda: backpressured(feed, watch._queue), "the feed to block")
+    force_reset(feed)
+    revisions: list[int] = []
+    async with asyncio.timeout(20):
+        while not revisions or revisions[-1] < KEYS:
+            chunk = await watch.next_chunk()
+            assert chunk is not None
+            revisions += [u.revision or 0 for u in chunk]
+    await watch.stop()
+    missing = sorted(set(range(1, KEYS + 1)) - set(revisions))
+    assert not missing, f"{len(missing)} revisions never delivered, from {missing[0]}"
+    assert revisions == list(range(1, KEYS + 1))
+
+
+def resetting_once(after: int) -> tuple[type[OrderedFeed], list[OrderedFeed]]:
+    """An OrderedFeed that remembers its instances, for the test to reset one of them."""
+    feeds: list[OrderedFeed] = []
+
+    class Recorded(OrderedFeed):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            feeds.append(self)
+
+    return Recorded, feeds
+
+
+async def test_a_fold_whose_feed_resets_under_an_idle_apply_misses_no_key(
+    conn: Connection,
+    bucket_name: str,
+    make_store: Callable[[], SnapshotStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through watch_applied into each store: apply is held while the feed blocks and
+    resets, then released; the fold must hold every key at the stream's last revision."""
+    kv = await conn.store(bucket_name)
+    await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
+    recorded, feeds = resetting_once(0)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+    release = asyncio.Event()
+    done = asyncio.Event()
+
+    async def apply(batch: list[KvUpdate]) -> None:
+        await release.wait()
+
+    def on_applied(cursor: object) -> None:
+        if cursor.as_u64() >= KEYS:  # type: ignore[attr-defined]
+            done.set()
+
+    store = make_store()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            apply,
+            store=store,
+            reader=kv.reader(),
+            config=BatchConfig(max=100, channel_capacity=100),
+            on_applied=on_applied,
+            shutdown=done,
+        )
+    )
+    await wait_until(lambda: bool(feeds), "the feed to start")
+    feed = feeds[0]
+    await wait_until(lambda: backpressured(feed, feed._out), "the feed to block")
+    force_reset(feed)
+    release.set()
+    cursor = await asyncio.wait_for(task, 30)
+    assert cursor.as_u64() == KEYS
+    assert len(fold_state(store)) == KEYS
+    store.close()
+
+
+async def test_a_reset_that_finds_its_next_revisions_evicted_fails_with_cursor_expired(
+    conn: Connection, bucket_name: str
+) -> None:
+    """Retention took what the reader had not been handed yet: the watch says so."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
+    watch: Watch = await kv.watcher().watch_all(capacity=256)
+    feed = watch._feed
+    await wait_until(lambda: backpressured(feed, watch._queue), "the feed to block")
+    await kv.js.purge_stream(kv.stream, seq=KEYS - 10)
+    force_reset(feed)
+    revisions: list[int] = []
+    with pytest.raises(CursorExpired, match="evicted"):
+        async with asyncio.timeout(20):
+            while chunk := await watch.next_chunk():
+                revisions += [u.revision or 0 for u in chunk]
+    assert revisions == list(range(1, len(revisions) + 1))  # in order, nothing skipped
+    await watch.stop()
+
+
+async def test_a_fold_whose_reset_finds_revisions_evicted_resyncs_to_the_bucket(
+    conn: Connection,
+    bucket_name: str,
+    make_store: Callable[[], SnapshotStore],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Keys deleted and keys written in the evicted range: after the resync the fold
+    holds exactly what the bucket holds, and the fold goes on live."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
+    w = kv.writer()
+    for i in range(0, 200, 2):
+        await w.delete(f"k{i:05}")  # the markers are evicted below
+    recorded, feeds = resetting_once(0)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+    release = asyncio.Event()
+
+    async def apply(batch: list[KvUpdate]) -> None:
+        await release.wait()
+
+    store = make_store()
+    shutdown = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            apply,
+            store=store,
+            reader=kv.reader(),
+            config=BatchConfig(max=100, channel_capacity=100),
+            shutdown=shutdown,
+        )
+    )
+    await wait_until(lambda: bool(feeds), "the feed to start")
+    feed = feeds[0]
+    await wait_until(lambda: backpressured(feed, feed._out), "the feed to block")
+    _, last = await kv.stream_bounds()
+    await kv.js.purge_stream(kv.stream, seq=last - 3)  # the last markers stay, the rest go
+    force_reset(feed)
+    release.set()
+    after = (await w.put("after", b"live")).as_u64() or 0
+    await wait_until(lambda: (store.cursor.as_u64() or 0) >= after, "the fold to go live", 20)
+    shutdown.set()
+    await asyncio.wait_for(task, 10)
+    assert "resyncing" in caplog.text
+    assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+    store.close()

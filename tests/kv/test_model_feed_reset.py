@@ -1,0 +1,427 @@
+"""Watch resets against a real nats-server, as a hypothesis state machine.
+
+A fold (``watch_applied`` into an append-log store, All scope, resuming from a
+cursor) runs while the machine writes bursts, holds and releases the reader
+(apply blocks: the feed backpressures), forces resets (the fault injector
+``force_reset``, what the heartbeat monitor, a sequence gap or a stall end in),
+evicts the stream's head (retention, done by purge) and restarts the server
+(the client reconnects; the consumer, in memory, is gone). The model: every
+revision is applied once and in order, or a resync ran (then the re-list is in
+order) — and once quiet the fold equals the bucket. A fold that failed (the
+live floor guard) is restarted from its store's cursor, as ``waymark fold``
+would be. Breaking the reset's resume point (delivered instead of handed over)
+or dropping the chunk a reset finds in the channel must be caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from nats.js import api
+
+from waymark.kv import (
+    BatchConfig,
+    Connection,
+    KvUpdate,
+    NatsConnectionConfig,
+    StoreConfig,
+    WatchCursor,
+    WatchError,
+    WatchScope,
+    watch_applied,
+)
+from waymark.kv import consumer as consumer_module
+from waymark.kv import watcher as watcher_module
+from waymark.kv.consumer import OrderedFeed
+from waymark.kv.server import EmbeddedNats
+from waymark.kv.stores.append_log import AppendLogStore
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
+KEYS = [f"k{i:02}" for i in range(12)]
+HEARTBEAT = 0.25  # the feed's idle heartbeat here: a lost consumer is noticed in 0.75 s
+_buckets = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def restartable_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server of this module's own: the machine kills and restarts it."""
+    with EmbeddedNats(tmp_path_factory.mktemp("nats-restart")) as server:
+        yield server
+
+
+def force_reset(feed: OrderedFeed) -> None:
+    """Fault injector: recreate the feed's consumer now, as its monitors would."""
+    feed._reset()
+
+
+class FeedResets(RuleBasedStateMachine):
+    server: EmbeddedNats
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.dir = Path(tempfile.mkdtemp(prefix="model-feed-", dir=FAST_TMP))
+        self.feeds: list[OrderedFeed] = []
+        self.relist_at: list[int] = []  # len(applied) when a re-list feed was created
+        # ... and the last revision the expired feed had handed over, all applied by then
+        self.handed_before_relist: list[int | None] = []
+        self.folds = 0  # watch_applied runs: a failed one is restarted
+        self.applied: list[int | None] = []
+        self.held = False
+        self.release = asyncio.Event()
+        self.release.set()
+        self.restarts = 0
+        self.log: list[tuple[int, str, bytes | None]] = []  # every write: revision, key, value
+        self.evicted_below = 1  # retention took every revision below this
+        self.relist_floor: list[int] = []  # evicted_below when each re-list began
+        self.evicted_since_relist = False
+        self.fold: asyncio.Task[WatchCursor] | None = None
+        self.run(self._setup())
+
+    def run(self, coro: Any, timeout: float = 20.0) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+    async def _setup(self) -> None:
+        self.conn = Connection(NatsConnectionConfig(url=self.server.url, timeout=5.0))
+        await self.conn.connect()
+        # The client waits 2 s before it tries a server it just tried again: here
+        # that server is back within milliseconds.
+        self.conn.client.options["reconnect_time_wait"] = 0.02
+        self.kv = await self.conn.store(
+            f"feed{next(_buckets)}", StoreConfig(max_bytes=None, max_history=64)
+        )
+        self.writer = self.kv.writer()
+        rev = await self._publish("start", b"0")
+        self.store = AppendLogStore(self.dir / "fold.log")
+        self.store.apply([KvUpdate.put("start", b"0", rev)], WatchCursor.from_u64(rev))
+        self.start_cursor = rev
+        await self._start_fold()
+
+    async def _start_fold(self) -> None:
+        machine = self
+        started = len(self.feeds)
+
+        self.folds += 1
+        fold_run = self.folds
+
+        class Recorded(OrderedFeed):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs["heartbeat"] = HEARTBEAT
+                super().__init__(*args, **kwargs)
+                self.fold_run = fold_run
+                if self._spec.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT:
+                    # The resync acknowledged: all that came before has been applied.
+                    machine.relist_at.append(len(machine.applied))
+                    expired = machine.feeds[-1]
+                    # A restarted fold resumes from its store's cursor: what its
+                    # failed predecessor handed over but never applied is not owed.
+                    same_run = getattr(expired, "fold_run", None) == fold_run
+                    owed = expired.handed if same_run else None
+                    machine.handed_before_relist.append(owed)
+                    machine.relist_floor.append(machine.evicted_below)
+                    machine.evicted_since_relist = False
+                machine.feeds.append(self)
+
+        async def apply(batch: list[KvUpdate]) -> None:
+            await self.release.wait()
+            self.applied += [u.revision for u in batch]
+
+        watcher_module.OrderedFeed = Recorded  # type: ignore[misc]
+        self.shutdown = asyncio.Event()
+        self.fold = self.loop.create_task(
+            watch_applied(
+                self.kv.watcher(),
+                WatchScope.all(),
+                apply,
+                store=self.store,
+                reader=self.kv.reader(),
+                config=BatchConfig(window=0.002, max=20, channel_capacity=8),
+                shutdown=self.shutdown,
+            )
+        )
+        fold = self.fold
+        await self._wait(lambda: len(self.feeds) > started or fold.done())
+
+    async def _wait(self, condition: Callable[[], bool], timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError("the fold did not settle")
+            await asyncio.sleep(0.005)
+
+    async def _restart_failed_fold(self) -> None:
+        """A fold that stopped with WatchError (the floor guard) restarts from its cursor."""
+        if self.fold is not None and self.fold.done():
+            error = self.fold.exception()
+            assert isinstance(error, WatchError), f"the fold failed with {error!r}"
+            await self._start_fold()
+
+    # --- rules ---------------------------------------------------------------------
+
+    async def _publish(self, key: str, value: bytes | None) -> int:
+        headers = None if value is not None else {"KV-Operation": "DEL"}
+        ack = await self.kv.js.publish(
+            f"{self.kv.subject_prefix}{key}", value or b"", headers=headers
+        )
+        self.log.append((ack.seq, key, value))
+        return ack.seq
+
+    @rule(ops=st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), min_size=1, max_size=8))
+    def write(self, ops: list[tuple[str, bool]]) -> None:
+        async def go() -> None:
+            for key, put in ops:
+                await self._publish(key, b"v" if put else None)
+
+        self.run(go())
+
+    @rule(
+        n=st.integers(min_value=50, max_value=400),
+        hold=st.booleans(),
+        then=st.sampled_from(["-", "reset", "evict past the reader, reset"]),
+    )
+    def burst(self, n: int, hold: bool, then: str) -> None:
+        """More than the channels hold; with the reader held, the feed then blocks.
+        ``then`` the compound faults: a reset of the blocked feed, or retention
+        overtaking the reader first."""
+        if hold:
+            self.held = True
+            self.release.clear()
+
+        async def go() -> None:
+            js, prefix = self.kv.js, self.kv.subject_prefix
+            acks = [await js.publish_async(f"{prefix}b{i:03}", b"x") for i in range(n)]
+            for i, ack in enumerate(acks):
+                self.log.append(((await ack).seq, f"b{i:03}", b"x"))
+            await self._settle()
+            if then.startswith("evict"):
+                await self._evict(self.feeds[-1].handed + 2)
+            if then != "-":
+                force_reset(self.feeds[-1])
+
+        self.run(go())
+
+    @precondition(lambda self: self.held)
+    @rule()
+    def release_reader(self) -> None:
+        self.held = False
+        self.release.set()
+
+    @rule()
+    def idle(self) -> None:
+        self.run(self._settle())
+
+    async def _settle(self) -> None:
+        """Time passes: a held reader's feed fills its channel; a free one catches up."""
+        _, last = await self.kv.stream_bounds()
+        feed = self.feeds[-1]
+        fold = self.fold
+        assert fold is not None
+        if self.held:  # the feed blocks on its full channel, or has all there is
+            await self._wait(lambda: feed._out.full() or feed.frontier >= last or fold.done())
+        else:
+            await self._wait(lambda: (self.store.cursor.as_u64() or 0) >= last or fold.done())
+
+    @rule()
+    def reset(self) -> None:
+        async def go() -> None:
+            force_reset(self.feeds[-1])
+
+        self.run(go())
+
+    def _relisting(self) -> bool:
+        """A resync or its state-sync re-list is under way. A re-list has no live floor
+        guard (docs/semantics/kv.md §5, only All-scope resume watches have one), so
+        retention is not made to overrun it here: once, such a run left the fold
+        stalled short of the stream's end (open; see the #22 report)."""
+        feed = self.feeds[-1]
+        if feed._stopped:
+            return True
+        relist = feed._spec.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT
+        return relist and feed.delivered < feed.initial_pending
+
+    @precondition(lambda self: not self._relisting())
+    @rule(back=st.integers(min_value=0, max_value=60), past_reader=st.booleans())
+    def evict_head(self, back: int, past_reader: bool) -> None:
+        """Retention: everything below ``last - back`` is gone, or (``past_reader``)
+        everything up to a little past what the feed has handed over."""
+
+        async def go() -> None:
+            _, last = await self.kv.stream_bounds()
+            below = max(1, last - back)
+            if past_reader:
+                below = min(below, self.feeds[-1].handed + 2)
+            await self._evict(below)
+
+        self.run(go())
+
+    async def _evict(self, below: int) -> None:
+        """Evict every revision below ``below``, the last one excepted: a purge of all
+        moves the stream's last sequence past any message a fold could reach."""
+        _, last = await self.kv.stream_bounds()
+        below = min(below, last)
+        await self.kv.js.purge_stream(self.kv.stream, seq=below)
+        self.evicted_below = max(self.evicted_below, below)
+        self.evicted_since_relist = True
+
+    @precondition(lambda self: self.restarts < 1)
+    @rule()
+    def restart_server(self) -> None:
+        """The server dies and comes back: the client reconnects, the consumer is gone."""
+        self.restarts += 1
+        nc = self.conn.client
+        before = nc.stats["reconnects"]
+        self.server.stop()
+        self.server.start()
+
+        async def reconnected() -> None:
+            await self._wait(lambda: nc.stats["reconnects"] > before and nc.is_connected)
+            await self.kv.stream_bounds()  # JetStream answers again
+
+        self.run(reconnected())
+
+    # --- the check, once quiet -----------------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            self.release.set()
+            self.held = False
+            self.run(self._quiesce(), timeout=60)
+            self._check()
+        finally:
+            self.loop.run_until_complete(self._close())
+            self.loop.close()
+            watcher_module.OrderedFeed = OrderedFeed  # type: ignore[misc]
+
+    async def _quiesce(self) -> None:
+        while True:
+            await self._restart_failed_fold()
+            _, last = await self.kv.stream_bounds()
+            fold = self.fold
+            assert fold is not None
+
+            def caught_up(last: int = last, fold: asyncio.Task[WatchCursor] = fold) -> bool:
+                return (self.store.cursor.as_u64() or 0) >= last or fold.done()
+
+            with contextlib.suppress(AssertionError):
+                await self._wait(caught_up)
+                if not fold.done():
+                    return
+            if not fold.done():
+                raise AssertionError(
+                    f"fold stuck at {self.store.cursor.as_u64()} of {last}; "
+                    f"applied tail {self.applied[-5:]}"
+                )
+
+    def _check(self) -> None:
+        bounds = [0, *self.relist_at, len(self.applied)]
+        segments = [self.applied[a:b] for a, b in itertools.pairwise(bounds)]
+        first = [r for r in segments[0] if r is not None]
+        expected = list(range(self.start_cursor + 1, self.start_cursor + 1 + len(first)))
+        assert first == expected, "before any resync every revision is applied once, in order"
+        for seg in segments[1:]:
+            revs = [r for r in seg if r is not None]
+            assert revs == sorted(set(revs)), "a re-list applies each revision once, in order"
+        for at, owed in zip(self.relist_at, self.handed_before_relist, strict=True):
+            before = [r for r in self.applied[:at] if r is not None]
+            if owed is not None:
+                assert (before[-1] if before else self.start_cursor) == owed, (
+                    "every revision handed over before a resync is applied before it "
+                    "(every revision is applied once, in order, or resynced)"
+                )
+        # The fold keeps what it applied even once retention evicted it (it is then
+        # the only full replica); a resync rebuilds it from what the stream held.
+        floor = self.relist_floor[-1] if self.relist_floor else 0
+        if self.relist_floor and self.evicted_since_relist:
+            return  # evicted under the re-list itself: what it saw is not modelled
+        expected: dict[str, bytes] = {}
+        for rev, key, value in sorted(self.log):
+            if rev < floor:
+                continue
+            if value is None:
+                expected.pop(key, None)
+            else:
+                expected[key] = value
+        assert {e.key: e.value for e in self.store.range()} == expected
+
+    async def _close(self) -> None:
+        self.shutdown.set()
+        if self.fold is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.fold, 10)
+        with contextlib.suppress(BaseException):
+            await self.conn.shutdown()
+        self.store.close()
+
+
+def _machine(server: EmbeddedNats) -> type[FeedResets]:
+    return type("FeedResetsOn", (FeedResets,), {"server": server})
+
+
+MACHINE_SETTINGS = settings(
+    max_examples=12,
+    stateful_step_count=14,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def test_every_revision_is_applied_once_in_order_or_resynced(
+    restartable_nats: EmbeddedNats, fixed_constants: None
+) -> None:
+    run_state_machine_as_test(_machine(restartable_nats), settings=MACHINE_SETTINGS)
+
+
+# --- mutants: each broken, the machine fails -----------------------------------------
+
+
+def _resume_after_delivered(delivered: int, handed: int) -> int:
+    return delivered
+
+
+async def _recreate_dropping_the_channel(self: OrderedFeed) -> None:
+    while not self._out.empty():  # the chunk handed over but not yet read, thrown away
+        self._out.get_nowait()
+    await _RECREATE(self)
+
+
+_RECREATE = OrderedFeed._recreate
+
+
+@pytest.mark.parametrize("mutant", ["resume_after_delivered", "reset_drops_the_channel"])
+def test_a_broken_reset_is_caught(
+    mutant: str,
+    restartable_nats: EmbeddedNats,
+    monkeypatch: pytest.MonkeyPatch,
+    fixed_constants: None,
+) -> None:
+    if mutant == "resume_after_delivered":
+        monkeypatch.setattr(consumer_module, "reset_resume_point", _resume_after_delivered)
+    else:
+        monkeypatch.setattr(OrderedFeed, "_recreate", _recreate_dropping_the_channel)
+    with pytest.raises(AssertionError, match="every revision is applied once, in order"):
+        run_state_machine_as_test(
+            _machine(restartable_nats),
+            settings=settings(MACHINE_SETTINGS, max_examples=40),
+        )
