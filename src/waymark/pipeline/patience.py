@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from waymark.checkpoint.backoff import Backoff
@@ -136,3 +136,6 @@ class PatientStore:
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         return iter(self._call(lambda: list(self.inner.list(prefix))))
+
+    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+        return self._call(lambda: self.inner.clean_abandoned_temp(min_age_s))
