@@ -142,8 +142,10 @@ def fold(
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
     from rich.console import Console
 
+    # soft_wrap: lines on stderr are log lines; a pipe's 80 columns must not cut them.
+    console = Console(stderr=True, soft_wrap=True)
     # Held for the whole run, whichever way it ends (an exit code included).
-    with _lock_and_clean(Console(stderr=True), Path(store.partition(":")[2]).absolute()):
+    with _lock_and_clean(console, Path(store.partition(":")[2]).absolute()):
         asyncio.run(
             _run(
                 nats,
@@ -400,7 +402,7 @@ async def _run(
     )
     from waymark.kv.server import EmbeddedNats
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     server = None
     if url is None:
         server = EmbeddedNats(nats_dir).start()

@@ -199,7 +199,7 @@ def run(
     except ObjectStoreError as error:  # out for longer than the store's budget
         typer.echo(f"{spec_path}: the handoff store does not answer: {error}", err=True)
         raise typer.Exit(1) from None
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:
         server, _ = start_http_server(port, registry=runner.registry)
