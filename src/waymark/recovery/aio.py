@@ -21,7 +21,7 @@ from typing import Protocol
 from ..client import ApiError, AsyncClient, Client, TransportError
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, ErrorCode, RecoveryReport, key_topic
-from .core import Io, Lookup, Query, ServiceCore, Status, T
+from .core import Io, Lookup, Query, ServiceCore, Status, T, listener_failed, source_failed
 from .report import reporter_for
 from .source import PAGE, check_topics, refusal
 from .store import ReceiptStore
@@ -283,18 +283,11 @@ class AsyncRecoveryService:
             try:
                 listener(committed)
             except Exception as exc:
-                self._fail(RecoveryError(
-                    f"the listener raised {type(exc).__name__}: {exc} (on {committed}): "
-                    f"client {self.client_id!r} stopped; subscribe again once it is "
-                    "fixed, the keys it did not receipt are reported then"
-                ), exc)  # fmt: skip
+                self._fail(listener_failed(self.client_id, committed, exc), exc)
                 return
 
     def _source_failed(self, exc: BaseException) -> None:
-        self._fail(RecoveryError(
-            f"following new change checkpoints failed: {exc}: client {self.client_id!r} "
-            "stopped; subscribe again"
-        ), exc)  # fmt: skip
+        self._fail(source_failed(self.client_id, exc), exc)
 
     def _fail(self, error: RecoveryError, cause: BaseException) -> None:
         error.__cause__ = cause

@@ -519,6 +519,23 @@ class ServiceCore(Generic[F]):
         return RecoveryReport(self.client_id, mark, ranges, pending, interval_ms, failed)
 
 
+def listener_failed(client: str, committed: CommittedVersion, exc: Exception) -> RecoveryError:
+    """Why a service stopped when its listener raised (docs/recovery.md)."""
+    return RecoveryError(
+        f"the listener raised {type(exc).__name__}: {exc} (on {committed}): client "
+        f"{client!r} stopped; subscribe again once it is fixed, the keys it did not "
+        "receipt are reported then"
+    )
+
+
+def source_failed(client: str, exc: BaseException) -> RecoveryError:
+    """Why a service stopped when its source could follow new checkpoints no longer."""
+    return RecoveryError(
+        f"following new change checkpoints failed: {exc}: client {client!r} stopped; "
+        "subscribe again"
+    )
+
+
 def window_losses(mark: int, below: int, view: SourceView) -> list[WindowLoss]:
     """The checkpoints above ``mark`` up to ``below`` that a walk could not examine, by
     reason (docs/semantics/recovery.md §3.2): those the server's window removed, and

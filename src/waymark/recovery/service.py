@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from ..client import Client
 from ..clock import Clock, SystemClock
 from ..protocol import Checkpoint, RecoveryReport
-from .core import Query, ServiceCore, Status, run
+from .core import Query, ServiceCore, Status, listener_failed, run, source_failed
 from .report import reporter_for
 from .store import ReceiptStore
 from .topicstore import TopicReceiptStore
@@ -157,20 +157,13 @@ class RecoveryService:
             try:
                 listener(committed)
             except Exception as exc:
-                self._fail(RecoveryError(
-                    f"the listener raised {type(exc).__name__}: {exc} (on {committed}): "
-                    f"client {self.client_id!r} stopped; subscribe again once it is "
-                    "fixed, the keys it did not receipt are reported then"
-                ), exc)  # fmt: skip
+                self._fail(listener_failed(self.client_id, committed, exc), exc)
                 return
 
     def _source_failed(self, exc: BaseException) -> None:
         """The source can follow new checkpoints no longer (its server refused, or
         stayed unreachable): the service stops."""
-        self._fail(RecoveryError(
-            f"following new change checkpoints failed: {exc}: client {self.client_id!r} "
-            "stopped; subscribe again"
-        ), exc)  # fmt: skip
+        self._fail(source_failed(self.client_id, exc), exc)
 
     def _fail(self, error: RecoveryError, cause: BaseException) -> None:
         error.__cause__ = cause
