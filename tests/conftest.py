@@ -198,6 +198,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the longest group and come first, so the other worker takes every other module
     meanwhile instead of waiting for Spark at the end."""
     for item in items:
+        # schemathesis makes one item per API operation, all with the function's node
+        # id (it sets the _nodeid pytest 9 no longer reads): xdist keys its work by node
+        # id, so all but one operation of each fuzz test went untested. The item's name
+        # names the operation; so does its node id now.
+        if item.parent is not None and item.nodeid.rpartition("::")[2] != item.name:
+            item._id = item.parent.id.child(item.name)  # noqa: SLF001
         module = item.nodeid.split("::", 1)[0]
         group = "spark" if module.startswith("tests/spark/") else module
         item.add_marker(pytest.mark.xdist_group(group))
