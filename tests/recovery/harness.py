@@ -36,7 +36,9 @@ class EngineCheckpoints:
         self.older = 0  # the newest checkpoint the last walk left out for age
         self.on_error: Callable[[BaseException], None] | None = None
 
-    def all(self) -> list[Checkpoint]:
+    def all(self, filtered: bool = True) -> list[Checkpoint]:
+        """Every checkpoint, as the client sees it (``filtered``) or as the server
+        wrote it."""
         found: list[Checkpoint] = []
         cursor = 0
         while True:
@@ -45,7 +47,7 @@ class EngineCheckpoints:
             for run in page.runs:
                 stored = _stored.decode(bytes(run)[:-1])
                 changes = stored.data.changes
-                if self.topics is not None:
+                if filtered and self.topics is not None:
                     changes = [c for c in changes if key_topic(c.key) in self.topics]
                 found.append(Checkpoint(stored.seq, stored.data.time_ms, changes,
                                         self.engine.instance))  # fmt: skip
