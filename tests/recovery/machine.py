@@ -97,7 +97,8 @@ class RecoveryMachine(RuleBasedStateMachine):
         # the window losses a subscribe reported: once only, the watermark then passes
         # them (docs/semantics/recovery.md §3.2), so later queries need not again
         self.lost: list[WindowLoss] = []
-        self.new_filter = False  # the next start adopts another filter (§3.4)
+        # the next start adopts another filter (docs/semantics/recovery.md §3.4)
+        self.new_filter = False
         self._start()
 
     def _new_engine(self) -> Engine:
