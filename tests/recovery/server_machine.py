@@ -11,9 +11,10 @@ not yet in a checkpoint is in the next one and none already named is named again
 client resyncs, and the resync reports every change of the new instance; a change
 whose checkpoint passed the window is reported missed or inside a reported loss.
 Another filter is refused (RecoveryError) and changes nothing persisted unless the
-run says ``new_filter``; then, if it adds topics, the checkpoints from the filter's
-``since`` to the receipts' end are reported as a ``filter_changed`` loss, that one
-and no other, and every later restart reports every change of the new filter's
+run says ``new_filter``; then, if it adds topics, the checkpoints the old filter could
+pass (above its ``since``, and the holes of the receipts below it when the first filter
+took effect) that the receipts now hold are reported as ``filter_changed`` losses,
+those and no other, and every later restart reports every change of the new filter's
 topics that was not receipted, outside the losses announced for the topics added.
 """
 
@@ -52,6 +53,17 @@ def adds(old: Filter, new: Filter) -> bool:
     return old is not None and (new is None or not new <= old)
 
 
+def spans(ids: set[int]) -> list[tuple[int, int]]:
+    """``ids`` as maximal ranges of consecutive ids."""
+    found: list[tuple[int, int]] = []
+    for i in sorted(ids):
+        if found and found[-1][1] + 1 == i:
+            found[-1] = (found[-1][0], i)
+        else:
+            found.append((i, i))
+    return found
+
+
 def persisted(store: LocalReceiptStore) -> tuple[int | None, list[tuple[int, int]], Binding | None]:
     """What the client's receipts hold: watermark, range receipts, binding."""
     return (store.low_watermark(CLIENT), list(store.range_receipts(CLIENT, 0)),
@@ -81,10 +93,10 @@ class ServerMachine(RecoveryMachine):
             # instance is reported (its watermark goes to 0).
             self.floor, self.processed, self.persisted = 0, {}, set()
             self.replaced, self.resync = False, True
-            self.since = 0
+            self.since, self.holes = 0, set()
         super()._start()
         if getattr(self, "since", None) is None:  # the first start
-            self.since = self.floor
+            self.since, self.holes = self.floor, set()
 
     def _refused(self) -> None:
         store = LocalReceiptStore(self.dir / "receipts.db")
@@ -165,6 +177,8 @@ class ServerMachine(RecoveryMachine):
             assert persisted(store) == before, "a refused filter changed the receipts"
             mark, ranges, _ = before
             end = max([mark or 0, *(last for _, last in ranges)])  # the receipts' end
+            held = set(range(1, (mark or 0) + 1)).union(
+                *(range(first, last + 1) for first, last in ranges))  # fmt: skip
         finally:
             store.close()
         if not adopt:
@@ -172,13 +186,16 @@ class ServerMachine(RecoveryMachine):
             self._start()
             return
         assert end >= max(self.persisted, default=0), f"receipts end at {end}"
-        if adds(old, topics) and end > self.since:
+        if adds(old, topics):
+            # What the old filter could pass (above its since, and its holes below) and
+            # the receipts now hold: it may have receipted those for the topics it left out.
             assert old is not None
-            self.promised = (self.since + 1, end)
-            self.announced.append((self.since + 1, end, old))
+            self.promised = spans({i for i in held if i > self.since or i in self.holes})
+            self.announced += [(first, last, old) for first, last in self.promised]
         self.new_filter = True
         self._start()
-        self.since = end
+        if topics is None or old is None:  # a filter after another keeps what that could pass
+            self.since, self.holes = end, set(range((mark or 0) + 1, end + 1)) - held
 
     @precondition(lambda self: not self.replaced)
     @rule(pick=st.integers(0, 10_000))
@@ -209,10 +226,10 @@ class ServerMachine(RecoveryMachine):
         """The ``filter_changed`` loss the docs promise and no other; a change of a
         topic the filter kept is not excused by it (see :meth:`excused`)."""
         self.announced = getattr(self, "announced", [])
-        promised, self.promised = getattr(self, "promised", None), None
+        promised, self.promised = getattr(self, "promised", []), []
         lost = [(f.first, f.last) for f in found
                 if isinstance(f, WindowLoss) and f.reason == "filter_changed"]  # fmt: skip
-        assert lost == ([promised] if promised else []), (
+        assert lost == promised, (
             f"filter change: reported losses {lost}, the docs promise {promised}"
         )
         others = [f for f in found

@@ -76,6 +76,7 @@ class Checked:
     reset: bool
     losses: list[WindowLoss]
     receipted: int
+    holes: list[tuple[int, int]] = field(default_factory=list)  # of the receipts below it
 
 
 def _topics(topics: list[str] | None) -> str:
@@ -103,6 +104,7 @@ class Query:
     reset: bool = False  # a resync: the receipts of another instance are dropped
     losses: list[WindowLoss] = field(default_factory=list)  # ids it could not examine
     receipted: int = 0  # the highest checkpoint id the stored receipts reached
+    holes: list[tuple[int, int]] = field(default_factory=list)  # what they had not below it
 
     def missed(self) -> Missed:
         """What the query reports: its losses first, then each missed key once."""
@@ -121,6 +123,36 @@ class _Waiter(Generic[F]):
 
     def __init__(self, future: F, remaining: int) -> None:
         self.future, self.remaining = future, remaining
+
+
+def holes(stored: Stored) -> list[tuple[int, int]]:
+    """The checkpoint ranges between the stored watermark and the receipts' end that
+    no receipt holds."""
+    found, after = [], stored.mark or 0
+    for begin, end in sorted(stored.ranges):
+        if begin > after + 1:
+            found.append((after + 1, begin - 1))
+        after = max(after, end)
+    return found
+
+
+def passed(binding: Binding, held: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Of the checkpoints ``binding``'s filter could pass (its unreceipted ranges and
+    every id above its ``since``), those the receipts ``held`` now: what it may have
+    receipted for the topics it left out, in maximal ranges
+    (docs/semantics/recovery.md §3.4)."""
+    could = sorted([*binding.unreceipted, (binding.since + 1, MAX_ID)])
+    found: list[tuple[int, int]] = []
+    for first, last in sorted(held):
+        for low, high in could:
+            begin, end = max(first, low), min(last, high)
+            if begin > end:
+                continue
+            if found and found[-1][1] + 1 >= begin:
+                found[-1] = (found[-1][0], max(found[-1][1], end))
+            else:
+                found.append((begin, end))
+    return found
 
 
 def versions(missed: dict[str, Version]) -> list[CommittedVersion]:
@@ -194,7 +226,7 @@ class ServiceCore(Generic[F]):
                 )
             return Checked(True, [], receipted)
         if binding is None or binding.topics == self.topics:
-            return Checked(False, [], receipted)
+            return Checked(False, [], receipted, holes(stored))
         if not new_filter:
             raise RecoveryError(
                 f"client {self.client_id!r} kept its receipts for {_topics(binding.topics)}, "
@@ -206,9 +238,24 @@ class ServiceCore(Generic[F]):
         old, new = binding.topics, self.topics
         adds = old is not None and (new is None or not set(new) <= set(old))
         losses = []
-        if adds and receipted > binding.since:
-            losses.append(WindowLoss(binding.since + 1, receipted, "filter_changed"))
-        return Checked(False, losses, receipted)
+        if adds:
+            held = [(1, stored.mark)] if stored.mark else []
+            for first, last in passed(binding, [*held, *stored.ranges]):
+                losses.append(WindowLoss(first, last, "filter_changed"))
+        return Checked(False, losses, receipted, holes(stored))
+
+    def _binding(self, query: Query) -> Binding:
+        """The binding a run stores: what its filter may pass of the topics it leaves
+        out (docs/semantics/recovery.md §3.4). A filter that follows another keeps what
+        the first could pass, as its run may not have receipted it yet."""
+        if query.first_start:
+            return Binding(query.instance, self.topics, query.newest)
+        if query.reset:
+            return Binding(query.instance, self.topics, 0)
+        old = query.binding
+        if self.topics is not None and old is not None and old.topics is not None:
+            return Binding(query.instance, self.topics, old.since, old.unreceipted)
+        return Binding(query.instance, self.topics, query.receipted, query.holes)
 
     def _other_server(
         self, newest: int, instance: str, receipted: int, binding: Binding | None
@@ -271,7 +318,7 @@ class ServiceCore(Generic[F]):
             if moved <= walk.ledger.low_watermark:
                 moved = None
         return Query(walk.ledger, found, newest, False, moved, view.instance, binding, reset,
-                     [*checked.losses, *losses], checked.receipted)  # fmt: skip
+                     [*checked.losses, *losses], checked.receipted, checked.holes)  # fmt: skip
 
     def start(self, query: Query, listener: CommittedVersionListener) -> Io[list[CommittedVersion]]:
         """Subscribe ``listener`` after ``query``: drop another instance's receipts on a
@@ -287,8 +334,7 @@ class ServiceCore(Generic[F]):
         elif query.moved is not None:
             yield (store.store_low_watermark, (client, query.moved))
             ledger.advance(query.moved)
-        since = query.newest if query.first_start else 0 if query.reset else query.receipted
-        binding = Binding(query.instance, self.topics, since)
+        binding = self._binding(query)
         if not binding.same(query.binding):
             yield (store.store_binding, (client, binding))
         self.instance = query.instance

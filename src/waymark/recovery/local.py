@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS ranges (
     PRIMARY KEY (client, begin)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS binding (
-    client TEXT PRIMARY KEY, instance TEXT NOT NULL, topics TEXT, since INTEGER NOT NULL
+    client TEXT PRIMARY KEY, instance TEXT NOT NULL, topics TEXT, since INTEGER NOT NULL,
+    unreceipted TEXT
 );
 """
 
@@ -44,12 +45,17 @@ class LocalReceiptStore:
                 self._db.close()
                 raise FileNotFoundError(f"{self.path} is not a receipt store")
             self._binding = "binding" in tables
+            # (a file from before the unreceipted ranges were kept: it has none)
+            self._holes = self._binding and "unreceipted" in self._columns()
         else:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             self._binding = True
+            if "unreceipted" not in self._columns():  # a file from before it was kept
+                self._db.execute("ALTER TABLE binding ADD COLUMN unreceipted TEXT")
+            self._holes = True
         self._lock = threading.Lock()
 
     def _write(self, sql: str, rows: Iterable[tuple[object, ...]]) -> None:
@@ -99,23 +105,31 @@ class LocalReceiptStore:
     def purge_before(self, client: str, checkpoint: int) -> None:
         self._write("DELETE FROM ranges WHERE client = ? AND end <= ?", [(client, checkpoint)])
 
+    def _columns(self) -> set[str]:
+        return {row[1] for row in self._db.execute("PRAGMA table_info(binding)")}
+
     def binding(self, client: str) -> Binding | None:
         if not self._binding:
             return None  # (a file from before bindings were kept, opened read-only)
+        unreceipted = "unreceipted" if self._holes else "NULL"
         with self._lock:
             row = self._db.execute(
-                "SELECT instance, topics, since FROM binding WHERE client = ?", (client,)
+                f"SELECT instance, topics, since, {unreceipted} FROM binding WHERE client = ?",
+                (client,),
             ).fetchone()
         if row is None:
             return None
-        return Binding(row[0], None if row[1] is None else json.loads(row[1]), int(row[2]))
+        topics = None if row[1] is None else json.loads(row[1])
+        holes = [(first, last) for first, last in json.loads(row[3] or "[]")]
+        return Binding(row[0], topics, int(row[2]), holes)
 
     def store_binding(self, client: str, binding: Binding) -> None:
         topics = None if binding.topics is None else json.dumps(binding.topics)
         self._write(
-            "INSERT INTO binding VALUES (?, ?, ?, ?) ON CONFLICT (client) DO UPDATE SET "
-            "instance = excluded.instance, topics = excluded.topics, since = excluded.since",
-            [(client, binding.instance, topics, binding.since)],
+            "INSERT INTO binding VALUES (?, ?, ?, ?, ?) ON CONFLICT (client) DO UPDATE SET "
+            "instance = excluded.instance, topics = excluded.topics, since = excluded.since, "
+            "unreceipted = excluded.unreceipted",
+            [(client, binding.instance, topics, binding.since, json.dumps(binding.unreceipted))],
         )
 
     def close(self) -> None:

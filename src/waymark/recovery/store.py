@@ -20,9 +20,12 @@ class Binding(msgspec.Struct, frozen=True):
 
     instance: str
     topics: list[str] | None = None
-    # The checkpoint id the receipts had reached when this filter took effect: what a
-    # later filter change reports as lost for the topics it adds.
+    # What this filter may pass of the topics it leaves out (docs/semantics/recovery.md
+    # §3.4): every checkpoint above ``since`` (the receipts' end when a filter first took
+    # effect) and the ``unreceipted`` ranges below it, the holes of the receipts then. A
+    # later filter that adds topics reports what of these the receipts now hold as lost.
     since: int = 0
+    unreceipted: list[tuple[int, int]] = msgspec.field(default_factory=list)
 
     def same(self, other: Binding | None) -> bool:
         return other is not None and (self.instance, self.topics) == (other.instance, other.topics)
