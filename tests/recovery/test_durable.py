@@ -19,6 +19,8 @@ import pytest
 from tests.conftest import ServerProcess
 
 from waymark.client import Client
+from waymark.log import CHANGES_TOPIC
+from waymark.log.storage.restore import open_engine
 from waymark.protocol import ConfigPatch, Durability, RecordIn
 from waymark.recovery import LocalReceiptStore, RecoveryService, TopicCheckpoints
 
@@ -112,3 +114,37 @@ def test_checkpoints_after_a_crash_gap_are_listed(
     server.stop(signal.SIGKILL)
     server = spawn_server(data, "--checkpoint-interval-s", "3600")
     wait_named(server.url, "orders/b")
+
+
+def test_the_newest_checkpoint_is_found_below_a_crash_gap(
+    spawn_server: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A crash whose restart has nothing to name leaves the checkpoint topic's newest
+    seqs in the gap its ceiling led by (docs/durability.md): the listing walks below
+    them, so a client's newest id is the last checkpoint, not 0, and its changes are
+    reported. Found by the kill loop (test_kills.py): a last restart with nothing to
+    name made ``missed()`` report nothing at all."""
+    data = tmp_path / "data"
+    engine, wal, _ = open_engine(data, track_changes=True)
+    engine.track_changes(86_400_000)
+    engine.put_topic("orders", ConfigPatch(durability=Durability.FSYNC))
+    for i in range(50):  # checkpoints in a burst: the topic's ceiling leads its head
+        engine.append("orders", [RecordIn.of(i, tag="a")])
+        wal.sync_blocking()
+        engine.emit_checkpoint()
+    wal.sync_blocking()
+    changes = engine.kernel.existing(CHANGES_TOPIC)
+    assert changes.durable_ceiling > changes.head_seq, "no lead: the case is not played"
+    wal.close()  # a crash: no trim, no last checkpoint; every change is named already
+
+    receipts = LocalReceiptStore(tmp_path / "receipts.db")
+    receipts.store_low_watermark("indexer", 0)  # subscribed before the first append
+    server = spawn_server(data, "--checkpoint-interval-s", "3600")
+    service = RecoveryService(TopicCheckpoints(server.url), receipts, "indexer", recent_s=0,
+                              report=False)  # fmt: skip
+    try:
+        assert service.source.newest_id() == changes.head_seq
+        assert [(c.key, c.version) for c in service.missed()] == [("orders/a", 50)]
+    finally:
+        service.close()
+        receipts.close()

@@ -136,20 +136,24 @@ class ChangesApi:
         shown = _shown(request)
         instance = self.engine.instance
         head = self.read(0, 1).head_seq  # (also refuses when no checkpoints are kept)
-        top = min(_int(request, "before", head + 1) - 1, head)
-        low = max(top - limit, 0)
+        low = min(_int(request, "before", head + 1) - 1, head)
         found: list[_Out] = []
         page = None
-        cursor = low
-        while cursor < top:
-            # A crash leaves seqs of the checkpoint topic that no checkpoint holds (its
-            # ceiling's lead, docs/durability.md): a read stops before them, and the walk
-            # goes on past them.
-            page = self.read(cursor, top - cursor)
-            found += [c for c in _checkpoints(page, shown, instance) if c.id <= top]
-            if page.caught_up or page.next_from_seq <= cursor:
-                break
-            cursor = page.next_from_seq
+        # A crash leaves seqs of the checkpoint topic that no checkpoint holds (its
+        # ceiling's lead, docs/durability.md), the newest ones too when the restart had
+        # nothing to name: a page goes further back until it holds a checkpoint, or
+        # ``limit=1`` would answer "none" and a client's newest id would be 0
+        # (docs/semantics/recovery.md §1.5).
+        while not found and low > 0 and (page is None or low >= page.earliest_seq):
+            top, low = low, max(low - limit, 0)
+            cursor = low
+            while cursor < top:
+                # (a read stops before a run of such seqs; the walk goes on past them)
+                page = self.read(cursor, top - cursor)
+                found += [c for c in _checkpoints(page, shown, instance) if c.id <= top]
+                if page.caught_up or page.next_from_seq <= cursor:
+                    break
+                cursor = page.next_from_seq
         found.reverse()
         kept = [c for c in found if c.time_ms >= earliest_ms]
         # More to walk back only if nothing in this page was too old and seqs remain.
