@@ -5,16 +5,21 @@ processes, the shipped service and CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
+import pytest
 from tests.conftest import ServerProcess
 
 from waymark.client import Client
+from waymark.clock import ManualClock
+from waymark.log import Engine, TopicError
 from waymark.protocol import RecordIn
 from waymark.recovery import (
     CommittedVersion,
@@ -25,6 +30,7 @@ from waymark.recovery import (
     WindowLoss,
 )
 from waymark.recovery.core import window_losses
+from waymark.server.changes import ChangesApi, CheckpointFeed
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -162,3 +168,30 @@ def test_a_watch_cursor_behind_the_window_is_refused(
     answer = httpx.get(f"{server.url}/v0/changes/watch", params={"after": str(gone - 1)})
     assert answer.status_code == 400
     assert answer.json()["error"]["detail"]["lost"] == [gone, gone]
+
+
+def test_an_open_stream_overtaken_by_the_window_ends_with_the_lost_range() -> None:
+    """A follower that stalls while its next checkpoints pass the window (a slow
+    listener, a full socket) would skip them if the stream went on from the next one
+    kept: the stream ends with the ids it could not send (docs/semantics/recovery.md
+    §3.6). The server's own feed, time injected."""
+    clock = ManualClock()
+    engine = Engine(clock=clock)
+    engine.track_changes(1_000)
+
+    def checkpoint(tag: str) -> int:
+        engine.append("orders", [RecordIn.of(tag, tag=tag)])
+        result = engine.emit_checkpoint()
+        assert result is not None
+        return result.seqs[0]
+
+    feed = CheckpointFeed(ChangesApi(engine, cast(Any, None), cast(Any, None), 1.0), 0, None)
+    first = checkpoint("a")
+    sent, _ = asyncio.run(feed.next())
+    assert f"id: {first}\n".encode() in sent
+    stalled = [checkpoint("b"), checkpoint("c")]  # the stream does not send these in time
+    clock.advance(1_001)
+    checkpoint("d")
+    with pytest.raises(TopicError) as refused:
+        asyncio.run(feed.next())
+    assert refused.value.detail == {"lost": stalled, "reason": "expired"}
