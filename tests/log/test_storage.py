@@ -630,3 +630,30 @@ def test_an_ephemeral_restart_tells_each_reader_of_exactly_its_loss(
                 assert not false, f"reader at {cursor} told of losses that never happened: {false}"
         assert engine.append("e", [RecordIn.of("next")]).seqs == [state.head_seq + 1]
         shut(engine, store)
+
+
+def test_a_crash_between_a_seals_trim_and_the_wal_rotation_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """A seal trims the WAL files before its start while the writer thread may not
+    have opened the new one yet: a SIGKILL then leaves a shard directory with no file
+    at all. The restart must write at or after the catalog's start, or the next
+    restart takes its file for a seal's leftover and deletes acknowledged frames (found
+    by tests/recovery/test_kills.py: acked records and their changes gone)."""
+    engine, store = reopen(tmp_path, shards=1)
+    engine.put_topic("t", ConfigPatch(durability=Durability.FSYNC))
+    for round_ in range(3):  # every seal rotates: the catalog's start moves up
+        engine.append("t", [RecordIn.of(round_)])
+        store.sync_blocking()
+        store.seal(engine)
+    shut(engine, store, clean=False)
+    (shard,) = (tmp_path / "wal").iterdir()
+    for path in shard.iterdir():  # the state the SIGKILL left: no WAL file yet
+        path.unlink()
+    engine, store = reopen(tmp_path, shards=1)
+    acked = engine.append("t", [RecordIn.of("acked")]).seqs
+    store.sync_blocking()
+    shut(engine, store, clean=False)  # a crash: the record is in the WAL only
+    engine, store = reopen(tmp_path, shards=1)
+    assert seqs(engine, "t") == [1, 2, 3, *acked]
+    shut(engine, store)

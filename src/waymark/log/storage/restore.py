@@ -94,7 +94,7 @@ def open_engine(
     gradual.settle()
     finish(engine)
     engine.recovering = gradual if gradual.topics else None
-    wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock)
+    wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock, start=start)
     engine.journal = wal
     report = RestoreReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,

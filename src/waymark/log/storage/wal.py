@@ -68,14 +68,21 @@ class WalShard:
         retry_s: float = 0.05,
         max_retry_s: float = 1.0,
         clock: Clock | None = None,
+        first: int = 0,
     ) -> None:
+        """``first``: the catalog's first file to replay for this shard. Frames go on
+        at or after it even when the directory holds no file: a crash between a seal's
+        trim and the writer's move to the new file leaves none, and a file numbered
+        below it would be taken for a seal's leftover by the next restart and removed,
+        acknowledged frames and all."""
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._io = fileio
         self._retry_s = retry_s
         self._max_retry_s = max_retry_s
         existing = sorted(directory.glob(f"*{WAL_SUFFIX}"))
-        self.index = wal_index(existing[-1]) if existing else 0  # the file frames go to now
+        # the file frames go to now
+        self.index = max(wal_index(existing[-1]) if existing else 0, first)
         self.path = wal_path(directory, self.index)
         self._fd = fileio.open_append(self.path)
         self._size = os.fstat(self._fd).st_size
@@ -261,12 +268,16 @@ class Wal:
         shards: int = 2,
         fileio: FileIO | None = None,
         clock: Clock | None = None,
+        start: dict[str, int] | None = None,
     ) -> None:
-        """``clock`` times the group commits (the fsync_ms an fsync topic reports)."""
+        """``clock`` times the group commits (the fsync_ms an fsync topic reports);
+        ``start``: the catalog's first file per shard (see :class:`WalShard`)."""
         self.directory = directory
         self._io = fileio or FileIO()
         self.shards = [
-            WalShard(directory / f"shard-{i}", self._io, clock=clock) for i in range(shards)
+            WalShard(directory / f"shard-{i}", self._io, clock=clock,
+                     first=(start or {}).get(f"shard-{i}", 0))  # fmt: skip
+            for i in range(shards)
         ]
         self._shard_of: dict[str, WalShard] = {}
 
