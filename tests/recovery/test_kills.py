@@ -52,7 +52,7 @@ class Zygote:
 
     def _line(self) -> str:
         assert self.process.stdout is not None
-        assert readable(self.process.stdout, 20), "the forked server printed nothing"
+        assert readable(self.process.stdout, 120), "the forked server printed nothing"
         return self.process.stdout.readline()
 
     def serve(self, data_dir: Path) -> tuple[int, str]:

@@ -274,9 +274,11 @@ class Wal:
         ``start``: the catalog's first file per shard (see :class:`WalShard`)."""
         self.directory = directory
         self._io = fileio or FileIO()
+        firsts = start or {}
         self.shards = [
-            WalShard(directory / f"shard-{i}", self._io, clock=clock,
-                     first=(start or {}).get(f"shard-{i}", 0))  # fmt: skip
+            WalShard(
+                directory / f"shard-{i}", self._io, clock=clock, first=firsts.get(f"shard-{i}", 0)
+            )
             for i in range(shards)
         ]
         self._shard_of: dict[str, WalShard] = {}
