@@ -52,7 +52,7 @@ class Zygote:
 
     def _line(self) -> str:
         assert self.process.stdout is not None
-        assert readable(self.process.stdout, 120), "the forked server printed nothing"
+        assert readable(self.process.stdout, 60), "the forked server printed nothing"
         return self.process.stdout.readline()
 
     def serve(self, data_dir: Path) -> tuple[int, str]:
@@ -139,12 +139,6 @@ def play(client: Client, model: Model, rng: random.Random, stop: threading.Event
                 model.changed(topic, (epoch, state.next_seq))
 
 
-# OPEN (docs/semantics/recovery.md §1.6): in about one run of the module in two, one
-# seed ends with acknowledged changes the query never reports: a later version of a key
-# than the one reported ({'users': (101, 75)} reported at (101, 38)), or every change of
-# the last runs ({'orders': (118, 25), ...} all absent). Not yet explained: a silent
-# loss, kept in the suite as an expected failure until it is (`-rx` shows its keys).
-@pytest.mark.xfail(strict=False, reason="an intermittent silent loss under random kills")
 @pytest.mark.parametrize("seed", SEEDS)
 def test_every_acked_change_survives_random_kills(
     zygote: Zygote, tmp_path: Path, seed: int
