@@ -500,3 +500,41 @@ async def test_keep_n_spares_the_newest_artifacts_and_restore_fetches_any_of_the
     with pytest.raises(ArtifactInvalid, match="BLAKE3"):
         transport.restore_open(KEY, ids[3], f"lmdb:{tmp_path / 'no'}", generation=generation)
     assert not (tmp_path / "no").exists()
+
+
+async def test_a_round_whose_cursor_the_pointer_already_names_is_skipped(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node]
+) -> None:
+    """``fold_at``: a node at the pointer's cursor (it restarted, or bootstrapped from
+    it), or behind it, neither contends for the lease nor uploads a copy of the same
+    state; one past it runs its round."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(50)])
+    clock = ManualClock()
+    a = await start_node(kv, f"lmdb:{tmp_path / 'a'}", nodes)
+    await a.reach(50)
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    generation = await kv.generation()
+    lease = lease_for(leases, "a", clock)
+    export = export_via(a.requests, lambda: ExportInfo("a", clock.now_ms(), bucket_name, (),
+                                                       generation))  # fmt: skip
+
+    async def round_at(cursor: int) -> Any:
+        return await run_export_round(lease=lease, export=export, transport=transport, key=KEY,
+                                      workdir=tmp_path / "work",
+                                      fold_at=(generation << 64) | cursor)  # fmt: skip
+
+    assert (await round_at(50)).result is RoundResult.Published
+    clock.advance(int(TTL * 1000) + 1000)  # the lease expired: the next round could take it
+    held = await leases.reader().entry("lease.fold")
+    for cursor in (50, 49):
+        skipped = await round_at(cursor)
+        assert skipped.result is RoundResult.AlreadyPublished
+        assert skipped.states == [RoundState.Idle, RoundState.Idle]
+        assert skipped.manifest is not None and skipped.manifest.rank == 50
+    assert len(list(transport.store.list(f"{KEY}.payloads/"))) == 1  # no second copy
+    assert await leases.reader().entry("lease.fold") == held  # not contended for
+    await bulk_put(kv, [("k.more", b"w")])
+    await a.reach(51)
+    assert (await round_at(51)).result is RoundResult.Published

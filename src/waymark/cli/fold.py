@@ -782,16 +782,28 @@ def reports(
         typer.echo(msgspec.json.encode(FoldList(found)).decode())
         return
     table = Table("fold", "node", "backend", "bucket", "cursor", "lag", "last export",
-                  "last report", title=f"{len(found)} fold node(s)")  # fmt: skip
+                  "export role", "bootstrap", "last report",
+                  title=f"{len(found)} fold node(s)")  # fmt: skip
     for f in found:
         export = "none"
         if f.export is not None:
             at = datetime.datetime.fromtimestamp(f.export.time_ms / 1000, datetime.UTC)
             export = f"cursor {f.export.cursor} at {at:%H:%M:%S} ({f.export.payload})"
+        role: str = f.role or "-"
+        if f.role == "standby":
+            role = f"standby ({f.lease_holder or 'another node'} holds the lease)"
+        boot = "-"
+        if (r := f.restore) is not None and r.phase == "done":
+            boot = f"from {r.artifact} at cursor {r.cursor}"
+        elif r is not None:
+            boot = f"{r.phase} {r.done_bytes:,} of {r.total_bytes:,} bytes ({r.artifact})"
         seen = f"{f.age_ms / 1000:.1f} s ago" + (" [red]stale[/red]" if f.stale else "")
         table.add_row(f.fold, f.node, f.backend, f.bucket, str(f.cursor), str(f.lag), export,
-                      seen)  # fmt: skip
-    Console().print(table)
+                      role, boot, seen)  # fmt: skip
+    console = Console()
+    if not console.is_terminal:  # piped: no width to fit, and a cut name says nothing
+        console = Console(width=240)
+    console.print(table)
 
 
 @fold_app.command()

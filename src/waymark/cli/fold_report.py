@@ -97,5 +97,8 @@ class FoldReporter:
             except Exception as exc:  # the bucket's info or the pointer could not be read
                 log.warning("fold report not made (the next one is tried): %s", exc)
             self._now.clear()
+            # Not asyncio.wait_for: on 3.11 it swallows a cancel that comes as the event is
+            # set (an export or a bootstrap just ended), and this loop then never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._now.wait(), self.every_s)
+                async with asyncio.timeout(self.every_s):
+                    await self._now.wait()

@@ -192,7 +192,8 @@ class ArtifactBackend(Protocol):
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)`` of a bootstrap or restore (docs/kv.md, "Restore
 progress"): ``download`` in payload bytes, ``verify`` in bytes hashed, ``open`` (the
-engine's reopen, 0 then 1), ``done``. Called from the thread doing the work."""
+engine's reopen: 0 of 1), ``done`` (the artifact's file bytes, all of them). Called
+from the thread doing the work."""
 
 _HASH_STEP = 16 << 20  # bytes hashed between two progress calls
 
@@ -576,7 +577,8 @@ def _import(
         raise
     shutil.rmtree(stage, ignore_errors=True)
     if progress is not None:
-        progress("done", 1, 1)
+        size = sum(f.size for f in manifest.files)
+        progress("done", size, size)
     return manifest, store
 
 
