@@ -468,16 +468,19 @@ async def _run(
         await _forget_a_dead_buckets_fold(console, Path(spec.partition(":")[2]), bucket_generation)
         bootstrapped = None
         if replicas.bootstrap_from is not None:
-            bootstrap = _bootstrap(
-                console, replicas, spec, bucket, prefixes, bucket_generation, reporter
-            )
+
+            def bootstrap() -> Awaitable[SnapshotStore | None]:
+                return _bootstrap(
+                    console, replicas, spec, bucket, prefixes, bucket_generation, reporter
+                )
+
             if reporter is None:
-                bootstrapped = await bootstrap
+                bootstrapped = await bootstrap()
             else:  # the console shows the bootstrap's progress while it runs
                 async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
                     during = asyncio.create_task(reporter.run(await c.store(bucket, store_config)))
                     try:
-                        bootstrapped = await bootstrap
+                        bootstrapped = await bootstrap()
                     finally:
                         during.cancel()
                         with contextlib.suppress(asyncio.CancelledError):

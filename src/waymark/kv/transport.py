@@ -216,19 +216,26 @@ def extract_payload(stream: IO[bytes] | io.RawIOBase, dest: Path, pointer_bytes:
         raise ArtifactInvalid(f"payload is not a complete tar: {e}") from e
 
 
+_PROGRESS_STEP = 1 << 20
+"""Bytes fetched between two download progress calls: tarfile reads 10 KiB at a time."""
+
+
 class _Counted(io.RawIOBase):
-    """A payload stream that reports the bytes read so far to ``progress("download")``."""
+    """A payload stream that reports the bytes read so far to ``progress("download")``,
+    every ``_PROGRESS_STEP`` bytes and at the end."""
 
     def __init__(self, raw: io.RawIOBase, total: int, progress: Progress) -> None:
-        self.raw, self.total, self.progress, self.done = raw, total, progress, 0
+        self.raw, self.total, self.progress = raw, total, progress
+        self.done = self.said = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         n = self.raw.readinto(b) or 0
-        if n:
-            self.done += n
+        self.done += n
+        if self.done - self.said >= _PROGRESS_STEP or self.said < self.total <= self.done:
+            self.said = self.done
             self.progress("download", self.done, self.total)
         return n
 
