@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from waymark.cli import app
 from waymark.kv import Connection, KvStore, KvUpdate, StoreConfig, WatchCursor
+from waymark.kv.leftovers import generation_path
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.lmdb_store import LmdbStore
 from waymark.kv.transport import ObjectStoreTransport
@@ -405,7 +406,8 @@ async def test_keep_n_and_restore_an_older_artifact_by_id(
     """``--keep 2``: the published artifact and the one before are never retired (with
     the default, 1, the one before is, on the next round);
     ``fold restore --artifact ID`` restores the older one with a progress bar, and refuses
-    an unknown id (exit 4), a tampered payload (exit 3) and a path holding a fold (exit 1)."""
+    an unknown id (exit 4), a tampered payload (exit 3), a path holding a fold (exit 1) and,
+    once the bucket was recreated, the dead bucket's artifact (exit 4)."""
     kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
     url = (tmp_path / "artifacts").as_uri()
     transport = ObjectStoreTransport(open_objstore(url))
@@ -449,4 +451,14 @@ async def test_keep_n_and_restore_an_older_artifact_by_id(
     transport.store.put(payload, bytes(data))
     bad = CliRunner().invoke(app, [*offline, "--artifact", newest, "--store", f"lmdb:{other}"])
     assert bad.exit_code == 3 and "ArtifactInvalid" in bad.output and "BLAKE3" in bad.output
+    assert not other.exists()
+    # The restore records the artifact's generation: a later `waymark fold` on a bucket
+    # recreated since starts over instead of resuming a dead bucket's cursor.
+    assert generation_path(dest).read_text() == str(await kv.generation())
+    # The bucket deleted and recreated: against the live bucket (--nats), an artifact of
+    # the dead one is refused before anything is fetched.
+    await kv.js.delete_stream(kv.stream)
+    await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    dead = ran(*restore, "--artifact", older, "--store", f"lmdb:{other}")
+    assert dead.returncode == 4 and "generation" in dead.stderr, dead.stderr
     assert not other.exists()
