@@ -508,12 +508,13 @@ class ObjectStoreTransport:
         ``generation``: the bucket instance the store will fold (the pointer's, or the
         live bucket's); an artifact of another one is refused with ArtifactUnavailable
         before anything is fetched (its cursor means nothing on this bucket), as is an
-        unknown or pruned id. A tampered payload is ArtifactInvalid. Nothing is left at
+        unknown or pruned id. One from before generations (0) is taken, as a bootstrap
+        takes it. A tampered payload is ArtifactInvalid. Nothing is left at
         PATH on failure.
         """
         backend, _, path = store_spec.partition(":")
         raw, manifest = self.artifact_manifest(key, artifact_id)
-        if generation and manifest.generation != generation:
+        if generation and manifest.generation and manifest.generation != generation:
             raise ArtifactUnavailable(
                 f"artifact {artifact_id} folds generation {manifest.generation} of the "
                 f"bucket, not the current generation {generation} (the bucket was deleted "
