@@ -27,11 +27,18 @@ from .test_fold_replicas import bulk_put, until, waymark
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(scope="module")
+def server(
+    spawn_module_server: Callable[..., ServerProcess], tmp_path_factory: pytest.TempPathFactory
+) -> ServerProcess:
+    """One waymark server for the module: each test's fold is named by its own bucket."""
+    return spawn_module_server(tmp_path_factory.mktemp("reports-server"))
+
+
 async def test_a_fold_reports_cursor_lag_and_export(
     conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path,
-    spawn_server: Callable[..., ServerProcess],
+    server: ServerProcess,
 ) -> None:  # fmt: skip
-    server = spawn_server(tmp_path / "server")
     kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
     await bulk_put(kv, [(f"k.{i:04}", b"v%d" % i) for i in range(300)])
     exports = f"file://{tmp_path / 'exports'}"
