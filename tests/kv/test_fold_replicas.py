@@ -262,6 +262,9 @@ def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path)
     result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
                                       "--if-exists"])  # fmt: skip
     assert result.exit_code == 2 and "--bootstrap-from" in result.output
+    result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
+                                      "--keep", "3"])  # fmt: skip
+    assert result.exit_code == 2 and "--export-to" in result.output
 
 
 async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_has_one_node(

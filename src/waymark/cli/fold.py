@@ -136,6 +136,8 @@ def fold(
         raise typer.BadParameter("--bucket and --store are required to run a fold")
     if if_exists and bootstrap_from is None:
         raise typer.BadParameter("--if-exists goes with --bootstrap-from")
+    if keep != 1 and export_to is None:
+        raise typer.BadParameter("--keep goes with --export-to")
     import asyncio
 
     replicas = Replicas(
