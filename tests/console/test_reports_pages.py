@@ -13,12 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from playwright.sync_api import Browser, Page, expect
 from tests.conftest import ServerProcess
 
 from waymark.client import Client
-from waymark.protocol import FoldReport, RecordIn
+from waymark.protocol import FoldReport, FoldRestore, RecordIn
 from waymark.recovery import CommittedVersion, RecoveryService, TopicCheckpoints, TopicReceiptStore
 
 from .test_browser import WAYMARK, fresh, new_token, open_page
@@ -77,6 +78,25 @@ def test_a_reporting_fold_shows_its_cursor_and_lag(
         # Its export, published through the pointer, with the payload's address.
         expect(row.get_by_test_id("fold-export")).to_contain_text(f"{bucket}.payloads/",
                                                                   timeout=15_000)  # fmt: skip
+        expect(row.get_by_test_id("fold-role")).to_have_text("exporter")  # it holds the lease
+        expect(row.get_by_test_id("fold-restore")).to_have_text("—")  # it did not bootstrap
+        # A node mid-bootstrap (a real one of a small artifact is over in milliseconds):
+        # its progress, then where it started from.
+        booting = FoldReport(bucket, "fold-c", "lmdb", bucket, 0, last, interval_ms=60_000,
+                             role="standby", lease_holder="fold-a",
+                             restore=FoldRestore("0123456789abcdef", last - 10, "download",
+                                                 512 * 1024, 2048 * 1024))  # fmt: skip
+        client.report_fold(booting)
+        boot = page.locator(f"tr[data-fold='{bucket}/fold-c']")
+        cell = boot.get_by_test_id("fold-restore")
+        expect(cell).to_have_text("downloading 0123456789abcdef 512 KiB of 2.0 MiB (25%)",
+                                  timeout=15_000)  # fmt: skip
+        expect(cell.locator("progress")).to_have_attribute("value", str(512 * 1024))
+        expect(boot.get_by_test_id("fold-role")).to_have_text("standby (fold-a holds the lease)")
+        client.report_fold(msgspec.structs.replace(booting, restore=FoldRestore(
+            "0123456789abcdef", last - 10, "done", 4096, 4096)))  # fmt: skip
+        expect(cell).to_have_text(f"from 0123456789abcdef at cursor {last - 10:,}",
+                                  timeout=15_000)  # fmt: skip
         stopped = page.locator(f"tr[data-fold='{bucket}/fold-b']")
         expect(stopped.get_by_test_id("fold-lag")).to_have_text("4")
         expect(stopped.get_by_test_id("fold-stale")).to_be_visible()  # not silently healthy

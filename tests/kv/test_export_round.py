@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from tests.kv.test_artifact import TailLosingCopy
 
 from waymark.clock import ManualClock
 from waymark.kv import (
+    ArtifactInvalid,
+    ArtifactUnavailable,
     Connection,
     ExportRequest,
     KvStore,
@@ -424,3 +427,114 @@ async def test_an_export_round_after_the_fold_stopped_fails_instead_of_hanging(
     assert report.result is RoundResult.Failed and "fold stopped" in str(report.error)
     assert await leases.reader().get("lease.fold") is None  # abandoned: the next node may go
     store.close()
+
+
+def artifact_id(manifest_key: str) -> str:
+    return manifest_key.rsplit("/", 1)[1].removesuffix(".tar")
+
+
+async def test_keep_n_spares_the_newest_artifacts_and_restore_fetches_any_of_them(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node], store_url: str
+) -> None:
+    """``keep=2`` over four rounds: the newest two are never retired, the others are, and
+    pruned once aged. ``restore_open`` by id restores a kept older
+    one exactly as the fold was at its cursor, reports its progress, and refuses a
+    pruned id, another bucket generation and a tampered payload, writing nothing."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    clock = ManualClock(time.time_ns() // 1_000_000)  # S3 stamps with the wall clock
+    transport = ObjectStoreTransport(open_objstore(store_url, clock=clock), clock=clock)
+    a = await start_node(kv, f"lmdb:{tmp_path / 'a'}", nodes)
+    lease = lease_for(leases, "a", clock, ttl=1.0)
+    generation = await kv.generation()
+    export = export_via(a.requests, lambda: ExportInfo("a", clock.now_ms(), bucket_name, (),
+                                                       generation))  # fmt: skip
+    ids, states = [], []
+    for r in range(4):
+        await bulk_put(kv, [(f"k.{i:03}", b"round-%d" % r) for i in range(r * 10, r * 10 + 50)])
+        _, last = await kv.stream_bounds()
+        await a.reach(last)
+        report = await run_export_round(lease=lease, export=export, transport=transport,
+                                        key=KEY, workdir=tmp_path / "work", keep=2)  # fmt: skip
+        assert report.result is RoundResult.Published, report.error
+        ids.append(artifact_id(transport.pointed(KEY)[1]))  # type: ignore[index]
+        states.append({e.key: e.value for e in a.store.range()})
+        clock.advance(1_100)  # past the lease
+    retired = {m.key.rsplit("/", 1)[1].removesuffix(".tar")
+               for m in transport.store.list(f"{KEY}.retired/")}  # fmt: skip
+    assert ids[1] in retired and not retired & set(ids[2:])  # the newest two never retired
+    # However long it waits, a kept artifact is never pruned; the others go.
+    clock.advance(3_600_000)
+    transport.prune(KEY, 0, keep=2)
+    assert {artifact_id(m.key) for m in transport.store.list(f"{KEY}.payloads/")} == set(ids[2:])
+
+    steps: list[tuple[str, int, int]] = []
+    spec = f"lmdb:{tmp_path / 'restored'}"
+    manifest, store = transport.restore_open(
+        KEY, ids[2], spec, generation=generation, bucket=bucket_name, scope=(),
+        progress=lambda phase, done, total: steps.append((phase, done, total)),
+    )  # fmt: skip
+    assert {e.key: e.value for e in store.range()} == states[2] != states[3]
+    assert store.cursor == manifest.cursor
+    store.close()
+    size = transport.store.head(f"{KEY}.payloads/{ids[2]}.tar").size
+    phases = [p for p, _, _ in steps]
+    assert phases == sorted(phases, key=["download", "verify", "open", "done"].index)
+    assert ("download", size, size) in steps and steps[-1][0] == "done"
+    assert (
+        "verify",
+        sum(f.size for f in manifest.files),
+        sum(f.size for f in manifest.files),
+    ) in steps
+
+    for bad, refused in [(ids[0], "unknown, or pruned"), ("0" * 16, "unknown, or pruned"),
+                         ("nothex", "is not an artifact id")]:  # fmt: skip
+        with pytest.raises(ArtifactUnavailable, match=refused):
+            transport.restore_open(KEY, bad, f"lmdb:{tmp_path / 'no'}", generation=generation)
+    with pytest.raises(ArtifactUnavailable, match="generation"):
+        transport.restore_open(KEY, ids[2], f"lmdb:{tmp_path / 'no'}", generation=generation + 1)
+    payload = f"{KEY}.payloads/{ids[3]}.tar"
+    data = bytearray(transport.store.get(payload).data)
+    data[-3000] ^= 0xFF  # inside data.mdb
+    transport.store.put(payload, bytes(data))
+    with pytest.raises(ArtifactInvalid, match="BLAKE3"):
+        transport.restore_open(KEY, ids[3], f"lmdb:{tmp_path / 'no'}", generation=generation)
+    assert not (tmp_path / "no").exists()
+
+
+async def test_a_round_whose_cursor_the_pointer_already_names_is_skipped(
+    conn: Connection, bucket_name: str, tmp_path: Path, nodes: list[Node]
+) -> None:
+    """``fold_at``: a node at the pointer's cursor (it restarted, or bootstrapped from
+    it), or behind it, neither contends for the lease nor uploads a copy of the same
+    state; one past it runs its round."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    leases = await conn.store(f"{bucket_name}-leases")
+    await bulk_put(kv, [(f"k.{i}", b"v") for i in range(50)])
+    clock = ManualClock()
+    a = await start_node(kv, f"lmdb:{tmp_path / 'a'}", nodes)
+    await a.reach(50)
+    transport = ObjectStoreTransport(open_objstore((tmp_path / "objects").as_uri()), clock=clock)
+    generation = await kv.generation()
+    lease = lease_for(leases, "a", clock)
+    export = export_via(a.requests, lambda: ExportInfo("a", clock.now_ms(), bucket_name, (),
+                                                       generation))  # fmt: skip
+
+    async def round_at(cursor: int) -> Any:
+        return await run_export_round(lease=lease, export=export, transport=transport, key=KEY,
+                                      workdir=tmp_path / "work",
+                                      fold_at=(generation << 64) | cursor)  # fmt: skip
+
+    assert (await round_at(50)).result is RoundResult.Published
+    clock.advance(int(TTL * 1000) + 1000)  # the lease expired: the next round could take it
+    held = await leases.reader().entry("lease.fold")
+    for cursor in (50, 49):
+        skipped = await round_at(cursor)
+        assert skipped.result is RoundResult.AlreadyPublished
+        assert skipped.states == [RoundState.Idle, RoundState.Idle]
+        assert skipped.manifest is not None and skipped.manifest.rank == 50
+    assert len(list(transport.store.list(f"{KEY}.payloads/"))) == 1  # no second copy
+    assert await leases.reader().entry("lease.fold") == held  # not contended for
+    await bulk_put(kv, [("k.more", b"w")])
+    await a.reach(51)
+    assert (await round_at(51)).result is RoundResult.Published

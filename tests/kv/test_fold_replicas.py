@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from waymark.cli import app
 from waymark.kv import Connection, KvStore, KvUpdate, StoreConfig, WatchCursor
+from waymark.kv.leftovers import generation_path
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.lmdb_store import LmdbStore
 from waymark.kv.transport import ObjectStoreTransport
@@ -32,6 +33,12 @@ def waymark(*args: str, stderr_to: Path | None = None) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE if stderr_to is None else stderr_to.open("w"),
         text=True,
     )
+
+
+def ran(*args: str) -> subprocess.CompletedProcess[str]:
+    """A ``waymark`` command run to its end, as a user runs it."""
+    return subprocess.run([str(Path(sys.executable).parent / "waymark"), *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
 async def bulk_put(kv: KvStore, items: list[tuple[str, bytes]]) -> None:
@@ -255,6 +262,9 @@ def test_if_exists_still_refuses_a_pointer_whose_payload_is_gone(tmp_path: Path)
     result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
                                       "--if-exists"])  # fmt: skip
     assert result.exit_code == 2 and "--bootstrap-from" in result.output
+    result = CliRunner().invoke(app, ["fold", "--bucket", "routes", "--store", f"lmdb:{dest}",
+                                      "--keep", "3"])  # fmt: skip
+    assert result.exit_code == 2 and "--export-to" in result.output
 
 
 async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_has_one_node(
@@ -391,3 +401,67 @@ async def test_a_fold_of_a_deleted_bucket_starts_over_instead_of_resuming_on_its
     store = LmdbStore(tmp_path / "a")
     assert sorted(e.key for e in store.range()) == [f"new.{i:03}" for i in range(80)]
     store.close()
+
+
+async def test_keep_n_and_restore_an_older_artifact_by_id(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """``--keep 2``: the published artifact and the one before are never retired (with
+    the default, 1, the one before is, on the next round);
+    ``fold restore --artifact ID`` restores the older one with a progress bar, and refuses
+    an unknown id (exit 4), a tampered payload (exit 3), a path holding a fold (exit 1) and,
+    once the bucket was recreated, the dead bucket's artifact (exit 4)."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    a = waymark("fold", "--nats", nats_server.url, "--bucket", bucket_name,
+                "--store", f"lmdb:{tmp_path / 'a'}", "--export-to", url, "--keep", "2",
+                "--export-every-s", "0.1", "--lease-ttl-s", "1")  # fmt: skip
+    ids = {}
+    try:
+        for r in range(2):
+            await bulk_put(kv, [(f"k.{i:03}", b"r%d" % r) for i in range(r * 20, 100)])
+            _, last = await kv.stream_bounds()
+            await until(lambda: published_cursor(transport, bucket_name) == last, a, f"round {r}")  # noqa: B023
+            pointed = transport.pointed(bucket_name)
+            assert pointed is not None
+            ids[last] = pointed[1].rsplit("/", 1)[1].removesuffix(".tar")
+    finally:
+        stop(a)
+    (c2, older), (_, newest) = ids.items()
+    retired = [m.key for m in transport.store.list(f"{bucket_name}.retired/")]
+    assert not [k for k in retired if older in k or newest in k], retired
+
+    dest = tmp_path / "restored"
+    restore = ["fold", "restore", url, "--bucket", bucket_name, "--nats", nats_server.url]
+    result = ran(*restore, "--artifact", older, "--store", f"lmdb:{dest}")
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stderr.split())
+    assert f"restored artifact {older} into lmdb:{dest}: cursor {c2}" in out
+    assert "download" in out and "verify (BLAKE3)" in out  # the progress bars
+    assert lmdb_cursor(dest) == c2
+
+    offline = restore[:-2]  # without --nats: checked against the pointer's generation
+    again = CliRunner().invoke(app, [*offline, "--artifact", newest, "--store", f"lmdb:{dest}"])
+    assert again.exit_code == 1 and "already holds a fold" in again.output
+    other = tmp_path / "other"
+    unknown = CliRunner().invoke(app, [*offline, "--artifact", "0" * 16, "--store",
+                                       f"lmdb:{other}"])  # fmt: skip
+    assert unknown.exit_code == 4 and "unknown, or pruned" in unknown.output, unknown.output
+    payload = f"{bucket_name}.payloads/{newest}.tar"
+    data = bytearray(transport.store.get(payload).data)
+    data[-3000] ^= 0xFF  # inside data.mdb
+    transport.store.put(payload, bytes(data))
+    bad = CliRunner().invoke(app, [*offline, "--artifact", newest, "--store", f"lmdb:{other}"])
+    assert bad.exit_code == 3 and "ArtifactInvalid" in bad.output and "BLAKE3" in bad.output
+    assert not other.exists()
+    # The restore records the artifact's generation: a later `waymark fold` on a bucket
+    # recreated since starts over instead of resuming a dead bucket's cursor.
+    assert generation_path(dest).read_text() == str(await kv.generation())
+    # The bucket deleted and recreated: against the live bucket (--nats), an artifact of
+    # the dead one is refused before anything is fetched.
+    await kv.js.delete_stream(kv.stream)
+    await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    dead = ran(*restore, "--artifact", older, "--store", f"lmdb:{other}")
+    assert dead.returncode == 4 and "generation" in dead.stderr, dead.stderr
+    assert not other.exists()

@@ -9,6 +9,7 @@ from waymark.kv.guards import (
     POINTER_ABSENT,
     PointerState,
     delivery_is_gap,
+    kept_payloads,
     payload_prunable,
     pointer_publish_allowed,
     resume_window_ok,
@@ -74,3 +75,31 @@ def test_only_an_aged_non_target_payload_strictly_below_the_pointer_is_prunable(
     if prunable:
         assert payload is not None
         assert not pointer_publish_allowed(PointerState(True, pointer), payload)
+
+
+orders = st.integers(min_value=0, max_value=3).flatmap(
+    lambda gen: st.integers(min_value=0, max_value=50).map(lambda c: (gen << 64) | c)
+)
+
+
+@given(
+    ranks=st.dictionaries(st.sampled_from("abcdefgh"), st.one_of(st.none(), orders)),
+    pointer=orders,
+    keep=st.integers(min_value=1, max_value=5),
+)
+def test_keep_spares_the_target_and_the_newest_restorable_payloads(
+    ranks: dict[str, int | None], pointer: int, keep: int
+) -> None:
+    """``--keep N``: the target counts as one; the others kept are the newest of the
+    pointer's generation at or below it, and nothing else."""
+    ranks.pop("t", None)
+    kept = kept_payloads({**ranks, "t": pointer}, pointer, "t", keep)
+    restorable = [
+        name for name, r in ranks.items()
+        if r is not None and r >> 64 == pointer >> 64 and r <= pointer
+    ]  # fmt: skip
+    assert "t" in kept and len(kept) == 1 + min(keep - 1, len(restorable))
+    assert kept - {"t"} <= set(restorable)
+    # Newest first: a restorable payload left out is no newer than any kept one.
+    for name in set(restorable) - kept:
+        assert all(ranks[name] <= ranks[k] for k in kept - {"t"})  # type: ignore[operator]

@@ -10,6 +10,11 @@ wrong artifact nor ``ArtifactInvalid``. Counting the grace from the payload's
 upload instead of its retirement (the old rule) must be caught: an artifact
 uploaded long ago and replaced a moment ago is pruned under a reader who read
 the pointer that moment.
+
+``PruneKeep`` prunes with ``keep=KEEP`` (``--keep N``, docs/semantics/kv.md §11.4):
+the newest ``KEEP`` published artifacts, the pointer's included, can be restored by id
+at any time, however long ago they were retired from the pointer; a pruner that keeps only the
+target must be caught.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from waymark.clock import ManualClock
 from waymark.kv import ArtifactUnavailable, KvUpdate, WatchCursor
+from waymark.kv import transport as transport_module
 from waymark.kv.artifact import ExportInfo
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.transport import (
@@ -49,6 +55,7 @@ class PruneGrace(RuleBasedStateMachine):
         store = LocalObjectStore(self.dir / "objects", clock=self.clock, fsync=False)
         self.transport = ObjectStoreTransport(store, clock=self.clock)
         self.rank = 0
+        self.published: list[str] = []  # artifact ids, oldest first
         self.reads: list[
             tuple[int, PointerObservation, int]
         ] = []  # (read at ms, observation, rank)
@@ -66,7 +73,9 @@ class PruneGrace(RuleBasedStateMachine):
         art = self.dir / f"art-{self.rank}"
         store.export_to(art, ExportInfo(exporter="x"))
         store.close()
-        self.transport.upload(KEY, art)
+        uploaded = self.transport.upload_payload(KEY, art)
+        self.transport.swap_pointer(uploaded)
+        self.published.append(uploaded.payload_key.rsplit("/", 1)[1].removesuffix(".tar"))
         shutil.rmtree(art)
 
     @precondition(lambda self: self.rank > 0)
@@ -93,13 +102,37 @@ class PruneGrace(RuleBasedStateMachine):
             assert manifest.rank == rank
         shutil.rmtree(into, ignore_errors=True)
 
+    keep = 1
+
     @rule()
     def prune(self) -> None:
-        self.transport.prune(KEY, GRACE_MS)
+        self.transport.prune(KEY, GRACE_MS, self.keep)
 
     @rule(ms=st.sampled_from([1, 300, 999, 1000, 1500, 3000]))
     def time_passes(self, ms: int) -> None:
         self.clock.advance(ms)
+
+
+KEEP = 3
+
+
+class PruneKeep(PruneGrace):
+    keep = KEEP
+
+    @precondition(lambda self: bool(self.published))
+    @rule(data=st.data())
+    def restore_kept(self, data: st.DataObject) -> None:
+        """Any of the newest KEEP artifacts restores, whenever it is asked for."""
+        kept = self.published[-KEEP:]
+        artifact = kept[data.draw(st.integers(0, len(kept) - 1))]
+        dest = self.dir / "restored" / "fold.log"
+        try:
+            _, store = self.transport.restore_open(KEY, artifact, f"append-log:{dest}",
+                                                   generation=None)  # fmt: skip
+        except ArtifactUnavailable as e:
+            raise AssertionError(f"lost a kept artifact ({artifact}): {e}") from e
+        store.close()
+        shutil.rmtree(dest.parent)
 
 
 SETTINGS = settings(
@@ -129,3 +162,17 @@ def test_grace_from_upload_time_is_caught(
     monkeypatch.setattr(ObjectStoreTransport, "_stamp_retired", _stamped_at_upload)
     with pytest.raises(AssertionError, match="lost its artifact to the pruner"):
         run_state_machine_as_test(PruneGrace, settings=settings(SETTINGS, max_examples=300))
+
+
+def test_the_newest_keep_artifacts_restore_at_any_time(fixed_constants: None) -> None:
+    run_state_machine_as_test(PruneKeep, settings=SETTINGS)
+
+
+def test_a_pruner_that_keeps_only_the_target_is_caught(
+    monkeypatch: pytest.MonkeyPatch, fixed_constants: None
+) -> None:
+    monkeypatch.setattr(
+        transport_module, "kept_payloads", lambda ranks, rank, target, keep: frozenset([target])
+    )
+    with pytest.raises(AssertionError, match="lost a kept artifact"):
+        run_state_machine_as_test(PruneKeep, settings=settings(SETTINGS, max_examples=300))

@@ -20,7 +20,7 @@ from tests.conftest import ServerProcess
 from waymark.client import ApiError, AsyncClient, Client
 from waymark.clock import ManualClock
 from waymark.log import Engine
-from waymark.protocol import FoldExport, FoldReport, RecordIn, RecoveryReport
+from waymark.protocol import FoldExport, FoldReport, FoldRestore, RecordIn, RecoveryReport
 from waymark.protocol.reports import STALE_INTERVALS
 from waymark.server import App
 from waymark.server import reports as reports_module
@@ -67,6 +67,20 @@ async def test_a_fold_report_reads_back_with_lag_and_export(client: AsyncClient)
         ("n1", 9, 3), ("n2", 9, 0)]  # fmt: skip
 
 
+async def test_a_fold_report_carries_its_export_role_and_its_bootstrap(
+    client: AsyncClient,
+) -> None:
+    restore = FoldRestore("0123456789abcdef", 4, "verify", 1024, 4096)
+    await client.report_fold(fold(role="standby", lease_holder="n2", restore=restore))
+    await client.report_fold(fold("n2", role="exporter", lease_holder="n2"))
+    await client.report_fold(fold("n3"))  # neither exports nor bootstrapped
+    assert [(f.node, f.role, f.lease_holder, f.restore) for f in await client.list_folds()] == [
+        ("n1", "standby", "n2", restore), ("n2", "exporter", "n2", None),
+        ("n3", None, None, None)]  # fmt: skip
+    # A plain node's body names none of the new fields: an older server still takes it.
+    assert not {"role", "lease_holder", "restore"} & msgspec.to_builtins(fold()).keys()
+
+
 async def test_a_fold_that_stops_reporting_turns_stale(
     client: AsyncClient, clock: ManualClock
 ) -> None:
@@ -94,6 +108,10 @@ BAD_FOLDS = {
     "interval too short": {**msgspec.to_builtins(fold()), "interval_ms": 10},
     "export without payload": {**msgspec.to_builtins(fold()), "export": {"cursor": 1,
                                                                          "time_ms": 1}},
+    "unknown role": {**msgspec.to_builtins(fold()), "role": "leader"},
+    "unknown restore phase": {**msgspec.to_builtins(fold()), "restore": {
+        "artifact": "0123456789abcdef", "cursor": 1, "phase": "unpacking", "done_bytes": 0,
+        "total_bytes": 1}},
 }  # fmt: skip
 
 

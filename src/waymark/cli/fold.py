@@ -83,6 +83,14 @@ def fold(
     node_id: Annotated[
         str | None, typer.Option(help="This node's name in the lease (default: host-pid).")
     ] = None,
+    keep: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Keep the last N restorable artifacts (the published one counts): pruning "
+            "never removes them, so `fold restore --artifact ID` can fetch any of them.",
+        ),
+    ] = 1,
     bootstrap_from: Annotated[
         str | None,
         typer.Option(
@@ -128,6 +136,8 @@ def fold(
         raise typer.BadParameter("--bucket and --store are required to run a fold")
     if if_exists and bootstrap_from is None:
         raise typer.BadParameter("--if-exists goes with --bootstrap-from")
+    if keep != 1 and export_to is None:
+        raise typer.BadParameter("--keep goes with --export-to")
     import asyncio
 
     replicas = Replicas(
@@ -138,6 +148,7 @@ def fold(
         bootstrap_from=bootstrap_from,
         key=artifact_key or bucket,
         if_exists=if_exists,
+        keep=keep,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
     from rich.console import Console
@@ -182,6 +193,7 @@ class Replicas:
     bootstrap_from: str | None
     key: str
     if_exists: bool = False
+    keep: int = 1
 
 
 async def _bootstrap(
@@ -191,19 +203,23 @@ async def _bootstrap(
     bucket: str,
     prefixes: tuple[str, ...],
     generation: Callable[[], Awaitable[int]],
+    reporter: FoldReporter | None,
 ) -> SnapshotStore | None:
     """Import the published artifact into the empty store path and return the store open
     (an append log replays once, in the import's verification), or exit non-zero; None
-    when the path already holds a fold."""
+    when the path already holds a fold. Its progress is shown (and reported)."""
+    import asyncio
+
     from rich.markup import escape
 
+    from waymark.cli.fold_progress import RestoreProgress
     from waymark.kv import (
         ArtifactInvalid,
         ArtifactUnavailable,
         NothingPublished,
         ObjectStoreTransport,
     )
-    from waymark.kv.artifact import destination_is_empty
+    from waymark.kv.artifact import content_address, destination_is_empty
     from waymark.objstore import open_store as open_objstore
 
     assert replicas.bootstrap_from is not None
@@ -212,13 +228,19 @@ async def _bootstrap(
         console.print(f"{path} already holds a fold: resuming it instead of bootstrapping")
         return None
     transport = ObjectStoreTransport(open_objstore(replicas.bootstrap_from))
-    published = transport.read_pointer(replicas.key).manifest
+    published = transport.read_pointer(replicas.key)
     # Only an artifact that names its bucket instance needs this one's, from NATS.
-    current = await generation() if published is not None and published.generation else None
+    pointed = published.manifest
+    current = await generation() if pointed is not None and pointed.generation else None
+    artifact = content_address(published.body) if published.body is not None else "?"
     try:
-        manifest, store = transport.bootstrap_open(
-            replicas.key, spec, bucket=bucket, scope=prefixes, generation=current
-        )
+        with RestoreProgress(
+            console, artifact, pointed.rank if pointed else 0, reporter
+        ) as progress:
+            manifest, store = await asyncio.to_thread(
+                transport.bootstrap_open, replicas.key, spec, bucket=bucket, scope=prefixes,
+                generation=current, progress=progress, pointer=published,
+            )  # fmt: skip
     except ArtifactInvalid as e:
         console.print(f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})")
         raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
@@ -238,11 +260,13 @@ async def _bootstrap(
     except ArtifactUnavailable as e:
         console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
         raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
+    if reporter is not None:
+        reporter.restored()
     size = sum(f.size for f in manifest.files)
     console.print(
         f"bootstrapped from {replicas.bootstrap_from} ({replicas.key}): cursor "
-        f"{manifest.rank}, {manifest.backend}, {len(manifest.files)} file(s), {size:,} bytes, "
-        f"exported by {manifest.exporter or '?'}"
+        f"{manifest.rank}, artifact {artifact}, {manifest.backend}, {len(manifest.files)} "
+        f"file(s), {size:,} bytes, exported by {manifest.exporter or '?'}"
     )
     return store
 
@@ -267,7 +291,7 @@ async def _export_rounds(
     from rich.markup import escape
 
     from waymark.clock import SystemClock
-    from waymark.kv import ExportLease, ObjectStoreTransport, RoundResult
+    from waymark.kv import ExportLease, LeaseRecord, ObjectStoreTransport, RoundResult
     from waymark.kv.artifact import ExportInfo
     from waymark.kv.export import RoundState, export_via, run_export_round
     from waymark.kv.leftovers import exports_dir
@@ -292,6 +316,18 @@ async def _export_rounds(
         )
     last = None
     role = None  # what this node last said it does: "holder" or the standby's holder
+
+    def standing_by(said: str | None, holder: LeaseRecord | None) -> str:
+        """Say (and report) that this node stands by, when that is news."""
+        name = holder.holder_id if holder is not None else "another node"
+        if said != name:
+            until = f" until {holder.expires_at_unix} (Unix s)" if holder is not None else ""
+            console.print(f"export: standing by; {escape(name)} holds the lease {lease.key}{until}")
+            if reporter is not None:
+                reporter.export_role("standby", name)
+        return name
+
+    skipping = False  # whether it last said the pointer already names its cursor
     while True:
         await asyncio.sleep(replicas.every_s)
         cursor = fold_store.cursor
@@ -310,22 +346,34 @@ async def _export_rounds(
                 f"(generation {generation} -> {now}); restart this node to fold and export it"
             )
             return
+        rank = cursor.as_u64()
         report = await run_export_round(
-            lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir
-        )
-        if report.result is RoundResult.NotYours:
-            holder = await lease.current()
-            name = holder.holder_id if holder is not None else "another node"
-            if role != name:
-                role = name
-                until = f" until {holder.expires_at_unix} (Unix s)" if holder is not None else ""
+            lease=lease, export=export, transport=transport, key=replicas.key, workdir=workdir,
+            keep=replicas.keep, fold_at=None if rank is None else (generation << 64) | rank,
+        )  # fmt: skip
+        if report.result is RoundResult.AlreadyPublished:
+            last = cursor  # exported already (by whichever node): wait for the fold to move
+            if not skipping:
+                assert report.manifest is not None
                 console.print(
-                    f"export: standing by; {escape(name)} holds the lease {lease.key}{until}"
+                    f"export: skipped; the pointer already names cursor "
+                    f"{report.manifest.rank} (this fold is at {rank})"
                 )
+            skipping = True
+            holder = await lease.current()
+            if (holder is not None and holder.holder_id != node
+                    and not holder.expired(lease.now_unix())):  # fmt: skip
+                role = standing_by(role, holder)  # it did not contend, but it stands by
+            continue
+        skipping = False
+        if report.result is RoundResult.NotYours:
+            role = standing_by(role, await lease.current())
             continue
         if RoundState.Exporting in report.states and role != "holder":
             role = "holder"
             console.print(f"export: {escape(node)} holds the lease {lease.key}; exporting")
+            if reporter is not None:
+                reporter.export_role("exporter", node)
         if report.result is RoundResult.Published:
             assert report.manifest is not None
             last = report.manifest.cursor
@@ -415,14 +463,33 @@ async def _run(
         async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
             return await (await c.store(bucket, store_config)).generation()
 
+    reporter, report_client, reports = None, None, None
+    if reporting is not None:
+        reporter, report_client = _reporter(reporting, replicas, bucket, spec.partition(":")[0])
     try:
         await _forget_a_dead_buckets_fold(console, Path(spec.partition(":")[2]), bucket_generation)
         bootstrapped = None
         if replicas.bootstrap_from is not None:
-            bootstrapped = await _bootstrap(
-                console, replicas, spec, bucket, prefixes, bucket_generation
-            )
+
+            def bootstrap() -> Awaitable[SnapshotStore | None]:
+                return _bootstrap(
+                    console, replicas, spec, bucket, prefixes, bucket_generation, reporter
+                )
+
+            if reporter is None:
+                bootstrapped = await bootstrap()
+            else:  # the console shows the bootstrap's progress while it runs
+                async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
+                    during = asyncio.create_task(reporter.run(await c.store(bucket, store_config)))
+                    try:
+                        bootstrapped = await bootstrap()
+                    finally:
+                        during.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await during
     except BaseException:
+        if report_client is not None:
+            await report_client.aclose()
         if server is not None:
             server.stop()
         raise
@@ -438,9 +505,7 @@ async def _run(
     applied = 0
     started = time.monotonic()
     resumed = fold_store.cursor
-    reporter, report_client, reports = None, None, None
-    if reporting is not None:
-        reporter, report_client = _reporter(reporting, replicas, bucket, fold_store.backend)
+    if reporter is not None:
         reporter.applied(resumed)
 
     def status(cursor: WatchCursor) -> str:
@@ -607,6 +672,95 @@ def show(
 
 
 @fold_app.command()
+def restore(
+    url: Annotated[
+        str, typer.Argument(help="The object store: file:///dir or s3://bucket/prefix.")
+    ],
+    artifact: Annotated[
+        str, typer.Option("--artifact", help="The artifact's id, as `fold inspect` lists it.")
+    ],
+    store: Annotated[
+        str, typer.Option(help="The new store, absent or empty: append-log:PATH | lmdb:PATH | ...")
+    ],
+    bucket: Annotated[str, typer.Option(help="The KV bucket the fold will fold.")],
+    prefix: PrefixOpt = None,
+    artifact_key: Annotated[
+        str | None, typer.Option(help="Artifact key in the object store (default: the bucket).")
+    ] = None,
+    nats: Annotated[
+        str | None,
+        typer.Option(
+            help="NATS URL: refuse an artifact of another generation of the live bucket "
+            "(without it, of another generation than the published pointer's)."
+        ),
+    ] = None,
+    creds: Annotated[str | None, typer.Option(help="Path to a NATS .creds file.")] = None,
+) -> None:
+    """Restore a named artifact (the published one or an older one kept by --keep N) into a
+    new store; `waymark fold --store` then folds on from its cursor.
+
+    Exits 3 (ArtifactInvalid) on a tampered artifact and 4 (ArtifactUnavailable) on an
+    unknown or pruned id or one of another generation of the bucket; nothing is left at
+    the store's path then.
+    """
+    import asyncio
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from waymark.cli.fold_progress import RestoreProgress
+    from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
+    from waymark.kv.artifact import destination_is_empty
+    from waymark.objstore import open_store as open_objstore
+
+    console = Console(stderr=True, soft_wrap=True)
+    key, path = artifact_key or bucket, Path(store.partition(":")[2]).absolute()
+    transport = ObjectStoreTransport(open_objstore(url))
+    with _lock_and_clean(console, path):
+        if not destination_is_empty(path):
+            console.print(f"[red]{escape(str(path))} already holds a fold[/red]: restore into "
+                          "an absent or empty path")  # fmt: skip
+            raise typer.Exit(1)
+        if nats is not None:
+            generation: int | None = asyncio.run(_live_generation(nats, creds, bucket))
+        else:
+            pointed = transport.read_pointer(key).manifest
+            generation = pointed.generation if pointed is not None else None
+        try:
+            _, named = transport.artifact_manifest(key, artifact)
+            with RestoreProgress(console, artifact, named.rank) as progress:
+                manifest, restored = transport.restore_open(
+                    key, artifact, store, generation=generation, bucket=bucket,
+                    scope=_prefixes(prefix), progress=progress,
+                )  # fmt: skip
+        except ArtifactInvalid as e:
+            console.print(
+                f"[red]ArtifactInvalid[/red]: {escape(e.reason)} (nothing written at {path})"
+            )
+            raise typer.Exit(EXIT_ARTIFACT_INVALID) from e
+        except ArtifactUnavailable as e:
+            console.print(f"[red]ArtifactUnavailable[/red]: {escape(str(e))}")
+            raise typer.Exit(EXIT_ARTIFACT_UNAVAILABLE) from e
+        restored.close()
+        if manifest.generation:  # a later `waymark fold` on a recreated bucket starts over
+            _record_generation(path, manifest.generation)
+    size = sum(f.size for f in manifest.files)
+    console.print(
+        f"restored artifact {artifact} into {escape(store)}: cursor {manifest.rank}, "
+        f"{manifest.backend}, {len(manifest.files)} file(s), {size:,} bytes, exported by "
+        f"{manifest.exporter or '?'}; `waymark fold --bucket {escape(bucket)} --store "
+        f"{escape(store)}` folds on from there"
+    )
+
+
+async def _live_generation(url: str, creds: str | None, bucket: str) -> int:
+    from waymark.kv import Connection, NatsConnectionConfig
+
+    async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as c:
+        return await (await c.store(bucket)).generation()
+
+
+@fold_app.command()
 def reports(
     server: Annotated[str, typer.Argument(help="The waymark server the folds report to.")],
     fold_name: Annotated[str | None, typer.Option("--fold", help="Only this fold's nodes.")] = None,
@@ -633,16 +787,28 @@ def reports(
         typer.echo(msgspec.json.encode(FoldList(found)).decode())
         return
     table = Table("fold", "node", "backend", "bucket", "cursor", "lag", "last export",
-                  "last report", title=f"{len(found)} fold node(s)")  # fmt: skip
+                  "export role", "bootstrap", "last report",
+                  title=f"{len(found)} fold node(s)")  # fmt: skip
     for f in found:
         export = "none"
         if f.export is not None:
             at = datetime.datetime.fromtimestamp(f.export.time_ms / 1000, datetime.UTC)
             export = f"cursor {f.export.cursor} at {at:%H:%M:%S} ({f.export.payload})"
+        role: str = f.role or "-"
+        if f.role == "standby":
+            role = f"standby ({f.lease_holder or 'another node'} holds the lease)"
+        boot = "-"
+        if (r := f.restore) is not None and r.phase == "done":
+            boot = f"from {r.artifact} at cursor {r.cursor}"
+        elif r is not None:
+            boot = f"{r.phase} {r.done_bytes:,} of {r.total_bytes:,} bytes ({r.artifact})"
         seen = f"{f.age_ms / 1000:.1f} s ago" + (" [red]stale[/red]" if f.stale else "")
         table.add_row(f.fold, f.node, f.backend, f.bucket, str(f.cursor), str(f.lag), export,
-                      seen)  # fmt: skip
-    Console().print(table)
+                      role, boot, seen)  # fmt: skip
+    console = Console()
+    if not console.is_terminal:  # piped: no width to fit, and a cut name says nothing
+        console = Console(width=240)
+    console.print(table)
 
 
 @fold_app.command()
@@ -703,10 +869,10 @@ def _print_inspection(docs: list[dict[str, Any]]) -> None:
             table.add_row("files", f"{len(m['files'])}, {size:,} bytes")
             table.add_row("payload", pointer["payload"])
         console.print(table)
-        payloads = Table("payload", "size", "modified", "cursor", "target")
+        payloads = Table("artifact id", "size", "modified", "cursor", "target")
         for p in doc["payloads"]:
             payloads.add_row(
-                p["key"],
+                p["id"],
                 f"{p['size']:,}",
                 when(p["last_modified_ms"]),
                 "?" if p["rank"] is None else str(p["rank"]),

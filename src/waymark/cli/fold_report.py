@@ -3,7 +3,9 @@
 
 A report is the node's cursor, then the bucket's last seq (read in that order, so the
 cursor never passes it), and with ``--export-to`` the artifact the pointer names now
-(whichever node exported it). A report the server does not take is logged and the
+(whichever node exported it) and whether this node holds the export lease or stands by;
+a node that bootstraps reports its progress while it does, then the artifact it
+started from. A report the server does not take is logged and the
 next one tried: reporting never stops the fold.
 """
 
@@ -15,7 +17,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from waymark.client import ApiError, AsyncClient, TransportError
-from waymark.protocol import FoldExport, FoldReport
+from waymark.protocol import FoldExport, FoldReport, FoldRestore
+from waymark.protocol.reports import ExportRole, RestorePhase
 
 if TYPE_CHECKING:
     from waymark.kv import KvStore, ObjectStoreTransport, WatchCursor
@@ -39,6 +42,9 @@ class FoldReporter:
         self.bucket, self.backend, self.every_s = bucket, backend, every_s
         self.pointer = pointer  # where the fleet's exports are published, if anywhere
         self.cursor = 0  # the newest applied cursor (on_applied keeps it current)
+        self.role: ExportRole | None = None
+        self.lease_holder: str | None = None
+        self.restore: FoldRestore | None = None
         self._now = asyncio.Event()
 
     def applied(self, cursor: WatchCursor) -> None:
@@ -46,6 +52,23 @@ class FoldReporter:
 
     def exported(self) -> None:
         """Report at once: an export was just published."""
+        self._now.set()
+
+    def export_role(self, role: ExportRole, holder: str | None) -> None:
+        """This node now holds the export lease (``exporter``) or stands by for ``holder``;
+        reported at once."""
+        self.role, self.lease_holder = role, holder
+        self._now.set()
+
+    def restoring(
+        self, artifact: str, cursor: int, phase: RestorePhase, done: int, total: int
+    ) -> None:
+        """A bootstrap's progress; thread-safe (it runs in the bootstrap's thread: a plain
+        attribute swap, read by the next report). The end (``done``) is reported at once
+        by the caller through ``restored``."""
+        self.restore = FoldRestore(artifact, cursor, phase, done, total)
+
+    def restored(self) -> None:
         self._now.set()
 
     async def report(self, kv: KvStore) -> FoldReport:
@@ -59,7 +82,8 @@ class FoldReporter:
                 manifest, payload = pointed
                 export = FoldExport(manifest.rank, manifest.exported_at_ms, payload)
         report = FoldReport(self.fold, self.node, self.backend, self.bucket, cursor, last,
-                            max(int(self.every_s * 1000), 100), export)  # fmt: skip
+                            max(int(self.every_s * 1000), 100), export, self.role,
+                            self.lease_holder, self.restore)  # fmt: skip
         await self.client.report_fold(report)
         return report
 
@@ -73,5 +97,8 @@ class FoldReporter:
             except Exception as exc:  # the bucket's info or the pointer could not be read
                 log.warning("fold report not made (the next one is tried): %s", exc)
             self._now.clear()
+            # Not asyncio.wait_for: on 3.11 it swallows a cancel that comes as the event is
+            # set (an export or a bootstrap just ended), and this loop then never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._now.wait(), self.every_s)
+                async with asyncio.timeout(self.every_s):
+                    await self._now.wait()

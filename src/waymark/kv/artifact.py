@@ -21,10 +21,12 @@ docs/semantics/kv.md §9 (§9.1 the manifest, §9.2 export, §9.3 import); usage
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,10 +189,32 @@ class ArtifactBackend(Protocol):
         ...
 
 
-def file_digest(path: Path) -> str:
+Progress = Callable[[str, int, int], None]
+"""``progress(phase, done, total)`` of a bootstrap or restore (docs/kv.md, "Restore
+progress"): ``download`` in payload bytes, ``verify`` in bytes hashed, ``open`` (the
+engine's reopen: 0 of 1), ``done`` (the artifact's file bytes, all of them). Called
+from the thread doing the work."""
+
+_HASH_STEP = 16 << 20  # bytes hashed between two progress calls
+
+
+def file_digest(path: Path, hashed: Callable[[int], None] | None = None) -> str:
+    """The file's BLAKE3 digest; ``hashed(n)`` after each step of ``n`` bytes, if given."""
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if path.stat().st_size:
+    size = path.stat().st_size
+    if not size:
+        return h.hexdigest()
+    if hashed is None:
         h.update_mmap(path)
+        return h.hexdigest()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+            for at in range(0, size, _HASH_STEP):
+                h.update(view[at : at + _HASH_STEP])
+                hashed(min(_HASH_STEP, size - at))
+        finally:
+            view.release()
     return h.hexdigest()
 
 
@@ -411,9 +435,18 @@ def check_source(
     return cls
 
 
-def verify_files(manifest: ExportManifest, root: Path) -> None:
+def verify_files(manifest: ExportManifest, root: Path, progress: Progress | None = None) -> None:
     """Every file the manifest lists, and nothing else, with its size and BLAKE3 digest
     (docs/semantics/kv.md §9.3 step 2)."""
+    total = sum(f.size for f in manifest.files)
+    done = 0
+
+    def hashed(n: int) -> None:
+        nonlocal done
+        done += n
+        assert progress is not None
+        progress("verify", done, total)
+
     data = root / DATA_DIR
     present = {p.relative_to(root).as_posix(): p for p in _tree(data)} if data.is_dir() else {}
     listed = {f.path: f for f in manifest.files}
@@ -425,7 +458,7 @@ def verify_files(manifest: ExportManifest, root: Path) -> None:
         p = present[path]
         if p.stat().st_size != f.size:
             raise ArtifactInvalid(f"{path} is {p.stat().st_size} bytes, the manifest says {f.size}")
-        if file_digest(p) != f.blake3:
+        if file_digest(p, hashed if progress is not None else None) != f.blake3:
             raise ArtifactInvalid(f"{path} does not match its BLAKE3 digest")
 
 
@@ -450,6 +483,7 @@ def import_artifact(
     consume: bool = False,
     bucket: str | None = None,
     scope: tuple[str, ...] | None = None,
+    progress: Progress | None = None,
 ) -> ExportManifest:
     """Import an artifact as the fold store ``BACKEND:PATH`` (PATH must be empty).
 
@@ -458,7 +492,8 @@ def import_artifact(
     when given, must match what the manifest records. Raises ArtifactInvalid
     (nothing written at PATH) or FileExistsError (PATH not empty).
     """
-    manifest, _ = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=False)
+    manifest, _ = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=False,
+                          progress=progress)  # fmt: skip
     return manifest
 
 
@@ -469,6 +504,7 @@ def import_and_open(
     consume: bool = False,
     bucket: str | None = None,
     scope: tuple[str, ...] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[ExportManifest, SnapshotStore]:
     """:func:`import_artifact`, returning the imported store open at PATH.
 
@@ -476,7 +512,8 @@ def import_and_open(
     moved while open (the append log, whose open replays the whole log), so a
     bootstrap opens it once; the others are reopened at PATH.
     """
-    manifest, store = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=True)
+    manifest, store = _import(artifact_dir, store_spec, consume, bucket, scope, keep_open=True,
+                              progress=progress)  # fmt: skip
     assert store is not None
     return manifest, store
 
@@ -489,6 +526,7 @@ def _import(
     scope: tuple[str, ...] | None,
     *,
     keep_open: bool,
+    progress: Progress | None = None,
 ) -> tuple[ExportManifest, SnapshotStore | None]:
     backend, dest = _store_spec(store_spec)
     src = Path(artifact_dir)
@@ -509,8 +547,10 @@ def _import(
             else:
                 shutil.copytree(src / DATA_DIR, stage / DATA_DIR, symlinks=True)
         # Hash the staged copy itself: the source is untrusted and could change meanwhile.
-        verify_files(manifest, stage)
+        verify_files(manifest, stage, progress)
         staged = cls.path_in(stage / DATA_DIR)
+        if progress is not None:
+            progress("open", 0, 1)
         try:
             store = open_backend(backend, staged)
         except Exception as e:
@@ -536,6 +576,9 @@ def _import(
         shutil.rmtree(stage, ignore_errors=True)
         raise
     shutil.rmtree(stage, ignore_errors=True)
+    if progress is not None:
+        size = sum(f.size for f in manifest.files)
+        progress("done", size, size)
     return manifest, store
 
 

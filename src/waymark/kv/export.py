@@ -70,6 +70,9 @@ class RoundResult(enum.Enum):
     SupersededByNewer = "superseded-by-newer"
     Failed = "failed"
     """The lease could not be read, or the export or upload failed (lease abandoned)."""
+    AlreadyPublished = "already-published"
+    """The pointer already names this fold's cursor, or a newer one: no round was run
+    (the report's manifest is the pointer's)."""
 
 
 @dataclass
@@ -152,11 +155,18 @@ async def run_export_round(
     key: str,
     workdir: Path,
     on_state: Callable[[RoundState], None] | None = None,
+    keep: int = 1,
+    fold_at: int | None = None,
 ) -> RoundReport:
     """One export round; never raises for a failure of the round itself (see the report).
 
     ``workdir`` holds the transient local artifact: put it on the fold's file
-    system (exports hard-link where they can).
+    system (exports hard-link where they can). ``keep``: the prune spares the newest
+    ``keep`` restorable artifacts, the one just published included (``--keep N``).
+    ``fold_at``: the rank an export would publish now (``ExportManifest.order``:
+    generation, then the fold's cursor); when the pointer is already at or above it,
+    the round ends ``AlreadyPublished`` before contending for the lease: its artifact
+    would duplicate the published one, or be superseded (docs/semantics/kv.md §10.3).
     """
     states: list[RoundState] = []
 
@@ -166,6 +176,15 @@ async def run_export_round(
             on_state(state)
 
     enter(RoundState.Idle)
+    if fold_at is not None:
+        try:
+            pointed = (await asyncio.to_thread(transport.read_pointer, key)).manifest
+        except Exception as e:  # the round finds out what is wrong with the store
+            log.warning("export round: reading the pointer %s failed: %s", key, e)
+        else:
+            if pointed is not None and pointed.order >= fold_at:
+                enter(RoundState.Idle)
+                return RoundReport(RoundResult.AlreadyPublished, states, manifest=pointed)
     enter(RoundState.Acquiring)
     try:
         guard = await lease.try_acquire()
@@ -202,7 +221,7 @@ async def run_export_round(
                 log.warning("export round: completing the lease failed (not fatal): %s", e)
             grace_ms = int(PRUNE_GRACE_TTLS * lease.ttl_s * 1000)
             try:
-                pruned = await asyncio.to_thread(transport.prune, key, grace_ms)
+                pruned = await asyncio.to_thread(transport.prune, key, grace_ms, keep)
                 report.pruned = pruned.deleted
             except Exception as e:
                 log.warning("export round: pruning failed (not fatal, retried next round): %s", e)

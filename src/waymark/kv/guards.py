@@ -6,6 +6,7 @@ functions, so the models check the guard that ships, not a copy of it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -104,3 +105,26 @@ def payload_prunable(
         and payload_rank is not None
         and payload_rank < pointer_rank
     )
+
+
+def kept_payloads(
+    ranks: Mapping[str, int | None], pointer_rank: int, target: str, keep: int
+) -> frozenset[str]:
+    """The payloads pruning keeps whatever their age (``--keep N``;
+    docs/semantics/kv.md §11.4): the pointer's ``target`` and the newest ``keep - 1``
+    other *restorable* ones.
+
+    Restorable: its rank known, of the pointer's generation (the rank's high bits,
+    ``ExportManifest.order``) and at or below the pointer (one above it is a round
+    still in flight, or an orphan that was never published). ``ranks`` maps every
+    payload to its rank (None: unreadable).
+    """
+    generation = pointer_rank >> 64
+    restorable = sorted(
+        (rank, name)
+        for name, rank in ranks.items()
+        if name != target and rank is not None and rank >> 64 == generation
+        and rank <= pointer_rank
+    )  # fmt: skip
+    newest = restorable[max(len(restorable) - (keep - 1), 0) :] if keep > 1 else []
+    return frozenset([target, *(name for _, name in newest)])

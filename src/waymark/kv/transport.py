@@ -31,17 +31,19 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from waymark.clock import Clock, SystemClock
 from waymark.kv.artifact import (
+    ADDRESS_BYTES,
     DATA_DIR,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     ExportManifest,
+    Progress,
     check_source,
     content_address,
     import_and_open,
@@ -52,6 +54,7 @@ from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable, NothingPubli
 from waymark.kv.guards import (
     POINTER_ABSENT,
     PointerState,
+    kept_payloads,
     payload_prunable,
     pointer_publish_allowed,
 )
@@ -86,6 +89,7 @@ RETIRED_SUFFIX = ".retired/"
 """``K.retired/<payload name>``: empty; its modification time bounds from above the last
 moment a pointer read could name that payload (docs/semantics/kv.md §11.4)."""
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ARTIFACT_ID = re.compile(rf"^[0-9a-f]{{{2 * ADDRESS_BYTES}}}$")
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -210,6 +214,30 @@ def extract_payload(stream: IO[bytes] | io.RawIOBase, dest: Path, pointer_bytes:
                     shutil.copyfileobj(src, out, PART_SIZE)
     except (tarfile.TarError, EOFError) as e:
         raise ArtifactInvalid(f"payload is not a complete tar: {e}") from e
+
+
+_PROGRESS_STEP = 1 << 20
+"""Bytes fetched between two download progress calls: tarfile reads 10 KiB at a time."""
+
+
+class _Counted(io.RawIOBase):
+    """A payload stream that reports the bytes read so far to ``progress("download")``,
+    every ``_PROGRESS_STEP`` bytes and at the end."""
+
+    def __init__(self, raw: io.RawIOBase, total: int, progress: Progress) -> None:
+        self.raw, self.total, self.progress = raw, total, progress
+        self.done = self.said = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = self.raw.readinto(b) or 0
+        self.done += n
+        if self.done - self.said >= _PROGRESS_STEP or self.said < self.total <= self.done:
+            self.said = self.done
+            self.progress("download", self.done, self.total)
+        return n
 
 
 class ObjectStoreTransport:
@@ -366,6 +394,7 @@ class ObjectStoreTransport:
         *,
         pointer: PointerObservation | None = None,
         prefix: str = ".download-",
+        progress: Progress | None = None,
     ) -> tuple[ExportManifest, Path]:
         """Fetch the pointer's artifact into a new directory under ``into``
         (docs/semantics/kv.md §11.3).
@@ -384,20 +413,40 @@ class ObjectStoreTransport:
                 f"the pointer {self.pointer_key(key)} is not a valid manifest: {observed.invalid}"
             )
         payload = self.payload_key(key, content_address(observed.body))
+        artifact = self._extract(
+            payload, observed.body, into, prefix, progress,
+            lambda: self._missing_target(key, observed, payload),
+        )  # fmt: skip
+        return observed.manifest, artifact
+
+    def _extract(
+        self,
+        payload: str,
+        manifest_bytes: bytes,
+        into: str | os.PathLike[str],
+        prefix: str,
+        progress: Progress | None,
+        missing: Callable[[], Exception],
+    ) -> Path:
+        """Stream ``payload`` into a new directory under ``into``; its embedded manifest
+        must be ``manifest_bytes``. ``missing()`` is raised when the payload is absent."""
         Path(into).mkdir(parents=True, exist_ok=True)
         artifact = Path(tempfile.mkdtemp(prefix=prefix, dir=into))
         try:
             try:
                 with self.store.stream(payload) as stream:
-                    extract_payload(stream, artifact, observed.body)
+                    source: IO[bytes] | io.RawIOBase = stream
+                    if progress is not None:
+                        source = _Counted(stream, stream.meta.size, progress)
+                    extract_payload(source, artifact, manifest_bytes)
             except ObjectNotFound:
-                raise self._missing_target(key, observed, payload) from None
+                raise missing() from None
             except ObjectStoreError as e:  # the store failed mid-fetch: nothing was refused
                 raise ArtifactUnavailable(f"fetching {payload} failed: {e}") from e
         except BaseException:
             shutil.rmtree(artifact, ignore_errors=True)
             raise
-        return observed.manifest, artifact
+        return artifact
 
     def _missing_target(
         self, key: str, observed: PointerObservation, payload: str
@@ -418,6 +467,73 @@ class ObjectStoreTransport:
             f"the pointer {self.pointer_key(key)} names {payload}, which does not exist: "
             "the pointer was edited or the payload removed by hand"
         )
+
+    def artifact_manifest(self, key: str, artifact_id: str) -> tuple[bytes, ExportManifest]:
+        """The manifest of the artifact ``artifact_id`` (its content address, as
+        ``fold inspect`` lists it) under ``key``, read from its payload's head and
+        checked against the id. ArtifactUnavailable when there is no such payload
+        (an unknown id, or one pruned), ArtifactInvalid when it does not match."""
+        if not _ARTIFACT_ID.match(artifact_id):
+            raise ArtifactUnavailable(
+                f"{artifact_id!r} is not an artifact id: {2 * ADDRESS_BYTES} hex digits, "
+                "as `waymark fold inspect` lists the payloads"
+            )
+        payload = self.payload_key(key, artifact_id)
+        try:
+            raw = self._payload_manifest_bytes(payload)
+        except ObjectNotFound:
+            raise ArtifactUnavailable(
+                f"no artifact {artifact_id} under {key}: unknown, or pruned"
+            ) from None
+        except ObjectStoreError as e:
+            raise ArtifactUnavailable(f"reading {payload} failed: {e}") from e
+        if raw is None or content_address(raw) != artifact_id:
+            raise ArtifactInvalid(f"{payload} does not hold the artifact {artifact_id}")
+        return raw, ExportManifest.decode(raw)
+
+    def restore_open(
+        self,
+        key: str,
+        artifact_id: str,
+        store_spec: str,
+        *,
+        generation: int | None,
+        bucket: str | None = None,
+        scope: tuple[str, ...] | None = None,
+        progress: Progress | None = None,
+    ) -> tuple[ExportManifest, SnapshotStore]:
+        """Import the artifact named ``artifact_id`` (not necessarily the pointer's) as the
+        new store ``BACKEND:PATH`` and return it open (docs/semantics/kv.md §11.3).
+
+        ``generation``: the bucket instance the store will fold (the pointer's, or the
+        live bucket's); an artifact of another one is refused with ArtifactUnavailable
+        before anything is fetched (its cursor means nothing on this bucket), as is an
+        unknown or pruned id. One from before generations (0) is taken, as a bootstrap
+        takes it. A tampered payload is ArtifactInvalid. Nothing is left at
+        PATH on failure.
+        """
+        backend, _, path = store_spec.partition(":")
+        raw, manifest = self.artifact_manifest(key, artifact_id)
+        if generation and manifest.generation and manifest.generation != generation:
+            raise ArtifactUnavailable(
+                f"artifact {artifact_id} folds generation {manifest.generation} of the "
+                f"bucket, not the current generation {generation} (the bucket was deleted "
+                "and recreated since): its cursor means nothing on this bucket"
+            )
+        check_source(manifest, backend, bucket, scope)
+        dest = Path(path)
+        payload = self.payload_key(key, artifact_id)
+
+        def pruned() -> ArtifactUnavailable:
+            return ArtifactUnavailable(f"{payload} was pruned while it was fetched")
+
+        artifact = self._extract(payload, raw, dest.parent, download_prefix(dest), progress, pruned)
+        try:
+            return import_and_open(
+                artifact, store_spec, consume=True, bucket=bucket, scope=scope, progress=progress
+            )
+        finally:
+            shutil.rmtree(artifact, ignore_errors=True)
 
     def bootstrap(
         self,
@@ -450,12 +566,18 @@ class ObjectStoreTransport:
         bucket: str | None = None,
         scope: tuple[str, ...] | None = None,
         generation: int | None = None,
+        progress: Progress | None = None,
+        pointer: PointerObservation | None = None,
     ) -> tuple[ExportManifest, SnapshotStore]:
         """:meth:`bootstrap`, returning the new store open (see ``import_and_open``):
-        an append log is replayed once, by the verification, instead of twice."""
-        artifact = self._fetch_for(key, store_spec, bucket, scope, generation)
+        an append log is replayed once, by the verification, instead of twice.
+        ``progress(phase, done, total)`` follows the download and the verification;
+        ``pointer``, a read of the pointer made just before, saves reading it again."""
+        artifact = self._fetch_for(key, store_spec, bucket, scope, generation, progress, pointer)
         try:
-            return import_and_open(artifact, store_spec, consume=True, bucket=bucket, scope=scope)
+            return import_and_open(
+                artifact, store_spec, consume=True, bucket=bucket, scope=scope, progress=progress
+            )
         finally:
             shutil.rmtree(artifact, ignore_errors=True)
 
@@ -466,14 +588,16 @@ class ObjectStoreTransport:
         bucket: str | None,
         scope: tuple[str, ...] | None,
         generation: int | None,
+        progress: Progress | None = None,
+        pointer: PointerObservation | None = None,
     ) -> Path:
         backend, _, path = store_spec.partition(":")
-        observed = self.read_pointer(key)
+        observed = pointer if pointer is not None else self.read_pointer(key)
         if observed.manifest is not None:  # refuse a mismatch before downloading anything
             check_source(observed.manifest, backend, bucket, scope, generation)
         dest = Path(path)
         _, artifact = self.download(
-            key, dest.parent, pointer=observed, prefix=download_prefix(dest)
+            key, dest.parent, pointer=observed, prefix=download_prefix(dest), progress=progress
         )
         return artifact
 
@@ -487,30 +611,39 @@ class ObjectStoreTransport:
     def payload_manifest(self, payload_key: str) -> ExportManifest | None:
         """A payload's embedded manifest, read from its first bytes (None if unreadable)."""
         try:
+            raw = self._payload_manifest_bytes(payload_key)
+            return None if raw is None else ExportManifest.decode(raw)
+        except (ArtifactInvalid, ObjectStoreError):
+            return None
+
+    def _payload_manifest_bytes(self, payload_key: str) -> bytes | None:
+        """The bytes of a payload's first tar member if it is its manifest, else None;
+        ObjectStoreError (ObjectNotFound) from the store."""
+        try:
             header = tarfile.TarInfo.frombuf(
                 self.store.get_range(payload_key, 0, _BLOCK), "utf-8", "surrogateescape"
             )
-            if header.name != MANIFEST_NAME or not header.isreg():
-                return None
-            if header.size > MAX_MANIFEST_BYTES:
-                return None
-            raw = self.store.get_range(payload_key, _BLOCK, _BLOCK + header.size)
-            return ExportManifest.decode(raw)
-        except (tarfile.TarError, ArtifactInvalid, ObjectStoreError):
+        except tarfile.TarError:
             return None
+        if header.name != MANIFEST_NAME or not header.isreg():
+            return None
+        if header.size > MAX_MANIFEST_BYTES:
+            return None
+        return self.store.get_range(payload_key, _BLOCK, _BLOCK + header.size)
 
     # -- prune -----------------------------------------------------------------
 
-    def prune(self, key: str, grace_ms: int) -> PruneReport:
+    def prune(self, key: str, grace_ms: int, keep: int = 1) -> PruneReport:
         """Delete the payloads ``payload_prunable`` allows (grace: 4 x lease TTL in rounds;
-        docs/semantics/kv.md §11.4).
+        docs/semantics/kv.md §11.4), sparing the ``keep`` newest restorable ones.
 
         The grace counts from a payload's *retirement*, not its upload: the first
         prune that finds it strictly below the pointer (so the pointer has moved off
-        it for good) stamps ``K.retired/<name>``; every pointer read that could name
-        the payload happened before that stamp, and the payload goes only once the
-        stamp is ``grace_ms`` old. With no parseable pointer nothing is provably
-        older, so nothing goes.
+        it for good) and no longer among the ``keep`` newest (``kept_payloads``: the
+        pointer's target counts as one) stamps ``K.retired/<name>``; every pointer
+        read, or restore by name, that could name the payload happened before that
+        stamp, and the payload goes only once the stamp is ``grace_ms`` old. With no
+        parseable pointer nothing is provably older, so nothing goes.
         """
         report = PruneReport()
         observed = self.read_pointer(key)
@@ -520,14 +653,20 @@ class ObjectStoreTransport:
             return report
         pointer_rank = observed.manifest.order
         target = self.payload_key(key, content_address(observed.body))
+        ranks: dict[str, int | None] = {}
+        if keep > 1:  # two range reads a payload: only when more than the target is kept
+            ranks = {m.key: self.payload_rank(m.key) for m in payloads if m.key != target}
+        kept = kept_payloads(ranks, pointer_rank, target, keep)
         retired_prefix = check_key(key) + RETIRED_SUFFIX
         stamps = {m.key[len(retired_prefix) :]: m for m in self.store.list(retired_prefix)}
         now = self.clock.now_ms()
         for meta in payloads:
             name = meta.key.rsplit("/", 1)[1]
             stamp = stamps.pop(name, None)
-            if meta.key == target:
-                if stamp is not None:  # a corrupt pointer was replaced by it: not retired
+            if meta.key in kept:
+                # Not retired: a corrupt pointer was replaced by it, or --keep was raised.
+                # Its grace starts over once it leaves the kept set.
+                if stamp is not None:
                     self._delete_quietly(stamp)
                 report.kept.append(meta.key)
                 continue
@@ -535,7 +674,7 @@ class ObjectStoreTransport:
                 # Reading a rank costs two range reads; only an unstamped payload needs it.
                 # Retired for good iff the guard would delete it once aged: strictly
                 # below the pointer, which never comes back down to it.
-                rank = self.payload_rank(meta.key)
+                rank = ranks[meta.key] if meta.key in ranks else self.payload_rank(meta.key)
                 if not payload_prunable(rank, pointer_rank, False, True):
                     report.kept.append(meta.key)
                     continue
@@ -609,6 +748,7 @@ class ObjectStoreTransport:
         payloads = [
             {
                 "key": m.key,
+                "id": m.key.rsplit("/", 1)[1].removesuffix(".tar"),  # for restore --artifact
                 "size": m.size,
                 "last_modified_ms": m.last_modified_ms,
                 "rank": None if (pm := self.payload_manifest(m.key)) is None else pm.rank,

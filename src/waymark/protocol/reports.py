@@ -10,7 +10,7 @@ for a recovery client how many change checkpoints it is behind.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
@@ -35,9 +35,31 @@ class FoldExport(Struct, forbid_unknown_fields=True, frozen=True):
     payload: Label  # the payload's address in the object store
 
 
-class FoldReport(Struct, forbid_unknown_fields=True, frozen=True):
+RestorePhase = Literal["download", "verify", "open", "done"]
+"""A bootstrap's steps: fetching the payload, hashing its files, the engine's reopen,
+finished (docs/kv.md, "Restore progress")."""
+
+ExportRole = Literal["exporter", "standby"]
+"""What a node with ``--export-to`` does: holds the export lease and exports, or stands by
+while ``lease_holder`` does (docs/kv.md, "The export lease and export rounds")."""
+
+
+class FoldRestore(Struct, forbid_unknown_fields=True, frozen=True):
+    """A node's bootstrap from a published artifact: its progress while it runs, then
+    what the node started from (``phase`` "done")."""
+
+    artifact: Label  # the artifact's id (content address)
+    cursor: NonNegative  # the artifact's cursor
+    phase: RestorePhase
+    done_bytes: NonNegative  # of this phase: payload bytes fetched, file bytes hashed
+    total_bytes: NonNegative
+
+
+class FoldReport(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """``POST /v0/folds``: one fold node's status. ``cursor`` may not pass
-    ``bucket_seq`` (the reporter reads the cursor first, then the bucket)."""
+    ``bucket_seq`` (the reporter reads the cursor first, then the bucket). Defaults are
+    left out of the body, so a server from before ``role`` and ``restore`` still takes
+    the report of a node that neither exports nor bootstraps."""
 
     fold: ReporterName  # the fold's name: its artifact key, by default the bucket
     node: ReporterName
@@ -47,6 +69,9 @@ class FoldReport(Struct, forbid_unknown_fields=True, frozen=True):
     bucket_seq: NonNegative  # the bucket stream's last seq when reported
     interval_ms: IntervalMs = 5000
     export: FoldExport | None = None
+    role: ExportRole | None = None  # None: the node does not export (no --export-to)
+    lease_holder: Label | None = None  # who holds the export lease, as the node last saw
+    restore: FoldRestore | None = None  # None: the node did not bootstrap
 
 
 class FoldStatus(Struct, frozen=True):
@@ -64,6 +89,9 @@ class FoldStatus(Struct, frozen=True):
     reported_ms: int  # when the server received it (the server's clock)
     age_ms: int  # how long ago, when this answer was made
     stale: bool  # no report for STALE_INTERVALS intervals: the node may be gone
+    role: ExportRole | None = None
+    lease_holder: str | None = None
+    restore: FoldRestore | None = None
 
 
 class FoldList(Struct, frozen=True):

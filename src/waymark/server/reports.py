@@ -129,7 +129,7 @@ def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
     age, stale = _age(kept, now)
     return FoldStatus(r.fold, r.node, r.backend, r.bucket, r.cursor, r.bucket_seq,
                       r.bucket_seq - r.cursor, r.interval_ms, r.export, kept.reported_ms, age,
-                      stale)  # fmt: skip
+                      stale, r.role, r.lease_holder, r.restore)  # fmt: skip
 
 
 class ReportsApi:
