@@ -15,6 +15,7 @@ import obstore
 import pytest
 from obstore.exceptions import AlreadyExistsError, PreconditionError
 from obstore.store import LocalStore, S3Store
+from tests.objstore.s3 import MotoS3
 
 from waymark.clock import ManualClock
 from waymark.objstore import (
@@ -318,3 +319,48 @@ def test_file_cas_is_trusted_on_a_local_disk_and_fails_closed_on_nfs(
         with pytest.raises(ConditionalWriteUnsupported, match="fails closed"):
             ObjectStoreTransport(remote).upload_files("k", tmp_path, manifest.encode(), manifest)
         assert list(remote.list()) == []  # refused before anything was uploaded
+
+
+SLOW_UPLOAD = """
+import sys, time
+from waymark.objstore import open_store
+def chunks():
+    yield b"x" * (8 * 1024 * 1024)
+    yield b"y" * (8 * 1024 * 1024)
+    time.sleep(3600)  # killed before the rest: its multipart upload stays open
+    yield b""
+open_store(sys.argv[1]).upload("payloads/big", chunks())
+"""
+
+
+def test_a_killed_writers_multipart_upload_is_aborted_on_s3(moto_s3: MotoS3, s3_url: str) -> None:
+    """An upload killed midway leaves an incomplete multipart upload on S3 whose parts
+    are kept (and billed) until someone aborts it: startup housekeeping aborts those
+    older than its threshold, and says which and how large (docs/kv.md, "Crash
+    leftovers")."""
+    import boto3
+
+    bucket = s3_url.removeprefix("s3://").partition("/")[0]
+    s3 = boto3.client("s3", endpoint_url=moto_s3.endpoint, region_name="us-east-1")
+    writer = subprocess.Popen([sys.executable, "-c", SLOW_UPLOAD, s3_url])
+
+    def parts() -> int:
+        uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        return sum(len(s3.list_parts(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+                       .get("Parts", [])) for u in uploads)  # fmt: skip
+
+    deadline = time.monotonic() + 60
+    while parts() == 0:  # until a part of it is on S3
+        assert writer.poll() is None and time.monotonic() < deadline, "no part was sent"
+        time.sleep(0.05)
+    writer.kill()
+    writer.wait()
+    # (moto stamps every upload 2010-11-10T20:48:33Z: the clock is set a minute later)
+    [upload] = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    clock = ManualClock(int(upload["Initiated"].timestamp() * 1000) + 60_000)
+    store = open_store(s3_url, clock=clock)
+    assert store.clean_abandoned_temp() == []  # young: it might be a live writer's
+    assert open_store(f"s3://{bucket}/elsewhere").clean_abandoned_temp(min_age_s=0) == []
+    [(key, size)] = store.clean_abandoned_temp(min_age_s=0)
+    assert key == "replicas/payloads/big" and size >= 8 * 1024 * 1024
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

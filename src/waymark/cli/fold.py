@@ -311,7 +311,7 @@ async def _export_rounds(
     workdir = exports_dir(Path(spec.partition(":")[2]).absolute())
     if abandoned := await asyncio.to_thread(transport.store.clean_abandoned_temp):
         console.print(
-            f"removed {len(abandoned)} abandoned upload temp file(s) from {replicas.export_to} "
+            f"removed {len(abandoned)} upload(s) a killed writer left in {replicas.export_to} "
             f"({sum(n for _, n in abandoned):,} bytes)"
         )
     last = None

@@ -91,16 +91,18 @@ class ObjectStore(Protocol):
         """Objects whose key starts with ``prefix``, in key order."""
         ...
 
-    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+    def clean_abandoned_temp(self, min_age_s: float | None = None) -> Sequence[tuple[str, int]]:
         """Remove what writers killed mid-upload left behind and no live writer holds,
-        older than ``min_age_s``: (name, bytes) of each. Startup housekeeping."""
+        older than ``min_age_s`` (None: the backend's safe default): (name, bytes) of
+        each. Startup housekeeping."""
         ...
 
 
 def open_store(url: str, *, clock: Clock | None = None) -> ObjectStore:
     """The store at ``file:///dir`` or ``s3://bucket[/prefix]``.
 
-    ``clock`` stamps the local store's modification times (S3 stamps its own).
+    ``clock`` stamps the local store's modification times (S3 stamps its own) and
+    tells the age of an abandoned upload.
     """
     parsed = urlparse(url)
     if parsed.scheme == "file":
@@ -118,7 +120,8 @@ def open_store(url: str, *, clock: Clock | None = None) -> ObjectStore:
         if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true"):
             options["allow_http"] = True
         store = S3Store.from_url(url, client_options=options)
-        return ObstoreObjectStore(store, url, conditional_put=True, conditional_delete=True)
+        return ObstoreObjectStore(store, url, conditional_put=True, conditional_delete=True,
+                                  clock=clock)  # fmt: skip
     raise ValueError(f"unsupported object store URL {url!r} (expected one of: file:///dir, s3://)")
 
 

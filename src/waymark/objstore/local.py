@@ -175,9 +175,11 @@ class LocalObjectStore:
                 tmp.unlink()  # only still there if the commit was refused or failed
             os.close(fd)
 
-    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+    def clean_abandoned_temp(self, min_age_s: float | None = None) -> Sequence[tuple[str, int]]:
         """Remove temp files a killed writer left (name, bytes): those older than
-        ``min_age_s`` that no live writer holds (docs/kv.md, "Crash leftovers")."""
+        ``min_age_s`` (default a minute) that no live writer holds (docs/kv.md, "Crash
+        leftovers")."""
+        min_age_s = 60.0 if min_age_s is None else min_age_s
         removed: list[tuple[str, int]] = []
         now_ns = self._clock.now_ms() * 1_000_000
         for p in self._tmp.iterdir():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 import obstore
 from obstore import exceptions as obx
 
+from waymark.clock import Clock, SystemClock
 from waymark.objstore.types import (
     OVERWRITE,
     PART_SIZE,
@@ -82,9 +84,13 @@ class ObstoreObjectStore:
         *,
         conditional_put: bool,
         conditional_delete: bool,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: what the age of an abandoned upload is measured against (the
+        store stamps its own times)."""
         self._store = store
         self.url = url
+        self._clock = clock or SystemClock()
         self.capabilities = Capabilities(conditional_put, conditional_delete)
 
     def put(self, key: str, data: bytes, *, mode: PutMode = OVERWRITE) -> ObjectVersion:
@@ -179,8 +185,57 @@ class ObstoreObjectStore:
                     if m["path"].startswith(prefix):
                         yield _meta(m)
 
-    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
-        """Nothing: an aborted multipart upload's parts stay on S3 until a lifecycle
-        rule (``AbortIncompleteMultipartUpload``) removes them. obstore has no call to
-        list or abort another process's uploads (docs/kv.md, "Crash leftovers")."""
-        return []
+    def clean_abandoned_temp(self, min_age_s: float | None = None) -> Sequence[tuple[str, int]]:
+        """Abort the incomplete multipart uploads under this store's prefix that were
+        started more than ``min_age_s`` ago (default :data:`ABANDONED_UPLOAD_S`): (key,
+        bytes of their parts) of each. S3 does not say whether a live process still
+        sends parts, so age is the only sign of an upload killed midway: the default is
+        far above the longest upload (docs/kv.md, "Crash leftovers"). obstore has no
+        call for this, so it goes through boto3, with the same ``AWS_*`` settings."""
+        if not self.url.startswith("s3://"):
+            return []
+        age_s = ABANDONED_UPLOAD_S if min_age_s is None else min_age_s
+        bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
+        prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        client = _s3_client()
+        now = datetime.datetime.fromtimestamp(self._clock.now_ms() / 1000, datetime.UTC)
+        cutoff = now - datetime.timedelta(seconds=age_s)
+        aborted: list[tuple[str, int]] = []
+        try:
+            pages = client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=bucket, Prefix=prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    key, upload_id = upload["Key"], upload["UploadId"]
+                    if upload["Initiated"] > cutoff or not key.startswith(prefix):
+                        continue  # maybe a live writer's; another store's (not all
+                        # S3 implementations filter by prefix: moto does not)
+                    parts = client.get_paginator("list_parts").paginate(
+                        Bucket=bucket, Key=key, UploadId=upload_id
+                    )
+                    size = sum(p["Size"] for page in parts for p in page.get("Parts", []))
+                    client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                    aborted.append((key, size))
+        except Exception as e:  # botocore's errors: this package's, like obstore's
+            if type(e).__module__.startswith("botocore"):
+                raise ObjectStoreError(f"abort abandoned uploads in {self.url}: {e}") from e
+            raise
+        return aborted
+
+
+# An incomplete multipart upload started this long ago is one a killed writer left: an
+# artifact upload takes minutes at most, a payload stream at most an hour per request.
+ABANDONED_UPLOAD_S = 6 * 3600.0
+
+
+def _s3_client() -> Any:
+    """A boto3 S3 client configured from the environment obstore reads (its
+    ``AWS_ENDPOINT`` alias and ``AWS_REGION`` too, which boto3 alone does not)."""
+    import boto3  # type: ignore[import-untyped]  # (for this housekeeping only)
+
+    return boto3.client(
+        "s3",
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT"),
+        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+    )

@@ -137,5 +137,5 @@ class PatientStore:
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         return iter(self._call(lambda: list(self.inner.list(prefix))))
 
-    def clean_abandoned_temp(self, min_age_s: float = 60.0) -> Sequence[tuple[str, int]]:
+    def clean_abandoned_temp(self, min_age_s: float | None = None) -> Sequence[tuple[str, int]]:
         return self._call(lambda: self.inner.clean_abandoned_temp(min_age_s))
