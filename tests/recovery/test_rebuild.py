@@ -157,3 +157,25 @@ def test_a_seal_right_after_a_restart_keeps_only_what_no_checkpoint_named(
     epoch = engine.get_topic("orders").epoch
     assert checkpoint(engine, store) == {"orders/b": (2, 2, epoch)}
     crash(engine, store)
+
+
+def test_a_replayed_drop_is_named_at_the_version_the_live_drop_took(tmp_path: Path) -> None:
+    """A restart after a crash moves a topic's next seq past its ceiling's lead; a drop
+    then is named at that seq. Replayed after another crash, before any checkpoint
+    named it, the drop must be named at the same version, not at the next seq replay
+    reached (below the lead): found by the kill loop (tests/recovery/test_kills.py),
+    where the rebuilt checkpoint named an earlier version than the live one."""
+    engine, store = start(tmp_path)
+    engine.put_topic("users", ConfigPatch(durability=Durability.FSYNC))
+    for i in range(20):  # the ceiling leads the head
+        engine.append("users", [RecordIn.of(i)])
+    checkpoint(engine, store)
+    crash(engine, store)
+    engine, store = start(tmp_path)
+    users = engine.get_topic("users")
+    assert users.next_seq > users.head_seq > 0 and users.next_seq > 21, "no lead: not played"
+    engine.delete_topic("users")  # named at users.next_seq, the seq it never handed out
+    crash(engine, store)
+    engine, store = start(tmp_path)
+    assert checkpoint(engine, store)["users"] == (users.next_seq, users.next_seq, users.epoch)
+    crash(engine, store)

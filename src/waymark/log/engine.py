@@ -220,7 +220,7 @@ class Engine:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         kernel = self.kernel
         topic = kernel.existing(name, recover=False)  # what is still set aside never applies
-        commit = kernel.write(name, DropFrame(name, topic.epoch).encode())
+        commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
         kernel.drop(name)
         if topic.head_seq > 0 and (changes := self.changes_of(topic)) is not None:
             # A drop's version is the instance's next seq, which it never hands out: later

@@ -88,11 +88,15 @@ class TopicFrame(_Json):
 
 
 class DropFrame(_Json):
-    """Delete a topic instance."""
+    """Delete a topic instance. ``next_seq``: the seq it would have handed out next,
+    the version its drop is named at (docs/semantics/recovery.md §1.3); replay cannot
+    tell it from the records alone, as a restart after a crash moves it past the
+    ceiling's lead without a frame. Absent from frames written before it was kept."""
 
     KIND = FrameKind.DROP
     name: str
     epoch: int
+    next_seq: int | UnsetType = UNSET
 
 
 class HeadFrame(_Json):

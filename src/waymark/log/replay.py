@@ -78,7 +78,10 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             topic = kernel.get(entry.name)
             if topic is not None and topic.epoch == entry.epoch:
                 if topic.head_seq > 0 and (changes := engine.changes_of(topic)) is not None:
-                    changes.replayed().removed(topic, dropped_keys(topic), topic.next_seq, None)
+                    # The version the live drop was named at (older frames: the next
+                    # seq replay reached, which a restart's move past a lead may pass).
+                    version = topic.next_seq if entry.next_seq is UNSET else entry.next_seq
+                    changes.replayed().removed(topic, dropped_keys(topic), version, None)
                 kernel.drop(entry.name)
                 engine.routers.topic_dropped(entry.name, entry.epoch)
         case HeadFrame():
