@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from waymark.client import ApiError, Client, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
+from waymark.pipeline.behind import Behind
 from waymark.pipeline.edge import (
     EdgeOwned,
     EdgeUnavailable,
@@ -35,6 +36,20 @@ from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFa
 from waymark.pipeline.state import StageFenced, StageStateStore
 
 log = logging.getLogger(__name__)
+
+# How long an idle stage waits before it looks again (a consumer's long poll of its
+# edge, a finished source's pause between reads of its consumers' acknowledgements):
+# short after work, so a stage sees its upstream finish soon, doubling while it stays
+# idle, so an idle pipeline asks its servers and store little (docs/pipeline.md,
+# "Running it").
+IDLE_WAIT_MS = (10, 100)
+
+
+def idle_wait_ms(idle_steps: int) -> int:
+    """The wait after ``idle_steps`` idle steps in a row (0 after a busy one)."""
+    low, high = IDLE_WAIT_MS
+    return min(high, low << min(idle_steps, 16))
+
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -67,6 +82,8 @@ def build_stage(
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
         checkpoint_interval_ms=spec.checkpoint_interval_ms,
+        # each batch's writes overlap the next one's read (docs/semantics/pipeline.md §4.5)
+        behind=Behind(f"stage-{name}-writes"),
     )  # fmt: skip
 
 
@@ -136,6 +153,7 @@ class PipelineRunner:
                 run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
         self._ended = threading.Condition()  # a stage finished or failed
+        self._progress = threading.Condition()  # a stage stepped
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -199,6 +217,7 @@ class PipelineRunner:
         when the failure-rate limit is passed: the stage ends and the pipeline stops
         (docs/semantics/pipeline.md §9.1)."""
         if run.stage is not None:
+            run.stage.close()
             self._fold(run, run.stage)
         run.stage = None
         run.report.last_error = error[:2000]
@@ -227,6 +246,7 @@ class PipelineRunner:
             self._end(run, f"{failure}; it failed {attempts} times and the pipeline has no "
                            "dead_letter topic")  # fmt: skip
             if run.stage is not None:
+                run.stage.close()
                 self._fold(run, run.stage)
             run.report.last_error = str(failure)[:2000]
             self._publish(run)
@@ -244,8 +264,17 @@ class PipelineRunner:
             self._stop.set()
 
     def _run_stage(self, run: StageRun) -> None:
+        try:
+            self._steps(run)
+        finally:
+            if run.stage is not None:
+                run.stage.close()
+
+    def _steps(self, run: StageRun) -> None:
         last_report_ms: int | None = None
         idle = False
+        idle_steps = 0  # in a row
+        last_unacked = -1  # a source's unacknowledged records after its last idle step
         while not self._stop.is_set():
             try:
                 if run.stage is None:
@@ -253,8 +282,15 @@ class PipelineRunner:
                                             self.identity, run.poison)  # fmt: skip
                     run.stage.start()
                 stage = run.stage
-                taken = stage.step(wait_ms=200 if stage.input is not None else 0)
+                wait_ms = idle_wait_ms(idle_steps) if stage.input is not None else 0
+                taken = stage.step(wait_ms=wait_ms)
                 idle = taken == 0
+                idle_steps = idle_steps + 1 if idle else 0
+                report_due = last_report_ms is None or (
+                    self.clock.now_ms() - last_report_ms >= self.report_interval_s * 1000
+                )
+                if report_due:
+                    stage.drain()  # the report counts the writes in the air too
                 assert run.restarts is not None
                 run.restarts.succeeded()
             except StageFenced as error:
@@ -285,15 +321,11 @@ class PipelineRunner:
                 continue
             now_ms = self.clock.now_ms()
             try:
-                finished = stage.finished() if stage.input is None else (
-                    idle and not any(out.unacked for out in stage.outputs)
-                    and self._upstream_done(stage)
-                )  # fmt: skip
-                if (
-                    finished
-                    or last_report_ms is None
-                    or (now_ms - last_report_ms >= self.report_interval_s * 1000)
-                ):
+                # after an idle step, which leaves no writes in the air
+                finished = idle and (stage.finished() if stage.input is None else (
+                    not any(out.unacked for out in stage.outputs) and self._upstream_done(stage)
+                ))  # fmt: skip
+                if finished or report_due:
                     self._fold(run, stage)
                     run.report.done = finished
                     self._publish(run, required=finished)
@@ -306,6 +338,18 @@ class PipelineRunner:
             if finished:
                 self._end(run)
                 return
+            with self._progress:
+                self._progress.notify_all()
+            if idle and stage.input is None:
+                # Everything produced: wait for the acknowledgements without spinning,
+                # woken by any step of this process's stages; a newly acknowledged
+                # record makes the next wait short again.
+                unacked = sum(len(out.unacked) for out in stage.outputs)
+                if unacked != last_unacked:
+                    idle_steps, last_unacked = 1, unacked
+                with self._progress:
+                    if not self._stop.is_set():
+                        self._progress.wait(idle_wait_ms(idle_steps - 1) / 1000)
 
     def _watch_generations(self) -> None:
         readers = [HandoffReader(self.store.inner, e) for e in self.spec.edges]
