@@ -29,7 +29,7 @@ from waymark.pipeline.edge import (
 from waymark.pipeline.identity import PipelineIdentity, establish
 from waymark.pipeline.locator import HandoffReader, HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import PatientStore
-from waymark.pipeline.report import StageReport, load_report, publish_report
+from waymark.pipeline.report import ReportPublisher, StageReport, load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
@@ -152,6 +152,7 @@ class PipelineRunner:
             if earlier is not None:
                 run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
+        self.reports = ReportPublisher(self.store)
         self._ended = threading.Condition()  # a stage finished or failed
         self._progress = threading.Condition()  # a stage stepped
         self._failed_over = False
@@ -199,17 +200,17 @@ class PipelineRunner:
         stage.stats.latencies_ms = []
         del r.latency_before_ms[:-500], r.latency_after_ms[:-500]
 
-    def _publish(self, run: StageRun, *, required: bool = False) -> None:
+    def _publish(self, run: StageRun, *, required: bool = False, behind: bool = False) -> None:
         """Put the stage's report in the store. Best effort unless ``required`` (a
         finished stage's: its consumers wait for it); an outage past the store's budget
-        is logged and the next report tries again."""
+        is logged and the next report tries again. ``behind``: do not wait for it (the
+        periodic report of a running stage)."""
         run.report.updated_ms = self.clock.now_ms()
         try:
-            publish_report(self.store, run.report)
-        except ObjectStoreError as error:
+            self.reports.publish(run.report, wait=not behind)
+        except ObjectStoreError:
             if required:
-                raise
-            log.warning("stage %s: its report waits for the store: %s", run.name, error)
+                raise  # else logged, and the next report tries again
 
     def _restart(self, run: StageRun, error: str) -> bool:
         """Drop the stage instance (and its memory); the next one starts from its
@@ -328,7 +329,7 @@ class PipelineRunner:
                 if finished or report_due:
                     self._fold(run, stage)
                     run.report.done = finished
-                    self._publish(run, required=finished)
+                    self._publish(run, required=finished, behind=not finished)
                     last_report_ms = now_ms
             except ObjectStoreError as error:
                 # the store stayed out past its budget: step on, ask again next time
