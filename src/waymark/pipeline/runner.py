@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+import numpy as np
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from waymark.client import ApiError, Client, TransportError
 from waymark.clock import Clock, SystemClock
@@ -158,11 +160,7 @@ class PipelineRunner:
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
-        self.latency = Histogram(
-            "waymark_pipeline_latency_seconds",
-            "End-to-end latency at the sink, before and after the first failover.",
-            ["phase"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )  # fmt: skip
+        self.latency = LatencyHistogram()
 
     # --- the loop ---------------------------------------------------------------------
     def _upstream_done(self, stage: Stage) -> bool:
@@ -194,9 +192,8 @@ class PipelineRunner:
         stage.stats.processed = stage.stats.dead_lettered = 0
         phase = r.latency_after_ms if self._failed_over else r.latency_before_ms
         phase += stage.stats.latencies_ms[:: max(1, len(stage.stats.latencies_ms) // 50)]
-        histogram = self.latency.labels("after" if self._failed_over else "before")
-        for ms in stage.stats.latencies_ms:
-            histogram.observe(ms / 1000)
+        self.latency.observe_ms("after" if self._failed_over else "before",
+                                stage.stats.latencies_ms)  # fmt: skip
         stage.stats.latencies_ms = []
         del r.latency_before_ms[:-500], r.latency_after_ms[:-500]
 
@@ -398,6 +395,42 @@ class PipelineRunner:
 
 
 # --- what `status` and /metrics show -------------------------------------------------
+class LatencyHistogram:
+    """``waymark_pipeline_latency_seconds{phase}``: end-to-end latencies at the sink,
+    counted a batch at a time (one ``Histogram.observe`` per event cost a sink stage
+    about a fifth of its CPU)."""
+
+    def __init__(self) -> None:
+        self._bounds_ms = np.array(LATENCY_BUCKETS_S) * 1000
+        self._lock = threading.Lock()
+        self._counts: dict[str, np.ndarray] = {}  # per phase: one count per bucket, +Inf last
+        self._sums_ms: Counter[str] = Counter()
+
+    def observe_ms(self, phase: str, latencies_ms: list[int]) -> None:
+        if not latencies_ms:
+            return
+        # bucket i counts the latencies at most its bound and above the one before
+        buckets = np.searchsorted(self._bounds_ms, latencies_ms, side="left")
+        counts = np.bincount(buckets, minlength=len(self._bounds_ms) + 1)
+        with self._lock:
+            self._counts[phase] = self._counts.get(phase, 0) + counts
+            self._sums_ms[phase] += sum(latencies_ms)
+
+    def family(self) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(
+            "waymark_pipeline_latency_seconds",
+            "End-to-end latency at the sink, before and after the first failover.",
+            labels=["phase"],
+        )
+        with self._lock:
+            for phase, counts in sorted(self._counts.items()):
+                total = np.cumsum(counts).tolist()
+                bounds = [floatToGoString(b) for b in LATENCY_BUCKETS_S] + ["+Inf"]
+                family.add_metric([phase], list(zip(bounds, total, strict=True)),
+                                  sum_value=self._sums_ms[phase] / 1000)  # fmt: skip
+        return family
+
+
 @dataclass(frozen=True)
 class EdgeStatus:
     edge: str
@@ -477,3 +510,4 @@ class PipelineCollector(Collector):
                     lag.add_metric([status.edge], behind)
         yield generation
         yield lag
+        yield runner.latency.family()
