@@ -271,7 +271,6 @@ class Stage:
         waits for the previous task (raising its error) before it hands over the next.
         The saved position never passes a record whose outputs are not yet held by an
         output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
-        self._release()
         if self.input is None:
             records = self._produce()
             taken = len(records)
@@ -280,6 +279,7 @@ class Stage:
             taken = len(popped)
             records = self._transform(popped)
         self.drain()
+        self._release()
         # The outputs are held by their edges from here on (each edge's unacknowledged
         # window), so the position saved may pass their input; a sink's are written
         # before the save, in the same task.
