@@ -1,5 +1,5 @@
-"""A Spark stage waits out an outage of the handoff store (docs/semantics/pipeline.md
-§10, §7; docs/spark.md, "A Spark stage of a pipeline"): the edge source's driver
+"""A Spark stage waits out an outage of the handoff store (docs/semantics/pipeline.md §10;
+docs/spark.md, "A Spark stage of a pipeline"): the edge source's driver
 calls (planning, committing) and its executors' reads go through the same patient
 store as the pipeline runner, so an outage shorter than ``storeBudgetMs`` costs time,
 not the query. The source's methods are called as Spark's driver and executors call

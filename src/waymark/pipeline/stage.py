@@ -292,7 +292,7 @@ class Stage:
         def task() -> None:
             for out in self.outputs:
                 if records:
-                    out.send()  # under the generation it knows, then checked (§3.4)
+                    out.send()  # as push does (docs/semantics/pipeline.md §3.4)
                 out.settle()  # forget what is acknowledged; follow a newer placement
             if self.sink is not None and records:
                 self.sink.write(records)
