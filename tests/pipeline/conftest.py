@@ -116,12 +116,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 class StoreFaults:
     """A fault injector for an object store (the file:// store has no network to cut):
-    while ``down`` every call fails as an outage; ``lose`` makes that many writes land
-    and then fail as an outage, the answer lost on its way back."""
+    while ``down`` every call fails as an outage; ``outage_calls`` makes that many next
+    calls fail so, and counts down; ``lose`` makes that many writes land and then fail
+    as an outage, the answer lost on its way back. ``failed`` counts the calls that failed."""
 
     def __init__(self) -> None:
         self.down = False
+        self.outage_calls = 0
         self.lose = 0
+        self.failed = 0
 
     def wrap(self, store: ObjectStore) -> ObjectStore:
         return cast(ObjectStore, _FaultyStore(store, self))
@@ -133,7 +136,10 @@ class _FaultyStore:
         self.url, self.capabilities = inner.url, inner.capabilities
 
     def _check(self) -> None:
-        if self.faults.down:
+        faults = self.faults
+        if faults.down or faults.outage_calls > 0:
+            faults.outage_calls = max(0, faults.outage_calls - 1)
+            faults.failed += 1
             raise ObjectStoreError("injected outage")
 
     def __getattr__(self, name: str) -> Any:  # reads: get, head, list, ...

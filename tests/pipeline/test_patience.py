@@ -14,6 +14,7 @@ from tests.pipeline.conftest import StoreFaults
 from waymark.clock import ManualClock
 from waymark.objstore import CREATE, ObjectExists, ObjectNotFound, ObjectStoreError, open_store
 from waymark.pipeline.patience import PatientStore
+from waymark.pipeline.report import ReportPublisher, StageReport, load_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
 
@@ -84,3 +85,24 @@ def test_a_save_whose_answer_was_lost_is_found_as_its_own(tmp_path: Path) -> Non
     states.save(state)  # its version is known again: no StageFenced
     loaded = states.load("s")
     assert loaded is not None and loaded.source_offset == 9 and loaded.owner == "s/one"
+
+
+def test_reports_published_behind_land_in_order_and_a_waited_one_raises(tmp_path: Path) -> None:
+    # docs/pipeline.md, "Running it": a running stage's periodic report does not wait
+    # for the store; a finished stage's is waited for and lands after every earlier one.
+    faults = StoreFaults()
+    store = faults.wrap(open_store(tmp_path.as_uri()))
+    reports = ReportPublisher(store)
+    for n in range(50):
+        reports.publish(StageReport(stage="s", processed=n))
+    reports.publish(StageReport(stage="s", processed=50, done=True), wait=True)
+    landed = load_report(store, "s")
+    assert landed is not None and landed.processed == 50 and landed.done
+    faults.down = True
+    with pytest.raises(ObjectStoreError, match="injected outage"):
+        reports.publish(StageReport(stage="s", processed=51), wait=True)
+    reports.publish(StageReport(stage="s", processed=52))  # not waited for: logged only
+    faults.down = False
+    reports.publish(StageReport(stage="t"), wait=True)  # the worker goes on
+    landed = load_report(store, "s")
+    assert landed is not None and landed.processed in (50, 52)

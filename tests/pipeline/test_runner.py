@@ -9,6 +9,7 @@ import random
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -251,3 +252,30 @@ def test_a_superseded_stage_stops_its_runner(tmp_path: Path, waymark_server: Ser
     for thread in threads:
         thread.join(10)
         assert not thread.is_alive()
+
+
+def test_the_latency_histogram_counts_a_batch_as_one_observe_per_latency_would() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client.registry import Collector
+
+    from waymark.pipeline.runner import LATENCY_BUCKETS_S, LatencyHistogram
+
+    latencies_ms = [0, 1, 5, 6, 10, 11, 250, 251, 30_000, 30_001, 99_999]
+    ours = LatencyHistogram()
+    ours.observe_ms("before", latencies_ms[:4])
+    ours.observe_ms("before", latencies_ms[4:])
+
+    class Ours(Collector):
+        def collect(self) -> Any:
+            yield ours.family()
+
+    mine, reference = CollectorRegistry(), CollectorRegistry()
+    mine.register(Ours())
+    theirs = Histogram("waymark_pipeline_latency_seconds",
+                       "End-to-end latency at the sink, before and after the first failover.",
+                       ["phase"], buckets=LATENCY_BUCKETS_S, registry=reference)  # fmt: skip
+    for ms in latencies_ms:
+        theirs.labels("before").observe(ms / 1000)
+    expected = [line for line in generate_latest(reference).decode().splitlines()
+                if "_created" not in line]  # fmt: skip
+    assert generate_latest(mine).decode().splitlines() == expected

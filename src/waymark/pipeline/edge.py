@@ -267,7 +267,15 @@ class RelocatableQueueEdge:
         finds the server gone or the edge moved moves with it and writes every
         unacknowledged record again, with bounded retries and backoff
         (docs/semantics/pipeline.md §3.3)."""
+        self.enqueue(records)
+        self.send()
+
+    def enqueue(self, records: InFlight) -> None:
+        """Hold ``records`` until acknowledged; :meth:`send` writes them."""
         self.unacked += records
+
+    def send(self) -> None:
+        """Write what is held and not yet written, as :meth:`push` does."""
         self.open()
         self._send()
 

@@ -16,6 +16,7 @@ from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.pipeline.batch import EVENT, InFlight
+from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
@@ -123,7 +124,9 @@ class Stage:
     A source stage (``events`` set) calls ``function(n)`` for event n; another stage
     calls ``function(value)`` for each input record and writes every value it yields.
     Exactly one of ``output`` and ``sink`` is set. ``identity`` (default: the one kept
-    in the states' store) scopes a source's event ids.
+    in the states' store) scopes a source's event ids. ``behind`` runs each batch's
+    writes and checkpoint save (default: at once; the runner's overlap them with the
+    next batch's read, docs/semantics/pipeline.md §4.5).
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class Stage:
         dead_letter: Sink | None = None,
         poison: dict[bytes, tuple[int, str]] | None = None,
         checkpoint_interval_ms: int = 0,
+        behind: WriteBehind | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -167,6 +171,9 @@ class Stage:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self._saved: tuple[Position | None, int] | None = None  # what the last save held
         self._saved_ms: int | None = None
+        self.behind: WriteBehind = behind or Inline()
+        self._durable: Position | None = None  # an input position whose save landed
+        self._landed_ms: list[int] = []  # latencies of the sink write that landed
         self.stats = StageStats()
         self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
         self.state = CheckpointedStageState(stage=name)
@@ -256,8 +263,14 @@ class Stage:
                               born_ms=born)  # fmt: skip
 
     def step(self, *, wait_ms: int = 0) -> int:
-        """Move one batch through the stage and checkpoint; the number of input records
-        (or events) taken."""
+        """Move one batch through the stage; the number of input records (or events)
+        taken.
+
+        The batch's writes and then the checkpoint save go to :attr:`behind` as one
+        task, which may run while the next step reads and calls the function; a step
+        waits for the previous task (raising its error) before it hands over the next.
+        The saved position never passes a record whose outputs are not yet held by an
+        output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
         if self.input is None:
             records = self._produce()
             taken = len(records)
@@ -265,17 +278,51 @@ class Stage:
             popped = self.input.pop(self.batch, wait_ms=wait_ms)
             taken = len(popped)
             records = self._transform(popped)
-        if self.outputs:
-            for i, out in enumerate(self.outputs):
-                if records:
-                    out.push(self._branch(records, i))
-                out.settle()
-        elif self.sink is not None:
-            self.sink.write(records)
-            self.stats.latencies_ms.extend(records.latencies_ms(self.clock.now_ms()))
+        self.drain()
+        self._release()
+        # The outputs are held by their edges from here on (each edge's unacknowledged
+        # window), so the position saved may pass their input; a sink's are written
+        # before the save, in the same task.
+        for i, out in enumerate(self.outputs):
+            if records:
+                out.enqueue(self._branch(records, i))
+        save = self._checkpoint(now=taken == 0)
         self.stats.processed += taken
-        self.checkpoint(now=taken == 0)
+
+        def task() -> None:
+            for out in self.outputs:
+                if records:
+                    out.send()  # as push does (docs/semantics/pipeline.md §3.4)
+                out.settle()  # forget what is acknowledged; follow a newer placement
+            if self.sink is not None and records:
+                self.sink.write(records)
+                self._landed_ms = records.latencies_ms(self.clock.now_ms())
+            if save is not None:
+                save()
+
+        self.behind.submit(task)
+        if taken == 0:
+            self.drain()  # an idle step leaves nothing in the air
+            self._release()
         return taken
+
+    def drain(self) -> None:
+        """Wait for the last step's writes and save, raising their error."""
+        self.behind.join()
+        if self._landed_ms:
+            self.stats.latencies_ms += self._landed_ms
+            self._landed_ms = []
+
+    def _release(self) -> None:
+        """Delete the input a landed save acknowledged (docs/semantics/pipeline.md §3.6)."""
+        durable, self._durable = self._durable, None
+        if self.input is not None and durable is not None:
+            self.input.release(durable)
+
+    def close(self) -> None:
+        """Let the last step's writes finish (ignoring their error); the instance is
+        being dropped."""
+        self.behind.close()
 
     def _branch(self, records: InFlight, i: int) -> InFlight:
         """What output edge ``i`` gets: the records themselves when it is the only one;
@@ -289,11 +336,12 @@ class Stage:
         edge = self.outputs[i].name
         return records.branch(b"/%s>%s" % (_encode(self.name)[1:-1], _encode(edge)[1:-1]))
 
-    def checkpoint(self, *, now: bool = True) -> None:
-        """Persist how far the input is fully acknowledged downstream
-        (docs/semantics/pipeline.md §4.1): when it moved, at most every
-        ``checkpoint_interval_ms`` unless ``now`` (an idle step saves what it has at
-        once, so the last acknowledgements never wait)."""
+    def _checkpoint(self, *, now: bool = True) -> Callable[[], None] | None:
+        """The save of how far the input is fully acknowledged downstream
+        (docs/semantics/pipeline.md §4.1), or None when none is due: when the position
+        moved, at most every ``checkpoint_interval_ms`` unless ``now`` (an idle step
+        saves what it has at once, so the last acknowledgements never wait). A sink's
+        position covers what it read: the save runs after the sink write."""
         origins = [o for out in self.outputs if (o := out.oldest_origin()) is not None]
         oldest = min(origins, default=None)
         state = self.state
@@ -313,14 +361,18 @@ class Stage:
         # second even when nothing moved.
         heartbeat = since is None or since >= max(interval, 1000)
         if interval and not (moved and (now or due)) and not heartbeat:
-            return  # less often only replays more (docs/semantics/pipeline.md §4.1)
-        if self.output is not None:
-            downstream = self.states.load(self.output.consumer)
-            state.output = downstream.input if downstream is not None else None
-        self.states.save(state)
+            return None  # less often only replays more (docs/semantics/pipeline.md §4.1)
         self._saved, self._saved_ms = (state.input, state.source_offset), clock_ms
-        if self.input is not None and state.input is not None:
-            self.input.release(state.input)
+        snapshot = msgspec.structs.replace(state)  # the stage goes on changing its own
+
+        def save() -> None:
+            if self.output is not None:
+                downstream = self.states.load(self.output.consumer)
+                snapshot.output = downstream.input if downstream is not None else None
+            self.states.save(snapshot)
+            self._durable = snapshot.input
+
+        return save
 
     def finished(self) -> bool:
         """A source stage is done once every event is produced and acknowledged."""

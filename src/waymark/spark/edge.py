@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
+from waymark.pipeline.patience import STORE_BUDGET_S
 from waymark.pipeline.state import Position
 
 GEN = "wm.gen"  # the meta key of a record's generation (docs/semantics/pipeline.md §3.1)
@@ -87,6 +88,8 @@ class EdgeOptions:
     edge: str
     handoff: str
     stage: str
+    # how long one call to the handoff store waits out an outage (docs/semantics/pipeline.md §10)
+    store_budget_s: float = STORE_BUDGET_S
 
 
 def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
@@ -102,7 +105,7 @@ def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
             "list) and option 'edge' (a pipeline edge's name)"
         )
     if edge is None:
-        for name in ("handoff", "stage"):
+        for name in ("handoff", "stage", "storeBudgetMs"):
             if name in options:
                 raise ValueError(f"option {name!r} goes with option 'edge', not 'topics'")
         return None
@@ -115,7 +118,10 @@ def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
             "is the pipeline's handoff store (file:///dir or s3://bucket/prefix), 'stage' "
             "this stage's name in the pipeline"
         )
-    return EdgeOptions(edge.strip(), options["handoff"], options["stage"])
+    budget = options.get("storeBudgetMs", str(int(STORE_BUDGET_S * 1000)))
+    if not budget.isdigit():
+        raise ValueError(f"option 'storeBudgetMs' is a number of milliseconds: {budget!r}")
+    return EdgeOptions(edge.strip(), options["handoff"], options["stage"], int(budget) / 1000)
 
 
 def bind(locator: QueueLocator) -> EdgeOffset:

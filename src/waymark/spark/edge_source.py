@@ -29,8 +29,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from waymark.client import ApiError, Client, TransportError
-from waymark.objstore import ObjectStore, open_store
+from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
@@ -64,6 +65,12 @@ def stale_key(stage: str, part: EdgeRange) -> str:
     """Where a read records the stale rows it dropped: one object per range, so a
     retried task writes the same count again (docs/spark.md, "A Spark stage")."""
     return f"stages/{stage}/stale/{part.generation}-{part.lo}-{part.hi}.json"
+
+
+def patient_store(options: EdgeOptions) -> PatientStore:
+    """The handoff store, every call of it waiting out an outage within the budget, with
+    the pipeline runner's backoff and jitter (docs/semantics/pipeline.md §10)."""
+    return PatientStore(open_store(options.handoff), budget_s=options.store_budget_s)
 
 
 def _gone(error: Exception) -> bool:
@@ -116,7 +123,7 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     @property
     def store(self) -> ObjectStore:
         if self._store is None:
-            self._store = open_store(self.edge.handoff)
+            self._store = patient_store(self.edge)
         return self._store
 
     def _client(self, url: str) -> Client:
@@ -238,7 +245,14 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def _report(self) -> None:
         """The stage's counters for ``waymark pipeline status``: stale rows dropped (the
-        workers' counts), rebinds, and the seqs acknowledged."""
+        workers' counts), rebinds, and the seqs acknowledged. Best effort, like the
+        runner's: a store out past its budget leaves them for the next commit."""
+        try:
+            self._publish_report()
+        except ObjectStoreError as error:
+            log.warning("stage %s: its report waits for the store: %s", self.edge.stage, error)
+
+    def _publish_report(self) -> None:
         report = load_report(self.store, self.edge.stage) or StageReport(stage=self.edge.stage)
         report.stale_dropped = sum(
             int(self.store.get(meta.key).data)
@@ -246,9 +260,9 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         )
         report.rebinds += self._rebinds
         report.processed += self._processed
-        self._rebinds = self._processed = 0
         report.updated_ms = time.time_ns() // 1_000_000
         publish_report(self.store, report)
+        self._rebinds = self._processed = 0  # counted once published
 
     def stop(self) -> None:
         for client in self._clients.values():
@@ -266,7 +280,7 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
     count the stale ones; when the server is gone, wait for it or give the range up
     once a newer generation is published (docs/semantics/pipeline.md §7.3)."""
     part, options = partition.part, partition.options
-    store = open_store(options.handoff)
+    store = patient_store(options)
     handoff = HandoffReader(store, options.edge)
     stale = 0
     cursor = part.lo
