@@ -103,6 +103,10 @@ def register(app: typer.Typer) -> None:
         max_connections: Annotated[
             int, typer.Option(min=1, help="Open connections; more are answered 503.")
         ] = 1000,
+        max_connections_per_address: Annotated[
+            int,
+            typer.Option(min=1, help="Open connections from one client address; more get 503."),
+        ] = 256,
         max_streams: Annotated[
             int, typer.Option(min=1, help="Open SSE streams (watch, /work); more get 429.")
         ] = 500,
@@ -210,6 +214,7 @@ def register(app: typer.Typer) -> None:
             body_timeout_s=body_timeout_s,
             keep_alive_s=keep_alive_s,
             max_connections=max_connections,
+            max_connections_per_address=max_connections_per_address,
             max_streams=max_streams,
         )
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,

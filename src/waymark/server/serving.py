@@ -7,11 +7,13 @@ connection limits of :mod:`.limits`; TLS is uvicorn's (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
 import threading
 from collections.abc import Iterator
+from functools import partial
 
 import uvicorn
 
@@ -50,6 +52,23 @@ class Server(uvicorn.Server):
             )
         )
         self.app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.config.ssl is None:
+            await super().startup(sockets)
+            return
+        # uvicorn passes no TLS handshake timeout, so the loop's default (60 s) held a
+        # client that opens a connection and never says hello: the handshake gets the
+        # header timeout, like the headers that would follow it (docs/security.md, Limits).
+        loop = asyncio.get_running_loop()
+        create_server = loop.create_server
+        loop.create_server = partial(  # type: ignore[method-assign]
+            create_server, ssl_handshake_timeout=self.app.server_limits.header_timeout_s
+        )
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server  # type: ignore[method-assign]
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # End SSE streams and long-polls first: uvicorn otherwise waits for them.
