@@ -32,6 +32,7 @@ import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..log import ErrorCode, TopicError
+from .audit import AuditLog
 from .metrics import Metrics
 
 
@@ -71,6 +72,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     limits: ServerLimits
     metrics: Metrics
+    audit: AuditLog | None
     addresses: dict[str, int]  # open connections by client address
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -229,6 +231,8 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self._refused = True
         self.metrics.refused(error.code)
+        if self.audit is not None:
+            self.audit.refused(error.code, error.status, self._address, detail=error.detail)
         self.transport.write(refusal_bytes(error))
         if self.transport.can_write_eof():
             # A close with unread request bytes in the kernel's buffer resets the
@@ -240,10 +244,12 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded(limits: ServerLimits, metrics: Metrics) -> type[GuardedProtocol]:
+def guarded(
+    limits: ServerLimits, metrics: Metrics, audit: AuditLog | None = None
+) -> type[GuardedProtocol]:
     """The protocol class of one server."""
     return type(
         "GuardedProtocol",
         (GuardedProtocol,),
-        {"limits": limits, "metrics": metrics, "addresses": {}},
+        {"limits": limits, "metrics": metrics, "audit": audit, "addresses": {}},
     )

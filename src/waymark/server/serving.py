@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -34,14 +35,21 @@ def listen(host: str, port: int) -> socket.socket:
 
 class Server(uvicorn.Server):
     def __init__(
-        self, app: App, *, tls_cert: str | None = None, tls_key: str | None = None
+        self,
+        app: App,
+        *,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
     ) -> None:
+        """``tls_client_ca``: a CA file; every client must then present a certificate it
+        signed, checked in the TLS handshake (docs/security.md, "Client certificates")."""
         limits = app.server_limits
         super().__init__(
             uvicorn.Config(
                 app,
                 loop="uvloop",
-                http=guarded(limits, app.metrics),
+                http=guarded(limits, app.metrics, app.audit),
                 lifespan="on",
                 log_level="warning",
                 access_log=False,
@@ -49,6 +57,8 @@ class Server(uvicorn.Server):
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
                 ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key,
+                ssl_ca_certs=tls_client_ca,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
             )
         )
         self.app = app
