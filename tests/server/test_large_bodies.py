@@ -50,15 +50,19 @@ def test_health_answers_during_a_50_mb_append(start_waymark) -> None:
     prober = threading.Thread(target=probe)
     prober.start()
     try:
+        started = time.perf_counter()
         answer = _post(server.url, "/v0/topics/big/records", body)
+        took = time.perf_counter() - started
     finally:
         done.set()
         prober.join()
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert len(latencies) > 20
-    # Before: one health check waited ~650 ms. The bound leaves room for a loaded
-    # machine; bench/hostile.py measures the p99 (docs/security.md).
-    assert max(latencies) < 0.3, f"a health check took {max(latencies) * 1000:.0f} ms"
+    # Before, one health check waited through most of the append (~650 of ~800 ms):
+    # the loop was held while the body was decoded and copied. Measured against the
+    # append itself, so a loaded machine slows both; bench/hostile.py measures the p99.
+    stalled = max(latencies)
+    assert stalled < 0.35 * took, f"a health check took {stalled * 1000:.0f} ms of {took:.2f} s"
     with Client(server.url) as client:
         assert client.get_topic("big").head_seq == RECORDS
         page = client.diff("big", RECORDS - 1)
