@@ -92,7 +92,8 @@ def main() -> None:
         f"load held: {report.acked} fsync records acknowledged by the checker "
         f"({report.unacked} appends unanswered, during restarts)\n"
         f"faults survived: {faults} ({len(report.phases)} attacks, {report.kills} SIGKILLs)\n"
-        f"acknowledged records lost: {len(report.lost)}"
+        f"acknowledged records lost: {len(report.lost)}\n"
+        f"server log lines with a warning or traceback: {len(report.log_errors)}"
     )
     if report.lost:
         sys.exit(1)

@@ -31,6 +31,7 @@ def test_hostile_clients_lose_nothing_and_health_answers(tmp_path: Path) -> None
     )
     tallies = dict(report.phases)
     assert report.acked > 0 and report.lost == [], report.lost[:20]
+    assert report.log_errors == [], report.log_errors[:5]  # no log line per attack
     for name, tally in report.phases:
         assert tally.server_errors == 0, (name, tally)
         assert report.failed_probes.get(name, 0) == 0, (name, report.failed_probes)

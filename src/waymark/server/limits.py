@@ -149,12 +149,19 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_body, self._body_started, self._body_bytes = True, self.loop.time(), 0
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return  # no request cycle was started for it
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm_body()
+        if self._refused:
+            # Refused in on_headers_complete, so uvicorn never began its cycle: its own
+            # callback failed on it, and every refused upgrade or busy answer logged a
+            # parse warning and a "Fatal error on transport" traceback (a log flood).
+            return
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
