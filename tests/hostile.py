@@ -35,6 +35,10 @@ from hypothesis import strategies as st
 from waymark.server.auth import new_token
 
 CHECKED = "checked"  # the checker's fsync topic
+# A slow client is held until the server cuts it, for at most the attack's seconds and
+# this much more: a TLS handshake of a crowd of connections may itself take up to the
+# header timeout before the header timer starts.
+GRACE_S = 5.0
 FEED = "hostile.feed"  # what the SSE streams watch
 PROBER_ADDRESS = "127.0.0.2"
 ATTACKER_ADDRESSES = 16  # 127.0.1.0 .. 127.0.1.15
@@ -280,7 +284,8 @@ async def _read_until_closed(reader: asyncio.StreamReader, seconds: float) -> by
 
 
 async def slow_headers(target: Target, n: int, seconds: float) -> Tally:
-    """Slowloris: a request line, then a header byte every 200 ms, never the end."""
+    """Slowloris: a request line, then a header byte every 200 ms, never the end; held
+    until the server cuts it (at most ``seconds`` + ``GRACE_S``)."""
     tally = Tally()
 
     async def one(i: int) -> None:
@@ -290,7 +295,7 @@ async def slow_headers(target: Target, n: int, seconds: float) -> Tally:
             return
         tally.tried += 1
         writer.write(b"GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + seconds + GRACE_S
         answer = b""
         try:
             while time.monotonic() < deadline and not reader.at_eof():
@@ -311,7 +316,8 @@ async def slow_headers(target: Target, n: int, seconds: float) -> Tally:
 
 
 async def slow_bodies(target: Target, n: int, seconds: float) -> Tally:
-    """A body declared 100 kB, then a byte every 300 ms."""
+    """A body declared 100 kB, then a byte every 300 ms; held until the server cuts it
+    (at most ``seconds`` + ``GRACE_S``)."""
     tally = Tally()
 
     async def one(i: int) -> None:
@@ -325,7 +331,7 @@ async def slow_bodies(target: Target, n: int, seconds: float) -> Tally:
             b"Authorization: Bearer " + target.attacker_token.encode() + b"\r\n"
             b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
         )
-        deadline = time.monotonic() + seconds
+        deadline = time.monotonic() + seconds + GRACE_S
         answer = b""
         try:
             while time.monotonic() < deadline and not answer and not reader.at_eof():
@@ -356,7 +362,7 @@ async def slow_tls(target: Target, n: int, seconds: float) -> Tally:
         tally.tried += 1
         if i % 2:
             writer.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
-        answer = await _read_until_closed(reader, seconds)
+        answer = await _read_until_closed(reader, seconds + GRACE_S)
         if reader.at_eof() or answer:
             tally.cut += 1
         writer.close()
