@@ -260,6 +260,14 @@ class Tally:
     server_errors: int = 0  # 5xx answers: must stay 0 (503 server_busy excepted)
     notes: list[str] = field(default_factory=list)
 
+    def closed(self, how: str) -> None:
+        """Cut without an answer to read: ``reset`` (the server closed while the client
+        was still sending, which can discard its answer), or ``handshake cut`` (a TLS
+        handshake the server did not finish within the header timeout: under a burst
+        of hundreds at once on a loaded machine, honest ones too)."""
+        self.cut += 1
+        self.answers[how] = self.answers.get(how, 0) + 1
+
     def answered(self, head: bytes) -> None:
         status = head[9:12].decode("latin-1") if head.startswith(b"HTTP/1.1 ") else "none"
         self.answers[status] = self.answers.get(status, 0) + 1
@@ -289,11 +297,12 @@ async def slow_headers(target: Target, n: int, seconds: float) -> Tally:
     tally = Tally()
 
     async def one(i: int) -> None:
+        tally.tried += 1
         try:
             reader, writer = await _connect(target, i)
         except (OSError, ssl.SSLError):
+            tally.closed("handshake cut")
             return
-        tally.tried += 1
         writer.write(b"GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         deadline = time.monotonic() + seconds + GRACE_S
         answer = b""
@@ -305,7 +314,8 @@ async def slow_headers(target: Target, n: int, seconds: float) -> Tally:
                 if answer or reader.at_eof():
                     break
         except (ConnectionError, ssl.SSLError):
-            pass
+            tally.closed("reset")
+            return
         if answer or reader.at_eof():
             tally.cut += 1
             tally.answered(answer)
@@ -321,11 +331,12 @@ async def slow_bodies(target: Target, n: int, seconds: float) -> Tally:
     tally = Tally()
 
     async def one(i: int) -> None:
+        tally.tried += 1
         try:
             reader, writer = await _connect(target, i)
         except (OSError, ssl.SSLError):
+            tally.closed("handshake cut")
             return
-        tally.tried += 1
         writer.write(
             b"POST /v0/topics/hostile.slow/records HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Authorization: Bearer " + target.attacker_token.encode() + b"\r\n"
@@ -339,7 +350,8 @@ async def slow_bodies(target: Target, n: int, seconds: float) -> Tally:
                 await writer.drain()
                 answer += await _read_until_closed(reader, 0.3)
         except (ConnectionError, ssl.SSLError):
-            pass
+            tally.closed("reset")
+            return
         if answer or reader.at_eof():
             tally.cut += 1
             tally.answered(answer)
