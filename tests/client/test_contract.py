@@ -218,6 +218,17 @@ def as_token(s: Target, name: str, call: Callable[[Client], object]) -> None:
         call(client)
 
 
+def token_expired(s: Target) -> None:
+    s.clock.advance(61_000)  # "brief" expires 60 s after it was made
+    as_token(s, "brief", lambda c: c.get_topic("t"))
+
+
+def rate_limited(s: Target) -> None:
+    # "slow": one request per 1000 s, a burst of one: its second is refused.
+    as_token(s, "slow", lambda c: c.get_topic("t"))
+    as_token(s, "slow", lambda c: c.get_topic("t"))
+
+
 def too_many_streams(s: Target) -> None:
     with httpx.stream(
         "GET",
@@ -314,6 +325,8 @@ CASES: dict[ErrorCode, Callable[[Target], object]] = {
     ErrorCode.UNAUTHORIZED: lambda s: as_token(s, "wrong", lambda c: c.get_topic("t")),
     ErrorCode.FORBIDDEN: lambda s: as_token(
         s, "reader", lambda c: c.append("t", [RecordIn.of(1)])),
+    ErrorCode.TOKEN_EXPIRED: token_expired,
+    ErrorCode.RATE_LIMITED: rate_limited,
     ErrorCode.REQUEST_TIMEOUT: lambda s: refused_by_connection(s, b"GET /v0/health HTTP/1.1\r\n"),
     ErrorCode.HEADERS_TOO_LARGE: lambda s: refused_by_connection(
         s, b"GET /v0/health HTTP/1.1\r\nX-Big: " + b"x" * (128 << 10)),
@@ -334,6 +347,8 @@ def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
     secrets = {
         "all": new_token(tokens, "all", list(ALL_SCOPES)),
         "reader": new_token(tokens, "reader", ["read:*"]),
+        "brief": new_token(tokens, "brief", ["read:*"], expires_in_s=60, clock=clock),
+        "slow": new_token(tokens, "slow", ["read:*"], rate_per_s=0.001),
         "wrong": "wmk_0_nope",
     }
     app = App(engine=engine, store=store, tokens=tokens, server_limits=SERVER_LIMITS)

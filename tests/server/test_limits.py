@@ -344,3 +344,41 @@ def test_headers_past_the_limit_are_431_and_a_large_body_is_not(slow_bodies: str
     answer = httpx.post(f"{slow_bodies}/v0/topics/big-headers/records", headers=headers,
                         content=body)  # fmt: skip
     assert answer.status_code == 200, answer.text
+
+
+def _ask(sock: socket.socket) -> bytes:
+    """One health request on ``sock``; the answer as read until the server closes or
+    one whole small answer has arrived."""
+    sock.sendall(b"GET /v0/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    sock.settimeout(10)
+    answer = b""
+    while not answer.endswith(b"}") and (chunk := sock.recv(4096)):
+        answer += chunk
+    return answer
+
+
+def test_connections_past_the_per_address_limit_are_503(start_waymark) -> None:
+    """One client address cannot hold every connection of the server: past
+    --max-connections-per-address its next one is 503 server_busy and closed, while
+    another address (127.0.0.2, loopback too) is served."""
+    server = start_waymark("--max-connections-per-address", "3", "--header-timeout-s", "30")
+    host, port = address(server.url)
+    held = [socket.create_connection((host, port)) for _ in range(3)]
+    try:
+        assert all(_ask(sock).startswith(b"HTTP/1.1 200") for sock in held)
+        with socket.create_connection((host, port)) as extra:
+            answer = _ask(extra)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b'"code":"server_busy"' in answer and b"connection: close" in answer
+        assert b'"max_connections_per_address":3' in answer
+        with socket.create_connection((host, port), source_address=("127.0.0.2", 0)) as other:
+            assert _ask(other).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the held ones closed: this address gets through again
+        with socket.create_connection((host, port)) as sock:
+            if _ask(sock).startswith(b"HTTP/1.1 200"):
+                break
+        assert time.monotonic() < deadline

@@ -103,6 +103,27 @@ def register(app: typer.Typer) -> None:
         max_connections: Annotated[
             int, typer.Option(min=1, help="Open connections; more are answered 503.")
         ] = 1000,
+        max_connections_per_address: Annotated[
+            int,
+            typer.Option(min=1, help="Open connections from one client address; more get 503."),
+        ] = 256,
+        audit_log: Annotated[
+            Path | None,
+            typer.Option(
+                help="Append a JSON line per refused request and per admin action to this "
+                "file (mode 0600), rotated by size (docs/security.md, Audit log).",
+            ),
+        ] = None,
+        audit_log_max_bytes: Annotated[
+            int, typer.Option(min=1, help="Rotate the audit log past this size (5 kept).")
+        ] = 10 << 20,
+        tls_client_ca: Annotated[
+            Path | None,
+            typer.Option(
+                help="Require a client certificate signed by this CA (PEM) in the TLS "
+                "handshake; needs --tls-cert.",
+            ),
+        ] = None,
         max_streams: Annotated[
             int, typer.Option(min=1, help="Open SSE streams (watch, /work); more get 429.")
         ] = 500,
@@ -148,6 +169,9 @@ def register(app: typer.Typer) -> None:
         if (tls_cert is None) != (tls_key is None):
             typer.echo("waymark: --tls-cert and --tls-key go together", err=True)
             raise typer.Exit(2)
+        if tls_client_ca is not None and tls_cert is None:
+            typer.echo("waymark: --tls-client-ca needs --tls-cert and --tls-key", err=True)
+            raise typer.Exit(2)
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
@@ -174,6 +198,23 @@ def register(app: typer.Typer) -> None:
                 )
             except (OSError, ssl.SSLError) as exc:
                 typer.echo(f"waymark: cannot use --tls-cert/--tls-key: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        if tls_client_ca is not None:
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(
+                    tls_client_ca
+                )
+            except (OSError, ssl.SSLError) as exc:
+                typer.echo(f"waymark: cannot use --tls-client-ca: {exc}", err=True)
+                raise typer.Exit(2) from exc
+        audit = None
+        if audit_log is not None:
+            from waymark.server.audit import AuditLog
+
+            try:
+                audit = AuditLog(audit_log, max_bytes=audit_log_max_bytes)
+            except OSError as exc:
+                typer.echo(f"waymark: cannot open --audit-log: {exc}", err=True)
                 raise typer.Exit(2) from exc
         limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics,
                         max_staged_bytes_per_writer=max_staged_bytes_per_writer,
@@ -210,6 +251,7 @@ def register(app: typer.Typer) -> None:
             body_timeout_s=body_timeout_s,
             keep_alive_s=keep_alive_s,
             max_connections=max_connections,
+            max_connections_per_address=max_connections_per_address,
             max_streams=max_streams,
         )
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
@@ -217,11 +259,15 @@ def register(app: typer.Typer) -> None:
                   recovery_window_s=recovery_window_s,
                   settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget),
                   tokens=tokens, open_metrics=open_metrics,
-                  server_limits=server_limits,
+                  server_limits=server_limits, audit=audit,
                   browser=BrowserPolicy.for_bind(host, allowed_host or [],
                                                  cors_origin or []))  # fmt: skip
-        server = Server(app, tls_cert=None if tls_cert is None else str(tls_cert),
-                        tls_key=None if tls_key is None else str(tls_key))  # fmt: skip
+        server = Server(
+            app,
+            tls_cert=None if tls_cert is None else str(tls_cert),
+            tls_key=None if tls_key is None else str(tls_key),
+            tls_client_ca=None if tls_client_ca is None else str(tls_client_ca),
+        )
         shown = f"[{host}]" if ":" in host else host
         scheme = "https" if tls_cert is not None else "http"
         # Printed once the socket is bound, so a parent process can wait for this line.

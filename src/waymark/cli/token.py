@@ -25,6 +25,14 @@ def new(
         ),
     ],
     tokens: Annotated[Path, typer.Option(help="The tokens file; created (mode 0600) if missing.")],
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="Expire after this long: 90s, 30m, 1h, 7d (401 token_expired after)."),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="Requests per second the server admits (429 rate_limited past it)."),
+    ] = None,
 ) -> None:
     """Add token NAME to the file and print its secret once, alone on the last line.
 
@@ -32,14 +40,19 @@ def new(
     server picks the new token up on SIGHUP.
     """
     require("token", "server")
-    from waymark.server.auth import TokenFileError, new_token
+    from waymark.server.auth import TokenFileError, new_token, parse_duration
 
     try:
-        secret = new_token(tokens, name, scope)
+        expires_in_s = None if expires_in is None else parse_duration(expires_in)
+        secret = new_token(tokens, name, scope, expires_in_s=expires_in_s, rate_per_s=rate)
     except (TokenFileError, ValueError) as exc:
         typer.echo(f"waymark: {exc}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"token {name!r} added to {tokens} with scopes {', '.join(scope)}", err=True)
+    limits = (f", expiring in {expires_in}" if expires_in else "") + (
+        f", at most {rate:g} requests/s" if rate else ""
+    )
+    typer.echo(f"token {name!r} added to {tokens} with scopes {', '.join(scope)}{limits}",
+               err=True)  # fmt: skip
     typer.echo(secret)
 
 

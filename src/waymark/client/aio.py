@@ -27,7 +27,7 @@ T = TypeVar("T")
 class AsyncClient(Api):
     """A typed asyncio client for the /v0 API: every call of
     :class:`~waymark.client.Client`, awaited (``await client.append(...)``), with the
-    same parameters (``token``, ``ca_file``, ``http`` an ``httpx.AsyncClient``).
+    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an ``httpx.AsyncClient``).
     Refusals raise :class:`~waymark.client.ApiError`. For one event loop.
     """
 
@@ -39,11 +39,12 @@ class AsyncClient(Api):
         connect_timeout: float | None = None,
         token: str | None = None,
         ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
-        origin = Origin.of(base_url, token, ca_file)
+        origin = Origin.of(base_url, token, ca_file, client_cert)
         if http is None:
             self._transport: AsyncTransport | AsyncHttpxTransport = AsyncTransport(
                 origin, self.connect_timeout

@@ -30,7 +30,8 @@ class Client(Api):
 
     ``token`` (default: the ``WAYMARK_TOKEN`` environment variable) is sent as
     ``Authorization: Bearer <token>``; an ``https://`` server is verified against
-    ``ca_file`` or the system's certificate store. ``http``: send through this httpx
+    ``ca_file`` or the system's certificate store, and shown ``client_cert`` (a
+    certificate file and its key file) if it asks for one. ``http``: send through this httpx
     client instead of the built-in transport (its own base URL and TLS settings apply).
     Safe to share between threads.
     """
@@ -43,11 +44,12 @@ class Client(Api):
         connect_timeout: float | None = None,
         token: str | None = None,
         ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
         http: httpx.Client | None = None,
     ) -> None:
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
-        origin = Origin.of(base_url, token, ca_file)
+        origin = Origin.of(base_url, token, ca_file, client_cert)
         if http is None:
             self._transport: SyncTransport | HttpxTransport = SyncTransport(
                 origin, self.connect_timeout

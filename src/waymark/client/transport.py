@@ -44,17 +44,28 @@ class Origin:
     lines: str  # ``headers`` as the request head carries them
 
     @classmethod
-    def of(cls, url: str, token: str | None, ca_file: str | None) -> Origin:
+    def of(
+        cls,
+        url: str,
+        token: str | None,
+        ca_file: str | None,
+        client_cert: tuple[str, str] | None = None,
+    ) -> Origin:
         """``token`` None: the ``WAYMARK_TOKEN`` environment variable, if set and not
         empty. ``https://`` verifies the server against ``ca_file``, else the system's
-        certificate store."""
+        certificate store; ``client_cert`` (a certificate chain file and its key file)
+        is presented to a server that asks for one (``serve --tls-client-ca``)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http:// or https:// URL: {url!r}")
         https = parts.scheme == "https"
         if ca_file is not None and not https:
             raise ValueError(f"ca_file is for https:// URLs, not {url!r}")
+        if client_cert is not None and not https:
+            raise ValueError(f"client_cert is for https:// URLs, not {url!r}")
         tls = ssl.create_default_context(cafile=ca_file) if https else None
+        if tls is not None and client_cert is not None:
+            tls.load_cert_chain(*client_cert)
         headers = {"host": parts.netloc.rpartition("@")[2], "user-agent": "waymark-client"}
         if token is None:
             token = os.environ.get("WAYMARK_TOKEN") or None

@@ -22,7 +22,7 @@ from .changes import CHANGES_TOPIC
 from .deletion import TagMatch
 from .engine import Engine
 from .errors import TopicError
-from .records import check_topic_name
+from .records import EncodedRecord, check_topic_name
 from .results import AppendResult, DeleteResult, DiffResult
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "DiffResult",
     "Discard",
     "Durability",
+    "EncodedRecord",
     "Engine",
     "ErrorCode",
     "Limits",

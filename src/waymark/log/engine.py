@@ -38,7 +38,15 @@ from ..protocol import (
 from .changes import CHANGES_TOPIC, Changes, deleted_keys, dropped_keys
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .journal import Commit, DeleteFrame, DropFrame, HeadFrame, Journal, TopicFrame, records_frame
+from .journal import (
+    Commit,
+    DeleteFrame,
+    DropFrame,
+    HeadFrame,
+    Journal,
+    TopicFrame,
+    records_frame_parts,
+)
 from .kernel import Kernel, Listener
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
@@ -246,6 +254,13 @@ class Engine:
         ``create`` None follows the topic defaults' ``auto_create``; ``config`` is
         applied only when this write creates the topic.
         """
+        return self.append_encoded(name, self.encode(records), create=create, config=config)
+
+    def encode(self, records: Sequence[RecordIn]) -> list[EncodedRecord]:
+        """Validate a write's records and encode their bodies, as :meth:`append` does
+        first. It reads only the engine's fixed limits, so it may run on another thread:
+        the server validates a large body there, off the event loop (docs/security.md,
+        Limits), and appends the result with :meth:`append_encoded`."""
         if not records:
             raise TopicError(ErrorCode.INVALID_REQUEST, "a write carries at least one record")
         if len(records) > self.limits.max_records_per_write:
@@ -254,8 +269,7 @@ class Engine:
                 f"a write carries at most {self.limits.max_records_per_write} records",
                 {"records": len(records), "max_records": self.limits.max_records_per_write},
             )
-        encoded = encode_batch(records, self.limits)
-        return self.append_encoded(name, encoded, create=create, config=config)
+        return encode_batch(records, self.limits)
 
     # --- staged sink writes: waymark.log.writers publishes through here ------------
     def append_encoded(
@@ -309,7 +323,7 @@ class Engine:
             if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
                 journal.write(
                     name,
-                    records_frame(
+                    records_frame_parts(
                         name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra, now=now
                     ),
                 )

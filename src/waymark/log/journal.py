@@ -20,7 +20,7 @@ from msgspec import UNSET, Struct, UnsetType
 from ..protocol import TopicConfig, TopicType
 from .deletion import TagMatch
 from .records import EncodedRecord
-from .storage.frames import Frame, FrameKind, encode
+from .storage.frames import Frame, FrameKind, encode, frame_parts
 
 
 class Commit(Protocol):
@@ -31,7 +31,9 @@ class Commit(Protocol):
 
 
 class Journal(Protocol):
-    def write(self, topic: str, frame: bytes) -> Commit: ...
+    def write(self, topic: str, frame: bytes | list[bytes]) -> Commit:
+        """Journal one frame, whole or as parts to write one after the other."""
+        ...
 
     def check_available(self, topic: str) -> None:
         """Raise 503 storage_unavailable if ``topic``'s frames cannot be written now."""
@@ -192,6 +194,20 @@ def records_frame(
 ) -> bytes:
     """One atomic append: a JSON header line, then the records' encoded bodies.
     ``now``: when it happened (``ts`` never decreases, the clock might)."""
+    return b"".join(records_frame_parts(name, epoch, first_seq, ts, records, extra, now=now))
+
+
+def records_frame_parts(
+    name: str,
+    epoch: int,
+    first_seq: int,
+    ts: int,
+    records: list[EncodedRecord],
+    extra: dict[str, Any] | None = None,
+    *,
+    now: int | None = None,
+) -> list[bytes]:
+    """:func:`records_frame` unjoined, as the WAL takes it (``frames.frame_parts``)."""
     ids = [r.id for r in records]
     header = RecordsHeader(
         name, epoch, first_seq, ts, now,
@@ -199,8 +215,8 @@ def records_frame(
         [r.node for r in records], [r.tag for r in records],
         ids if any(i is not None for i in ids) else None, extra,
     )  # fmt: skip
-    return encode(
-        FrameKind.RECORDS, _encoder.encode(header) + b"\n" + b"".join(r.body for r in records)
+    return frame_parts(
+        FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *(r.body for r in records)]
     )
 
 

@@ -109,7 +109,7 @@ class Kernel:
         return topic
 
     # --- the journal --------------------------------------------------------------------
-    def write(self, name: str, frame: bytes) -> Commit | None:
+    def write(self, name: str, frame: bytes | list[bytes]) -> Commit | None:
         """Journal ``frame`` for ``name``; the commit that makes it durable (None in memory)."""
         return self.journal.write(name, frame) if self.journal is not None else None
 

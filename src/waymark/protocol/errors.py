@@ -36,6 +36,8 @@ class ErrorCode(StrEnum):
     STORAGE_UNAVAILABLE = "storage_unavailable"
     UNAUTHORIZED = "unauthorized"  # no token, or one the server does not know
     FORBIDDEN = "forbidden"  # a valid token without the endpoint's scope
+    TOKEN_EXPIRED = "token_expired"  # a known token past its expiry time
+    RATE_LIMITED = "rate_limited"  # a token past its request rate (Retry-After says when)
     REQUEST_TIMEOUT = "request_timeout"  # headers not complete within the read timeout
     HEADERS_TOO_LARGE = "headers_too_large"  # request line and headers past the limit
     TOO_MANY_STREAMS = "too_many_streams"  # the server's SSE stream limit
@@ -66,6 +68,8 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.ROUTER_NOT_FOUND: 404,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.TOKEN_EXPIRED: 401,
+    ErrorCode.RATE_LIMITED: 429,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.REQUEST_TIMEOUT: 408,
     ErrorCode.TOPIC_EXISTS_INCOMPATIBLE: 409,

@@ -21,6 +21,7 @@ from ..log.storage.store import Store
 from ..protocol import ENDPOINTS, Endpoint
 from ..protocol.openapi import document
 from ..protocol.scopes import ALL_SCOPES, ScopeKind, WhoAmI, allows
+from .audit import AuditLog
 from .auth import TOKEN, Token, Tokens
 from .browser import BrowserPolicy, allow_origin
 from .changes import ChangesApi
@@ -33,15 +34,17 @@ from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .queues import QueueApi
+from .ratelimit import RateLimits
 from .reports import ReportsApi
 from .routers import Forwarder, RouterApi
 from .routing import PathTable
 from .sse import EventStream
 from .writers import WritersApi
 
-# Refusals of a limit that a handler raises, counted on /metrics by code
-# (docs/security.md, Limits).
-LIMIT_CODES = frozenset((ErrorCode.BODY_TOO_LARGE, ErrorCode.TOO_MANY_TOPICS))
+# Refusals that a handler raises, counted on /metrics by code and audited
+# (docs/security.md, Limits, "Browsers" and "Audit log").
+LIMIT_CODES = frozenset((ErrorCode.BODY_TOO_LARGE, ErrorCode.TOO_MANY_TOPICS,
+                         ErrorCode.STAGING_FULL, ErrorCode.UNSUPPORTED_MEDIA_TYPE))  # fmt: skip
 
 # Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
 # exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
@@ -74,6 +77,7 @@ class App:
         open_metrics: bool = False,
         server_limits: ServerLimits | None = None,
         browser: BrowserPolicy | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
 
@@ -85,8 +89,11 @@ class App:
         a bearer token with its scope; ``open_metrics`` opens /metrics too
         (docs/security.md). A ``browser`` policy refuses requests by their Host and
         Origin headers (docs/security.md, "Browsers"); ``waymark serve`` always sets one.
+        An ``audit`` log gets a line per refused request and per admin action
+        (docs/security.md, "Audit log").
         """
         self.browser = browser
+        self.audit = audit
         self.tokens_path = tokens
         self.tokens = Tokens.load(tokens) if tokens is not None else None
         self.server_limits = server_limits or ServerLimits()
@@ -99,6 +106,8 @@ class App:
         self._trims: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
+        # Token expiry and rate limits read the engine's clock (tests drive it).
+        self.rate_limits = RateLimits(self.engine.clock)
         # Readers' wakeups, forwarding and recovery steps run by topic priority
         # (docs/topics.md, Priority).
         self.deliveries = Deliveries(self.engine, settings.delivery_budget)
@@ -180,7 +189,13 @@ class App:
             self.tokens = Tokens.load(self.tokens_path)
         except ValueError as exc:
             log.error("tokens not reloaded, the previous ones stay: %s", exc)
+            if self.audit is not None:
+                self.audit.write("tokens_not_reloaded", reason=str(exc))
             return
+        self.rate_limits.forget_except(set(self.tokens.by_id))
+        if self.audit is not None:
+            names = sorted(t.name for t in self.tokens.by_id.values())
+            self.audit.write("tokens_reloaded", tokens=names)
         # Open streams re-check their token now: a revoked or narrowed one ends them.
         self.notifier.wake_all()
 
@@ -190,6 +205,8 @@ class App:
         server's limit (429). None admits it."""
         if self.tokens is not None and endpoint.scope is not ScopeKind.OPEN:
             refusal = self._authorize(scope, endpoint, params)
+            if refusal is None:
+                refusal = self.rate_limits.take(scope[TOKEN])  # admitted ones only
             if refusal is not None:
                 return refusal
         if endpoint.stream is not None and endpoint.stream[0] == "text/event-stream":
@@ -221,6 +238,12 @@ class App:
                 "a valid bearer token is needed (Authorization: Bearer …)",
             )
         scope[TOKEN] = token
+        if token.expires_ms is not None and token.expired(self.engine.clock.now_ms()):
+            # Checked again before each read of a stream: an open stream ends with it.
+            return TopicError(ErrorCode.TOKEN_EXPIRED,
+                              f"token {token.name!r} has expired; make a new one "
+                              "(waymark token new)",
+                              {"token": token.name, "expires_ms": token.expires_ms})  # fmt: skip
         if not allows(token.grants, endpoint.scope, params.get("topic")):
             detail = {"token": token.name, "needs": endpoint.scope.value}
             if "topic" in params:
@@ -252,7 +275,7 @@ class App:
         if self.browser is not None:
             refusal, cors = self.browser.check(scope)
             if refusal is not None or (cors is not None and scope["method"] == "OPTIONS"):
-                await self._answer_browser(refusal, cors, send)
+                await self._answer_browser(scope, refusal, cors, send)
                 return
         found = self.paths.resolve(scope.get("raw_path") or scope["path"])
         if found is None:
@@ -275,9 +298,13 @@ class App:
                 refusal := self._admit(scope, endpoint, params)
             ) is not None:
                 self.metrics.refused(refusal.code)
+                self._audit_refusal(scope, refusal)
                 response = error_response(refusal)
-                if refusal.code is ErrorCode.UNAUTHORIZED:  # RFC 6750
+                if refusal.status == 401:  # RFC 6750
                     response.headers = ((b"www-authenticate", b'Bearer realm="waymark"'),)
+                elif refusal.code is ErrorCode.RATE_LIMITED:
+                    retry = b"%d" % refusal.detail["retry_after_s"]
+                    response.headers = ((b"retry-after", retry),)
             else:
                 try:
                     response = await route.methods[scope["method"]](Request(scope, receive, params))
@@ -294,7 +321,14 @@ class App:
                     else:
                         if error.code in LIMIT_CODES:
                             self.metrics.refused(error.code)
+                            self._audit_refusal(scope, error)
                         response = error_response(error)
+                if (
+                    self.audit is not None
+                    and endpoint.scope is ScopeKind.ADMIN
+                    and scope["method"] != "GET"
+                ):
+                    self._audit_admin(scope, endpoint, response.status)
         self.metrics.observe(label, response.status, perf_counter() - start)
         if cors is not None:
             allow_origin(response, cors)
@@ -304,12 +338,34 @@ class App:
         else:
             await response(send, receive)
 
+    def _audit_refusal(self, scope: Scope, refusal: TopicError) -> None:
+        if self.audit is None:
+            return
+        token: Token | None = scope.get(TOKEN)
+        client = scope.get("client")
+        self.audit.refused(
+            refusal.code, refusal.status, client[0] if client else None,
+            method=scope["method"], path=scope["path"],
+            token=None if token is None else token.name, detail=refusal.detail,
+        )  # fmt: skip
+
+    def _audit_admin(self, scope: Scope, endpoint: Endpoint, status: int) -> None:
+        assert self.audit is not None
+        token: Token | None = scope.get(TOKEN)
+        client = scope.get("client")
+        self.audit.write(
+            "admin", operation=endpoint.operation_id, method=scope["method"],
+            path=scope["path"], status=status, client=client[0] if client else None,
+            token=None if token is None else token.name,
+        )  # fmt: skip
+
     async def _answer_browser(
-        self, refusal: TopicError | None, cors: bytes | None, send: Send
+        self, scope: Scope, refusal: TopicError | None, cors: bytes | None, send: Send
     ) -> None:
         """A refusal by Host or Origin, or an allowed origin's CORS preflight."""
         if refusal is not None:
             self.metrics.refused(refusal.code)
+            self._audit_refusal(scope, refusal)
             response = error_response(refusal)
         else:
             assert self.browser is not None and cors is not None

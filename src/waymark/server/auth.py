@@ -7,6 +7,8 @@ The tokens file is TOML, one table per token name::
     salt = "<hex>"
     sha256 = "<hex of sha256(salt + secret)>"
     scopes = ["write:logs.*"]
+    expires = 2026-12-01T12:00:00.000+00:00   # optional: refused 401 token_expired after
+    rate_per_s = 50.0                         # optional: requests per second (429 past it)
 
 A secret is ``wmk_<id>_<random>``: 32 random bytes, so one salted SHA-256 stores it as
 safely as a slow hash would a password, and checking a request costs a microsecond.
@@ -24,8 +26,10 @@ import secrets
 import tomllib
 import unicodedata
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from ..clock import Clock, SystemClock
 from ..protocol.scopes import Grant
 
 PREFIX = "wmk"
@@ -42,6 +46,11 @@ class Token:
     salt: bytes
     sha256: bytes
     grants: tuple[Grant, ...]
+    expires_ms: int | None = None  # refused with 401 token_expired from then on
+    rate_per_s: float | None = None  # admitted requests per second, a second's burst
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_ms is not None and now_ms >= self.expires_ms
 
     def matches(self, secret: bytes) -> bool:
         digest = hashlib.sha256(self.salt + secret).digest()
@@ -70,12 +79,22 @@ class Tokens:
         tokens = []
         for name, entry in data.get("tokens", {}).items():
             try:
+                expires = entry.get("expires")
+                if expires is not None and not (
+                    isinstance(expires, datetime) and expires.tzinfo is not None
+                ):
+                    raise ValueError("expires is a date-time with an offset")
+                rate = entry.get("rate_per_s")
+                if rate is not None and not (isinstance(rate, int | float) and rate > 0):
+                    raise ValueError("rate_per_s is a number above 0")
                 tokens.append(Token(
                     name, str(entry["id"]), bytes.fromhex(entry["salt"]),
                     bytes.fromhex(entry["sha256"]),
                     tuple(Grant.parse(s) for s in entry["scopes"]),
+                    None if expires is None else round(expires.timestamp() * 1000),
+                    None if rate is None else float(rate),
                 ))  # fmt: skip
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise TokenFileError(f"{path}: token {name!r} is malformed: {exc}") from None
         ids = [t.id for t in tokens]
         if len(set(ids)) != len(ids):
@@ -97,13 +116,29 @@ class Tokens:
         return token if token.matches(secret) else None
 
 
-def new_token(path: Path, name: str, scopes: list[str]) -> str:
+def new_token(
+    path: Path,
+    name: str,
+    scopes: list[str],
+    *,
+    expires_in_s: float | None = None,
+    rate_per_s: float | None = None,
+    clock: Clock | None = None,
+) -> str:
     """Add token ``name`` with ``scopes`` to the file at ``path`` (created if missing,
     mode 0600) and return its secret, which is stored nowhere. ValueError for a bad
-    scope or name, or a name the file already has."""
+    scope or name, or a name the file already has. ``expires_in_s``: the token expires
+    this long after ``clock``'s now; ``rate_per_s``: its admitted requests per second."""
     grants = [Grant.parse(s) for s in scopes]
     if not grants:
         raise ValueError("a token needs at least one --scope")
+    if expires_in_s is not None and expires_in_s <= 0:
+        raise ValueError("--expires-in is a duration above 0")
+    if rate_per_s is not None and rate_per_s <= 0:
+        raise ValueError("--rate is a number of requests per second above 0")
+    expires_ms = None
+    if expires_in_s is not None:
+        expires_ms = (clock or SystemClock()).now_ms() + round(expires_in_s * 1000)
     _check_name(name)
     existing = Tokens.load(path) if path.exists() else Tokens([])
     if any(t.name == name for t in existing.by_id.values()):
@@ -114,9 +149,25 @@ def new_token(path: Path, name: str, scopes: list[str]) -> str:
     secret = f"{PREFIX}_{token_id}_{secrets.token_urlsafe(32)}"
     salt = secrets.token_bytes(16)
     digest = hashlib.sha256(salt + secret.encode()).digest()
-    token = Token(name, token_id, salt, digest, tuple(grants))
+    token = Token(name, token_id, salt, digest, tuple(grants), expires_ms, rate_per_s)
     _write(path, [*existing.by_id.values(), token])
     return secret
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90s``, ``15m``, ``1h``, ``7d`` (or a bare number of seconds);
+    ValueError for anything else."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        raise ValueError(
+            f"a duration is a number and s, m, h or d (1h, 30m), not {text!r}"
+        ) from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"a duration is above 0 and finite, not {text!r}")
+    return seconds
 
 
 def revoke_token(path: Path, name: str) -> None:
@@ -153,6 +204,11 @@ def _write(path: Path, tokens: list[Token]) -> None:
             f'id = "{t.id}"\nsalt = "{t.salt.hex()}"\nsha256 = "{t.sha256.hex()}"\n'
             f"scopes = [{', '.join(_toml_string(str(g)) for g in t.grants)}]\n"
         )
+        if t.expires_ms is not None:
+            when = datetime.fromtimestamp(t.expires_ms / 1000, UTC)
+            text += f"expires = {when.isoformat(timespec='milliseconds')}\n"
+        if t.rate_per_s is not None:
+            text += f"rate_per_s = {t.rate_per_s!r}\n"
     parsed = tomllib.loads(text).get("tokens", {})
     if [(n, e["id"]) for n, e in parsed.items()] != [(t.name, t.id) for t in tokens]:
         raise TokenFileError(f"{path}: the tokens file would not read back as written")

@@ -15,7 +15,7 @@ from functools import partial
 import msgspec
 import orjson
 
-from ..log import DiffResult, Engine, ErrorCode, Limits, TagMatch, TopicError, pages
+from ..log import DiffResult, EncodedRecord, Engine, ErrorCode, Limits, TagMatch, TopicError, pages
 from ..protocol import (
     ARROW_STREAM,
     MAX_ARROW_DIFF_LIMIT,
@@ -34,7 +34,7 @@ from ..protocol.limits import DEFAULT_TOPIC_PAGE, MAX_TOPIC_PAGE
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
-from .http import BodyDecoder, Request, Response
+from .http import BodyDecoder, Request, Response, off_loop
 from .metrics import Metrics
 from .notify import Notifier
 from .sse import EventStream, TopicFeed
@@ -159,10 +159,15 @@ class TopicApi:
         await self._control_durable(name)
         return Response(_encode(TopicDeleted(name, True)))
 
+    def _validated(self, body: bytes) -> tuple[AppendRequest, list[EncodedRecord]]:
+        """Decode and validate an append's body: pure, so a large one runs off the loop."""
+        append = _append.decode(body)
+        return append, self.engine.encode(append.records)
+
     async def append(self, request: Request) -> Response:
         name = _topic(request)
-        body = _append.decode(await request.body(self.max_body))
-        result = self.engine.append(name, body.records, create=body.create, config=body.config)
+        body, encoded = await off_loop(await request.body_parts(self.max_body), self._validated)
+        result = self.engine.append_encoded(name, encoded, create=body.create, config=body.config)
         fsync_ms = 0
         if result.must_sync and result.commit is not None:
             # fsync class, or a new seq ceiling: ack once durable. Readers of an fsync

@@ -7,6 +7,7 @@ stays close to the speed of a bare ASGI callable.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qs
@@ -23,6 +24,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 JSON = b"application/json"
+# A body larger than this is joined and decoded on a worker thread (off_loop).
+OFF_LOOP_BYTES = 1 << 20
 
 
 class Request:
@@ -50,7 +53,14 @@ class Request:
         return self._query
 
     async def body(self, max_bytes: int) -> bytes:
-        """The whole body, refused with 400 body_too_large as soon as it exceeds ``max_bytes``.
+        """The whole body (see :meth:`body_parts`)."""
+        parts = await self.body_parts(max_bytes)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def body_parts(self, max_bytes: int) -> list[bytes]:
+        """The whole body as received, in parts (joining a large one is left to
+        :func:`off_loop`), refused with 413 body_too_large as soon as it exceeds
+        ``max_bytes``.
 
         A body that arrived whole is only measured (the append hot path). Otherwise
         the declared Content-Length is checked before reading on, and the running size
@@ -64,7 +74,7 @@ class Request:
                 raise _too_large(max_bytes)
             if chunk and not json_body:
                 raise _not_json(self.header(b"content-type"))
-            return chunk
+            return [chunk]
         if not json_body:  # more body follows, so there is one
             raise _not_json(self.header(b"content-type"))
         declared = self.header(b"content-length")
@@ -80,7 +90,19 @@ class Request:
             if size > max_bytes:
                 raise _too_large(max_bytes)
             chunks.append(chunk)
-        return b"".join(chunks)
+        return chunks
+
+
+async def off_loop(parts: list[bytes], work: Callable[[bytes], T]) -> T:
+    """``work(body)`` for a body received in ``parts``: inline for a small body, on a
+    worker thread for one larger than ``OFF_LOOP_BYTES``. Joining, decoding and
+    validating a 50 MB append held the event loop for most of a second, and every
+    other client's requests with it (docs/security.md, Limits)."""
+    if len(parts) == 1 and len(parts[0]) <= OFF_LOOP_BYTES:  # the hot path
+        return work(parts[0])
+    if sum(map(len, parts)) <= OFF_LOOP_BYTES:
+        return work(b"".join(parts))
+    return await asyncio.to_thread(lambda: work(b"".join(parts)))
 
 
 def _is_json(content_type: bytes | None) -> bool:

@@ -12,8 +12,9 @@ lacks or answers outside the API's error format:
   ``header_timeout_s`` of the connection opening (or of the request's first byte on a
   kept-alive connection) gets 408 ``request_timeout`` and the connection is closed, so
   a slowloris client holds a connection for seconds, not forever;
-- a **connection limit**: past ``max_connections`` open connections a new one is
-  answered 503 ``server_busy`` as soon as its headers arrive, and closed;
+- a **connection limit**: past ``max_connections`` open connections, or
+  ``max_connections_per_address`` from one client address, a new one is answered 503
+  ``server_busy`` as soon as its headers arrive, and closed;
 - the **idle keep-alive timeout** (uvicorn's own, ``keep_alive_s``), counted;
 - **no connection upgrades**: a request with ``Upgrade`` gets 400 ``invalid_request``
   and the connection is closed (an upgraded connection left the limit's count).
@@ -31,6 +32,7 @@ import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..log import ErrorCode, TopicError
+from .audit import AuditLog
 from .metrics import Metrics
 
 
@@ -44,6 +46,8 @@ class ServerLimits:
     body_timeout_s: float = 10.0
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
     max_connections: int = 1000  # 503 server_busy past this
+    # 503 server_busy too: one client address holds at most this many of them
+    max_connections_per_address: int = 256
     max_streams: int = 500  # open SSE streams (watch and /work); 429 too_many_streams
 
 
@@ -68,9 +72,13 @@ class GuardedProtocol(HttpToolsProtocol):
 
     limits: ServerLimits
     metrics: Metrics
+    audit: AuditLog | None
+    addresses: dict[str, int]  # open connections by client address
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self._address: str | None = peer[0] if isinstance(peer, tuple) else None
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._in_body = False
@@ -78,16 +86,38 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # received while this request's headers are incomplete
         self._body_started = 0.0
         self._body_bytes = 0
-        self._over = self.metrics.connections >= self.limits.max_connections
-        if not self._over:
+        self._over: TopicError | None = None
+        held = self.addresses.get(self._address, 0) if self._address is not None else 0
+        if self.metrics.connections >= self.limits.max_connections:
+            self._over = TopicError(
+                ErrorCode.SERVER_BUSY, "the server holds its limit of open connections",
+                {"max_connections": self.limits.max_connections},
+            )  # fmt: skip
+        elif held >= self.limits.max_connections_per_address:
+            # One client (or one NAT) cannot take every slot of the server's limit.
+            self._over = TopicError(
+                ErrorCode.SERVER_BUSY,
+                f"this client address holds its limit of "
+                f"{self.limits.max_connections_per_address} open connections",
+                {"max_connections_per_address": self.limits.max_connections_per_address},
+            )  # fmt: skip
+        else:
             self.metrics.connections += 1
+            if self._address is not None:
+                self.addresses[self._address] = held + 1
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_body()
-        if not self._over:
+        if self._over is None:
             self.metrics.connections -= 1
+            if self._address is not None:
+                left = self.addresses[self._address] - 1
+                if left:
+                    self.addresses[self._address] = left
+                else:
+                    del self.addresses[self._address]
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -108,11 +138,8 @@ class GuardedProtocol(HttpToolsProtocol):
                 "send the request without an Upgrade header",
             ))  # fmt: skip
             return
-        if self._over:
-            self._refuse(TopicError(
-                ErrorCode.SERVER_BUSY, "the server holds its limit of open connections",
-                {"max_connections": self.limits.max_connections},
-            ))  # fmt: skip
+        if self._over is not None:
+            self._refuse(self._over)
             return
         super().on_headers_complete()
         # Until on_message_complete: a body that never ends holds its connection and
@@ -122,12 +149,19 @@ class GuardedProtocol(HttpToolsProtocol):
         self._in_body, self._body_started, self._body_bytes = True, self.loop.time(), 0
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return  # no request cycle was started for it
         self._body_bytes += len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm_body()
+        if self._refused:
+            # Refused in on_headers_complete, so uvicorn never began its cycle: its own
+            # callback failed on it, and every refused upgrade or busy answer logged a
+            # parse warning and a "Fatal error on transport" traceback (a log flood).
+            return
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
@@ -204,6 +238,8 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self._refused = True
         self.metrics.refused(error.code)
+        if self.audit is not None:
+            self.audit.refused(error.code, error.status, self._address, detail=error.detail)
         self.transport.write(refusal_bytes(error))
         if self.transport.can_write_eof():
             # A close with unread request bytes in the kernel's buffer resets the
@@ -215,6 +251,12 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded(limits: ServerLimits, metrics: Metrics) -> type[GuardedProtocol]:
+def guarded(
+    limits: ServerLimits, metrics: Metrics, audit: AuditLog | None = None
+) -> type[GuardedProtocol]:
     """The protocol class of one server."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits, "metrics": metrics})
+    return type(
+        "GuardedProtocol",
+        (GuardedProtocol,),
+        {"limits": limits, "metrics": metrics, "audit": audit, "addresses": {}},
+    )

@@ -7,11 +7,14 @@ connection limits of :mod:`.limits`; TLS is uvicorn's (docs/security.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
+from functools import partial
 
 import uvicorn
 
@@ -32,14 +35,21 @@ def listen(host: str, port: int) -> socket.socket:
 
 class Server(uvicorn.Server):
     def __init__(
-        self, app: App, *, tls_cert: str | None = None, tls_key: str | None = None
+        self,
+        app: App,
+        *,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
     ) -> None:
+        """``tls_client_ca``: a CA file; every client must then present a certificate it
+        signed, checked in the TLS handshake (docs/security.md, "Client certificates")."""
         limits = app.server_limits
         super().__init__(
             uvicorn.Config(
                 app,
                 loop="uvloop",
-                http=guarded(limits, app.metrics),
+                http=guarded(limits, app.metrics, app.audit),
                 lifespan="on",
                 log_level="warning",
                 access_log=False,
@@ -47,9 +57,28 @@ class Server(uvicorn.Server):
                 timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
                 ssl_certfile=tls_cert,
                 ssl_keyfile=tls_key,
+                ssl_ca_certs=tls_client_ca,
+                ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
             )
         )
         self.app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.config.ssl is None:
+            await super().startup(sockets)
+            return
+        # uvicorn passes no TLS handshake timeout, so the loop's default (60 s) held a
+        # client that opens a connection and never says hello: the handshake gets the
+        # header timeout, like the headers that would follow it (docs/security.md, Limits).
+        loop = asyncio.get_running_loop()
+        create_server = loop.create_server
+        loop.create_server = partial(  # type: ignore[method-assign]
+            create_server, ssl_handshake_timeout=self.app.server_limits.header_timeout_s
+        )
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server  # type: ignore[method-assign]
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # End SSE streams and long-polls first: uvicorn otherwise waits for them.

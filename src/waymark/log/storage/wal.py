@@ -20,6 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from itertools import chain
 from pathlib import Path
 
 from ...clock import Clock, SystemClock
@@ -89,7 +90,7 @@ class WalShard:
         self._file = self.index  # the file the writer thread writes (it lags self.index)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue: list[bytes] = []
+        self._queue: list[bytes | list[bytes]] = []
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
@@ -106,7 +107,8 @@ class WalShard:
         self._thread.start()
 
     # --- the engine thread ---------------------------------------------------------
-    def submit(self, frame: bytes) -> Commit:
+    def submit(self, frame: bytes | list[bytes]) -> Commit:
+        """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
             if self.error is not None:
                 raise unavailable(self.error)
@@ -157,7 +159,7 @@ class WalShard:
 
     # --- the writer thread ---------------------------------------------------------
     def _run(self) -> None:
-        pending: list[bytes] = []
+        pending: list[bytes | list[bytes]] = []
         upto = 0
         delay = self._retry_s
         while True:
@@ -186,7 +188,7 @@ class WalShard:
         weight = 1.0 if self._rounds == 1 else SYNC_EWMA_WEIGHT
         self.sync_ms += (elapsed_ms - self.sync_ms) * weight
 
-    def _write_pending(self, pending: list[bytes]) -> None:
+    def _write_pending(self, pending: list[bytes | list[bytes]]) -> None:
         """Write and sync ``pending`` in order, switching files at each rotation mark.
 
         Consumes the list in place, so after a failure it holds exactly what is left.
@@ -194,7 +196,9 @@ class WalShard:
         while pending:
             cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
             if cut:
-                self._write_all(b"".join(pending[:cut]))
+                # Joined here, with the GIL released for a large one: not on the loop.
+                self._write_all(b"".join(chain.from_iterable(
+                    (f,) if isinstance(f, bytes) else f for f in pending[:cut])))  # fmt: skip
             self._io.fdatasync(self._fd)
             del pending[:cut]
             if pending:  # a rotation mark: the older file is complete and durable
@@ -294,7 +298,7 @@ class Wal:
             self._shard_of[topic] = shard
         return shard
 
-    def write(self, topic: str, frame: bytes) -> Commit:
+    def write(self, topic: str, frame: bytes | list[bytes]) -> Commit:
         return self.shard_of(topic).submit(frame)
 
     def latest(self, topic: str) -> Commit:
