@@ -61,7 +61,9 @@ class IndexedFold(RuleBasedStateMachine):
 
     @rule(
         batch=st.lists(
-            st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.binary(min_size=1, max_size=12))),
+            st.tuples(
+                st.sampled_from(KEYS), st.one_of(st.none(), st.binary(min_size=1, max_size=12))
+            ),
             min_size=1,
             max_size=8,
         )

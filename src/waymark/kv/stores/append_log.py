@@ -700,7 +700,7 @@ class AppendLogStore:
         garbage = 0
         if self.path.exists():
             replay = replay_log(self.path.read_bytes())
-            self._fold: dict[str, _Entry | None] = dict(replay.fold)
+            self._fold = cast("dict[str, _Entry | None]", replay.fold)
             self._index = replay.index
             cursor = replay.cursor
             if not replay.compact:
@@ -766,10 +766,12 @@ class AppendLogStore:
                 fold[u.key] = u
             if len(fold) - before != len(batch):
                 self._superseded = True  # some put replaced an earlier record
-            elif self._index is not None and not self._superseded:
-                # or replaced a record the open indexed: one search for the batch
-                if self._index.count_in([u.key.encode() for u in batch]):
-                    self._superseded = True
+            elif (
+                self._index is not None
+                and not self._superseded
+                and self._index.count_in([u.key.encode() for u in batch])
+            ):
+                self._superseded = True  # or replaced a record the open indexed
         else:
             self._superseded = True
             put, index = Op.PUT, self._index
