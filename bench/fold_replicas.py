@@ -346,6 +346,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=190)
     profiles = Profiles(args.profile)
+    start_load = os.getloadavg()[:2]
     root = Path(tempfile.mkdtemp(prefix="waymark-bench-replicas-"))
     try:
         with contextlib.ExitStack() as stack:
@@ -363,7 +364,8 @@ def main() -> None:
     )
     t = Table(
         title=f"fold replicas, {args.keys:,} keys of {args.value_bytes} B + {args.tail:,} tail,"
-        f" {where}, {os.cpu_count()} cores, load average {load1:.1f} / {load5:.1f} (1 / 5 min)"
+        f" {where}, {os.cpu_count()} cores, load average {start_load[0]:.1f} / {start_load[1]:.1f}"
+        f" at the start, {load1:.1f} / {load5:.1f} at the end (1 / 5 min)"
     )
     for col in ("measure", "backend", "ours", "anchor", "ratio", "ratio (CPU)", "goal"):
         t.add_column(col, justify="left" if col in ("measure", "backend") else "right")
