@@ -113,7 +113,7 @@ def _first_of_each(keys: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("mutant", ["delete_does_not_hide", "first_record_wins"])
 def test_the_machine_catches_a_broken_index(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if mutant == "delete_does_not_hide":
-        monkeypatch.setattr(append_log, "_indexed", lambda index, key: False)
+        monkeypatch.setattr(append_log, "_indexed", lambda index, keys: set())
     else:
         monkeypatch.setattr(append_log, "_last_of_each", _first_of_each)
     with pytest.raises(AssertionError):

@@ -36,7 +36,7 @@ import operator
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -253,16 +253,16 @@ class _Index:
     def body(self, i: int) -> bytes:
         return self.buf[int(self.starts[i]) : int(self.ends[i])]
 
-    def count_in(self, keys: list[bytes]) -> int:
-        """How many of ``keys`` (distinct) the index holds: one vectorised search."""
+    def holds(self, keys: list[bytes]) -> list[bytes]:
+        """Those of ``keys`` the index holds: one vectorised search for all of them."""
         width, held = self.keys.itemsize, self.keys
         cand = [k for k in keys if _indexable(k) and len(k) <= width]
         if not cand or not len(held):
-            return 0
+            return []
         probe = np.array(cand, dtype=held.dtype)
         at = held.searchsorted(probe)
         np.minimum(at, len(held) - 1, out=at)
-        return int(np.count_nonzero(held[at] == probe))
+        return [k for k, hit in zip(cand, (held[at] == probe).tolist(), strict=True) if hit]
 
     def span(self, prefix: bytes) -> tuple[int, int]:
         """Bounds of the positions whose key may start with ``prefix`` (a superset:
@@ -290,10 +290,10 @@ class _Index:
         return [buf[a:b] for a, b in zip(starts, ends, strict=True)]
 
 
-def _indexed(index: _Index, key: str) -> bool:
-    """Whether a delete of ``key`` must hide a put in ``index`` (else the put would come
-    back: the index is never changed after the open)."""
-    return index.find(key.encode()) >= 0
+def _indexed(index: _Index, keys: list[str]) -> set[str]:
+    """Those of ``keys`` whose delete must hide a put in ``index`` (else the put would
+    come back: the index is never changed after the open)."""
+    return {k.decode() for k in index.holds([key.encode() for key in keys])}
 
 
 def _last_of_each(keys: np.ndarray) -> np.ndarray:
@@ -741,7 +741,7 @@ class AppendLogStore:
             return len(fold)
         live = [k.encode() for k, e in fold.items() if e is not None]
         deleted = len(fold) - len(live)  # each an indexed key
-        return len(index) - deleted + len(live) - index.count_in(live)
+        return len(index) - deleted + len(live) - len(index.holds(live))
 
     def apply(self, batch: Sequence[KvUpdate], cursor: WatchCursor) -> None:
         f = self._writer()
@@ -769,16 +769,19 @@ class AppendLogStore:
             elif (
                 self._index is not None
                 and not self._superseded
-                and self._index.count_in([u.key.encode() for u in batch])
+                and self._index.holds([u.key.encode() for u in batch])
             ):
                 self._superseded = True  # or replaced a record the open indexed
         else:
             self._superseded = True
             put, index = Op.PUT, self._index
+            hide: Container[str] = ()
+            if index is not None:  # whether a key is indexed does not change: ask once
+                hide = _indexed(index, [u.key for u in batch if not (u.value and u.op is put)])
             for u in batch:
                 if u.value and u.op is put:
                     fold[u.key] = u
-                elif index is not None and _indexed(index, u.key):
+                elif u.key in hide:
                     fold[u.key] = None  # hides the indexed put
                 else:
                     fold.pop(u.key, None)
