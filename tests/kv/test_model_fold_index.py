@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from waymark.kv import KvUpdate, WatchCursor
 from waymark.kv.stores import append_log
-from waymark.kv.stores.append_log import _KEY_CAP, AppendLogStore
+from waymark.kv.stores.append_log import _KEY_CAP, AppendLogStore, _key_order
 
 ODD = ("a", "ab", "abc", "b", "k" * (_KEY_CAP + 6), "n\x00", "é", "é\x00", "a\x00b", "z")
 RUN = tuple(f"r{i:03}" for i in range(60))
@@ -128,3 +128,17 @@ def test_the_machine_catches_a_broken_index(mutant: str, monkeypatch: pytest.Mon
                 phases=[Phase.generate],
             ),
         )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.binary(max_size=10),
+    tails=st.lists(st.binary(max_size=20), min_size=1, max_size=80),
+)
+def test_the_radix_key_order_is_numpys_stable_sort(prefix: bytes, tails: list[bytes]) -> None:
+    """The index's sort (a radix sort past the keys' common prefix) orders fixed-width
+    bytes exactly as ``np.argsort(kind="stable")`` does, equal keys in their order."""
+    keys = np.array([prefix + t for t in tails])
+    if keys.itemsize == 0:
+        keys = keys.astype("S1")
+    assert _key_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
