@@ -33,8 +33,9 @@ def test_a_fifo_in_a_consumed_artifact_is_refused_not_waited_on(tmp_path: Path) 
 def test_the_rename_waits_for_the_staged_files_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nothing is renamed into place while the sync of the staged files runs (docs/semantics
-    /kv.md §9.3 step 4): the sync is held until a rename happens or a deadline passes."""
+    """Nothing is renamed into place while the sync of the staged files runs
+    (docs/semantics/kv.md §9.3 step 4): the sync is held until a rename happens or a
+    deadline passes."""
     store = AppendLogStore(tmp_path / "live.log")
     store.apply([KvUpdate.put("k", b"v", 1)], WatchCursor.from_u64(1))
     store.export_to(tmp_path / "art")
