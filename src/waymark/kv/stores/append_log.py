@@ -28,6 +28,7 @@ towards the next compaction.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import logging
@@ -37,6 +38,7 @@ import os
 import struct
 import sys
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import cast
 
@@ -969,14 +971,30 @@ class AppendLogStore:
             keys = sorted(k for k in fold if k.startswith(prefix))
             return keys, cast("list[_Entry]", list(map(fold.__getitem__, keys)))
         lo, hi = index.span(prefix.encode())
-        pairs: list[tuple[str, _Entry]] = [
-            (k, b)
-            for k, b in zip(index.str_keys(lo, hi), index.bodies(lo, hi), strict=True)
-            if k not in fold and k.startswith(prefix)
-        ]
-        pairs += [(k, e) for k, e in fold.items() if e is not None and k.startswith(prefix)]
-        pairs.sort(key=_first)
-        return [k for k, _ in pairs], [e for _, e in pairs]
+        keys, entries = index.str_keys(lo, hi), cast("list[_Entry]", index.bodies(lo, hi))
+        if fold or prefix:  # drop what the dict hides (and, at the span's edges, non-matches)
+            keep = [k not in fold and k.startswith(prefix) for k in keys]
+            keys, entries = list(compress(keys, keep)), list(compress(entries, keep))
+        live = [(k, e) for k, e in fold.items() if e is not None and k.startswith(prefix)]
+        live.sort(key=_first)
+        if len(live) * 8 > len(keys):  # many: one sort of both
+            pairs = [*zip(keys, entries, strict=True), *live]
+            pairs.sort(key=_first)
+            return [k for k, _ in pairs], [e for _, e in pairs]
+        # Few: the dict's keys are slotted into the index's sorted ones (no key is in both).
+        out_keys: list[str] = []
+        out_entries: list[_Entry] = []
+        at = 0
+        for k, e in live:
+            upto = bisect.bisect_left(keys, k, at)
+            out_keys += keys[at:upto]
+            out_entries += entries[at:upto]
+            out_keys.append(k)
+            out_entries.append(e)
+            at = upto
+        out_keys += keys[at:]
+        out_entries += entries[at:]
+        return out_keys, out_entries
 
     def close(self) -> None:
         if self._file is not None:
