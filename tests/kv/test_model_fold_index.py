@@ -100,7 +100,7 @@ class IndexedFold(RuleBasedStateMachine):
 
 
 TestIndexedFold = IndexedFold.TestCase
-TestIndexedFold.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestIndexedFold.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 
 
 def _first_of_each(keys: np.ndarray) -> np.ndarray:
