@@ -22,7 +22,7 @@ thread, obstore's included) and, for the anchor, ``tar``'s. On this shared
 2-core machine a loaded run stretches the wall clock of CPU-bound work by the
 run queue: the CPU columns say what the work itself costs.
 
-Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000]
+Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000] [--shuffle]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
      [--profile]
 ``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
@@ -38,6 +38,7 @@ import contextlib
 import cProfile
 import os
 import pstats
+import random
 import resource
 import shutil
 import subprocess
@@ -266,7 +267,10 @@ async def run(
         async with Connection(NatsConnectionConfig(url=server.url, timeout=60)) as conn:
             kv = await conn.store("bench", StoreConfig(max_bytes=None))
             console.print(f"loading {args.keys:,} keys …")
-            await load(kv, ((f"key.{i:08}", value) for i in range(args.keys)))
+            order = list(range(args.keys))
+            if args.shuffle:  # keys written in no order: the fold's log is not sorted by key
+                random.Random(22).shuffle(order)
+            await load(kv, ((f"key.{i:08}", value) for i in order))
             _, exported_at = await kv.stream_bounds()
 
             for b in backends:
@@ -336,6 +340,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--tail", type=int, default=10_000, help="updates written after export")
     parser.add_argument("--value-bytes", type=int, default=32)
+    parser.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="write the keys in a random order (else in key order)",
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument(
         "--store-url", help="object store URL, or 'moto' (default: file:// in a temp dir)"
@@ -346,6 +355,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=190)
     profiles = Profiles(args.profile)
+    start_load = os.getloadavg()[:2]
     root = Path(tempfile.mkdtemp(prefix="waymark-bench-replicas-"))
     try:
         with contextlib.ExitStack() as stack:
@@ -362,8 +372,11 @@ def main() -> None:
         args.store_url, args.store_url
     )
     t = Table(
-        title=f"fold replicas, {args.keys:,} keys of {args.value_bytes} B + {args.tail:,} tail,"
-        f" {where}, {os.cpu_count()} cores, load average {load1:.1f} / {load5:.1f} (1 / 5 min)"
+        title=f"fold replicas, {args.keys:,} keys of {args.value_bytes} B"
+        f" ({'written in a random order' if args.shuffle else 'written in key order'})"
+        f" + {args.tail:,} tail,"
+        f" {where}, {os.cpu_count()} cores, load average {start_load[0]:.1f} / {start_load[1]:.1f}"
+        f" at the start, {load1:.1f} / {load5:.1f} at the end (1 / 5 min)"
     )
     for col in ("measure", "backend", "ours", "anchor", "ratio", "ratio (CPU)", "goal"):
         t.add_column(col, justify="left" if col in ("measure", "backend") else "right")

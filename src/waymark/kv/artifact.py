@@ -25,6 +25,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -234,6 +235,24 @@ def _fsync_tree(root: Path) -> None:
         dirs.add(p.parent)
     for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
         _fsync(d)
+
+
+def _fsync_files(root: Path) -> None:
+    """fsync the regular files under ``root`` as they are now; anything else is left to
+    :func:`_tree`'s checks, and a file an engine's open removes meanwhile is skipped."""
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            try:
+                # Non-blocking: a FIFO's open would wait for a writer.
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                fd = os.open(os.path.join(dirpath, name), flags)
+            except OSError:
+                continue  # a symlink or gone: not ours to sync
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _tree(data_dir: Path) -> list[Path]:
@@ -537,6 +556,7 @@ def _import(
     dest.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.import-", dir=dest.parent))
     store: SnapshotStore | None = None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="waymark-import-sync")
     try:
         if (src / DATA_DIR).is_dir():
             if consume:
@@ -546,6 +566,9 @@ def _import(
                     shutil.copytree(src / DATA_DIR, stage / DATA_DIR, symlinks=True)
             else:
                 shutil.copytree(src / DATA_DIR, stage / DATA_DIR, symlinks=True)
+        # The staged files are written to disk while they are hashed and opened (the
+        # fsync waits on the disk, the checks on the CPU); the rename waits for both.
+        syncing = pool.submit(_fsync_files, stage / DATA_DIR)
         # Hash the staged copy itself: the source is untrusted and could change meanwhile.
         verify_files(manifest, stage, progress)
         staged = cls.path_in(stage / DATA_DIR)
@@ -559,7 +582,8 @@ def _import(
             raise ArtifactInvalid(
                 f"the copy recovers cursor {store.cursor}, the manifest says {manifest.cursor}"
             )
-        _fsync_tree(stage / DATA_DIR)  # durable before it is renamed into place
+        syncing.result()
+        _fsync_tree(stage / DATA_DIR)  # durable before it is renamed into place (step 4)
         relocated = getattr(store, "relocated", None)
         if keep_open and relocated is not None:
             _place(staged, dest)
@@ -571,10 +595,12 @@ def _import(
             if keep_open:
                 store = open_backend(backend, dest)
     except BaseException:
+        pool.shutdown(wait=True)  # the sync may still have the stage's files open
         if store is not None:
             store.close()
         shutil.rmtree(stage, ignore_errors=True)
         raise
+    pool.shutdown(wait=False)
     shutil.rmtree(stage, ignore_errors=True)
     if progress is not None:
         size = sum(f.size for f in manifest.files)

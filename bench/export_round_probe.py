@@ -1,0 +1,151 @@
+"""Probe: where an export round's time goes, step by step, per backend, and which step
+limits it. No NATS: the store is filled by ``apply`` directly (1M keys of 32 B).
+
+For each backend, ``--rounds`` times after the fill (the first one flushes what the
+store holds in memory; later ones are the steady state of a periodic exporter):
+
+* the steps one after the other, each timed on the wall clock and the CPU:
+  ``stage_export`` (the copy, in the fold's pause), ``StagedExport.verify`` (the
+  reopen), ``describe`` (BLAKE3 of every file), ``upload_files`` (the tar stream,
+  multipart put) and ``swap_pointer``;
+* the round as ``publish_staged`` runs it (the verify on a second thread while
+  describe and upload run; the swap waits for both), on a fresh stage;
+* the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
+
+If ``verify`` is longer than ``describe + upload``, the pipelined round is
+``stage + verify + swap`` and the verification is the limit.
+
+Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3]
+     [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fold_replicas import BACKENDS, moto_s3, spec, tar_upload
+from waymark.kv import ObjectStoreTransport, open_store
+from waymark.kv.artifact import MANIFEST_NAME, ExportInfo, stage_export
+from waymark.kv.export import publish_staged
+from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.types import KvUpdate, WatchCursor
+from waymark.objstore import open_store as open_objstore
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
+def fill(store: SnapshotStore, keys: int) -> None:
+    value = b"v" * 32
+    for i in range(0, keys, 1000):
+        batch = [KvUpdate.put(f"key.{j:08}", value, j + 1) for j in range(i, min(i + 1000, keys))]
+        store.apply(batch, WatchCursor.from_u64(i + len(batch)))
+
+
+def probe(
+    transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path
+) -> dict[str, tuple[float, float]]:
+    """The pipelined round and its anchor, then one round's steps one after the other
+    (on a second copy: the first stage of all is the round's)."""
+    out: dict[str, tuple[float, float]] = {}
+    info = ExportInfo(exporter="probe", bucket="probe")
+    t, c = time.perf_counter(), time.process_time()
+    staged = stage_export(store, work / "round", info)
+    try:
+        manifest, _ = publish_staged(transport, backend, staged)
+        out["round"] = (time.perf_counter() - t, time.process_time() - c)
+        (staged.stage / MANIFEST_NAME).write_bytes(manifest.encode())
+        out["anchor"] = tar_upload(transport, backend, staged.stage)
+        out["bytes"] = (sum(f.size for f in manifest.files) / 1e6, 0.0)
+    finally:
+        staged.discard()
+
+    staged, *out["stage"] = timed(lambda: stage_export(store, work / "seq", info))
+    try:
+        _, *out["verify"] = timed(staged.verify)
+        (raw, manifest), *out["describe"] = timed(staged.describe)
+        up, *out["upload"] = timed(
+            lambda: transport.upload_files(backend, staged.stage, raw, manifest)
+        )
+        _, *out["swap"] = timed(lambda: transport.swap_pointer(up))
+    finally:
+        staged.discard()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--store-url", help="object store URL, or 'moto' (default: file://)")
+    args = parser.parse_args()
+    console = Console(width=190)
+    start_load = os.getloadavg()[:2]
+    root = Path(tempfile.mkdtemp(prefix="waymark-bench-round-probe-"))
+    table = Table(
+        title=f"export round, step by step, {args.keys:,} keys of 32 B, {os.cpu_count()} cores;"
+        " wall / CPU seconds"
+    )
+    cols = ("backend", "round", "stage", "verify", "describe", "upload", "swap")
+    for col in (*cols, "pipelined round", "anchor tar + upload", "ratio", "limit"):
+        table.add_column(col, justify="left" if col in ("backend", "limit") else "right")
+    try:
+        with contextlib.ExitStack() as stack:
+            url = (
+                stack.enter_context(moto_s3())
+                if args.store_url == "moto"
+                else args.store_url or (root / "objects").as_uri()
+            )
+            transport = ObjectStoreTransport(open_objstore(url))
+            for backend in args.backends.split(","):
+                console.print(f"{backend}: filling {args.keys:,} keys …")
+                store = open_store(spec(backend, root / backend / "live"))
+                fill(store, args.keys)
+                for n in range(args.rounds):
+                    r = probe(transport, backend, store, root / backend)
+                    overlapped = r["describe"][0] + r["upload"][0]
+                    limit = "verify" if r["verify"][0] > overlapped else "describe + upload"
+                    table.add_row(
+                        backend,
+                        "first" if n == 0 else f"again {n}",
+                        *(f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in cols[2:]),
+                        f"{r['round'][0]:.3f} / {r['round'][1]:.3f}",
+                        f"{r['anchor'][0]:.3f} / {r['anchor'][1]:.3f}",
+                        f"{r['anchor'][0] / r['round'][0]:.2f}x",
+                        f"{limit} ({r['bytes'][0]:.1f} MB)",
+                    )
+                store.close()
+                shutil.rmtree(root / backend, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    load1, load5, _ = os.getloadavg()
+    table.caption = (
+        f"load average {start_load[0]:.1f} / {start_load[1]:.1f} at the start, {load1:.1f} /"
+        f" {load5:.1f} at the end (1 / 5 min). 'first' follows the fill (its pipelined round"
+        " flushes what RocksDB holds in memory); then the anchor on that round's files, then"
+        " the steps one after the other on a second copy."
+    )
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
