@@ -64,14 +64,18 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
         lag = edge_lag(spec, store, status) if loc else None
         edges.add_row(status.edge, str(loc.generation) if loc else "-",
                       loc.server if loc else "(not placed)", loc.topic if loc else "-",
-                      spec.consumers[status.edge],
+                      status.consumer,
                       "-" if lag is None else f"{lag:,}")  # fmt: skip
+    leases = shard_holders(spec, store)
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
                    "time to recover", "restarts", "dead letters", "state"):  # fmt: skip
         stages.add_column(column, justify="left" if column in ("stage", "state") else "right")
-    for name in spec.stages:
+    for name in (key for stage in spec.stages.values() for key in stage.state_keys()):
         r = load_report(store, name)
+        if name in leases:
+            held = leases[name]
+            name += f" ({held['owner']}, epoch {held['epoch']})" if held else " (no holder)"
         if r is None:
             stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "-", "not started")
             continue
@@ -83,6 +87,21 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
                        f"{r.replayed:,}", f"{r.stale_dropped:,}", recover, str(r.restarts),
                        f"{r.dead_lettered:,}", escape(state))  # fmt: skip
     return edges, stages
+
+
+def shard_holders(spec: PipelineSpec, store: ObjectStore) -> dict[str, dict[str, Any] | None]:
+    """Per shard of each sharded stage (``<stage>.<k>``): the instance holding its lease
+    and the lease's epoch, None when nobody took it yet."""
+    from waymark.pipeline.shard import part_name, read_lease
+
+    held: dict[str, dict[str, Any] | None] = {}
+    for stage in spec.stages.values():
+        for k in range(stage.instances if stage.sharded else 0):
+            lease, _ = read_lease(store, stage.name, k)
+            held[part_name(stage.name, k)] = (
+                {"owner": lease.owner, "epoch": lease.epoch} if lease is not None else None
+            )
+    return held
 
 
 def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
@@ -99,18 +118,21 @@ def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
         "run": identity.run if identity is not None else None,
         "edges": {
             s.edge: {
+                "edge": s.logical,
                 "generation": s.locator.generation if s.locator else 0,
                 "server": s.locator.server if s.locator else None,
                 "topic": s.locator.topic if s.locator else None,
-                "consumer": spec.consumers[s.edge],
+                "consumer": s.consumer,
                 "lag": edge_lag(spec, store, s),
             }
             for s in edge_statuses(spec, store)
         },
         "stages": {
-            name: msgspec.to_builtins(r) if (r := load_report(store, name)) else None
-            for name in spec.stages
+            key: msgspec.to_builtins(r) if (r := load_report(store, key)) else None
+            for stage in spec.stages.values()
+            for key in stage.state_keys()
         },
+        "shards": shard_holders(spec, store),
     }
 
 
@@ -148,7 +170,8 @@ def check(
             "stages": {s.name: {"function": s.function or None, "input": s.input,
                                 "outputs": list(s.outputs),
                                 "sink": s.sink.topic if s.sink else None,
-                                "events": s.events, "batch": s.batch, "external": s.external}
+                                "events": s.events, "batch": s.batch, "external": s.external,
+                                "instances": s.instances}
                        for s in spec.stages.values()},
         }))  # fmt: skip
         return
@@ -176,6 +199,13 @@ def run(
     timeout_s: Annotated[
         float | None, typer.Option(help="Give up (exit 1) if not done after this long.")
     ] = None,
+    instance: Annotated[
+        int | None,
+        typer.Option(
+            help="Run as this instance of the sharded stages (its shard first, "
+            "others' when their holder stops); default: every shard."
+        ),
+    ] = None,
 ) -> None:
     """Run the stages until each is done: sources have produced and been acknowledged,
     the others have drained their input."""
@@ -191,7 +221,7 @@ def run(
 
     spec = _load(spec_path)
     try:
-        runner = PipelineRunner(spec, stage)
+        runner = PipelineRunner(spec, stage, instance=instance)
     except (KeyError, IdentityError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
