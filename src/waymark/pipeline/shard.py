@@ -36,6 +36,7 @@ from waymark.objstore import (
     ObjectStore,
     ObjectVersion,
     PreconditionFailed,
+    PutMode,
 )
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.edge import EdgeStats, RelocatableQueueEdge
@@ -128,6 +129,12 @@ def lease_key(stage: str, shard: int) -> str:
 _decoder = msgspec.json.Decoder(ShardLease)
 
 
+def put_mode(version: ObjectVersion | None) -> PutMode:
+    """The conditional write that lands only on the lease as read: create-only when
+    there was none, else If-Match its version (as a handoff, §2.2)."""
+    return CREATE if version is None else IfMatch(version)
+
+
 def read_lease(
     store: ObjectStore, stage: str, shard: int
 ) -> tuple[ShardLease | None, ObjectVersion | None]:
@@ -193,11 +200,11 @@ class ShardLeases:
             self._tick(shard, self.clock.now_ms())
 
     def _put(self, lease: ShardLease, version: ObjectVersion | None) -> bool:
-        mode = CREATE if version is None else IfMatch(version)
         try:
             self.store.put(
-                lease_key(self.stage, lease.shard), msgspec.json.encode(lease), mode=mode
-            )
+                lease_key(self.stage, lease.shard), msgspec.json.encode(lease),
+                mode=put_mode(version),
+            )  # fmt: skip
         except (ObjectExists, PreconditionFailed):
             return False  # changed since read: the next round reads it again
         return True
@@ -226,18 +233,18 @@ class ShardLeases:
             self._renewed_ms[shard] = now
             return
         if lease is None and shard in self.home:
-            self._take(shard, None, None, now)
+            self.take(shard, None, None, now)
             return
         seen = self._seen.get(shard)
         if seen is None or seen[0] != version:
             self._seen[shard] = (version, now)  # a change is a sign of life
             return
         if now - seen[1] >= self.lease_ms:
-            self._take(shard, lease, version, now)
+            self.take(shard, lease, version, now)
 
-    def _take(self, shard: int, lease: ShardLease | None, version: ObjectVersion | None,
-              now: int) -> None:  # fmt: skip
-        """Publish the next epoch of the shard's lease with this instance as owner: a
+    def take(self, shard: int, lease: ShardLease | None, version: ObjectVersion | None,
+             now: int) -> None:  # fmt: skip
+        """Take ``shard`` over from ``lease`` as read at ``version``: publish the next epoch of the shard's lease with this instance as owner: a
         compare-and-swap, so of two instances taking one shard over, one wins."""
         epoch = FenceEpoch(lease.epoch if lease is not None else 0).bump().value
         taken = ShardLease(stage=self.stage, shard=shard, epoch=epoch, owner=self.owner)
