@@ -156,8 +156,10 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
             """A new process of instance ``inst`` (what an old one ran is gone)."""
             self.lives += 1
             home = [INSTANCES.index(inst)] if INSTANCES.index(inst) < SHARDS else []
-            self.leases[inst] = ShardLeases(self.store, "s", SHARDS, owner=f"{inst}/{self.lives}",
-                                            home=home, clock=self.clock, lease_ms=LEASE_MS)  # fmt: skip
+            self.leases[inst] = ShardLeases(
+                self.store, "s", SHARDS, owner=f"{inst}/{self.lives}", home=home,
+                clock=self.clock, lease_ms=LEASE_MS,
+            )  # fmt: skip
             for k in range(SHARDS):
                 self.shards[inst, k] = None
 

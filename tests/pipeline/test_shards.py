@@ -129,8 +129,10 @@ def test_sigkill_of_an_instance_hands_its_shard_to_a_live_one_exactly_once(
     seen = sink_events(sink.url, "out")
     assert sorted(seen) == list(range(EVENTS)), "events lost"
     assert max(seen.values()) == 1, "events duplicated"
-    status = json.loads(subprocess.run([WAYMARK, "pipeline", "status", str(spec), "--json"],
-                                       capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    status = json.loads(subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec), "--json"], capture_output=True, text=True,
+        check=True,
+    ).stdout)  # fmt: skip
     taken = status["shards"]["deliver.1"]
     assert taken["epoch"] == holder.epoch + 1, status["shards"]
     assert f"[{victim}]" not in taken["owner"], status["shards"]

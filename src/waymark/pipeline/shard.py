@@ -177,7 +177,6 @@ class ShardLeases:
         self._seen: dict[int, tuple[ObjectVersion | None, int]] = {}  # as seen, since when
         self._dropped: dict[int, int] = {}  # shard -> the epoch given up
         self._lock = threading.Lock()
-        self.takeovers = 0  # shards this instance took from another (or from nobody)
 
     def held(self) -> dict[int, int]:
         with self._lock:
@@ -244,13 +243,13 @@ class ShardLeases:
 
     def take(self, shard: int, lease: ShardLease | None, version: ObjectVersion | None,
              now: int) -> None:  # fmt: skip
-        """Take ``shard`` over from ``lease`` as read at ``version``: publish the next epoch of the shard's lease with this instance as owner: a
-        compare-and-swap, so of two instances taking one shard over, one wins."""
+        """Take ``shard`` over from ``lease`` as read at ``version``: publish its next
+        epoch with this instance as owner. A compare-and-swap, so of two instances
+        taking one shard over, one wins (docs/semantics/pipeline.md §11.2)."""
         epoch = FenceEpoch(lease.epoch if lease is not None else 0).bump().value
         taken = ShardLease(stage=self.stage, shard=shard, epoch=epoch, owner=self.owner)
         if self._put(taken, version):
             with self._lock:
                 self._held[shard] = epoch
             self._renewed_ms[shard] = now
-            self.takeovers += lease is not None
         self._seen.pop(shard, None)
