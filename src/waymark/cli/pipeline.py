@@ -52,7 +52,7 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
 
     from waymark.pipeline.identity import load_identity
     from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_lag, edge_statuses
+    from waymark.pipeline.status import edge_lag, edge_statuses, shard_holders
 
     identity = load_identity(store)
     run = f" (run {identity.run})" if identity is not None else ""
@@ -75,7 +75,7 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
         r = load_report(store, name)
         if name in leases:
             held = leases[name]
-            name += f" ({held['owner']}, epoch {held['epoch']})" if held else " (no holder)"
+            name += f" ({held.owner}, epoch {held.epoch})" if held else " (no holder)"
         if r is None:
             stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "-", "not started")
             continue
@@ -89,51 +89,14 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
     return edges, stages
 
 
-def shard_holders(spec: PipelineSpec, store: ObjectStore) -> dict[str, dict[str, Any] | None]:
-    """Per shard of each sharded stage (``<stage>.<k>``): the instance holding its lease
-    and the lease's epoch, None when nobody took it yet."""
-    from waymark.pipeline.shard import part_name, read_lease
-
-    held: dict[str, dict[str, Any] | None] = {}
-    for stage in spec.stages.values():
-        for k in range(stage.instances if stage.sharded else 0):
-            lease, _ = read_lease(store, stage.name, k)
-            held[part_name(stage.name, k)] = (
-                {"owner": lease.owner, "epoch": lease.epoch} if lease is not None else None
-            )
-    return held
-
-
 def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
-    """What the tables show, as one JSON object (``status --json``)."""
+    """What the tables show, as one JSON object (``status --json``): the same
+    ``PipelineReport`` a runner with ``report_to`` sends the console."""
     import msgspec
 
-    from waymark.pipeline.identity import load_identity
-    from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_lag, edge_statuses
+    from waymark.pipeline.status import pipeline_status
 
-    identity = load_identity(store)
-    return {
-        "pipeline": spec.name,
-        "run": identity.run if identity is not None else None,
-        "edges": {
-            s.edge: {
-                "edge": s.logical,
-                "generation": s.locator.generation if s.locator else 0,
-                "server": s.locator.server if s.locator else None,
-                "topic": s.locator.topic if s.locator else None,
-                "consumer": s.consumer,
-                "lag": edge_lag(spec, store, s),
-            }
-            for s in edge_statuses(spec, store)
-        },
-        "stages": {
-            key: msgspec.to_builtins(r) if (r := load_report(store, key)) else None
-            for stage in spec.stages.values()
-            for key in stage.state_keys()
-        },
-        "shards": shard_holders(spec, store),
-    }
+    return msgspec.to_builtins(pipeline_status(spec, store))  # type: ignore[no-any-return]
 
 
 def _load(spec_path: Path) -> PipelineSpec:
@@ -199,6 +162,21 @@ def run(
     timeout_s: Annotated[
         float | None, typer.Option(help="Give up (exit 1) if not done after this long.")
     ] = None,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            help="Send the pipeline's status to this server for its console "
+            "(default: the file's report_to)."
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="WAYMARK_TOKEN",
+            show_envvar=True,
+            help="Bearer token for --report-to (a write scope).",
+        ),
+    ] = None,
     instance: Annotated[
         int | None,
         typer.Option(
@@ -221,7 +199,7 @@ def run(
 
     spec = _load(spec_path)
     try:
-        runner = PipelineRunner(spec, stage, instance=instance)
+        runner = PipelineRunner(spec, stage, instance=instance, report_to=report_to, token=token)
     except (KeyError, IdentityError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
@@ -252,6 +230,7 @@ def run(
             if runner.failure() is not None:
                 break
     runner.stop()
+    runner.report_status()  # the last status: done, or why it stopped
     if (failure := runner.failure()) is not None:
         console.print(f"[red]pipeline {spec.name} stopped: {escape(failure)}[/red]")
         raise typer.Exit(1)

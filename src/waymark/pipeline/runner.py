@@ -27,7 +27,7 @@ from waymark.pipeline.edge import (
     client_factory,
 )
 from waymark.pipeline.identity import PipelineIdentity, establish
-from waymark.pipeline.locator import HandoffReader, HandoffRolledBack, QueueLocator
+from waymark.pipeline.locator import HandoffReader, HandoffRolledBack
 from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
@@ -35,6 +35,7 @@ from waymark.pipeline.shard import ShardedEdge, ShardLeases, part_name
 from waymark.pipeline.spec import EdgePart, PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
+from waymark.pipeline.status import edge_lag, edge_statuses, pipeline_status
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +128,16 @@ class PipelineRunner:
         sleep: Callable[[float], object] | None = None,
         rng: random.Random | None = None,
         instance: int | None = None,
+        report_to: str | None = None,
+        token: str | None = None,
     ) -> None:
         """``restart`` defaults to the pipeline file's; ``sleep`` waits before a restart
         (default: until the delay passes or :meth:`stop`), a test injects one that
         advances a manual ``clock``, and ``rng`` for the jitter. ``instance``: which
         instance of the sharded stages this runner is (it claims that shard at once,
-        and others only when their holder stops renewing); default: all of them."""
+        and others only when their holder stops renewing); default: all of them.
+        ``report_to`` (default: the file's): a server the pipeline's status goes to
+        every ``report_every_s``, for its console, with ``token``."""
         self.spec = spec
         self.clock = clock or SystemClock()
         self._stop = threading.Event()
@@ -182,6 +187,11 @@ class PipelineRunner:
             if earlier is not None:
                 run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
+        self.report_to = report_to or spec.report_to
+        self.reporter = (
+            Client(self.report_to, timeout=5.0, connect_timeout=1.0, token=token)
+            if self.report_to is not None else None
+        )  # fmt: skip
         self._ended = threading.Condition()  # a stage finished or failed
         self._failed_over = False
         self.registry = CollectorRegistry()
@@ -415,9 +425,27 @@ class PipelineRunner:
                 self._failed_over = True
                 return
 
+    def report_status(self) -> None:
+        """Send the pipeline's status to the ``report_to`` server, if any (best effort:
+        the console shows the last one, marked stale once they stop)."""
+        if self.reporter is None:
+            return
+        interval_ms = int(self.spec.report_every_s * 1000)
+        try:
+            self.reporter.report_pipeline(pipeline_status(self.spec, self.store.inner,
+                                                   interval_ms=interval_ms))  # fmt: skip
+        except (ObjectStoreError, TransportError, ApiError) as error:
+            log.warning("pipeline %s: its status report: %s", self.spec.name, error)
+
+    def _report_statuses(self) -> None:
+        while not self._stop.wait(self.spec.report_every_s):
+            self.report_status()
+
     def start(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self._watch_generations, daemon=True),
                    threading.Thread(target=self._hold_leases, daemon=True)]  # fmt: skip
+        if self.reporter is not None:
+            threads.append(threading.Thread(target=self._report_statuses, daemon=True))
         threads += [
             threading.Thread(
                 target=self._run_stage, args=(run,), name=f"stage-{run.name}", daemon=True
@@ -450,38 +478,6 @@ class PipelineRunner:
 
 
 # --- what `status` and /metrics show -------------------------------------------------
-@dataclass(frozen=True)
-class EdgeStatus:
-    edge: str  # as placed: the edge, or <edge>.<k> for the part of shard k
-    locator: QueueLocator | None
-    consumer: str = ""  # the state key of the stage (or shard) reading it
-    logical: str = ""  # the edge the pipeline file declares
-
-
-def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
-    return [EdgeStatus(p.name, HandoffReader(store, p.name).current(), p.consumer, p.edge)
-            for p in spec.all_parts()]  # fmt: skip
-
-
-def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> int | None:
-    """Records on the edge's current placement its consumer has not acknowledged: the
-    topic's head past the consumer's checkpointed input position (or past the
-    placement's start when that is of another generation); None when the edge is not
-    placed or its server does not answer within a second."""
-    loc = status.locator
-    if loc is None:
-        return None
-    state = StageStateStore(store).load(status.consumer or spec.consumers[status.edge])
-    acked = state.input if state is not None else None
-    done = acked.seq if acked is not None and acked.generation == loc.generation else loc.start_seq
-    try:
-        with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
-            head = client.get_topic(loc.topic, touch=False).head_seq
-    except (TransportError, ApiError):
-        return None
-    return max(0, head - done)
-
-
 class PipelineCollector(Collector):
     """``waymark_pipeline_*`` metrics of the runner, read from the stages' reports and
     the handoff records at each scrape."""

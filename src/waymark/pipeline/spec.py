@@ -65,6 +65,8 @@ class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     dead_letter: _Sink | None = None
     checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
     store_budget_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
+    report_to: Url | None = None  # a server the status goes to, for its console
+    report_every_s: Annotated[float, Meta(ge=0.1, le=3600)] = 2.0
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
@@ -234,6 +236,8 @@ class PipelineSpec:
     dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
     checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
     store_budget_s: float = 60.0  # how long one store call waits out an outage
+    report_to: str | None = None  # where the runner sends the status (docs/console.md)
+    report_every_s: float = 2.0
 
     def parts(self, edge: str) -> list[EdgePart]:
         """The edges ``edge`` is made of: itself, or one per shard of its consumer,
@@ -328,7 +332,8 @@ class PipelineSpec:
         dead = top.dead_letter
         return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
                    SinkSpec(dead.url, dead.topic) if dead else None,
-                   top.checkpoint_interval_ms, top.store_budget_s)  # fmt: skip
+                   top.checkpoint_interval_ms, top.store_budget_s, top.report_to,
+                   top.report_every_s)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
