@@ -84,8 +84,10 @@ sink = {{ url = "{server.url}", topic = "{sink}" }}
         if run.poll() is None:
             run.kill()
             run.wait()
-    status = json.loads(subprocess.run([WAYMARK, "pipeline", "status", str(spec), "--json"],
-                                       capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    status = json.loads(subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec), "--json"], capture_output=True, text=True,
+        check=True,
+    ).stdout)  # fmt: skip
     # The graph: both stages and the sink, the edge with the generations it has now.
     graph = section.get_by_test_id("pipeline-graph")
     expect(graph.locator("[data-testid=pipeline-node][data-stage='produce']")).to_contain_text(

@@ -67,7 +67,8 @@ def build_stage(
         parts = spec.parts(edge_name)
         if parts[0].shard is None:
             return edge(parts[0])
-        # read by a sharded stage: each record goes to its shard's part (§11.1)
+        # read by a sharded stage: each record goes to its shard's part
+        # (docs/semantics/pipeline.md §11.1)
         return ShardedEdge(edge_name, [edge(p) for p in parts])
 
     source = spec.parts(stage_spec.input)[shard or 0] if stage_spec.input else None
@@ -360,7 +361,8 @@ class PipelineRunner:
                 run.restarts.succeeded()
             except StageFenced as error:
                 if run.shard is not None:
-                    # another instance took the shard over: it runs it now (§11.2)
+                    # another instance took the shard over and runs it now
+                    # (docs/semantics/pipeline.md §11.2)
                     log.warning("stage %s: %s; the shard is another instance's", run.name, error)
                     self.leases[run.stage_name].lose(run.shard)
                     continue

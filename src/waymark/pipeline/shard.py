@@ -13,9 +13,10 @@ by the same rule as a handoff record (docs/semantics/pipeline.md §2.2): a
 compare-and-swap, and a takeover publishes the next epoch. Its holder renews it
 (any change of the object is a sign of life); an instance that sees a shard's lease
 unchanged for ``lease_s`` on its own clock takes it over. The old holder learns at
-its next renewal that its epoch is gone and drops the shard; a holder that is only
-paused is also fenced by the stage state it no longer owns (§4.4), and what it
-still writes to the sink is absorbed by the event ids (§5.2).
+its next renewal that its epoch is gone and drops the shard. A holder that is only
+paused is also fenced by the stage state it no longer owns
+(docs/semantics/pipeline.md §4.4), and what it still writes to the sink is
+absorbed by the event ids (docs/semantics/pipeline.md §5.2).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ _decoder = msgspec.json.Decoder(ShardLease)
 
 def put_mode(version: ObjectVersion | None) -> PutMode:
     """The conditional write that lands only on the lease as read: create-only when
-    there was none, else If-Match its version (as a handoff, §2.2)."""
+    there was none, else If-Match its version (docs/semantics/pipeline.md §2.2)."""
     return CREATE if version is None else IfMatch(version)
 
 
@@ -226,7 +227,8 @@ class ShardLeases:
             and lease.owner == self.owner
             and self._dropped.get(shard) != lease.epoch
         ):
-            # a takeover that landed though its answer was lost (§10)
+            # a takeover that landed though its answer was lost
+            # (docs/semantics/pipeline.md §10)
             with self._lock:
                 self._held[shard] = lease.epoch
             self._renewed_ms[shard] = now
