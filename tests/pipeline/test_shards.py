@@ -139,3 +139,9 @@ def test_sigkill_of_an_instance_hands_its_shard_to_a_live_one_exactly_once(
     assert set(status["edges"]) == {"raw.0", "raw.1", "raw.2"}
     assert status["edges"]["raw.1"]["consumer"] == "deliver.1"
     assert all(status["stages"][f"deliver.{k}"]["done"] for k in range(3))
+    table = subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec)], capture_output=True, text=True, check=True,
+        env={**os.environ, "COLUMNS": "250"},
+    ).stdout  # fmt: skip
+    row = next(line for line in table.splitlines() if "deliver.1 (" in line)
+    assert f"epoch {taken['epoch']})" in row and "done" in row, table
