@@ -20,6 +20,7 @@ from tests.pipeline.test_processes import WAYMARK, sink_events
 
 from waymark.client import Client
 from waymark.objstore import open_store
+from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.shard import read_lease, shard_of
 from waymark.pipeline.spec import PipelineSpec, SpecError
 
@@ -84,6 +85,15 @@ def test_instances_are_validated(tmp_path: Path) -> None:
     path.write_text(source)
     with pytest.raises(SpecError, match="'produce': instances = 2 needs input = EDGE"):
         PipelineSpec.load(path)
+    path = tmp_path / "good.toml"
+    path.write_text(text)
+    spec = PipelineSpec.load(path)
+    assert list(PipelineRunner(spec, ["deliver"], instance=2).runs) == [
+        "deliver.0", "deliver.1", "deliver.2"]  # fmt: skip
+    with pytest.raises(KeyError, match="instances 0 to 2, not 3"):
+        PipelineRunner(spec, ["deliver"], instance=3)
+    with pytest.raises(KeyError, match="none of produce has"):
+        PipelineRunner(spec, ["produce"], instance=1)
 
 
 @pytest.mark.slow

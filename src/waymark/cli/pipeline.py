@@ -139,13 +139,13 @@ def check(
         }))  # fmt: skip
         return
     table = Table(title=f"pipeline {spec.name}: ok")
-    for column in ("stage", "function", "reads", "writes", "batch"):
-        table.add_column(column, justify="right" if column == "batch" else "left")
+    for column in ("stage", "function", "reads", "writes", "batch", "instances"):
+        table.add_column(column, justify="right" if column in ("batch", "instances") else "left")
     for s in spec.stages.values():
         reads = s.input or (f"{s.events:,} events" if s.events is not None else "-")
         writes = ", ".join(s.outputs) or (f"{s.sink.topic} on {s.sink.url}" if s.sink else "-")
         table.add_row(s.name, "(external)" if s.external else s.function, reads, writes,
-                      str(s.batch))  # fmt: skip
+                      str(s.batch), str(s.instances))  # fmt: skip
     Console().print(table)
 
 

@@ -181,6 +181,9 @@ class PipelineRunner:
             for k, key in enumerate(stage_spec.state_keys()):
                 self.runs[key] = StageRun(key, stage_name=name, shard=k,
                                           restarts=Restarts(self.restart, rng))  # fmt: skip
+        if instance is not None and not self.leases:
+            raise KeyError(f"an instance number is for a stage with instances > 1; none of "
+                           f"{', '.join(names)} has")  # fmt: skip
         for run in self.runs.values():
             # The counters go on from the stage's last report: a restarted process (or a
             # rerun on the same store) does not reset them (docs/pipeline.md, "Running it").
