@@ -96,6 +96,7 @@ sink = {{ url = "{server.url}", topic = "{sink}" }}
     deliver = graph.locator("[data-testid=pipeline-node][data-stage='deliver']")
     expect(deliver).to_contain_text("2 instances")
     expect(deliver).to_contain_text("done", timeout=10_000)
+    expect(section.get_by_test_id("pipeline-done")).to_have_text("done (no longer reporting)")
     generations = sorted({e["generation"] for e in status["edges"].values()})
     assert generations[-1] >= 2, status["edges"]  # a part moved
     label = graph.locator("[data-testid=pipeline-edge][data-edge='raw']")

@@ -131,6 +131,16 @@ function placementsTable(report) {
       h("td", {}, p.server), h("td", {}, p.generation > 1 ? h("span", { class: "badge warn" }, "relocated") : "first placement")))));
 }
 
+// Done (every stage finished: its runners stop reporting, and that is no alarm), or
+// stale (they stopped before the end: the numbers are their last, not the state now).
+function stateBadge(report, stale) {
+  const stages = Object.values(report.stages);
+  if (stages.length && stages.every((r) => r && r.done)) {
+    return h("span", { class: "badge", "data-testid": "pipeline-done" }, stale ? "done (no longer reporting)" : "done");
+  }
+  return stale ? h("span", { class: "badge warn", "data-testid": "pipeline-stale" }, "stale: stopped reporting") : "";
+}
+
 export async function pipelinesPage(view, { every, signal }) {
   const body = h("div", {});
   view.replaceChildren(h("h1", {}, "Pipelines"),
@@ -144,7 +154,7 @@ export async function pipelinesPage(view, { every, signal }) {
     }
     body.replaceChildren(...pipelines.map(({ report, age_ms: age, stale }) => h("section", { "data-testid": "pipeline", "data-pipeline": report.pipeline },
       h("h2", {}, `${report.pipeline}`, h("span", { class: "muted" }, ` run ${report.run ?? "—"} · reported ${fmtSpan(Math.round(age / 1000))} ago `),
-        stale ? h("span", { class: "badge warn", "data-testid": "pipeline-stale" }, "stale: stopped reporting") : ""),
+        stateBadge(report, stale)),
       pipelineGraph(report),
       h("h2", {}, "Edges"), edgesTable(report),
       h("h2", {}, "Stages"), stagesTable(report),
