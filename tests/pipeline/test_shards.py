@@ -27,7 +27,9 @@ from waymark.pipeline.spec import PipelineSpec, SpecError
 EVENTS = 3000
 
 
-def spec_text(handoff: Path, edge_url: str, sink_url: str, instances: int = 3) -> str:
+def spec_text(
+    handoff: Path, edge_url: str, sink_url: str, instances: int = 3, events: int = EVENTS
+) -> str:
     return f"""
 [pipeline]
 name = "shards"
@@ -40,7 +42,7 @@ candidates = ["{edge_url}"]
 [[stage]]
 name = "produce"
 function = "waymark.pipeline.demo:produce"
-events = {EVENTS}
+events = {events}
 batch = 100
 output = "raw"
 
@@ -155,3 +157,40 @@ def test_sigkill_of_an_instance_hands_its_shard_to_a_live_one_exactly_once(
     ).stdout  # fmt: skip
     row = next(line for line in table.splitlines() if "deliver.1 (" in line)
     assert f"epoch {taken['epoch']})" in row and "done" in row, table
+
+
+def test_a_sharded_transform_feeds_one_sink_stage_every_event_once(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # The sink stage waits for every shard of its producer to be done, and reads
+    # what the shards write to one edge (docs/semantics/pipeline.md §11.1).
+    edge, sink = start_waymark(), start_waymark()
+    text = spec_text(tmp_path / "handoff", edge.url, sink.url, instances=2, events=600)
+    text = text.replace('''name = "deliver"''', '''name = "transform"''').replace(
+        f'''sink = {{ url = "{sink.url}", topic = "out" }}''',
+        '''output = "enriched"''',
+    )
+    text += f"""
+[[edge]]
+name = "enriched"
+candidates = ["{edge.url}"]
+
+[[stage]]
+name = "deliver"
+function = "waymark.pipeline.demo:deliver"
+input = "enriched"
+sink = {{ url = "{sink.url}", topic = "out" }}
+"""
+    path = tmp_path / "transform.toml"
+    path.write_text(text)
+    spec = PipelineSpec.load(path)
+    assert spec.producer_keys("enriched") == ["transform.0", "transform.1"]
+    runner = PipelineRunner(spec)
+    runner.start()
+    try:
+        assert runner.wait(90), runner.failure()
+    finally:
+        runner.stop()
+    seen = sink_events(sink.url, "out")
+    assert sorted(seen) == list(range(600)), "events lost"
+    assert max(seen.values()) == 1, "events duplicated"
