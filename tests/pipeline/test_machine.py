@@ -165,20 +165,25 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
 
         def _shard_stage(self, k: int) -> Stage:
             b, c = proxies[1].url, proxies[2].url
+            # its own states, as a process of its own: its saves compare against the
+            # versions it wrote itself
             return Stage(
-                "s", identity, states=self.states, clock=self.clock, key=f"s.{k}",
+                "s", identity, states=StageStateStore(self.store), clock=self.clock, key=f"s.{k}",
                 input=self._edge(f"s.{k}", f"{self.e2}.{k}", [b, c], f"s.{k}"),
                 sink=Sink(fleet.sink.url, self.sink_topic, connect=self.connect,
                           sleep=lambda s: None, retries=2),
             )  # fmt: skip
 
-        def _instance_runs(self, inst: str) -> None:
+        def _instance_runs(self, inst: str, *, tick: bool = True) -> None:
             """One round of the runner's shard loop: renew and take over leases, start
-            the shards held, drop those taken over, step the rest."""
+            the shards held, drop those taken over, step the rest. Without ``tick``, a
+            stalled instance that wakes and steps before it learns of a takeover: its
+            state's fence stops it (docs/semantics/pipeline.md §11.2)."""
             leases = self.leases[inst]
             if leases is None:
                 return
-            leases.tick()
+            if tick:
+                leases.tick()
             for k in range(SHARDS):
                 stage = self.shards[inst, k]
                 if not leases.owns(k):
@@ -227,6 +232,10 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
         def instance_runs(self, inst: str) -> None:
             self._instance_runs(inst)
 
+        @rule(inst=st.sampled_from(INSTANCES))
+        def stalled_instance_steps(self, inst: str) -> None:
+            self._instance_runs(inst, tick=False)
+
         @rule(ms=st.sampled_from([300, LEASE_MS]))
         def time_passes(self, ms: int) -> None:
             self.clock.advance(ms)
@@ -248,11 +257,14 @@ def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:
         def takeover_race(self, k: int) -> None:
             """The live instances not holding shard ``k`` read its lease, then all try
             to take it over from what they read."""
-            racing = [lease for lease in self.leases.values()
+            racing = [(inst, lease) for inst, lease in self.leases.items()
                       if lease is not None and not lease.owns(k)]  # fmt: skip
             seen = [read_lease(self.store, "s", k) for _ in racing]
-            for lease, (held, version) in zip(racing, seen, strict=True):
+            for (_, lease), (held, version) in zip(racing, seen, strict=True):
                 lease.take(k, held, version, self.clock.now_ms())
+            for inst, lease in racing:  # the winner starts the shard: it claims its state
+                if lease.owns(k):
+                    self._instance_runs(inst, tick=False)
 
         @invariant()
         def one_holder_per_shard_and_epoch(self) -> None:
