@@ -173,8 +173,8 @@ def test_a_watch_cursor_behind_the_window_is_refused(
 def test_an_open_stream_overtaken_by_the_window_ends_with_the_lost_range() -> None:
     """A follower that stalls while its next checkpoints pass the window (a slow
     listener, a full socket) would skip them if the stream went on from the next one
-    kept: the stream ends with the ids it could not send (docs/semantics/recovery.md
-    §3.6). The server's own feed, time injected."""
+    kept: the stream ends with the ids it could not send
+    (docs/semantics/recovery.md §3.6). The server's own feed, time injected."""
     clock = ManualClock()
     engine = Engine(clock=clock)
     engine.track_changes(1_000)

@@ -151,6 +151,9 @@ CASES: dict[str, Case] = {
     "listRecoveryClients": lambda a: ("GET", "/v0/recovery/clients", {}),
     "forgetFold": lambda a: ("DELETE", f"/v0/folds/{_fold(a)}", {}),
     "forgetRecoveryClient": lambda a: ("DELETE", f"/v0/recovery/clients/{_client(a)}", {}),
+    "reportPipeline": lambda a: ("POST", "/v0/pipelines", {"json": _PIPELINE}),
+    "listPipelines": lambda a: ("GET", "/v0/pipelines", {}),
+    "forgetPipeline": lambda a: ("DELETE", f"/v0/pipelines/{_pipeline(a)}", {}),
     "openapi": lambda a: ("GET", "/v0/openapi.json", {}),
     "metrics": lambda a: ("GET", "/metrics", {}),
 }  # fmt: skip
@@ -162,6 +165,16 @@ def _fold(admin: httpx.Client) -> str:
     response = admin.post("/v0/folds", json=body)
     assert response.status_code == 200, response.text
     return "g"
+
+
+_PIPELINE = {"pipeline": "p", "run": "r", "stages": {}, "edges": {}, "shards": {},
+             "topology": {}}  # fmt: skip
+
+
+def _pipeline(admin: httpx.Client) -> str:
+    response = admin.post("/v0/pipelines", json=_PIPELINE)
+    assert response.status_code == 200, response.text
+    return "p"
 
 
 def _client(admin: httpx.Client) -> str:

@@ -52,7 +52,7 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
 
     from waymark.pipeline.identity import load_identity
     from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_lag, edge_statuses
+    from waymark.pipeline.status import edge_lag, edge_statuses, shard_holders
 
     identity = load_identity(store)
     run = f" (run {identity.run})" if identity is not None else ""
@@ -64,14 +64,18 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
         lag = edge_lag(spec, store, status) if loc else None
         edges.add_row(status.edge, str(loc.generation) if loc else "-",
                       loc.server if loc else "(not placed)", loc.topic if loc else "-",
-                      spec.consumers[status.edge],
+                      status.consumer,
                       "-" if lag is None else f"{lag:,}")  # fmt: skip
+    leases = shard_holders(spec, store)
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",
                    "time to recover", "restarts", "dead letters", "state"):  # fmt: skip
         stages.add_column(column, justify="left" if column in ("stage", "state") else "right")
-    for name in spec.stages:
+    for name in (key for stage in spec.stages.values() for key in stage.state_keys()):
         r = load_report(store, name)
+        if name in leases:
+            held = leases[name]
+            name += f" ({held.owner}, epoch {held.epoch})" if held else " (no holder)"
         if r is None:
             stages.add_row(name, "-", "-", "-", "-", "-", "-", "-", "-", "not started")
             continue
@@ -86,32 +90,13 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
 
 
 def status_json(spec: PipelineSpec, store: ObjectStore) -> dict[str, Any]:
-    """What the tables show, as one JSON object (``status --json``)."""
+    """What the tables show, as one JSON object (``status --json``): the same
+    ``PipelineReport`` a runner with ``report_to`` sends the console."""
     import msgspec
 
-    from waymark.pipeline.identity import load_identity
-    from waymark.pipeline.report import load_report
-    from waymark.pipeline.runner import edge_lag, edge_statuses
+    from waymark.pipeline.status import pipeline_status
 
-    identity = load_identity(store)
-    return {
-        "pipeline": spec.name,
-        "run": identity.run if identity is not None else None,
-        "edges": {
-            s.edge: {
-                "generation": s.locator.generation if s.locator else 0,
-                "server": s.locator.server if s.locator else None,
-                "topic": s.locator.topic if s.locator else None,
-                "consumer": spec.consumers[s.edge],
-                "lag": edge_lag(spec, store, s),
-            }
-            for s in edge_statuses(spec, store)
-        },
-        "stages": {
-            name: msgspec.to_builtins(r) if (r := load_report(store, name)) else None
-            for name in spec.stages
-        },
-    }
+    return msgspec.to_builtins(pipeline_status(spec, store))  # type: ignore[no-any-return]
 
 
 def _load(spec_path: Path) -> PipelineSpec:
@@ -148,18 +133,19 @@ def check(
             "stages": {s.name: {"function": s.function or None, "input": s.input,
                                 "outputs": list(s.outputs),
                                 "sink": s.sink.topic if s.sink else None,
-                                "events": s.events, "batch": s.batch, "external": s.external}
+                                "events": s.events, "batch": s.batch, "external": s.external,
+                                "instances": s.instances}
                        for s in spec.stages.values()},
         }))  # fmt: skip
         return
     table = Table(title=f"pipeline {spec.name}: ok")
-    for column in ("stage", "function", "reads", "writes", "batch"):
-        table.add_column(column, justify="right" if column == "batch" else "left")
+    for column in ("stage", "function", "reads", "writes", "batch", "instances"):
+        table.add_column(column, justify="right" if column in ("batch", "instances") else "left")
     for s in spec.stages.values():
         reads = s.input or (f"{s.events:,} events" if s.events is not None else "-")
         writes = ", ".join(s.outputs) or (f"{s.sink.topic} on {s.sink.url}" if s.sink else "-")
         table.add_row(s.name, "(external)" if s.external else s.function, reads, writes,
-                      str(s.batch))  # fmt: skip
+                      str(s.batch), str(s.instances))  # fmt: skip
     Console().print(table)
 
 
@@ -176,6 +162,28 @@ def run(
     timeout_s: Annotated[
         float | None, typer.Option(help="Give up (exit 1) if not done after this long.")
     ] = None,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            help="Send the pipeline's status to this server for its console "
+            "(default: the file's report_to)."
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="WAYMARK_TOKEN",
+            show_envvar=True,
+            help="Bearer token for --report-to (a write scope).",
+        ),
+    ] = None,
+    instance: Annotated[
+        int | None,
+        typer.Option(
+            help="Run as this instance of the sharded stages (its shard first, "
+            "others' when their holder stops); default: every shard."
+        ),
+    ] = None,
 ) -> None:
     """Run the stages until each is done: sources have produced and been acknowledged,
     the others have drained their input."""
@@ -191,7 +199,7 @@ def run(
 
     spec = _load(spec_path)
     try:
-        runner = PipelineRunner(spec, stage)
+        runner = PipelineRunner(spec, stage, instance=instance, report_to=report_to, token=token)
     except (KeyError, IdentityError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
@@ -222,6 +230,7 @@ def run(
             if runner.failure() is not None:
                 break
     runner.stop()
+    runner.report_status()  # the last status: done, or why it stopped
     if (failure := runner.failure()) is not None:
         console.print(f"[red]pipeline {spec.name} stopped: {escape(failure)}[/red]")
         raise typer.Exit(1)

@@ -111,8 +111,9 @@ def relocate(
     from rich.table import Table
 
     from waymark.cli.pipeline import status_tables
-    from waymark.pipeline.runner import PipelineRunner, edge_statuses
+    from waymark.pipeline.runner import PipelineRunner
     from waymark.pipeline.spec import PipelineSpec
+    from waymark.pipeline.status import edge_statuses
 
     console = Console(stderr=as_json)
     topic = sink_topic or f"demo.relocate.{uuid.uuid4().hex[:8]}"

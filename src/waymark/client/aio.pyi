@@ -24,6 +24,8 @@ from ..protocol import (
     Job,
     NackResponse,
     OpenWriterResponse,
+    PipelineReport,
+    PipelineStatus,
     PublishResponse,
     RecordIn,
     RecoveryClient,
@@ -234,6 +236,22 @@ class AsyncClient:
     async def forget_fold(self, fold: str, nodes: Sequence[str] | None = None) -> list[FoldStatus]:
         """Forget ``fold``'s nodes (all, or ``nodes``) taken out of service; answers their
         last reports (404 ``not_found`` if none). A node that reports again is back."""
+        ...
+
+    async def report_pipeline(self, report: PipelineReport) -> PipelineStatus:
+        """Send a pipeline's status (docs/pipeline.md); the answer is what the server
+        now serves for that pipeline run."""
+        ...
+
+    async def list_pipelines(self) -> list[PipelineStatus]:
+        """Every pipeline run's newest status, by pipeline then run."""
+        ...
+
+    async def forget_pipeline(
+        self, pipeline: str, runs: Sequence[str] | None = None
+    ) -> list[PipelineStatus]:
+        """Forget ``pipeline``'s runs (all, or ``runs``); answers their last status (404
+        ``not_found`` if none). A run that reports again is back."""
         ...
 
     async def report_recovery(self, report: RecoveryReport) -> RecoveryClient:

@@ -28,6 +28,8 @@ from ..protocol import (
     Job,
     NackResponse,
     OpenWriterResponse,
+    PipelineReport,
+    PipelineStatus,
     PublishResponse,
     RecordIn,
     RecoveryClient,
@@ -292,6 +294,22 @@ class Api:
         """Forget ``fold``'s nodes (all, or ``nodes``) taken out of service; answers their
         last reports (404 ``not_found`` if none). A node that reports again is back."""
         return self._run(reports.forget_fold(fold, list(nodes) if nodes else None))
+
+    def report_pipeline(self, report: PipelineReport) -> PipelineStatus:
+        """Send a pipeline's status (docs/pipeline.md); the answer is what the server
+        now serves for that pipeline run."""
+        return self._run(reports.report_pipeline(report))
+
+    def list_pipelines(self) -> list[PipelineStatus]:
+        """Every pipeline run's newest status, by pipeline then run."""
+        return self._run(reports.list_pipelines())
+
+    def forget_pipeline(
+        self, pipeline: str, runs: Sequence[str] | None = None
+    ) -> list[PipelineStatus]:
+        """Forget ``pipeline``'s runs (all, or ``runs``); answers their last status (404
+        ``not_found`` if none). A run that reports again is back."""
+        return self._run(reports.forget_pipeline(pipeline, list(runs) if runs else None))
 
     def report_recovery(self, report: RecoveryReport) -> RecoveryClient:
         """Send a recovery client's receipt status."""

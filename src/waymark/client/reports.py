@@ -9,6 +9,9 @@ from ..protocol import (
     FoldList,
     FoldReport,
     FoldStatus,
+    PipelineList,
+    PipelineReport,
+    PipelineStatus,
     RecoveryClient,
     RecoveryClientList,
     RecoveryReport,
@@ -20,6 +23,8 @@ _fold = typed(FoldStatus)
 _folds = typed(FoldList)
 _client = typed(RecoveryClient)
 _clients = typed(RecoveryClientList)
+_pipeline = typed(PipelineStatus)
+_pipelines = typed(PipelineList)
 
 
 def report_fold(report: FoldReport) -> Call[FoldStatus]:
@@ -49,3 +54,17 @@ def list_recovery_clients() -> Call[RecoveryClientList]:
 
 def forget_recovery_client(client: str) -> Call[RecoveryClient]:
     return call("forgetRecoveryClient", _client, client=client)
+
+
+def report_pipeline(report: PipelineReport) -> Call[PipelineStatus]:
+    return call("reportPipeline", _pipeline, _encode(report))
+
+
+def list_pipelines() -> Call[list[PipelineStatus]]:
+    return call("listPipelines", lambda r: _pipelines(r).pipelines)
+
+
+def forget_pipeline(pipeline: str, runs: list[str] | None = None) -> Call[list[PipelineStatus]]:
+    query = {"run": runs} if runs else None
+    return call("forgetPipeline", lambda r: _pipelines(r).pipelines, params=query,
+                pipeline=pipeline)  # fmt: skip

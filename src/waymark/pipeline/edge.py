@@ -222,6 +222,8 @@ class RelocatableQueueEdge:
             locator = QueueLocator(
                 edge=self.name, server=url, topic=self.topic, generation=known + 1,
                 capacity=self.capacity, start_seq=state.assigned_head_seq,
+                placed_ms=self.clock.now_ms(),
+                history=observed.locator.past() if observed.locator else (),
             )  # fmt: skip
             return Relocation(observed, locator)
         raise EdgeUnavailable(f"edge {self.name!r}: no healthy candidate among {order}")

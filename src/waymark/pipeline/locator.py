@@ -26,6 +26,16 @@ from waymark.objstore import (
 )
 from waymark.pipeline.fence import FenceEpoch
 
+HISTORY = 20  # earlier placements a handoff record keeps, for status
+
+
+class PastPlacement(msgspec.Struct, frozen=True, array_like=True):
+    """An earlier placement of an edge: its generation, server and when it was made."""
+
+    generation: int
+    server: str
+    placed_ms: int
+
 
 class QueueLocator(msgspec.Struct, frozen=True, kw_only=True):
     """One placement of an edge: the server and topic holding it, its generation, the
@@ -38,10 +48,20 @@ class QueueLocator(msgspec.Struct, frozen=True, kw_only=True):
     generation: int
     capacity: int = 0
     start_seq: int = 0
+    # When the producer that published it planned it (its clock; 0 in records from
+    # before this field), and the placements before it, oldest first: what the status
+    # shows as the edge's moves (docs/pipeline.md, "Running it").
+    placed_ms: int = 0
+    history: tuple[PastPlacement, ...] = ()
 
     @property
     def epoch(self) -> FenceEpoch:
         return FenceEpoch(self.generation)
+
+    def past(self) -> tuple[PastPlacement, ...]:
+        """This placement's history with itself appended, for the next one's."""
+        mine = PastPlacement(self.generation, self.server, self.placed_ms)
+        return (*self.history, mine)[-HISTORY:]
 
 
 class Fenced(Exception):

@@ -10,29 +10,11 @@ import threading
 import msgspec
 
 from waymark.objstore import ObjectNotFound, ObjectStore
+from waymark.protocol.pipelines import StageReport
 
 log = logging.getLogger(__name__)
 
-
-class StageReport(msgspec.Struct, kw_only=True):
-    """One stage's counters (``stages/<name>/report.json``)."""
-
-    stage: str
-    processed: int = 0
-    relocations: int = 0
-    rebinds: int = 0
-    fenced: int = 0
-    replayed: int = 0
-    stale_dropped: int = 0
-    disconnects: int = 0
-    restarts: int = 0
-    dead_lettered: int = 0  # poison events sent to the dead-letter topic
-    last_error: str = ""  # why the stage last restarted (or stopped)
-    recover_s: list[float] = msgspec.field(default_factory=list)
-    latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
-    latency_after_ms: list[int] = msgspec.field(default_factory=list)
-    done: bool = False
-    updated_ms: int = 0
+__all__ = ["StageReport", "load_report", "publish_report", "report_key"]
 
 
 def report_key(stage: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,13 +30,15 @@ from waymark.pipeline.edge import (
     client_factory,
 )
 from waymark.pipeline.identity import PipelineIdentity, establish
-from waymark.pipeline.locator import HandoffReader, HandoffRolledBack, QueueLocator
+from waymark.pipeline.locator import HandoffReader, HandoffRolledBack
 from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import ReportPublisher, StageReport, load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
-from waymark.pipeline.spec import PipelineSpec
+from waymark.pipeline.shard import ShardedEdge, ShardLeases, part_name
+from waymark.pipeline.spec import EdgePart, PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
+from waymark.pipeline.status import edge_lag, edge_statuses, pipeline_status
 
 log = logging.getLogger(__name__)
 
@@ -63,37 +66,61 @@ def build_stage(
     clock: Clock,
     identity: PipelineIdentity,
     poison: dict[bytes, tuple[int, str]] | None = None,
+    shard: int | None = None,
 ) -> Stage:
-    """A stage of ``spec`` as the runner starts it (and starts it again after a failure);
-    ``poison``: the events it dead-letters instead of calling its function on them."""
+    """A stage of ``spec`` (its shard ``shard`` when it has instances) as the runner
+    starts it (and starts it again after a failure); ``poison``: the events it
+    dead-letters instead of calling its function on them."""
     stage_spec = spec.stages[name]
     connect = client_factory()
 
-    def edge(edge_name: str) -> RelocatableQueueEdge:
-        e = spec.edges[edge_name]
-        return RelocatableQueueEdge(e.name, e.candidates, store, consumer=spec.consumers[e.name],
+    def edge(part: EdgePart) -> RelocatableQueueEdge:
+        e = spec.edges[part.edge]
+        return RelocatableQueueEdge(part.name, e.candidates, store, consumer=part.consumer,
                                     capacity=e.capacity, connect=connect, clock=clock,
                                     identity=identity)  # fmt: skip
 
+    def output(edge_name: str) -> RelocatableQueueEdge | ShardedEdge:
+        parts = spec.parts(edge_name)
+        if parts[0].shard is None:
+            return edge(parts[0])
+        # read by a sharded stage: each record goes to its shard's part
+        # (docs/semantics/pipeline.md §11.1)
+        return ShardedEdge(edge_name, [edge(p) for p in parts])
+
+    source = spec.parts(stage_spec.input)[shard or 0] if stage_spec.input else None
     sink, dead = stage_spec.sink, spec.dead_letter
     return Stage(
         name, stage_spec.load(), states=StageStateStore(store), clock=clock,
-        input=edge(stage_spec.input) if stage_spec.input else None,
-        output=[edge(o) for o in stage_spec.outputs],
+        input=edge(source) if source else None,
+        output=[output(o) for o in stage_spec.outputs],
         sink=Sink(sink.url, sink.topic, connect=connect) if sink else None,
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
         checkpoint_interval_ms=spec.checkpoint_interval_ms,
         # each batch's writes overlap the next one's read (docs/semantics/pipeline.md §4.5)
-        behind=Behind(f"stage-{name}-writes"),
+        behind=Behind(f"stage-{name if shard is None else part_name(name, shard)}-writes"),
+        key=part_name(name, shard) if shard is not None else None,
     )  # fmt: skip
+
+
+def physical_edges(stage: Stage) -> list[RelocatableQueueEdge]:
+    """The stage's edges as placed: a sharded output's parts one by one."""
+    edges = [stage.input] if stage.input is not None else []
+    for out in stage.outputs:
+        edges += out.parts if isinstance(out, ShardedEdge) else [out]
+    return edges
 
 
 @dataclass
 class StageRun:
-    """One stage's thread: its current instance and the totals over its restarts."""
+    """One stage's thread (one per shard of a sharded stage): its current instance
+    and the totals over its restarts."""
 
-    name: str
+    name: str  # the state key: the stage, or <stage>.<k> for shard k
+    stage_name: str = ""
+    shard: int | None = None
+    holding: bool = False  # a shard: whether this runner holds its lease
     stage: Stage | None = None
     report: StageReport = field(init=False)
     done: threading.Event = field(default_factory=threading.Event)
@@ -104,6 +131,7 @@ class StageRun:
 
     def __post_init__(self) -> None:
         self.report = StageReport(stage=self.name)
+        self.stage_name = self.stage_name or self.name
 
 
 class PipelineRunner:
@@ -119,10 +147,17 @@ class PipelineRunner:
         restart: RestartPolicy | None = None,
         sleep: Callable[[float], object] | None = None,
         rng: random.Random | None = None,
+        instance: int | None = None,
+        report_to: str | None = None,
+        token: str | None = None,
     ) -> None:
         """``restart`` defaults to the pipeline file's; ``sleep`` waits before a restart
         (default: until the delay passes or :meth:`stop`), a test injects one that
-        advances a manual ``clock``, and ``rng`` for the jitter."""
+        advances a manual ``clock``, and ``rng`` for the jitter. ``instance``: which
+        instance of the sharded stages this runner is (it claims that shard at once,
+        and others only when their holder stops renewing); default: all of them.
+        ``report_to`` (default: the file's): a server the pipeline's status goes to
+        every ``report_every_s``, for its console, with ``token``."""
         self.spec = spec
         self.clock = clock or SystemClock()
         self._stop = threading.Event()
@@ -146,7 +181,28 @@ class PipelineRunner:
                 raise KeyError(f"stage {name!r} is external: its own process runs it")
         self.restart = restart or spec.restart
         rng = rng or random.Random()
-        self.runs = {name: StageRun(name, restarts=Restarts(self.restart, rng)) for name in names}
+        self.runs: dict[str, StageRun] = {}
+        # Who runs each shard of a sharded stage (docs/semantics/pipeline.md §11.2).
+        self.leases: dict[str, ShardLeases] = {}
+        for name in names:
+            stage_spec = spec.stages[name]
+            if not stage_spec.sharded:
+                self.runs[name] = StageRun(name, restarts=Restarts(self.restart, rng))
+                continue
+            if instance is not None and not 0 <= instance < stage_spec.instances:
+                raise KeyError(f"stage {name!r} has instances 0 to {stage_spec.instances - 1}, "
+                               f"not {instance}")  # fmt: skip
+            home = range(stage_spec.instances) if instance is None else [instance]
+            owner = f"{name}[{'*' if instance is None else instance}]/{uuid.uuid4().hex[:12]}"
+            self.leases[name] = ShardLeases(self.store, name, stage_spec.instances, owner=owner,
+                                            home=home, clock=self.clock,
+                                            lease_ms=int(stage_spec.lease_s * 1000))  # fmt: skip
+            for k, key in enumerate(stage_spec.state_keys()):
+                self.runs[key] = StageRun(key, stage_name=name, shard=k,
+                                          restarts=Restarts(self.restart, rng))  # fmt: skip
+        if instance is not None and not self.leases:
+            raise KeyError(f"an instance number is for a stage with instances > 1; none of "
+                           f"{', '.join(names)} has")  # fmt: skip
         for run in self.runs.values():
             # The counters go on from the stage's last report: a restarted process (or a
             # rerun on the same store) does not reset them (docs/pipeline.md, "Running it").
@@ -155,6 +211,11 @@ class PipelineRunner:
                 run.report = msgspec.structs.replace(earlier, done=False)
         self.report_interval_s = report_interval_s
         self.reports = ReportPublisher(self.store)
+        self.report_to = report_to or spec.report_to
+        self.reporter = (
+            Client(self.report_to, timeout=5.0, connect_timeout=1.0, token=token)
+            if self.report_to is not None else None
+        )  # fmt: skip
         self._ended = threading.Condition()  # a stage finished or failed
         self._progress = threading.Condition()  # a stage stepped
         self._failed_over = False
@@ -164,18 +225,16 @@ class PipelineRunner:
 
     # --- the loop ---------------------------------------------------------------------
     def _upstream_done(self, stage: Stage) -> bool:
-        if stage.input is None:
+        edge = self.spec.stages[stage.name].input
+        if edge is None:
             return True
-        producers = [s.name for s in self.spec.stages.values() if stage.input.name in s.outputs]
-        reports = [load_report(self.store, p) for p in producers]
+        reports = [load_report(self.store, p) for p in self.spec.producer_keys(edge)]
         return all(r is not None and r.done for r in reports)
 
     def _fold(self, run: StageRun, stage: Stage) -> None:
         """Add a stage instance's counters to the run's totals (at a restart or the end)."""
         r = run.report
-        for edge in (stage.input, *stage.outputs):
-            if edge is None:
-                continue
+        for edge in physical_edges(stage):
             s = edge.stats
             r.relocations += s.relocations
             r.rebinds += s.rebinds
@@ -261,6 +320,45 @@ class PipelineRunner:
         if failed is not None:
             self._stop.set()
 
+    def _shard_turn(self, run: StageRun) -> bool | None:
+        """Whether this runner may step shard ``run`` now: True while it holds the
+        shard's lease; False (after a short wait) while another instance does; None once
+        the shard is done, by whichever instance ran it (docs/semantics/pipeline.md §11.2)."""
+        assert run.shard is not None
+        if self.leases[run.stage_name].owns(run.shard):
+            if not run.holding:
+                run.holding = True
+                # taken up: the counters go on from the report of whoever ran it before
+                earlier = load_report(self.store, run.name)
+                if earlier is not None:
+                    run.report = msgspec.structs.replace(earlier, done=False)
+            return True
+        if run.holding:
+            # Taken over: the instance is dropped, not restarted. Its report is not
+            # published: the new holder's counters go on from the last one.
+            run.holding = False
+            if run.stage is not None:
+                self._fold(run, run.stage)
+                run.stage = None
+        report = load_report(self.store, run.name)
+        if report is not None and report.done:
+            return None
+        self._stop.wait(0.1)
+        return False
+
+    def _hold_leases(self) -> None:
+        """Renew the shards this runner holds and take over those nobody renews."""
+        if not self.leases:
+            return
+        interval_s = min(lease.lease_ms for lease in self.leases.values()) / 4000
+        while not self._stop.is_set():
+            for lease in self.leases.values():
+                try:
+                    lease.tick()
+                except ObjectStoreError as error:  # out past its budget: next round
+                    log.warning("shards of %s: the store: %s", lease.stage, error)
+            self._stop.wait(interval_s)
+
     def _run_stage(self, run: StageRun) -> None:
         try:
             self._steps(run)
@@ -275,9 +373,16 @@ class PipelineRunner:
         last_unacked = -1  # a source's unacknowledged records after its last idle step
         while not self._stop.is_set():
             try:
+                if run.shard is not None:
+                    turn = self._shard_turn(run)
+                    if turn is None:
+                        self._end(run)
+                        return
+                    if not turn:
+                        continue
                 if run.stage is None:
-                    run.stage = build_stage(self.spec, run.name, self.store, self.clock,
-                                            self.identity, run.poison)  # fmt: skip
+                    run.stage = build_stage(self.spec, run.stage_name, self.store, self.clock,
+                                            self.identity, run.poison, run.shard)  # fmt: skip
                     run.stage.start()
                 stage = run.stage
                 wait_ms = idle_wait_ms(idle_steps) if stage.input is not None else 0
@@ -292,6 +397,12 @@ class PipelineRunner:
                 assert run.restarts is not None
                 run.restarts.succeeded()
             except StageFenced as error:
+                if run.shard is not None:
+                    # another instance took the shard over and runs it now
+                    # (docs/semantics/pipeline.md §11.2)
+                    log.warning("stage %s: %s; the shard is another instance's", run.name, error)
+                    self.leases[run.stage_name].lose(run.shard)
+                    continue
                 # Another instance of this stage claimed it: it runs the stage now.
                 log.error("stage %s: %s; this instance stops", run.name, error)
                 self._end(run, f"stage {run.name!r} is superseded: {error}")
@@ -342,7 +453,8 @@ class PipelineRunner:
                 # Everything produced: wait for the acknowledgements without spinning,
                 # woken by any step of this process's stages; a newly acknowledged
                 # record makes the next wait short again.
-                unacked = sum(len(out.unacked) for out in stage.outputs)
+                unacked = sum(out.unacked if isinstance(out, ShardedEdge) else len(out.unacked)
+                              for out in stage.outputs)  # fmt: skip
                 if unacked != last_unacked:
                     idle_steps, last_unacked = 1, unacked
                 with self._progress:
@@ -350,7 +462,7 @@ class PipelineRunner:
                         self._progress.wait(idle_wait_ms(idle_steps - 1) / 1000)
 
     def _watch_generations(self) -> None:
-        readers = [HandoffReader(self.store.inner, e) for e in self.spec.edges]
+        readers = [HandoffReader(self.store.inner, p.name) for p in self.spec.all_parts()]
         while not self._stop.wait(0.2):
             try:
                 moved = any((loc := r.current()) is not None and loc.generation > 1
@@ -361,8 +473,27 @@ class PipelineRunner:
                 self._failed_over = True
                 return
 
+    def report_status(self) -> None:
+        """Send the pipeline's status to the ``report_to`` server, if any (best effort:
+        the console shows the last one, marked stale once they stop)."""
+        if self.reporter is None:
+            return
+        interval_ms = int(self.spec.report_every_s * 1000)
+        try:
+            self.reporter.report_pipeline(pipeline_status(self.spec, self.store.inner,
+                                                   interval_ms=interval_ms))  # fmt: skip
+        except (ObjectStoreError, TransportError, ApiError) as error:
+            log.warning("pipeline %s: its status report: %s", self.spec.name, error)
+
+    def _report_statuses(self) -> None:
+        while not self._stop.wait(self.spec.report_every_s):
+            self.report_status()
+
     def start(self) -> list[threading.Thread]:
-        threads = [threading.Thread(target=self._watch_generations, daemon=True)]
+        threads = [threading.Thread(target=self._watch_generations, daemon=True),
+                   threading.Thread(target=self._hold_leases, daemon=True)]  # fmt: skip
+        if self.reporter is not None:
+            threads.append(threading.Thread(target=self._report_statuses, daemon=True))
         threads += [
             threading.Thread(
                 target=self._run_stage, args=(run,), name=f"stage-{run.name}", daemon=True
@@ -429,35 +560,6 @@ class LatencyHistogram:
                 family.add_metric([phase], list(zip(bounds, total, strict=True)),
                                   sum_value=self._sums_ms[phase] / 1000)  # fmt: skip
         return family
-
-
-@dataclass(frozen=True)
-class EdgeStatus:
-    edge: str
-    locator: QueueLocator | None
-
-
-def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
-    return [EdgeStatus(e, HandoffReader(store, e).current()) for e in spec.edges]
-
-
-def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> int | None:
-    """Records on the edge's current placement its consumer has not acknowledged: the
-    topic's head past the consumer's checkpointed input position (or past the
-    placement's start when that is of another generation); None when the edge is not
-    placed or its server does not answer within a second."""
-    loc = status.locator
-    if loc is None:
-        return None
-    state = StageStateStore(store).load(spec.consumers[status.edge])
-    acked = state.input if state is not None else None
-    done = acked.seq if acked is not None and acked.generation == loc.generation else loc.start_seq
-    try:
-        with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
-            head = client.get_topic(loc.topic, touch=False).head_seq
-    except (TransportError, ApiError):
-        return None
-    return max(0, head - done)
 
 
 class PipelineCollector(Collector):

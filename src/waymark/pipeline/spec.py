@@ -26,6 +26,7 @@ from msgspec import Meta
 
 from waymark.pipeline.identity import NAME_PATTERN
 from waymark.pipeline.restart import RestartPolicy
+from waymark.pipeline.shard import MAX_INSTANCES, part_name
 from waymark.protocol.limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
 
@@ -64,6 +65,8 @@ class _Pipeline(msgspec.Struct, forbid_unknown_fields=True):
     dead_letter: _Sink | None = None
     checkpoint_interval_ms: Annotated[int, Meta(ge=0, le=3_600_000)] = 200
     store_budget_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
+    report_to: Url | None = None  # a server the status goes to, for its console
+    report_every_s: Annotated[float, Meta(ge=0.1, le=3600)] = 2.0
 
 
 class _Edge(msgspec.Struct, forbid_unknown_fields=True):
@@ -81,6 +84,9 @@ class _Stage(msgspec.Struct, forbid_unknown_fields=True):
     events: Annotated[int, Meta(ge=0)] | None = None
     batch: Batch = 500
     external: bool = False
+    # Instances, each owning a shard of the key space (docs/pipeline.md, "Sharded stages").
+    instances: Annotated[int, Meta(ge=1, le=MAX_INSTANCES)] = 1
+    lease_s: Annotated[float, Meta(ge=0.2, le=3600)] = 3.0
 
 
 class _File(msgspec.Struct, forbid_unknown_fields=True):
@@ -161,6 +167,19 @@ class StageSpec:
     events: int | None = None
     batch: int = 500
     external: bool = False  # run outside the runner, e.g. a Spark query (docs/spark.md)
+    instances: int = 1  # each owns a shard of the key space (docs/pipeline.md)
+    lease_s: float = 3.0  # a shard whose owner did not renew this long is taken over
+
+    @property
+    def sharded(self) -> bool:
+        return self.instances > 1
+
+    def state_keys(self) -> list[str]:
+        """Where the stage keeps its state and report: its name, or one per shard
+        (``<stage>.<k>``, docs/semantics/pipeline.md §11)."""
+        if not self.sharded:
+            return [self.name]
+        return [part_name(self.name, k) for k in range(self.instances)]
 
     @property
     def output(self) -> str | None:
@@ -194,6 +213,18 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class EdgePart:
+    """An edge as placed: ``name`` (``<edge>`` or, for a sharded consumer,
+    ``<edge>.<k>``) has its own handoff record and topic; ``consumer`` is the state
+    key of the stage or shard reading it."""
+
+    name: str
+    edge: str
+    consumer: str
+    shard: int | None
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     handoff: str
@@ -205,6 +236,25 @@ class PipelineSpec:
     dead_letter: SinkSpec | None = None  # where poison events go (docs/pipeline.md)
     checkpoint_interval_ms: int = 200  # a busy stage saves its state at most this often
     store_budget_s: float = 60.0  # how long one store call waits out an outage
+    report_to: str | None = None  # where the runner sends the status (docs/console.md)
+    report_every_s: float = 2.0
+
+    def parts(self, edge: str) -> list[EdgePart]:
+        """The edges ``edge`` is made of: itself, or one per shard of its consumer,
+        each read by that shard (docs/semantics/pipeline.md §11.1)."""
+        consumer = self.stages[self.consumers[edge]]
+        if not consumer.sharded:
+            return [EdgePart(edge, edge, consumer.name, None)]
+        return [EdgePart(part_name(edge, k), edge, part_name(consumer.name, k), k)
+                for k in range(consumer.instances)]  # fmt: skip
+
+    def all_parts(self) -> list[EdgePart]:
+        """Every edge as it is placed: the handoff records and topics there are."""
+        return [part for edge in self.edges for part in self.parts(edge)]
+
+    def producer_keys(self, edge: str) -> list[str]:
+        """The states and reports of every stage (or shard) writing ``edge``."""
+        return [key for s in self.stages.values() if edge in s.outputs for key in s.state_keys()]
 
     @classmethod
     def load(cls, path: Path) -> PipelineSpec:
@@ -251,6 +301,7 @@ class PipelineSpec:
                 outputs=(s.output,) if isinstance(s.output, str) else tuple(s.output or ()),
                 sink=SinkSpec(s.sink.url, s.sink.topic) if s.sink else None,
                 events=s.events, batch=s.batch, external=s.external,
+                instances=s.instances, lease_s=s.lease_s,
             )  # fmt: skip
             _check_stage(stage, edges)
             if stage.input is not None:
@@ -281,7 +332,8 @@ class PipelineSpec:
         dead = top.dead_letter
         return cls(top.name, top.handoff, edges, stages, top.metrics_port, consumers, restart,
                    SinkSpec(dead.url, dead.topic) if dead else None,
-                   top.checkpoint_interval_ms, top.store_budget_s)  # fmt: skip
+                   top.checkpoint_interval_ms, top.store_budget_s, top.report_to,
+                   top.report_every_s)  # fmt: skip
 
 
 def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
@@ -299,6 +351,10 @@ def _check_stage(stage: StageSpec, edges: dict[str, EdgeSpec]) -> None:
         if (not stage.outputs) == (stage.sink is None):
             raise SpecError(f"{where}: give output = EDGE (or a list of edges) or a sink "
                             "(one of them)")  # fmt: skip
+    if stage.sharded and (stage.input is None or stage.external):
+        # A source's events are numbered, not keyed: shard what reads an edge.
+        raise SpecError(f"{where}: instances = {stage.instances} needs input = EDGE "
+                        "(a source or an external stage runs as one instance)")  # fmt: skip
     if len(set(stage.outputs)) < len(stage.outputs):
         raise SpecError(f"{where}: output names an edge twice")
     for key, edge in (("input", stage.input), *(("output", o) for o in stage.outputs)):

@@ -19,12 +19,14 @@ from waymark.pipeline.batch import EVENT, InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.identity import PipelineIdentity, identity_of
+from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
 
 SourceFn = Callable[[int], Any]
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 StageFn = Callable[[Any], Iterable[Any]]
+Output = RelocatableQueueEdge | ShardedEdge  # an edge, or one read by a sharded stage
 
 
 def output_event(event: str, stage: str, k: int) -> str:
@@ -136,7 +138,7 @@ class Stage:
         *,
         states: StageStateStore,
         input: RelocatableQueueEdge | None = None,  # noqa: A002 -- the pipeline file's word
-        output: RelocatableQueueEdge | Sequence[RelocatableQueueEdge] | None = None,
+        output: Output | Sequence[Output] | None = None,
         sink: Sink | None = None,
         events: int | None = None,
         batch: int = 500,
@@ -146,13 +148,20 @@ class Stage:
         poison: dict[bytes, tuple[int, str]] | None = None,
         checkpoint_interval_ms: int = 0,
         behind: WriteBehind | None = None,
+        key: str | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
-        outputs = [output] if isinstance(output, RelocatableQueueEdge) else list(output or ())
+        outputs: list[Output] = (
+            [output] if isinstance(output, (RelocatableQueueEdge, ShardedEdge))
+            else list(output or ())
+        )  # fmt: skip
         if (not outputs) == (sink is None):
             raise ValueError(f"stage {name!r}: give output edges or a sink")
         self.name = name
+        # Where its state is kept: the name, or ``<stage>.<k>`` for shard k
+        # (docs/semantics/pipeline.md §11).
+        self.key = key or name
         self.function = function
         self.states = states
         self.input = input
@@ -175,8 +184,8 @@ class Stage:
         self._durable: Position | None = None  # an input position whose save landed
         self._landed_ms: list[int] = []  # latencies of the sink write that landed
         self.stats = StageStats()
-        self.instance = f"{name}/{uuid.uuid4().hex[:12]}"
-        self.state = CheckpointedStageState(stage=name)
+        self.instance = f"{self.key}/{uuid.uuid4().hex[:12]}"
+        self.state = CheckpointedStageState(stage=self.key)
         self.next_event = 0
 
     def start(self) -> None:
@@ -184,7 +193,7 @@ class Stage:
         # Claiming the state fences every earlier instance of this stage: a zombie of a
         # restart or a second process can no longer save (docs/semantics/pipeline.md §4.4).
         fresh = CheckpointedStageState(
-            stage=self.name,
+            stage=self.key,
             input_edge=self.input.name if self.input else None,
             output_edge=self.output.name if self.output else None,
         )

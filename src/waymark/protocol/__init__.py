@@ -17,6 +17,7 @@ client) never loads the engine. One module per concept:
 ``writers``    the exactly-once sink's open/stage/publish bodies
 ``changes``    change checkpoints (KeyChange, Checkpoint, CheckpointPage)
 ``reports``    fold and recovery client status reports and what the server serves back
+``pipelines``  a pipeline's status (``waymark pipeline status --json``, the console's)
 ``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
@@ -39,6 +40,16 @@ from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
 from .errors import Error, ErrorBody, ErrorCode
 from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
 from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
+from .pipelines import (
+    PipelineEdge,
+    PipelineList,
+    PipelinePlacement,
+    PipelineReport,
+    PipelineShard,
+    PipelineStage,
+    PipelineStatus,
+    StageReport,
+)
 from .queues import (
     AckBody,
     AckResponse,
@@ -148,6 +159,13 @@ __all__ = [
     "OpenWriterResponse",
     "PageColumn",
     "PageInfo",
+    "PipelineEdge",
+    "PipelineList",
+    "PipelinePlacement",
+    "PipelineReport",
+    "PipelineShard",
+    "PipelineStage",
+    "PipelineStatus",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",
@@ -165,6 +183,7 @@ __all__ = [
     "RouterOut",
     "RouterPut",
     "ScopeKind",
+    "StageReport",
     "StageRequest",
     "StageResponse",
     "StagedPart",

@@ -17,6 +17,7 @@ from msgspec import Struct
 from .changes import CheckpointPage
 from .limits import DEFAULT_TOPIC_PAGE, MAX_BATCH, MAX_TOPIC_PAGE
 from .pages import ARROW_STREAM
+from .pipelines import PipelineList, PipelineReport, PipelineStatus
 from .queues import (
     AckBody,
     AckResponse,
@@ -271,6 +272,20 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("DELETE", "/v0/recovery/clients/{client}", "forgetRecoveryClient",
              "Forget a recovery client taken out of service; it is listed again if it "
              "reports again", response=RecoveryClient, errors=(404,), scope=ScopeKind.ADMIN),
+    Endpoint("POST", "/v0/pipelines", "reportPipeline",
+             "A pipeline's status (docs/pipeline.md); the server keeps the newest per "
+             "pipeline run", request=PipelineReport, response=PipelineStatus, errors=(400,),
+             scope=ScopeKind.WRITE),
+    Endpoint("GET", "/v0/pipelines", "listPipelines",
+             "Every pipeline run's newest status: topology, edges with generation and lag, "
+             "stages, shard holders, placements; stale when its runners stopped reporting",
+             response=PipelineList, errors=(), scope=ScopeKind.READ),
+    Endpoint("DELETE", "/v0/pipelines/{pipeline}", "forgetPipeline",
+             "Forget a pipeline's runs (all, or those named by `run`); a run that reports "
+             "again is listed again", response=PipelineList, errors=(404,),
+             query=(QueryParam("run", {"type": "array", "items": {"type": "string"}},
+                               "only these runs"),),
+             scope=ScopeKind.ADMIN),
     # --- the server itself
     Endpoint("GET", "/v0/openapi.json", "openapi", "This document", errors=(),
              stream=("application/json", "OpenAPI 3.1"), scope=ScopeKind.OPEN),

@@ -20,10 +20,11 @@ class Binding(msgspec.Struct, frozen=True):
 
     instance: str
     topics: list[str] | None = None
-    # What this filter may pass of the topics it leaves out (docs/semantics/recovery.md
-    # §3.4): every checkpoint above ``since`` (the receipts' end when a filter first took
-    # effect) and the ``unreceipted`` ranges below it, the holes of the receipts then. A
-    # later filter that adds topics reports what of these the receipts now hold as lost.
+    # What this filter may pass of the topics it leaves out: every checkpoint above
+    # ``since`` (the receipts' end when a filter first took effect) and the
+    # ``unreceipted`` ranges below it, the holes of the receipts then. A later filter
+    # that adds topics reports what of these the receipts now hold as lost
+    # (docs/semantics/recovery.md §3.4).
     since: int = 0
     unreceipted: list[tuple[int, int]] = msgspec.field(default_factory=list)
 

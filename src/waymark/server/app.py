@@ -128,7 +128,7 @@ class App:
         if checkpoint_interval_s > 0:
             self.engine.track_changes(int(recovery_window_s * 1000))
         changes = ChangesApi(self.engine, self.notifier, self.metrics, settings.heartbeat_s)
-        reports = ReportsApi(self.engine, self.limits)  # folds and recovery clients
+        reports = ReportsApi(self.engine, self.limits)  # folds, recovery clients, pipelines
         self.metrics.collectors.append(reports.collect)
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
@@ -165,6 +165,9 @@ class App:
             "listRecoveryClients": reports.list_recovery_clients,
             "forgetFold": reports.forget_fold,
             "forgetRecoveryClient": reports.forget_recovery_client,
+            "reportPipeline": reports.report_pipeline,
+            "listPipelines": reports.list_pipelines,
+            "forgetPipeline": reports.forget_pipeline,
             "openapi": self._openapi_json,
             "metrics": self._metrics,
         }

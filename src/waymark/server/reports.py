@@ -1,4 +1,5 @@
-"""Status reports of folds and recovery clients (docs/reports.md).
+"""Status reports of folds, recovery clients and pipelines (docs/reports.md,
+docs/pipeline.md).
 
 The server keeps the newest report of each reporter in memory and in an internal
 ``disk`` log, one record per report tagged with the reporter: after each report the
@@ -21,6 +22,9 @@ from ..protocol import (
     FoldList,
     FoldReport,
     FoldStatus,
+    PipelineList,
+    PipelineReport,
+    PipelineStatus,
     RecordIn,
     RecoveryClient,
     RecoveryClientList,
@@ -31,8 +35,9 @@ from .http import BodyDecoder, Request, Response
 
 FOLDS_TOPIC = "waymark$folds"
 RECOVERY_TOPIC = "waymark$recovery"
+PIPELINES_TOPIC = "waymark$pipelines"
 
-R = TypeVar("R", FoldReport, RecoveryReport)
+R = TypeVar("R", FoldReport, RecoveryReport, PipelineReport)
 _encode = msgspec.json.encode
 
 
@@ -69,9 +74,11 @@ class Kept(Generic[R]):
                 break
 
     @staticmethod
-    def tag(report: FoldReport | RecoveryReport) -> str:
+    def tag(report: FoldReport | RecoveryReport | PipelineReport) -> str:
         if isinstance(report, FoldReport):
             return f"{report.fold}/{report.node}"
+        if isinstance(report, PipelineReport):
+            return f"{report.pipeline}/{report.run or ''}"
         return report.client
 
     def store(self, report: R) -> _Kept[R]:
@@ -132,6 +139,11 @@ def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
                       stale, r.role, r.lease_holder, r.restore)  # fmt: skip
 
 
+def pipeline_status(kept: _Kept[PipelineReport], now: int) -> PipelineStatus:
+    age, stale = _age(kept, now)
+    return PipelineStatus(kept.report, kept.reported_ms, age, stale)
+
+
 class ReportsApi:
     def __init__(self, engine: Engine, limits: Limits) -> None:
         self.engine = engine
@@ -140,6 +152,8 @@ class ReportsApi:
         self.clients = Kept(engine, RECOVERY_TOPIC, RecoveryReport)
         self._fold = BodyDecoder(FoldReport)
         self._client = BodyDecoder(RecoveryReport)
+        self.pipelines = Kept(engine, PIPELINES_TOPIC, PipelineReport)
+        self._pipeline = BodyDecoder(PipelineReport)
 
     # --- folds ----------------------------------------------------------------------
     async def report_fold(self, request: Request) -> Response:
@@ -215,6 +229,30 @@ class ReportsApi:
         now, newest = self.engine.clock.now_ms(), self.newest_checkpoint()
         (gone,) = await self.clients.forget([client])
         return Response(_encode(self.client_status(gone, now, newest)))
+
+    # --- pipelines (docs/pipeline.md) ---------------------------------------------------
+    async def report_pipeline(self, request: Request) -> Response:
+        report = self._pipeline.decode(await request.body(self.max_body))
+        kept = await self.pipelines.keep(report)
+        return Response(_encode(pipeline_status(kept, self.engine.clock.now_ms())))
+
+    async def list_pipelines(self, request: Request) -> Response:
+        now = self.engine.clock.now_ms()
+        found = [pipeline_status(k, now) for _, k in sorted(self.pipelines.latest.items())]
+        return Response(_encode(PipelineList(found)))
+
+    async def forget_pipeline(self, request: Request) -> Response:
+        name, runs = request.params["pipeline"], request.query.get("run")
+        tags = [
+            self.pipelines.tag(k.report) for k in self.pipelines.latest.values()
+            if k.report.pipeline == name and (runs is None or k.report.run in runs)
+        ]  # fmt: skip
+        if not tags:
+            raise TopicError(ErrorCode.NOT_FOUND, "no such pipeline run has reported",
+                             {"pipeline": name, "run": runs})  # fmt: skip
+        now = self.engine.clock.now_ms()
+        gone = await self.pipelines.forget(sorted(tags))
+        return Response(_encode(PipelineList([pipeline_status(k, now) for k in gone])))
 
     # --- /metrics ---------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:

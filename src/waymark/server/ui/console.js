@@ -3,6 +3,7 @@
 import { setToken, token, whoami } from "./api.js";
 import { h } from "./dom.js";
 import { foldsPage } from "./folds.js";
+import { pipelinesPage } from "./pipelines.js";
 import { queuesPage } from "./queues.js";
 import { recoveryPage } from "./recovery.js";
 import { routersPage } from "./routers.js";
@@ -55,7 +56,7 @@ async function show() {
     ? `${identity.name ?? "token"}: ${identity.scopes.join(" ")}` : "auth off";
   const context = { name, identity, signal: abort.signal, every: poller(abort.signal) };
   const pages = { topics: topicsPage, topic: topicPage, queues: queuesPage, routers: routersPage, writers: writersPage,
-    folds: foldsPage, recovery: recoveryPage };
+    folds: foldsPage, recovery: recoveryPage, pipelines: pipelinesPage };
   const render = pages[page] || topicsPage;
   try {
     await render(view, context);

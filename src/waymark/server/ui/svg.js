@@ -41,7 +41,7 @@ export function chart(samples, { title, unit = "", spanMs = 5 * 60_000, width = 
 }
 
 // Columns by depth from the sources (a cycle stops where it closes), rows in name order.
-function layout(names, edges) {
+export function layout(names, edges) {
   const depth = new Map(names.map((n) => [n, 0]));
   for (let round = 0; round < names.length; round += 1) {
     let changed = false;

@@ -1,0 +1,107 @@
+"""A pipeline's status (docs/pipeline.md, "Running it"): what ``waymark pipeline status
+--json`` prints, what a runner started with ``report_to`` sends the server every few
+seconds (``POST /v0/pipelines``), and what the console's Pipelines page draws
+(docs/console.md). Like the fold and recovery client reports (docs/reports.md), it
+is a statement of the runner about the pipeline, kept newest per pipeline run.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .limits import NonNegative
+from .reports import IntervalMs, ReporterName
+
+Name = Annotated[str, Meta(min_length=1, max_length=255)]
+
+
+class StageReport(Struct, kw_only=True):
+    """One stage's counters (or one shard's, ``<stage>.<k>``), kept across restarts in
+    the handoff store (``stages/<key>/report.json``)."""
+
+    stage: str
+    processed: int = 0
+    relocations: int = 0
+    rebinds: int = 0
+    fenced: int = 0
+    replayed: int = 0
+    stale_dropped: int = 0
+    disconnects: int = 0
+    restarts: int = 0
+    dead_lettered: int = 0  # poison events sent to the dead-letter topic
+    last_error: str = ""  # why the stage last restarted (or stopped)
+    recover_s: list[float] = msgspec.field(default_factory=list)
+    latency_before_ms: list[int] = msgspec.field(default_factory=list)  # at a sink, sampled
+    latency_after_ms: list[int] = msgspec.field(default_factory=list)
+    done: bool = False
+    updated_ms: int = 0
+
+
+class PipelineEdge(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """An edge as placed (``<edge>``, or ``<edge>.<k>`` for the part shard k reads)."""
+
+    edge: Name  # the edge the pipeline file declares
+    generation: NonNegative  # 0: not placed yet
+    server: Name | None
+    topic: Name | None
+    consumer: Name  # the stage (or shard) reading it
+    lag: NonNegative | None  # seqs past the consumer's checkpoint; None: server silent
+
+
+class PipelineStage(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A stage of the pipeline file: the graph's node."""
+
+    input: Name | None = None
+    outputs: list[Name] = msgspec.field(default_factory=list)
+    sink: Name | None = None  # the sink topic
+    events: NonNegative | None = None  # a source's
+    instances: Annotated[int, Meta(ge=1)] = 1
+    external: bool = False
+
+
+class PipelineShard(Struct, forbid_unknown_fields=True, frozen=True):
+    """Who holds a shard's lease, and its epoch (docs/semantics/pipeline.md §11.2)."""
+
+    owner: Name
+    epoch: Annotated[int, Meta(ge=1)]
+
+
+class PipelinePlacement(Struct, forbid_unknown_fields=True, frozen=True):
+    """One placement of an edge, from its handoff record: the last ones an edge had,
+    oldest first, so a move shows when it happened and where to."""
+
+    edge: Name  # as placed
+    generation: Annotated[int, Meta(ge=1)]
+    server: Name
+    placed_ms: NonNegative  # the publishing producer's clock; 0: not recorded
+
+
+class PipelineReport(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``POST /v0/pipelines``: a pipeline's status as its handoff store says it."""
+
+    pipeline: ReporterName
+    run: ReporterName | None  # the handoff store's id (docs/semantics/pipeline.md §8)
+    stages: dict[str, StageReport | None]  # by state key: a stage, or <stage>.<k>
+    edges: dict[str, PipelineEdge]  # by the name as placed
+    shards: dict[str, PipelineShard | None]  # <stage>.<k> of each sharded stage
+    topology: dict[str, PipelineStage]  # by stage name, as the file declares them
+    placements: list[PipelinePlacement] = msgspec.field(default_factory=list)
+    interval_ms: IntervalMs = 5000
+
+
+class PipelineStatus(Struct, frozen=True):
+    """A pipeline run's newest report, as the server keeps it."""
+
+    report: PipelineReport
+    reported_ms: int  # when the server received it (the server's clock)
+    age_ms: int
+    stale: bool  # no report for STALE_INTERVALS intervals: the runners may be gone
+
+
+class PipelineList(Struct, frozen=True):
+    """``GET /v0/pipelines``: every pipeline run that reported, by name then run."""
+
+    pipelines: list[PipelineStatus]

@@ -1,0 +1,196 @@
+"""A stage with three instances, each a ``waymark pipeline run --stage deliver
+--instance i`` process owning a shard of the key space: the one holding shard 1 is
+SIGKILLed mid-run, a live instance takes the shard over, and the sink holds every
+event exactly once (docs/semantics/pipeline.md §11)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tests.conftest import ServerProcess
+from tests.pipeline.test_processes import WAYMARK, sink_events
+
+from waymark.client import Client
+from waymark.objstore import open_store
+from waymark.pipeline.runner import PipelineRunner
+from waymark.pipeline.shard import read_lease, shard_of
+from waymark.pipeline.spec import PipelineSpec, SpecError
+
+EVENTS = 3000
+
+
+def spec_text(
+    handoff: Path, edge_url: str, sink_url: str, instances: int = 3, events: int = EVENTS
+) -> str:
+    return f"""
+[pipeline]
+name = "shards"
+handoff = "{handoff.as_uri()}"
+
+[[edge]]
+name = "raw"
+candidates = ["{edge_url}"]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = {events}
+batch = 100
+output = "raw"
+
+[[stage]]
+name = "deliver"
+function = "waymark.pipeline.demo:deliver"
+input = "raw"
+instances = {instances}
+lease_s = 1.0
+batch = 50
+sink = {{ url = "{sink_url}", topic = "out" }}
+"""
+
+
+def launch(spec: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([WAYMARK, "pipeline", "run", str(spec), *args],
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def test_the_shard_of_an_event_is_its_ids_crc32_mod_n() -> None:
+    # stable across processes and documented (docs/semantics/pipeline.md §11.1)
+    for n in (1, 2, 3, 7):
+        for event in ("a", "shards.abc/produce:1", "x/transform:2"):
+            assert shard_of(event, n) == zlib.crc32(event.encode()) % n
+
+
+def test_instances_are_validated(tmp_path: Path) -> None:
+    text = spec_text(tmp_path / "h", "http://127.0.0.1:1", "http://127.0.0.1:2")
+    for bad, message in (
+        ("instances = 3", "instances = 0"),
+        ("instances = 3", "instances = 65"),
+        ("instances = 3", 'instances = "three"'),
+    ):
+        path = tmp_path / "bad.toml"
+        path.write_text(text.replace(bad, message))
+        with pytest.raises(SpecError, match=r"\[\[stage\]\] 'deliver': instances"):
+            PipelineSpec.load(path)
+    source = text.replace("events = 3000", "events = 3000\ninstances = 2")
+    path = tmp_path / "source.toml"
+    path.write_text(source)
+    with pytest.raises(SpecError, match="'produce': instances = 2 needs input = EDGE"):
+        PipelineSpec.load(path)
+    path = tmp_path / "good.toml"
+    path.write_text(text)
+    spec = PipelineSpec.load(path)
+    assert list(PipelineRunner(spec, ["deliver"], instance=2).runs) == [
+        "deliver.0", "deliver.1", "deliver.2"]  # fmt: skip
+    with pytest.raises(KeyError, match="instances 0 to 2, not 3"):
+        PipelineRunner(spec, ["deliver"], instance=3)
+    with pytest.raises(KeyError, match="none of produce has"):
+        PipelineRunner(spec, ["produce"], instance=1)
+
+
+@pytest.mark.slow
+def test_sigkill_of_an_instance_hands_its_shard_to_a_live_one_exactly_once(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    edge, sink = start_waymark(), start_waymark()
+    handoff = tmp_path / "handoff"
+    spec = tmp_path / "pipeline.toml"
+    spec.write_text(spec_text(handoff, edge.url, sink.url))
+    log = tmp_path / "stages.log"
+    instances = {i: launch(spec, log, "--stage", "deliver", "--instance", str(i)) for i in range(3)}
+    producer = launch(spec, log, "--stage", "produce")
+    procs = [producer, *instances.values()]
+    try:
+        store = open_store(handoff.as_uri())
+        deadline = time.monotonic() + 60
+        with Client(sink.url) as client:
+            while True:  # under load: every shard held, a quarter of the events through
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                leases = [read_lease(store, "deliver", k)[0] for k in range(3)]
+                try:
+                    through = client.get_topic("out").head_seq
+                except Exception:
+                    through = 0
+                if all(leases) and through >= EVENTS // 4:
+                    break
+                time.sleep(0.02)
+        holder = leases[1]
+        assert holder is not None
+        victim = int(holder.owner.split("[", 1)[1].split("]", 1)[0])
+        instances[victim].send_signal(signal.SIGKILL)
+        instances[victim].wait()
+        assert sink_events(sink.url, "out").total() < EVENTS, "killed after the end"
+        for i, proc in enumerate(procs):
+            if i - 1 != victim:
+                assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    seen = sink_events(sink.url, "out")
+    assert sorted(seen) == list(range(EVENTS)), "events lost"
+    assert max(seen.values()) == 1, "events duplicated"
+    status = json.loads(subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec), "--json"], capture_output=True, text=True,
+        check=True,
+    ).stdout)  # fmt: skip
+    taken = status["shards"]["deliver.1"]
+    assert taken["epoch"] == holder.epoch + 1, status["shards"]
+    assert f"[{victim}]" not in taken["owner"], status["shards"]
+    assert set(status["edges"]) == {"raw.0", "raw.1", "raw.2"}
+    assert status["edges"]["raw.1"]["consumer"] == "deliver.1"
+    assert all(status["stages"][f"deliver.{k}"]["done"] for k in range(3))
+    table = subprocess.run(
+        [WAYMARK, "pipeline", "status", str(spec)], capture_output=True, text=True, check=True,
+        env={**os.environ, "COLUMNS": "250"},
+    ).stdout  # fmt: skip
+    row = next(line for line in table.splitlines() if "deliver.1 (" in line)
+    assert f"epoch {taken['epoch']})" in row and "done" in row, table
+
+
+def test_a_sharded_transform_feeds_one_sink_stage_every_event_once(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # The sink stage waits for every shard of its producer to be done, and reads
+    # what the shards write to one edge (docs/semantics/pipeline.md §11.1).
+    edge, sink = start_waymark(), start_waymark()
+    text = spec_text(tmp_path / "handoff", edge.url, sink.url, instances=2, events=600)
+    text = text.replace('''name = "deliver"''', '''name = "transform"''').replace(
+        f'''sink = {{ url = "{sink.url}", topic = "out" }}''',
+        '''output = "enriched"''',
+    )
+    text += f"""
+[[edge]]
+name = "enriched"
+candidates = ["{edge.url}"]
+
+[[stage]]
+name = "deliver"
+function = "waymark.pipeline.demo:deliver"
+input = "enriched"
+sink = {{ url = "{sink.url}", topic = "out" }}
+"""
+    path = tmp_path / "transform.toml"
+    path.write_text(text)
+    spec = PipelineSpec.load(path)
+    assert spec.producer_keys("enriched") == ["transform.0", "transform.1"]
+    runner = PipelineRunner(spec)
+    runner.start()
+    try:
+        assert runner.wait(90), runner.failure()
+    finally:
+        runner.stop()
+    seen = sink_events(sink.url, "out")
+    assert sorted(seen) == list(range(600)), "events lost"
+    assert max(seen.values()) == 1, "events duplicated"

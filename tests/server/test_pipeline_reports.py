@@ -1,0 +1,106 @@
+"""Pipeline status reports (docs/pipeline.md, "Running it"; docs/reports.md): report and
+read back through the shipped client, the newest per pipeline run, staleness on the
+injected clock, forgetting, and refusals that store nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import msgspec
+import pytest
+
+from waymark.client import ApiError, AsyncClient
+from waymark.clock import ManualClock
+from waymark.protocol import (
+    PipelineEdge,
+    PipelinePlacement,
+    PipelineReport,
+    PipelineShard,
+    PipelineStage,
+    StageReport,
+)
+from waymark.protocol.reports import STALE_INTERVALS
+from waymark.server import App
+from waymark.server.reports import PIPELINES_TOPIC
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def report(run: str = "3f9c0a1b2d4e", processed: int = 10, **kw: object) -> PipelineReport:
+    edge = PipelineEdge(edge="raw", generation=2, server="http://b:8080",
+                        topic=f"edge.clicks.{run}.raw.0", consumer="deliver.0", lag=3)  # fmt: skip
+    return PipelineReport(
+        pipeline="clicks", run=run,
+        stages={"produce": StageReport(stage="produce", processed=processed), "deliver.0": None},
+        edges={"raw.0": edge}, shards={"deliver.0": PipelineShard("deliver[0]/ab", 2)},
+        topology={"produce": PipelineStage(outputs=["raw"], events=100),
+                  "deliver": PipelineStage(input="raw", sink="out", instances=1)},
+        placements=[PipelinePlacement("raw.0", 1, "http://a:8080", 5),
+                    PipelinePlacement("raw.0", 2, "http://b:8080", 9)],
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def app(clock: ManualClock) -> App:
+    return App(clock=clock)
+
+
+@pytest.fixture
+async def client(app: App) -> AsyncIterator[AsyncClient]:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
+    async with http, AsyncClient("http://waymark", http=http) as client:
+        yield client
+
+
+async def test_a_pipeline_report_reads_back_newest_per_run(
+    app: App, client: AsyncClient, clock: ManualClock
+) -> None:
+    status = await client.report_pipeline(report(interval_ms=1000))
+    assert status.report == report(interval_ms=1000)
+    assert not status.stale
+    await client.report_pipeline(report(processed=20, interval_ms=1000))
+    await client.report_pipeline(report(run="000000000001"))
+    listed = await client.list_pipelines()
+    assert [(p.report.run, p.report.stages["produce"].processed) for p in listed] == [  # type: ignore[union-attr]
+        ("000000000001", 10), ("3f9c0a1b2d4e", 20)]  # fmt: skip
+    assert app.engine.get_topic(PIPELINES_TOPIC, touch=False).count == 2  # one per run
+    clock.advance(STALE_INTERVALS * 1000 + 1)
+    stale = {p.report.run: p.stale for p in await client.list_pipelines()}
+    assert stale == {"3f9c0a1b2d4e": True, "000000000001": False}  # its interval is 5 s
+    gone = await client.forget_pipeline("clicks", ["3f9c0a1b2d4e"])
+    assert [p.report.run for p in gone] == ["3f9c0a1b2d4e"]
+    assert [p.report.run for p in await client.forget_pipeline("clicks")] == ["000000000001"]
+    assert await client.list_pipelines() == []
+    with pytest.raises(ApiError) as refused:
+        await client.forget_pipeline("clicks")
+    assert (refused.value.status, refused.value.code) == (404, "not_found")
+
+
+BAD = {
+    "unknown field": {**msgspec.to_builtins(report()), "colour": "red"},
+    "no edges": {k: v for k, v in msgspec.to_builtins(report()).items() if k != "edges"},
+    "bad name": {**msgspec.to_builtins(report()), "pipeline": "no spaces"},
+    "interval too short": {**msgspec.to_builtins(report()), "interval_ms": 5},
+    "negative lag": {**msgspec.to_builtins(report()),
+                     "edges": {"raw": {**msgspec.to_builtins(report().edges["raw.0"]), "lag": -1}}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("body", BAD.values(), ids=BAD.keys())
+async def test_a_bad_pipeline_report_is_refused_and_stores_nothing(
+    app: App, client: AsyncClient, body: dict[str, object]
+) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
+    async with http:
+        answer = await http.post("/v0/pipelines", json=body)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert await client.list_pipelines() == []
+    assert app.engine.get_topic(PIPELINES_TOPIC, touch=False).count == 0
