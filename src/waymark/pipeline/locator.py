@@ -26,6 +26,8 @@ from waymark.objstore import (
 )
 from waymark.pipeline.fence import FenceEpoch
 
+from .errors import PipelineError
+
 
 class QueueLocator(msgspec.Struct, frozen=True, kw_only=True):
     """One placement of an edge: the server and topic holding it, its generation, the
@@ -44,7 +46,7 @@ class QueueLocator(msgspec.Struct, frozen=True, kw_only=True):
         return FenceEpoch(self.generation)
 
 
-class Fenced(Exception):
+class Fenced(PipelineError):
     """A publish lost: the handoff already names ``current`` (same or newer generation)."""
 
     def __init__(self, attempted: QueueLocator, current: QueueLocator) -> None:
@@ -56,7 +58,7 @@ class Fenced(Exception):
         self.current = current
 
 
-class HandoffRolledBack(Exception):
+class HandoffRolledBack(PipelineError):
     """The handoff record names an older generation than one already seen, or is gone
     (the store was restored or tampered with; docs/semantics/pipeline.md §2.3): a
     consumer that waited for a newer one would stall silently, so it stops instead."""

@@ -28,8 +28,10 @@ from waymark.pipeline.identity import NAME_PATTERN
 from waymark.pipeline.restart import RestartPolicy
 from waymark.protocol.limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
+from .errors import PipelineError
 
-class SpecError(ValueError):
+
+class SpecError(PipelineError, ValueError):
     """The pipeline file is not a valid pipeline."""
 
 

@@ -26,6 +26,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol.errors import WaymarkError
 from ..protocol.scopes import Grant
 
 PREFIX = "wmk"
@@ -48,7 +49,7 @@ class Token:
         return hmac.compare_digest(digest, self.sha256)
 
 
-class TokenFileError(ValueError):
+class TokenFileError(WaymarkError, ValueError):
     """The tokens file cannot be read, or holds an entry that is not a token."""
 
 

@@ -41,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
 from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicState
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
+from ..protocol.errors import WaymarkError
 from . import connect
 from .offsets import (
     EARLIEST,
@@ -65,7 +66,7 @@ DEFAULT_MAX_PER_PARTITION = 1_000_000
 PAGE = MAX_ARROW_DIFF_LIMIT  # the server's largest Arrow page
 
 
-class WaymarkDataLoss(RuntimeError):
+class WaymarkDataLoss(WaymarkError, RuntimeError):
     """Records below a batch's end were lost (cap, TTL, or a recreated topic)."""
 
     def __init__(
