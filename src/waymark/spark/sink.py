@@ -56,7 +56,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from ..client import Client, PublishResponse, StagedPart
-from . import connect
+from .connection import connect
 from .encoding import encode_batch, joined_values
 
 log = logging.getLogger("waymark.spark.sink")

@@ -42,7 +42,7 @@ from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicStat
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
 from ..protocol.errors import WaymarkError
-from . import connect
+from .connection import connect
 from .offsets import (
     EARLIEST,
     LATEST,
