@@ -15,10 +15,9 @@ from waymark.kv.artifact import (
     ExportInfo,
     ExportManifest,
     content_address,
-    import_and_open,
-    import_artifact,
     read_manifest,
 )
+from waymark.kv.artifact_import import import_and_open, import_artifact
 from waymark.kv.stores import append_log
 from waymark.kv.stores.append_log import AppendLogStore, _write_log
 from waymark.kv.stores.protocol import SnapshotStore

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from waymark.kv import ArtifactInvalid, KvUpdate, WatchCursor, artifact
-from waymark.kv.artifact import _fsync_files, _place, import_artifact
+from waymark.kv import ArtifactInvalid, KvUpdate, WatchCursor, artifact_import
+from waymark.kv.artifact import _fsync_files
+from waymark.kv.artifact_import import _place, import_artifact
 from waymark.kv.stores.append_log import AppendLogStore
 
 
@@ -51,7 +52,7 @@ def test_the_rename_waits_for_the_staged_files_sync(
         placed.set()
         _place(staged, dest)
 
-    monkeypatch.setattr(artifact, "_fsync_files", held_sync)
-    monkeypatch.setattr(artifact, "_place", place)
+    monkeypatch.setattr(artifact_import, "_fsync_files", held_sync)
+    monkeypatch.setattr(artifact_import, "_place", place)
     import_artifact(tmp_path / "art", f"append-log:{tmp_path / 'node' / 'fold.log'}")
     assert seen == [False] and placed.is_set()

@@ -55,7 +55,8 @@ from waymark.kv import (
     guards,
 )
 from waymark.kv import transport as transport_module
-from waymark.kv.artifact import ExportInfo, content_address, import_artifact
+from waymark.kv.artifact import ExportInfo, content_address
+from waymark.kv.artifact_import import import_artifact
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import stale_keys
 from waymark.kv.transport import (

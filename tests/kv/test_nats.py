@@ -35,8 +35,8 @@ from waymark.kv import (
     watch_applied,
 )
 from waymark.kv import bucket as bucket_module
-from waymark.kv.connection import timed
 from waymark.kv.consumer import OrderedFeed
+from waymark.kv.deadline import timed
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.protocol import SnapshotStore
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..protocol.errors import WaymarkError
 
-class CheckpointError(Exception):
+
+class CheckpointError(WaymarkError):
     """Base class for every checkpoint error."""
 
 

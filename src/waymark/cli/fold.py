@@ -219,7 +219,8 @@ async def _bootstrap(
         NothingPublished,
         ObjectStoreTransport,
     )
-    from waymark.kv.artifact import content_address, destination_is_empty
+    from waymark.kv.artifact import content_address
+    from waymark.kv.artifact_import import destination_is_empty
     from waymark.objstore import open_store as open_objstore
 
     assert replicas.bootstrap_from is not None
@@ -577,7 +578,7 @@ async def _forget_a_dead_buckets_fold(
 
     from rich.markup import escape
 
-    from waymark.kv.artifact import destination_is_empty
+    from waymark.kv.artifact_import import destination_is_empty
     from waymark.kv.leftovers import generation_path
 
     recorded_at = generation_path(store_path)
@@ -710,7 +711,7 @@ def restore(
 
     from waymark.cli.fold_progress import RestoreProgress
     from waymark.kv import ArtifactInvalid, ArtifactUnavailable, ObjectStoreTransport
-    from waymark.kv.artifact import destination_is_empty
+    from waymark.kv.artifact_import import destination_is_empty
     from waymark.objstore import open_store as open_objstore
 
     console = Console(stderr=True, soft_wrap=True)

@@ -25,6 +25,7 @@ from ..protocol import (
     Record,
     RecordIn,
     RedriveResponse,
+    Refusal,
     RouterFilter,
     RouterOut,
     StagedPart,
@@ -33,6 +34,7 @@ from ..protocol import (
     TombstoneReason,
     TopicState,
     TopicType,
+    WaymarkError,
 )
 from .aio import AsyncClient
 from .errors import ApiError, ConnectError, TransportError, TransportTimeout
@@ -64,6 +66,7 @@ __all__ = [
     "RecordEvent",
     "RecordIn",
     "RedriveResponse",
+    "Refusal",
     "RouterFilter",
     "RouterOut",
     "StageResponse",
@@ -77,4 +80,5 @@ __all__ = [
     "TransportError",
     "TransportTimeout",
     "WatchEvent",
+    "WaymarkError",
 ]

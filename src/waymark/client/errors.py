@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..protocol import Error, ErrorCode
+from ..protocol.errors import Refusal, WaymarkError
 
 _error = msgspec.json.Decoder(Error)
 _CODES = {code.value: code for code in ErrorCode}
@@ -25,9 +26,10 @@ class Answer(Protocol):
     def text(self) -> str: ...
 
 
-class ApiError(Exception):
+class ApiError(Refusal):
     """The server refused a request: its HTTP status and the contract's error code
-    (docs/semantics/topics.md §11).
+    (docs/semantics/topics.md §11); the client's kind of
+    :class:`~waymark.protocol.errors.Refusal` (docs/errors.md).
 
     ``code`` is an :class:`~waymark.protocol.ErrorCode` when it is one this client
     knows, else the string as sent (``"http_error"`` for an answer that is not a
@@ -37,11 +39,8 @@ class ApiError(Exception):
     def __init__(
         self, status: int, code: ErrorCode | str, message: str, detail: dict[str, Any]
     ) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = _CODES.get(code, code)
-        self.message = message
-        self.detail = detail
+        super().__init__(_CODES.get(code, code), message, detail, status)
+        self.args = (f"{status} {code}: {message}",)
 
     @classmethod
     def from_body(cls, status: int, body: bytes | str) -> ApiError:
@@ -59,7 +58,7 @@ class ApiError(Exception):
             return cls(response.status_code, "http_error", response.text[:500], {})
 
 
-class TransportError(OSError):
+class TransportError(WaymarkError, OSError):
     """No answer: the connection could not be made, broke, or timed out
     (docs/client.md, "Errors"). Whether the server acted on the request is unknown."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from .errors import ProtocolError
 
 _MAX_HEAD = 64 * 1024  # a status line and headers longer than this are not a server's
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 @dataclass(slots=True)
@@ -152,7 +153,8 @@ class ResponseReader:
         elif code in (204, 304):
             self._remaining = 0
         elif length := _value(lower, b"content-length"):
-            if not length.isdigit():
+            if not length.isdigit() or _repeated(lower, b"content-length") not in (b"", length):
+                # Two lengths that differ: where the body ends is a guess (docs/client.md).
                 raise ProtocolError(f"a malformed content-length: {length[:40]!r}")
             self._remaining = int(length)
         if self._remaining == 0:
@@ -168,6 +170,11 @@ class ResponseReader:
                 data_n = max(0, min(n, self._chunk_left - 2))  # the chunk's CRLF is no data
                 if data_n:
                     self._body.append(bytes(buffer[:data_n]))
+                # What follows the data must be its CRLF: else the size was not the data's.
+                crlf_from = 2 - min(2, self._chunk_left)
+                tail = bytes(buffer[data_n:n])
+                if tail != b"\r\n"[crlf_from : crlf_from + len(tail)]:
+                    raise ProtocolError("a chunk's data is not followed by CRLF")
                 del buffer[:n]
                 self._chunk_left -= n
                 continue
@@ -181,10 +188,10 @@ class ResponseReader:
                     self._done()
                 continue
             size_text = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"a malformed chunk size: {size_text[:20]!r}") from None
+            # Hex digits only: int() would also take "-1", "+1", "0x1" and "1_0".
+            if not size_text or not _HEX.issuperset(size_text):
+                raise ProtocolError(f"a malformed chunk size: {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 self._trailers = True
             else:
@@ -205,6 +212,14 @@ def _value(lower_head: bytes, name: bytes) -> bytes:
     start = at + len(name) + 3
     end = lower_head.find(b"\r\n", start)
     return lower_head[start : end if end >= 0 else len(lower_head)].strip()
+
+
+def _repeated(lower_head: bytes, name: bytes) -> bytes:
+    """The value of a second header ``name`` in a lower-cased head; b"" when there is
+    none."""
+    first = lower_head.find(b"\r\n" + name + b":")
+    second = lower_head.find(b"\r\n" + name + b":", first + 1) if first >= 0 else -1
+    return b"" if second < 0 else _value(lower_head[second:], name)
 
 
 def _header(line: bytes) -> tuple[str, str]:

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..protocol import MAX_ARROW_DIFF_LIMIT, Tombstone
+from ..protocol.errors import WaymarkError
 from . import calls
 
 if TYPE_CHECKING:
     from ..protocol.arrow import ArrowPage, Table
 
 
-class TopicGap(Exception):
+class TopicGap(WaymarkError):
     """Records the read would have returned are gone (evicted, expired, lost, or the
     topic was recreated): the tombstone says which. Pass ``skip_gaps=True`` to read on."""
 

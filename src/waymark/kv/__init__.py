@@ -13,7 +13,8 @@ from waymark.kv.applied import (
     submit_export,
     watch_applied,
 )
-from waymark.kv.artifact import ExportInfo, ExportManifest, import_and_open, import_artifact
+from waymark.kv.artifact import ExportInfo, ExportManifest
+from waymark.kv.artifact_import import import_and_open, import_artifact
 from waymark.kv.bucket import KvReader, KvStore, KvWriter, StoreConfig
 from waymark.kv.connection import Connection, ConnectionCapabilities, NatsConnectionConfig
 from waymark.kv.errors import (

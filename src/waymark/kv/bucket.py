@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, cast
 import nats.js.errors
 from nats.js import api
 
-from waymark.kv.connection import timed
 from waymark.kv.consumer import END, ConsumerLost, ConsumerSpec, Failed, OrderedFeed, update_op
+from waymark.kv.deadline import timed
 from waymark.kv.errors import AlreadyExists, KvError, RevisionMismatch, Timeout
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken
 

@@ -8,34 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import nats
 import nats.errors
 from nats.aio.client import Client, RawCredentials
 
+from waymark.kv.bucket import KvStore, StoreConfig
+from waymark.kv.deadline import timed
 from waymark.kv.errors import KvConnectionError, Timeout
 
-if TYPE_CHECKING:
-    from waymark.kv.bucket import KvStore, StoreConfig
-
-T = TypeVar("T")
-
 DEFAULT_TIMEOUT = 30.0
-
-
-async def timed(aw: Awaitable[T], timeout: float, what: str) -> T:
-    """Await ``aw`` for at most ``timeout`` seconds.
-
-    A half-dead TCP connection (CLOSE_WAIT) would otherwise park the await
-    forever: nats-py does not fail in-flight requests when the socket dies.
-    """
-    try:
-        return await asyncio.wait_for(aw, timeout)
-    except (TimeoutError, nats.errors.TimeoutError) as e:
-        raise Timeout(f"{what} timed out after {timeout:g}s") from e
 
 
 @dataclass(frozen=True)
@@ -131,8 +115,6 @@ class Connection:
 
     async def store(self, bucket: str, config: StoreConfig | None = None) -> KvStore:
         """Open the bucket, creating it with ``config`` if it does not exist."""
-        from waymark.kv.bucket import KvStore, StoreConfig
-
         return await KvStore.open(self, bucket, config or StoreConfig())
 
     async def shutdown(self) -> None:

@@ -31,7 +31,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
-from waymark.kv.connection import timed
+from waymark.kv.deadline import timed
 from waymark.kv.errors import CursorExpired, KvError, WatchError
 from waymark.kv.guards import reset_resume_point, resume_window_ok, resume_within_stream
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken

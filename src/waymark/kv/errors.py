@@ -7,8 +7,10 @@ at the boundary: the caller needs the context, not the client library's type.
 
 from __future__ import annotations
 
+from ..protocol.errors import WaymarkError
 
-class KvError(Exception):
+
+class KvError(WaymarkError):
     """Base of every error raised by the KV layer."""
 
 
@@ -49,8 +51,8 @@ class KvConnectionError(KvError):
     """Connecting, or using a connection that is not connected, failed."""
 
 
-class SnapshotError(Exception):
-    """Base of every error raised by a fold store."""
+class SnapshotError(KvError):
+    """Base of every error raised by a fold store (a kind of :class:`KvError`)."""
 
 
 class Corrupted(SnapshotError):

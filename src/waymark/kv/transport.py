@@ -44,12 +44,10 @@ from waymark.kv.artifact import (
     MAX_MANIFEST_BYTES,
     ExportManifest,
     Progress,
-    check_source,
     content_address,
-    import_and_open,
-    import_artifact,
     read_manifest,
 )
+from waymark.kv.artifact_import import check_source, import_and_open, import_artifact
 from waymark.kv.errors import ArtifactInvalid, ArtifactUnavailable, NothingPublished
 from waymark.kv.guards import (
     POINTER_ABSENT,

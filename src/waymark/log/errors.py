@@ -1,32 +1,28 @@
 """The one exception of the topic log, carrying the contract's error code
 (docs/semantics/topics.md §11).
 
-The engine raises :class:`TopicError`; the HTTP layer renders :meth:`TopicError.body`
-with :attr:`TopicError.status` (codes and statuses: :mod:`waymark.protocol.errors`).
+The engine raises :class:`TopicError`, the log's kind of
+:class:`~waymark.protocol.errors.Refusal`; the HTTP layer renders
+:meth:`TopicError.body` with :attr:`TopicError.status` (codes and statuses:
+:mod:`waymark.protocol.errors`; the exception tree: docs/errors.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..protocol import Error, ErrorBody, ErrorCode
+from ..protocol import ErrorCode
+from ..protocol.errors import Refusal
 
 
-class TopicError(Exception):
-    """A request the log refuses; nothing stored was changed."""
+class TopicError(Refusal):
+    """A request the log refuses; nothing stored was changed. Its status is always its
+    code's (``ErrorCode.status``)."""
+
+    code: ErrorCode
 
     def __init__(self, code: ErrorCode, message: str, detail: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.detail = detail or {}
-
-    @property
-    def status(self) -> int:
-        return self.code.status
-
-    def body(self) -> Error:
-        return Error(ErrorBody(str(self.code), self.message, self.detail))
+        super().__init__(code, message, detail, code.status)
 
     def __repr__(self) -> str:
         return f"TopicError({self.code!s}, {self.message!r}, {self.detail!r})"

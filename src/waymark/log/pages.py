@@ -21,6 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..protocol import PageInfo
+
+# Checked against pyarrow-stubs; two ignores stand for what the stubs cannot say on
+# Python 3.11: an ndarray is a buffer for pa.py_buffer (numpy types __buffer__ from
+# 3.12), and MapArray.from_arrays takes int32 offsets (the stubs say int64 only).
 from ..protocol.arrow import PAGE_SCHEMA, encode_page
 from .results import DiffResult, Span
 
@@ -82,7 +86,7 @@ def span_batch(span: Span) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [
             _int64(slots + span.base_seq),
-            pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(np.ascontiguousarray(ts))]),
+            pa.Array.from_buffers(_TS, n, [None, pa.py_buffer(np.ascontiguousarray(ts))]),  # type: ignore[arg-type]
             _names(span.node_names, node),
             _names(span.tag_names, tag),
             meta,
@@ -115,18 +119,20 @@ def _data(buf: bytes, stops: np.ndarray, size: np.ndarray) -> tuple[pa.Array, np
     bounds[0::2] = starts
     bounds[1::2] = stops
     pieces = pa.Array.from_buffers(
-        pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf)]
+        pa.binary(),
+        2 * n - 1,
+        [None, pa.py_buffer(bounds), pa.py_buffer(buf)],  # type: ignore[arg-type]
     )
     evens = np.arange(0, 2 * n, 2, dtype=np.int32)
     return pieces.take(_int32(evens)), with_meta
 
 
 def _int32(values: np.ndarray) -> pa.Array:
-    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])
+    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])  # type: ignore[arg-type]
 
 
 def _int64(values: np.ndarray) -> pa.Array:
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])  # type: ignore[arg-type]
 
 
 # Arrays are built from buffers, never with pa.array(): its first call imports pandas
@@ -139,13 +145,15 @@ def _strings(texts: list[str] | list[bytes], kind: pa.DataType = _STRING) -> pa.
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     return pa.Array.from_buffers(
-        kind, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        kind,
+        len(encoded),
+        [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],  # type: ignore[arg-type]
     )
 
 
 def _bools(values: np.ndarray) -> pa.Array:
     bits = np.packbits(values, bitorder="little")
-    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])  # type: ignore[arg-type]
 
 
 def _names(names: list[str], ids: np.ndarray) -> pa.Array:
@@ -156,7 +164,9 @@ def _names(names: list[str], ids: np.ndarray) -> pa.Array:
     table = _strings(names[: int(ids.max()) + 1])
     valid = np.packbits(ids != 0, bitorder="little")
     indices = pa.Array.from_buffers(
-        pa.uint32(), n, [pa.py_buffer(valid), pa.py_buffer(np.ascontiguousarray(ids))]
+        pa.uint32(),
+        n,
+        [pa.py_buffer(valid), pa.py_buffer(np.ascontiguousarray(ids))],  # type: ignore[arg-type]
     )
     return table.take(indices)
 
@@ -171,8 +181,8 @@ def _meta_column(n: int, rows: np.ndarray, maps: list[dict[str, str]]) -> pa.Arr
     values = _strings([v for m in maps for v in m.values()])
     valid = np.zeros(n, bool)
     valid[rows] = True
-    return pa.MapArray.from_arrays(
-        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(offsets)]),
+    return pa.MapArray.from_arrays(  # type: ignore[call-overload]
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(offsets)]),  # type: ignore[arg-type]
         keys,
         values,
         type=_META,

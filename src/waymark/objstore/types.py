@@ -6,6 +6,8 @@ import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from waymark.protocol.errors import WaymarkError
+
 PART_SIZE = 8 * 1024 * 1024
 """Multipart upload part size, and the chunk size of streaming downloads."""
 
@@ -120,7 +122,7 @@ class ObjectStream(io.RawIOBase):
         super().close()
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(WaymarkError):
     """Base of every error raised by an object store."""
 
 

@@ -44,16 +44,18 @@ from waymark.pipeline.locator import (
 )
 from waymark.pipeline.state import Position, StageStateStore
 
+from .errors import PipelineError
+
 Sleep = Callable[[float], None]
 _encode = msgspec.json.encode
 Connect = Callable[[str], Client]
 
 
-class EdgeUnavailable(Exception):
+class EdgeUnavailable(PipelineError):
     """The edge could not be reached nor moved within the retry budget."""
 
 
-class EdgeOwned(Exception):
+class EdgeOwned(PipelineError):
     """A server holds the edge's topic for another pipeline: never retried, the
     pipeline stops (docs/semantics/pipeline.md §8.2)."""
 

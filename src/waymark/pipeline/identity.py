@@ -15,6 +15,8 @@ import msgspec
 
 from waymark.objstore import CREATE, ObjectExists, ObjectNotFound, ObjectStore
 
+from .errors import PipelineError
+
 # Pipeline, stage and edge names: what a topic name takes, without the "." and ":"
 # that separate the parts of a scoped name, and short enough that a record id (the
 # scope, the source stage, the event number, a segment per fanning-out stage, the
@@ -25,7 +27,7 @@ NAME = re.compile(NAME_PATTERN)
 IDENTITY_KEY = "identity.json"
 
 
-class IdentityError(ValueError):
+class IdentityError(PipelineError, ValueError):
     """The handoff store belongs to another pipeline."""
 
 

@@ -26,6 +26,8 @@ from waymark.objstore import (
 )
 from waymark.pipeline.fence import FenceEpoch
 
+from .errors import PipelineError
+
 HISTORY = 20  # earlier placements a handoff record keeps, for status
 
 
@@ -64,7 +66,7 @@ class QueueLocator(msgspec.Struct, frozen=True, kw_only=True):
         return (*self.history, mine)[-HISTORY:]
 
 
-class Fenced(Exception):
+class Fenced(PipelineError):
     """A publish lost: the handoff already names ``current`` (same or newer generation)."""
 
     def __init__(self, attempted: QueueLocator, current: QueueLocator) -> None:
@@ -76,7 +78,7 @@ class Fenced(Exception):
         self.current = current
 
 
-class HandoffRolledBack(Exception):
+class HandoffRolledBack(PipelineError):
     """The handoff record names an older generation than one already seen, or is gone
     (the store was restored or tampered with; docs/semantics/pipeline.md §2.3): a
     consumer that waited for a newer one would stall silently, so it stops instead."""

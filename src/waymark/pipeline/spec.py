@@ -29,8 +29,10 @@ from waymark.pipeline.restart import RestartPolicy
 from waymark.pipeline.shard import MAX_INSTANCES, part_name
 from waymark.protocol.limits import MAX_DIFF_LIMIT, TOPIC_NAME_PATTERN
 
+from .errors import PipelineError
 
-class SpecError(ValueError):
+
+class SpecError(PipelineError, ValueError):
     """The pipeline file is not a valid pipeline."""
 
 

@@ -22,6 +22,8 @@ from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
 
+from .errors import PipelineError
+
 SourceFn = Callable[[int], Any]
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
@@ -37,11 +39,11 @@ def output_event(event: str, stage: str, k: int) -> str:
     return event if k == 0 else f"{event}/{stage}:{k}"
 
 
-class SinkUnavailable(Exception):
+class SinkUnavailable(PipelineError):
     """The sink server refused or did not answer within the retry budget."""
 
 
-class StageFunctionFailed(Exception):
+class StageFunctionFailed(PipelineError):
     """A stage's function raised on one event (or gave a value JSON cannot hold);
     ``event`` is its id as JSON (docs/semantics/pipeline.md §9.2)."""
 

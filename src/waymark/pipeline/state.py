@@ -17,6 +17,8 @@ from waymark.objstore import (
     PutMode,
 )
 
+from .errors import PipelineError
+
 
 class Position(msgspec.Struct, frozen=True, order=True, array_like=True):
     """A place on an edge: generation first, then the seq in that generation's topic.
@@ -48,7 +50,7 @@ class CheckpointedStageState(msgspec.Struct, kw_only=True):
     owner: str = ""
 
 
-class StageFenced(Exception):
+class StageFenced(PipelineError):
     """A stage instance tried to save a state a newer instance has claimed."""
 
     def __init__(self, mine: CheckpointedStageState, current: CheckpointedStageState) -> None:

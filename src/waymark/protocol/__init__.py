@@ -37,7 +37,7 @@ from .changes import (
 )
 from .cursors import Cursor, format_cursor, parse_cursor
 from .endpoints import ENDPOINT, ENDPOINTS, Endpoint, Health, QueryParam
-from .errors import Error, ErrorBody, ErrorCode
+from .errors import Error, ErrorBody, ErrorCode, Refusal, WaymarkError
 from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
 from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .pipelines import (
@@ -177,6 +177,7 @@ __all__ = [
     "RecoveryReport",
     "RedriveBody",
     "RedriveResponse",
+    "Refusal",
     "RouterDeleted",
     "RouterFilter",
     "RouterList",
@@ -196,6 +197,7 @@ __all__ = [
     "TopicPut",
     "TopicState",
     "TopicType",
+    "WaymarkError",
     "WhoAmI",
     "WriterList",
     "WriterState",

@@ -80,7 +80,7 @@ def _write(sink: pa.NativeFile, schema: pa.Schema, batches: list[pa.RecordBatch]
 
 def decode_page(body: bytes | memoryview) -> ArrowPage:
     """Read an Arrow page. A stream without the page metadata is refused (ValueError)."""
-    reader = pa.ipc.open_stream(body)
+    reader = pa.ipc.open_stream(body)  # type: ignore[arg-type]  # a memoryview is a buffer
     metadata = reader.schema.metadata or {}
     raw = metadata.get(PAGE_INFO_KEY.encode())
     if raw is None:

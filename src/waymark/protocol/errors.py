@@ -3,6 +3,10 @@
 :class:`ErrorCode` lists every code a waymark server sends; each has one status.
 Clients decode :class:`Error` with ``code`` as a plain string, so a code added to a
 newer server still decodes (the client maps known ones onto :class:`ErrorCode`).
+
+The root of waymark's exceptions is here too: :class:`WaymarkError`, and under it
+:class:`Refusal`, the one concept of a refused request that the engine's ``TopicError``
+and the client's ``ApiError`` both are (the tree: docs/errors.md).
 """
 
 from __future__ import annotations
@@ -97,3 +101,37 @@ class Error(Struct):
     """The body of every 4xx/5xx answer, and of an SSE ``event: error``."""
 
     error: ErrorBody
+
+
+class WaymarkError(Exception):
+    """The root of every exception waymark raises: ``except WaymarkError`` catches any
+    of them and nothing else (docs/errors.md)."""
+
+
+class Refusal(WaymarkError):
+    """A request refused under the contract: an error code, a message, a detail object
+    and the HTTP status the answer has (docs/semantics/topics.md §11).
+
+    The engine and the server raise it as ``TopicError``; the client raises it as
+    ``ApiError``, decoded from the answer. ``code`` is an :class:`ErrorCode` when it is
+    one this version knows, else the string a newer server sent. :meth:`body` is the
+    wire shape, :class:`Error`.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode | str,
+        message: str,
+        detail: dict[str, Any] | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+        # A code this version knows has one status; a foreign one must bring its own.
+        self.status = status if status is not None else ErrorCode(code).status
+
+    def body(self) -> Error:
+        """The answer's body (and an SSE ``event: error``'s data)."""
+        return Error(ErrorBody(str(self.code), self.message, self.detail))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..protocol import Checkpoint
+from ..protocol.errors import WaymarkError
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ CommittedVersionListener = Callable[[CommittedVersion], None]
 CheckpointListener = Callable[[Checkpoint], None]
 
 
-class RecoveryError(Exception):
+class RecoveryError(WaymarkError):
     """A receipt refused (a version not known to be committed) or not persisted."""
 
 

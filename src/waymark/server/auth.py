@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..clock import Clock, SystemClock
+from ..protocol.errors import WaymarkError
 from ..protocol.scopes import Grant
 
 PREFIX = "wmk"
@@ -57,7 +58,7 @@ class Token:
         return hmac.compare_digest(digest, self.sha256)
 
 
-class TokenFileError(ValueError):
+class TokenFileError(WaymarkError, ValueError):
     """The tokens file cannot be read, or holds an entry that is not a token."""
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, cast
 
-from ..client import Client
+from .connection import connect
 from .schema import parse_data, with_parsed_data
 
 if TYPE_CHECKING:
@@ -21,15 +21,6 @@ if TYPE_CHECKING:
 
     from .fold_sink import FoldSink
     from .sink import TopicBatchSink
-
-
-def connect(url: str, token: str | None = None, ca_file: str | None = None) -> Client:
-    """The waymark client the source and the sinks talk to ``url`` with (driver and
-    executors alike): a page or a stage may take a while, a dead server should not.
-    ``token`` and ``ca_file`` are the ``token`` and ``caFile`` options, for a server
-    with tokens or TLS (docs/security.md); without ``token`` the WAYMARK_TOKEN
-    environment variable is used."""
-    return Client(url, timeout=60.0, connect_timeout=10.0, token=token, ca_file=ca_file)
 
 
 def register(spark: SparkSession) -> None:

@@ -36,7 +36,7 @@ from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
 from ..protocol import MAX_ARROW_DIFF_LIMIT
-from . import connect
+from .connection import connect
 from .edge import (
     EdgeOffset,
     EdgeOptions,

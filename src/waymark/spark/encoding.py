@@ -20,6 +20,10 @@ import pyarrow.compute as pc
 _json_values = msgspec.json.Decoder(list[msgspec.Raw])
 _BINARY = pa.binary()
 _CONTROL = r"[\x00-\x1f]"
+# Checked against pyarrow-stubs; the ignores stand for what they cannot say: compute's
+# binary_join_element_wise, fill_null and equal take Python bytes/str as scalars, a
+# pa.Buffer is a buffer to np.frombuffer (numpy types __buffer__ from 3.12), and
+# to_pylist() is typed with None even where the column was checked for nulls.
 
 
 def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, pa.Array]:
@@ -31,11 +35,12 @@ def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, 
     for name in ("tag", "node"):
         if name in columns and columns[name].null_count < len(columns[name]):
             key = b',"' + name.encode() + b'":'
-            pieces.append(pc.binary_join_element_wise(key, _json_strings(columns[name]), b""))
+            joined = pc.binary_join_element_wise(key, _json_strings(columns[name]), b"")  # type: ignore[call-overload]
+            pieces.append(joined)
     if "meta" in columns and columns["meta"].null_count < len(columns["meta"]):
         pieces.append(_meta(columns["meta"]))
     pieces.append(pa.scalar(b"},"))
-    records = pc.binary_join_element_wise(
+    records = pc.binary_join_element_wise(  # type: ignore[call-overload]
         *pieces, b"", null_handling="replace", null_replacement=b""
     )
     if "topic" not in columns:
@@ -44,14 +49,14 @@ def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, 
         return {default_topic: records}
     topics = columns["topic"]
     if default_topic is not None:
-        topics = pc.fill_null(topics, default_topic)
+        topics = pc.fill_null(topics, default_topic)  # type: ignore[arg-type]
     elif topics.null_count:
         row = int(np.flatnonzero(topics.is_null().to_numpy(zero_copy_only=False))[0])
         raise ValueError(f"row {row} names no topic and the sink has no 'topic' option")
-    names = pc.unique(topics).to_pylist()  # one per topic, not per row
+    names: list[str] = pc.unique(topics).to_pylist()  # type: ignore[assignment]  # no nulls left
     if len(names) == 1:
         return {names[0]: records}
-    return {name: records.filter(pc.equal(topics, name)) for name in names}
+    return {name: records.filter(pc.equal(topics, name)) for name in names}  # type: ignore[call-overload]
 
 
 def encode_data(column: pa.Array) -> pa.Array:
@@ -64,7 +69,7 @@ def encode_data(column: pa.Array) -> pa.Array:
         _check_json(values)
         return values
     if pa.types.is_map(kind):
-        encoded = [orjson.dumps(dict(v), default=str) for v in column.to_pylist()]
+        encoded = [orjson.dumps(dict(v), default=str) for v in column.to_pylist()]  # type: ignore[arg-type]
     else:
         encoded = [orjson.dumps(v, default=str) for v in column.to_pylist()]
     return pa.array(encoded, _BINARY)
@@ -74,21 +79,24 @@ def joined_values(values: pa.Array) -> bytes:
     """The concatenated bytes of a binary array's values: one slice of its buffer."""
     if len(values) == 0:
         return b""
-    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
-    return values.buffers()[2][int(offsets[0]) : int(offsets[-1])].to_pybytes()
+    _, offsets_buffer, data = values.buffers()
+    assert offsets_buffer is not None and data is not None  # a non-empty binary array's
+    offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, values.offset * 4)  # type: ignore[call-overload]
+    return data[int(offsets[0]) : int(offsets[-1])].to_pybytes()
 
 
 def _check_json(values: pa.Array) -> None:
     """Every value is exactly one JSON value: one decode of the values joined into an
     array checks all (a value like ``1,2`` shows up as a count mismatch); only a
     failure looks closer."""
-    joined = joined_values(pc.binary_join_element_wise(values, b",", b""))
+    joined = joined_values(pc.binary_join_element_wise(values, b",", b""))  # type: ignore[call-overload]
     try:
         if len(_json_values.decode(b"[" + joined[:-1] + b"]")) == len(values):
             return
     except msgspec.DecodeError:
         pass
-    for i, value in enumerate(values.to_pylist()):
+    rows: list[bytes] = values.to_pylist()  # type: ignore[assignment]  # no nulls (checked)
+    for i, value in enumerate(rows):
         try:
             msgspec.json.decode(value)
         except msgspec.DecodeError as e:
@@ -106,7 +114,7 @@ def _json_strings(column: pa.Array) -> pa.Array:
         return pa.array([None if v is None else orjson.dumps(v) for v in text.to_pylist()],
                         _BINARY)  # fmt: skip
     escaped = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), '"', '\\"')
-    return pc.binary_join_element_wise(b'"', escaped.cast(_BINARY), b'"', b"")
+    return pc.binary_join_element_wise(b'"', escaped.cast(_BINARY), b'"', b"")  # type: ignore[call-overload]
 
 
 def _meta(column: pa.Array) -> pa.Array:

@@ -56,7 +56,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from ..client import Client, PublishResponse, StagedPart
-from . import connect
+from .connection import connect
 from .encoding import encode_batch, joined_values
 
 log = logging.getLogger("waymark.spark.sink")
@@ -194,7 +194,8 @@ class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
 
     streaming = True
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+    # An Arrow writer: pyspark's stubs still type write() with the Row writer's Iterator[Row].
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:  # type: ignore[override]
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
         # Spark sets the property on every streaming write task (the stubs allow None).
@@ -227,7 +228,7 @@ class WaymarkBatchWriter(_TwoPhaseWriter, DataSourceArrowWriter):
         super().__init__(options, schema)
         self.batch_id = int(batch)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedParts:  # type: ignore[override]
         return self._stage(iterator, self.batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -41,7 +41,8 @@ from pyspark.sql.streaming.datasource import (
 from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicState
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
-from . import connect
+from ..protocol.errors import WaymarkError
+from .connection import connect
 from .offsets import (
     EARLIEST,
     LATEST,
@@ -65,7 +66,7 @@ DEFAULT_MAX_PER_PARTITION = 1_000_000
 PAGE = MAX_ARROW_DIFF_LIMIT  # the server's largest Arrow page
 
 
-class WaymarkDataLoss(RuntimeError):
+class WaymarkDataLoss(WaymarkError, RuntimeError):
     """Records below a batch's end were lost (cap, TTL, or a recreated topic)."""
 
     def __init__(
@@ -404,7 +405,7 @@ def to_rows(topic: str, batch: pa.RecordBatch, hi: int) -> pa.RecordBatch:
             # pandas (~1 s per process here).
             _repeat(topic, n),
             batch.column(0),
-            pa.Array.from_buffers(_TS_US, n, [None, pa.py_buffer(micros)]),
+            pa.Array.from_buffers(_TS_US, n, [None, pa.py_buffer(micros)]),  # type: ignore[arg-type]  # an ndarray is a buffer
             *batch.columns[2:],
         ],
         schema=ARROW_SCHEMA,
@@ -414,12 +415,16 @@ def to_rows(topic: str, batch: pa.RecordBatch, hi: int) -> pa.RecordBatch:
 def _int64s(column: pa.Array) -> np.ndarray:
     """A 64-bit column without nulls as numpy, from its buffer (``to_numpy()`` imports
     pandas on first use: ~1 s per worker process)."""
-    return np.frombuffer(column.buffers()[1], np.int64, len(column), column.offset * 8)
+    data = column.buffers()[1]
+    assert data is not None  # an int64 column has its values buffer
+    return np.frombuffer(data, np.int64, len(column), column.offset * 8)  # type: ignore[call-overload]  # a pa.Buffer is a buffer
 
 
 def _repeat(text: str, n: int) -> pa.Array:
     raw = text.encode()
     offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
     return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)]
+        pa.string(),
+        n,
+        [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)],  # type: ignore[arg-type]  # an ndarray is a buffer
     )

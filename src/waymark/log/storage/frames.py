@@ -15,6 +15,8 @@ from pathlib import Path
 
 import xxhash
 
+from ...protocol.errors import WaymarkError
+
 _LEN = struct.Struct("<I")
 _SUM = struct.Struct("<Q")
 OVERHEAD = _LEN.size + 1 + _SUM.size
@@ -33,7 +35,7 @@ class FrameKind(IntEnum):
     ROUTER = 8  # create or delete a router (a control frame, docs/semantics/topics.md §8.6)
 
 
-class CorruptFrame(Exception):
+class CorruptFrame(WaymarkError):
     """A frame in the middle of a file fails its checksum: refuse to guess."""
 
     def __init__(self, path: Path, offset: int, why: str) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 import xxhash
 
+from ...protocol.errors import WaymarkError
 from ..chunk import DELETED, Chunk, Names
 from .fileio import FileIO
 
@@ -43,7 +44,7 @@ _ARRAYS = (("offsets", np.uint64), ("lens", np.uint32), ("ts", np.uint64),
            ("size", np.uint32), ("node", np.uint32), ("tag", np.uint32))  # fmt: skip
 
 
-class SegmentError(Exception):
+class SegmentError(WaymarkError):
     """A segment file is damaged: recovery refuses to guess."""
 
 
