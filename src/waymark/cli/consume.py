@@ -1,0 +1,157 @@
+"""``waymark consume TOPIC``: a topic's records on stdout, in the habits of ``kcat -C``
+(docs/cli.md, "Data commands").
+
+A loss is never passed over in silence: a tombstone (records evicted, expired, lost in
+a crash, or the topic recreated; docs/topics.md, "Two kinds of missing records") is
+written to stderr with its range and reason, and ``--fail-on-loss`` stops there with
+exit status 3 before any record after the gap is printed. Deleted records are not a
+loss: the reader is not told of them (docs/semantics/topics.md §7).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from waymark.cli.connect import DEFAULT_URL, Ca, Token, Url, client
+
+if TYPE_CHECKING:
+    import msgspec
+
+    from waymark.client import Record, Tombstone
+
+# The exit status of a consume that met a loss under --fail-on-loss (docs/cli.md).
+EXIT_DATA_LOSS = 3
+# How long one long-poll of --follow waits for a record (at most MAX_WAIT_MS).
+FOLLOW_WAIT_MS = 30_000
+
+
+class OutFormat(StrEnum):
+    JSON = "json"  # the whole record as read: {"$seq", "$ts", ..., "data"}
+    RAW = "raw"  # data alone: a string as its text, any other value as its JSON
+
+
+def loss_message(topic: str, tombstone: Tombstone) -> str:
+    """The stderr line for a tombstone: which seqs are gone, why, where reading goes on."""
+    return (
+        f"waymark consume: LOSS in {topic}: seqs {tombstone.gap_from}..{tombstone.gap_to} "
+        f"are gone (reason {tombstone.reason}, about {tombstone.missed_estimate} records); "
+        f"reading resumes at seq {tombstone.seq}"
+    )
+
+
+def _render(record: Record[msgspec.Raw], fmt: OutFormat) -> bytes:
+    import msgspec
+
+    if fmt is OutFormat.JSON:
+        return msgspec.json.encode(record)
+    data = bytes(record.data)
+    if data.startswith(b'"'):
+        return msgspec.json.decode(data, type=str).encode()
+    return data
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def consume(
+        topic: Annotated[str, typer.Argument(help="The topic to read.", show_default=False)],
+        from_seq: Annotated[
+            int | None,
+            typer.Option(
+                min=0, help="Start at this seq (the first record printed has a seq at least this)."
+            ),
+        ] = None,
+        from_beginning: Annotated[
+            bool, typer.Option(help="Start at the earliest record kept (the default).")
+        ] = False,
+        tail: Annotated[
+            bool, typer.Option(help="Only records appended from now on; implies --follow.")
+        ] = False,
+        follow: Annotated[
+            bool,
+            typer.Option(
+                "--follow",
+                "-f",
+                help="Wait for new records instead of exiting "
+                "at the head (the head when the command started).",
+            ),
+        ] = False,
+        fmt: Annotated[
+            OutFormat,
+            typer.Option(
+                "--format",
+                help="json: each record as a JSON line with its seq, "
+                "ts, node, tag, meta; raw: its data alone (a string as its text).",
+            ),
+        ] = OutFormat.JSON,
+        count: Annotated[
+            int | None,
+            typer.Option("--count", "-n", min=1, help="Exit after this many records."),
+        ] = None,
+        fail_on_loss: Annotated[
+            bool,
+            typer.Option(
+                help=f"Exit with status {EXIT_DATA_LOSS} at the first loss, before "
+                "printing any record after it."
+            ),
+        ] = False,
+        url: Url = DEFAULT_URL,
+        token: Token = None,
+        ca: Ca = None,
+    ) -> None:
+        """Print TOPIC's records on stdout, one a line, oldest first.
+
+        Lost records (evicted, expired, lost in a crash, or the topic recreated) are
+        announced on stderr with their seq range and reason."""
+        from waymark.protocol.limits import MAX_DIFF_LIMIT
+
+        if sum((from_seq is not None, from_beginning, tail)) > 1:
+            raise typer.BadParameter("give one of --from-seq, --from-beginning, --tail")
+        follow = follow or tail
+        out = sys.stdout.buffer
+        printed = 0
+        with client(url, token, ca) as c:
+            if tail:
+                cursor = c.get_topic(topic, touch=False).head_seq
+            else:
+                # The API's cursor is exclusive: records after it (docs/http-api.md).
+                cursor = max((from_seq or 0) - 1, 0)
+            epoch: int | None = None
+            end: int | None = None  # without --follow: the head when reading began
+            wait = False
+            try:
+                while True:
+                    page = c.diff_raw(
+                        topic,
+                        cursor,
+                        limit=MAX_DIFF_LIMIT,
+                        epoch=epoch,
+                        wait_ms=FOLLOW_WAIT_MS if wait else 0,
+                    )
+                    # The epoch read under: a recreated topic is then told for certain.
+                    epoch = page.epoch
+                    end = page.head_seq if end is None else end
+                    if page.tombstone is not None:
+                        out.flush()
+                        typer.echo(loss_message(topic, page.tombstone), err=True)
+                        if fail_on_loss:
+                            raise typer.Exit(EXIT_DATA_LOSS)
+                    for record in page.records:
+                        out.write(_render(record, fmt) + b"\n")
+                        printed += 1
+                        if count is not None and printed >= count:
+                            out.flush()
+                            return
+                    out.flush()
+                    cursor = page.next_from_seq
+                    if (page.caught_up or cursor >= end) and not follow:
+                        return
+                    wait = page.caught_up
+            except BrokenPipeError:
+                # The reader went away (`| head`): end quietly, and keep Python from
+                # reporting the pipe again when it flushes stdout at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
