@@ -60,6 +60,12 @@ def config_patch(settings: Sequence[str]) -> ConfigPatch:
         raise typer.BadParameter(str(exc), param_hint="--config") from exc
 
 
+def tag_match(tag: str) -> str | TagRule:
+    """A tag given on the command line as the API's match: a trailing ``*`` is the
+    prefix match ``Glob`` (docs/topics.md, deletion), anything else the tag itself."""
+    return ("tag", "Glob", tag) if tag.endswith("*") else tag
+
+
 def _config_fields(state: TopicState) -> list[tuple[str, object]]:
     import msgspec
 
@@ -224,9 +230,7 @@ def register(app: typer.Typer) -> None:
         gone by request, not lost."""
         if before_seq is None and tag is None:
             raise typer.BadParameter("give --before-seq and/or --tag")
-        match: str | TagRule | None = tag
-        if tag is not None and tag.endswith("*"):
-            match = ("tag", "Glob", tag)
+        match = None if tag is None else tag_match(tag)
         with client(url, token, ca) as c:
             result = c.delete(name, before_seq=before_seq, match=match)
         if json:
