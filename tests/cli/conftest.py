@@ -15,11 +15,16 @@ from tests.conftest import ServerProcess
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
 
-def run(url: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def run(
+    url: str, *args: str, stdin: bytes | None = None, token: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """``waymark ARGS`` against the server at ``url`` (through WAYMARK_URL, as a user's
-    shell would set it); stdout and stderr captured, stdout a pipe."""
+    shell would set it, and ``token`` as WAYMARK_TOKEN); stdout and stderr captured,
+    stdout a pipe."""
     env = {**os.environ, "WAYMARK_URL": url}
     env.pop("WAYMARK_TOKEN", None)
+    if token is not None:
+        env["WAYMARK_TOKEN"] = token
     return subprocess.run(
         [WAYMARK, *args], input=stdin, capture_output=True, env=env, timeout=120, check=False
     )

@@ -4,8 +4,11 @@ shipped command against a real server (docs/cli.md, "Data commands")."""
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
-from tests.cli.conftest import run
+from tests.cli.conftest import WAYMARK, run
 from tests.conftest import ServerProcess
 
 from waymark.client import Client, RecordIn
@@ -73,3 +76,24 @@ def test_topic_lifecycle(server: ServerProcess) -> None:
     assert dropped.returncode == 0, dropped.stderr
     gone = run(url, "topic", "describe", "cli.orders")
     assert gone.returncode != 0 and b"topic_not_found" in gone.stderr
+
+
+def test_token_from_the_environment_or_the_option(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    made = subprocess.run(
+        [WAYMARK, "token", "new", "reader", "--scope", "read:*", "--tokens", str(tokens)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    secret = made.stdout.strip().splitlines()[-1]
+    server = start_waymark("--tokens", str(tokens))
+
+    refused = run(server.url, "topic", "list")
+    assert refused.returncode != 0 and b"unauthorized" in refused.stderr
+    from_env = run(server.url, "topic", "list", "--json", token=secret)
+    assert from_env.returncode == 0, from_env.stderr
+    assert json.loads(from_env.stdout) == []
+    # A read-only token lists but cannot create; --token works like WAYMARK_TOKEN.
+    denied = run(server.url, "topic", "create", "cli.t", "--token", secret)
+    assert denied.returncode != 0 and b"forbidden" in denied.stderr
