@@ -35,3 +35,9 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, spawn_module_server: Callable[..., ServerProcess]
 ) -> ServerProcess:
     return spawn_module_server(tmp_path_factory.mktemp("cli-data"))
+
+
+def said(result: subprocess.CompletedProcess[bytes]) -> str:
+    """What a command wrote to stderr as one line of words: rich wraps a usage error's
+    message inside a box on the terminal's width."""
+    return " ".join(result.stderr.decode().replace("│", " ").split())

@@ -10,10 +10,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.cli.conftest import WAYMARK, run
+from tests.cli.conftest import WAYMARK, run, said
 from tests.conftest import LongPolls, ServerProcess, readable
 
-from waymark.client import Client, RecordIn
+from waymark.client import Client, ConfigPatch, Discard, RecordIn
 
 
 def test_raw_lines_round_trip_byte_for_byte(server: ServerProcess, tmp_path: Path) -> None:
@@ -56,7 +56,7 @@ def test_json_lines_with_tag_field_split_into_appends(server: ServerProcess) -> 
 def test_bad_line_stops_and_says_where(server: ServerProcess) -> None:
     produced = run(server.url, "produce", "cli.bad", stdin=b'{"a":1}\n2\n{oops\n{"a":4}\n')
     assert produced.returncode == 2
-    assert b"stdin line 3: not JSON" in produced.stderr
+    assert "stdin line 3: not JSON" in said(produced)
     with Client(server.url) as c:  # what came before the bad line is appended, no more
         assert [r.data for r in c.diff("cli.bad", 0).records] == [{"a": 1}, 2]
 
@@ -118,3 +118,30 @@ def test_deleted_records_are_not_a_loss(server: ServerProcess) -> None:
     assert read.returncode == 0, read.stderr
     assert read.stderr == b""
     assert read.stdout.split() == [b"2", b"4", b"6", b"8"]
+
+
+def test_refused_append_stops_and_names_the_first_line_not_appended(
+    server: ServerProcess,
+) -> None:
+    """Appends are atomic: with room for 5, the second append of 3 is refused whole
+    (topic_full), and stderr says where the stored lines end."""
+    with Client(server.url) as c:
+        c.put_topic("cli.full", ConfigPatch(cap_records=5, discard=Discard.REJECT))
+    produced = run(server.url, "produce", "cli.full", "--batch", "3",
+                   stdin="".join(f"{i}\n" for i in range(1, 9)).encode())  # fmt: skip
+    assert produced.returncode != 0
+    assert b"topic_full" in produced.stderr
+    assert b"stdin line 4 and those after it were not appended" in produced.stderr
+    with Client(server.url) as c:
+        assert [r.data for r in c.diff("cli.full", 0).records] == [1, 2, 3]
+
+
+def test_a_start_past_the_head_is_refused_not_reported_as_a_loss(server: ServerProcess) -> None:
+    """The server reads a cursor past the head as an older instance's (a `recreated`
+    tombstone): consume refuses such a --from-seq instead of announcing a false loss."""
+    with Client(server.url) as c:
+        c.append("cli.short", [RecordIn.of(1), RecordIn.of(2)])
+    past = run(server.url, "consume", "cli.short", "--from-seq", "50")
+    assert past.returncode == 2
+    assert "past the head of cli.short: the next record appended gets seq 3" in said(past)
+    assert b"LOSS" not in past.stderr and past.stdout == b""

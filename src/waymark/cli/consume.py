@@ -115,12 +115,23 @@ def register(app: typer.Typer) -> None:
         out = sys.stdout.buffer
         printed = 0
         with client(url, token, ca) as c:
+            state = c.get_topic(topic, touch=False)
+            # Every read names the epoch the start was chosen in: a topic recreated
+            # since is then told as such (docs/http-api.md, "Tombstones").
+            epoch = state.epoch
             if tail:
-                cursor = c.get_topic(topic, touch=False).head_seq
+                cursor = state.head_seq
             else:
                 # The API's cursor is exclusive: records after it (docs/http-api.md).
                 cursor = max((from_seq or 0) - 1, 0)
-            epoch: int | None = None
+                if cursor > state.assigned_head_seq:
+                    # The server would read such a cursor as one of an older instance
+                    # and announce a `recreated` loss that never happened.
+                    raise typer.BadParameter(
+                        f"seq {from_seq} is past the head of {topic}: the next record "
+                        f"appended gets seq {state.next_seq}",
+                        param_hint="--from-seq",
+                    )
             end: int | None = None  # without --follow: the head when reading began
             wait = False
             try:
@@ -132,8 +143,7 @@ def register(app: typer.Typer) -> None:
                         epoch=epoch,
                         wait_ms=FOLLOW_WAIT_MS if wait else 0,
                     )
-                    # The epoch read under: a recreated topic is then told for certain.
-                    epoch = page.epoch
+                    epoch = page.epoch  # after a `recreated` tombstone, the new one's
                     end = page.head_seq if end is None else end
                     if page.tombstone is not None:
                         out.flush()

@@ -165,6 +165,7 @@ def register(app: typer.Typer) -> None:
         Records go out in atomic appends of up to --batch records; a refused append
         stops the command, and stderr says which line it stopped at: the lines before
         it are appended, it and those after are not."""
+        from waymark.client import ApiError
         from waymark.protocol.limits import Limits
 
         per_write = min(batch or Limits().max_records_per_write, Limits().max_records_per_write)
@@ -173,12 +174,15 @@ def register(app: typer.Typer) -> None:
         pending_bytes = 0
         # Where the first pending line came from, to name it if its append is refused.
         first_pending = ("", 0)
+        sending = False  # an append is on the wire, its answer not yet read
         with client(url, token, ca) as c:
 
             def flush() -> None:
-                nonlocal pending, pending_bytes
+                nonlocal pending, pending_bytes, sending
                 if pending:
+                    sending = True
                     progress.appended(c.append(topic, pending).seqs)
+                    sending = False
                 pending, pending_bytes = [], 0
 
             try:
@@ -200,14 +204,17 @@ def register(app: typer.Typer) -> None:
                     if len(pending) >= per_write or pending_bytes >= BATCH_BYTES:
                         flush()
                 flush()
-            except BaseException:
+            except BaseException as exc:
                 progress.close()
                 if pending:
                     source, number = first_pending
-                    typer.echo(
-                        f"waymark produce: stopped; {source} line {number} and those "
-                        "after it were not appended",
-                        err=True,
-                    )
+                    if sending and not isinstance(exc, ApiError):
+                        # No answer to the append: it may or may not have been applied.
+                        said = (f"whether {source} line {number} and the rest of its "
+                                f"append ({len(pending)} lines) were appended is unknown "
+                                "(no answer); the lines after them were not sent")  # fmt: skip
+                    else:  # refused (an append is atomic), or never sent
+                        said = f"{source} line {number} and those after it were not appended"
+                    typer.echo(f"waymark produce: stopped; {said}", err=True)
                 raise
         progress.close()
