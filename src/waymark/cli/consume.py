@@ -33,6 +33,7 @@ FOLLOW_WAIT_MS = 30_000
 class OutFormat(StrEnum):
     JSON = "json"  # the whole record as read: {"$seq", "$ts", ..., "data"}
     RAW = "raw"  # data alone: a string as its text, any other value as its JSON
+    TEMPLATE = "template"  # --template with the record's fields filled in
 
 
 def loss_message(topic: str, tombstone: Tombstone) -> str:
@@ -44,15 +45,29 @@ def loss_message(topic: str, tombstone: Tombstone) -> str:
     )
 
 
-def _render(record: Record[msgspec.Raw], fmt: OutFormat) -> bytes:
+def _text(data: bytes) -> bytes:
+    """A record's data as text: a JSON string as the string, any other value as its JSON."""
+    import msgspec
+
+    return msgspec.json.decode(data, type=str).encode() if data.startswith(b'"') else data
+
+
+def _render(record: Record[msgspec.Raw], fmt: OutFormat, template: str) -> bytes:
     import msgspec
 
     if fmt is OutFormat.JSON:
         return msgspec.json.encode(record)
-    data = bytes(record.data)
-    if data.startswith(b'"'):
-        return msgspec.json.decode(data, type=str).encode()
-    return data
+    if fmt is OutFormat.RAW:
+        return _text(bytes(record.data))
+    fields = {
+        "seq": record.seq, "ts": record.ts, "node": record.node or "", "tag": record.tag or "",
+        "meta": msgspec.json.encode(record.meta).decode() if record.meta else "",
+        "data": _text(bytes(record.data)).decode(),
+    }  # fmt: skip
+    return template.format_map(fields).encode()
+
+
+TEMPLATE_FIELDS = ("seq", "ts", "node", "tag", "meta", "data")
 
 
 def register(app: typer.Typer) -> None:
@@ -85,9 +100,18 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--format",
                 help="json: each record as a JSON line with its seq, "
-                "ts, node, tag, meta; raw: its data alone (a string as its text).",
+                "ts, node, tag, meta; raw: its data alone (a string as its text); "
+                "template: --template filled in.",
             ),
         ] = OutFormat.JSON,
+        template: Annotated[
+            str,
+            typer.Option(
+                help="With --format template: a Python format string of "
+                "{seq} {ts} {node} {tag} {meta} {data}, e.g. '{seq}\\t{tag}\\t{data}'; "
+                "\\t and \\n are a tab and a newline."
+            ),
+        ] = "{seq}\t{data}",
         count: Annotated[
             int | None,
             typer.Option("--count", "-n", min=1, help="Exit after this many records."),
@@ -112,6 +136,15 @@ def register(app: typer.Typer) -> None:
         if sum((from_seq is not None, from_beginning, tail)) > 1:
             raise typer.BadParameter("give one of --from-seq, --from-beginning, --tail")
         follow = follow or tail
+        template = template.replace("\\t", "\t").replace("\\n", "\n")
+        if fmt is OutFormat.TEMPLATE:
+            try:  # a bad template is a usage error now, not at the first record
+                template.format_map(dict.fromkeys(TEMPLATE_FIELDS, ""))
+            except (KeyError, ValueError, IndexError) as exc:
+                raise typer.BadParameter(
+                    f"{exc!r}; the fields are {', '.join(TEMPLATE_FIELDS)}",
+                    param_hint="--template",
+                ) from exc
         out = sys.stdout.buffer
         printed = 0
         with client(url, token, ca) as c:
@@ -151,7 +184,7 @@ def register(app: typer.Typer) -> None:
                         if fail_on_loss:
                             raise typer.Exit(EXIT_DATA_LOSS)
                     for record in page.records:
-                        out.write(_render(record, fmt) + b"\n")
+                        out.write(_render(record, fmt, template) + b"\n")
                         printed += 1
                         if count is not None and printed >= count:
                             out.flush()
