@@ -34,15 +34,19 @@ def test_raw_lines_round_trip_byte_for_byte(server: ServerProcess, tmp_path: Pat
 
 def test_json_lines_with_tag_field_split_into_appends(server: ServerProcess) -> None:
     """More lines than the server takes in one write: produce splits them (one append of
-    10 001 would be refused with too_many_records)."""
+    10 001 would be refused with too_many_records); --id-field makes a re-run safe."""
     count = 10_001
     stdin = "".join(
         json.dumps({"n": i, "user": f"u{i % 4}"}, separators=(",", ":")) + "\n"
         for i in range(count)
     )
     produced = run(server.url, "produce", "cli.json", "--tag-field", "user",
-                   stdin=stdin.encode())  # fmt: skip
+                   "--id-field", "n", stdin=stdin.encode())  # fmt: skip
     assert produced.returncode == 0, produced.stderr
+    # With ids, a re-run (say after an append that got no answer) appends nothing twice.
+    again = run(server.url, "produce", "cli.json", "--tag-field", "user",
+                "--id-field", "n", stdin=stdin.encode())  # fmt: skip
+    assert again.returncode == 0, again.stderr
     consumed = run(server.url, "consume", "cli.json", "--from-seq", "10000")
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert [(r["$seq"], r["$tag"], r["data"]) for r in records] == [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -51,20 +52,35 @@ def _lines(files: list[Path]) -> Iterator[tuple[str, int, bytes]]:
                 stream.close()
 
 
-def to_record(
-    line: bytes, fmt: LineFormat, tag: str | None, tag_field: str | None, node: str | None
-) -> RecordIn | None:
+@dataclass(frozen=True)
+class LineRule:
+    """How an input line becomes a record (the options of ``produce``)."""
+
+    fmt: LineFormat
+    tag: str | None = None
+    tag_field: str | None = None
+    id_field: str | None = None
+    node: str | None = None
+
+
+def _field_text(value: object) -> str:
+    import msgspec
+
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+
+
+def to_record(line: bytes, rule: LineRule) -> RecordIn | None:
     """The record of one input line (None: a blank JSON line, skipped)."""
     import msgspec
 
     from waymark.client import RecordIn
 
-    if fmt is LineFormat.RAW:
+    if rule.fmt is LineFormat.RAW:
         try:
             text = line.decode()
         except UnicodeDecodeError as exc:
             raise BadLine(f"not UTF-8 ({exc.reason})") from exc
-        return RecordIn(msgspec.Raw(msgspec.json.encode(text)), tag, node)
+        return RecordIn(msgspec.Raw(msgspec.json.encode(text)), rule.tag, rule.node)
     line = line.strip()
     if not line:
         return None
@@ -72,10 +88,17 @@ def to_record(
         value = msgspec.json.decode(line)
     except msgspec.DecodeError as exc:
         raise BadLine(f"not JSON ({exc})") from exc
-    if tag_field is not None and isinstance(value, dict) and value.get(tag_field) is not None:
-        field = value[tag_field]
-        tag = field if isinstance(field, str) else msgspec.json.encode(field).decode()
-    return RecordIn(msgspec.Raw(line), tag, node)
+    fields = value if isinstance(value, dict) else {}
+    tag = rule.tag
+    if rule.tag_field is not None and fields.get(rule.tag_field) is not None:
+        tag = _field_text(fields[rule.tag_field])
+    record_id = None
+    if rule.id_field is not None:
+        if fields.get(rule.id_field) is None:
+            # A record without its id would not be deduplicated on a re-run.
+            raise BadLine(f"no field {rule.id_field!r} for --id-field")
+        record_id = _field_text(fields[rule.id_field])
+    return RecordIn(msgspec.Raw(line), tag, rule.node, None, record_id)
 
 
 class Progress:
@@ -149,6 +172,14 @@ def register(app: typer.Typer) -> None:
                 "its object (a line without it gets --tag, if any)."
             ),
         ] = None,
+        id_field: Annotated[
+            str | None,
+            typer.Option(
+                help="json: each record's idempotency id is this top-level field of its "
+                "object (required on every line): a re-run within the topic's "
+                "idempotency window appends nothing twice."
+            ),
+        ] = None,
         node: Annotated[str | None, typer.Option(help="The records' $node.")] = None,
         batch: Annotated[
             int | None,
@@ -168,6 +199,9 @@ def register(app: typer.Typer) -> None:
         from waymark.client import ApiError
         from waymark.protocol.limits import Limits
 
+        if fmt is LineFormat.RAW and (tag_field or id_field):
+            raise typer.BadParameter("--tag-field and --id-field read JSON objects: --format json")
+        rule = LineRule(fmt, tag, tag_field, id_field, node)
         per_write = min(batch or Limits().max_records_per_write, Limits().max_records_per_write)
         progress = Progress(topic)
         pending: list[RecordIn] = []
@@ -188,7 +222,7 @@ def register(app: typer.Typer) -> None:
             try:
                 for source, number, line in _lines(files or []):
                     try:
-                        record = to_record(line, fmt, tag, tag_field, node)
+                        record = to_record(line, rule)
                     except BadLine as exc:
                         flush()
                         raise typer.BadParameter(
