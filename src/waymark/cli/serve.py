@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import signal
 import ssl
@@ -10,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from waymark.cli.errors import EXIT_DATA_LOSS, EXIT_REFUSED, Failure
 from waymark.cli.extras import require
 
 
@@ -189,7 +191,7 @@ def register(app: typer.Typer) -> None:
             )
         except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
-            raise typer.Exit(2) from exc
+            raise typer.Exit(EXIT_DATA_LOSS) from exc  # damaged data (docs/cli.md)
         torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
         topics = report.deferred_topics
         deferred = (
@@ -204,7 +206,18 @@ def register(app: typer.Typer) -> None:
             f"in {report.seconds:.2f}s{torn}{deferred}",
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
-        sock = listen(host, port)
+        try:
+            sock = listen(host, port)
+        except OSError as exc:
+            engine.close()
+            store.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise  # waymark.cli.errors explains the others it knows
+            raise Failure(
+                f"cannot listen on {host}:{port}: address already in use — another process "
+                "listens there; pick another --port (0: any free one)",
+                EXIT_REFUSED,
+            ) from exc
         server_limits = ServerLimits(
             header_timeout_s=header_timeout_s,
             body_timeout_s=body_timeout_s,
