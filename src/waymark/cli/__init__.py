@@ -27,7 +27,7 @@ def _root() -> None:
 
 # Modules that add no command: not imported at start (some import the client or
 # rich.progress, which a command loads only when it runs; docs/cli.md, "Start-up").
-_HELPERS = frozenset({"errors", "extras", "fold_progress", "fold_report", "options"})
+_HELPERS = frozenset({"errors", "extras", "fold_progress", "fold_report", "options", "startup"})
 
 
 def _register_commands() -> None:
@@ -47,6 +47,8 @@ def main() -> None:
     """The ``waymark`` entry point: an expected failure of any command is one line and
     its exit code (:mod:`waymark.cli.errors`), never a traceback."""
     from waymark.cli.errors import guarded
+    from waymark.cli.startup import install
 
+    install()  # pydantic only when a value needs it
     with guarded():
         app()

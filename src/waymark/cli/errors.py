@@ -65,8 +65,8 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
     group is explained by its first member when all its members are expected; an
     exception raised ``from`` an expected one, by the cause."""
     if isinstance(exc, BaseExceptionGroup):
-        found = [explain(e) for e in exc.exceptions]
-        return None if not found or None in found else found[0]
+        members = [explain(e) for e in exc.exceptions]
+        return None if not members or None in members else members[0]
     for explainer in _EXPLAINERS:
         found = explainer(exc)
         if found is not None:

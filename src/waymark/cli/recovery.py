@@ -237,13 +237,14 @@ def register(app: typer.Typer) -> None:
         """Every recovery client that reported to the server (docs/reports.md): its
         watermark, receipts, pending checkpoints and how many checkpoints it is behind."""
         import msgspec
-        from rich.console import Console
-        from rich.table import Table
 
         from waymark.client import Client
 
         with Client(url, token=token) as http:
             found = http.list_recovery_clients()
+        from rich.console import Console  # once there is something to print
+        from rich.table import Table
+
         if json:
             typer.echo(msgspec.json.encode(found).decode())
             return

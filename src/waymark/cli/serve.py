@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import ipaddress
-import signal
-import ssl
 from pathlib import Path
 from typing import Annotated
 
@@ -150,6 +146,10 @@ def register(app: typer.Typer) -> None:
         if (tls_cert is None) != (tls_key is None):
             typer.echo("waymark: --tls-cert and --tls-key go together", err=True)
             raise typer.Exit(2)
+        import errno
+        import signal
+        import ssl
+
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
@@ -249,6 +249,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _loopback(host: str) -> bool:
+    import ipaddress
+
     if host == "localhost":
         return True
     try:
