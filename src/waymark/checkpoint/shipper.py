@@ -72,7 +72,7 @@ class ShipConfig:
     save_interval_s: float = 0.2
     backoff: Backoff = field(default_factory=Backoff)
     # How long one call may keep failing (the waymark API, a batch's POST) before the
-    # shipper gives up and stops with RetriesExhausted (docs/checkpoint.md, "Retries").
+    # shipper gives up and stops with RetriesExhausted (docs/checkpoint.md#shipper).
     # As Kafka's delivery.timeout.ms: 120 s by default.
     retry_budget_s: float = 120.0
     post_timeout_s: float = 30.0
