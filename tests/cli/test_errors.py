@@ -167,6 +167,7 @@ def test_each_expected_failure_has_its_exit_code(error: Exception, code: int, st
 def test_a_bug_keeps_its_traceback() -> None:
     assert explain(RuntimeError("a bug")) is None
     assert explain(OSError(5, "I/O error")) is None
+    assert explain(BrokenPipeError(32, "Broken pipe")) is None  # stdout's reader left
     with pytest.raises(RuntimeError), guarded():
         raise RuntimeError("a bug")
     # an unexpected error raised from an expected one is explained by its cause

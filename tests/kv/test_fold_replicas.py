@@ -443,7 +443,7 @@ async def test_keep_n_and_restore_an_older_artifact_by_id(
 
     offline = restore[:-2]  # without --nats: checked against the pointer's generation
     again = CliRunner().invoke(app, [*offline, "--artifact", newest, "--store", f"lmdb:{dest}"])
-    assert again.exit_code == 1 and "already holds a fold" in again.output
+    assert again.exit_code == 5 and "already holds a fold" in again.output  # refused
     other = tmp_path / "other"
     unknown = CliRunner().invoke(app, [*offline, "--artifact", "0" * 16, "--store",
                                        f"lmdb:{other}"])  # fmt: skip

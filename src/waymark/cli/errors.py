@@ -121,9 +121,10 @@ def _api(exc: BaseException) -> tuple[int, str] | None:
 
 def _transport(exc: BaseException) -> tuple[int, str] | None:
     """No answer from the server (the client's TransportError), or a connection refused
-    or reset in any library."""
+    or reset in any library. Not a BrokenPipeError: that is our stdout's reader gone."""
     client = _is(exc, "waymark.client.errors", "TransportError")
-    if not client and not isinstance(exc, ConnectionError):
+    peer = (ConnectionRefusedError, ConnectionResetError, ConnectionAbortedError)
+    if not client and not isinstance(exc, peer):
         return None
     where = f" {server_url}" if server_url else " the server"
     if _is(exc, "waymark.client.errors", "TransportTimeout"):

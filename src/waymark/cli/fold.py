@@ -724,7 +724,7 @@ def restore(
         if not destination_is_empty(path):
             console.print(f"[red]{escape(str(path))} already holds a fold[/red]: restore into "
                           "an absent or empty path")  # fmt: skip
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_REFUSED)
         if nats is not None:
             generation: int | None = asyncio.run(_live_generation(nats, creds, bucket))
         else:
