@@ -175,3 +175,12 @@ def test_a_bug_keeps_its_traceback() -> None:
         raise RuntimeError("wrapped") from ConnectError("refused")
     except RuntimeError as wrapped:
         assert explain(wrapped) == explain(ConnectError("refused"))
+
+
+def test_recovery_missed_passes_its_token_to_a_server_with_tokens(secured: Secured) -> None:
+    args = ("recovery", "missed", "--store", "topic:no-such-receipts", "--client", "c")
+    refused = waymark(*args, WAYMARK_URL=secured.server.url)
+    assert refused.returncode == EXIT_REFUSED and "unauthorized" in one_error_line(refused)
+    # with the token the server answers: the store is not there (a usage error, 2)
+    answered = waymark(*args, WAYMARK_URL=secured.server.url, WAYMARK_TOKEN=secured.secret)
+    assert answered.returncode == 2 and "no-such-receipts" in answered.stderr, answered.stderr
