@@ -107,15 +107,21 @@ def test_a_refused_connection_exits_6_naming_the_address(closed_port: int) -> No
     assert line.startswith(f"waymark: cannot reach {url}") and "WAYMARK_URL" in line
 
 
-def test_serve_on_a_busy_port_exits_5_naming_it(tmp_path: Path) -> None:
+def test_a_busy_port_exits_5_serve_naming_it(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         done = waymark("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"))
+        metrics = waymark("ship", "--url", "http://127.0.0.1:9", "--topic", "t", "--to",
+                          "http://127.0.0.1:9", "--metrics-port", str(port),
+                          "--state", str(tmp_path / "ship"))  # fmt: skip
     assert done.returncode == EXIT_REFUSED, done.stderr
     line = one_error_line(done)
     assert f"cannot listen on 127.0.0.1:{port}: address already in use" in line
+    # any other listening socket (here ship's /metrics) through the generic rule
+    assert metrics.returncode == EXIT_REFUSED, metrics.stderr
+    assert "Address already in use" in one_error_line(metrics)
 
 
 def test_ship_once_against_a_dead_server_gives_up_after_its_retry_budget(

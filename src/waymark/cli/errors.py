@@ -137,7 +137,7 @@ def _bind(exc: BaseException) -> tuple[int, str] | None:
     if not isinstance(exc, OSError):
         return None
     if exc.errno == errno.EADDRINUSE:
-        return EXIT_REFUSED, f"{exc.strerror}: another process listens there — pick another --port"
+        return EXIT_REFUSED, f"{exc.strerror}: another process listens there — pick another port"
     if exc.errno == errno.EADDRNOTAVAIL:
         return EXIT_REFUSED, f"{exc.strerror}: not an address of this machine (--host)"
     return None
