@@ -19,7 +19,8 @@ from tests.conftest import readable
 
 from waymark.checkpoint import CheckpointStore
 from waymark.checkpoint.backoff import Backoff, Verdict, verdict
-from waymark.checkpoint.shipper import ShipConfig, Shipper
+from waymark.checkpoint.shipper import RetriesExhausted, ShipConfig, Shipper
+from waymark.clock import ManualClock
 
 from .collector_harness import (
     CollectorProcess,
@@ -102,6 +103,51 @@ async def test_transient_failures_back_off_and_freeze_the_checkpoint(
     assert all(c / 2 <= d <= c for d, c in zip(slept, ceilings, strict=True)), slept
     assert stats.retries == 9 and stats.records_acked == 10
     assert sink.received() == set(seqs) and committed(config.state_dir, topic) == seqs[-1]
+
+
+def clocked_sleep(clock: ManualClock) -> Any:
+    """An injected sleep that moves the shipper's clock instead of waiting."""
+
+    async def sleep(delay: float) -> None:
+        clock.advance(round(delay * 1000))
+        await asyncio.sleep(0)
+
+    return sleep
+
+
+async def test_a_collector_failing_past_the_retry_budget_stops_the_shipper(
+    server: str, topic: str, tmp_path: Path, collectors: list[CollectorProcess]
+) -> None:
+    append(server, topic, [{"data": i} for i in range(10)], create=True)
+    sink = start_collector(tmp_path, "--fail-first", "1000")
+    collectors.append(sink)
+    config = ShipConfig(server, topic, sink.url, tmp_path / "state", in_flight=2,
+                        batch_records=5, once=True, backoff=Backoff(1.0, 8.0),
+                        retry_budget_s=30.0)  # fmt: skip
+    clock = ManualClock()
+    shipper = Shipper(config, sleep=clocked_sleep(clock), rng=random.Random(3), clock=clock)
+    with pytest.raises(RetriesExhausted, match="retry budget 30 s spent"):
+        await asyncio.wait_for(shipper.run(), 20)
+    # Given up, not skipped: no batch was acked, the checkpoint never moved.
+    assert shipper.stats.records_acked == 0 and shipper.stats.batches_abandoned == 2
+    assert committed(config.state_dir, topic) == 0
+
+
+async def test_a_dead_waymark_server_past_the_retry_budget_stops_the_shipper(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = ShipConfig(dead, "t", "http://127.0.0.1:9/", tmp_path / "state", once=True,
+                        backoff=Backoff(1.0, 8.0), retry_budget_s=30.0)  # fmt: skip
+    clock = ManualClock()
+    shipper = Shipper(config, sleep=clocked_sleep(clock), rng=random.Random(3), clock=clock)
+    with pytest.raises(RetriesExhausted, match=f"waymark API at {dead}"):
+        await asyncio.wait_for(shipper.run(), 20)
+    assert 30_000 <= clock.now_ms() - ManualClock().now_ms() < 30_000 + 8_000
 
 
 def test_tombstones_are_counted_recorded_and_exported(

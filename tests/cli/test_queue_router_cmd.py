@@ -50,7 +50,7 @@ def test_router_create_list_delete(server: ServerProcess) -> None:
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["filter"] == {"tag": ["tag", "Glob", "keep:*"]}
     again = run(url, "router", "create", "cli.r", "--source", "cli.src", "--dest", "other")
-    assert again.returncode == 1 and b"exists" in again.stderr
+    assert again.returncode == 5 and b"exists" in again.stderr
 
     with Client(url) as c:
         c.append("cli.src", [RecordIn.of(1, tag="keep:a"), RecordIn.of(2, tag="drop"),

@@ -304,7 +304,7 @@ async def test_a_restart_removes_what_a_killed_export_round_left_and_one_store_h
             [str(Path(sys.executable).parent / "waymark"), *node],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        assert second.returncode == 1 and "StoreInUse" in second.stderr, second.stderr
+        assert second.returncode == 5 and "StoreInUse" in second.stderr, second.stderr
     finally:
         err = stop(b)
     assert f"removed {len(left)} leftover(s) of a killed run" in err
@@ -443,7 +443,7 @@ async def test_keep_n_and_restore_an_older_artifact_by_id(
 
     offline = restore[:-2]  # without --nats: checked against the pointer's generation
     again = CliRunner().invoke(app, [*offline, "--artifact", newest, "--store", f"lmdb:{dest}"])
-    assert again.exit_code == 1 and "already holds a fold" in again.output
+    assert again.exit_code == 5 and "already holds a fold" in again.output  # refused
     other = tmp_path / "other"
     unknown = CliRunner().invoke(app, [*offline, "--artifact", "0" * 16, "--store",
                                        f"lmdb:{other}"])  # fmt: skip

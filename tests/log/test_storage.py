@@ -116,7 +116,7 @@ def test_corruption_mid_file_refuses_to_start(tmp_path: Path) -> None:
     waymark = Path(sys.executable).parent / "waymark"
     result = subprocess.run([str(waymark), "serve", "--port", "0", "--data-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert result.returncode == 2
+    assert result.returncode == 3  # damaged data (docs/cli.md, "Exit codes")
     assert "corrupt frame at offset" in result.stderr and str(path) in result.stderr
 
 

@@ -71,6 +71,10 @@ class ShipConfig:
     wait_ms: int = 5_000
     save_interval_s: float = 0.2
     backoff: Backoff = field(default_factory=Backoff)
+    # How long one call may keep failing (the waymark API, a batch's POST) before the
+    # shipper gives up and stops with RetriesExhausted (docs/checkpoint.md#shipper).
+    # As Kafka's delivery.timeout.ms: 120 s by default.
+    retry_budget_s: float = 120.0
     post_timeout_s: float = 30.0
     # A server with tokens or TLS (docs/security.md); the token never shows in a repr.
     token: str | None = field(default=None, repr=False)
@@ -108,6 +112,11 @@ class _SeqOnly(msgspec.Struct):
 
 class _Stopped(Exception):
     """Stop was requested while waiting."""
+
+
+class RetriesExhausted(Exception):
+    """A call kept failing for longer than ``retry_budget_s``: the shipper stopped,
+    its checkpoint below every batch not acked (read again after a restart)."""
 
 
 _encode_outgoing = msgspec.json.Encoder().encode
@@ -257,6 +266,12 @@ class Shipper:
             self._deliveries.add(task)
             task.add_done_callback(self._delivered)
 
+    def _give_up(self, exhausted: RetriesExhausted) -> None:
+        """Stop: the retry budget is spent. run() raises it once the rest drained."""
+        log.error("%s", exhausted)
+        self._failure = self._failure or exhausted
+        self._stop.set()
+
     def _delivered(self, task: asyncio.Task[None]) -> None:
         self._deliveries.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
@@ -290,6 +305,7 @@ class Shipper:
     async def _deliver(self, batch: _Batch, queued: QueuedTicket[list[int]]) -> None:
         stats = self.stats
         ticket: QueuedTicket[list[int]] | SendingTicket[list[int]] | None = queued
+        failing_since: int | None = None
         try:
             while True:
                 sending = ticket = queued.begin_send()
@@ -308,6 +324,14 @@ class Shipper:
                     stats.batches_rejected += 1
                     return
                 queued = ticket = sending.fail()
+                now = self._clock.now_ms()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= self.config.retry_budget_s * 1000:
+                    raise RetriesExhausted(
+                        f"collector {self.config.to}: batch {batch.first_seq}..{batch.last_seq}"
+                        f" failed {queued.attempts} times in {(now - failing_since) / 1000:.1f}"
+                        f" s ({reason}); retry budget {self.config.retry_budget_s:g} s spent"
+                    )
                 stats.retries += 1
                 delay = self.config.backoff.delay(queued.attempts, self._rng)
                 log.info(
@@ -317,8 +341,10 @@ class Shipper:
                 if self._stop.is_set():
                     raise _Stopped
                 await self._until_stop(self._sleep(delay))
-        except (_Stopped, asyncio.CancelledError) as exc:
+        except (_Stopped, RetriesExhausted, asyncio.CancelledError) as exc:
             # Given up at shutdown: the checkpoint stays below it; read again on restart.
+            if isinstance(exc, RetriesExhausted):
+                self._give_up(exc)
             if isinstance(ticket, SendingTicket):
                 ticket = ticket.fail()
             if ticket is not None:
@@ -378,6 +404,7 @@ class Shipper:
         must never be skipped, so it keeps trying (and logging) until stopped.
         """
         attempt = 0
+        failing_since: int | None = None
         while True:
             try:
                 return await self._until_stop(make())
@@ -388,6 +415,14 @@ class Shipper:
             except TransportError as exc:  # no answer from waymark: try again
                 error = exc
             attempt += 1
+            now = self._clock.now_ms()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= self.config.retry_budget_s * 1000:
+                raise RetriesExhausted(
+                    f"waymark API at {self.config.url}: {attempt} attempts failed in "
+                    f"{(now - failing_since) / 1000:.1f} s ({error}); retry budget "
+                    f"{self.config.retry_budget_s:g} s spent"
+                ) from error
             delay = self.config.backoff.delay(attempt, self._rng)
             log.warning("waymark API: %s; retry %d in %.3f s", error, attempt, delay)
             await self._until_stop(self._sleep(delay))

@@ -25,8 +25,15 @@ def _root() -> None:
     """waymark: durable topics, ordered checkpoints, KV folds and exactly-once Spark pipelines."""
 
 
+# Modules that add no command: not imported at start (some import the client or
+# rich.progress, which a command loads only when it runs; docs/cli.md, "Start-up").
+_HELPERS = frozenset({"errors", "extras", "fold_progress", "fold_report", "options", "startup"})
+
+
 def _register_commands() -> None:
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name in _HELPERS:
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
@@ -37,4 +44,11 @@ _register_commands()
 
 
 def main() -> None:
-    app()
+    """The ``waymark`` entry point: an expected failure of any command is one line and
+    its exit code (:mod:`waymark.cli.errors`), never a traceback."""
+    from waymark.cli.errors import guarded
+    from waymark.cli.startup import install
+
+    install()  # pydantic only when a value needs it
+    with guarded():
+        app()

@@ -1,5 +1,6 @@
 """What every data command shares (docs/cli.md, "Data commands"): the server options
-(``--url``/``WAYMARK_URL``, ``--token``/``WAYMARK_TOKEN``, ``--ca``/``WAYMARK_CA``), the
+(``--url``/``WAYMARK_URL`` and ``--token``/``WAYMARK_TOKEN`` of
+:mod:`waymark.cli.options`, and ``--ca``/``WAYMARK_CA``), the
 client they open, and how state is printed: a rich table on a terminal, plain
 tab-separated lines in a pipe, JSON with ``--json``.
 
@@ -15,31 +16,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+# One spelling of the address and token for every command (docs/cli.md).
+from waymark.cli.options import ServerUrl as Url
+from waymark.cli.options import Token
+
 if TYPE_CHECKING:
     from waymark.client import Client
+
+__all__ = ["DEFAULT_URL", "Ca", "Json", "Token", "Url", "client"]
 
 # The address `waymark serve` listens on by default (its --port 8080 on 127.0.0.1).
 DEFAULT_URL = "http://127.0.0.1:8080"
 
-Url = Annotated[
-    str,
-    typer.Option(
-        "--url",
-        envvar="WAYMARK_URL",
-        show_envvar=True,
-        help="The waymark server.",
-    ),
-]
-Token = Annotated[
-    str | None,
-    typer.Option(
-        "--token",
-        envvar="WAYMARK_TOKEN",
-        show_envvar=True,
-        show_default=False,
-        help="Bearer token (docs/security.md).",
-    ),
-]
 Ca = Annotated[
     str | None,
     typer.Option(

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from waymark.cli.connect import DEFAULT_URL, Ca, Token, Url, client
+# a consume that met a loss under --fail-on-loss exits with it (docs/cli.md, exit codes)
+from waymark.cli.errors import EXIT_DATA_LOSS
 
 if TYPE_CHECKING:
     import msgspec
 
     from waymark.client import Record, Tombstone
 
-# The exit status of a consume that met a loss under --fail-on-loss (docs/cli.md).
-EXIT_DATA_LOSS = 3
+
 # How long one long-poll of --follow waits for a record (at most MAX_WAIT_MS).
 FOLLOW_WAIT_MS = 30_000
 

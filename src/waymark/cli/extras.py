@@ -9,7 +9,6 @@ ImportError traceback naming some third-party module instead of what to install.
 from __future__ import annotations
 
 import re
-from importlib import metadata
 
 import typer
 
@@ -29,6 +28,8 @@ def require(command: str, *extras: str) -> None:
 
 
 def _installed(extra: str) -> bool:
+    from importlib import metadata  # here: 13 ms at every start otherwise
+
     try:
         requirements = metadata.requires("waymark") or []
     except metadata.PackageNotFoundError:  # run from a source tree: the imports will tell

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from waymark.cli.errors import EXIT_DATA_LOSS, EXIT_NOT_FOUND, EXIT_REFUSED
 from waymark.cli.extras import require
+from waymark.cli.options import Token
+from waymark.cli.options import server as remember_server
 
 if TYPE_CHECKING:
     import asyncio
@@ -27,8 +30,8 @@ if TYPE_CHECKING:
     from waymark.kv import ExportRequest, KvStore, SnapshotStore
     from waymark.kv.leftovers import StoreLock
 
-EXIT_ARTIFACT_INVALID = 3
-EXIT_ARTIFACT_UNAVAILABLE = 4
+EXIT_ARTIFACT_INVALID = EXIT_DATA_LOSS
+EXIT_ARTIFACT_UNAVAILABLE = EXIT_NOT_FOUND
 
 fold_app = typer.Typer(
     help="Fold a NATS JetStream KV bucket into a local durable store, resuming after restarts.",
@@ -151,6 +154,7 @@ def fold(
         keep=keep,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
+    remember_server(report_to)
     from rich.console import Console
 
     # soft_wrap: lines on stderr are log lines; a pipe's 80 columns must not cut them.
@@ -613,7 +617,7 @@ def _record_generation(store_path: Path, generation: int) -> None:
 
 
 def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:
-    """Take the store's lock (exit 1 if another process holds it), then remove what a
+    """Take the store's lock (exit 5 if another process holds it), then remove what a
     killed run of this node left beside the store (docs/kv.md, "Crash leftovers")."""
     from rich.markup import escape
 
@@ -624,7 +628,7 @@ def _lock_and_clean(console: Console, store_path: Path) -> StoreLock:
         lock = StoreLock(store_path)
     except StoreInUse as e:
         console.print(f"[red]StoreInUse[/red]: {escape(str(e))}")
-        raise typer.Exit(1) from e
+        raise typer.Exit(EXIT_REFUSED) from e
     if removed := clean_leftovers(store_path, lock):
         names = ", ".join(p.name for p, _ in removed)
         console.print(
@@ -721,7 +725,7 @@ def restore(
         if not destination_is_empty(path):
             console.print(f"[red]{escape(str(path))} already holds a fold[/red]: restore into "
                           "an absent or empty path")  # fmt: skip
-            raise typer.Exit(1)
+            raise typer.Exit(EXIT_REFUSED)
         if nats is not None:
             generation: int | None = asyncio.run(_live_generation(nats, creds, bucket))
         else:
@@ -763,12 +767,18 @@ async def _live_generation(url: str, creds: str | None, bucket: str) -> int:
 
 @fold_app.command()
 def reports(
-    server: Annotated[str, typer.Argument(help="The waymark server the folds report to.")],
-    fold_name: Annotated[str | None, typer.Option("--fold", help="Only this fold's nodes.")] = None,
-    token: Annotated[
+    server: Annotated[
         str | None,
-        typer.Option(envvar="WAYMARK_TOKEN", show_envvar=True, help="Bearer token (read)."),
+        typer.Argument(help="The waymark server the folds report to (or --url)."),
     ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="WAYMARK_URL", show_envvar=True, help="The waymark server (as SERVER)."
+        ),
+    ] = None,
+    fold_name: Annotated[str | None, typer.Option("--fold", help="Only this fold's nodes.")] = None,
+    token: Token = None,
     as_json: Annotated[bool, typer.Option("--json", help="The server's JSON answer.")] = False,
 ) -> None:
     """The fold nodes that report to SERVER (--report-to): cursor, lag behind the bucket,
@@ -782,7 +792,11 @@ def reports(
     from waymark.client import Client
     from waymark.protocol import FoldList
 
-    with Client(server, token=token) as http:
+    address = server or url  # the positional spelling is kept; it wins over WAYMARK_URL
+    if address is None:
+        raise typer.BadParameter("give SERVER, --url or WAYMARK_URL")
+    remember_server(address)
+    with Client(address, token=token) as http:
         found = http.list_folds() if fold_name is None else http.get_fold(fold_name)
     if as_json:
         typer.echo(msgspec.json.encode(FoldList(found)).decode())

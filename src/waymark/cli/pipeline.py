@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from waymark.cli.errors import EXIT_UNAVAILABLE
 from waymark.cli.extras import require
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def run(
         raise typer.Exit(2) from None
     except ObjectStoreError as error:  # out for longer than the store's budget
         typer.echo(f"{spec_path}: the handoff store does not answer: {error}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_UNAVAILABLE) from None
     console = Console(stderr=True, soft_wrap=True)
     port = metrics_port if metrics_port is not None else spec.metrics_port
     if port is not None:
@@ -267,7 +268,7 @@ def status(
             typer.echo(json.dumps(status_json(spec, store)))
         except ObjectStoreError as error:
             typer.echo(f"{spec_path}: waiting for the store: {error}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(EXIT_UNAVAILABLE) from None
         return
     if not watch:
         console.print(*status_tables(spec, store))

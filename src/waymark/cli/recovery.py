@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from waymark.cli.options import ServerUrl as Url
+from waymark.cli.options import Token
+
 if TYPE_CHECKING:
     from waymark.recovery import CommittedVersion, RecoveryService
 
-Url = Annotated[str, typer.Option(help="The waymark server, e.g. http://127.0.0.1:8080.")]
 StoreOpt = Annotated[
     str,
     typer.Option(
@@ -47,8 +49,15 @@ def _plain(title: str, keys: list[CommittedVersion]) -> str:
 
 
 def _service(
-    url: str, store: str, client: str, topics: str | None, recent_s: float, max_window_s: float
+    url: str,
+    token: str | None,
+    store: str,
+    client: str,
+    topics: str | None,
+    recent_s: float,
+    max_window_s: float,
 ) -> RecoveryService:
+    from waymark.client import Client
     from waymark.recovery import (
         LocalReceiptStore,
         ReceiptStore,
@@ -57,13 +66,17 @@ def _service(
         TopicReceiptStore,
     )
 
+    # One connection for both; TopicCheckpoints closes it (the receipt store does not
+    # close a client it was given).
+    http = Client(url, token=token)
     try:  # read only: a look from the command line creates and changes nothing
         receipts: ReceiptStore = (
-            TopicReceiptStore(url, store.removeprefix("topic:"), read_only=True)
+            TopicReceiptStore(url, store.removeprefix("topic:"), client=http, read_only=True)
             if store.startswith("topic:")
             else LocalReceiptStore(store, read_only=True)
         )
     except FileNotFoundError as exc:
+        http.close()
         typer.echo(f"waymark: {exc}", err=True)
         raise typer.Exit(2) from exc
     binding = receipts.binding(client)
@@ -73,13 +86,14 @@ def _service(
         and not any(receipts.range_receipts(client, 0))
     ):
         receipts.close()
+        http.close()
         typer.echo(f"waymark: {store} holds no receipts of client {client!r} (it never "
                    "subscribed there, or --client is another name)", err=True)  # fmt: skip
         raise typer.Exit(2)
     chosen = [t for t in (topics or "").split(",") if t] or None
     if topics is None and binding is not None:
         chosen = binding.topics  # the filter the receipts were kept for
-    source = TopicCheckpoints(url, chosen)
+    source = TopicCheckpoints(url, chosen, client=http)
     # A look from the command line is not the client itself: it reports nothing.
     return RecoveryService(source, receipts, client, recent_s=recent_s,
                            max_window_s=max_window_s, report=False)  # fmt: skip
@@ -97,6 +111,7 @@ def register(app: typer.Typer) -> None:
         url: Url,
         store: StoreOpt,
         client: ClientOpt,
+        token: Token = None,
         topics: Topics = None,
         recent_s: RecentS = 30.0,
         max_window_s: WindowS = 86_400.0,
@@ -134,16 +149,13 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from waymark.recovery import CommittedVersion, RecoveryError, WindowLoss
+        from waymark.recovery import CommittedVersion, WindowLoss
 
-        service = _service(url, store, client, topics, recent_s, max_window_s)
+        service = _service(url, token, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
                 found = service.missed(resync=resync, new_filter=new_filter)
-        except RecoveryError as exc:
-            typer.echo(f"waymark: {exc}", err=True)
-            raise typer.Exit(1) from exc
-        finally:
+        finally:  # a RecoveryError is a refusal: exit 5 (waymark.cli.errors)
             service.close()
             service.store.close()
         losses = [f for f in found if isinstance(f, WindowLoss)]
@@ -185,6 +197,7 @@ def register(app: typer.Typer) -> None:
         url: Url,
         store: StoreOpt,
         client: ClientOpt,
+        token: Token = None,
         topics: Topics = None,
         recent_s: RecentS = 30.0,
         max_window_s: WindowS = 86_400.0,
@@ -194,16 +207,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from waymark.recovery import RecoveryError
-
-        service = _service(url, store, client, topics, recent_s, max_window_s)
+        service = _service(url, token, store, client, topics, recent_s, max_window_s)
         try:
             with Console(stderr=True).status("walking the change checkpoints"):
                 state = service.status()
-        except RecoveryError as exc:
-            typer.echo(f"waymark: {exc}", err=True)
-            raise typer.Exit(1) from exc
-        finally:
+        finally:  # a RecoveryError is a refusal: exit 5 (waymark.cli.errors)
             service.close()
             service.store.close()
         console = Console()
@@ -223,24 +231,20 @@ def register(app: typer.Typer) -> None:
     @recovery.command()
     def clients(
         url: Url,
-        token: Annotated[
-            str | None,
-            typer.Option(
-                envvar="WAYMARK_TOKEN", show_envvar=True, help="Bearer token (a read scope)."
-            ),
-        ] = None,
+        token: Token = None,
         json: Annotated[bool, typer.Option("--json", help="The server's JSON answer.")] = False,
     ) -> None:
         """Every recovery client that reported to the server (docs/reports.md): its
         watermark, receipts, pending checkpoints and how many checkpoints it is behind."""
         import msgspec
-        from rich.console import Console
-        from rich.table import Table
 
         from waymark.client import Client
 
         with Client(url, token=token) as http:
             found = http.list_recovery_clients()
+        from rich.console import Console  # once there is something to print
+        from rich.table import Table
+
         if json:
             typer.echo(msgspec.json.encode(found).decode())
             return

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 import typer
 
 from waymark.cli.connect import DEFAULT_URL, Ca, Json, Token, Url, client, print_json, print_table
+from waymark.cli.errors import Failure
 from waymark.cli.topic import tag_match
 
 if TYPE_CHECKING:
@@ -114,8 +115,7 @@ def register(app: typer.Typer) -> None:
             )
         with client(url, token, ca) as c:
             if _exists(c, name):
-                typer.echo(f"waymark: router {name} exists", err=True)
-                raise typer.Exit(1)
+                raise Failure(f"router {name} exists — `waymark router delete` it first")
             made = c.put_router(
                 name, source, dest,
                 preserve_node=preserve_node, preserve_tag=preserve_tag,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
-import signal
-import ssl
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from waymark.cli.errors import EXIT_DATA_LOSS, EXIT_REFUSED, Failure
 from waymark.cli.extras import require
 
 
@@ -172,6 +170,10 @@ def register(app: typer.Typer) -> None:
         if tls_client_ca is not None and tls_cert is None:
             typer.echo("waymark: --tls-client-ca needs --tls-cert and --tls-key", err=True)
             raise typer.Exit(2)
+        import errno
+        import signal
+        import ssl
+
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
@@ -230,7 +232,7 @@ def register(app: typer.Typer) -> None:
             )
         except (CorruptFrame, SegmentError) as exc:
             typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
-            raise typer.Exit(2) from exc
+            raise typer.Exit(EXIT_DATA_LOSS) from exc  # damaged data (docs/cli.md)
         torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
         topics = report.deferred_topics
         deferred = (
@@ -245,7 +247,18 @@ def register(app: typer.Typer) -> None:
             f"in {report.seconds:.2f}s{torn}{deferred}",
             err=True,  # stdout's first line is the listening URL, which callers wait for
         )
-        sock = listen(host, port)
+        try:
+            sock = listen(host, port)
+        except OSError as exc:
+            engine.close()
+            store.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise  # waymark.cli.errors explains the others it knows
+            raise Failure(
+                f"cannot listen on {host}:{port}: address already in use — another process "
+                "listens there; pick another --port (0: any free one)",
+                EXIT_REFUSED,
+            ) from exc
         server_limits = ServerLimits(
             header_timeout_s=header_timeout_s,
             body_timeout_s=body_timeout_s,
@@ -282,6 +295,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _loopback(host: str) -> bool:
+    import ipaddress
+
     if host == "localhost":
         return True
     try:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from waymark.cli.options import ServerUrl
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command()
     def ship(
-        url: Annotated[str, typer.Option(help="The waymark server, e.g. http://127.0.0.1:8080.")],
+        url: ServerUrl,
         topic: Annotated[str, typer.Option(help="The topic to ship.")],
         to: Annotated[str, typer.Option(help="The collector URL batches are POSTed to.")],
         in_flight: Annotated[int, typer.Option(min=1, help="Batches in flight at once.")] = 8,
@@ -47,6 +49,14 @@ def register(app: typer.Typer) -> None:
         retry_cap_ms: Annotated[float, typer.Option(min=0.001, help="Longest retry delay.")] = (
             10_000.0
         ),
+        retry_budget_s: Annotated[
+            float,
+            typer.Option(
+                min=0.001,
+                help="Seconds one call (to the waymark server, or a batch to the collector) "
+                "may keep failing before ship gives up: exit 6, the checkpoint kept.",
+            ),
+        ] = 120.0,
         metrics_port: Annotated[
             int | None, typer.Option(help="Serve Prometheus /metrics on this port (0: any).")
         ] = None,
@@ -104,6 +114,7 @@ def register(app: typer.Typer) -> None:
             once=once,
             wait_ms=wait_ms,
             backoff=Backoff(retry_base_ms / 1000, max(retry_cap_ms, retry_base_ms) / 1000),
+            retry_budget_s=retry_budget_s,
             token=token,
             ca_file=None if ca_file is None else str(ca_file),
         )

@@ -20,6 +20,7 @@ from waymark.cli.connect import (
     print_json,
     print_table,
 )
+from waymark.cli.errors import Failure
 
 if TYPE_CHECKING:
     from waymark.client import Client, ConfigPatch, TopicState
@@ -174,10 +175,7 @@ def register(app: typer.Typer) -> None:
         patch = config_patch(settings or [])
         with client(url, token, ca) as c:
             if _exists(c, name):
-                typer.echo(
-                    f"waymark: topic {name} exists; `waymark topic config` changes it", err=True
-                )
-                raise typer.Exit(1)
+                raise Failure(f"topic {name} exists — `waymark topic config` changes it")
             state, _ = c.put_topic(name, patch, type=kind)
         _show(state, json)
 

@@ -1,0 +1,62 @@
+"""``waymark`` starts light (docs/cli.md, "Start-up"; issue #26): a command loads what
+it uses when it runs, never at start, and typer's pydantic only when a value needs
+parsing. Checked by the modules a start loads, not by a stopwatch (bench/cli_startup.py
+measures the time)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+WAYMARK = str(Path(sys.executable).parent / "waymark")
+
+# What a start must not load: the client (and asyncio, msgspec with it), rich's
+# progress bars, the server, and pydantic (typer's value adapters).
+HEAVY = ("waymark.client", "waymark.protocol", "waymark.server", "rich.progress", "pydantic",
+         "msgspec", "asyncio")  # fmt: skip
+
+
+def loaded_after(*argv: str) -> set[str]:
+    """The top modules loaded once ``waymark ARGV`` ran (in this process, as the
+    entry point runs it)."""
+    code = (
+        "import json, sys\n"
+        f"sys.argv = ['waymark', *{list(argv)!r}]\n"
+        "from waymark.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    return set(json.loads(done.stderr.splitlines()[-1]))
+
+
+def heavy(modules: set[str]) -> set[str]:
+    return {m for m in modules for h in HEAVY if m == h or m.startswith(h + ".")}
+
+
+def test_import_help_and_version_load_nothing_heavy() -> None:
+    assert heavy(loaded_after("version")) == set()
+    assert heavy(loaded_after("--help")) == set()
+    assert heavy(loaded_after("recovery", "--help")) == set()
+
+
+def test_a_data_command_loads_the_client_but_not_pydantic_nor_progress_bars() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    found = heavy(loaded_after("recovery", "clients", "--url", url))
+    assert "waymark.client" in found
+    assert not {m for m in found if m.split(".")[0] in ("pydantic", "rich")}
+
+
+def test_values_that_need_parsing_are_still_checked() -> None:
+    # An int with bounds, given as text, goes to typer's own check (pydantic).
+    for bad in ("0", "many"):
+        done = subprocess.run([WAYMARK, "ship", "--url", "http://127.0.0.1:9", "--topic", "t",
+                               "--to", "http://127.0.0.1:9", "--in-flight", bad],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and "--in-flight" in done.stderr, done.stderr
