@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from waymark.cli.connect import DEFAULT_URL, Ca, Token, Url, client
+
 # a consume that met a loss under --fail-on-loss exits with it (docs/cli.md, exit codes)
 from waymark.cli.errors import EXIT_DATA_LOSS
 
