@@ -25,9 +25,14 @@ def public_exceptions() -> dict[str, type[BaseException]]:
     """Every exception class defined in a waymark module under a public name.
 
     Warnings are left out: they are issued through :mod:`warnings`, not raised for an
-    ``except`` to catch (``DroppedTicketWarning``)."""
+    ``except`` to catch (``DroppedTicketWarning``); so is the command line's own, how a
+    command ends (``waymark.cli.errors.Failure``), caught by the CLI itself and never by
+    an application, which the CLI's start-up must not pay the protocol's import for
+    (tests/cli/test_startup.py)."""
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(waymark.__path__, "waymark."):
+        if info.name == "waymark.cli" or info.name.startswith("waymark.cli."):
+            continue
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if (

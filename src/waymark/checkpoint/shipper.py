@@ -34,6 +34,7 @@ import msgspec
 import orjson
 
 from waymark.checkpoint.backoff import Backoff, Verdict, verdict
+from waymark.checkpoint.errors import CheckpointError
 from waymark.checkpoint.shipstats import ShipStats, append_gap, write_status
 from waymark.checkpoint.store import CheckpointStore
 from waymark.checkpoint.tickets import QueuedTicket, SendingTicket
@@ -114,7 +115,7 @@ class _Stopped(Exception):
     """Stop was requested while waiting."""
 
 
-class RetriesExhausted(Exception):
+class RetriesExhausted(CheckpointError):
     """A call kept failing for longer than ``retry_budget_s``: the shipper stopped,
     its checkpoint below every batch not acked (read again after a restart)."""
 

@@ -19,7 +19,6 @@ from typing import IO, TYPE_CHECKING, Annotated
 import typer
 
 from waymark.cli.connect import DEFAULT_URL, Ca, Token, Url, client
-from waymark.protocol.errors import WaymarkError
 
 if TYPE_CHECKING:
     from waymark.client import RecordIn
@@ -35,7 +34,7 @@ class LineFormat(StrEnum):
     RAW = "raw"  # each line is the record's data as a JSON string
 
 
-class BadLine(WaymarkError, ValueError):
+class BadLine(ValueError):
     """An input line that cannot be a record."""
 
 
