@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -147,3 +149,31 @@ def test_the_receipt_stores_own_topic_is_never_reported(
     finally:
         again.close()
         again.store.close()
+
+
+def test_a_listener_on_a_server_with_tokens_streams_with_the_token(
+    start_waymark: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """The token given to ``TopicCheckpoints`` goes to the listener's stream too: without
+    it the stream was refused (401) and the service stopped at its first checkpoint."""
+    tokens = tmp_path / "tokens.toml"
+    made = subprocess.run(
+        [str(Path(sys.executable).parent / "waymark"), "token", "new", "indexer", "--scope",
+         "admin", "--tokens", str(tokens)], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    secret = made.stdout.strip().splitlines()[-1]
+    server = start_waymark(*FAST, "--tokens", str(tokens))
+    heard: list[CommittedVersion] = []
+    svc = RecoveryService(TopicCheckpoints(server.url, token=secret),
+                          LocalReceiptStore(tmp_path / "r.db"), "indexer", recent_s=0,
+                          report=False)  # fmt: skip
+    try:
+        assert list(svc.subscribe(heard.append)) == []
+        with Client(server.url, token=secret) as client:
+            client.append("orders", [RecordIn.of(1, tag="a")])
+        until(lambda: heard or svc.failure is not None, "the listener heard nothing")
+        assert svc.failure is None, svc.failure
+        assert [c.key for c in heard] == ["orders/a"]
+    finally:
+        svc.close()
+        svc.store.close()

@@ -93,7 +93,7 @@ def _service(
     chosen = [t for t in (topics or "").split(",") if t] or None
     if topics is None and binding is not None:
         chosen = binding.topics  # the filter the receipts were kept for
-    source = TopicCheckpoints(url, chosen, client=http)
+    source = TopicCheckpoints(url, chosen, client=http, token=token)
     # A look from the command line is not the client itself: it reports nothing.
     return RecoveryService(source, receipts, client, recent_s=recent_s,
                            max_window_s=max_window_s, report=False)  # fmt: skip

@@ -80,11 +80,20 @@ class AsyncTopicCheckpoints:
     of ``topics`` when given (docs/semantics/recovery.md §3.4)."""
 
     def __init__(
-        self, url: str, topics: Sequence[str] | None = None, *, client: AsyncClient | None = None
+        self,
+        url: str,
+        topics: Sequence[str] | None = None,
+        *,
+        client: AsyncClient | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
+        """``token`` and ``ca_file`` go to every connection it opens: its queries' (unless
+        ``client`` is given) and each listener's stream (docs/security.md)."""
         self.url = url
         self.topics = list(topics) if topics else None
-        self.client = client or AsyncClient(url)
+        self._token, self._ca_file = token, ca_file
+        self.client = client or AsyncClient(url, token=token, ca_file=ca_file)
         self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
         self._view = SourceView()
 
@@ -140,7 +149,7 @@ class AsyncTopicCheckpoints:
     ) -> None:
         """Follow new checkpoints over SSE in a task of the running loop, until
         :meth:`aclose`; what ends it otherwise goes to ``on_error``."""
-        watcher = AsyncClient(self.url)
+        watcher = AsyncClient(self.url, token=self._token, ca_file=self._ca_file)
 
         async def follow() -> None:
             try:

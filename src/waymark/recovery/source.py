@@ -60,11 +60,20 @@ class TopicCheckpoints:
     docs/semantics/recovery.md §3.4)."""
 
     def __init__(
-        self, url: str, topics: Sequence[str] | None = None, *, client: Client | None = None
+        self,
+        url: str,
+        topics: Sequence[str] | None = None,
+        *,
+        client: Client | None = None,
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
+        """``token`` and ``ca_file`` go to every connection it opens: its queries' (unless
+        ``client`` is given) and each listener's stream (docs/security.md)."""
         self.url = url
         self.topics = list(topics) if topics else None
-        self.client = client or Client(url)
+        self._token, self._ca_file = token, ca_file
+        self.client = client or Client(url, token=token, ca_file=ca_file)
         self.bytes_read = 0  # answer bytes of the recovery walks, for the benchmark
         self._watchers: list[Client] = []
         self._closed = threading.Event()
@@ -119,7 +128,7 @@ class TopicCheckpoints:
     ) -> None:
         """Follow new checkpoints on a daemon thread, over SSE, until :meth:`close`;
         what ends it otherwise goes to ``on_error`` (else it is raised in the thread)."""
-        watcher = Client(self.url)
+        watcher = Client(self.url, token=self._token, ca_file=self._ca_file)
         self._watchers.append(watcher)
 
         def follow() -> None:
