@@ -75,7 +75,7 @@ def test_a_misspelled_filter_is_refused_with_close_matches(
     list(right.subscribe(lambda committed: None))
     close(right)
     refused = cli(server.url, receipts, "--topics", "ordres")
-    assert refused.returncode == 1 and "did you mean 'orders'" in refused.stderr
+    assert refused.returncode == 5 and "did you mean 'orders'" in refused.stderr
 
 
 def test_a_different_filter_later_is_refused_unless_asked_for(
@@ -115,7 +115,7 @@ def test_a_different_filter_later_is_refused_unless_asked_for(
         "orders/c"
     ]  # fmt: skip
     shown = cli(server.url, receipts, "--topics", "orders,users")
-    assert shown.returncode == 1 and "--new-filter" in shown.stderr
+    assert shown.returncode == 5 and "--new-filter" in shown.stderr
 
     wider = service(server.url, receipts, ["orders", "users"])
     try:

@@ -50,7 +50,7 @@ from .events import WatchEvent
 class AsyncClient:
     """A typed asyncio client for the /v0 API: every call of
     :class:`~waymark.client.Client`, awaited (``await client.append(...)``), with the
-    same parameters (``token``, ``ca_file``, ``http`` an ``httpx.AsyncClient``).
+    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an ``httpx.AsyncClient``).
     Refusals raise :class:`~waymark.client.ApiError`. For one event loop.
     """
 
@@ -274,6 +274,7 @@ class AsyncClient:
         connect_timeout: float | None = None,
         token: str | None = None,
         ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
     ) -> None: ...
     async def aclose(self) -> None: ...
