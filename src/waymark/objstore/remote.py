@@ -197,30 +197,29 @@ class ObstoreObjectStore:
         age_s = ABANDONED_UPLOAD_S if min_age_s is None else min_age_s
         bucket, _, prefix = self.url.removeprefix("s3://").partition("/")
         prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped]
+
         client = _s3_client()
         now = datetime.datetime.fromtimestamp(self._clock.now_ms() / 1000, datetime.UTC)
         cutoff = now - datetime.timedelta(seconds=age_s)
         aborted: list[tuple[str, int]] = []
         try:
-            pages = client.get_paginator("list_multipart_uploads").paginate(
+            uploads = client.get_paginator("list_multipart_uploads").paginate(
                 Bucket=bucket, Prefix=prefix
             )
-            for page in pages:
-                for upload in page.get("Uploads", []):
+            for listed in uploads:
+                for upload in listed.get("Uploads", []):
+                    if upload["Initiated"] > cutoff:
+                        continue  # maybe a live writer's
                     key, upload_id = upload["Key"], upload["UploadId"]
-                    if upload["Initiated"] > cutoff or not key.startswith(prefix):
-                        continue  # maybe a live writer's; another store's (not all
-                        # S3 implementations filter by prefix: moto does not)
                     parts = client.get_paginator("list_parts").paginate(
                         Bucket=bucket, Key=key, UploadId=upload_id
                     )
                     size = sum(p["Size"] for page in parts for p in page.get("Parts", []))
                     client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
                     aborted.append((key, size))
-        except Exception as e:  # botocore's errors: this package's, like obstore's
-            if type(e).__module__.startswith("botocore"):
-                raise ObjectStoreError(f"abort abandoned uploads in {self.url}: {e}") from e
-            raise
+        except (BotoCoreError, ClientError) as e:  # as this package's, like obstore's
+            raise ObjectStoreError(f"abort abandoned uploads in {self.url}: {e}") from e
         return aborted
 
 
