@@ -9,6 +9,7 @@ import time
 from tests.cli.conftest import run
 from tests.conftest import ServerProcess
 
+from waymark.cli.errors import EXIT_REFUSED
 from waymark.client import Client, ConfigPatch, RecordIn, TopicType
 
 
@@ -40,7 +41,7 @@ def test_claim_ack_nack_stats(server: ServerProcess) -> None:
     counts = json.loads(stats.stdout)
     assert (counts["ready"], counts["in_flight"], counts["dead_lettered"]) == (2, 0, 0)
     not_queue = run(url, "queue", "stats", "cli.log")
-    assert not_queue.returncode != 0 and b"not_a_queue" in not_queue.stderr
+    assert not_queue.returncode == EXIT_REFUSED and b"not_a_queue" in not_queue.stderr
 
 
 def test_router_create_list_delete(server: ServerProcess) -> None:
@@ -50,7 +51,7 @@ def test_router_create_list_delete(server: ServerProcess) -> None:
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["filter"] == {"tag": ["tag", "Glob", "keep:*"]}
     again = run(url, "router", "create", "cli.r", "--source", "cli.src", "--dest", "other")
-    assert again.returncode == 5 and b"exists" in again.stderr
+    assert again.returncode == EXIT_REFUSED and b"exists" in again.stderr
 
     with Client(url) as c:
         c.append("cli.src", [RecordIn.of(1, tag="keep:a"), RecordIn.of(2, tag="drop"),

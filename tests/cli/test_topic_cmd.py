@@ -11,6 +11,7 @@ from pathlib import Path
 from tests.cli.conftest import WAYMARK, run
 from tests.conftest import ServerProcess
 
+from waymark.cli.errors import EXIT_NOT_FOUND, EXIT_REFUSED
 from waymark.client import Client, RecordIn
 
 
@@ -25,7 +26,7 @@ def test_topic_lifecycle(server: ServerProcess) -> None:
 
     # Creating it again is refused and leaves its config alone.
     again = run(url, "topic", "create", "cli.orders", "-c", "cap_records=7")
-    assert again.returncode == 5 and b"exists" in again.stderr
+    assert again.returncode == EXIT_REFUSED and b"exists" in again.stderr
     # A config key the server does not have is a usage error, before any request.
     assert run(url, "topic", "create", "cli.other", "-c", "cap_recrods=1").returncode == 2
 
@@ -54,7 +55,7 @@ def test_topic_lifecycle(server: ServerProcess) -> None:
     assert config["ttl_ms"] == 60000 and config["cap_records"] == 50  # the others kept
     # `config` changes topics, never creates one: the server's 404 propagates.
     missing = run(url, "topic", "config", "cli.nope", "ttl_ms=1")
-    assert missing.returncode != 0 and b"topic_not_found" in missing.stderr
+    assert missing.returncode == EXIT_NOT_FOUND and b"topic_not_found" in missing.stderr
     with Client(url) as c:
         assert "cli.nope" not in {t.name for t in c.list_topics()}
 
@@ -75,7 +76,7 @@ def test_topic_lifecycle(server: ServerProcess) -> None:
     dropped = run(url, "topic", "drop", "cli.orders")
     assert dropped.returncode == 0, dropped.stderr
     gone = run(url, "topic", "describe", "cli.orders")
-    assert gone.returncode != 0 and b"topic_not_found" in gone.stderr
+    assert gone.returncode == EXIT_NOT_FOUND and b"topic_not_found" in gone.stderr
 
 
 def test_token_from_the_environment_or_the_option(
@@ -90,7 +91,7 @@ def test_token_from_the_environment_or_the_option(
     server = start_waymark("--tokens", str(tokens))
 
     refused = run(server.url, "topic", "list")
-    assert refused.returncode != 0 and b"unauthorized" in refused.stderr
+    assert refused.returncode == EXIT_REFUSED and b"unauthorized" in refused.stderr
     from_env = run(server.url, "topic", "list", "--json", token=secret)
     assert from_env.returncode == 0, from_env.stderr
     assert json.loads(from_env.stdout) == []

@@ -162,7 +162,8 @@ def register(app: typer.Typer) -> None:
         with client(url, token, ca) as c:
             state = c.get_topic(name, touch=False)
         if state.queue is None:  # what every queue route answers for a log topic
-            raise ApiError(409, ErrorCode.NOT_A_QUEUE, f"topic {name!r} is not a queue", {})
+            raise ApiError(ErrorCode.NOT_A_QUEUE.status, ErrorCode.NOT_A_QUEUE,
+                           f"topic {name!r} is not a queue", {})  # fmt: skip
         q = state.queue
         if json:
             print_json(q)

@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         ca: Ca = None,
         json: Json = False,
     ) -> None:
-        """Create router NAME from --source into --dest (exit 1 if it exists)."""
+        """Create router NAME from --source into --dest (exit 5, refused, if it exists)."""
         from waymark.client import RouterFilter
 
         rule = None

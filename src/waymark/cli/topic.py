@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
         ca: Ca = None,
         json: Json = False,
     ) -> None:
-        """Create topic NAME (exit 1 if it exists).
+        """Create topic NAME (exit 5, refused, if it exists).
 
         An existing topic's config is left as it was: `topic config` changes it."""
         from waymark.client import TopicType
