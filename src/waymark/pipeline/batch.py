@@ -134,6 +134,10 @@ class InFlight:
         lo, hi = self._span(EVENT_END, i)
         return self.events[lo:hi]
 
+    def event_jsons(self) -> list[bytes]:
+        """Every record's event id JSON, in order, cut once from the buffer."""
+        return _cut(self.events, self.ints[EVENT_END])
+
     def event(self, i: int) -> str:
         return str(msgspec.json.decode(self.event_json(i)))
 

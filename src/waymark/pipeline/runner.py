@@ -204,11 +204,7 @@ class PipelineRunner:
             raise KeyError(f"an instance number is for a stage with instances > 1; none of "
                            f"{', '.join(names)} has")  # fmt: skip
         for run in self.runs.values():
-            # The counters go on from the stage's last report: a restarted process (or a
-            # rerun on the same store) does not reset them (docs/pipeline.md, "Running it").
-            earlier = load_report(self.store, run.name)
-            if earlier is not None:
-                run.report = msgspec.structs.replace(earlier, done=False)
+            self._resume_report(run)
         self.report_interval_s = report_interval_s
         self.reports = ReportPublisher(self.store)
         self.report_to = report_to or spec.report_to
@@ -268,15 +264,29 @@ class PipelineRunner:
             if required:
                 raise  # else logged, and the next report tries again
 
+    def _resume_report(self, run: StageRun) -> None:
+        """The counters go on from the stage's (or shard's) last report: a restarted
+        process, a rerun on the same store or a shard taken over does not reset them
+        (docs/pipeline.md, "Running it")."""
+        earlier = load_report(self.store, run.name)
+        if earlier is not None:
+            run.report = msgspec.structs.replace(earlier, done=False)
+
+    def _drop(self, run: StageRun) -> None:
+        """Drop the stage instance: its writes in the air end (their error ignored: a
+        later instance writes them again from the checkpoint) and its thread with them;
+        its counters go into the run's totals."""
+        if run.stage is not None:
+            run.stage.close()
+            self._fold(run, run.stage)
+        run.stage = None
+
     def _restart(self, run: StageRun, error: str) -> bool:
         """Drop the stage instance (and its memory); the next one starts from its
         checkpoint (docs/semantics/pipeline.md §4.3) after the policy's backoff. False
         when the failure-rate limit is passed: the stage ends and the pipeline stops
         (docs/semantics/pipeline.md §9.1)."""
-        if run.stage is not None:
-            run.stage.close()
-            self._fold(run, run.stage)
-        run.stage = None
+        self._drop(run)
         run.report.last_error = error[:2000]
         assert run.restarts is not None
         wait = run.restarts.failed(self.clock.now_ms())
@@ -302,9 +312,7 @@ class PipelineRunner:
         if self.spec.dead_letter is None:
             self._end(run, f"{failure}; it failed {attempts} times and the pipeline has no "
                            "dead_letter topic")  # fmt: skip
-            if run.stage is not None:
-                run.stage.close()
-                self._fold(run, run.stage)
+            self._drop(run)
             run.report.last_error = str(failure)[:2000]
             self._publish(run)
             return False
@@ -328,18 +336,13 @@ class PipelineRunner:
         if self.leases[run.stage_name].owns(run.shard):
             if not run.holding:
                 run.holding = True
-                # taken up: the counters go on from the report of whoever ran it before
-                earlier = load_report(self.store, run.name)
-                if earlier is not None:
-                    run.report = msgspec.structs.replace(earlier, done=False)
+                self._resume_report(run)  # from the report of whoever ran it before
             return True
         if run.holding:
             # Taken over: the instance is dropped, not restarted. Its report is not
             # published: the new holder's counters go on from the last one.
             run.holding = False
-            if run.stage is not None:
-                self._fold(run, run.stage)
-                run.stage = None
+            self._drop(run)
         report = load_report(self.store, run.name)
         if report is not None and report.done:
             return None
@@ -453,8 +456,7 @@ class PipelineRunner:
                 # Everything produced: wait for the acknowledgements without spinning,
                 # woken by any step of this process's stages; a newly acknowledged
                 # record makes the next wait short again.
-                unacked = sum(out.unacked if isinstance(out, ShardedEdge) else len(out.unacked)
-                              for out in stage.outputs)  # fmt: skip
+                unacked = sum(len(edge.unacked) for edge in physical_edges(stage))
                 if unacked != last_unacked:
                     idle_steps, last_unacked = 1, unacked
                 with self._progress:

@@ -30,19 +30,16 @@ import numpy as np
 
 from waymark.clock import Clock
 from waymark.objstore import (
-    CREATE,
-    IfMatch,
     ObjectExists,
     ObjectNotFound,
     ObjectStore,
     ObjectVersion,
     PreconditionFailed,
-    PutMode,
 )
 from waymark.pipeline.batch import InFlight
-from waymark.pipeline.edge import EdgeStats, RelocatableQueueEdge
+from waymark.pipeline.edge import RelocatableQueueEdge
 from waymark.pipeline.fence import FenceEpoch
-from waymark.pipeline.state import Position
+from waymark.pipeline.state import Position, put_mode
 
 MAX_INSTANCES = 64
 
@@ -79,18 +76,13 @@ class ShardedEdge:
         for part in self.parts:
             part.open()
 
-    def push(self, records: InFlight) -> None:
-        self.enqueue(records)
-        self.send()
-
     def enqueue(self, records: InFlight) -> None:
         """Hold each record in its shard's part until acknowledged; :meth:`send` writes
         them (a stage writing behind sends in its task, docs/semantics/pipeline.md §4.5)."""
         n = len(self.parts)
         shards = np.fromiter(
-            (_shard_of_json(records.event_json(i), n) for i in range(len(records))),
-            np.int64, len(records),
-        )  # fmt: skip
+            (_shard_of_json(event, n) for event in records.event_jsons()), np.int64, len(records)
+        )
         for k, part in enumerate(self.parts):
             mask = shards == k
             if mask.any():
@@ -112,14 +104,6 @@ class ShardedEdge:
         """Records pushed to any part and not yet acknowledged."""
         return sum(len(part.unacked) for part in self.parts)
 
-    @property
-    def edges(self) -> list[RelocatableQueueEdge]:
-        return self.parts
-
-    @property
-    def stats(self) -> list[EdgeStats]:
-        return [part.stats for part in self.parts]
-
 
 # --- leases ------------------------------------------------------------------------
 class ShardLease(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,12 +122,6 @@ def lease_key(stage: str, shard: int) -> str:
 
 
 _decoder = msgspec.json.Decoder(ShardLease)
-
-
-def put_mode(version: ObjectVersion | None) -> PutMode:
-    """The conditional write that lands only on the lease as read: create-only when
-    there was none, else If-Match its version (docs/semantics/pipeline.md §2.2)."""
-    return CREATE if version is None else IfMatch(version)
 
 
 def read_lease(
