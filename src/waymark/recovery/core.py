@@ -216,10 +216,10 @@ class ServiceCore(Generic[F]):
         it adds is a loss."""
         binding = stored.binding
         receipted = max([stored.mark or 0, *(end for _, end in stored.ranges)])
-        if self._other_server(newest, instance, receipted, binding):
+        if other := self._other_server(newest, instance, receipted, binding):
             if not resync:
                 raise RecoveryError(
-                    f"{self._other_server(newest, instance, receipted, binding)}. No answer "
+                    f"{other}. No answer "
                     "rather than a wrong one: re-process every key from its current state, "
                     "then resync (subscribe(..., resync=True); `waymark recovery missed "
                     "--resync` lists what this server's checkpoints name)"
