@@ -54,8 +54,10 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
     append = out.append
     changed: list[msgspec.Raw] | None = None
     joined = b"".join(map(_data_of, records))
+    array: bytes | None = None  # the write as one JSON array, built once if a check needs it
     if _may_be_poison(joined):
-        _check_readable(records)
+        array = _array(records)
+        _check_readable(records, array)
     # Data with no whitespace and no backslash is canonical already: the common case is
     # proven with the cheapest scan for its size and parses nothing. Small writes also
     # tell spaces in strings from spaces between tokens by the quotes around them.
@@ -65,12 +67,12 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
         if len(joined.translate(None, _WHITESPACE_OR_ESCAPE)) != len(joined) and (
             _NOT_CANONICAL.match(joined.translate(None, _NOT_SPECIAL))
         ):
-            changed = _canonical_batch(records)
+            changed = _canonical_batch(records, array or _array(records))
     else:
         find = joined.find
         if (find(b" ") >= 0 or find(b"\\") >= 0 or find(b"\n") >= 0 or find(b"\r") >= 0
                 or find(b"\t") >= 0):  # fmt: skip
-            changed = _canonical_batch(records)
+            changed = _canonical_batch(records, array or _array(records))
     canonical = iter(changed) if changed is not None else None
     for record in records:
         data = record.data if canonical is None else next(canonical)
@@ -112,14 +114,19 @@ def _may_be_poison(joined: bytes) -> bool:
     return numbers.find(b"0e") >= 0 or numbers.find(_INFINITE_DIGITS) >= 0
 
 
-def _check_readable(records: Sequence[RecordIn]) -> None:
+def _array(records: Sequence[RecordIn]) -> bytes:
+    """The records' data as one JSON array: what one C parse checks or compacts."""
+    return b"[" + b",".join(map(_data_of, records)) + b"]"
+
+
+def _check_readable(records: Sequence[RecordIn], array: bytes) -> None:
     """Refuse a write whose data a reader could not decode: JSON text in UTF-8, no
     lone surrogates, numbers finite as doubles (docs/semantics/topics.md §1.2). One
     orjson parse of the whole write proves it, and only a refused write is parsed per
     record to name the one at fault. Stored data would otherwise fail every page that
     holds it, for every reader, for good."""
     try:
-        orjson.loads(b"[" + b",".join(map(_data_of, records)) + b"]")
+        orjson.loads(array)
         return
     except orjson.JSONDecodeError:
         pass
@@ -196,7 +203,7 @@ _decode_string = msgspec.json.Decoder(str).decode
 _split_array = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
 
-def _canonical_batch(records: Sequence[RecordIn]) -> list[msgspec.Raw] | None:
+def _canonical_batch(records: Sequence[RecordIn], array: bytes) -> list[msgspec.Raw] | None:
     """The canonical forms of the records' data (see the module docstring), or None if
     they are canonical as sent (their spaces are all inside strings). Only whitespace
     and escapes change, never a value: a number keeps its exact digits, where a round
@@ -204,7 +211,6 @@ def _canonical_batch(records: Sequence[RecordIn]) -> list[msgspec.Raw] | None:
     # One JSON array for the whole batch: one C pass strips the whitespace (and says
     # whether there was any) and one splits it back into records, instead of Python
     # calls per record.
-    array = b"[" + b",".join(map(_data_of, records)) + b"]"
     try:
         compact = msgspec.json.format(array, indent=-1)
         escaped = compact.find(b"\\") >= 0

@@ -49,16 +49,23 @@ def encode(kind: FrameKind, payload: bytes) -> bytes:
     return _LEN.pack(len(body)) + body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
+# A frame payload up to this size is joined before it is framed (see frame_parts).
+JOIN_BELOW = 1 << 20
+
+
 def frame_parts(kind: FrameKind, parts: list[bytes]) -> list[bytes]:
     """The frame of the payload ``b"".join(parts)``, as parts to write one after the
     other: a 50 MB append is framed on the event loop, and joining (three copies, as
     :func:`encode` makes) held it for a tenth of a second. The WAL's writer thread
-    joins them, with the GIL released (docs/security.md, Limits)."""
+    joins them, with the GIL released (docs/security.md, Limits). A small payload is
+    joined here: one digest update instead of one per record, and one write part."""
     head = bytes((kind,))
+    length = 1 + sum(map(len, parts))
+    if length <= JOIN_BELOW and len(parts) > 1:
+        parts = [b"".join(parts)]
     digest = xxhash.xxh3_64(head)
     for part in parts:
         digest.update(part)
-    length = 1 + sum(map(len, parts))
     return [_LEN.pack(length), head, *parts, _SUM.pack(digest.intdigest())]
 
 
