@@ -30,7 +30,13 @@ def chromium() -> str:
 def server(
     spawn_module_server: Callable[..., ServerProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> ServerProcess:
-    return spawn_module_server(tmp_path_factory.mktemp("console-data"), "--heartbeat-s", "0.5")
+    return spawn_module_server(
+        tmp_path_factory.mktemp("console-data"),
+        "--heartbeat-s",
+        "0.5",
+        "--history-interval-s",
+        "0.2",
+    )
 
 
 @pytest.fixture(scope="module")

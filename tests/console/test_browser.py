@@ -3,6 +3,7 @@ real ``waymark serve``, with the data put there through the shipped client."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -358,3 +359,105 @@ def test_the_writers_page_shows_epochs_and_the_last_published_batch(
     expect(cells.nth(3)).to_have_text("1")  # the last published batch
     expect(cells.nth(4)).to_have_text(f"{done.first_seq}…{done.first_seq + 3}")
     shot(page, "writers")
+
+
+def test_a_user_produces_records_from_the_topic_page(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    name = fresh("produced")
+    client.append(name, [RecordIn.of({"first": True})])
+    open_page(page, server, f"topic/{name}")
+    page.get_by_test_id("produce-text").fill('{"order": 1}\n\n  {"order": 2, "note": "ü"}  \n')
+    page.get_by_test_id("produce-tag").fill("orders.eu")
+    page.get_by_test_id("produce").click()
+    expect(page.get_by_test_id("produce-result")).to_have_text("appended 2 record(s) at seq 2…3")
+    records = client.diff(name, 1).records
+    assert [(r.data, r.tag) for r in records] == [
+        ({"order": 1}, "orders.eu"), ({"order": 2, "note": "ü"}, "orders.eu")]  # fmt: skip
+    expect(page.locator("[data-testid=record][data-seq='3']")).to_be_visible()  # in the tail
+    # A line that is not JSON: nothing is sent, the line is named.
+    page.get_by_test_id("produce-text").fill('{"ok": 1}\n{oops')
+    page.get_by_test_id("produce").click()
+    expect(page.get_by_test_id("produce-result")).to_contain_text("line 2 is not JSON")
+    assert client.get_topic(name, touch=False).head_seq == 3
+
+
+def test_a_search_finds_records_by_tag_pattern_seq_range_and_text_and_shows_gaps(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    name = fresh("searched")
+    tags = ["order.eu", "order.us", "refund"]
+    client.append(name, [RecordIn.of({"n": i, "note": "needle" if i % 7 == 0 else "hay"},
+                                     tag=tags[i % 3]) for i in range(1, 301)])  # fmt: skip
+    open_page(page, server, f"topic/{name}")
+    page.get_by_test_id("search-tag").fill("order.*")
+    page.get_by_test_id("search-from").fill("10")
+    page.get_by_test_id("search-to").fill("200")
+    page.get_by_test_id("search-text").fill("needle")
+    page.get_by_test_id("search").click()
+    # seq i holds n = i: tags order.* are i % 3 != 2, needles i % 7 == 0
+    want = [i for i in range(10, 201) if i % 3 != 2 and i % 7 == 0]
+    hits = page.get_by_test_id("search-hit")
+    expect(hits).to_have_count(len(want))
+    assert [int(s) for s in [h.get_attribute("data-seq") for h in hits.all()] if s] == want
+    expect(page.get_by_test_id("search-status")).to_contain_text(f"{len(want)} match(es)")
+    expect(page.get_by_test_id("search-tombstone")).to_have_count(0)
+    # An evicted range is shown as what it is, never skipped silently.
+    capped = fresh("capped")
+    client.put_topic(capped, ConfigPatch(cap_records=5))
+    client.append(capped, [RecordIn.of({"n": i}) for i in range(12)])
+    open_page(page, server, f"topic/{capped}")
+    page.get_by_test_id("search").click()
+    expect(page.get_by_test_id("search-tombstone")).to_contain_text("records 1…7 are gone")
+    expect(page.get_by_test_id("search-hit")).to_have_count(5)
+
+
+def test_an_admin_creates_a_topic_and_an_existing_name_is_left_alone(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    name, taken = fresh("created"), fresh("taken")
+    client.put_topic(taken, ConfigPatch(cap_records=9))
+    open_page(page, server, "topics")
+    page.get_by_test_id("create-name").fill(name)
+    page.get_by_test_id("create-type").select_option("queue")
+    page.get_by_test_id("create-durability").select_option("fsync")
+    page.get_by_test_id("create-cap_records").fill("100")
+    page.get_by_test_id("create").click()
+    expect(page.get_by_test_id("create-result")).to_have_text(f"created {name}")
+    state = client.get_topic(name, touch=False)
+    assert (state.type, state.durability, state.config.cap_records) == ("queue", "fsync", 100)
+    expect(page.locator(f"tr[data-topic='{name}']")).to_be_visible()
+    # A name in use: the form says so and the topic's config stays as it was.
+    page.get_by_test_id("create-name").fill(taken)
+    page.get_by_test_id("create-cap_records").fill("1")
+    page.get_by_test_id("create").click()
+    expect(page.get_by_test_id("create-result")).to_contain_text("exists already")
+    assert client.get_topic(taken, touch=False).config.cap_records == 9
+    # A name the server refuses: its code is shown.
+    page.get_by_test_id("create-name").fill("no spaces")
+    page.get_by_test_id("create").click()
+    expect(page.get_by_test_id("create-result")).to_contain_text("invalid_topic_name")
+
+
+def test_the_append_rate_chart_survives_a_reload(
+    page: Page, server: ServerProcess, client: Client
+) -> None:
+    name = fresh("charted")
+    client.append(name, [RecordIn.of(1)])
+
+    def sampled(head: int) -> None:  # the server took a sample at this head (0.2 s ticks)
+        deadline = time.monotonic() + 10
+        while not any(p[1] == head for p in client.topic_history(name).samples[:-1]):
+            assert time.monotonic() < deadline, f"no sample at head {head}"
+            time.sleep(0.05)
+
+    sampled(1)
+    client.append(name, [RecordIn.of(i) for i in range(2000)])  # a burst, before any page
+    sampled(2001)
+    # 2,000 appends in one 0.2 s interval: about 10,000/s. The browser itself saw no
+    # append, so only the server's history can show the burst, before and after a reload.
+    burst = re.compile(r"max \d{4,5}/s")
+    open_page(page, server, f"topic/{name}")
+    expect(page.get_by_test_id("rate-chart")).to_contain_text(burst)
+    page.reload()
+    expect(page.get_by_test_id("rate-chart")).to_contain_text(burst)

@@ -105,6 +105,18 @@ def test_a_reporting_fold_shows_its_cursor_and_lag(
         expect(row.get_by_test_id("fold-cursor")).to_have_text(f"{newer:,}", timeout=15_000)
         expect(page.get_by_test_id(f"fold-chart-{bucket}-fold-a")).to_be_visible()
         shot(page, "folds")
+        # Stopped, it sends a final report: the page says it ended, not that it went
+        # missing, with what it did while it ran.
+        fold.send_signal(signal.SIGTERM)
+        assert fold.wait(20) == 0
+        final = page.locator(f"tr[data-final='{bucket}/fold-a']")
+        expect(final.get_by_test_id("fold-ended")).to_have_text("stopped", timeout=15_000)
+        expect(final.get_by_test_id("final-cursor")).to_have_text(f"{newer:,}")
+        expect(final.get_by_test_id("final-applied")).to_have_text(f"{newer:,}")
+        assert int(final.get_by_test_id("final-exports").inner_text().replace(",", "")) >= 1
+        expect(final.get_by_test_id("final-error")).to_have_text("")
+        expect(row.get_by_test_id("fold-ended")).to_have_text("stopped")
+        expect(row.get_by_test_id("fold-stale")).to_have_count(0)
     finally:
         fold.send_signal(signal.SIGTERM)
         try:
@@ -175,6 +187,23 @@ def test_a_stopped_recovery_client_is_marked_failed(
         shot(page, "recovery-failed")
     finally:
         service.close()
+
+
+def test_a_fold_that_fails_sends_a_final_report_saying_why(
+    page: Page, server: ServerProcess, nats: str, tmp_path: Path
+) -> None:
+    bucket = fresh("unpublished").replace("-", "_")
+    # Nothing was ever published where it bootstraps from (and no --if-exists): exit 4.
+    failed = subprocess.run([WAYMARK, "fold", "--nats", nats, "--bucket", bucket,
+                             "--store", f"lmdb:{tmp_path / 'fold'}", "--node-id", "fold-x",
+                             "--bootstrap-from", f"file://{tmp_path / 'nothing'}",
+                             "--report-to", server.url],
+                            capture_output=True, timeout=60, check=False)  # fmt: skip
+    assert failed.returncode == 4, failed.stderr
+    open_page(page, server, "folds")
+    final = page.locator(f"tr[data-final='{bucket}/fold-x']")
+    expect(final.get_by_test_id("fold-ended")).to_have_text("failed", timeout=15_000)
+    expect(final.get_by_test_id("final-error")).to_have_text("exit 4 (not found)")
 
 
 def test_a_read_only_token_sees_folds_and_recovery(

@@ -20,7 +20,14 @@ from tests.conftest import ServerProcess
 from waymark.client import ApiError, AsyncClient, Client
 from waymark.clock import ManualClock
 from waymark.log import Engine
-from waymark.protocol import FoldExport, FoldReport, FoldRestore, RecordIn, RecoveryReport
+from waymark.protocol import (
+    FoldExport,
+    FoldReport,
+    FoldRestore,
+    FoldStopped,
+    RecordIn,
+    RecoveryReport,
+)
 from waymark.protocol.reports import STALE_INTERVALS
 from waymark.server import App
 from waymark.server import reports as reports_module
@@ -97,6 +104,27 @@ async def test_a_fold_that_stops_reporting_turns_stale(
     await client.report_fold(fold(interval_ms=2000))  # it came back
     [status] = await client.list_folds()
     assert (status.age_ms, status.stale) == (0, False)
+
+
+async def test_a_fold_s_final_report_says_it_ended_and_is_never_stale(
+    client: AsyncClient, clock: ManualClock
+) -> None:
+    failed = FoldStopped("failed", 1_700_000_000_000, 4200, 250, 2, "NoServersError: gone")
+    await client.report_fold(fold(interval_ms=2000, stopped=failed))
+    await client.report_fold(fold("n2", interval_ms=2000, stopped=FoldStopped(
+        "stopped", 1_700_000_000_000, 100, 0, 0)))  # fmt: skip
+    clock.advance(10 * STALE_INTERVALS * 2000)  # long after: it said goodbye, not missing
+    [n1, n2] = await client.list_folds()
+    assert (n1.stopped, n1.stale, n1.lag) == (failed, False, 4)
+    assert (n2.stopped and n2.stopped.outcome, n2.stale) == ("stopped", False)
+    metrics = await client.metrics()
+    assert 'waymark_fold_stopped{fold="orders",node="n1",outcome="failed"} 1.0' in metrics
+    assert 'waymark_fold_stale{fold="orders",node="n1"} 0.0' in metrics
+    await client.report_fold(fold(interval_ms=2000))  # restarted: running again
+    [n1, _] = await client.list_folds()
+    assert n1.stopped is None
+    # A running node's body does not name the field: an older server still takes it.
+    assert "stopped" not in msgspec.to_builtins(fold())
 
 
 BAD_FOLDS = {

@@ -423,6 +423,22 @@ def _reporter(
     return reporter, client
 
 
+_EXIT_MEANINGS = {EXIT_DATA_LOSS: "data lost or damaged", EXIT_NOT_FOUND: "not found",
+                  EXIT_REFUSED: "refused"}  # fmt: skip
+
+
+def _failure(exc: BaseException) -> str | None:
+    """What ended a fold, for its final report: None when it was asked to stop."""
+    import asyncio
+
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return None
+    if isinstance(exc, typer.Exit):  # the reason was printed; the report names its kind
+        meaning = _EXIT_MEANINGS.get(exc.exit_code, "error")
+        return None if exc.exit_code == 0 else f"exit {exc.exit_code} ({meaning})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def _run(
     url: str | None,
     bucket: str,
@@ -492,7 +508,10 @@ async def _run(
                         during.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await during
-    except BaseException:
+    except BaseException as exc:
+        if reporter is not None:  # the console's final report (docs/reports.md)
+            why = _failure(exc)
+            await reporter.final("failed" if why else "stopped", 0, why)
         if report_client is not None:
             await report_client.aclose()
         if server is not None:
@@ -508,6 +527,7 @@ async def _run(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     applied = 0
+    failure: str | None = None  # why the fold ended, when an error ended it
     started = time.monotonic()
     resumed = fold_store.cursor
     if reporter is not None:
@@ -556,12 +576,17 @@ async def _run(
                     export_requests=requests,
                 )
         console.print(f"stopped at cursor {cursor} ({applied:,} updates applied)")
+    except BaseException as exc:
+        failure = _failure(exc)
+        raise
     finally:
         for task in (exporter, reports):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if reporter is not None:  # the console's final report (docs/reports.md)
+            await reporter.final("failed" if failure else "stopped", applied, failure)
         if report_client is not None:
             await report_client.aclose()
         fold_store.close()

@@ -6,7 +6,9 @@ cursor never passes it), and with ``--export-to`` the artifact the pointer names
 (whichever node exported it) and whether this node holds the export lease or stands by;
 a node that bootstraps reports its progress while it does, then the artifact it
 started from. A report the server does not take is logged and the
-next one tried: reporting never stops the fold.
+next one tried: reporting never stops the fold. When the node ends, its last report
+says so: stopped or failed (with the error), how long it ran, what it folded and
+published (docs/reports.md, "A fold's final report").
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from waymark.client import ApiError, AsyncClient, TransportError
-from waymark.protocol import FoldExport, FoldReport, FoldRestore
-from waymark.protocol.reports import ExportRole, RestorePhase
+from waymark.protocol import FoldExport, FoldReport, FoldRestore, FoldStopped
+from waymark.protocol.reports import ExportRole, FoldOutcome, RestorePhase
 
 if TYPE_CHECKING:
     from waymark.kv import KvStore, ObjectStoreTransport, WatchCursor
@@ -45,6 +48,10 @@ class FoldReporter:
         self.role: ExportRole | None = None
         self.lease_holder: str | None = None
         self.restore: FoldRestore | None = None
+        self.bucket_seq = 0  # the bucket's last seq, as the newest report read it
+        self.exports = 0  # artifacts this node published
+        self.export: FoldExport | None = None  # the pointer's artifact, as last read
+        self.started = time.monotonic()
         self._now = asyncio.Event()
 
     def applied(self, cursor: WatchCursor) -> None:
@@ -52,6 +59,7 @@ class FoldReporter:
 
     def exported(self) -> None:
         """Report at once: an export was just published."""
+        self.exports += 1
         self._now.set()
 
     def export_role(self, role: ExportRole, holder: str | None) -> None:
@@ -75,17 +83,36 @@ class FoldReporter:
         """Build one report and send it; returns it (raises when the server refuses)."""
         cursor = self.cursor  # first the cursor, then the bucket: never past it
         _, last = await kv.stream_bounds()
+        self.bucket_seq = max(self.bucket_seq, last)
         export = None
         if self.pointer is not None:
             pointed = await asyncio.to_thread(self.pointer.pointed, self.fold)
             if pointed is not None:
                 manifest, payload = pointed
                 export = FoldExport(manifest.rank, manifest.exported_at_ms, payload)
+        self.export = export
         report = FoldReport(self.fold, self.node, self.backend, self.bucket, cursor, last,
                             max(int(self.every_s * 1000), 100), export, self.role,
                             self.lease_holder, self.restore)  # fmt: skip
         await self.client.report_fold(report)
         return report
+
+    async def final(self, outcome: FoldOutcome, applied: int, message: str | None = None) -> None:
+        """The node's last report (best effort, within 2 s): it ended, and why. The
+        bucket's seq is the newest one read (the connection may be gone by now)."""
+        stopped = FoldStopped(outcome, int(time.time() * 1000),
+                              int((time.monotonic() - self.started) * 1000), applied,
+                              self.exports, message[:1000] if message else None)  # fmt: skip
+        cursor = self.cursor
+        report = FoldReport(self.fold, self.node, self.backend, self.bucket, cursor,
+                            max(self.bucket_seq, cursor), max(int(self.every_s * 1000), 100),
+                            self.export, self.role, self.lease_holder, self.restore,
+                            stopped)  # fmt: skip
+        try:
+            async with asyncio.timeout(2.0):
+                await self.client.report_fold(report)
+        except (ApiError, TransportError, TimeoutError) as exc:
+            log.warning("the fold's final report was not taken: %s", exc)
 
     async def run(self, kv: KvStore) -> None:
         """Report every ``every_s`` seconds, and after each export, until cancelled."""

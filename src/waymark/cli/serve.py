@@ -67,6 +67,14 @@ def register(app: typer.Typer) -> None:
                 "steps) run per turn of the event loop, highest topic priority first.",
             ),
         ] = 32,
+        history_interval_s: Annotated[
+            float,
+            typer.Option(
+                min=0.05,
+                help="Seconds between samples of the append-rate history the console charts "
+                "(kept in memory, the last 360 samples of up to 500 topics).",
+            ),
+        ] = 5.0,
         tokens: Annotated[
             Path | None,
             typer.Option(
@@ -270,7 +278,8 @@ def register(app: typer.Typer) -> None:
         app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
                   checkpoint_interval_s=checkpoint_interval_s,
                   recovery_window_s=recovery_window_s,
-                  settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget),
+                  settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget,
+                                    history_interval_s=history_interval_s),
                   tokens=tokens, open_metrics=open_metrics,
                   server_limits=server_limits, audit=audit,
                   browser=BrowserPolicy.for_bind(host, allowed_host or [],

@@ -38,6 +38,7 @@ from ..protocol import (
     StagedPart,
     StageResponse,
     TagRule,
+    TopicHistory,
     TopicList,
     TopicState,
     TopicType,
@@ -73,6 +74,11 @@ class AsyncClient:
         ...
 
     async def get_topic(self, topic: str, *, touch: bool = True) -> TopicState: ...
+    async def topic_history(self, topic: str) -> TopicHistory:
+        """The topic's head seq and bytes as the server sampled them over the last
+        minutes (docs/console.md, "Rate history")."""
+        ...
+
     async def delete_topic(self, topic: str) -> None: ...
     async def append(
         self,

@@ -43,6 +43,7 @@ from ..protocol import (
     StagedPart,
     StageResponse,
     TagRule,
+    TopicHistory,
     TopicList,
     TopicState,
     TopicType,
@@ -87,6 +88,11 @@ class Api:
 
     def get_topic(self, topic: str, *, touch: bool = True) -> TopicState:
         return self._run(calls.get_topic(topic, touch))
+
+    def topic_history(self, topic: str) -> TopicHistory:
+        """The topic's head seq and bytes as the server sampled them over the last
+        minutes (docs/console.md, "Rate history")."""
+        return self._run(calls.topic_history(topic))
 
     def delete_topic(self, topic: str) -> None:
         return self._run(calls.delete_topic(topic))

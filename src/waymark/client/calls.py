@@ -28,6 +28,7 @@ from ..protocol import (
     Health,
     RecordIn,
     TagRule,
+    TopicHistory,
     TopicList,
     TopicPut,
     TopicState,
@@ -146,6 +147,10 @@ def put_topic(
 
 def get_topic(topic: str, touch: bool) -> Call[TopicState]:
     return call("getTopic", _state, params=None if touch else {"touch": "false"}, topic=topic)
+
+
+def topic_history(topic: str) -> Call[TopicHistory]:
+    return call("getTopicHistory", typed(TopicHistory), topic=topic)
 
 
 def _nothing(response: Answer) -> None:

@@ -49,6 +49,7 @@ from .topics import (
     DiffRequest,
     DiffResponse,
     TopicDeleted,
+    TopicHistory,
     TopicList,
     TopicPut,
     TopicState,
@@ -133,6 +134,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("DELETE", _TOPIC, "deleteTopic",
              "Delete a topic with its records, tag index and dedupe state",
              response=TopicDeleted, scope=ScopeKind.ADMIN),
+    Endpoint("GET", f"{_TOPIC}/history", "getTopicHistory",
+             "The topic's head seq and bytes sampled over the last minutes (append-rate "
+             "charts); kept in memory by the server",
+             response=TopicHistory, scope=ScopeKind.READ),
     Endpoint("POST", f"{_TOPIC}/records", "append",
              "Append records atomically; lazily creates the topic unless create=false",
              request=AppendRequest, response=AppendResponse, errors=(400, 404, 409, 422),

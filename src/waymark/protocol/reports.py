@@ -55,6 +55,22 @@ class FoldRestore(Struct, forbid_unknown_fields=True, frozen=True):
     total_bytes: NonNegative
 
 
+FoldOutcome = Literal["stopped", "failed"]
+"""How a fold node ended: asked to (a signal), or an error ended it."""
+
+
+class FoldStopped(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """A fold node's last report says it ended, why, and what it did while it ran
+    (docs/reports.md, "A fold's final report")."""
+
+    outcome: FoldOutcome
+    time_ms: NonNegative  # when it ended (the node's clock)
+    ran_ms: NonNegative  # how long it ran
+    applied: NonNegative  # updates it folded while it ran
+    exports: NonNegative  # artifacts it published while it ran
+    message: Annotated[str, Meta(max_length=1000)] | None = None  # the error, if it failed
+
+
 class FoldReport(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     """``POST /v0/folds``: one fold node's status. ``cursor`` may not pass
     ``bucket_seq`` (the reporter reads the cursor first, then the bucket). Defaults are
@@ -72,6 +88,7 @@ class FoldReport(Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=
     role: ExportRole | None = None  # None: the node does not export (no --export-to)
     lease_holder: Label | None = None  # who holds the export lease, as the node last saw
     restore: FoldRestore | None = None  # None: the node did not bootstrap
+    stopped: FoldStopped | None = None  # None: the node runs; else its final report
 
 
 class FoldStatus(Struct, frozen=True):
@@ -92,6 +109,7 @@ class FoldStatus(Struct, frozen=True):
     role: ExportRole | None = None
     lease_holder: str | None = None
     restore: FoldRestore | None = None
+    stopped: FoldStopped | None = None  # the node's final report: it ended (never stale)
 
 
 class FoldList(Struct, frozen=True):

@@ -258,6 +258,17 @@ class TopicList(Struct):
     next_after: str | None = None
 
 
+class TopicHistory(Struct):
+    """``GET /v0/topics/{topic}/history``: the topic's head seq and bytes over the last
+    minutes, sampled by the server as ``[t_ms, head_seq, bytes]`` points, oldest first;
+    the last is the state now (docs/console.md, "Rate history")."""
+
+    topic: str
+    epoch: int  # the topic instance the points belong to
+    interval_ms: int  # the sampling interval; a gap between points held no change
+    samples: list[tuple[int, int, int]]
+
+
 class TopicDeleted(Struct):
     topic: str
     deleted: bool

@@ -29,6 +29,7 @@ from .console import Console
 from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
 from .handlers import Settings, TopicApi
+from .history import AppendHistory
 from .http import Handler, Receive, Request, Response, Scope, Send
 from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Metrics
@@ -119,7 +120,13 @@ class App:
         self.metrics = Metrics(
             lambda: self.engine.topic_count, self._recovering, self._dead_letters
         )
-        api = TopicApi(self.engine, self.limits, self.notifier, self.metrics, settings)
+        # Append-rate history for the console's charts (docs/console.md, "Rate history").
+        self.history = AppendHistory(max(1, int(settings.history_interval_s * 1000)))
+        self.engine.add_listener(self.history.changed)
+        self._history_ticks: asyncio.Task[None] | None = None
+        api = TopicApi(
+            self.engine, self.limits, self.notifier, self.metrics, settings, self.history
+        )
         writers = WritersApi(self.engine, self.limits, self.metrics)
         queues = QueueApi(
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
@@ -138,6 +145,7 @@ class App:
             "putTopic": api.put_topic,
             "getTopic": api.get_topic,
             "deleteTopic": api.delete_topic,
+            "getTopicHistory": api.get_topic_history,
             "append": api.append,
             "diff": api.diff,
             "watch": api.watch,
@@ -392,6 +400,7 @@ class App:
                     self._trims = asyncio.create_task(self._trim_loop())
                 if self.engine.changes is not None:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop())
+                self._history_ticks = asyncio.create_task(self._history_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.close()
@@ -399,6 +408,8 @@ class App:
                     self._seals.cancel()
                 if self._trims is not None:
                     self._trims.cancel()
+                if self._history_ticks is not None:
+                    self._history_ticks.cancel()
                 if self._checkpoints is not None:
                     self._checkpoints.cancel()
                     await self._last_checkpoint()
@@ -423,6 +434,21 @@ class App:
                 self.metrics.seals += 1
             finally:
                 sealer.running.release()
+
+    async def _history_loop(self) -> None:
+        """Sample the topics that changed, every history interval."""
+        history, engine = self.history, self.engine
+
+        def read(topic: str) -> tuple[int, int, int] | None:
+            try:
+                state = engine.get_topic(topic, touch=False)
+            except TopicError:  # deleted meanwhile, or an internal log
+                return None
+            return state.epoch, state.head_seq, state.bytes
+
+        while True:
+            await asyncio.sleep(history.interval_ms / 1000)
+            history.tick(engine.clock.now_ms(), read)
 
     async def _checkpoint_loop(self) -> None:
         """One change checkpoint per interval that committed anything

@@ -34,6 +34,7 @@ from ..protocol.limits import DEFAULT_TOPIC_PAGE, MAX_TOPIC_PAGE
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
+from .history import AppendHistory
 from .http import BodyDecoder, Request, Response, off_loop
 from .metrics import Metrics
 from .notify import Notifier
@@ -55,6 +56,7 @@ class Settings:
     heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
     sse_batch: int = 500  # records read from the engine per SSE chunk
     delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
+    history_interval_s: float = 5.0  # append-rate history sampling (docs/console.md)
 
 
 def _readable(token: Token, topic: str) -> bool:
@@ -105,8 +107,10 @@ class TopicApi:
         notifier: Notifier,
         metrics: Metrics,
         settings: Settings,
+        history: AppendHistory,
     ) -> None:
         self.engine = engine
+        self.history = history
         self.max_body = limits.max_body_bytes
         self.notifier = notifier
         self.metrics = metrics
@@ -152,6 +156,12 @@ class TopicApi:
     async def get_topic(self, request: Request) -> Response:
         name = _topic(request)
         return Response(_encode(self.engine.get_topic(name, touch=_flag(request, "touch", True))))
+
+    async def get_topic_history(self, request: Request) -> Response:
+        state = self.engine.get_topic(_topic(request), touch=False)
+        now = self.engine.clock.now_ms()
+        history = self.history.of(state.name, state.epoch, now, state.head_seq, state.bytes)
+        return Response(_encode(history))
 
     async def delete_topic(self, request: Request) -> Response:
         name = _topic(request)

@@ -134,9 +134,10 @@ def check_fold(report: FoldReport) -> None:
 def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
     r = kept.report
     age, stale = _age(kept, now)
+    stale = stale and r.stopped is None  # a node that said it ended is not missing
     return FoldStatus(r.fold, r.node, r.backend, r.bucket, r.cursor, r.bucket_seq,
                       r.bucket_seq - r.cursor, r.interval_ms, r.export, kept.reported_ms, age,
-                      stale, r.role, r.lease_holder, r.restore)  # fmt: skip
+                      stale, r.role, r.lease_holder, r.restore, r.stopped)  # fmt: skip
 
 
 def pipeline_status(kept: _Kept[PipelineReport], now: int) -> PipelineStatus:
@@ -264,11 +265,19 @@ class ReportsApi:
         )
         stale = GaugeMetricFamily("waymark_fold_stale", "1 when a fold node stopped reporting",
                                   labels=["fold", "node"])  # fmt: skip
+        ended = GaugeMetricFamily(
+            "waymark_fold_stopped",
+            "1 when a fold node's final report says it ended, by outcome (stopped, failed)",
+            labels=["fold", "node", "outcome"],
+        )
         for f in folds:
             lag.add_metric([f.fold, f.node], f.lag)
             stale.add_metric([f.fold, f.node], int(f.stale))
+            if f.stopped is not None:
+                ended.add_metric([f.fold, f.node, f.stopped.outcome], 1)
         yield lag
         yield stale
+        yield ended
         clients = self.client_list().clients
         behind = GaugeMetricFamily("waymark_recovery_client_behind",
                                    "Change checkpoints above a recovery client's watermark",

@@ -1,5 +1,7 @@
 // Rates and lag sampled in the browser from the API: the server keeps counters (head
-// seqs, bytes, router cursors), the console keeps the last minutes of them.
+// seqs, bytes, router cursors), the console keeps the last minutes of them. Append
+// rates come from the server's own history instead (GET /v0/topics/{topic}/history),
+// so they survive a reload (docs/console.md, "Rate history").
 
 const KEEP_MS = 5 * 60_000;
 const series = new Map(); // key -> [{t, v}] of raw counter values
@@ -44,3 +46,15 @@ export function recordTopics(topics, t = Date.now()) {
 
 export const headKey = (topic) => `head:${topic.name}:${topic.epoch}`;
 export const bytesKey = (topic) => `bytes:${topic.name}:${topic.epoch}`;
+
+// Appends per second between the server's history points ([t_ms, head_seq, bytes]).
+export function historyRates(history) {
+  const out = [];
+  const points = history ? history.samples : [];
+  for (let i = 1; i < points.length; i += 1) {
+    const dt = (points[i][0] - points[i - 1][0]) / 1000;
+    const dv = points[i][1] - points[i - 1][1];
+    if (dt > 0) out.push({ t: points[i][0], v: dv >= 0 ? dv / dt : 0 });
+  }
+  return out;
+}

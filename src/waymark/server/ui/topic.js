@@ -3,8 +3,9 @@
 // permanent delete behind a confirmation for tokens with the delete scope.
 import { allowed, api, isAdmin, stream, topicPath } from "./api.js";
 import { card, fmtAgo, fmtBytes, fmtInt, h } from "./dom.js";
-import { bytesKey, headKey, rates, record, values } from "./samples.js";
+import { historyRates, record, values } from "./samples.js";
 import { chart } from "./svg.js";
+import { producePanel, searchPanel } from "./tools.js";
 
 const TAIL_ROWS = 500; // rows kept in the tail; older ones scroll away
 const BACKLOG = 50; // records shown from before the head when the tail starts
@@ -133,6 +134,10 @@ export async function topicPage(view, { name, identity, every, signal }) {
       drawState();
     }));
   }
+  let history = null; // the server's append-rate history of this topic
+  const loadHistory = async () => {
+    history = await api("GET", `${topicPath(name)}/history`, undefined, signal);
+  };
   let tailAbort = null;
   let rows = []; // events of the tail, oldest first
 
@@ -199,10 +204,8 @@ export async function topicPage(view, { name, identity, every, signal }) {
       card("last write", fmtAgo(topic.last_write_ts)),
       card("last read", fmtAgo(topic.last_read_ts)),
       ...(topic.durability === "fsync" ? [card("fsync", `${topic.fsync_ms} ms`)] : []));
-    record(headKey(topic), topic.head_seq);
-    record(bytesKey(topic), topic.bytes);
     charts.replaceChildren(
-      chart(rates(headKey(topic)), { title: "appends", unit: "/s", testid: "rate-chart" }),
+      chart(historyRates(history), { title: "appends", unit: "/s", testid: "rate-chart" }),
       chart(values(`count:${name}`), { title: "records held" }));
     record(`count:${name}`, topic.count);
     config.replaceChildren(h("tbody", {}, Object.entries(topic.config).map(([key, value]) =>
@@ -220,6 +223,11 @@ export async function topicPage(view, { name, identity, every, signal }) {
       h("button", { type: "button", onclick: () => startTail(Math.max(0, topic.head_seq - BACKLOG)) }, "Latest"),
       "tag", tagFilter, "node", nodeFilter, tailState),
     tail,
+    ...(allowed(identity, "write", name) ? [producePanel(name, async () => {
+      topic = await api("GET", `${topicPath(name)}?touch=false`);
+      drawState();
+    })] : []),
+    searchPanel(name, () => topic.epoch),
     ...(canDelete ? [deletePanel(name, async () => {
       topic = await api("GET", `${topicPath(name)}?touch=false`);
       drawState();
@@ -227,10 +235,12 @@ export async function topicPage(view, { name, identity, every, signal }) {
     h("h2", {}, "Config"), configSlot, config);
   tagFilter.addEventListener("input", drawTail);
   nodeFilter.addEventListener("input", drawTail);
+  await loadHistory();
   drawState();
   startTail(Math.max(0, topic.head_seq - BACKLOG));
   await every(2000, async () => {
     topic = await api("GET", `${topicPath(name)}?touch=false`, undefined, signal);
+    await loadHistory();
     drawState();
   });
 }
