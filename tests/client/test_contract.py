@@ -289,8 +289,21 @@ def not_json(s: Target) -> None:
 
 
 def disk_full(s: Target) -> None:
-    with fault(s.disk.full):
-        s.client.append("synced", [RecordIn.of(1)])  # an fsync topic acks once synced
+    try:
+        with fault(s.disk.full):
+            s.client.append("synced", [RecordIn.of(1)])  # an fsync topic acks once synced
+    finally:
+        # The WAL retries on its own once the disk accepts writes again: wait for it, so
+        # the cases after this one meet a server that writes (not a timing guess).
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                s.client.append("synced", [RecordIn.of(2)])
+                break
+            except ApiError as e:
+                if e.code is not ErrorCode.STORAGE_UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def server_bug(s: Target) -> None:
