@@ -197,8 +197,10 @@ def test_an_open_stream_verifies_its_token_once_until_a_reload(
     writer = new_token(tokens, "writer", ["write:*"])
     with serving(App(tokens=tokens)) as url, Client(url, token=writer) as client:
         client.append("t", [RecordIn.of(0)])
-        with httpx.stream("GET", f"{url}/v0/topics/t/watch", params={"from_seq": 0},
-                          headers={"authorization": f"Bearer {reader}"}, timeout=10) as watch:  # fmt: skip
+        bearer = {"authorization": f"Bearer {reader}"}
+        with httpx.stream(
+            "GET", f"{url}/v0/topics/t/watch", params={"from_seq": 0}, headers=bearer, timeout=10
+        ) as watch:
             lines = (line for line in watch.iter_lines() if line.startswith("data:"))
             assert next(lines)
             for n in range(1, 21):  # each append wakes the stream for one read
