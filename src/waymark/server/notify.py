@@ -11,17 +11,58 @@ reader of the topic, however many commits came before it ran.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from .delivery import Deliveries
 
+# Streams that read and send in one turn of the event loop; the others woken by the
+# same commit wait for the next turns (see Notifier.turn).
+STREAMS_PER_TURN = 64
+
 
 class Notifier:
-    def __init__(self, deliveries: Deliveries) -> None:
+    def __init__(self, deliveries: Deliveries, per_turn: int = STREAMS_PER_TURN) -> None:
         self._deliveries = deliveries
         self._changed: dict[str, asyncio.Future[None]] = {}
         self._closed: asyncio.Future[None] | None = None
         self.closing = False
+        self._per_turn = per_turn
+        self._taken = 0  # turns taken in this turn of the loop
+        self._queued: deque[asyncio.Future[None]] = deque()
+        self._next_turn: asyncio.Handle | None = None
+
+    async def turn(self) -> None:
+        """Wait for this stream's turn to read and send. One commit wakes every stream
+        of its topic at once, and 2,000 streams reading and sending (each its own TLS
+        write) in one turn of the loop held every other request for most of a second;
+        taking turns, at most ``per_turn`` of them go each turn, and between turns the
+        loop reads its sockets, so a health check waits for a few turns, not all of
+        them (docs/security.md, Limits). Returns at once when few streams are woken."""
+        if self._taken < self._per_turn and not self._queued:
+            self._taken += 1
+            self._schedule_turn()
+            return
+        mine = asyncio.get_running_loop().create_future()
+        self._queued.append(mine)
+        self._schedule_turn()
+        await mine
+
+    def _schedule_turn(self) -> None:
+        if self._next_turn is None:
+            self._next_turn = asyncio.get_running_loop().call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._next_turn = None
+        self._taken = 0
+        queued = self._queued
+        while queued and self._taken < self._per_turn:
+            waiter = queued.popleft()
+            if not waiter.done():  # (a stream that went away)
+                waiter.set_result(None)
+                self._taken += 1
+        if queued:
+            self._schedule_turn()
 
     def notify(self, topic: str) -> None:
         if topic in self._changed:

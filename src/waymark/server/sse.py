@@ -147,6 +147,7 @@ class EventStream(Response):
                 await notifier.wait(topic, max(timeout, 0.001), disconnected, changed)
                 if disconnected.done() or notifier.closing:
                     return
+                await notifier.turn()
                 if loop.time() - last_sent >= heartbeat_s:
                     await send(_body(HEARTBEAT))
                     last_sent = loop.time()
