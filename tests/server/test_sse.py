@@ -335,3 +335,32 @@ def test_woken_streams_take_turns_and_other_work_runs_between() -> None:
         return order
 
     assert asyncio.run(run()) == [0, 1, "request", 2, 3, 4, 5, 6]
+
+    async def waiting() -> list[int]:
+        """Streams waiting for a change are not all woken by it in one turn either."""
+        notifier = Notifier(Deliveries(Engine()), per_turn=2)
+        loop = asyncio.get_running_loop()
+        turns = [0]
+
+        def tick() -> None:  # counts the turns of the loop
+            turns[0] += 1
+            loop.call_soon(tick)
+
+        tick()
+        never = loop.create_future()
+        woken: list[int] = []
+
+        async def stream() -> None:
+            changed = notifier.next_change("t")
+            assert await notifier.wait_turn("t", 30, never, changed)
+            woken.append(turns[0])
+
+        streams = [asyncio.create_task(stream()) for _ in range(6)]
+        while len(notifier._streams.get("t", ())) < 6:  # noqa: SLF001 -- all waiting
+            await asyncio.sleep(0)
+        notifier.notify("t")
+        await asyncio.gather(*streams)
+        return woken
+
+    woken = asyncio.run(waiting())
+    assert len(woken) == 6 and max(woken.count(turn) for turn in woken) == 2, woken

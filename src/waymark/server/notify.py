@@ -31,6 +31,8 @@ class Notifier:
         self._taken = 0  # turns taken in this turn of the loop
         self._queued: deque[asyncio.Future[None]] = deque()
         self._next_turn: asyncio.Handle | None = None
+        # SSE streams waiting for a change, by topic: a change queues them for turns.
+        self._streams: dict[str, dict[asyncio.Future[None], None]] = {}
 
     async def turn(self) -> None:
         """Wait for this stream's turn to read and send. One commit wakes every stream
@@ -72,11 +74,15 @@ class Notifier:
         future = self._changed.pop(topic, None)
         if future is not None and not future.done():
             future.set_result(None)
+        streams = self._streams.pop(topic, None)
+        if streams:
+            self._queued.extend(streams)
+            self._schedule_turn()
 
     def wake_all(self) -> None:
         """Wake every waiter as if its topic changed: each stream re-checks what it may
         still send (a tokens reload may have revoked it, docs/security.md)."""
-        for topic in list(self._changed):
+        for topic in set(self._changed) | set(self._streams):
             self._wake(topic)
 
     def close(self) -> None:
@@ -117,3 +123,37 @@ class Notifier:
         # asyncio.wait (unlike wait_for) never cancels the shared future on timeout.
         await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         return changed.done()
+
+    async def wait_turn(
+        self,
+        topic: str,
+        timeout: float,
+        also: asyncio.Future[Any],
+        changed: asyncio.Future[None],
+    ) -> bool:
+        """:meth:`wait` for an SSE stream, which a change wakes in its turn (see
+        :meth:`turn`): the streams of a topic are queued for turns when it changes, not
+        all woken at once, since even waking 2,000 of them in one turn of the loop held
+        it for a tenth of a second. True when the topic changed; the stream then has
+        its turn."""
+        if self.closing:
+            return False
+        if changed.done():  # a change since the stream's last read
+            await self.turn()
+            return True
+        loop = asyncio.get_running_loop()
+        if self._closed is None:
+            self._closed = loop.create_future()
+        mine: asyncio.Future[None] = loop.create_future()
+        waiting = self._streams.setdefault(topic, {})
+        waiting[mine] = None
+        try:
+            await asyncio.wait((mine, also, self._closed), timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            if not mine.done():  # a timeout, a disconnect: no turn for it, and no entry
+                mine.cancel()
+                waiting.pop(mine, None)
+                if not waiting and self._streams.get(topic) is waiting:
+                    del self._streams[topic]
+        return not mine.cancelled()
