@@ -171,7 +171,11 @@ def _check(fuzzed: Fuzzed, case: schemathesis.Case, who: str, status: int, body:
 def _fuzz(fuzzed: Fuzzed, http: httpx.Client, operation: Any, mode: GenerationMode) -> None:
     """``EXAMPLES`` cases of one operation in one mode, the callers taking turns."""
     callers = list(CALLERS)
-    turns = itertools.cycle(callers[len(operation.path) % len(callers) :] + callers)
+    # The negative cases start where the positive ones stopped: every caller, both modes.
+    start = (len(operation.path) + (EXAMPLES if mode is GenerationMode.NEGATIVE else 0)) % len(
+        callers
+    )
+    turns = itertools.cycle(callers[start:] + callers[:start])
     stream = operation.definition.raw.get("operationId") in STREAMS
 
     @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
