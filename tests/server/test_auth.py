@@ -400,6 +400,44 @@ def test_a_revoked_token_loses_its_open_streams(secured: Secured) -> None:
             assert admin.get("/v0/topics/rv.q").json()["queue"]["in_flight"] == 0
 
 
+def test_a_narrowed_token_loses_its_open_stream_within_a_second(secured: Secured) -> None:
+    """A stream keeps the auth decision made when it opened until the tokens file is
+    reloaded: a reload that takes the topic's read scope away from its token (the same
+    secret) ends the stream with an in-band 403 within a second, while the token's
+    other streams, still covered, go on."""
+    name = f"narrowed-{next(_ids)}"
+    secret = token_new(secured.tokens, name, "read:nw.a", "read:nw.b")
+    secured.process.send_signal(signal.SIGHUP)
+    with secured.as_token(secured.all) as admin:
+        for topic in ("nw.a", "nw.b"):
+            assert admin.post(f"/v0/topics/{topic}/records", json={"records": [{"data": 0}]})
+    with secured.as_token(secret) as http:
+        deadline = time.monotonic() + 10
+        while http.get("/v0/auth/whoami").status_code != 200:  # the SIGHUP is handled
+            assert time.monotonic() < deadline
+        with (
+            http.stream("GET", "/v0/topics/nw.a/watch", params={"from_seq": 0}) as narrowed,
+            http.stream("GET", "/v0/topics/nw.b/watch", params={"from_seq": 0}) as kept,
+        ):
+            lines, kept_lines = narrowed.iter_lines(), kept.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert next(line for line in kept_lines if line.startswith("data:"))
+            text = secured.tokens.read_text()
+            entry = re.search(rf'\[tokens\."{name}"\][^\[]*?scopes = \[[^\]]*\]', text)
+            assert entry is not None, text
+            secured.tokens.write_text(text.replace(
+                entry.group(0), entry.group(0).replace('"read:nw.a", ', "")))  # fmt: skip
+            narrowed_at = time.monotonic()
+            secured.process.send_signal(signal.SIGHUP)
+            events = list(lines)  # ends when the server closes the stream
+            assert time.monotonic() - narrowed_at < 1.0, events
+            error = next(e for e in events if e.startswith("data:") and "forbidden" in e)
+            assert '"topic":"nw.a"' in error and "event: error" in events
+            with secured.as_token(secured.all) as admin:  # the covered stream goes on
+                assert admin.post("/v0/topics/nw.b/records", json={"records": [{"data": 1}]})
+            assert '"data":1' in next(line for line in kept_lines if line.startswith("data:"))
+
+
 def test_token_names_in_any_script_read_back_and_control_characters_are_refused(
     tmp_path: Path,
 ) -> None:

@@ -67,3 +67,28 @@ def test_health_answers_during_a_50_mb_append(start_waymark) -> None:
         assert client.get_topic("big").head_seq == RECORDS
         page = client.diff("big", RECORDS - 1)
         assert [r.data for r in page.records] == [{"k": DATA, "n": [1, 2.5, 3]}]
+
+
+def test_a_large_stage_is_decoded_off_the_loop_and_publishes_whole(start_waymark) -> None:
+    """The staging route decodes a body over 1 MiB on a worker thread, as the append
+    does: a 5 MB stage is taken and published as one write, and a large stage body
+    that is not a stage is refused 400, staging nothing."""
+    server = start_waymark()
+    records = b",".join([b'{"data":{"k":"%b"}}' % DATA.encode()] * 1_000)
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        epoch = http.post("/v0/writers", json={"writer": "big-sink"}).json()["epoch"]
+        stage = b'{"writer":"big-sink","epoch":%d,"batch_id":1,"partition":0,"attempt":0,' % epoch
+        bad = http.post("/v0/topics/staged/stage", content=stage + b'"records":[' + records + b"]",
+                        headers={"content-type": "application/json"})  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+        answer = http.post("/v0/topics/staged/stage",
+                           content=stage + b'"records":[' + records + b"]}",
+                           headers={"content-type": "application/json"})  # fmt: skip
+        assert answer.status_code == 200 and answer.json() == {"staged": 1_000, "accepted": True}
+        published = http.post("/v0/topics/staged/publish", json={
+            "writer": "big-sink", "epoch": epoch, "batch_id": 1,
+            "parts": [{"partition": 0, "attempt": 0, "chunks": 1}]})  # fmt: skip
+        assert published.status_code == 200, published.text
+    with Client(server.url) as client:
+        assert client.get_topic("staged").head_seq == 1_000
+        assert [r.data for r in client.diff("staged", 999).records] == [{"k": DATA}]

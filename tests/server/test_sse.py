@@ -305,3 +305,62 @@ def test_a_node_filtered_watch_on_a_busy_topic_still_gets_heartbeats(http, api, 
         assert line == ": heartbeat"
         api.write(topic, "other")
         assert stream.next().data["data"] == "other"
+
+
+def test_woken_streams_take_turns_and_other_work_runs_between() -> None:
+    """One commit wakes every stream of its topic at once; 2,000 of them reading and
+    sending in one turn of the event loop held every other request (a health check
+    p99 of ~1 s). They now take turns, ``per_turn`` a turn, and what else is ready
+    (a request's I/O) runs between the turns; a few streams go at once."""
+    import asyncio
+
+    from waymark.log import Engine
+    from waymark.server.delivery import Deliveries
+    from waymark.server.notify import Notifier
+
+    async def run() -> list[object]:
+        notifier = Notifier(Deliveries(Engine()), per_turn=2)
+        order: list[object] = []
+
+        async def stream(i: int) -> None:
+            await notifier.turn()
+            order.append(i)
+
+        async def request() -> None:  # ready in the loop's next turn, as I/O would be
+            await asyncio.sleep(0)
+            order.append("request")
+
+        await asyncio.gather(*(stream(i) for i in range(6)), request())
+        await stream(6)  # alone: its turn at once
+        return order
+
+    assert asyncio.run(run()) == [0, 1, "request", 2, 3, 4, 5, 6]
+
+    async def waiting() -> list[int]:
+        """Streams waiting for a change are not all woken by it in one turn either."""
+        notifier = Notifier(Deliveries(Engine()), per_turn=2)
+        loop = asyncio.get_running_loop()
+        turns = [0]
+
+        def tick() -> None:  # counts the turns of the loop
+            turns[0] += 1
+            loop.call_soon(tick)
+
+        tick()
+        never = loop.create_future()
+        woken: list[int] = []
+
+        async def stream() -> None:
+            changed = notifier.next_change("t")
+            assert await notifier.wait_turn("t", 30, never, changed)
+            woken.append(turns[0])
+
+        streams = [asyncio.create_task(stream()) for _ in range(6)]
+        while len(notifier._streams.get("t", ())) < 6:  # noqa: SLF001 -- all waiting
+            await asyncio.sleep(0)
+        notifier.notify("t")
+        await asyncio.gather(*streams)
+        return woken
+
+    woken = asyncio.run(waiting())
+    assert len(woken) == 6 and max(woken.count(turn) for turn in woken) == 2, woken

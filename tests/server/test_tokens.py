@@ -172,3 +172,38 @@ def test_the_audit_log_has_every_refusal_and_admin_action_and_rotates(
     assert len(files) <= 6 and all(f.stat().st_size <= 4000 for f in files)
     text = "".join(f.read_text() for f in files)
     assert admin not in text and reader not in text  # no secret is ever written
+
+
+def test_an_open_stream_verifies_its_token_once_until_a_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream checked its token before every read, a salted SHA-256 each time: with
+    2,000 streams woken by every commit, the hashing alone held the event loop. The
+    decision made at the open holds until the tokens file is reloaded (a revoked or
+    narrowed token still ends its streams: tests/server/test_auth.py); expiry, a clock
+    comparison, is still checked before every read (the test above)."""
+    from waymark.server import auth
+
+    hashed: dict[str, int] = {}
+    matches = auth.Token.matches
+
+    def counted(self: auth.Token, secret: bytes) -> bool:  # a spy: counts, changes nothing
+        hashed[self.name] = hashed.get(self.name, 0) + 1
+        return matches(self, secret)
+
+    monkeypatch.setattr(auth.Token, "matches", counted)
+    tokens = tmp_path / "tokens.toml"
+    reader = new_token(tokens, "reader", ["read:*"])
+    writer = new_token(tokens, "writer", ["write:*"])
+    with serving(App(tokens=tokens)) as url, Client(url, token=writer) as client:
+        client.append("t", [RecordIn.of(0)])
+        bearer = {"authorization": f"Bearer {reader}"}
+        with httpx.stream(
+            "GET", f"{url}/v0/topics/t/watch", params={"from_seq": 0}, headers=bearer, timeout=10
+        ) as watch:
+            lines = (line for line in watch.iter_lines() if line.startswith("data:"))
+            assert next(lines)
+            for n in range(1, 21):  # each append wakes the stream for one read
+                client.append("t", [RecordIn.of(n)])
+                assert next(lines).endswith(f'"data":{n}}}')
+        assert hashed["reader"] == 1, hashed  # the open, and no read after it

@@ -111,7 +111,10 @@ class Chunk:
         # more on the event loop (docs/security.md, Limits: large bodies).
         buf, ends = self.buf, self.ends
         for seq, record in zip(range(first_seq, first_seq + len(records)), records, strict=True):
-            buf += b'{"$seq":%d,"$ts":%d%b,' % (seq, ts, record.body)
+            # Three extends, not one formatted copy: the body is copied once, not twice.
+            buf += b'{"$seq":%d,"$ts":%d' % (seq, ts)
+            buf += record.body
+            buf += b","
             ends.append(len(buf))
         self.ts.extend(repeat(ts, len(records)))
         self.node.extend([self.node_names.intern(r.node) for r in records])

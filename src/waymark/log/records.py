@@ -43,8 +43,18 @@ class EncodedRecord(msgspec.Struct, frozen=True, gc=False):
     id: str | None
 
 
-def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRecord]:
+# A write whose data is larger than this is checked a slice of records at a time: each
+# check is one C call over the bytes it is given, and holds the GIL throughout, so a
+# 50 MB write checked whole held every other thread (the event loop's too, while the
+# server validates it on a worker) for a fifth of a second (docs/security.md, Limits).
+SLICE_BYTES = 1 << 20
+
+
+def encode_batch(
+    records: Sequence[RecordIn], limits: Limits, *, first_index: int = 0
+) -> list[EncodedRecord]:
     """Validate every record against ``limits`` and encode its wire body once.
+    ``first_index``: the index of ``records[0]`` in the write (an error names the record).
 
     This is the hottest loop of a write, so the common shapes take short paths.
     """
@@ -54,10 +64,13 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
     append = out.append
     changed: list[msgspec.Raw] | None = None
     joined = b"".join(map(_data_of, records))
+    if len(joined) > SLICE_BYTES and len(records) > 1:
+        del joined
+        return _encode_in_slices(records, limits, first_index)
     array: bytes | None = None  # the write as one JSON array, built once if a check needs it
     if _may_be_poison(joined):
         array = _array(records)
-        _check_readable(records, array)
+        _check_readable(records, array, first_index)
     # Data with no whitespace and no backslash is canonical already: the common case is
     # proven with the cheapest scan for its size and parses nothing. Small writes also
     # tell spaces in strings from spaces between tokens by the quotes around them.
@@ -98,6 +111,21 @@ def encode_batch(records: Sequence[RecordIn], limits: Limits) -> list[EncodedRec
     return out
 
 
+def _encode_in_slices(
+    records: Sequence[RecordIn], limits: Limits, first_index: int
+) -> list[EncodedRecord]:
+    out: list[EncodedRecord] = []
+    start = size = 0
+    for i, record in enumerate(records):
+        n = len(record.data)
+        if size + n > SLICE_BYTES and i > start:  # a larger record is a slice of its own
+            out += encode_batch(records[start:i], limits, first_index=first_index + start)
+            start, size = i, 0
+        size += n
+    out += encode_batch(records[start:], limits, first_index=first_index + start)
+    return out
+
+
 def _may_be_poison(joined: bytes) -> bool:
     """Whether the data of a write could hold what a reader cannot decode: invalid
     UTF-8, an escape (a lone surrogate ``\\ud800``), or a number that is infinite as a
@@ -119,7 +147,7 @@ def _array(records: Sequence[RecordIn]) -> bytes:
     return b"[" + b",".join(map(_data_of, records)) + b"]"
 
 
-def _check_readable(records: Sequence[RecordIn], array: bytes) -> None:
+def _check_readable(records: Sequence[RecordIn], array: bytes, first_index: int) -> None:
     """Refuse a write whose data a reader could not decode: JSON text in UTF-8, no
     lone surrogates, numbers finite as doubles (docs/semantics/topics.md §1.2). One
     orjson parse of the whole write proves it, and only a refused write is parsed per
@@ -130,7 +158,7 @@ def _check_readable(records: Sequence[RecordIn], array: bytes) -> None:
         return
     except orjson.JSONDecodeError:
         pass
-    for index, record in enumerate(records):
+    for index, record in enumerate(records, first_index):
         try:
             orjson.loads(bytes(record.data))
         except orjson.JSONDecodeError as error:

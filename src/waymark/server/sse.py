@@ -144,7 +144,7 @@ class EventStream(Response):
                 timeout = heartbeat_s - (loop.time() - last_sent)
                 if (due := feed.due_s()) is not None:
                     timeout = min(timeout, due)
-                await notifier.wait(topic, max(timeout, 0.001), disconnected, changed)
+                await notifier.wait_turn(topic, max(timeout, 0.001), disconnected, changed)
                 if disconnected.done() or notifier.closing:
                     return
                 if loop.time() - last_sent >= heartbeat_s:

@@ -18,7 +18,7 @@ from ..protocol import (
 )
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
-from .http import BodyDecoder, Request, Response
+from .http import BodyDecoder, Request, Response, off_loop
 from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
@@ -69,7 +69,8 @@ class WritersApi:
                 )
 
     async def stage(self, request: Request) -> Response:
-        body = _stage.decode(await request.body(self.max_body))
+        # Decoded on a worker thread when large, as an append is (docs/security.md, Limits).
+        body = await off_loop(await request.body_parts(self.max_body), _stage.decode)
         accepted = self.writers.stage(
             request.params["topic"],
             body.writer,

@@ -196,9 +196,7 @@ class WalShard:
         while pending:
             cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
             if cut:
-                # Joined here, with the GIL released for a large one: not on the loop.
-                self._write_all(b"".join(chain.from_iterable(
-                    (f,) if isinstance(f, bytes) else f for f in pending[:cut])))  # fmt: skip
+                self._write_all(_pieces(pending[:cut]))
             self._io.fdatasync(self._fd)
             del pending[:cut]
             if pending:  # a rotation mark: the older file is complete and durable
@@ -208,17 +206,20 @@ class WalShard:
                 self._size = 0
                 del pending[0]
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
+    def _write_all(self, pieces: Iterator[bytes]) -> None:
+        size = self._size
         try:
-            while view:
-                written = self._io.write(self._fd, view)
-                view = view[written:]
+            for piece in pieces:
+                view = memoryview(piece)
+                while view:
+                    written = self._io.write(self._fd, view)
+                    view = view[written:]
+                size += len(piece)
         except OSError:
             # A partial write must not stay behind: the retry rewrites from here.
             self._io.truncate(self._fd, self._size)
             raise
-        self._size += len(data)
+        self._size = size
 
     def _failed(self, exc: OSError) -> None:
         with self._lock:
@@ -240,6 +241,31 @@ class WalShard:
         if loop is not None and waiters:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
                 loop.call_soon_threadsafe(fn, waiters, exc)
+
+
+# Frames are written in pieces of about this size: small parts joined (one write call,
+# not thousands), a larger one written as it is. Joining a 50 MB frame whole held the
+# GIL, and the event loop with it, for as long as the copy took (docs/security.md, Limits).
+PIECE_BYTES = 1 << 20
+
+
+def _pieces(frames: list[bytes | list[bytes]]) -> Iterator[bytes]:
+    batch: list[bytes] = []
+    size = 0
+    for part in chain.from_iterable((f,) if isinstance(f, bytes) else f for f in frames):
+        if len(part) >= PIECE_BYTES:
+            if batch:
+                yield b"".join(batch)
+                batch, size = [], 0
+            yield part
+            continue
+        batch.append(part)
+        size += len(part)
+        if size >= PIECE_BYTES:
+            yield b"".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield b"".join(batch)
 
 
 def _release_waiters(waiters: list[tuple[int, asyncio.Future[None]]], _: None) -> None:
