@@ -51,4 +51,19 @@ def __getattr__(name: str) -> object:
     return getattr(import_module(f"waymark.checkpoint.{home}"), name)
 
 
-__all__ = sorted(_HOME)
+__all__ = [
+    "AckReceipt",
+    "CheckpointError",
+    "CheckpointStore",
+    "CheckpointStoreCorrupt",
+    "Committed",
+    "DrainIncomplete",
+    "DroppedTicketWarning",
+    "Outcome",
+    "QueuedTicket",
+    "SendingTicket",
+    "SourceView",
+    "TicketSpentError",
+    "Tracker",
+    "TrackerStopped",
+]

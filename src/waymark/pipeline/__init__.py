@@ -76,4 +76,26 @@ def __getattr__(name: str) -> object:
     return getattr(import_module(f"waymark.pipeline.{home}"), name)
 
 
-__all__ = sorted(_HOME)
+__all__ = [
+    "CheckpointedStageState",
+    "EdgeStats",
+    "EdgeUnavailable",
+    "FenceEpoch",
+    "Fenced",
+    "HandoffReader",
+    "HandoffRolledBack",
+    "HandoffWriter",
+    "InFlight",
+    "Observed",
+    "Position",
+    "QueueLocator",
+    "RelocatableQueueEdge",
+    "Relocation",
+    "Sink",
+    "SinkUnavailable",
+    "Stage",
+    "StageFenced",
+    "StageStateStore",
+    "client_factory",
+    "output_event",
+]
