@@ -20,7 +20,15 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from ..client import TopicState
 from .connection import connect
 from .offsets import EARLIEST, LATEST, FromSeq, Position, TopicOffset, parse_positions
-from .options import ENDING, MAX_PER_PARTITION, MIN_PARTITIONS, STARTING, positive
+from .options import (
+    BATCH_SOURCE,
+    ENDING,
+    MAX_PER_PARTITION,
+    MIN_PARTITIONS,
+    STARTING,
+    positive,
+    resolve,
+)
 from .partitions import Recreated, SeqRange, split
 from .source import (
     DEFAULT_MAX_PER_PARTITION,
@@ -37,6 +45,7 @@ from .subscription import parse_subscription
 
 class WaymarkBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
+        options = resolve(options, BATCH_SOURCE)  # as documented, aliases folded in
         self.settings = read_settings(options)
         subscription = parse_subscription(options, self.settings.gaps_topic)
         starting = parse_positions(STARTING, options.get(STARTING), EARLIEST, subscription.accepts)

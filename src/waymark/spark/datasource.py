@@ -12,7 +12,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .options import BATCH_SINK, BATCH_SOURCE, STREAM_SINK, STREAM_SOURCE, resolve
+from .options import BATCH_SINK, STREAM_SINK, STREAM_SOURCE, resolve
 from .schema import SOURCE_DDL
 
 
@@ -46,7 +46,7 @@ class WaymarkDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         from .batch_source import WaymarkBatchReader
 
-        return WaymarkBatchReader(resolve(self.options, BATCH_SOURCE))
+        return WaymarkBatchReader(self.options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:

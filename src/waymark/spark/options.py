@@ -103,6 +103,8 @@ def _unknown(key: str, allowed: frozenset[str]) -> str:
     names = sorted(allowed | {a for a, (o, _) in ALIASES.items() if o in allowed})
     if allowed is BATCH_SOURCE and key.lower() in {n.lower() for n in _STREAM_ONLY}:
         return f"option {key!r} applies to streaming queries (readStream), not to {role}"
+    if allowed is STREAM_SOURCE and key.lower() == ENDING.lower():
+        return f"option {ENDING!r} applies to batch queries (read), not to {role}"
     close = _close(key, names)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return f"unknown option {key!r} for {role}{hint} (it takes: {', '.join(names)})"

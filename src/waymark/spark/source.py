@@ -65,7 +65,6 @@ from .offsets import (
 )
 from .options import (
     CA_FILE,
-    ENDING,
     FAIL_ON_DATA_LOSS,
     GAPS_TOPIC,
     MAX_PER_PARTITION,
@@ -75,11 +74,13 @@ from .options import (
     MIN_PER_TRIGGER,
     NODE,
     STARTING,
+    STREAM_SOURCE,
     TOKEN,
     URL,
     duration_ms,
     flag,
     positive,
+    resolve,
 )
 from .partitions import ReadSettings, Recreated, SeqRange, split
 from .schema import ARROW_SCHEMA
@@ -171,8 +172,7 @@ def delay_batch(available: int, min_rows: int, now_ms: int, last_ms: int, delay_
 
 class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], clock: Clock | None = None) -> None:
-        if ENDING in options:
-            raise ValueError("option 'endingOffsets' applies to batch queries (read), not streams")
+        options = resolve(options, STREAM_SOURCE)  # as documented, aliases folded in
         self.settings = read_settings(options)
         self.subscription = parse_subscription(options, self.settings.gaps_topic)
         self.starting = parse_positions(
