@@ -4,7 +4,6 @@ Spark session (docs/spark.md, "Options", "Batch queries")."""
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,7 +60,7 @@ def test_a_batch_query_reads_between_offsets_and_follows_fail_on_data_loss(
     epoch = http.get(f"/v0/topics/{topic}").json()["epoch"]
     exact = f'{{"{topic}": {{"epoch": {epoch}, "seq": 4}}}}'  # as Spark's offset log has it
     assert read(endingOffsets=exact) == [1, 2, 3, 4]
-    with pytest.raises(Exception, match="'latest' .* not valid for a batch query"):
+    with pytest.raises(Exception, match=r"'latest' .* not valid for a batch query"):
         read(startingOffsets="latest")
 
     capped = f"{topic}-cap"
