@@ -98,5 +98,5 @@ def test_a_batch_write_publishes_once_per_run_and_a_named_batch_once(
     save(topic=named, writerId="job", batchId="7")
     save(topic=named, writerId="job", batchId="7")
     assert sorted(r["data"]["n"] for r in topics.read(named)) == list(range(5))
-    with pytest.raises(Exception, match="did you mean 'writerId'"):
-        save(writerID="job", bachId="1", writerid_typo="x")
+    with pytest.raises(Exception, match=r"unknown option 'bachid'.*did you mean 'batchId'"):
+        save(writerID="job", bachId="1")  # writerID is writerId: names ignore case
