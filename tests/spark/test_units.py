@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -593,3 +594,47 @@ def test_the_encoding_property_catches_unescaped_quotes(monkeypatch: pytest.Monk
     monkeypatch.setattr(encoding, "_json_strings", unescaped)
     with pytest.raises((AssertionError, msgspec.DecodeError)):
         test_sink_rows_encode_as_the_records_they_hold()
+
+
+def test_a_pattern_reads_topics_created_later_from_their_start_and_never_its_gaps_topic(
+    server: Any, http: httpx.Client, topic: str
+) -> None:
+    """``subscribePattern`` plans against the server's topic list before every batch: a
+    matching topic created after the query started is read from its first record even
+    with ``startingOffsets=latest``, a name that only contains the pattern is not
+    read, and the source's own gaps topic is never matched (docs/spark.md, "Options")."""
+    from waymark.spark.batch_source import WaymarkBatchReader
+    from waymark.spark.source import WaymarkStreamReader
+
+    def write(name: str, n: int) -> None:
+        records = [{"data": i} for i in range(n)]
+        http.post(f"/v0/topics/{name}/records", json={"records": records}).raise_for_status()
+
+    write(f"{topic}.a", 3)
+    reader = WaymarkStreamReader({
+        "url": server.url, "subscribePattern": rf"{re.escape(topic)}\..*",
+        "startingOffsets": "latest", "gapsTopic": f"{topic}.gaps",
+    })  # fmt: skip
+    start = reader.initialOffset()
+    assert {t: o["seq"] for t, o in start.items()} == {f"{topic}.a": 3}
+    write(f"{topic}.b", 2)
+    write(f"{topic}.gaps", 1)
+    write(f"x{topic}.c", 1)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert {t: o["seq"] for t, o in end.items()} == {f"{topic}.a": 3, f"{topic}.b": 2}
+
+    def spans(ranges: Any) -> dict[str, tuple[int, int]]:  # per topic: (lo, hi] covered
+        out: dict[str, tuple[int, int]] = {}
+        for r in ranges:
+            lo, hi = out.get(r.topic, (r.lo, r.hi))
+            out[r.topic] = (min(lo, r.lo), max(hi, r.hi))
+        return out
+
+    assert spans(reader.partitions(start, end)) == {f"{topic}.b": (0, 2)}
+    batch = WaymarkBatchReader({
+        "url": server.url, "subscribePattern": rf"{re.escape(topic)}\.[ab]",
+        "endingOffsets": f'{{"{topic}.a": 3}}',
+    })  # fmt: skip
+    assert spans(batch.partitions()) == {f"{topic}.a": (0, 2), f"{topic}.b": (0, 2)}
+    rows = sum(b.num_rows for r in batch.partitions() for b in batch.read(r))
+    assert rows == 4
