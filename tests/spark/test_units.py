@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -25,21 +26,161 @@ from waymark.log import Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.writers import PartKey
 from waymark.spark import encoding
 from waymark.spark.encoding import encode_batch, encode_data, joined_values
-from waymark.spark.offsets import EARLIEST, LATEST, TopicOffset, admit, parse_starting
+from waymark.spark.offsets import (
+    EARLIEST,
+    LATEST,
+    FromSeq,
+    Positions,
+    TopicOffset,
+    admit,
+    parse_positions,
+)
+from waymark.spark.options import (
+    BATCH_SOURCE,
+    STREAM_SINK,
+    STREAM_SOURCE,
+    duration_ms,
+    flag,
+    resolve,
+)
 from waymark.spark.partitions import ReadSettings, Recreated, split
 
 SETTINGS = ReadSettings("http://x", None, "fail", "gaps", 10_000)
 
 
 def test_starting_offsets_forms() -> None:
-    assert parse_starting(None, ["a"]) == {"a": EARLIEST}
-    assert parse_starting("latest", ["a", "b"]) == {"a": LATEST, "b": LATEST}
-    given = parse_starting('{"a": {"epoch": 3, "seq": 7}, "b": -1}', ["a", "b", "c"])
-    assert given == {"a": TopicOffset(3, 7), "b": LATEST, "c": EARLIEST}
-    with pytest.raises(ValueError, match="not in 'topics'"):
-        parse_starting('{"zz": -2}', ["a"])
-    with pytest.raises(ValueError, match="-2, -1 or"):
-        parse_starting('{"a": 5}', ["a"])
+    def parse(text: str | None, topics: tuple[str, ...] = ("a", "b", "c")) -> Positions:
+        return parse_positions("startingOffsets", text, EARLIEST, topics.__contains__)
+
+    assert parse(None).of("a") == EARLIEST
+    assert parse("LATEST").of("b") == LATEST
+    given = parse('{"a": {"epoch": 3, "seq": 7}, "b": -1, "c": 23}')
+    assert [given.of(t) for t in "abc"] == [TopicOffset(3, 7), LATEST, FromSeq(23)]
+    assert parse('{"a": -1}').of("new-topic") == EARLIEST  # unnamed: the default
+    with pytest.raises(ValueError, match="does not subscribe to"):
+        parse('{"zz": -2}', ("a",))
+    for bad in ('{"a": 0}', '{"a": {"seq": 5}}', '{"a": true}', "[1]"):
+        with pytest.raises(ValueError, match="startingOffsets"):
+            parse(bad)
+
+
+def test_options_are_strict_case_insensitive_and_name_close_matches() -> None:
+    """An option the query does not take fails it, naming what was probably meant;
+    names match whatever their case (Spark hands them over lower-cased); the older
+    names are aliases whose values read as the new option's (docs/spark.md, "Options")."""
+    spark_given = CaseInsensitiveDict({"URL": "u", "subscribe": "t", "maxoffsetspertrigger": "5"})
+    assert resolve(spark_given, STREAM_SOURCE) == {
+        "url": "u", "subscribe": "t", "maxOffsetsPerTrigger": "5"
+    }  # fmt: skip
+    old = {"topics": "t", "maxRecordsPerTrigger": "5", "onDataLoss": "skip"}
+    assert resolve(old, STREAM_SOURCE) == {
+        "subscribe": "t", "maxOffsetsPerTrigger": "5", "failOnDataLoss": "false"
+    }  # fmt: skip
+    cases = [
+        ({"maxOffsetPerTrigger": "5"}, STREAM_SOURCE, "did you mean 'maxOffsetsPerTrigger'"),
+        ({"failOnDatalos": "x"}, STREAM_SOURCE, "did you mean 'failOnDataLoss'"),
+        ({"subscrbe": "t"}, BATCH_SOURCE, "did you mean 'subscribe'"),
+        ({"maxOffsetsPerTrigger": "5"}, BATCH_SOURCE, "applies to streaming queries"),
+        ({"endingOffsets": "latest"}, STREAM_SOURCE, "applies to batch queries"),
+        ({"assign": "{}"}, STREAM_SOURCE, "Kafka connector has no waymark counterpart"),
+        ({"topic": "t"}, STREAM_SOURCE, "unknown option 'topic'"),
+        ({"batchId": "1"}, STREAM_SINK, "unknown option 'batchId'.*it takes: caFile"),
+        ({"topics": "a", "subscribe": "b"}, STREAM_SOURCE, "given twice with two values"),
+        ({"onDataLoss": "skip", "failOnDataLoss": "true"}, STREAM_SOURCE, "given twice"),
+    ]
+    for options, allowed, message in cases:
+        with pytest.raises(ValueError, match=message):
+            resolve(options, allowed)
+    assert resolve({"topics": "a", "subscribe": "a"}, STREAM_SOURCE) == {"subscribe": "a"}
+    assert duration_ms({"d": "15m"}, "d", 0) == 900_000
+    assert duration_ms({"d": "250"}, "d", 0) == 250  # a bare number: ms, as Kafka's
+    assert duration_ms({}, "d", 7) == 7
+    for bad in ("5 parsecs", "-1s", "1.5s"):
+        with pytest.raises(ValueError, match="is a duration"):
+            duration_ms({"d": bad}, "d", 0)
+    with pytest.raises(ValueError, match="true or false"):
+        flag({"f": "yes"}, "f", True)
+
+
+def test_the_data_source_refuses_unknown_options_when_spark_creates_a_reader() -> None:
+    """Through the data source, as Spark calls it (lower-cased keys), before any I/O."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from waymark.spark.datasource import WaymarkDataSource
+
+    schema = StructType([StructField("data", StringType())])
+    source = WaymarkDataSource(
+        CaseInsensitiveDict(
+            {"url": "http://127.0.0.1:9", "subscribe": "t", "maxofsetspertrigger": "5"}
+        )
+    )
+    with pytest.raises(
+        ValueError, match=r"'maxofsetspertrigger'.*did you mean 'maxOffsetsPerTrigger'"
+    ):
+        source.streamReader(schema)
+    with pytest.raises(ValueError, match="applies to streaming queries"):
+        WaymarkDataSource(
+            CaseInsensitiveDict({"url": "u", "subscribe": "t", "maxrecordspertrigger": "5"})
+        ).reader(schema)
+    sink = WaymarkDataSource(
+        CaseInsensitiveDict({"url": "u", "topic": "t", "writerid": "w", "bachid": "1"})
+    )
+    with pytest.raises(ValueError, match="did you mean 'batchId'"):
+        sink.writer(schema, False)
+    with pytest.raises(ValueError, match="exactly one of option 'subscribe'"):
+        WaymarkDataSource(
+            CaseInsensitiveDict({"url": "u", "subscribe": "a", "subscribepattern": "b"})
+        ).streamReader(schema)
+
+
+def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
+    server: Any, http: httpx.Client, topic: str
+) -> None:
+    """Kafka's rule, planned against a real server on an injected clock: a micro-batch
+    waits until ``minOffsetsPerTrigger`` records are there or ``maxTriggerDelay`` passed
+    since the last one; the first is never delayed; availableNow and a trigger that asks
+    for everything are not delayed; ``maxOffsetsPerTrigger`` still caps."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows, ReadMinRows
+
+    from waymark.spark.source import WaymarkStreamReader
+
+    def write(n: int) -> None:
+        records = [{"data": i} for i in range(n)]
+        http.post(f"/v0/topics/{topic}/records", json={"records": records}).raise_for_status()
+
+    clock = ManualClock()
+    options = {"url": server.url, "subscribe": topic, "minOffsetsPerTrigger": "10",
+               "maxTriggerDelay": "30s"}  # fmt: skip
+    reader = WaymarkStreamReader(options, clock=clock)
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMinRows(10)
+    write(4)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, limit)  # the first batch: not delayed
+    assert end[topic]["seq"] == 4
+    write(3)
+    assert reader.latestOffset(end, limit) == end  # 3 < 10, 0 s since: waits
+    clock.advance(29_999)
+    assert reader.latestOffset(end, limit) == end
+    assert reader.latestOffset(end, ReadAllAvailable())[topic]["seq"] == 7  # not delayed
+    clock.advance(1)
+    end = reader.latestOffset(end, limit)  # 30 s since the last batch
+    assert end[topic]["seq"] == 7
+    write(10)
+    end = reader.latestOffset(end, limit)  # 10 available: at once
+    assert end[topic]["seq"] == 17
+    capped = WaymarkStreamReader({**options, "maxOffsetsPerTrigger": "12"}, clock=clock)
+    assert capped.getDefaultReadLimit() == ReadMaxRows(12)
+    assert capped.latestOffset(capped.initialOffset(), ReadMaxRows(12))[topic]["seq"] == 12
+    write(2)
+    drained = WaymarkStreamReader(options, clock=clock)
+    drained.prepareForTriggerAvailableNow()
+    first = drained.latestOffset(drained.initialOffset(), limit)
+    assert drained.latestOffset(first, limit) == first  # the target reached
+    with pytest.raises(ValueError, match="goes with option 'minOffsetsPerTrigger'"):
+        WaymarkStreamReader({"url": "u", "subscribe": "t", "maxTriggerDelay": "1s"})
+    with pytest.raises(ValueError, match="above 'maxOffsetsPerTrigger'"):
+        WaymarkStreamReader({**options, "maxOffsetsPerTrigger": "5"})
 
 
 def test_admission_shares_the_budget_and_never_exceeds_it() -> None:
@@ -256,6 +397,7 @@ def test_sink_options_missing_fail_naming_the_option() -> None:
         (WaymarkStreamWriter, {"url": "http://x", "checkpointLocation": "/ck"}, "option 'topic'"),
         (WaymarkStreamWriter, {"url": "http://x", "topic": "t"}, "option 'checkpointLocation'"),
         (WaymarkBatchWriter, {"url": "http://x", "topic": "t", "batchId": "0"}, "'writerId'"),
+        (WaymarkBatchWriter, {"url": "http://x", "topic": "t", "writerId": "w"}, "'batchId'"),
     ]
     for writer, options, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -452,3 +594,47 @@ def test_the_encoding_property_catches_unescaped_quotes(monkeypatch: pytest.Monk
     monkeypatch.setattr(encoding, "_json_strings", unescaped)
     with pytest.raises((AssertionError, msgspec.DecodeError)):
         test_sink_rows_encode_as_the_records_they_hold()
+
+
+def test_a_pattern_reads_topics_created_later_from_their_start_and_never_its_gaps_topic(
+    server: Any, http: httpx.Client, topic: str
+) -> None:
+    """``subscribePattern`` plans against the server's topic list before every batch: a
+    matching topic created after the query started is read from its first record even
+    with ``startingOffsets=latest``, a name that only contains the pattern is not
+    read, and the source's own gaps topic is never matched (docs/spark.md, "Options")."""
+    from waymark.spark.batch_source import WaymarkBatchReader
+    from waymark.spark.source import WaymarkStreamReader
+
+    def write(name: str, n: int) -> None:
+        records = [{"data": i} for i in range(n)]
+        http.post(f"/v0/topics/{name}/records", json={"records": records}).raise_for_status()
+
+    write(f"{topic}.a", 3)
+    reader = WaymarkStreamReader({
+        "url": server.url, "subscribePattern": rf"{re.escape(topic)}\..*",
+        "startingOffsets": "latest", "gapsTopic": f"{topic}.gaps",
+    })  # fmt: skip
+    start = reader.initialOffset()
+    assert {t: o["seq"] for t, o in start.items()} == {f"{topic}.a": 3}
+    write(f"{topic}.b", 2)
+    write(f"{topic}.gaps", 1)
+    write(f"x{topic}.c", 1)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert {t: o["seq"] for t, o in end.items()} == {f"{topic}.a": 3, f"{topic}.b": 2}
+
+    def spans(ranges: Any) -> dict[str, tuple[int, int]]:  # per topic: (lo, hi] covered
+        out: dict[str, tuple[int, int]] = {}
+        for r in ranges:
+            lo, hi = out.get(r.topic, (r.lo, r.hi))
+            out[r.topic] = (min(lo, r.lo), max(hi, r.hi))
+        return out
+
+    assert spans(reader.partitions(start, end)) == {f"{topic}.b": (0, 2)}
+    batch = WaymarkBatchReader({
+        "url": server.url, "subscribePattern": rf"{re.escape(topic)}\.[ab]",
+        "endingOffsets": f'{{"{topic}.a": 3}}',
+    })  # fmt: skip
+    assert spans(batch.partitions()) == {f"{topic}.a": (0, 2), f"{topic}.b": (0, 2)}
+    rows = sum(b.num_rows for r in batch.partitions() for b in batch.read(r))
+    assert rows == 4

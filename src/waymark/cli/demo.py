@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         max_per_trigger: Annotated[
             int,
             typer.Option(
-                help="maxRecordsPerTrigger: events per Spark micro-batch (each batch costs "
+                help="maxOffsetsPerTrigger: events per Spark micro-batch (each batch costs "
                 "~0.2 s fixed, so fewer, larger batches are faster).",
                 min=1,
             ),
@@ -235,7 +235,7 @@ class Demo:
         s = self.s
         self.console.print(
             f"[bold]waymark demo[/bold]: {s.events:,} click events over {s.users:,} users -> "
-            f"Spark (maxRecordsPerTrigger {s.max_per_trigger:,}) -> topic [cyan]{OUTPUT_TOPIC}"
+            f"Spark (maxOffsetsPerTrigger {s.max_per_trigger:,}) -> topic [cyan]{OUTPUT_TOPIC}"
             f"[/cyan] + {s.store} fold; SIGKILL of the driver at {s.kill_at:.0%}"
         )
         with _server(self.root / "server-data") as url:

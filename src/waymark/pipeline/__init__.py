@@ -6,32 +6,75 @@ record (a conditional write in a :mod:`waymark.objstore` store) and bumps the
 edge's generation; the consuming stage follows the handoff and resumes from its
 checkpoint; the sink writes each event under its stable id, so the replays a
 move causes are absorbed. The semantics are docs/semantics/pipeline.md.
+
+The names below are imported when first asked for: a Spark stage imports only the
+locator and the state of a pipeline, and must not load the edge and the stage
+(and through them :mod:`waymark.checkpoint`) on Spark's workers
+(docs/architecture.md, "Enforcing the layers").
 """
 
-from waymark.pipeline.batch import InFlight
-from waymark.pipeline.edge import (
-    EdgeStats,
-    EdgeUnavailable,
-    RelocatableQueueEdge,
-    Relocation,
-    client_factory,
-)
-from waymark.pipeline.fence import FenceEpoch
-from waymark.pipeline.locator import (
-    Fenced,
-    HandoffReader,
-    HandoffRolledBack,
-    HandoffWriter,
-    Observed,
-    QueueLocator,
-)
-from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, output_event
-from waymark.pipeline.state import (
-    CheckpointedStageState,
-    Position,
-    StageFenced,
-    StageStateStore,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from waymark.pipeline.batch import InFlight
+    from waymark.pipeline.edge import (
+        EdgeStats,
+        EdgeUnavailable,
+        RelocatableQueueEdge,
+        Relocation,
+        client_factory,
+    )
+    from waymark.pipeline.fence import FenceEpoch
+    from waymark.pipeline.locator import (
+        Fenced,
+        HandoffReader,
+        HandoffRolledBack,
+        HandoffWriter,
+        Observed,
+        QueueLocator,
+    )
+    from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, output_event
+    from waymark.pipeline.state import (
+        CheckpointedStageState,
+        Position,
+        StageFenced,
+        StageStateStore,
+    )
+
+_HOME = {
+    "InFlight": "batch",
+    "EdgeStats": "edge",
+    "EdgeUnavailable": "edge",
+    "RelocatableQueueEdge": "edge",
+    "Relocation": "edge",
+    "client_factory": "edge",
+    "FenceEpoch": "fence",
+    "Fenced": "locator",
+    "HandoffReader": "locator",
+    "HandoffRolledBack": "locator",
+    "HandoffWriter": "locator",
+    "Observed": "locator",
+    "QueueLocator": "locator",
+    "Sink": "stage",
+    "SinkUnavailable": "stage",
+    "Stage": "stage",
+    "output_event": "stage",
+    "CheckpointedStageState": "state",
+    "Position": "state",
+    "StageFenced": "state",
+    "StageStateStore": "state",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'waymark.pipeline' has no attribute {name!r}")
+    return getattr(import_module(f"waymark.pipeline.{home}"), name)
+
 
 __all__ = [
     "CheckpointedStageState",

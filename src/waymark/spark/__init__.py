@@ -3,7 +3,7 @@
 >>> from waymark import spark as ws
 >>> ws.register(session)
 >>> reader = session.readStream.format("waymark").option("url", url)
->>> stream = reader.option("topics", "clicks").load()
+>>> stream = reader.option("subscribe", "clicks").load()
 """
 
 from __future__ import annotations

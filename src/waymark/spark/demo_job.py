@@ -97,8 +97,8 @@ def events(spark: Any, cfg: JobConfig) -> Any:
 
     stream = (
         spark.readStream.format("waymark").option("url", cfg.url)
-        .option("topics", cfg.input_topic)
-        .option("maxRecordsPerTrigger", str(cfg.max_per_trigger)).load()
+        .option("subscribe", cfg.input_topic)
+        .option("maxOffsetsPerTrigger", str(cfg.max_per_trigger)).load()
     )  # fmt: skip
     parsed = with_parsed_data(stream.select("seq", "data"), INPUT_DDL)
     return parsed.select(

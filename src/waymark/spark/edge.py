@@ -22,6 +22,18 @@ from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import STORE_BUDGET_S
 from waymark.pipeline.state import Position
 
+from .options import (
+    EDGE,
+    EDGE_SOURCE,
+    HANDOFF,
+    STAGE,
+    STARTING,
+    STORE_BUDGET,
+    SUBSCRIBE,
+    SUBSCRIBE_PATTERN,
+    resolve,
+)
+
 GEN = "wm.gen"  # the meta key of a record's generation (docs/semantics/pipeline.md §3.1)
 
 
@@ -94,24 +106,34 @@ class EdgeOptions:
 
 def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
     """``edge``, ``handoff`` and ``stage`` when the source reads an edge, None when it
-    reads ``topics``. Exactly one of ``topics`` and ``edge`` is given, like the Kafka
-    source's ``subscribe`` / ``assign``; an edge needs ``handoff`` (where its handoff
-    record is) and ``stage`` (the pipeline's name of this stage, under which its
-    progress acknowledges what the producers may forget)."""
-    edge, topics = options.get("edge"), options.get("topics")
-    if (edge is None) == (topics is None):
+    reads topics. ``options`` are already resolved (:func:`waymark.spark.options.resolve`).
+    Exactly one of ``subscribe``, ``subscribePattern`` and ``edge`` is given, like the
+    Kafka source's ``subscribe`` / ``subscribePattern`` / ``assign``; an edge takes the
+    options of :data:`waymark.spark.options.EDGE_SOURCE` and needs ``handoff`` (where
+    its handoff record is) and ``stage`` (the pipeline's name of this stage, under
+    which its progress acknowledges what the producers may forget)."""
+    chosen = [name for name in (SUBSCRIBE, SUBSCRIBE_PATTERN, EDGE) if name in options]
+    if len(chosen) != 1:
         raise ValueError(
-            "the waymark source reads exactly one of option 'topics' (a comma-separated "
-            "list) and option 'edge' (a pipeline edge's name)"
+            "the waymark source reads exactly one of option 'subscribe' (a comma-separated "
+            "list of topics; alias 'topics'), 'subscribePattern' (a regular expression "
+            f"matching whole topic names) and 'edge' (a pipeline edge's name); given: {chosen}"
         )
+    edge = options.get(EDGE)
     if edge is None:
-        for name in ("handoff", "stage", "storeBudgetMs"):
+        for name in (HANDOFF, STAGE, STORE_BUDGET):
             if name in options:
-                raise ValueError(f"option {name!r} goes with option 'edge', not 'topics'")
+                raise ValueError(f"option {name!r} goes with option 'edge', not with topics")
         return None
     if not edge.strip():
         raise ValueError("option 'edge' names a pipeline edge")
-    missing = [name for name in ("handoff", "stage") if not options.get(name)]
+    if STARTING in options:
+        raise ValueError(
+            "option 'startingOffsets' does not apply to an edge: a stage starts at its "
+            "checkpointed input position, else at the published placement's start"
+        )
+    resolve(options, EDGE_SOURCE)  # what an edge does not honour fails the query
+    missing = [name for name in (HANDOFF, STAGE) if not options.get(name)]
     if missing:
         raise ValueError(
             f"the waymark source reading edge {edge!r} needs option(s) {missing}: 'handoff' "

@@ -94,15 +94,10 @@ class EdgePartition(InputPartition):
 
 class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], edge: EdgeOptions) -> None:
-        if "startingOffsets" in options:
-            raise ValueError(
-                "option 'startingOffsets' does not apply to an edge: a stage starts at its "
-                "checkpointed input position, else at the published placement's start"
-            )
         self.edge = edge
         self.token = options.get("token")
         self.ca_file = options.get("caFile")
-        self.max_rows = _positive(options, "maxRecordsPerTrigger", None)
+        self.max_rows = _positive(options, "maxOffsetsPerTrigger", None)
         self.min_partitions = _positive(options, "minPartitions", os.cpu_count() or 1) or 1
         self.max_per_partition = (
             _positive(options, "maxRecordsPerPartition", DEFAULT_MAX_PER_PARTITION)

@@ -12,6 +12,7 @@ topic that did not exist yet.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 EARLIEST = -2  # Kafka's spelling, accepted in startingOffsets JSON
@@ -42,48 +43,69 @@ def from_json(value: dict[str, dict[str, int]]) -> Offsets:
     return {topic: TopicOffset.from_json(v) for topic, v in value.items()}
 
 
-def parse_topics(option: str | None) -> list[str]:
-    topics = [t.strip() for t in (option or "").split(",") if t.strip()]
-    if not topics:
-        raise ValueError("the waymark source needs option 'topics' (a comma-separated list)")
-    if len(set(topics)) != len(topics):
-        raise ValueError(f"option 'topics' names a topic twice: {option!r}")
-    return topics
+@dataclass(frozen=True, slots=True)
+class FromSeq:
+    """A position given as a seq, Kafka's way: the first seq to read (``startingOffsets``)
+    or the first seq not to read (``endingOffsets``), in whichever instance of the topic
+    exists when the query resolves it. As a cursor: ``seq - 1``."""
+
+    seq: int
 
 
-def parse_starting(option: str | None, topics: list[str]) -> dict[str, TopicOffset | int]:
-    """``startingOffsets``: ``earliest`` (default) | ``latest`` | JSON per topic.
+Position = int | TopicOffset | FromSeq  # EARLIEST, LATEST, an exact cursor, or a seq
 
-    JSON values are ``-2`` (earliest), ``-1`` (latest) or ``{"epoch": E, "seq": S}``
-    (continue after seq S of instance E; an epoch that no longer exists is a
-    recreate and follows onDataLoss). Topics the JSON does not name start at earliest.
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """``startingOffsets`` or ``endingOffsets``: a position per topic named in its JSON,
+    ``default`` for every other topic (a topic a pattern finds later included)."""
+
+    default: int
+    given: dict[str, Position]
+
+    def of(self, topic: str) -> Position:
+        return self.given.get(topic, self.default)
+
+
+def parse_positions(
+    name: str, option: str | None, default: int, accepts: Callable[[str], bool]
+) -> Positions:
+    """``startingOffsets`` / ``endingOffsets``: ``earliest`` | ``latest`` | JSON per topic.
+
+    JSON values are ``-2`` (earliest), ``-1`` (latest), a seq ``n >= 1`` as Kafka gives
+    an offset (start: read from seq n on; end: read the seqs below n), or
+    ``{"epoch": E, "seq": S}``, an exact cursor as Spark's offset log holds it (after
+    seq S of instance E; an instance that no longer exists is a recreate and follows
+    ``failOnDataLoss``). Topics the JSON does not name take ``default``.
     """
-    text = (option or "earliest").strip()
-    if text == "earliest":
-        return dict.fromkeys(topics, EARLIEST)
-    if text == "latest":
-        return dict.fromkeys(topics, LATEST)
+    text = (option or ("earliest" if default == EARLIEST else "latest")).strip()
+    if text.lower() == "earliest":
+        return Positions(EARLIEST, {})
+    if text.lower() == "latest":
+        return Positions(LATEST, {})
     try:
         given = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"startingOffsets is earliest, latest or JSON per topic: {e}") from e
+        raise ValueError(f"{name} is earliest, latest or JSON per topic: {e}") from e
     if not isinstance(given, dict):
-        raise ValueError("startingOffsets JSON is an object keyed by topic")
-    unknown = set(given) - set(topics)
+        raise ValueError(f'{name} JSON is an object keyed by topic, like {{"clicks": 23}}')
+    unknown = sorted(t for t in given if not accepts(t))
     if unknown:
-        raise ValueError(f"startingOffsets names topics not in 'topics': {sorted(unknown)}")
-    out: dict[str, TopicOffset | int] = {}
-    for topic in topics:
-        value = given.get(topic, EARLIEST)
+        raise ValueError(f"{name} names topics the query does not subscribe to: {unknown}")
+    out: dict[str, Position] = {}
+    for topic, value in given.items():
         if value in (EARLIEST, LATEST):
             out[topic] = value
-        elif isinstance(value, dict) and {"epoch", "seq"} <= set(value):
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            out[topic] = FromSeq(value)
+        elif isinstance(value, dict) and set(value) == {"epoch", "seq"}:
             out[topic] = TopicOffset.from_json(value)
         else:
             raise ValueError(
-                f'startingOffsets[{topic!r}] is -2, -1 or {{"epoch": E, "seq": S}}: {value!r}'
+                f"{name}[{topic!r}] is -2 (earliest), -1 (latest), a seq n >= 1 or "
+                f'{{"epoch": E, "seq": S}}: {value!r}'
             )
-    return out
+    return Positions(default, out)
 
 
 def admit(backlog: dict[str, int], max_rows: int | None) -> dict[str, int]:

@@ -41,6 +41,7 @@ import logging
 import os
 import posixpath
 import re
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -211,19 +212,30 @@ class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
 
 
 class WaymarkBatchWriter(_TwoPhaseWriter, DataSourceArrowWriter):
-    """``df.write.format("waymark").option("batchId", id)`` inside ``foreachBatch``.
+    """``df.write.format("waymark")``: a batch query's write, like the Kafka sink's.
 
-    Each write opens a new epoch of ``writerId`` (fencing any earlier writer of that
-    id) and publishes under ``batchId``: writing the same batch id again — Spark
-    replays the batch after a crash — returns the original seqs and appends nothing.
+    Its rows are staged by the tasks and published by the driver once every task has
+    succeeded, as one atomic append per topic: a retried task adds no copy, a failed
+    job adds nothing. Without options, each write is a new writer (``batch:<uuid>``),
+    so running the job again appends its rows again (Kafka's batch write is
+    at-least-once the same way). With ``writerId`` and ``batchId`` — inside
+    ``foreachBatch``, the id it passes — each write opens a new epoch of ``writerId``
+    (fencing any earlier writer of that id) and publishes under ``batchId``: writing the
+    same batch id again — Spark replays the batch after a crash — returns the original
+    seqs and appends nothing.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        batch = options.get("batchId")
-        if batch is None or not batch.isdigit():
+        batch, named = options.get("batchId"), options.get("writerId")
+        if batch is None and named is None:
+            options = {**options, "writerId": f"batch:{uuid.uuid4().hex}"}
+            batch = "0"
+        elif batch is None or named is None or not batch.isdigit():
             raise ValueError(
-                "the waymark batch writer needs option 'batchId' (a non-negative integer: the "
-                "batch id foreachBatch passes) so that a replayed batch is published once"
+                "the waymark batch writer takes options 'writerId' and 'batchId' together (a "
+                "name that stays the same when the same batches are written again, and a "
+                "non-negative integer: the batch id foreachBatch passes) so that a replayed "
+                "batch is published once; or neither, for a write that is new each time"
             )
         super().__init__(options, schema)
         self.batch_id = int(batch)

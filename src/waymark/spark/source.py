@@ -1,17 +1,23 @@
 """The topic source: ``spark.readStream.format("waymark")``.
 
-Options (named like Spark's Kafka source where the meaning is the same):
+Options (named like Spark's Kafka source's, checked strictly by
+:mod:`waymark.spark.options`; the table is docs/spark.md, "Options"):
 
 ``url``                   the waymark server, e.g. ``http://127.0.0.1:8080`` (required)
-``topics``                comma-separated topic names (required)
+``subscribe``             comma-separated topic names (alias ``topics``); or
+``subscribePattern``      a regular expression matching whole topic names (:mod:`.subscription`)
 ``startingOffsets``       ``earliest`` (default) | ``latest`` | JSON per topic (:mod:`.offsets`)
-``maxRecordsPerTrigger``  admission control: at most this many records per micro-batch
+``maxOffsetsPerTrigger``  admission control: at most this many records per micro-batch
+                          (alias ``maxRecordsPerTrigger``)
+``minOffsetsPerTrigger``  wait for this many records before a micro-batch, at most
+``maxTriggerDelay``       this long since the last one (default 15m)
 ``minPartitions``         read each batch in at least this many tasks (default: driver cores)
 ``maxRecordsPerPartition`` no task reads more seqs than this (default 1000000)
 ``node``                  reader node id: records written by this node are skipped
                           (docs/semantics/topics.md §6)
-``onDataLoss``            ``fail`` (default) | ``skip``: what a gap (tombstone) does
-``gapsTopic``             where ``skip`` records each gap as a row (default ``waymark.gaps``)
+``failOnDataLoss``        ``true`` (default) | ``false``: what a gap (tombstone) does
+                          (alias ``onDataLoss`` = ``fail`` | ``skip``)
+``gapsTopic``             where ``false`` records each gap as a row (default ``waymark.gaps``)
 ``token``                 bearer token of a server with tokens (default: $WAYMARK_TOKEN)
 ``caFile``                CA certificate (PEM) of an https server (docs/security.md)
 
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -35,10 +41,12 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 
 from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicState
+from ..clock import Clock, SystemClock
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
 from ..protocol.errors import WaymarkError
@@ -46,16 +54,37 @@ from .connection import connect
 from .offsets import (
     EARLIEST,
     LATEST,
+    FromSeq,
     Offsets,
+    Position,
     TopicOffset,
     admit,
     from_json,
-    parse_starting,
-    parse_topics,
+    parse_positions,
     to_json,
+)
+from .options import (
+    CA_FILE,
+    FAIL_ON_DATA_LOSS,
+    GAPS_TOPIC,
+    MAX_PER_PARTITION,
+    MAX_PER_TRIGGER,
+    MAX_TRIGGER_DELAY,
+    MIN_PARTITIONS,
+    MIN_PER_TRIGGER,
+    NODE,
+    STARTING,
+    STREAM_SOURCE,
+    TOKEN,
+    URL,
+    duration_ms,
+    flag,
+    positive,
+    resolve,
 )
 from .partitions import ReadSettings, Recreated, SeqRange, split
 from .schema import ARROW_SCHEMA
+from .subscription import Subscription, parse_subscription
 
 log = logging.getLogger("waymark.spark.source")
 
@@ -83,44 +112,86 @@ class WaymarkDataLoss(WaymarkError, RuntimeError):
         self.reason = reason
 
 
-_SKIP_HINT = "set onDataLoss=skip to continue past gaps, each recorded in the gaps topic"
+_SKIP_HINT = "set failOnDataLoss=false to continue past gaps, each recorded in the gaps topic"
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000  # Kafka's maxTriggerDelay default
 
 
-def _option_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    value = options.get(name)
-    if value is None:
-        return default
-    number = int(value)
-    if number < 1:
-        raise ValueError(f"option {name!r} is a positive integer: {value!r}")
-    return number
+def read_settings(options: Mapping[str, str]) -> ReadSettings:
+    """What the streaming and the batch source share, from their resolved options."""
+    url = options.get(URL)
+    if not url:
+        raise ValueError("the waymark source needs option 'url' (the server's base URL)")
+    fail = flag(options, FAIL_ON_DATA_LOSS, True)
+    return ReadSettings(
+        url=url.rstrip("/"),
+        node=options.get(NODE),
+        on_data_loss="fail" if fail else "skip",
+        gaps_topic=options.get(GAPS_TOPIC, DEFAULT_GAPS_TOPIC),
+        page=PAGE,
+        token=options.get(TOKEN),
+        ca_file=options.get(CA_FILE),
+    )
+
+
+def heads(
+    http: Client, subscription: Subscription, known: Iterable[str]
+) -> dict[str, TopicState | None]:
+    """The state of every topic the query reads now: the subscribed ones, or those the
+    pattern matches, and the ``known`` ones of an offset (None: deleted or not created)."""
+    if subscription.topics is not None:
+        return {topic: _state(http, topic) for topic in subscription.topics}
+    states: dict[str, TopicState | None] = {
+        state.name: state for state in http.list_topics() if subscription.accepts(state.name)
+    }
+    for topic in known:
+        states.setdefault(topic, None)
+    return states
+
+
+def start_cursor(position: Position, state: TopicState | None) -> TopicOffset:
+    """Where a read that starts at ``position`` resumes, as a cursor (epoch 0: the topic
+    does not exist yet; its first instance is read from the cursor's seq on)."""
+    if isinstance(position, TopicOffset):
+        return position
+    if isinstance(position, FromSeq):
+        return TopicOffset(0 if state is None else state.epoch, position.seq - 1)
+    if state is None:
+        return TopicOffset(0, 0)  # read it from its first record once it exists
+    if position == EARLIEST:
+        # What is already gone when the query starts is not a gap of this query.
+        return TopicOffset(state.epoch, state.earliest_seq - 1)
+    assert position == LATEST
+    return TopicOffset(state.epoch, state.head_seq)
+
+
+def delay_batch(available: int, min_rows: int, now_ms: int, last_ms: int, delay_ms: int) -> bool:
+    """Kafka's ``minOffsetsPerTrigger`` rule: wait for more records unless ``min_rows``
+    are available or ``delay_ms`` passed since the last micro-batch."""
+    return available < min_rows and now_ms - last_ms < delay_ms
 
 
 class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str]) -> None:
-        url = options.get("url")
-        if not url:
-            raise ValueError("the waymark source needs option 'url' (the server's base URL)")
-        on_data_loss = options.get("onDataLoss", "fail").lower()
-        if on_data_loss not in ("fail", "skip"):
-            raise ValueError(f"onDataLoss is fail or skip, not {on_data_loss!r}")
-        self.topics = parse_topics(options.get("topics"))
-        self.starting = parse_starting(options.get("startingOffsets"), self.topics)
-        self.max_rows = _option_int(options, "maxRecordsPerTrigger", None)
-        self.min_partitions = _option_int(options, "minPartitions", os.cpu_count() or 1) or 1
+    def __init__(self, options: Mapping[str, str], clock: Clock | None = None) -> None:
+        options = resolve(options, STREAM_SOURCE)  # as documented, aliases folded in
+        self.settings = read_settings(options)
+        self.subscription = parse_subscription(options, self.settings.gaps_topic)
+        self.starting = parse_positions(
+            STARTING, options.get(STARTING), EARLIEST, self.subscription.accepts
+        )
+        self.max_rows = positive(options, MAX_PER_TRIGGER, None)
+        self.min_rows = positive(options, MIN_PER_TRIGGER, None)
+        if MAX_TRIGGER_DELAY in options and self.min_rows is None:
+            raise ValueError("option 'maxTriggerDelay' goes with option 'minOffsetsPerTrigger'")
+        self.max_delay_ms = duration_ms(options, MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS)
+        if self.min_rows and self.max_rows and self.min_rows > self.max_rows:
+            raise ValueError("option 'minOffsetsPerTrigger' is above 'maxOffsetsPerTrigger'")
+        self.min_partitions = positive(options, MIN_PARTITIONS, os.cpu_count() or 1) or 1
         self.max_per_partition = (
-            _option_int(options, "maxRecordsPerPartition", DEFAULT_MAX_PER_PARTITION)
+            positive(options, MAX_PER_PARTITION, DEFAULT_MAX_PER_PARTITION)
             or DEFAULT_MAX_PER_PARTITION
         )
-        self.settings = ReadSettings(
-            url=url.rstrip("/"),
-            node=options.get("node"),
-            on_data_loss=on_data_loss,
-            gaps_topic=options.get("gapsTopic", DEFAULT_GAPS_TOPIC),
-            page=PAGE,
-            token=options.get("token"),
-            ca_file=options.get("caFile"),
-        )
+        self.clock: Clock = clock or SystemClock()  # minOffsetsPerTrigger's delay
+        self._last_trigger_ms = 0  # as Kafka's: the first micro-batch is never delayed
         self._target: Offsets | None = None  # availableNow: never read past this
         # Per topic, the start latestOffset last planned from and the gap it found
         # there: partitions() of that batch need not ask the server again.
@@ -138,27 +209,22 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._http
 
     # --- driver side ----------------------------------------------------------------
-    def _heads(self) -> dict[str, TopicState | None]:
-        return {topic: _state(self.http, topic) for topic in self.topics}
+    def _heads(self, known: Iterable[str] = ()) -> dict[str, TopicState | None]:
+        return heads(self.http, self.subscription, known)
 
     def initialOffset(self) -> dict:
-        offsets: Offsets = {}
-        for topic, state in self._heads().items():
-            start = self.starting[topic]
-            if isinstance(start, TopicOffset):
-                offsets[topic] = start
-            elif state is None:
-                offsets[topic] = TopicOffset(0, 0)  # read it from its first record once it exists
-            elif start == EARLIEST:
-                # What is already gone when the query starts is not a gap of this query.
-                offsets[topic] = TopicOffset(state.epoch, state.earliest_seq - 1)
-            else:
-                assert start == LATEST
-                offsets[topic] = TopicOffset(state.epoch, state.head_seq)
-        return to_json(offsets)
+        return to_json(
+            {
+                topic: start_cursor(self.starting.of(topic), state)
+                for topic, state in self._heads(self.starting.given).items()
+            }
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadAllAvailable() if self.max_rows is None else ReadMaxRows(self.max_rows)
+        if self.max_rows is not None:
+            return ReadMaxRows(self.max_rows)
+        # Spark passes ReadAllAvailable instead when a trigger must read everything.
+        return ReadAllAvailable() if self.min_rows is None else ReadMinRows(self.min_rows)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {
@@ -172,7 +238,8 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         base: Offsets = {}
         skipped: dict[str, int] = {}  # per topic: where the batch's records start
         backlog: dict[str, int] = {}
-        for topic, state in self._heads().items():
+        for topic, state in self._heads(begin).items():
+            # A topic a pattern finds after the query started is read from its start.
             at = begin.get(topic, TopicOffset(0, 0))
             if state is None:  # deleted (or not created yet): wait for an instance to read
                 base[topic], skipped[topic], backlog[topic] = at, at.seq, 0
@@ -187,7 +254,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )  # fmt: skip
                 at = TopicOffset(epoch, 0)  # skip: the new instance, from its start
             elif at.epoch == 0:
-                at = TopicOffset(epoch, 0)
+                at = TopicOffset(epoch, at.seq)
             # A gap at the start is planned whole into this batch (partitions() reports
             # it once), so no batch or partition boundary cuts it into slices; its seqs
             # hold no rows and cost no admission budget.
@@ -204,19 +271,27 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 target = self._target.get(topic)
                 head = min(head, target.seq) if target and target.epoch == epoch else past
             base[topic], skipped[topic], backlog[topic] = at, past, max(0, head - past)
+        if self._delay(sum(backlog.values()), limit):
+            return start
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         grant = admit(backlog, max_rows)
         return to_json({t: TopicOffset(o.epoch, skipped[t] + grant[t]) for t, o in base.items()})
 
+    def _delay(self, available: int, limit: ReadLimit) -> bool:
+        """Whether this micro-batch waits for ``minOffsetsPerTrigger`` records: not under
+        availableNow (Kafka ignores it there too), nor when Spark asks for everything."""
+        if self.min_rows is None or self._target is not None:
+            return False
+        if isinstance(limit, ReadAllAvailable):
+            return False
+        now = self.clock.now_ms()
+        if delay_batch(available, self.min_rows, now, self._last_trigger_ms, self.max_delay_ms):
+            return True
+        self._last_trigger_ms = now
+        return False
+
     def _front_gap(self, topic: str, at: TopicOffset, state: TopicState) -> Tombstone | None:
-        """The tombstone a read after ``at`` meets first, if records from ``at.seq + 1``
-        on were lost to cap/TTL eviction; asks the server only when the topic's
-        ``evict_floor`` says so (the tombstone carries the reason and the count)."""
-        if state.epoch != at.epoch or at.seq + 1 >= state.evict_floor:
-            return None
-        page = self.http.diff_raw(topic, at.seq, limit=1, epoch=at.epoch, node=self.settings.node)
-        gone = page.tombstone
-        return None if gone is None or gone.reason == "recreated" else gone
+        return front_gap(self.http, self.settings, topic, at, state)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = from_json(start), from_json(end)
@@ -229,6 +304,8 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 lo = 0
                 if first.epoch != 0:
                     recreated = Recreated(first.epoch, first.seq)
+                else:  # not created when planned from: its first instance, from the cursor
+                    lo = first.seq
             if lo < last.seq:
                 lo = self._report_front_gap(topic, TopicOffset(last.epoch, lo), last.seq)
             ranges.append((topic, last.epoch, lo, last.seq, recreated))
@@ -318,6 +395,19 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
             for batch in page.table.to_batches():
                 if batch.num_rows:
                     yield to_rows(part.topic, batch, part.hi)
+
+
+def front_gap(
+    http: Client, settings: ReadSettings, topic: str, at: TopicOffset, state: TopicState
+) -> Tombstone | None:
+    """The tombstone a read after ``at`` meets first, if records from ``at.seq + 1``
+    on were lost to cap/TTL eviction; asks the server only when the topic's
+    ``evict_floor`` says so (the tombstone carries the reason and the count)."""
+    if state.epoch != at.epoch or at.seq + 1 >= state.evict_floor:
+        return None
+    page = http.diff_raw(topic, at.seq, limit=1, epoch=at.epoch, node=settings.node)
+    gone = page.tombstone
+    return None if gone is None or gone.reason == "recreated" else gone
 
 
 def _state(http: Client, topic: str) -> TopicState | None:
