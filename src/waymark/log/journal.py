@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
+from ..protocol.globs import escape
 from .deletion import TagMatch
 from .records import EncodedRecord
 from .storage.frames import Frame, FrameKind, encode, frame_parts
@@ -143,6 +144,9 @@ class DeleteFrame(_Json):
     now: int | None = None
     seqs: list[int] | UnsetType = UNSET  # absent from the JSON unless given
     slot: int | UnsetType = UNSET  # likewise: frames of deletions that took no seq are unchanged
+    # A tag Glob's pattern (docs/globs.md); ``match`` then holds its literal prefix. A
+    # frame without it whose match is not exact is older: its value was a prefix.
+    glob: str | UnsetType = UNSET
 
     @classmethod
     def of(
@@ -157,13 +161,21 @@ class DeleteFrame(_Json):
         now: int | None = None,
         slot: int | None = None,
     ) -> DeleteFrame:
-        pair = None if match is None else (match.exact, match.value)
+        pair = None if match is None else (match.exact, match.prefix)
+        glob = UNSET if match is None or match.exact else match.value
         return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs,
-                   UNSET if slot is None else slot)  # fmt: skip
+                   UNSET if slot is None else slot, glob)  # fmt: skip
 
     @property
     def selector(self) -> TagMatch | None:
-        return None if self.match is None else TagMatch(*self.match)
+        if self.match is None:
+            return None
+        exact, value = self.match
+        if exact:
+            return TagMatch(True, value)
+        if isinstance(self.glob, str):
+            return TagMatch(False, self.glob)
+        return TagMatch(False, escape(value) + "*")  # a frame of the prefix-only Glob
 
 
 class RecordsHeader(Struct):
