@@ -68,11 +68,14 @@ def test_a_tag_glob_deletes_exactly_the_matching_tags_through_the_index() -> Non
 
 
 def test_journal_frames_keep_their_meaning() -> None:
-    """A new frame carries the pattern; a frame of the prefix-only Glob (no ``glob``
-    field) still means its literal prefix, wildcards in it included."""
+    """A glob frame carries the pattern; a prefix Glob is written as before; a frame of
+    the prefix-only Glob (no ``glob`` field) still means its literal prefix, wildcards
+    in it included."""
     match = TagMatch.parse(["tag", "Glob", "u[12]:*"])
     frame = DeleteFrame.of("t", 1, None, match, 10)
-    assert frame.selector == match and frame.match == (False, "u")
+    assert frame.selector == match and frame.glob == "u[12]:*"
+    prefix = DeleteFrame.of("t", 1, None, TagMatch.parse(["tag", "Glob", "u:*"]), 10)
+    assert prefix.match == (False, "u:") and b'"glob"' not in prefix.encode()  # v1 bytes
     old = DeleteFrame("t", 1, None, (False, "a[1"), 10)
     assert old.selector is not None
     assert old.selector.matches("a[1x") and not old.selector.matches("a1x")

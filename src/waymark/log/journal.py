@@ -144,8 +144,11 @@ class DeleteFrame(_Json):
     now: int | None = None
     seqs: list[int] | UnsetType = UNSET  # absent from the JSON unless given
     slot: int | UnsetType = UNSET  # likewise: frames of deletions that took no seq are unchanged
-    # A tag Glob's pattern (docs/globs.md); ``match`` then holds its literal prefix. A
-    # frame without it whose match is not exact is older: its value was a prefix.
+    # A tag Glob's pattern (docs/globs.md) when it is not a literal prefix and one
+    # trailing "*"; such a Glob is written as before (match [false, prefix], the v1
+    # bytes), and a frame without this field whose match is not exact means a prefix.
+    # (Read by an older version, a glob frame's match names the pattern as a literal
+    # prefix: it deletes less, never more.)
     glob: str | UnsetType = UNSET
 
     @classmethod
@@ -161,8 +164,13 @@ class DeleteFrame(_Json):
         now: int | None = None,
         slot: int | None = None,
     ) -> DeleteFrame:
-        pair = None if match is None else (match.exact, match.prefix)
-        glob = UNSET if match is None or match.exact else match.value
+        pair = None if match is None else (match.exact, match.value)
+        glob: str | UnsetType = UNSET
+        if match is not None and not match.exact:
+            if match.value == escape(match.prefix) + "*":
+                pair = (False, match.prefix)
+            else:
+                glob = match.value
         return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs,
                    UNSET if slot is None else slot, glob)  # fmt: skip
 
