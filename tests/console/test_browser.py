@@ -227,8 +227,11 @@ def test_the_scope_guard_hides_what_a_token_may_not_do(page: Page, server: Serve
     [
         ('if (scope === "admin") return true;', "return true;"),  # every token may do all
         ("return scopeKind === kind &&", "return true ||"),  # the kind is not checked
-        ('.join(".*")', '.join(".*") + ".*"'),  # the glob matches a prefix only
-        ('.replace(/[.+?^${}()|[\\]\\\\]/g, "\\\\$&")', ""),  # "." is a regex wildcard
+        ("new RegExp(`^(?:${re})$`)", "new RegExp(`^(?:${re})`)"),  # a prefix matches
+        (
+            'else re += c.replace(/[.+?^${}()|[\\]\\\\/*-]/g, "\\\\$&")',
+            "else re += c",
+        ),  # "." a wildcard
     ],
 )
 def test_a_broken_scope_guard_is_caught(

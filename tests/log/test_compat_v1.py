@@ -93,7 +93,7 @@ def _frame_cases() -> dict[str, bytes]:
         "router_delete": RouterFrame("r", None).encode(),
         "delete_before": DeleteFrame.of("t1", 3, 10, None, 10, now=200).encode(),
         "delete_match": DeleteFrame.of("t1", 3, None, TagMatch(True, "x"), 12, now=201).encode(),
-        "delete_match_prefix": DeleteFrame.of("t1", 3, 5, TagMatch(False, "pre"), 5).encode(),
+        "delete_match_prefix": DeleteFrame.of("t1", 3, 5, TagMatch(False, "pre*"), 5).encode(),
         "delete_seqs": DeleteFrame.of("t1", 3, None, None, 0, [1, 4, 9]).encode(),
         "records": records_frame("t1", 3, 1, 1000, recs, None, now=1001),
         "records_noid_extra": records_frame(

@@ -143,7 +143,7 @@ def test_bad_definitions_are_400_and_store_nothing(
     for extra in (
         {"guarantee": "at_most_once"},
         {"filter": {}},
-        {"filter": {"tag": ["tag", "Glob", "no-star"]}},
+        {"filter": {"tag": ["tag", "Like", "no-star"]}},
         {"filter": {"node": []}},
         {"filter": {"colour": "red"}},
     ):

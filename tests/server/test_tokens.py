@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.client.test_contract import serving
 
 from waymark.client import ApiError, Client, ErrorCode
@@ -207,3 +209,55 @@ def test_an_open_stream_verifies_its_token_once_until_a_reload(
                 client.append("t", [RecordIn.of(n)])
                 assert next(lines).endswith(f'"data":{n}}}')
         assert hashed["reader"] == 1, hashed  # the open, and no read after it
+
+
+# A token name: any text but control characters and lone surrogates (refused, see
+# test_auth.py), with TOML's own syntax characters drawn often.
+NAMES = st.text(
+    st.one_of(
+        st.sampled_from("\"\\'[]=.# 😀é\u2028\ufeff"),
+        st.characters(exclude_categories=("Cc", "Cs")),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(names=st.lists(NAMES, min_size=1, max_size=3, unique=True))
+def test_any_token_name_round_trips_through_the_tokens_file(
+    tmp_path_factory: pytest.TempPathFactory, names: list[str]
+) -> None:
+    """``token new`` wrote the file by hand (an emoji became surrogate escapes TOML
+    refuses); written by a TOML writer, every name reads back as written, and each
+    secret verifies as its own token."""
+    from waymark.server.auth import Tokens
+
+    path = tmp_path_factory.mktemp("names") / "tokens.toml"
+    secrets = {name: new_token(path, name, ["read:*"], rate_per_s=2.5) for name in names}
+    loaded = Tokens.load(path)
+    assert [t.name for t in loaded.by_id.values()] == names
+    for name, secret in secrets.items():
+        token = loaded.verify(f"Bearer {secret}".encode())
+        assert token is not None and token.name == name and token.rate_per_s == 2.5
+
+
+def test_a_file_that_would_not_read_back_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-read guard: a writer fault injector that drops the last table (a TOML
+    writer bug) makes ``token new`` refuse, and the file keeps what it had."""
+    import tomli_w
+
+    from waymark.server.auth import TokenFileError
+
+    path = tmp_path / "tokens.toml"
+    new_token(path, "first", ["read:*"])
+    before = path.read_bytes()
+    real = tomli_w.dumps
+    monkeypatch.setattr(
+        tomli_w, "dumps", lambda data: real({"tokens": dict(list(data["tokens"].items())[:-1])})
+    )
+    with pytest.raises(TokenFileError, match="would not read back"):
+        new_token(path, 'sec"ond\\', ["read:*"])
+    assert path.read_bytes() == before

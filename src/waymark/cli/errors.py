@@ -156,6 +156,7 @@ def _packages(exc: BaseException) -> tuple[int, str] | None:
         if _is(exc, module, cls):
             return EXIT_DATA_LOSS, f"{name}: {exc}"
     for module, cls in (("waymark.kv.errors", "ArtifactUnavailable"),
+                        ("waymark.kv.errors", "BucketNotFound"),
                         ("waymark.objstore.types", "ObjectNotFound")):  # fmt: skip
         if _is(exc, module, cls):
             return EXIT_NOT_FOUND, f"{name}: {exc}"

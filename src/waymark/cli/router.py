@@ -87,7 +87,8 @@ def register(app: typer.Typer) -> None:
         filter_tag: Annotated[
             str | None,
             typer.Option(
-                help="Forward only records with this tag (a trailing * matches a prefix)."
+                help="Forward only records with this tag, or matching this glob "
+                "(*, ?, [...]: docs/globs.md)."
             ),
         ] = None,
         filter_node: Annotated[

@@ -62,9 +62,11 @@ def config_patch(settings: Sequence[str]) -> ConfigPatch:
 
 
 def tag_match(tag: str) -> str | TagRule:
-    """A tag given on the command line as the API's match: a trailing ``*`` is the
-    prefix match ``Glob`` (docs/topics.md, deletion), anything else the tag itself."""
-    return ("tag", "Glob", tag) if tag.endswith("*") else tag
+    """A tag given on the command line as the API's match: with a wildcard (``*``,
+    ``?``, ``[``) the match ``Glob`` (docs/globs.md), anything else the tag itself."""
+    from waymark.protocol.globs import is_glob
+
+    return ("tag", "Glob", tag) if is_glob(tag) else tag
 
 
 def _config_fields(state: TopicState) -> list[tuple[str, object]]:
@@ -212,8 +214,8 @@ def register(app: typer.Typer) -> None:
         tag: Annotated[
             str | None,
             typer.Option(
-                help="Delete the records with this tag; a trailing * deletes "
-                "those whose tag starts with what precedes it."
+                help="Delete the records with this tag, or whose tag matches this glob "
+                "(*, ?, [...]: docs/globs.md), e.g. 'customer:*'."
             ),
         ] = None,
         url: Url = DEFAULT_URL,

@@ -17,7 +17,7 @@ from nats.js import api
 
 from waymark.kv.consumer import END, ConsumerLost, ConsumerSpec, Failed, OrderedFeed, update_op
 from waymark.kv.deadline import timed
-from waymark.kv.errors import AlreadyExists, KvError, RevisionMismatch, Timeout
+from waymark.kv.errors import AlreadyExists, BucketNotFound, KvError, RevisionMismatch, Timeout
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken
 
 if TYPE_CHECKING:
@@ -55,12 +55,16 @@ class KvStore:
         self.timeout = connection.config.timeout
 
     @classmethod
-    async def open(cls, connection: Connection, name: str, config: StoreConfig) -> KvStore:
+    async def open(
+        cls, connection: Connection, name: str, config: StoreConfig, *, create: bool = True
+    ) -> KvStore:
         js = connection.client.jetstream(timeout=connection.config.timeout)
         t = connection.config.timeout
         try:
             info = await timed(js.stream_info(f"KV_{name}"), t, f"open bucket {name}")
         except nats.js.errors.NotFoundError:
+            if not create:
+                raise BucketNotFound(f"bucket {name} does not exist") from None
             kv_config = api.KeyValueConfig(
                 bucket=name,
                 history=config.max_history,

@@ -113,9 +113,12 @@ class Connection:
             raise KvConnectionError("not connected (call connect() first)")
         return self._nc
 
-    async def store(self, bucket: str, config: StoreConfig | None = None) -> KvStore:
-        """Open the bucket, creating it with ``config`` if it does not exist."""
-        return await KvStore.open(self, bucket, config or StoreConfig())
+    async def store(
+        self, bucket: str, config: StoreConfig | None = None, *, create: bool = True
+    ) -> KvStore:
+        """Open the bucket, creating it with ``config`` if it does not exist; with
+        ``create=False`` a missing bucket raises BucketNotFound instead."""
+        return await KvStore.open(self, bucket, config or StoreConfig(), create=create)
 
     async def shutdown(self) -> None:
         async with self._lock:

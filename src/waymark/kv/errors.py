@@ -47,6 +47,10 @@ class WatchError(KvError):
     """A watch stopped: stream dropped, floor guard tripped, or the fold store kept failing."""
 
 
+class BucketNotFound(KvError):
+    """The bucket does not exist, and the caller asked not to create it."""
+
+
 class KvConnectionError(KvError):
     """Connecting, or using a connection that is not connected, failed."""
 

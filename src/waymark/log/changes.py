@@ -308,8 +308,10 @@ def deleted_keys(topic: Topic, bound: int, match: TagMatch | None) -> list[str]:
     elif match.exact:
         candidates = [match.value] if match.value in tags else []
     else:
-        prefix = match.value
-        candidates = takewhile(lambda t: t.startswith(prefix), tags.irange(minimum=prefix))
+        prefix = match.prefix
+        candidates = filter(
+            match.matches, takewhile(lambda t: t.startswith(prefix), tags.irange(minimum=prefix))
+        )
     for tag in candidates:
         seqs = tags[tag]
         if seqs and seqs[0] < bound:

@@ -18,6 +18,7 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
+from ..protocol.globs import escape
 from .deletion import TagMatch
 from .records import EncodedRecord
 from .storage.frames import Frame, FrameKind, encode, frame_parts
@@ -143,6 +144,12 @@ class DeleteFrame(_Json):
     now: int | None = None
     seqs: list[int] | UnsetType = UNSET  # absent from the JSON unless given
     slot: int | UnsetType = UNSET  # likewise: frames of deletions that took no seq are unchanged
+    # A tag Glob's pattern (docs/globs.md) when it is not a literal prefix and one
+    # trailing "*"; such a Glob is written as before (match [false, prefix], the v1
+    # bytes), and a frame without this field whose match is not exact means a prefix.
+    # (Read by an older version, a glob frame's match names the pattern as a literal
+    # prefix: it deletes less, never more.)
+    glob: str | UnsetType = UNSET
 
     @classmethod
     def of(
@@ -158,12 +165,25 @@ class DeleteFrame(_Json):
         slot: int | None = None,
     ) -> DeleteFrame:
         pair = None if match is None else (match.exact, match.value)
+        glob: str | UnsetType = UNSET
+        if match is not None and not match.exact:
+            if match.value == escape(match.prefix) + "*":
+                pair = (False, match.prefix)
+            else:
+                glob = match.value
         return cls(name, epoch, before_seq, pair, bound, now, UNSET if seqs is None else seqs,
-                   UNSET if slot is None else slot)  # fmt: skip
+                   UNSET if slot is None else slot, glob)  # fmt: skip
 
     @property
     def selector(self) -> TagMatch | None:
-        return None if self.match is None else TagMatch(*self.match)
+        if self.match is None:
+            return None
+        exact, value = self.match
+        if exact:
+            return TagMatch(True, value)
+        if isinstance(self.glob, str):
+            return TagMatch(False, self.glob)
+        return TagMatch(False, escape(value) + "*")  # a frame of the prefix-only Glob
 
 
 class RecordsHeader(Struct):

@@ -57,7 +57,7 @@ Admits = Callable[[str | None, str | None], bool]
 def parse_filter(wire: Any) -> dict[str, Any] | None:
     """Check a router filter and return its normal form (what is stored and compared).
 
-    ``{"tag": <a deletion match: "X", ["tag","Eq","X"], ["tag","Glob","X*"]>,
+    ``{"tag": <a deletion match: "X", ["tag","Eq","X"], ["tag","Glob","P"]>,
     "node": [ids to forward], "not_node": [ids never to forward]}``, every key optional;
     a record is forwarded when it passes all the keys given. A record without a tag
     fails a tag filter.
@@ -72,8 +72,7 @@ def parse_filter(wire: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     if "tag" in wire:
         match = TagMatch.parse(wire["tag"])
-        op, pattern = ("Eq", match.value) if match.exact else ("Glob", f"{match.value}*")
-        out["tag"] = ["tag", op, pattern]
+        out["tag"] = match.wire()
     for key in ("node", "not_node"):
         if key in wire:
             ids = wire[key]

@@ -524,11 +524,12 @@ class Topic:
     def _matching_tags(self, match: TagMatch) -> list[str]:
         if match.exact:
             return [match.value] if match.value in self.tag_index else []
-        tags = []
-        for tag in self.tag_index.irange(minimum=match.value):
-            if not tag.startswith(match.value):
+        prefix, tags = match.prefix, []
+        for tag in self.tag_index.irange(minimum=prefix):
+            if not tag.startswith(prefix):
                 break
-            tags.append(tag)
+            if match.matches(tag):
+                tags.append(tag)
         return tags
 
     def _delete_tagged(self, match: TagMatch, bound: int) -> int:

@@ -1,7 +1,8 @@
 """Scopes: what a bearer token may do (docs/security.md).
 
 A token holds scopes ``read:<glob>``, ``write:<glob>``, ``delete:<glob>``,
-``queue:<glob>`` (each over topic names, glob as :func:`fnmatch.fnmatchcase`) and
+``queue:<glob>`` (each over topic names, in the one glob syntax of
+:mod:`waymark.protocol.globs`, docs/globs.md) and
 ``admin``. Every endpoint of the table names the one scope kind it needs
 (``Endpoint.scope``); a route with a ``{topic}`` needs that kind with a glob matching
 the topic, a route without one needs that kind for some topic. Two kinds are not held
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from fnmatch import fnmatchcase
 
 from msgspec import Struct
+
+from waymark.protocol.globs import glob_matches
 
 
 class ScopeKind(StrEnum):
@@ -63,7 +65,7 @@ def allows(grants: tuple[Grant, ...], kind: ScopeKind, topic: str | None) -> boo
     for grant in grants:
         if grant.kind is ScopeKind.ADMIN:  # every scope, like Kafka's super users
             return True
-        if grant.kind is kind and (topic is None or fnmatchcase(topic, grant.glob)):
+        if grant.kind is kind and (topic is None or glob_matches(grant.glob, topic)):
             return True
     return False
 

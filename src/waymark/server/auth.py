@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import secrets
 import tomllib
@@ -74,33 +73,10 @@ class Tokens:
     def load(cls, path: Path) -> Tokens:
         """Read ``path``; TokenFileError (naming the entry) for anything malformed."""
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise TokenFileError(f"cannot read tokens file {path}: {exc}") from exc
-        tokens = []
-        for name, entry in data.get("tokens", {}).items():
-            try:
-                expires = entry.get("expires")
-                if expires is not None and not (
-                    isinstance(expires, datetime) and expires.tzinfo is not None
-                ):
-                    raise ValueError("expires is a date-time with an offset")
-                rate = entry.get("rate_per_s")
-                if rate is not None and not (isinstance(rate, int | float) and rate > 0):
-                    raise ValueError("rate_per_s is a number above 0")
-                tokens.append(Token(
-                    name, str(entry["id"]), bytes.fromhex(entry["salt"]),
-                    bytes.fromhex(entry["sha256"]),
-                    tuple(Grant.parse(s) for s in entry["scopes"]),
-                    None if expires is None else round(expires.timestamp() * 1000),
-                    None if rate is None else float(rate),
-                ))  # fmt: skip
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise TokenFileError(f"{path}: token {name!r} is malformed: {exc}") from None
-        ids = [t.id for t in tokens]
-        if len(set(ids)) != len(ids):
-            raise TokenFileError(f"{path}: two tokens share an id")
-        return cls(tokens)
+        return cls(_parse(text, path))
 
     def verify(self, authorization: bytes | None) -> Token | None:
         """The token an ``Authorization: Bearer <secret>`` header proves, or None."""
@@ -115,6 +91,39 @@ class Tokens:
             self._decoy.matches(secret)
             return None
         return token if token.matches(secret) else None
+
+
+def _parse(text: str, path: Path) -> list[Token]:
+    """The tokens of a tokens file's text, in file order; TokenFileError naming the
+    entry for anything malformed."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise TokenFileError(f"cannot read tokens file {path}: {exc}") from exc
+    tokens = []
+    for name, entry in data.get("tokens", {}).items():
+        try:
+            expires = entry.get("expires")
+            if expires is not None and not (
+                isinstance(expires, datetime) and expires.tzinfo is not None
+            ):
+                raise ValueError("expires is a date-time with an offset")
+            rate = entry.get("rate_per_s")
+            if rate is not None and not (isinstance(rate, int | float) and rate > 0):
+                raise ValueError("rate_per_s is a number above 0")
+            tokens.append(Token(
+                name, str(entry["id"]), bytes.fromhex(entry["salt"]),
+                bytes.fromhex(entry["sha256"]),
+                tuple(Grant.parse(s) for s in entry["scopes"]),
+                None if expires is None else round(expires.timestamp() * 1000),
+                None if rate is None else float(rate),
+            ))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TokenFileError(f"{path}: token {name!r} is malformed: {exc}") from None
+    ids = [t.id for t in tokens]
+    if len(set(ids)) != len(ids):
+        raise TokenFileError(f"{path}: two tokens share an id")
+    return tokens
 
 
 def new_token(
@@ -182,36 +191,33 @@ def revoke_token(path: Path, name: str) -> None:
 
 
 def _check_name(name: str) -> None:
-    # TOML basic strings may not hold control characters unescaped, and a name is
-    # shown in 403 bodies and the console: refuse them rather than escape them.
+    # A name is shown in 403 bodies, the audit log and the console: control characters
+    # are refused rather than escaped (a lone surrogate cannot even be written).
     if not name or any(unicodedata.category(c) in ("Cc", "Cs") for c in name):
         raise ValueError(f"token name {name!r} is empty or holds control characters")
-
-
-def _toml_string(text: str) -> str:
-    # JSON's escapes are TOML's; ensure_ascii=False keeps emoji as characters (JSON
-    # would write a surrogate pair of \u escapes, which TOML refuses).
-    return json.dumps(text, ensure_ascii=False)
 
 
 def _write(path: Path, tokens: list[Token]) -> None:
     """Write the whole file anew (a temporary file renamed over it, mode 0600), after
     checking that it reads back as exactly ``tokens``: the file never becomes one
-    that the next ``token new`` or ``serve --tokens`` cannot read."""
-    text = "# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n"
+    that the next ``token new`` or ``serve --tokens`` cannot read. A TOML writer
+    (tomli-w) escapes what a name holds: quotes, backslashes, emoji."""
+    import tomli_w  # the [server] extra; only `token new|revoke` writes the file
+
+    entries: dict[str, dict[str, object]] = {}
     for t in tokens:
-        text += (
-            f"\n[tokens.{_toml_string(t.name)}]\n"
-            f'id = "{t.id}"\nsalt = "{t.salt.hex()}"\nsha256 = "{t.sha256.hex()}"\n'
-            f"scopes = [{', '.join(_toml_string(str(g)) for g in t.grants)}]\n"
-        )
+        entry: dict[str, object] = {
+            "id": t.id, "salt": t.salt.hex(), "sha256": t.sha256.hex(),
+            "scopes": [str(g) for g in t.grants],
+        }  # fmt: skip
         if t.expires_ms is not None:
-            when = datetime.fromtimestamp(t.expires_ms / 1000, UTC)
-            text += f"expires = {when.isoformat(timespec='milliseconds')}\n"
+            entry["expires"] = datetime.fromtimestamp(t.expires_ms / 1000, UTC)
         if t.rate_per_s is not None:
-            text += f"rate_per_s = {t.rate_per_s!r}\n"
-    parsed = tomllib.loads(text).get("tokens", {})
-    if [(n, e["id"]) for n, e in parsed.items()] != [(t.name, t.id) for t in tokens]:
+            entry["rate_per_s"] = t.rate_per_s
+        entries[t.name] = entry
+    text = "# waymark tokens (docs/security.md): secrets are stored as salted SHA-256 only.\n\n"
+    text += tomli_w.dumps({"tokens": entries})
+    if _parse(text, path) != tokens:
         raise TokenFileError(f"{path}: the tokens file would not read back as written")
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

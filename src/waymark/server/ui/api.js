@@ -86,11 +86,38 @@ export async function whoami() {
   return identity;
 }
 
-// A scope's topic part is a glob: '*' matches any run of characters.
-function globMatches(glob, name) {
-  const pattern = glob.split("*").map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*");
-  return new RegExp(`^${pattern}$`).test(name);
+// The one glob syntax (docs/globs.md), as the server matches it (waymark.protocol.globs,
+// Python's fnmatchcase): the whole name, case-sensitive; `*` any run of characters, `?`
+// one, `[abc]`, `[a-z]` one of a set, `[!abc]` one not in it; `/` and `.` are ordinary.
+export function globMatches(glob, name) {
+  let re = "";
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i];
+    if (c === "*") re += "[^]*";
+    else if (c === "?") re += "[^]";
+    else if (c === "[") {
+      let j = i + 1;
+      if (glob[j] === "!") j++;
+      if (glob[j] === "]") j++;
+      while (j < glob.length && glob[j] !== "]") j++;
+      if (j >= glob.length) {
+        re += "\\[";  // no closing bracket: a literal "["
+        continue;
+      }
+      let set = glob.slice(i + 1, j).replace(/[\\\]\[^&~|]/g, (m, at) => (m === "^" && at > 0 ? m : `\\${m}`));
+      if (set.startsWith("!")) set = set.length === 1 ? "" : `^${set.slice(1)}`;
+      re += set === "" ? "[^]" : `[${set}]`;
+      i = j;
+    } else re += c.replace(/[.+?^${}()|[\]\\/*-]/g, "\\$&");
+  }
+  try {
+    return new RegExp(`^(?:${re})$`).test(name);
+  } catch {
+    return false;  // a set such as [z-a] that matches nothing
+  }
 }
+
+export const isGlob = (text) => /[*?[]/.test(text);
 
 // What the token may do: `kind` is read, write, delete or queue; admin may do anything.
 export function allowed(identity, kind, topic = "*") {

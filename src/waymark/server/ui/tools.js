@@ -1,32 +1,12 @@
 // A topic's tools beside its live tail: produce records, and search the records held
 // (by tag, seq range and text) — both through the public API with the user's token
 // (docs/console.md, "Produce" and "Search").
-import { api, topicPath } from "./api.js";
+import { api, globMatches, topicPath } from "./api.js";
 import { fmtInt, h } from "./dom.js";
 
 const PAGE = 1000; // records a search reads per diff page
 const SCAN_BUDGET = 50_000; // records one click scans before it offers to go on
 const MAX_HITS = 200; // rows a search shows
-
-// A tag pattern (docs/console.md, "Search"): `*` any run of
-// characters, `?` one character, `[abc]`/`[!abc]` a set; anything else is itself.
-export function globRegExp(pattern) {
-  let out = "";
-  for (let i = 0; i < pattern.length; i += 1) {
-    const c = pattern[i];
-    if (c === "*") out += ".*";
-    else if (c === "?") out += ".";
-    else if (c === "[" && pattern.indexOf("]", i + 2) > i) {
-      const end = pattern.indexOf("]", i + 2);
-      let set = pattern.slice(i + 1, end);
-      const negate = set.startsWith("!");
-      if (negate) set = set.slice(1);
-      out += `[${negate ? "^" : ""}${set.replace(/[\\\]^]/g, "\\$&")}]`;
-      i = end;
-    } else out += c.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-  }
-  return new RegExp(`^${out}$`, "s");
-}
 
 // One JSON value per line, each a record's data; an optional tag for all of them.
 export function producePanel(name, onDone) {
@@ -93,7 +73,7 @@ export function searchPanel(name, epochNow) {
   let hits = 0;
   let query = null;
 
-  const matches = (r) => (!query.tag || query.tag.test(r.$tag ?? ""))
+  const matches = (r) => (!query.tag || globMatches(query.tag, r.$tag ?? ""))
     && (!query.text || JSON.stringify(r.data).includes(query.text));
 
   const scan = async () => {
@@ -132,14 +112,7 @@ export function searchPanel(name, epochNow) {
   };
 
   const start = () => {
-    let pattern = null;
-    try {
-      pattern = tag.value.trim() ? globRegExp(tag.value.trim()) : null;
-    } catch (error) {
-      status.textContent = `not a tag pattern: ${error.message}`;
-      return;
-    }
-    query = { tag: pattern, text: text.value, to: to.value === "" ? null : Number(to.value) };
+    query = { tag: tag.value.trim() || null, text: text.value, to: to.value === "" ? null : Number(to.value) };
     cursor = { seq: from.value === "" ? 0 : Math.max(0, Number(from.value) - 1), epoch: epochNow() };
     scanned = 0;
     hits = 0;

@@ -1,7 +1,7 @@
 // One topic: watermarks, config, rate charts, a live tail over SSE (tombstones stand
 // out with their reason and gap), jump to a seq, filter by tag or node, and a
 // permanent delete behind a confirmation for tokens with the delete scope.
-import { allowed, api, isAdmin, stream, topicPath } from "./api.js";
+import { allowed, api, isAdmin, isGlob, stream, topicPath } from "./api.js";
 import { card, fmtAgo, fmtBytes, fmtInt, h } from "./dom.js";
 import { historyRates, record, values } from "./samples.js";
 import { chart } from "./svg.js";
@@ -30,19 +30,19 @@ function recordRow(r) {
 
 function deletePanel(name, onDone) {
   const before = h("input", { type: "number", min: 0, placeholder: "seq", "aria-label": "delete before seq", "data-testid": "delete-before" });
-  const tag = h("input", { type: "text", placeholder: "tag or prefix*", "aria-label": "delete tag", "data-testid": "delete-tag" });
+  const tag = h("input", { type: "text", placeholder: "tag or glob (customer:*)", "aria-label": "delete tag", "data-testid": "delete-tag" });
   const message = h("span", { class: "muted", "data-testid": "delete-result" });
   const confirmRow = h("div", { class: "toolbar", hidden: true });
   const selector = () => {
     const body = {};
     if (before.value !== "") body.before_seq = Number(before.value);
     const t = tag.value.trim();
-    if (t) body.match = t.endsWith("*") ? ["tag", "Glob", t] : ["tag", "Eq", t];
+    if (t) body.match = isGlob(t) ? ["tag", "Glob", t] : ["tag", "Eq", t];
     return body;
   };
   const describe = (body) => [
     body.before_seq !== undefined ? `every record with seq < ${body.before_seq}` : "every record",
-    body.match ? ` whose tag ${body.match[1] === "Glob" ? "starts with" : "is"} "${body.match[2].replace(/\*$/, "")}"` : "",
+    body.match ? ` whose tag ${body.match[1] === "Glob" ? "matches the glob" : "is"} "${body.match[2]}"` : "",
   ].join("");
   const ask = h("button", { class: "danger", type: "button", "data-testid": "delete", onclick: () => {
     const body = selector();
