@@ -12,6 +12,10 @@ store holds in memory; later ones are the steady state of a periodic exporter):
   describe and upload run; the swap waits for both), on a fresh stage;
 * the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
 
+Before the round and before the anchor the page cache's dirty data is written
+out (``settle``: ``sync``, untimed), so neither pays for the other's writes, nor
+for the fill's, in its fsyncs.
+
 If ``verify`` is longer than ``describe + upload``, the pipelined round is
 ``stage + verify + swap`` and the verification is the limit.
 
@@ -36,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fold_replicas import BACKENDS, moto_s3, spec, tar_upload
+from fold_replicas import BACKENDS, moto_s3, settle, spec, tar_upload
 from waymark.kv import ObjectStoreTransport, open_store
 from waymark.kv.artifact import MANIFEST_NAME, ExportInfo, stage_export
 from waymark.kv.export import publish_staged
@@ -67,12 +71,14 @@ def probe(
     (on a second copy: the first stage of all is the round's)."""
     out: dict[str, tuple[float, float]] = {}
     info = ExportInfo(exporter="probe", bucket="probe")
+    settle()
     t, c = time.perf_counter(), time.process_time()
     staged = stage_export(store, work / "round", info)
     try:
         manifest, _ = publish_staged(transport, backend, staged)
         out["round"] = (time.perf_counter() - t, time.process_time() - c)
         (staged.stage / MANIFEST_NAME).write_bytes(manifest.encode())
+        settle()
         out["anchor"] = tar_upload(transport, backend, staged.stage)
         out["bytes"] = (sum(f.size for f in manifest.files) / 1e6, 0.0)
     finally:
