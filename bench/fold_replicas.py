@@ -231,7 +231,7 @@ def export_round(
     info = ExportInfo(exporter="bench", bucket="bench")
     settle()
     t, c = time.perf_counter(), time.process_time()
-    staged: StagedExport = stage_export(store, workdir / "round", info)
+    staged: StagedExport = stage_export(store, workdir / "round", info, link=True)
     out.stage_s = time.perf_counter() - t
     try:
         manifest, outcome = publish_staged(transport, key, staged)
