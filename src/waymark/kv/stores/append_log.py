@@ -937,7 +937,7 @@ class AppendLogStore:
         compaction renames a new file over the path and leaves the linked one as it
         is), so those bytes stay what they are while the fold goes on. Where a
         hard link cannot be made (another file system), or :meth:`write_copy` would
-        rewrite the log, it is :meth:`write_copy` (docs/semantics/kv.md §9.2)."""
+        rewrite the log, it is :meth:`write_copy` (docs/semantics/kv.md §10.3)."""
         if not self._rewrites_on_export():
             data_dir.mkdir()
             try:
