@@ -5,17 +5,27 @@ For each backend, ``--rounds`` times after the fill (the first one flushes what 
 store holds in memory; later ones are the steady state of a periodic exporter):
 
 * the steps one after the other, each timed on the wall clock and the CPU:
-  ``stage_export`` (the copy, in the fold's pause), ``StagedExport.verify`` (the
+  ``stage_export`` (the copy, in the fold's pause; for the append log a hard link
+  to the live log, as a round makes it), ``StagedExport.verify`` (the
   reopen), ``describe`` (BLAKE3 of every file), ``upload_files`` (the tar stream,
   multipart put) and ``swap_pointer``;
 * the round as ``publish_staged`` runs it (the verify on a second thread while
   describe and upload run; the swap waits for both), on a fresh stage;
 * the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
 
+Before the round and before the anchor the page cache's dirty data is written
+out (``settle``: ``sync``, untimed), so neither pays for the other's writes, nor
+for the fill's, in its fsyncs.
+
 If ``verify`` is longer than ``describe + upload``, the pipelined round is
 ``stage + verify + swap`` and the verification is the limit.
 
-Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3]
+With ``--pairs N`` the round and its anchor are run N times each (a fresh stage of
+the same store each time) and the table gives the medians, and the median of the N
+ratios: on a loaded machine one pair's wall clock swings by 2-4x. The first round
+is run once (only it follows the fill).
+
+Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3] [--pairs 1]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
 """
 
@@ -25,6 +35,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fold_replicas import BACKENDS, moto_s3, spec, tar_upload
+from fold_replicas import BACKENDS, moto_s3, settle, spec, tar_upload
 from waymark.kv import ObjectStoreTransport, open_store
 from waymark.kv.artifact import MANIFEST_NAME, ExportInfo, stage_export
 from waymark.kv.export import publish_staged
@@ -60,30 +71,51 @@ def fill(store: SnapshotStore, keys: int) -> None:
         store.apply(batch, WatchCursor.from_u64(i + len(batch)))
 
 
-def probe(
+def pair(
     transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path
-) -> dict[str, tuple[float, float]]:
-    """The pipelined round and its anchor, then one round's steps one after the other
-    (on a second copy: the first stage of all is the round's)."""
-    out: dict[str, tuple[float, float]] = {}
+) -> tuple[tuple[float, float], tuple[float, float], float]:
+    """One pipelined round and its anchor on the same files: (wall, CPU) of each, MB."""
     info = ExportInfo(exporter="probe", bucket="probe")
+    settle()
     t, c = time.perf_counter(), time.process_time()
-    staged = stage_export(store, work / "round", info)
+    staged = stage_export(store, work / "round", info, link=True)  # as export_via does
     try:
         manifest, _ = publish_staged(transport, backend, staged)
-        out["round"] = (time.perf_counter() - t, time.process_time() - c)
+        done = (time.perf_counter() - t, time.process_time() - c)
         (staged.stage / MANIFEST_NAME).write_bytes(manifest.encode())
-        out["anchor"] = tar_upload(transport, backend, staged.stage)
-        out["bytes"] = (sum(f.size for f in manifest.files) / 1e6, 0.0)
+        settle()
+        anchor = tar_upload(transport, backend, staged.stage)
+        return done, anchor, sum(f.size for f in manifest.files) / 1e6
     finally:
         staged.discard()
 
-    staged, *out["stage"] = timed(lambda: stage_export(store, work / "seq", info))
+
+def probe(
+    transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path, pairs: int
+) -> dict[str, tuple[float, float]]:
+    """The pipelined round and its anchor (``pairs`` times: the median of each, and the
+    median of the pairs' ratios), then one round's steps one after the other (on a
+    second copy: the first stage of all is the round's)."""
+    out: dict[str, tuple[float, float]] = {}
+    runs = [pair(transport, backend, store, work) for _ in range(pairs)]
+
+    def median(values: list[tuple[float, float]]) -> tuple[float, float]:
+        return statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+
+    out["round"] = median([r[0] for r in runs])
+    out["anchor"] = median([r[1] for r in runs])
+    out["ratio"] = median([(a[0] / o[0], a[1] / o[1]) for o, a, _ in runs])
+    out["bytes"] = (runs[0][2], 0.0)
+    info = ExportInfo(exporter="probe", bucket="probe")
+
+    staged, *out["stage"] = timed(lambda: stage_export(store, work / "seq", info, link=True))
     try:
         _, *out["verify"] = timed(staged.verify)
         (raw, manifest), *out["describe"] = timed(staged.describe)
         up, *out["upload"] = timed(
-            lambda: transport.upload_files(backend, staged.stage, raw, manifest)
+            lambda: transport.upload_files(
+                backend, staged.stage, raw, manifest, prefixes=staged.prefixes.keys()
+            )
         )
         _, *out["swap"] = timed(lambda: transport.swap_pointer(up))
     finally:
@@ -95,6 +127,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="round + anchor pairs per round (medians)"
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--store-url", help="object store URL, or 'moto' (default: file://)")
     args = parser.parse_args()
@@ -106,7 +141,7 @@ def main() -> None:
         " wall / CPU seconds"
     )
     cols = ("backend", "round", "stage", "verify", "describe", "upload", "swap")
-    for col in (*cols, "pipelined round", "anchor tar + upload", "ratio", "limit"):
+    for col in (*cols, "pipelined round", "anchor tar + upload", "ratio (wall / CPU)", "limit"):
         table.add_column(col, justify="left" if col in ("backend", "limit") else "right")
     try:
         with contextlib.ExitStack() as stack:
@@ -121,7 +156,8 @@ def main() -> None:
                 store = open_store(spec(backend, root / backend / "live"))
                 fill(store, args.keys)
                 for n in range(args.rounds):
-                    r = probe(transport, backend, store, root / backend)
+                    # The first round once: only its first pair is a first round.
+                    r = probe(transport, backend, store, root / backend, args.pairs if n else 1)
                     overlapped = r["describe"][0] + r["upload"][0]
                     limit = "verify" if r["verify"][0] > overlapped else "describe + upload"
                     table.add_row(
@@ -130,7 +166,7 @@ def main() -> None:
                         *(f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in cols[2:]),
                         f"{r['round'][0]:.3f} / {r['round'][1]:.3f}",
                         f"{r['anchor'][0]:.3f} / {r['anchor'][1]:.3f}",
-                        f"{r['anchor'][0] / r['round'][0]:.2f}x",
+                        f"{r['ratio'][0]:.2f}x / {r['ratio'][1]:.2f}x",
                         f"{limit} ({r['bytes'][0]:.1f} MB)",
                     )
                 store.close()

@@ -27,6 +27,7 @@ from waymark.kv import (
     VersionToken,
     WatchCursor,
 )
+from waymark.kv.stores import append_log, crc_runs
 from waymark.kv.stores.append_log import (
     HEADER,
     AppendLogStore,
@@ -441,7 +442,8 @@ def _logs(draw: st.DrawFn) -> bytes:
         kind = draw(st.sampled_from(["run", "put", "delete", "cursor"]))
         if kind == "run":
             width, vlen = draw(st.integers(1, 3)), draw(st.sampled_from([0, 1, 5, 300]))
-            start, n = draw(st.integers(0, 50)), draw(st.integers(1, 60))
+            # Up to 140: runs of more than one bulk-checked block (crc_runs.CHUNK).
+            start, n = draw(st.integers(0, 50)), draw(st.integers(1, 140))
             for i in range(start, start + n):
                 ver = (i % 7).to_bytes(8, "big")
                 out.append(_put_record(f"{i:0{width}}"[-width:].encode(), b"v" * vlen, ver))
@@ -468,7 +470,14 @@ def _logs(draw: st.DrawFn) -> bytes:
 @given(_logs())
 def test_replay_equals_a_record_by_record_reading(data: bytes) -> None:
     """The bulk path for runs of equal puts checks every record's CRC and folds exactly
-    what a plain record-by-record reading does: torn tails, corruption and all."""
+    what a plain record-by-record reading does: torn tails, corruption and all. Every
+    run of 16 or more is checked in bulk here (a plan made for any run length)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(crc_runs, "PLAN_MIN_RECORDS", 1)
+        _replay_matches_reference(data)
+
+
+def _replay_matches_reference(data: bytes) -> None:
     try:
         expected = _reference_replay(data)
     except Corrupted:
@@ -484,3 +493,86 @@ def test_replay_equals_a_record_by_record_reading(data: bytes) -> None:
         if build:
             got = {k: (e.value, e.version.raw) for k, e in r.entries().items()}
             assert got == fold
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(1, 12),
+    st.integers(0, 70),
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 255)), max_size=3
+    ),
+)
+def test_the_bulk_crc_check_holds_exactly_when_every_record_does(
+    n: int, klen: int, vlen: int, damage: list[tuple[int, int, int]]
+) -> None:
+    """``crcs_hold`` says a run is good exactly when each record's own CRC checks out:
+    runs of any length (whole blocks of ``crc_runs.CHUNK`` records and a rest), any
+    record length mod 4, with up to three bytes changed anywhere, CRC fields included."""
+    recs = [
+        _put_record(f"{i:0{klen}}"[-klen:].encode(), bytes([i % 251]) * vlen, b"\x07")
+        for i in range(n)
+    ]
+    length = len(recs[0])
+    data = bytearray(b"".join(recs))
+    for record, offset, xor in damage:
+        data[(record % n) * length + offset % length] ^= xor
+    region = memoryview(bytes(data))
+    each = [
+        zlib.crc32(region[i * length + 4 : (i + 1) * length])
+        == struct.unpack_from("<I", region, i * length)[0]
+        for i in range(n)
+    ]
+    plan = crc_runs.plan_for(length, crc_runs.PLAN_MIN_RECORDS, 8192)
+    assert plan is not None
+    assert plan.holds(region, n, length) == all(each)
+
+
+def test_a_flipped_byte_in_any_block_of_a_run_is_corruption_at_its_record(
+    tmp_path: Path,
+) -> None:
+    """A compacted log of 600 equal puts is one run, checked in bulk (nine blocks of 64
+    and a rest): a byte changed in any record, body or CRC field, is refused at that
+    record's offset, by a replay that builds the fold and by the verification's that
+    does not."""
+    s = AppendLogStore(tmp_path / "f.log")
+    s.apply(
+        [KvUpdate.put(f"k.{i:04}", b"v" * 20, i + 1) for i in range(600)],
+        WatchCursor.from_u64(600),
+    )
+    s.compact()
+    s.close()
+    good = (tmp_path / "f.log").read_bytes()
+    length = len(_put_record(b"k.0000", b"v" * 20, (1).to_bytes(8, "big")))
+    assert crc_runs.plan_for(length, 600, 8192) is not None
+    for record in (0, 63, 64, 300, 575, 576, 599):
+        for offset in (0, 3, 4, length - 1):
+            data = bytearray(good)
+            at = len(HEADER) + record * length
+            data[at + offset] ^= 0x10
+            for build in (True, False):
+                with pytest.raises(Corrupted, match=f"offset {at}$"):
+                    replay_log(bytes(data), build=build)
+
+
+def test_mutant_a_bulk_check_that_passes_everything_folds_a_damaged_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tests above can fail: with the bulk check answering "all good" a damaged
+    record is read as if it were intact."""
+
+    class Blind:
+        def holds(self, *_: object) -> bool:
+            return True
+
+    monkeypatch.setattr(append_log, "plan_for", lambda *_: Blind())
+    s = AppendLogStore(tmp_path / "f.log")
+    s.apply(
+        [KvUpdate.put(f"k.{i:04}", b"v" * 20, i + 1) for i in range(600)],
+        WatchCursor.from_u64(600),
+    )
+    s.close()
+    data = bytearray((tmp_path / "f.log").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    assert replay_log(bytes(data), build=False).cursor == (600).to_bytes(8, "big")

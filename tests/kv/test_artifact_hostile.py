@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from waymark.cli import app
-from waymark.kv import ArtifactInvalid
+from waymark.kv import ArtifactInvalid, KvUpdate, WatchCursor
 from waymark.kv.artifact import content_address
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.transport import ObjectStoreTransport
@@ -182,4 +183,57 @@ def test_a_file_and_a_directory_of_the_same_name_is_refused_by_the_cli(tmp_path:
     assert result.exit_code == 3, result.output
     assert "ArtifactInvalid" in result.output and "as a file and as a directory" in result.output
     # Nothing but the store's lock, which the CLI takes first (docs/kv.md, "Crash leftovers").
+    assert os.listdir(tmp_path / "node") == [".fold.log.lock"]
+
+
+def _append_log_image(records: int) -> bytes:
+    """A compacted append log of ``records`` equal puts (one run, CRCs checked in bulk)."""
+    with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
+        store = AppendLogStore(Path(tmp) / "fold.log")
+        store.apply(
+            [KvUpdate.put(f"k.{i:04}", b"v" * 20, i + 1) for i in range(records)],
+            WatchCursor.from_u64(records),
+        )
+        store.compact()
+        store.close()
+        return (Path(tmp) / "fold.log").read_bytes()
+
+
+@pytest.mark.parametrize("where", [0.001, 0.5, 0.999])  # the first block, a middle one, the rest
+def test_a_flipped_byte_in_any_block_of_a_rehashed_log_is_refused_by_the_cli(
+    tmp_path: Path, where: float
+) -> None:
+    """A payload whose log has one byte changed and whose manifest was re-hashed to match
+    (so BLAKE3 passes, as a broken exporter would publish it): the import's replay
+    checks every record (CRCs in bulk, docs/semantics/kv.md §9.3), so the bootstrap is
+    ArtifactInvalid, exit 3, and nothing is written."""
+    image = bytearray(_append_log_image(600))
+    image[int(len(image) * where)] ^= 0x20
+    doc = {
+        "schema_version": 1,
+        "backend": "append-log",
+        "format_generation": FORMAT,
+        "cursor_hex": WatchCursor.from_u64(600).raw.hex(),
+        "files": [
+            {
+                "path": "data/fold.log",
+                "size": len(image),
+                "blake3": blake3.blake3(image).hexdigest(),
+            }
+        ],
+    }
+    pointer = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        _add(tar, "MANIFEST.json", pointer)
+        _add(tar, "data/fold.log", bytes(image))
+    _publish(tmp_path, pointer, buf.getvalue())
+    dest = tmp_path / "node" / "fold.log"
+    result = CliRunner().invoke(
+        app,
+        ["fold", "--bucket", KEY, "--store", f"append-log:{dest}", "--bootstrap-from",
+         (tmp_path / "objects").as_uri(), "--nats", "nats://127.0.0.1:1"],
+    )  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert "ArtifactInvalid" in result.output and "at offset" in result.output
     assert os.listdir(tmp_path / "node") == [".fold.log.lock"]

@@ -264,3 +264,61 @@ def test_a_pointer_read_made_before_the_verify_ended_is_only_a_first_guess(
     assert transport.read_pointer(KEY).state.rank == 20
     assert transport.swap_pointer(uploaded_at(30), stale) is PublishOutcome.Published
     assert transport.read_pointer(KEY).state.rank == 30
+
+
+def _linked_stage(tmp_path: Path) -> tuple[AppendLogStore, StagedExport]:
+    """A round's stage of an append log at 300, then the fold goes on: 100 more
+    appended to the linked file, a compaction renamed over the live path, 50 more."""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    size = store.path.stat().st_size
+    staged = stage_export(store, tmp_path / "art", link=True)
+    assert staged.prefixes == {"data/fold.log": size}  # a link, not a copy
+    assert (staged.data / "fold.log").stat().st_ino == store.path.stat().st_ino
+    fill(store, 400, start=300)
+    store.compact()
+    fill(store, 450, start=400)
+    assert (staged.data / "fold.log").stat().st_size > size  # the appends went past it
+    return store, staged
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_rounds_append_log_stage_is_a_link_the_fold_appends_past(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str
+) -> None:
+    """The round's stage of the append log hard-links the live log instead of copying it
+    (nothing written in the fold's pause): what is verified, hashed and published is
+    its first bytes, the fold at the stage's cursor, whatever the fold did since."""
+    store, staged = _linked_stage(tmp_path)
+    try:
+        manifest, outcome = publish_staged(transport, KEY, staged)
+    finally:
+        staged.discard()
+    assert outcome is PublishOutcome.Published and manifest.rank == 300
+    assert manifest.files[0].size == staged.prefixes["data/fold.log"]
+    with pytest.raises(ValueError, match="never sealed"):
+        staged.seal(tmp_path / "sealed", manifest.encode())
+    got, node = transport.bootstrap_open(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
+    assert got == manifest and node.cursor == WatchCursor.from_u64(300)
+    assert contents(node) == {f"k.{i:05}": b"value-%d" % i for i in range(300)}
+    node.close()
+    assert len(contents(store)) == 450  # the live fold is untouched
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_mutant_a_linked_stage_read_whole_is_refused_by_the_verification(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str
+) -> None:
+    """The test above can fail: a linked stage whose size is forgotten (read whole) would
+    publish what the fold appended to that file since; the verification refuses it
+    (the copy recovers 400, not the stage's 300), and the pointer is not touched."""
+    store, staged = _linked_stage(tmp_path)
+    forgetful = dataclasses.replace(staged, prefixes={})
+    try:
+        with pytest.raises(SnapshotError, match="recovers cursor 400"):
+            publish_staged(transport, KEY, forgetful)
+    finally:
+        staged.discard()
+        store.close()
+    assert not transport.read_pointer(KEY).state.present

@@ -33,9 +33,9 @@ import stat
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import blake3
 import msgspec
@@ -194,6 +194,23 @@ class ArtifactBackend(Protocol):
         ...
 
 
+class LinkingBackend(ArtifactBackend, Protocol):
+    """A backend whose round stage may be a hard link to its live file instead of a
+    copy: the file is only ever appended to, so its first ``size`` bytes, the
+    committed ones when the link was made, stay exactly as they were."""
+
+    def link_copy(self, data_dir: Path) -> dict[str, int]:
+        """Like ``write_copy``, but may hard-link the live file: returns, by artifact
+        path (``data/...``), how many leading bytes of each linked file are the copy
+        (empty where it copied)."""
+        ...
+
+    @classmethod
+    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
+        """``recover_cursor`` of the copy whose linked files end at ``sizes``."""
+        ...
+
+
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)`` of a bootstrap or restore (docs/kv.md, "Restore
 progress"): ``download`` in payload bytes, ``verify`` in bytes hashed, ``open`` (the
@@ -203,21 +220,26 @@ from the thread doing the work."""
 _HASH_STEP = 16 << 20  # bytes hashed between two progress calls
 
 
-def file_digest(path: Path, hashed: Callable[[int], None] | None = None) -> str:
-    """The file's BLAKE3 digest; ``hashed(n)`` after each step of ``n`` bytes, if given."""
+def file_digest(
+    path: Path, hashed: Callable[[int], None] | None = None, size: int | None = None
+) -> str:
+    """The file's BLAKE3 digest (of its first ``size`` bytes, if given); ``hashed(n)``
+    after each step of ``n`` bytes, if given."""
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    size = path.stat().st_size
+    whole = size is None
+    size = path.stat().st_size if size is None else size
     if not size:
         return h.hexdigest()
-    if hashed is None:
+    if hashed is None and whole:
         h.update_mmap(path)
         return h.hexdigest()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
         view = memoryview(m)
         try:
             for at in range(0, size, _HASH_STEP):
                 h.update(view[at : at + _HASH_STEP])
-                hashed(min(_HASH_STEP, size - at))
+                if hashed is not None:
+                    hashed(min(_HASH_STEP, size - at))
         finally:
             view.release()
     return h.hexdigest()
@@ -292,6 +314,10 @@ class StagedExport:
     cursor: WatchCursor
     """The live store's cursor when the copy was made: the copy must recover it."""
     info: ExportInfo
+    prefixes: dict[str, int] = field(default_factory=dict)
+    """Files of the stage (by artifact path) that are hard links to a live file the
+    fold goes on appending to: only their first N bytes are the copy. Such a stage is
+    verified, hashed and uploaded, never sealed."""
 
     @property
     def data(self) -> Path:
@@ -303,7 +329,11 @@ class StagedExport:
         Every ``apply`` commits data and cursor together, so equal cursors mean
         no committed batch is missing (docs/semantics/kv.md §9.2 step 1).
         """
-        recovered = self.backend_class.recover_cursor(self.data)
+        if self.prefixes:
+            linking = cast(type[LinkingBackend], self.backend_class)
+            recovered = linking.recover_prefix_cursor(self.data, self.prefixes)
+        else:
+            recovered = self.backend_class.recover_cursor(self.data)
         if recovered != self.cursor:
             raise SnapshotError(
                 f"export of {self.backend} fold failed verification: the copy recovers "
@@ -314,7 +344,11 @@ class StagedExport:
         """Hash every file of the copy; the manifest and its deterministic bytes."""
         # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
         rels = sorted((p.relative_to(self.stage).as_posix(), p) for p in _tree(self.data))
-        files = [ArtifactFile(rel, p.stat().st_size, file_digest(p)) for rel, p in rels]
+        files = []
+        for rel, p in rels:
+            size = self.prefixes.get(rel)
+            whole = p.stat().st_size if size is None else size
+            files.append(ArtifactFile(rel, whole, file_digest(p, size=size)))
         manifest = ExportManifest(
             schema_version=SCHEMA_VERSION,
             backend=self.backend,
@@ -332,6 +366,8 @@ class StagedExport:
     def seal(self, dest: Path, manifest_bytes: bytes) -> None:
         """Make the verified, described and fsynced copy the artifact ``dest``: the
         manifest written last, then the stage renamed (docs/semantics/kv.md §9.2 step 3)."""
+        if self.prefixes:
+            raise ValueError("a stage of hard links to live files is uploaded, never sealed")
         with open(self.stage / MANIFEST_NAME, "wb") as f:
             f.write(manifest_bytes)
             f.flush()
@@ -345,12 +381,20 @@ class StagedExport:
 
 
 def stage_export(
-    store: ArtifactBackend, dest: str | os.PathLike[str], info: ExportInfo | None = None
+    store: ArtifactBackend,
+    dest: str | os.PathLike[str],
+    info: ExportInfo | None = None,
+    *,
+    link: bool = False,
 ) -> StagedExport:
     """Copy ``store`` into a hidden staging directory beside ``dest`` (which must not exist).
 
     The only step of an export that reads the live store: it must not run
     concurrently with ``apply`` (inside ``watch_applied``, an ``ExportRequest``).
+    With ``link``, a backend that can (the append log) hard-links its live file
+    instead of copying it and the stage records how many of its bytes are the copy
+    (``prefixes``): for a stage that is uploaded and discarded (an export round),
+    never for one sealed into an artifact directory.
     """
     dest = Path(dest)
     if dest.exists():
@@ -366,7 +410,10 @@ def stage_export(
         info or ExportInfo(),
     )
     try:
-        store.write_copy(staged.data)
+        if link and hasattr(store, "link_copy"):
+            staged.prefixes = cast(LinkingBackend, store).link_copy(staged.data)
+        else:
+            store.write_copy(staged.data)
     except BaseException:
         staged.discard()
         raise

@@ -101,7 +101,8 @@ def export_via(
         def action(store: SnapshotStore, cursor: WatchCursor) -> StagedExport:
             # Only the copy stalls the fold; verify and upload run after it resumed.
             # Every fold store class is also its own artifact backend
-            return stage_export(cast(ArtifactBackend, store), dest, meta)
+            # The append log's stage is a hard link to its live log (no copy).
+            return stage_export(cast(ArtifactBackend, store), dest, meta, link=True)
 
         return await submit_export(requests, ExportRequest(action))
 
@@ -134,7 +135,9 @@ def publish_staged(
         verifying = pool.submit(staged.verify)
         try:
             raw, manifest = staged.describe()
-            uploaded = transport.upload_files(key, staged.stage, raw, manifest)
+            uploaded = transport.upload_files(
+                key, staged.stage, raw, manifest, prefixes=staged.prefixes.keys()
+            )
             observed = transport.read_pointer(key)  # if stale by the swap, the CAS says so
         except BaseException:
             wait([verifying])  # the stage outlives the verify; its failure says more

@@ -31,7 +31,7 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -146,13 +146,18 @@ def _tar_header(name: str, size: int) -> bytes:
 
 
 def tar_stream(
-    artifact_dir: Path, manifest_bytes: bytes, manifest: ExportManifest
+    artifact_dir: Path,
+    manifest_bytes: bytes,
+    manifest: ExportManifest,
+    prefixes: Container[str] = (),
 ) -> Iterator[bytes]:
     """The artifact as a tar, MANIFEST.json first, then the files in manifest order.
 
     Generated on the fly: a multi-gigabyte fold is never held in memory or
     written to disk twice. A file whose size no longer matches the manifest
-    fails the upload (the artifact changed under it).
+    fails the upload (the artifact changed under it); one of ``prefixes`` (a hard
+    link to a live file that is only appended to) may have grown, and only its
+    first listed bytes are sent.
     """
     yield (
         _tar_header(MANIFEST_NAME, len(manifest_bytes)) + manifest_bytes + _pad(len(manifest_bytes))
@@ -160,7 +165,8 @@ def tar_stream(
     for f in manifest.files:
         path = artifact_dir / f.path
         with open(path, "rb") as src:
-            if os.fstat(src.fileno()).st_size != f.size:
+            now = os.fstat(src.fileno()).st_size
+            if now < f.size or (now != f.size and f.path not in prefixes):
                 raise ArtifactInvalid(f"{f.path} changed size since it was exported")
             yield _tar_header(f.path, f.size)
             left = f.size
@@ -285,13 +291,19 @@ class ObjectStoreTransport:
         return self.upload_files(key, artifact, raw, manifest)
 
     def upload_files(
-        self, key: str, root: Path, manifest_bytes: bytes, manifest: ExportManifest
+        self,
+        key: str,
+        root: Path,
+        manifest_bytes: bytes,
+        manifest: ExportManifest,
+        prefixes: Container[str] = (),
     ) -> UploadedPayload:
         """Upload the payload of the files ``manifest`` lists under ``root`` (whose
-        ``MANIFEST.json`` need not exist yet: the tar carries ``manifest_bytes``)."""
+        ``MANIFEST.json`` need not exist yet: the tar carries ``manifest_bytes``);
+        ``prefixes``: see :func:`tar_stream`."""
         self._check_atomic()
         payload = self.payload_key(key, content_address(manifest_bytes))
-        self.store.upload(payload, tar_stream(root, manifest_bytes, manifest))
+        self.store.upload(payload, tar_stream(root, manifest_bytes, manifest, prefixes))
         return UploadedPayload(key, manifest_bytes, manifest, payload)
 
     def read_pointer(self, key: str) -> PointerObservation:

@@ -47,6 +47,7 @@ from isal.isal_zlib import crc32
 
 from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
+from waymark.kv.stores.crc_runs import plan_for
 from waymark.kv.stores.protocol import VER_LEN
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken, WatchCursor
 
@@ -477,6 +478,19 @@ def _stored_crcs(region: memoryview, length: int) -> list[int]:
     return list(map(_first, struct.iter_unpack(f"<I{length - 4}x", region)))
 
 
+def _bodies(region: memoryview, length: int) -> list[bytes]:
+    """The body (all but the CRC field) of each record of ``length`` bytes in ``region``."""
+    return list(map(_first, struct.iter_unpack(f"<4x{length - 4}s", region)))
+
+
+def _good_prefix(region: memoryview, n: int, length: int) -> int:
+    """How many of the ``n`` records in ``region`` carry their body's CRC before the first
+    that does not: one ``crc32`` call per record, for a run the bulk check refused."""
+    checked = list(map(crc32, _bodies(region, length)))
+    crcs = _stored_crcs(region, length)
+    return next((i for i, (a, b) in enumerate(zip(checked, crcs, strict=True)) if a != b), n)
+
+
 def _fold_run(
     r: _Replay,
     view: memoryview,
@@ -488,27 +502,26 @@ def _fold_run(
 ) -> int:
     """Verify the CRCs of a run of ``n`` puts and fold them; returns how many were good.
 
-    The bodies are cut by ``struct.iter_unpack``, the stored CRCs read by
-    :func:`_stored_crcs`, and ``map(crc32)`` checks them all: C loops with no
-    Python code per record. A bad CRC ends the run before that record, which the
-    record-by-record path then judges (torn tail or corruption). With ``index``
-    the run's keys are cut as one fixed-width array column and recorded with the
-    positions of their bodies: no object per record is kept.
+    A plan of :mod:`~waymark.kv.stores.crc_runs` checks every record's CRC at once
+    (one ``crc32`` over the run against what the stored CRCs say it must be); only a
+    run that fails it, or one too short to be worth a plan, is checked record by
+    record (:func:`_good_prefix`). A bad CRC ends the run before
+    that record, which the record-by-record path then judges (torn tail or
+    corruption). With ``index`` the run's keys are cut as one fixed-width array
+    column and recorded with the positions of their bodies: no object per record
+    is cut or kept.
     """
     region = view[pos : pos + n * length]
-    bodies = list(map(_first, struct.iter_unpack(f"<4x{length - 4}s", region)))
-    checked = list(map(crc32, bodies))
-    crcs = _stored_crcs(region, length)
-    if checked != crcs:
-        n = next(i for i, (a, b) in enumerate(zip(checked, crcs, strict=True)) if a != b)
-        del bodies[n:]
+    plan = plan_for(length, n, _MAX_RUN)
+    if plan is None or not plan.holds(region, n, length):
+        n = _good_prefix(region, n, length)
         region = region[: n * length]
     r.data_records += n
     if index is None or not n:
         return n
     if not 0 < klen <= _KEY_CAP:  # never indexed: into the dict, as they come
         names = map(_first, struct.iter_unpack(f"<7x{klen}s{length - 7 - klen}x", region))
-        r.fold.update(zip(map(bytes.decode, names), bodies, strict=True))
+        r.fold.update(zip(map(bytes.decode, names), _bodies(region, length), strict=True))
         return n
     keys = np.frombuffer(region, dtype=np.uint8).reshape(n, length)[:, 7 : 7 + klen]
     if keys[:, -1].min() > 0 and keys.max() < 0x80:
@@ -519,7 +532,7 @@ def _fold_run(
             length,
         )
         return n
-    for i, body in enumerate(bodies):  # rare: non-ASCII or NUL-ended keys
+    for i, body in enumerate(_bodies(region, length)):  # rare: non-ASCII or NUL-ended keys
         _fold_put(r, index, body[3 : 3 + klen], body, pos + i * length)
     return n
 
@@ -899,9 +912,7 @@ class AppendLogStore:
         in-RAM fold. Either way the copy replays to the live fold."""
         data_dir.mkdir()
         target = data_dir / LOG_NAME
-        if self._file is None or (
-            self._superseded and self.bytes_since_compact > self.compact_threshold
-        ):
+        if self._rewrites_on_export():
             _write_sorted(target, *self._sorted_entries(), self._cursor.raw)
             return
         with open(self.path, "rb") as src, open(target, "wb") as dst:
@@ -911,6 +922,38 @@ class AppendLogStore:
                 if n == 0:
                     raise SnapshotIoError(f"{self.path} is shorter than its committed size")
                 left -= n
+
+    def _rewrites_on_export(self) -> bool:
+        """Whether an export writes a compacted log instead of the live one's bytes:
+        poisoned, or failing compactions let more than a threshold pile up."""
+        return self._file is None or (
+            self._superseded and self.bytes_since_compact > self.compact_threshold
+        )
+
+    def link_copy(self, data_dir: Path) -> dict[str, int]:
+        """For an export round: the live log hard-linked into ``data_dir`` instead of
+        copied, and its committed size now, the bytes that are the copy. The log is
+        only ever appended to past that size (a failed append is cut back to it, a
+        compaction renames a new file over the path and leaves the linked one as it
+        is), so those bytes stay what they are while the fold goes on. Where a
+        hard link cannot be made (another file system), or :meth:`write_copy` would
+        rewrite the log, it is :meth:`write_copy` (docs/semantics/kv.md §10.3)."""
+        if not self._rewrites_on_export():
+            data_dir.mkdir()
+            try:
+                os.link(self.path, data_dir / LOG_NAME)
+            except OSError:
+                data_dir.rmdir()
+            else:
+                return {f"data/{LOG_NAME}": self._size}
+        self.write_copy(data_dir)
+        return {}
+
+    @classmethod
+    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
+        """:meth:`recover_cursor` of the first ``sizes["data/fold.log"]`` bytes of a
+        linked log (a map of exactly those bytes: what was appended since is unseen)."""
+        return cls._replay_cursor(data_dir, sizes[f"data/{LOG_NAME}"])
 
     def relocated(self, path: str | os.PathLike[str]) -> None:
         """The log was renamed to ``path`` while open (an import placing it).
@@ -925,10 +968,18 @@ class AppendLogStore:
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
         """Replay the copy without building a fold, from a read-only map of it: no copy
         of the log into memory first (0.18 -> 0.15 s of CPU per million records)."""
+        return cls._replay_cursor(data_dir, None)
+
+    @classmethod
+    def _replay_cursor(cls, data_dir: Path, size: int | None) -> WatchCursor:
         with open(data_dir / LOG_NAME, "rb") as f:
-            if os.fstat(f.fileno()).st_size < len(HEADER):
-                return WatchCursor(replay_log(f.read(), build=False).cursor)  # raises
-            image = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            real = os.fstat(f.fileno()).st_size
+            if size is not None and real < size:
+                raise SnapshotIoError(f"{data_dir / LOG_NAME} is shorter than its {size} bytes")
+            size = real if size is None else size
+            if size < len(HEADER):
+                return WatchCursor(replay_log(f.read(size), build=False).cursor)  # raises
+            image = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         try:
             return WatchCursor(replay_log(image, build=False).cursor)
         finally:
