@@ -119,7 +119,9 @@ class App:
         self.metrics = Metrics(
             lambda: self.engine.topic_count, self._recovering, self._dead_letters
         )
-        api = TopicApi(self.engine, self.limits, self.notifier, self.metrics, settings)
+        api = TopicApi(
+            self.engine, self.limits, self.notifier, self.metrics, settings, self._durable
+        )
         writers = WritersApi(self.engine, self.limits, self.metrics)
         queues = QueueApi(
             self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
@@ -201,6 +203,12 @@ class App:
             self.audit.write("tokens_reloaded", tokens=names)
         # Open streams re-check their token now: a revoked or narrowed one ends them.
         self.notifier.wake_all()
+
+    def _durable(self, topic: str) -> None:
+        """An fsync append's sync landed: its records are readable only now, after the
+        commit that woke readers and routers, so wake both again."""
+        self.notifier.notify(topic)
+        self.forwarder.poke(topic)
 
     def _admit(self, scope: Scope, endpoint: Endpoint, params: dict[str, str]) -> TopicError | None:
         """The refusal of a request before its handler runs: no or an unknown token
