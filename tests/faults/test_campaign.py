@@ -5,6 +5,7 @@ the campaign cannot pass vacuously."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
     assert a == make_schedule(3, 120.0) and a != make_schedule(4, 120.0)
     assert {f.kind for f in a} == set(FaultKind)
     assert all(f.at_s + f.duration_s <= 120.0 - 8.0 for f in a)
-    assert all(x.at_s + x.duration_s < y.at_s for x, y in zip(a, a[1:], strict=False))
+    assert all(x.at_s + x.duration_s < y.at_s for x, y in itertools.pairwise(a))
 
 
 def test_an_unknown_fault_kind_is_refused_before_anything_starts() -> None:

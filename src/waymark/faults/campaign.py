@@ -98,7 +98,7 @@ def run_campaign(
 
     workdir.mkdir(parents=True, exist_ok=True)
     left_out = ["Spark query and its sinks", "relocatable pipeline",
-                "receipt-recovery consumer", "S3 (moto) export", "clock jumps"]  # fmt: skip
+                "receipt recovery consumer", "S3 (moto) export", "clock jumps"]  # fmt: skip
     disk = TmpfsDisk(workdir / "data")
     if FaultKind.DISK_FULL in kinds and not disk.mount():
         kinds = tuple(k for k in kinds if k is not FaultKind.DISK_FULL)
