@@ -70,6 +70,16 @@ def test_each_checker_fails_on_a_violation_planted_in_the_run(campaign: Campaign
     assert not checkers.pointer_monotonic([*obs.pointer, (t + 1, rank - 1)]).ok
     # A pointer that never moved checked nothing: that is a failure, not a pass.
     assert not checkers.pointer_monotonic([(0.0, rank), (1.0, rank)]).ok
+    # The consumer was stopped before the end: some keys' newest changes were never
+    # receipted, and the recovery query named them; one left unnamed is caught.
+    unreceipted = [k for k, v in obs.newest.items() if obs.receipted.get(k, 0) < v]
+    assert unreceipted
+    missed = {k: v for k, v in obs.missed.items() if k != unreceipted[0]}
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, missed).ok
+    older = {**obs.missed, unreceipted[0]: obs.receipted.get(unreceipted[0], 0)}
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, older).ok
+    lost = ['{"lost": [1, 2], "reason": "expired"}']
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, lost).ok
 
 
 def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:

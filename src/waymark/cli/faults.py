@@ -30,7 +30,8 @@ def run(
         typer.Option(
             "--kind",
             help="Only these fault kinds (repeatable): server-kill, server-pause, fold-kill, "
-            "fold-pause, net-cut, net-latency, disk-full. Default: all.",
+            "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, disk-full. "
+            "Default: all.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +29,8 @@ from waymark.faults.processes import Managed, free_port, listening, wait_for
 from waymark.faults.proxy import FaultProxy
 from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
-SOURCE, COPIES, ROUTER, BUCKET = "events", "copies", "copy", "campaign"
+SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
+TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
 
@@ -58,12 +61,17 @@ class Observations:
     errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
     nats_acks: list[float] = field(default_factory=list)
     pointer: list[tuple[float, int]] = field(default_factory=list)  # (t, cursor named)
+    processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
     # What the checkers read at the end, kept so a test can plant a violation in it.
     read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
     copied: dict[str, int] = field(default_factory=dict)  # dest: record id -> copies
     gaps: list[Gap] = field(default_factory=list)
     fold: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     bucket: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    newest: dict[str, int] = field(default_factory=dict)  # recovery key -> newest version
+    receipted: dict[str, int] = field(default_factory=dict)  # key -> newest processed
+    missed: dict[str, int] = field(default_factory=dict)  # `recovery missed`: key -> version
+    window_lost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -98,7 +106,7 @@ def run_campaign(
 
     workdir.mkdir(parents=True, exist_ok=True)
     left_out = ["Spark query and its sinks", "relocatable pipeline",
-                "receipt recovery consumer", "S3 (moto) export", "clock jumps"]  # fmt: skip
+                "S3 (moto) export", "clock jumps"]  # fmt: skip
     disk = TmpfsDisk(workdir / "data")
     if FaultKind.DISK_FULL in kinds and not disk.mount():
         kinds = tuple(k for k in kinds if k is not FaultKind.DISK_FULL)
@@ -108,6 +116,7 @@ def run_campaign(
         "producers (client, fsync, idempotent ids) via the fault proxy",
         "waymark serve (SIGKILL, SIGSTOP)", "a router (at least once)",
         "nats-server + waymark fold exporting to file:// (SIGKILL, SIGSTOP)",
+        "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
     ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
     obs = Observations()
     stop = threading.Event()  # the producers and the NATS writer
@@ -140,6 +149,14 @@ def run_campaign(
             admin.put_router(ROUTER, SOURCE, COPIES)
         fold.start()
         stack.callback(fold.stop)
+        consumer = Managed(
+            "consumer",
+            [direct, str(workdir / "receipts.db"), CLIENT, str(workdir / "processed.log"), SOURCE],
+            workdir / "consumer.log",
+            program=[sys.executable, "-m", "waymark.faults.consumer"],
+        )
+        consumer.start()
+        stack.callback(consumer.stop)
         started = time.monotonic()
 
         def now() -> float:
@@ -153,22 +170,28 @@ def run_campaign(
             threading.Thread(target=_write_bucket, args=(nats.url, obs, stop, now), daemon=True)
         )
         sampler = threading.Thread(
-            target=_sample_pointer, args=(artifacts, obs, sampled, now), daemon=True
+            target=_sample,
+            args=(artifacts, workdir / "processed.log", obs, sampled, now),
+            daemon=True,
         )
         for t in (*threads, sampler):
             t.start()
         applied = []
-        targets = {"server": server, "fold": fold}
+        targets = {"server": server, "fold": fold, "consumer": consumer}
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
             applied.append(_apply(fault, targets, proxy, disk, now))
+        # The consumer stops processing 2 s before the end and is killed at the check,
+        # so the last changes are never receipted: the recovery query must name them.
+        _sleep_until(started + seconds - 2)
+        consumer.pause()
         _sleep_until(started + seconds)
         stop.set()
         for t in threads:
             t.join(30)
         log(f"{now():7.2f}s  faults over; checking")
-        verdicts = _check(direct, nats.url, fold, workdir, obs)
+        verdicts = _check(direct, nats.url, fold, consumer, workdir, obs)
         sampled.set()
         sampler.join(5)
         for a in applied:
@@ -179,6 +202,10 @@ def run_campaign(
         left_out=left_out,
         workdir=workdir,
     )  # fmt: skip
+
+
+KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL)
+PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE)
 
 
 def _sleep_until(deadline: float) -> None:
@@ -195,11 +222,11 @@ def _apply(
     """Inject ``fault``, hold it for its duration, lift it. The lift's time is when
     lifting starts: a killed process's start-up counts in its time to recover."""
     kind = fault.kind
-    target = targets["server" if kind.value.startswith("server") else "fold"]
+    target = targets.get(kind.value.partition("-")[0], targets["server"])
     injected = now()
-    if kind in (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL):
+    if kind in KILLS:
         target.kill()
-    elif kind in (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE):
+    elif kind in PAUSES:
         target.pause()
     elif kind is FaultKind.NET_CUT:
         proxy.cut()
@@ -209,9 +236,9 @@ def _apply(
         proxy.latency(fault.latency_ms)
     time.sleep(fault.duration_s)
     lifted = now()
-    if kind in (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL):
+    if kind in KILLS:
         target.start()
-    elif kind in (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE):
+    elif kind in PAUSES:
         target.resume()
     elif kind is FaultKind.DISK_FULL:
         disk.free()
@@ -222,10 +249,14 @@ def _apply(
 
 def _recovery(a: Applied, obs: Observations) -> float | None:
     """Seconds from the lift to the first progress after it: an acknowledged append for
-    the server and the network, the pointer moving for the fold."""
-    if a.fault.kind in (FaultKind.FOLD_KILL, FaultKind.FOLD_PAUSE):
-        at_lift = max((r for t, r in obs.pointer if t <= a.lifted_s), default=0)
-        after = (t for t, r in obs.pointer if t > a.lifted_s and r > at_lift)
+    the server, the network and the disk, the pointer moving for the fold, the processed
+    log growing for the consumer."""
+    samples = {"fold": obs.pointer, "consumer": obs.processed}.get(
+        a.fault.kind.value.partition("-")[0]
+    )
+    if samples is not None:
+        at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
+        after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
     else:
         after = (t for t, _ in obs.acks if t > a.lifted_s)
     first = next(after, None)
@@ -245,7 +276,8 @@ def _produce(
             rid = f"p{k}-{i}"
             sent = now()
             try:
-                ack = client.append(SOURCE, [RecordIn.of({"p": k, "n": i}, id=rid)])
+                record = RecordIn.of({"p": k, "n": i}, id=rid, tag=f"k{i % TAGS}")
+                ack = client.append(SOURCE, [record])
             except Exception as e:  # a fault: the write's fate is unknown; send it again
                 obs.errors.append((now(), f"producer {k}: {type(e).__name__}"))
                 time.sleep(0.05)
@@ -280,25 +312,28 @@ def _write_bucket(
     asyncio.run(write())
 
 
-def _sample_pointer(
-    url: str, obs: Observations, stop: threading.Event, now: Callable[[], float]
+def _sample(
+    url: str, processed: Path, obs: Observations, stop: threading.Event, now: Callable[[], float]
 ) -> None:
+    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size."""
     from waymark.kv import ObjectStoreTransport
     from waymark.objstore import open_store
 
     transport = ObjectStoreTransport(open_store(url))
     while not stop.wait(0.2):
+        with contextlib.suppress(FileNotFoundError):
+            obs.processed.append((now(), processed.stat().st_size))
         with contextlib.suppress(Exception):  # not published yet, or mid-write
             manifest = transport.read_pointer(BUCKET).manifest
             if manifest is not None:
                 obs.pointer.append((now(), manifest.rank))
 
 
-def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int]]:
-    """Every record of ``topic`` as (id, seq), and the tombstones met on the way."""
+def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int, str]]:
+    """Every record of ``topic`` as (id, seq, tag), and the tombstones met on the way."""
     import msgspec
 
-    got: list[tuple[str, int]] = []
+    got: list[tuple[str, int, str]] = []
     after = 0
     while True:
         page = client.diff_raw(topic, after, limit=1000)
@@ -307,7 +342,7 @@ def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int
             gaps.append(Gap(topic, t.gap_from, t.gap_to, t.reason))
         for r in page.records:
             data = msgspec.json.decode(r.data)
-            got.append((f"p{data['p']}-{data['n']}", r.seq))
+            got.append((f"p{data['p']}-{data['n']}", r.seq, r.tag or ""))
         if page.next_from_seq <= after or (page.caught_up and not page.records):
             return got
         after = page.next_from_seq
@@ -317,6 +352,7 @@ def _check(
     url: str,
     nats_url: str,
     fold: Managed,
+    consumer: Managed,
     workdir: Path,
     obs: Observations,
 ) -> list[Verdict]:
@@ -324,11 +360,15 @@ def _check(
 
     gaps: list[Gap] = []
     with Client(url, timeout=10) as client:
-        obs.read = read = dict(_read_topic(client, SOURCE, gaps))
+        source = _read_topic(client, SOURCE, gaps)
+        obs.read = read = {rid: seq for rid, seq, _ in source}
+        for _, seq, tag in source:
+            key = f"{SOURCE}/{tag}"
+            obs.newest[key] = max(obs.newest.get(key, 0), seq)
 
         def copies() -> dict[str, int]:
             counts: dict[str, int] = {}
-            for rid, _ in _read_topic(client, COPIES, []):
+            for rid, _, _ in _read_topic(client, COPIES, []):
                 counts[rid] = counts.get(rid, 0) + 1
             return counts
 
@@ -337,7 +377,7 @@ def _check(
             wait_for("the router caught up", lambda: obs.acked.keys() <= copies().keys(), 30)
         copied_gaps: list[Gap] = []
         copied: dict[str, int] = {}
-        for rid, _ in _read_topic(client, COPIES, copied_gaps):
+        for rid, _, _ in _read_topic(client, COPIES, copied_gaps):
             copied[rid] = copied.get(rid, 0) + 1
     fold_state, bucket_state = asyncio.run(_fold_and_bucket(nats_url, fold, workdir, obs))
     obs.copied, obs.gaps, obs.fold, obs.bucket = (
@@ -354,6 +394,7 @@ def _check(
         checkers.gaps_announced(gaps + copied_gaps, allowed_topics=[COPIES]),
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
+        _recovery_check(client_url=url, consumer=consumer, workdir=workdir, obs=obs),
     ]
 
 
@@ -382,3 +423,47 @@ async def _fold_and_bucket(
 
 def _head(obs: Observations) -> int:
     return obs.pointer[-1][1]
+
+
+def _recovery_check(
+    client_url: str, consumer: Managed, workdir: Path, obs: Observations
+) -> Verdict:
+    """Kill the consumer, let a change checkpoint cover the source's head, ask
+    ``waymark recovery missed`` (as a user would) and check it names every key whose
+    newest change the consumer never processed."""
+    import json
+
+    from waymark.client import Client
+    from waymark.faults.processes import waymark_executable
+
+    consumer.kill()
+    head = max(obs.newest.values(), default=0)
+
+    def covered() -> bool:
+        with Client(client_url, timeout=10) as client:
+            page = client.list_checkpoints(limit=20, topics=[SOURCE])
+        return any(c.last >= head for cp in page.checkpoints for c in cp.changes)
+
+    with contextlib.suppress(TimeoutError):  # then the checker shows what is missing
+        wait_for("a change checkpoint covering the head", covered, 30)
+    processed = workdir / "processed.log"
+    if processed.exists():
+        for line in processed.read_text().splitlines():
+            key, _, version = line.partition(" ")
+            if version.isdigit():
+                obs.receipted[key] = max(obs.receipted.get(key, 0), int(version))
+    done = subprocess.run(
+        [waymark_executable(), "recovery", "missed", "--url", client_url,
+         "--store", str(workdir / "receipts.db"), "--client", CLIENT, "--topics", SOURCE,
+         "--recent-s", "0", "--json", "--accept-loss"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    for line in done.stdout.splitlines():
+        entry = json.loads(line)
+        if "lost" in entry:
+            obs.window_lost.append(line)
+        else:
+            obs.missed[entry["key"]] = entry["version"]
+    if done.returncode != 0:
+        obs.window_lost.append(f"recovery missed exited {done.returncode}: {done.stderr[-300:]}")
+    return checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, obs.window_lost)

@@ -96,3 +96,27 @@ def pointer_monotonic(observed: Sequence[tuple[float, int]]) -> Verdict:
         + ("" if moves else " (it never moved: nothing was checked)"),
         back[:5],
     )
+
+
+def recovery_covers(
+    newest: Mapping[str, int],
+    receipted: Mapping[str, int],
+    missed: Mapping[str, int],
+    window_lost: Sequence[str] = (),
+) -> Verdict:
+    """``recovery missed`` names every key whose newest committed version the consumer
+    never processed (so never receipted), at that version or later; and no window
+    loss was reported (docs/recovery.md, "What it guarantees")."""
+    not_named = [
+        (key, v) for key, v in newest.items()
+        if receipted.get(key, 0) < v and missed.get(key, 0) < v
+    ]  # fmt: skip
+    unreceipted = sum(1 for key, v in newest.items() if receipted.get(key, 0) < v)
+    return Verdict(
+        "`recovery missed` covers every change not receipted",
+        not not_named and not window_lost,
+        f"{unreceipted} of {len(newest)} keys with a change not receipted, "
+        f"{len(not_named)} of them not named; {len(missed)} named; "
+        f"{len(window_lost)} window loss(es)",
+        [*not_named[:5], *window_lost[:2]],
+    )

@@ -41,7 +41,8 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 30.0) -> o
 
 
 class Managed:
-    """One long-running ``waymark`` process: start, SIGKILL, SIGSTOP/SIGCONT, restart."""
+    """One long-running ``waymark`` process (or ``program``): start, SIGKILL,
+    SIGSTOP/SIGCONT, restart."""
 
     def __init__(
         self,
@@ -49,9 +50,11 @@ class Managed:
         args: list[str],
         log: Path,
         ready: Callable[[], object] | None = None,
+        program: list[str] | None = None,
     ) -> None:
         self.name = name
         self.args = args
+        self.program = program or [waymark_executable()]
         self.log = log
         self.ready = ready
         self.proc: subprocess.Popen[bytes] | None = None
@@ -67,7 +70,7 @@ class Managed:
             out.write(f"--- start {self.starts}: {' '.join(self.args)}\n".encode())
             out.flush()
             self.proc = subprocess.Popen(
-                [waymark_executable(), *self.args],
+                [*self.program, *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},

@@ -22,6 +22,8 @@ COLOURS = {
     FaultKind.SERVER_PAUSE: "#ff7f0e",
     FaultKind.FOLD_KILL: "#9467bd",
     FaultKind.FOLD_PAUSE: "#8c564b",
+    FaultKind.CONSUMER_KILL: "#e377c2",
+    FaultKind.CONSUMER_PAUSE: "#bcbd22",
     FaultKind.NET_CUT: "#1f77b4",
     FaultKind.NET_LATENCY: "#17becf",
     FaultKind.DISK_FULL: "#7f7f7f",

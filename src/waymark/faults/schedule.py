@@ -16,6 +16,8 @@ class FaultKind(enum.StrEnum):
     SERVER_PAUSE = "server-pause"  # SIGSTOP it for the fault's duration, then SIGCONT
     FOLD_KILL = "fold-kill"  # SIGKILL `waymark fold`, start it again on its store
     FOLD_PAUSE = "fold-pause"  # SIGSTOP / SIGCONT `waymark fold`
+    CONSUMER_KILL = "consumer-kill"  # SIGKILL the receipt recovery consumer, start it again
+    CONSUMER_PAUSE = "consumer-pause"  # SIGSTOP / SIGCONT it
     NET_CUT = "net-cut"  # the proxy drops every connection and refuses new ones
     NET_LATENCY = "net-latency"  # the proxy delays every chunk it forwards
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
