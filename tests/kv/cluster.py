@@ -79,6 +79,7 @@ class NatsCluster:
 
     def start_node(self, node: Node) -> None:
         node.store_dir.mkdir(parents=True, exist_ok=True)
+        log = node.store_dir.parent / f"{node.name}.log"
         routes = ",".join(f"nats://127.0.0.1:{n.route_port}" for n in self.nodes if n is not node)
         node.proc = subprocess.Popen(
             [
@@ -102,11 +103,12 @@ class NatsCluster:
                 routes,
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log.open("ab"),
         )
 
         def listening() -> bool:
-            assert node.proc is not None and node.proc.poll() is None, f"{node.name} exited"
+            if node.proc is None or node.proc.poll() is not None:
+                raise AssertionError(f"{node.name} exited: {log.read_text()[-1500:]}")
             with socket.create_connection(("127.0.0.1", node.port), timeout=0.2):
                 return True
 
@@ -140,6 +142,22 @@ class NatsCluster:
                     if s["name"] == stream and cluster.get("leader"):
                         return cluster["leader"]  # type: ignore[no-any-return]
         return None
+
+    def replicas_current(self, stream: str) -> bool:
+        """Whether every node holds ``stream`` and its leader sees each replica current
+        (caught up): only then does a read give the same answer on any node."""
+        for n in self.nodes:
+            if not n.alive:
+                return False
+            for account in n.monitor("/jsz?streams=true").get("account_details", []):
+                for s in account.get("stream_detail", []):
+                    cluster = s.get("cluster") or {}
+                    if s["name"] == stream and cluster.get("leader") == n.name:
+                        replicas = cluster.get("replicas") or []
+                        return len(replicas) == len(self.nodes) - 1 and all(
+                            r.get("current") and not r.get("lag") for r in replicas
+                        )
+        return False
 
     def connected_to(self, client_name: str) -> Node | None:
         """The live node a client named ``client_name`` is connected to."""

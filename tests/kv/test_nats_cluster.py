@@ -66,7 +66,7 @@ async def test_fold_survives_killing_its_node_and_the_stream_leader(
     cluster: NatsCluster, tmp_path: Path
 ) -> None:
     bucket, artifacts = "clustered", tmp_path / "artifacts"
-    config = NatsConnectionConfig(url=cluster.urls, timeout=5.0, name="writer")
+    config = NatsConnectionConfig(url=cluster.urls, timeout=10.0, name="writer")
     async with Connection(config) as conn:
         kv = await conn.store(bucket, StoreConfig(max_bytes=None, num_replicas=3))
         writer = Writer(kv.subject_prefix, kv.js)
@@ -143,6 +143,9 @@ async def test_fold_survives_killing_its_node_and_the_stream_leader(
                                         lambda: cluster.stream_leader(kv.stream))  # fmt: skip
             writer.stop.set()
             await writing
+            # A replica that restarted may lag; a read served by it would be stale.
+            await asyncio.to_thread(wait_for, "every replica current",
+                                    lambda: cluster.replicas_current(kv.stream))  # fmt: skip
             _, last = await kv.stream_bounds()
             await published_beyond(last - 1)  # the fold and its export reached the head
         finally:
