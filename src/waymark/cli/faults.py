@@ -30,10 +30,18 @@ def run(
         typer.Option(
             "--kind",
             help="Only these fault kinds (repeatable): server-kill, server-pause, fold-kill, "
-            "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, disk-full. "
+            "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, s3-pause, disk-full. "
             "Default: all.",
         ),
     ] = None,
+    s3: Annotated[
+        bool,
+        typer.Option(
+            "--s3",
+            help="The fold exports to S3 (moto's server, a development dependency) instead "
+            "of file://, and the s3-pause fault is in the schedule.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Run the data flow under a seeded schedule of faults, check it, write the report.
@@ -60,6 +68,7 @@ def run(
             seed,
             workdir or Path(tmp),
             kinds=kinds,
+            s3=s3,
             log=lambda line: console.print(line),
         )
         page = reports.write(result, report)

@@ -25,7 +25,14 @@ from typing import Any
 from waymark.faults import checkers
 from waymark.faults.checkers import Gap, Verdict
 from waymark.faults.disk import TmpfsDisk
-from waymark.faults.processes import Managed, free_port, listening, wait_for
+from waymark.faults.processes import (
+    S3_ENVIRONMENT,
+    Managed,
+    free_port,
+    listening,
+    moto_server,
+    wait_for,
+)
 from waymark.faults.proxy import FaultProxy
 from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
@@ -96,17 +103,23 @@ def run_campaign(
     workdir: Path,
     *,
     kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+    s3: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> CampaignResult:
     """Run one campaign of ``seconds`` in ``workdir`` (its logs stay there; the data
-    too, unless it was on the full-disk fault's tmpfs)."""
+    too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
+    an S3 endpoint (moto's server, a process) instead of ``file://``."""
     from waymark.client import Client
     from waymark.kv.server import EmbeddedNats
     from waymark.protocol.topics import ConfigPatch, Durability
 
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks", "relocatable pipeline",
-                "S3 (moto) export", "clock jumps"]  # fmt: skip
+    left_out = ["Spark query and its sinks", "relocatable pipeline", "clock jumps"]
+    s3_port = free_port()
+    moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
+    if moto is None:
+        kinds = tuple(k for k in kinds if k is not FaultKind.S3_PAUSE)
+        left_out.append("S3 export (moto)" if not s3 else "S3 export (moto is not installed)")
     disk = TmpfsDisk(workdir / "data")
     if FaultKind.DISK_FULL in kinds and not disk.mount():
         kinds = tuple(k for k in kinds if k is not FaultKind.DISK_FULL)
@@ -115,7 +128,8 @@ def run_campaign(
     components = [
         "producers (client, fsync, idempotent ids) via the fault proxy",
         "waymark serve (SIGKILL, SIGSTOP)", "a router (at least once)",
-        "nats-server + waymark fold exporting to file:// (SIGKILL, SIGSTOP)",
+        "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
+        + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
         "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
     ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
     obs = Observations()
@@ -131,6 +145,8 @@ def run_campaign(
     artifacts = (workdir / "artifacts").as_uri()
     with contextlib.ExitStack() as stack:
         stack.callback(disk.unmount)  # last: the server has stopped
+        if moto is not None:
+            artifacts = _start_s3(moto, s3_port, stack)
         nats = stack.enter_context(EmbeddedNats(workdir / "nats"))
         fold = Managed(
             "fold",
@@ -178,6 +194,8 @@ def run_campaign(
             t.start()
         applied = []
         targets = {"server": server, "fold": fold, "consumer": consumer}
+        if moto is not None:
+            targets["s3"] = moto
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
@@ -204,8 +222,36 @@ def run_campaign(
     )  # fmt: skip
 
 
+def _start_s3(moto: Managed, port: int, stack: contextlib.ExitStack) -> str:
+    """Start moto's S3 server, point this process and its children at it (the ``AWS_*``
+    environment, as a user reaches S3), make the bucket; the artifacts' URL."""
+    import os
+
+    import boto3  # type: ignore[import-untyped]
+
+    moto.start()
+    stack.callback(moto.stop)
+    environment = {**S3_ENVIRONMENT, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in environment}
+    os.environ.update(environment)
+
+    def restore() -> None:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    stack.callback(restore)
+    boto3.client("s3", endpoint_url=environment["AWS_ENDPOINT_URL"]).create_bucket(
+        Bucket="campaign"
+    )
+    return "s3://campaign/artifacts"
+
+
 KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL)
-PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE)
+PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
+          FaultKind.S3_PAUSE)  # fmt: skip
 
 
 def _sleep_until(deadline: float) -> None:
@@ -251,7 +297,7 @@ def _recovery(a: Applied, obs: Observations) -> float | None:
     """Seconds from the lift to the first progress after it: an acknowledged append for
     the server, the network and the disk, the pointer moving for the fold, the processed
     log growing for the consumer."""
-    samples = {"fold": obs.pointer, "consumer": obs.processed}.get(
+    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed}.get(
         a.fault.kind.value.partition("-")[0]
     )
     if samples is not None:

@@ -118,3 +118,23 @@ class Managed:
 def listening(port: int) -> bool:
     with socket.create_connection(("127.0.0.1", port), timeout=0.2):
         return True
+
+
+def moto_server(port: int, log: Path) -> Managed | None:
+    """moto's S3 server as a process (the S3 endpoint of a campaign with ``s3=True``);
+    None when it is not installed (it is a development dependency)."""
+    program = Path(sys.executable).parent / "moto_server"
+    if not program.exists():
+        return None
+    return Managed(
+        "s3", ["-H", "127.0.0.1", "-p", str(port)], log,
+        ready=lambda: listening(port), program=[str(program)],
+    )  # fmt: skip
+
+
+S3_ENVIRONMENT = {
+    "AWS_ALLOW_HTTP": "true",
+    "AWS_ACCESS_KEY_ID": "campaign",
+    "AWS_SECRET_ACCESS_KEY": "campaign",
+    "AWS_REGION": "us-east-1",
+}

@@ -26,6 +26,7 @@ COLOURS = {
     FaultKind.CONSUMER_PAUSE: "#bcbd22",
     FaultKind.NET_CUT: "#1f77b4",
     FaultKind.NET_LATENCY: "#17becf",
+    FaultKind.S3_PAUSE: "#2ca02c",
     FaultKind.DISK_FULL: "#7f7f7f",
 }
 

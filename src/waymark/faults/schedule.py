@@ -20,6 +20,7 @@ class FaultKind(enum.StrEnum):
     CONSUMER_PAUSE = "consumer-pause"  # SIGSTOP / SIGCONT it
     NET_CUT = "net-cut"  # the proxy drops every connection and refuses new ones
     NET_LATENCY = "net-latency"  # the proxy delays every chunk it forwards
+    S3_PAUSE = "s3-pause"  # SIGSTOP / SIGCONT the S3 endpoint (moto) the fold exports to
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
 
 
