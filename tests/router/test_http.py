@@ -208,3 +208,16 @@ def test_forwarding_is_not_consumption(rhttp: RouterHttp, n: Callable[[str], str
     assert ok(rhttp.http.get(f"/v0/routers/{n('r')}"))["cursor"] == 3
     source = ok(rhttp.http.get(f"/v0/topics/{n('a')}", params={"touch": "false"}))
     assert source["last_read_ts"] == 0
+
+
+def test_an_fsync_sources_last_record_is_forwarded_without_a_later_write(
+    rhttp: RouterHttp, n: Callable[[str], str]
+) -> None:
+    """A record of an ``fsync`` source becomes readable when its sync lands, after the
+    commit that poked the router: the sync pokes it again (found by the fault
+    campaign, docs/faults.md: the last record waited for the next write)."""
+    ok(rhttp.http.put(f"/v0/topics/{n('a')}", json={"durability": "fsync"}), 201)
+    ok(rhttp.put_router(n("r"), source=n("a"), dest=n("b")), 201)
+    for i in range(3):
+        rhttp.produce(n("a"), i)
+        eventually(lambda i=i: rhttp.data(n("b")) == list(range(i + 1)))

@@ -55,7 +55,11 @@ def _prefixes(prefix: list[str] | None) -> tuple[str, ...]:
 def fold(
     ctx: typer.Context,
     nats: Annotated[
-        str | None, typer.Option(help="NATS URL; without it an embedded nats-server is started.")
+        str | None,
+        typer.Option(
+            help="NATS URL, or a cluster's URLs comma-separated; without it an embedded "
+            "nats-server is started."
+        ),
     ] = None,
     bucket: Annotated[str | None, typer.Option(help="KV bucket (created if missing).")] = None,
     store: Annotated[
@@ -67,6 +71,14 @@ def fold(
         Path | None,
         typer.Option(help="JetStream directory of the embedded server (default: temp)."),
     ] = None,
+    nats_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.5,
+            help="Seconds a NATS request may take: one in flight when its server dies "
+            "fails (and is retried) after this long.",
+        ),
+    ] = 30.0,
     window_ms: Annotated[int, typer.Option(help="Batch window in milliseconds.")] = 10,
     batch_max: Annotated[int, typer.Option(help="Flush a batch at this many updates.")] = 1000,
     export_to: Annotated[
@@ -167,7 +179,7 @@ def fold(
                 bucket,
                 store,
                 _prefixes(prefix),
-                creds,
+                (creds, nats_timeout_s),
                 nats_dir,
                 window_ms / 1000,
                 batch_max,
@@ -444,7 +456,7 @@ async def _run(
     bucket: str,
     spec: str,
     prefixes: tuple[str, ...],
-    creds: str | None,
+    access: tuple[str | None, float],
     nats_dir: Path | None,
     window: float,
     batch_max: int,
@@ -478,10 +490,15 @@ async def _run(
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
     nats_url = url
+    creds, timeout = access  # the .creds file, the request timeout
+
+    def nats_config(url: str) -> NatsConnectionConfig:
+        return NatsConnectionConfig(url=url, creds_file=creds, timeout=timeout)
+
     store_config = StoreConfig(max_bytes=None) if server else None
 
     async def bucket_generation() -> int:
-        async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
+        async with Connection(nats_config(nats_url)) as c:
             return await (await c.store(bucket, store_config)).generation()
 
     reporter, report_client, reports = None, None, None
@@ -500,7 +517,7 @@ async def _run(
             if reporter is None:
                 bootstrapped = await bootstrap()
             else:  # the console shows the bootstrap's progress while it runs
-                async with Connection(NatsConnectionConfig(url=nats_url, creds_file=creds)) as c:
+                async with Connection(nats_config(nats_url)) as c:
                     during = asyncio.create_task(reporter.run(await c.store(bucket, store_config)))
                     try:
                         bootstrapped = await bootstrap()
@@ -541,12 +558,14 @@ async def _run(
         )
 
     try:
-        async with Connection(NatsConnectionConfig(url=url, creds_file=creds)) as conn:
+        async with Connection(nats_config(url)) as conn:
             kv = await conn.store(bucket, store_config)
             _record_generation(Path(spec.partition(":")[2]), await kv.generation())
             if requests is not None:
                 # The lease lives in a bucket of its own: in the folded one it would be folded.
-                leases = await conn.store(f"{bucket}-export")
+                # As many replicas as the folded bucket: on one node of a cluster, that
+                # node's loss would stop every export round (docs/kv.md, "On a NATS cluster").
+                leases = await conn.store(f"{bucket}-export", StoreConfig(num_replicas=kv.replicas))
                 exporter = asyncio.create_task(
                     _export_rounds(console, replicas, kv, leases, fold_store, requests, bucket,
                                    prefixes, spec, reporter)

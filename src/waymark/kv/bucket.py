@@ -44,10 +44,19 @@ class StoreConfig:
 
 class KvStore:
     def __init__(
-        self, connection: Connection, name: str, js: JetStreamContext, *, direct: bool
+        self,
+        connection: Connection,
+        name: str,
+        js: JetStreamContext,
+        *,
+        direct: bool,
+        replicas: int = 1,
     ) -> None:
         self.connection = connection
         self.direct = direct
+        self.replicas = (
+            replicas  # copies a cluster keeps of the bucket (docs/kv.md, "On a NATS cluster")
+        )
         self.name = name
         self.stream = f"KV_{name}"
         self.subject_prefix = f"$KV.{name}."
@@ -78,7 +87,13 @@ class KvStore:
                 if e.err_code != _STREAM_EXISTS:  # a concurrent creator won: use theirs
                     raise KvError(f"cannot create bucket {name}: {e}") from e
             info = await timed(js.stream_info(f"KV_{name}"), t, f"open bucket {name}")
-        return cls(connection, name, js, direct=bool(info.config.allow_direct))
+        return cls(
+            connection,
+            name,
+            js,
+            direct=bool(info.config.allow_direct),
+            replicas=info.config.num_replicas or 1,
+        )
 
     def reader(self) -> KvReader:
         return KvReader(self)

@@ -26,6 +26,10 @@ DEFAULT_TIMEOUT = 30.0
 class NatsConnectionConfig:
     """Where and how to connect.
 
+    ``url`` may name several servers of one cluster, comma-separated: the client
+    connects to any of them and moves to another when its server goes away
+    (docs/kv.md, "On a NATS cluster").
+
     Credentials priority: ``creds`` (base64 of a .creds file, for containers
     without a file mount) > ``creds_file`` > ``user:pass@`` in the URL > none.
     """
@@ -58,6 +62,11 @@ class Connection:
         self._healthy = False
         self._lock = asyncio.Lock()
 
+    @property
+    def servers(self) -> list[str]:
+        """The server URLs ``url`` names."""
+        return [u.strip() for u in self.config.url.split(",") if u.strip()]
+
     def _credentials(self) -> dict[str, Any]:
         if self.config.creds:
             text = base64.b64decode(self.config.creds).decode()
@@ -85,7 +94,7 @@ class Connection:
             try:
                 self._nc = await timed(
                     nats.connect(
-                        self.config.url,
+                        self.servers,
                         name=self.config.name,
                         connect_timeout=min(self.config.timeout, 5.0),
                         max_reconnect_attempts=-1,

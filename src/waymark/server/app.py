@@ -125,7 +125,13 @@ class App:
         self.engine.add_listener(self.history.changed)
         self._history_ticks: asyncio.Task[None] | None = None
         api = TopicApi(
-            self.engine, self.limits, self.notifier, self.metrics, settings, self.history
+            self.engine,
+            self.limits,
+            self.notifier,
+            self.metrics,
+            settings,
+            self.history,
+            self._durable,
         )
         writers = WritersApi(self.engine, self.limits, self.metrics)
         queues = QueueApi(
@@ -209,6 +215,14 @@ class App:
             self.audit.write("tokens_reloaded", tokens=names)
         # Open streams re-check their token now: a revoked or narrowed one ends them.
         self.notifier.wake_all()
+
+    def _durable(self, topic: str) -> None:
+        """An fsync append's sync landed: its records are readable only now, after the
+        commit that woke readers and routers, so wake both again (and sample its new
+        head in the rate history)."""
+        self.notifier.notify(topic)
+        self.forwarder.poke(topic)
+        self.history.changed(topic)
 
     def _admit(self, scope: Scope, endpoint: Endpoint, params: dict[str, str]) -> TopicError | None:
         """The refusal of a request before its handler runs: no or an unknown token

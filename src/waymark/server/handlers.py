@@ -9,6 +9,7 @@ per-record Python objects are built on the way in or out.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -108,11 +109,15 @@ class TopicApi:
         metrics: Metrics,
         settings: Settings,
         history: AppendHistory,
+        on_durable: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.history = history
         self.max_body = limits.max_body_bytes
         self.notifier = notifier
+        # Who learns that a topic's synced records became readable: its readers, and
+        # the routers reading it (docs/semantics/topics.md §8.1).
+        self.on_durable = on_durable or notifier.notify
         self.metrics = metrics
         self.settings = settings
 
@@ -186,7 +191,7 @@ class TopicApi:
             clock = self.engine.clock
             started = clock.now_ms()
             synced = asyncio.ensure_future(result.commit.wait())
-            synced.add_done_callback(lambda _: self.notifier.notify(name))
+            synced.add_done_callback(lambda _: self.on_durable(name))
             await asyncio.shield(synced)
             if result.durability is Durability.FSYNC:
                 # Only the fsync class is fsync-gated (docs/semantics/topics.md §2.2): a

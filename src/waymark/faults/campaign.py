@@ -1,0 +1,515 @@
+"""One fault campaign: start the data flow, run the schedule, check, report
+(docs/faults.md).
+
+The flow: producers append with ``fsync`` durability through the client, via the
+fault proxy, to ``waymark serve``; a router on the server copies every record into a
+second topic; a NATS writer updates a bucket that ``waymark fold`` folds and exports
+to a ``file://`` object store. Producers and the NATS writer run in this process
+(their acknowledgments are the ground truth); the server, the fold and nats-server
+are processes of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from waymark.faults import checkers
+from waymark.faults.checkers import Gap, Verdict
+from waymark.faults.disk import TmpfsDisk
+from waymark.faults.processes import (
+    S3_ENVIRONMENT,
+    Managed,
+    free_port,
+    listening,
+    moto_server,
+    wait_for,
+)
+from waymark.faults.proxy import FaultProxy
+from waymark.faults.schedule import Fault, FaultKind, make_schedule
+
+SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
+TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
+PRODUCERS = 2
+KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
+
+
+@dataclass
+class Applied:
+    """A fault as it ran: when it was injected and lifted (seconds into the run)."""
+
+    fault: Fault
+    injected_s: float
+    lifted_s: float
+    recovered_s: float | None = None  # from the lift to the first progress after it
+
+    def to_json(self) -> dict[str, Any]:
+        recovered = None if self.recovered_s is None else round(self.recovered_s, 3)
+        return {"at_s": self.fault.at_s, "kind": str(self.fault.kind),
+                "duration_s": self.fault.duration_s, "latency_ms": self.fault.latency_ms,
+                "injected_s": round(self.injected_s, 3), "lifted_s": round(self.lifted_s, 3),
+                "recovered_s": recovered}  # fmt: skip
+
+
+@dataclass
+class Observations:
+    """What the campaign saw, filled by its threads (each list is appended by one)."""
+
+    acked: dict[str, int] = field(default_factory=dict)  # record id -> seq it was told
+    acks: list[tuple[float, float]] = field(default_factory=list)  # (t, latency s)
+    errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
+    nats_acks: list[float] = field(default_factory=list)
+    pointer: list[tuple[float, int]] = field(default_factory=list)  # (t, cursor named)
+    processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
+    # What the checkers read at the end, kept so a test can plant a violation in it.
+    read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
+    copied: dict[str, int] = field(default_factory=dict)  # dest: record id -> copies
+    gaps: list[Gap] = field(default_factory=list)
+    fold: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    bucket: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    newest: dict[str, int] = field(default_factory=dict)  # recovery key -> newest version
+    receipted: dict[str, int] = field(default_factory=dict)  # key -> newest processed
+    missed: dict[str, int] = field(default_factory=dict)  # `recovery missed`: key -> version
+    window_lost: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CampaignResult:
+    seed: int
+    seconds: float
+    applied: list[Applied]
+    verdicts: list[Verdict]
+    observations: Observations
+    components: list[str]
+    left_out: list[str]
+    workdir: Path
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def run_campaign(
+    seconds: float,
+    seed: int,
+    workdir: Path,
+    *,
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+    s3: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> CampaignResult:
+    """Run one campaign of ``seconds`` in ``workdir`` (its logs stay there; the data
+    too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
+    an S3 endpoint (moto's server, a process) instead of ``file://``."""
+    from waymark.client import Client
+    from waymark.kv.server import EmbeddedNats
+    from waymark.protocol.topics import ConfigPatch, Durability
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    left_out = ["Spark query and its sinks", "relocatable pipeline", "clock jumps"]
+    s3_port = free_port()
+    moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
+    if moto is None:
+        kinds = tuple(k for k in kinds if k is not FaultKind.S3_PAUSE)
+        left_out.append("S3 export (moto)" if not s3 else "S3 export (moto is not installed)")
+    disk = TmpfsDisk(workdir / "data")
+    if FaultKind.DISK_FULL in kinds and not disk.mount():
+        kinds = tuple(k for k in kinds if k is not FaultKind.DISK_FULL)
+        left_out.append("full disk (mounting a tmpfs needs root)")
+    schedule = make_schedule(seed, seconds, kinds)
+    components = [
+        "producers (client, fsync, idempotent ids) via the fault proxy",
+        "waymark serve (SIGKILL, SIGSTOP)", "a router (at least once)",
+        "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
+        + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
+        "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
+    ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
+    obs = Observations()
+    stop = threading.Event()  # the producers and the NATS writer
+    sampled = threading.Event()  # the pointer's sampler, which the fold's check reads
+    port = free_port()
+    server = Managed(
+        "server",
+        ["serve", "--port", str(port), "--data-dir", str(workdir / "data")],
+        workdir / "server.log",
+        ready=lambda: listening(port),
+    )
+    artifacts = (workdir / "artifacts").as_uri()
+    with contextlib.ExitStack() as stack:
+        stack.callback(disk.unmount)  # last: the server has stopped
+        if moto is not None:
+            artifacts = _start_s3(moto, s3_port, stack)
+        nats = stack.enter_context(EmbeddedNats(workdir / "nats"))
+        fold = Managed(
+            "fold",
+            ["fold", "--nats", nats.url, "--bucket", BUCKET, "--store",
+             f"lmdb:{workdir / 'fold'}", "--export-to", artifacts, "--export-every-s", "0.5",
+             "--lease-ttl-s", "2", "--nats-timeout-s", "2"],
+            workdir / "fold.log",
+        )  # fmt: skip
+        server.start()
+        stack.callback(server.stop)
+        proxy = FaultProxy(port).start()
+        stack.callback(proxy.stop)
+        direct = f"http://127.0.0.1:{port}"
+        with Client(direct, timeout=10) as admin:
+            admin.put_topic(SOURCE, ConfigPatch(durability=Durability.FSYNC))
+            admin.put_router(ROUTER, SOURCE, COPIES)
+        fold.start()
+        stack.callback(fold.stop)
+        consumer = Managed(
+            "consumer",
+            [direct, str(workdir / "receipts.db"), CLIENT, str(workdir / "processed.log"), SOURCE],
+            workdir / "consumer.log",
+            program=[sys.executable, "-m", "waymark.faults.consumer"],
+        )
+        consumer.start()
+        stack.callback(consumer.stop)
+        started = time.monotonic()
+
+        def now() -> float:
+            return time.monotonic() - started
+
+        threads = [
+            threading.Thread(target=_produce, args=(k, proxy.url, obs, stop, now), daemon=True)
+            for k in range(PRODUCERS)
+        ]
+        threads.append(
+            threading.Thread(target=_write_bucket, args=(nats.url, obs, stop, now), daemon=True)
+        )
+        sampler = threading.Thread(
+            target=_sample,
+            args=(artifacts, workdir / "processed.log", obs, sampled, now),
+            daemon=True,
+        )
+        for t in (*threads, sampler):
+            t.start()
+        applied = []
+        targets = {"server": server, "fold": fold, "consumer": consumer}
+        if moto is not None:
+            targets["s3"] = moto
+        for fault in schedule:
+            _sleep_until(started + fault.at_s)
+            log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
+            applied.append(_apply(fault, targets, proxy, disk, now))
+        # The consumer stops processing 2 s before the end and is killed at the check,
+        # so the last changes are never receipted: the recovery query must name them.
+        _sleep_until(started + seconds - 2)
+        consumer.pause()
+        _sleep_until(started + seconds)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        log(f"{now():7.2f}s  faults over; checking")
+        verdicts = _check(direct, nats.url, fold, consumer, workdir, obs)
+        sampled.set()
+        sampler.join(5)
+        for a in applied:
+            a.recovered_s = _recovery(a, obs)
+    return CampaignResult(
+        seed, seconds, applied, verdicts, obs,
+        components=components,
+        left_out=left_out,
+        workdir=workdir,
+    )  # fmt: skip
+
+
+def _start_s3(moto: Managed, port: int, stack: contextlib.ExitStack) -> str:
+    """Start moto's S3 server, point this process and its children at it (the ``AWS_*``
+    environment, as a user reaches S3), make the bucket; the artifacts' URL."""
+    import os
+
+    import boto3  # type: ignore[import-untyped]
+
+    moto.start()
+    stack.callback(moto.stop)
+    environment = {**S3_ENVIRONMENT, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    saved = {k: os.environ.get(k) for k in environment}
+    os.environ.update(environment)
+
+    def restore() -> None:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    stack.callback(restore)
+    boto3.client("s3", endpoint_url=environment["AWS_ENDPOINT_URL"]).create_bucket(
+        Bucket="campaign"
+    )
+    return "s3://campaign/artifacts"
+
+
+KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL)
+PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
+          FaultKind.S3_PAUSE)  # fmt: skip
+
+
+def _sleep_until(deadline: float) -> None:
+    time.sleep(max(deadline - time.monotonic(), 0.0))
+
+
+def _apply(
+    fault: Fault,
+    targets: dict[str, Managed],
+    proxy: FaultProxy,
+    disk: TmpfsDisk,
+    now: Callable[[], float],
+) -> Applied:
+    """Inject ``fault``, hold it for its duration, lift it. The lift's time is when
+    lifting starts: a killed process's start-up counts in its time to recover."""
+    kind = fault.kind
+    target = targets.get(kind.value.partition("-")[0], targets["server"])
+    injected = now()
+    if kind in KILLS:
+        target.kill()
+    elif kind in PAUSES:
+        target.pause()
+    elif kind is FaultKind.NET_CUT:
+        proxy.cut()
+    elif kind is FaultKind.DISK_FULL:
+        disk.fill()
+    else:
+        proxy.latency(fault.latency_ms)
+    time.sleep(fault.duration_s)
+    lifted = now()
+    if kind in KILLS:
+        target.start()
+    elif kind in PAUSES:
+        target.resume()
+    elif kind is FaultKind.DISK_FULL:
+        disk.free()
+    else:
+        proxy.restore()
+    return Applied(fault, injected, lifted)
+
+
+def _recovery(a: Applied, obs: Observations) -> float | None:
+    """Seconds from the lift to the first progress after it: an acknowledged append for
+    the server, the network and the disk, the pointer moving for the fold, the processed
+    log growing for the consumer."""
+    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed}.get(
+        a.fault.kind.value.partition("-")[0]
+    )
+    if samples is not None:
+        at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
+        after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+    else:
+        after = (t for t, _ in obs.acks if t > a.lifted_s)
+    first = next(after, None)
+    return None if first is None else first - a.lifted_s
+
+
+def _produce(
+    k: int, url: str, obs: Observations, stop: threading.Event, now: Callable[[], float]
+) -> None:
+    """Append one record at a time with an id, retrying it until acknowledged: the id
+    makes a retry of a write that was committed answer the original seq."""
+    from waymark.client import Client, RecordIn
+
+    with Client(url, timeout=3, connect_timeout=1) as client:
+        i = 0
+        while not stop.is_set():
+            rid = f"p{k}-{i}"
+            sent = now()
+            try:
+                record = RecordIn.of({"p": k, "n": i}, id=rid, tag=f"k{i % TAGS}")
+                ack = client.append(SOURCE, [record])
+            except Exception as e:  # a fault: the write's fate is unknown; send it again
+                obs.errors.append((now(), f"producer {k}: {type(e).__name__}"))
+                time.sleep(0.05)
+                continue
+            done = now()
+            obs.acked[rid] = ack.seqs[0]
+            obs.acks.append((done, done - sent))
+            i += 1
+
+
+def _write_bucket(
+    url: str, obs: Observations, stop: threading.Event, now: Callable[[], float]
+) -> None:
+    from waymark.kv import Connection, NatsConnectionConfig, StoreConfig
+
+    async def write() -> None:
+        config = NatsConnectionConfig(url=url, timeout=5, name="campaign-writer")
+        async with Connection(config) as conn:
+            writer = (await conn.store(BUCKET, StoreConfig(max_bytes=None))).writer()
+            i = 0
+            while not stop.is_set():
+                try:
+                    await writer.put(f"k.{i % KEYS:04}", b"v%d" % i)
+                except Exception as e:
+                    obs.errors.append((now(), f"nats writer: {type(e).__name__}"))
+                    await asyncio.sleep(0.05)
+                    continue
+                obs.nats_acks.append(now())
+                i += 1
+                await asyncio.sleep(0.002)
+
+    asyncio.run(write())
+
+
+def _sample(
+    url: str, processed: Path, obs: Observations, stop: threading.Event, now: Callable[[], float]
+) -> None:
+    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size."""
+    from waymark.kv import ObjectStoreTransport
+    from waymark.objstore import open_store
+
+    transport = ObjectStoreTransport(open_store(url))
+    while not stop.wait(0.2):
+        with contextlib.suppress(FileNotFoundError):
+            obs.processed.append((now(), processed.stat().st_size))
+        with contextlib.suppress(Exception):  # not published yet, or mid-write
+            manifest = transport.read_pointer(BUCKET).manifest
+            if manifest is not None:
+                obs.pointer.append((now(), manifest.rank))
+
+
+def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int, str]]:
+    """Every record of ``topic`` as (id, seq, tag), and the tombstones met on the way."""
+    import msgspec
+
+    got: list[tuple[str, int, str]] = []
+    after = 0
+    while True:
+        page = client.diff_raw(topic, after, limit=1000)
+        if page.tombstone is not None:
+            t = page.tombstone
+            gaps.append(Gap(topic, t.gap_from, t.gap_to, t.reason))
+        for r in page.records:
+            data = msgspec.json.decode(r.data)
+            got.append((f"p{data['p']}-{data['n']}", r.seq, r.tag or ""))
+        if page.next_from_seq <= after or (page.caught_up and not page.records):
+            return got
+        after = page.next_from_seq
+
+
+def _check(
+    url: str,
+    nats_url: str,
+    fold: Managed,
+    consumer: Managed,
+    workdir: Path,
+    obs: Observations,
+) -> list[Verdict]:
+    from waymark.client import Client
+
+    gaps: list[Gap] = []
+    with Client(url, timeout=10) as client:
+        source = _read_topic(client, SOURCE, gaps)
+        obs.read = read = {rid: seq for rid, seq, _ in source}
+        for _, seq, tag in source:
+            key = f"{SOURCE}/{tag}"
+            obs.newest[key] = max(obs.newest.get(key, 0), seq)
+
+        def copies() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for rid, _, _ in _read_topic(client, COPIES, []):
+                counts[rid] = counts.get(rid, 0) + 1
+            return counts
+
+        # The router forwards asynchronously: give it until every acked record is there.
+        with contextlib.suppress(TimeoutError):
+            wait_for("the router caught up", lambda: obs.acked.keys() <= copies().keys(), 30)
+        copied_gaps: list[Gap] = []
+        copied: dict[str, int] = {}
+        for rid, _, _ in _read_topic(client, COPIES, copied_gaps):
+            copied[rid] = copied.get(rid, 0) + 1
+    fold_state, bucket_state = asyncio.run(_fold_and_bucket(nats_url, fold, workdir, obs))
+    obs.copied, obs.gaps, obs.fold, obs.bucket = (
+        copied,
+        gaps + copied_gaps,
+        fold_state,
+        bucket_state,
+    )
+    return [
+        checkers.acknowledged_lost(obs.acked, read, SOURCE),
+        checkers.forwarded(obs.acked, copied, ROUTER),
+        # The router's dest is a `disk` topic: a server crash may lose its newest copies,
+        # announced (docs/durability.md) and forwarded again; the fsync source loses none.
+        checkers.gaps_announced(gaps + copied_gaps, allowed_topics=[COPIES]),
+        checkers.fold_equals_bucket(fold_state, bucket_state),
+        checkers.pointer_monotonic(obs.pointer),
+        _recovery_check(client_url=url, consumer=consumer, workdir=workdir, obs=obs),
+    ]
+
+
+async def _fold_and_bucket(
+    url: str, fold: Managed, workdir: Path, obs: Observations
+) -> tuple[dict[str, tuple[bytes, int]], dict[str, tuple[bytes, int]]]:
+    """Let the fold reach the bucket's head, stop it, and read both."""
+    from waymark.kv import Connection, NatsConnectionConfig, StoreConfig, open_store
+
+    async with Connection(NatsConnectionConfig(url=url, timeout=5)) as conn:
+        kv = await conn.store(BUCKET, StoreConfig(max_bytes=None))
+        _, last = await kv.stream_bounds()
+        bucket = {e.key: (e.value, e.version.as_u64() or 0) for e in await kv.reader().scan()}
+    with contextlib.suppress(TimeoutError):  # then the checker says how far it was
+        await asyncio.to_thread(
+            wait_for, "the fold exported the head", lambda: obs.pointer and _head(obs) >= last, 30
+        )
+    fold.stop()
+    store = open_store(f"lmdb:{workdir / 'fold'}")
+    try:
+        folded = {e.key: (e.value, e.version.as_u64() or 0) for e in store.range()}
+    finally:
+        store.close()
+    return folded, bucket
+
+
+def _head(obs: Observations) -> int:
+    return obs.pointer[-1][1]
+
+
+def _recovery_check(
+    client_url: str, consumer: Managed, workdir: Path, obs: Observations
+) -> Verdict:
+    """Kill the consumer, let a change checkpoint cover the source's head, ask
+    ``waymark recovery missed`` (as a user would) and check it names every key whose
+    newest change the consumer never processed."""
+    import json
+
+    from waymark.client import Client
+    from waymark.faults.processes import waymark_executable
+
+    consumer.kill()
+    head = max(obs.newest.values(), default=0)
+
+    def covered() -> bool:
+        with Client(client_url, timeout=10) as client:
+            page = client.list_checkpoints(limit=20, topics=[SOURCE])
+        return any(c.last >= head for cp in page.checkpoints for c in cp.changes)
+
+    with contextlib.suppress(TimeoutError):  # then the checker shows what is missing
+        wait_for("a change checkpoint covering the head", covered, 30)
+    processed = workdir / "processed.log"
+    if processed.exists():
+        for line in processed.read_text().splitlines():
+            key, _, version = line.partition(" ")
+            if version.isdigit():
+                obs.receipted[key] = max(obs.receipted.get(key, 0), int(version))
+    done = subprocess.run(
+        [waymark_executable(), "recovery", "missed", "--url", client_url,
+         "--store", str(workdir / "receipts.db"), "--client", CLIENT, "--topics", SOURCE,
+         "--recent-s", "0", "--json", "--accept-loss"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    for line in done.stdout.splitlines():
+        entry = json.loads(line)
+        if "lost" in entry:
+            obs.window_lost.append(line)
+        else:
+            obs.missed[entry["key"]] = entry["version"]
+    if done.returncode != 0:
+        obs.window_lost.append(f"recovery missed exited {done.returncode}: {done.stderr[-300:]}")
+    return checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, obs.window_lost)

@@ -1,0 +1,100 @@
+"""The fault campaign (docs/faults.md): a seeded run over real processes passes every
+checker, and each checker fails on a violation planted in what that run observed, so
+the campaign cannot pass vacuously."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waymark.cli import app
+from waymark.faults import FaultKind, checkers, make_schedule, report, run_campaign
+from waymark.faults.campaign import COPIES, SOURCE, CampaignResult
+from waymark.faults.checkers import Gap
+
+pytestmark = pytest.mark.timeout(120)
+
+# 20 s, not the issue's 60: the suite's time budget (docs/faults.md, "In the test suite").
+# Without the full disk: it needs root, and it finds a tombstone on an fsync topic that
+# docs/durability.md says cannot happen (docs/faults.md, "Findings").
+SECONDS = 20.0
+KINDS = tuple(k for k in FaultKind if k is not FaultKind.DISK_FULL)
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CampaignResult]:
+    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"), kinds=KINDS)
+
+
+def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_violation(
+    campaign: CampaignResult, tmp_path: Path
+) -> None:
+    assert [v.name for v in campaign.verdicts if not v.ok] == [], campaign.verdicts
+    assert len(campaign.applied) >= 2
+    assert all(a.recovered_s is not None for a in campaign.applied), campaign.applied
+    obs = campaign.observations
+    assert len(obs.acked) > 100 and len(obs.bucket) > 0
+    page = report.write(campaign, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["ok"] and data["seed"] == 7
+    assert sum(k["count"] for k in data["per_kind"].values()) == len(campaign.applied)
+    html = page.read_text()
+    assert html.count("<svg") == 3 and "<script" not in html
+    assert all(f["kind"] in html for f in data["schedule"])
+    # In the same test, not another: ./run test's workers do not keep a module's tests
+    # together (xdist_group), and a second test would run a second campaign.
+    each_checker_fails_on_a_violation_planted_in(campaign)
+
+
+def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> None:
+    obs = copy.deepcopy(campaign.observations)
+    one = next(iter(obs.acked))
+    read = dict(obs.read)
+    del read[one]  # an acknowledged record the reader did not get back
+    assert not checkers.acknowledged_lost(obs.acked, read, SOURCE).ok
+    moved = {**obs.read, one: obs.read[one] + 1}  # read back, at another seq
+    assert not checkers.acknowledged_lost(obs.acked, moved, SOURCE).ok
+    copied = dict(obs.copied)
+    del copied[one]
+    assert not checkers.forwarded(obs.acked, copied, "copy").ok
+    silent = [*obs.gaps, Gap(COPIES, 1, 2, None)]
+    assert not checkers.gaps_announced(silent, allowed_topics=[COPIES]).ok
+    on_fsync = [*obs.gaps, Gap(SOURCE, 1, 2, "lost")]
+    assert not checkers.gaps_announced(on_fsync, allowed_topics=[COPIES]).ok
+    key = next(iter(obs.fold))
+    value, rev = obs.fold[key]
+    assert not checkers.fold_equals_bucket({**obs.fold, key: (value, rev - 1)}, obs.bucket).ok
+    assert not checkers.fold_equals_bucket({**obs.fold, "k.extra": (b"x", 1)}, obs.bucket).ok
+    t, rank = obs.pointer[-1]
+    assert not checkers.pointer_monotonic([*obs.pointer, (t + 1, rank - 1)]).ok
+    # A pointer that never moved checked nothing: that is a failure, not a pass.
+    assert not checkers.pointer_monotonic([(0.0, rank), (1.0, rank)]).ok
+    # The consumer was stopped before the end: some keys' newest changes were never
+    # receipted, and the recovery query named them; one left unnamed is caught.
+    unreceipted = [k for k, v in obs.newest.items() if obs.receipted.get(k, 0) < v]
+    assert unreceipted
+    missed = {k: v for k, v in obs.missed.items() if k != unreceipted[0]}
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, missed).ok
+    older = {**obs.missed, unreceipted[0]: obs.receipted.get(unreceipted[0], 0)}
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, older).ok
+    lost = ['{"lost": [1, 2], "reason": "expired"}']
+    assert not checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, lost).ok
+
+
+def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
+    a = make_schedule(3, 600.0)
+    assert a == make_schedule(3, 600.0) and a != make_schedule(4, 600.0)
+    assert {f.kind for f in a} == set(FaultKind)
+    assert all(f.at_s + f.duration_s <= 600.0 - 8.0 for f in a)
+    assert all(x.at_s + x.duration_s < y.at_s for x, y in itertools.pairwise(a))
+
+
+def test_an_unknown_fault_kind_is_refused_before_anything_starts() -> None:
+    result = CliRunner().invoke(app, ["faults", "run", "--kind", "meteor"])
+    assert result.exit_code == 2 and "meteor" in result.output
