@@ -202,9 +202,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # id (it sets the _nodeid pytest 9 no longer reads): xdist keys its work by node
         # id, so all but one operation of each fuzz test went untested. The item's name
         # names the operation; so does its node id now.
-        if item.parent is not None and item.nodeid.rpartition("::")[2] != item.name:
-            item._id = item.parent.id.child(item.name)  # noqa: SLF001
         module = item.nodeid.split("::", 1)[0]
         group = "spark" if module.startswith("tests/spark/") else module
         item.add_marker(pytest.mark.xdist_group(group))
+        # xdist's loadgroup reads the group from a "@group" suffix of the node id, which
+        # it sets through the _nodeid pytest 9 no longer reads: without this every
+        # module's tests were spread over both workers (its module fixtures started
+        # twice, two Spark sessions at once). The suffix goes into the id itself.
+        if item.parent is not None:
+            item._id = item.parent.id.child(f"{item.name}@{group}")  # noqa: SLF001
     items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))
