@@ -39,6 +39,11 @@ def output_event(event: str, stage: str, k: int) -> str:
     return event if k == 0 else f"{event}/{stage}:{k}"
 
 
+def _held(out: Output) -> int:
+    """Records ``out`` holds unacknowledged (a sharded edge: over all its parts)."""
+    return out.unacked if isinstance(out, ShardedEdge) else len(out.unacked)
+
+
 class SinkUnavailable(PipelineError):
     """The sink server refused or did not answer within the retry budget."""
 
@@ -151,6 +156,7 @@ class Stage:
         checkpoint_interval_ms: int = 0,
         behind: WriteBehind | None = None,
         key: str | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -183,6 +189,12 @@ class Stage:
         self._saved: tuple[Position | None, int] | None = None  # what the last save held
         self._saved_ms: int | None = None
         self.behind: WriteBehind = behind or Inline()
+        # Credit-based flow control: at this many records unacknowledged on an output
+        # edge the stage takes no new input until its consumer catches up (None: no
+        # bound). A producer racing ahead only grows what it holds, copies and replays
+        # (docs/pipeline.md, "Flow control").
+        self.max_in_flight = max_in_flight
+        self.held_back = False  # the last step took nothing: an output's window is full
         self._durable: Position | None = None  # an input position whose save landed
         self._landed_ms: list[int] = []  # latencies of the sink write that landed
         self.stats = StageStats()
@@ -282,7 +294,13 @@ class Stage:
         waits for the previous task (raising its error) before it hands over the next.
         The saved position never passes a record whose outputs are not yet held by an
         output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
-        if self.input is None:
+        self.held_back = self.max_in_flight is not None and any(
+            _held(out) >= self.max_in_flight for out in self.outputs
+        )
+        if self.held_back:
+            records = InFlight.empty()  # an idle step: it settles and saves
+            taken = 0
+        elif self.input is None:
             records = self._produce()
             taken = len(records)
         else:
