@@ -34,7 +34,7 @@ from waymark.pipeline.locator import HandoffReader, HandoffRolledBack
 from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import ReportPublisher, StageReport, load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
-from waymark.pipeline.shard import ShardedEdge, ShardLeases, part_name
+from waymark.pipeline.shard import ShardedEdge, ShardLeases, check_layout, part_name
 from waymark.pipeline.spec import EdgePart, PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
@@ -190,6 +190,12 @@ class PipelineRunner:
         self.runs: dict[str, StageRun] = {}
         # Who runs each shard of a sharded stage (docs/semantics/pipeline.md §11.2).
         self.leases: dict[str, ShardLeases] = {}
+        for name, stage_spec in spec.stages.items():
+            if stage_spec.input is not None:
+                # A changed count would route events to shards other than those that
+                # hold their records and checkpoints, in whichever process routes or
+                # reads them (docs/semantics/pipeline.md §11.4).
+                check_layout(self.store, name, stage_spec.instances)
         for name in names:
             stage_spec = spec.stages[name]
             if not stage_spec.sharded:
@@ -347,6 +353,7 @@ class PipelineRunner:
         if run.holding:
             # Taken over: the instance is dropped, not restarted. Its report is not
             # published: the new holder's counters go on from the last one.
+            log.warning("stage %s: the shard is another instance's now; standing by", run.name)
             run.holding = False
             self._drop(run)
         report = load_report(self.store, run.name)

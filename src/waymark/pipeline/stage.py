@@ -40,8 +40,10 @@ def output_event(event: str, stage: str, k: int) -> str:
 
 
 def _held(out: Output) -> int:
-    """Records ``out`` holds unacknowledged (a sharded edge: over all its parts)."""
-    return out.unacked if isinstance(out, ShardedEdge) else len(out.unacked)
+    """Records ``out`` holds unacknowledged (a sharded edge: its fullest part's, each
+    part being an edge with a consumer of its own)."""
+    parts = out.parts if isinstance(out, ShardedEdge) else [out]
+    return max(len(part.unacked) for part in parts)
 
 
 class SinkUnavailable(PipelineError):
