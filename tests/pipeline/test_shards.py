@@ -170,7 +170,14 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
     edge, sink = start_waymark(), start_waymark()
     handoff = tmp_path / "handoff"
     spec = tmp_path / "pipeline.toml"
-    spec.write_text(spec_text(handoff, edge.url, sink.url))
+    # A source of at least 6 s (2 ms an event), so the paused holder wakes while events
+    # still flow, and races the new holder for them.
+    (tmp_path / "paced.py").write_text(
+        "import time\nfrom waymark.pipeline import demo\n\n\n"
+        "def produce(n):\n    time.sleep(0.002)\n    return demo.produce(n)\n"
+    )
+    text = spec_text(handoff, edge.url, sink.url)
+    spec.write_text(text.replace("waymark.pipeline.demo:produce", "paced:produce"))
     logs = {i: tmp_path / f"deliver-{i}.log" for i in range(3)}
     instances = {i: launch(spec, logs[i], "--stage", "deliver", "--instance", str(i))
                  for i in range(3)}  # fmt: skip
@@ -183,7 +190,7 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
         while not ready():
             tail = "".join(p.read_text()[-1500:] for p in logs.values() if p.exists())
             assert time.monotonic() < deadline, f"{what}: not within {within_s} s\n{tail}"
-            time.sleep(0.02)
+            time.sleep(0.05)
 
     def through(shard: int | None = None) -> int:
         seen = sink_events(sink.url, "out")
