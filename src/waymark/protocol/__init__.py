@@ -41,6 +41,8 @@ from .errors import Error, ErrorBody, ErrorCode, Refusal, WaymarkError
 from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
 from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .pipelines import (
+    LAG_HISTORY,
+    LagSample,
     PipelineEdge,
     PipelineList,
     PipelinePlacement,
@@ -166,6 +168,8 @@ __all__ = [
     "PipelineShard",
     "PipelineStage",
     "PipelineStatus",
+    "LagSample",
+    "LAG_HISTORY",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",
