@@ -20,8 +20,8 @@ from tests.pipeline.test_processes import WAYMARK, sink_events
 
 from waymark.client import Client
 from waymark.objstore import open_store
-from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.identity import load_identity
+from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.shard import read_lease, shard_of
 from waymark.pipeline.spec import PipelineSpec, SpecError
 

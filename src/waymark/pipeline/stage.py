@@ -271,21 +271,24 @@ class Stage:
         and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
         events: list[bytes] = []
         data: list[bytes] = []
-        generations: list[int] = []
-        seqs: list[int] = []
-        born: list[int] = []
+        source: list[int] = []  # the input record of each output
         stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
-        for event, value, generation, seq, born_ms in records.records():
-            if self.poison and self._dead(event, value):
+        function, poison = self.function, self.poison
+        for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
+                                               strict=True)):  # fmt: skip
+            if poison and self._dead(event, value):
                 continue
-            for k, out in enumerate(self._call(event, _decode(value))):
+            arg = _decode(value)
+            try:
+                outs = [_encode(out) for out in function(arg)]
+            except Exception as error:  # the user's code: any failure is this event's
+                raise StageFunctionFailed(self.name, event, error) from error
+            for k, out in enumerate(outs):
                 events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
                 data.append(out)
-                generations.append(generation)
-                seqs.append(seq)
-                born.append(born_ms)
-        return InFlight.build(events, data, origin_gen=generations, origin_seq=seqs,
-                              born_ms=born)  # fmt: skip
+                source.append(i)
+        # each output's origin and birth are its input record's, taken as columns
+        return InFlight.build(events, data, **records.origins_of(source))
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage; the number of input records (or events)

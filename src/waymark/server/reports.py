@@ -267,8 +267,8 @@ class ReportsApi:
         now = self.engine.clock.now_ms()
         gone = await self.pipelines.forget(sorted(tags))
         histories = [self.lag_history.pop(tag, ()) for tag in sorted(tags)]
-        return Response(_encode(PipelineList(
-            [pipeline_status(k, now, h) for k, h in zip(gone, histories, strict=True)])))  # fmt: skip
+        found = [pipeline_status(k, now, h) for k, h in zip(gone, histories, strict=True)]
+        return Response(_encode(PipelineList(found)))
 
     # --- /metrics ---------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
