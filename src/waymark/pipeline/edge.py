@@ -476,8 +476,10 @@ class RelocatableQueueEdge:
         for record in page.records:
             meta = record.meta or {}
             gen = meta.get(GEN, "0")
+            written = current.value  # the generation the record was written under
             if gen != bound:  # the common case, the bound generation, needs no comparing
                 stamped = FenceEpoch(int(gen))
+                written = stamped.value
                 if self.stale(stamped):
                     self.stats.stale_dropped += 1
                     last = record.seq
@@ -487,7 +489,7 @@ class RelocatableQueueEdge:
                     if not self.poll(force=True):
                         break  # its handoff is not readable yet; read this again later
                     return out.build()
-            out.add(meta, record.data, current.value, record.seq)
+            out.add(meta, record.data, written, record.seq)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
