@@ -2,7 +2,8 @@
 ``waymark pipeline run --report-to`` process moves 3,000 events through an edge whose
 server is SIGKILLed mid-run into a stage with two instances; the page draws the
 topology, each edge's generation and lag, who holds each shard and the move, from
-the same status ``waymark pipeline status --json`` prints."""
+the same status ``waymark pipeline status --json`` prints, and each edge's lag over the
+reports the server kept."""
 
 from __future__ import annotations
 
@@ -120,4 +121,14 @@ sink = {{ url = "{server.url}", topic = "{sink}" }}
     expect(moved.first).to_contain_text("relocated")
     first = section.locator("[data-testid=placement][data-generation='1']")
     expect(first.first).to_contain_text(edge_server.url)
+    # Each placed edge's lag over the reports the server kept (docs/console.md): one
+    # chart per part, as many points as reports that gave the part a lag.
+    with Client(server.url) as client:
+        (kept,) = [p for p in client.list_pipelines() if p.report.pipeline == name]
+    assert len(kept.lag_history) >= 2, kept.lag_history
+    for placed in status["edges"]:
+        lags = [s.lags[placed] for s in kept.lag_history if s.lags.get(placed) is not None]
+        drawn = section.locator(f"[data-testid=edge-lag-chart][data-edge='{placed}']")
+        expect(drawn).to_have_attribute("data-samples", str(len(lags)))
+        expect(drawn).to_contain_text(f"{placed} lag")
     shot(page, "pipelines")

@@ -20,6 +20,7 @@ from tests.pipeline.test_processes import WAYMARK, sink_events
 
 from waymark.client import Client
 from waymark.objstore import open_store
+from waymark.pipeline.identity import load_identity
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.shard import read_lease, shard_of
 from waymark.pipeline.spec import PipelineSpec, SpecError
@@ -159,6 +160,83 @@ def test_sigkill_of_an_instance_hands_its_shard_to_a_live_one_exactly_once(
     assert f"epoch {taken['epoch']})" in row and "done" in row, table
 
 
+@pytest.mark.slow
+def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # A holder that is only paused (SIGSTOP: a GC pause, a frozen VM) loses its shard
+    # to a live instance, which carries on; woken, it finds its lease and its stage
+    # state claimed, stands by and writes nothing twice (docs/semantics/pipeline.md §11.2).
+    edge, sink = start_waymark(), start_waymark()
+    handoff = tmp_path / "handoff"
+    spec = tmp_path / "pipeline.toml"
+    # A source of at least 6 s (2 ms an event), so the paused holder wakes while events
+    # still flow, and races the new holder for them.
+    (tmp_path / "paced.py").write_text(
+        "import time\nfrom waymark.pipeline import demo\n\n\n"
+        "def produce(n):\n    time.sleep(0.002)\n    return demo.produce(n)\n"
+    )
+    text = spec_text(handoff, edge.url, sink.url)
+    spec.write_text(text.replace("waymark.pipeline.demo:produce", "paced:produce"))
+    logs = {i: tmp_path / f"deliver-{i}.log" for i in range(3)}
+    instances = {i: launch(spec, logs[i], "--stage", "deliver", "--instance", str(i))
+                 for i in range(3)}  # fmt: skip
+    producer = launch(spec, tmp_path / "produce.log", "--stage", "produce")
+    procs = [producer, *instances.values()]
+    store = open_store(handoff.as_uri())
+
+    def wait_for(what: str, ready: Callable[[], bool], within_s: float = 60) -> None:
+        deadline = time.monotonic() + within_s
+        while not ready():
+            tail = "".join(p.read_text()[-1500:] for p in logs.values() if p.exists())
+            assert time.monotonic() < deadline, f"{what}: not within {within_s} s\n{tail}"
+            time.sleep(0.05)
+
+    def through(shard: int | None = None) -> int:
+        seen = sink_events(sink.url, "out")
+        if shard is None:
+            return len(seen)
+        identity = load_identity(store)
+        assert identity is not None
+        return sum(shard_of(identity.event("produce", n), 3) == shard for n in seen)
+
+    try:
+        # four processes starting at once take long on a loaded machine
+        wait_for("every shard held, a quarter through",
+                 lambda: all(read_lease(store, "deliver", k)[0] for k in range(3))
+                 and through() >= EVENTS // 4, within_s=120)  # fmt: skip
+        holder = read_lease(store, "deliver", 1)[0]
+        assert holder is not None
+        victim = int(holder.owner.split("[", 1)[1].split("]", 1)[0])
+        instances[victim].send_signal(signal.SIGSTOP)
+        stopped_at = through(1)
+
+        def taken_over() -> bool:
+            lease = read_lease(store, "deliver", 1)[0]
+            return lease is not None and lease.epoch > holder.epoch
+
+        wait_for("shard 1 taken over", taken_over)
+        taken = read_lease(store, "deliver", 1)[0]
+        assert taken is not None and taken.owner != holder.owner
+        wait_for("shard 1's events going on without the paused holder",
+                 lambda: through(1) > stopped_at)  # fmt: skip
+        assert through() < EVENTS, "resumed after the end: nothing left to race for"
+        instances[victim].send_signal(signal.SIGCONT)
+        for proc in procs:
+            assert proc.wait(120) == 0, "".join(p.read_text()[-2000:] for p in logs.values())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait()
+    woken = logs[victim].read_text()
+    assert "deliver.1: the shard is another instance's" in woken, woken[-3000:]
+    seen = sink_events(sink.url, "out")
+    assert sorted(seen) == list(range(EVENTS)), "events lost"
+    assert max(seen.values()) == 1, "events duplicated"
+
+
 def test_a_sharded_transform_feeds_one_sink_stage_every_event_once(
     tmp_path: Path, start_waymark: Callable[..., ServerProcess]
 ) -> None:
@@ -194,3 +272,33 @@ sink = {{ url = "{sink.url}", topic = "out" }}
     seen = sink_events(sink.url, "out")
     assert sorted(seen) == list(range(600)), "events lost"
     assert max(seen.values()) == 1, "events duplicated"
+
+
+def test_a_changed_instance_count_is_refused_naming_both_counts(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # An event's shard is crc32 mod instances: a rerun on the same handoff store with
+    # another count would route to shards other than those holding its records and
+    # checkpoints, so it is refused before anything runs (docs/semantics/pipeline.md §11.4).
+    edge, sink = start_waymark(), start_waymark()
+    spec = tmp_path / "pipeline.toml"
+    text = spec_text(tmp_path / "handoff", edge.url, sink.url, events=300)
+    spec.write_text(text)
+    first = subprocess.run([WAYMARK, "pipeline", "run", str(spec), "--timeout-s", "90"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    for count in (2, 1):
+        spec.write_text(text.replace("instances = 3", f"instances = {count}"))
+        again = subprocess.run([WAYMARK, "pipeline", "run", str(spec), "--timeout-s", "30"],
+                               capture_output=True, text=True)  # fmt: skip
+        assert again.returncode == 5, again.stderr[-3000:]  # refused (docs/cli.md)
+        assert "Traceback" not in again.stderr
+        assert (f"stage 'deliver' ran with instances = 3 on this handoff store; the file now "
+                f"says {count}") in again.stderr, again.stderr  # fmt: skip
+        assert "set instances back to 3" in again.stderr
+    spec.write_text(text)  # back to 3: resumes, done, nothing delivered twice
+    same = subprocess.run([WAYMARK, "pipeline", "run", str(spec), "--timeout-s", "30"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert same.returncode == 0, same.stderr[-3000:]
+    seen = sink_events(sink.url, "out")
+    assert sorted(seen) == list(range(300)) and max(seen.values()) == 1

@@ -13,6 +13,7 @@ import pytest
 from waymark.client import ApiError, AsyncClient
 from waymark.clock import ManualClock
 from waymark.protocol import (
+    LAG_HISTORY,
     PipelineEdge,
     PipelinePlacement,
     PipelineReport,
@@ -57,6 +58,35 @@ async def client(app: App) -> AsyncIterator[AsyncClient]:
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
     async with http, AsyncClient("http://waymark", http=http) as client:
         yield client
+
+
+async def test_each_run_keeps_its_edges_lag_history_bounded_oldest_first(
+    client: AsyncClient, clock: ManualClock
+) -> None:
+    # The console's lag charts (docs/console.md, "Pipelines"): each report's lags per
+    # edge as placed, the last LAG_HISTORY of a run, oldest first; forgetting a run
+    # forgets them.
+    def lagging(lag: int | None, run: str = "3f9c0a1b2d4e") -> PipelineReport:
+        edges = {k: msgspec.structs.replace(e, lag=lag) for k, e in report(run).edges.items()}
+        return msgspec.structs.replace(report(run), edges=edges)
+
+    first_ms = clock.now_ms()
+    for n in range(LAG_HISTORY + 5):
+        status = await client.report_pipeline(lagging(None if n == LAG_HISTORY else n))
+        clock.advance(2000)
+    assert len(status.lag_history) == LAG_HISTORY
+    await client.report_pipeline(lagging(7, run="000000000001"))
+    listed = {p.report.run: p.lag_history for p in await client.list_pipelines()}
+    history = listed["3f9c0a1b2d4e"]
+    assert [s.lags["raw.0"] for s in history] == [
+        *range(5, LAG_HISTORY), None, *range(LAG_HISTORY + 1, LAG_HISTORY + 5)]  # fmt: skip
+    assert [s.reported_ms for s in history] == [
+        first_ms + 2000 * n for n in range(5, LAG_HISTORY + 5)]  # fmt: skip
+    assert [s.lags for s in listed["000000000001"]] == [{"raw.0": 7}]
+    (gone,) = await client.forget_pipeline("clicks", ["3f9c0a1b2d4e"])
+    assert len(gone.lag_history) == LAG_HISTORY
+    again = await client.report_pipeline(lagging(1))
+    assert [s.lags for s in again.lag_history] == [{"raw.0": 1}]
 
 
 async def test_a_pipeline_report_reads_back_newest_per_run(

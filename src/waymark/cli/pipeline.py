@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from waymark.cli.errors import EXIT_UNAVAILABLE
+from waymark.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE
 from waymark.cli.extras import require
 
 if TYPE_CHECKING:
@@ -197,6 +197,7 @@ def run(
     from waymark.objstore import ObjectStoreError
     from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
+    from waymark.pipeline.shard import ShardLayoutChanged
 
     spec = _load(spec_path)
     try:
@@ -205,6 +206,9 @@ def run(
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)
         raise typer.Exit(2) from None
+    except ShardLayoutChanged as error:  # a conflict with the store: refused
+        typer.echo(f"{spec_path}: {error}", err=True)
+        raise typer.Exit(EXIT_REFUSED) from None
     except ObjectStoreError as error:  # out for longer than the store's budget
         typer.echo(f"{spec_path}: the handoff store does not answer: {error}", err=True)
         raise typer.Exit(EXIT_UNAVAILABLE) from None

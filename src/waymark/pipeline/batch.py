@@ -138,6 +138,17 @@ class InFlight:
         """Every record's event id JSON, in order, cut once from the buffer."""
         return _cut(self.events, self.ints[EVENT_END])
 
+    def values(self) -> list[bytes]:
+        """Every record's data, in order, cut once from the buffer."""
+        return _cut(self.data, self.ints[DATA_END])
+
+    def origins_of(self, source: Sequence[int]) -> dict[str, Ints]:
+        """For records made of records ``source`` of this one (an index each): their
+        origins (these records' positions) and birth times, as :meth:`build` takes them."""
+        at = np.asarray(source, np.intp)
+        return {"origin_gen": self.ints[GENERATION, at], "origin_seq": self.ints[SEQ, at],
+                "born_ms": self.ints[BORN_MS, at]}  # fmt: skip
+
     def event(self, i: int) -> str:
         return str(msgspec.json.decode(self.event_json(i)))
 

@@ -470,21 +470,26 @@ class RelocatableQueueEdge:
             return InFlight.empty()
         self._succeeded()
         current = locator.epoch
+        bound = str(current.value)  # as the meta holds it
         out = _Accepted()
         last = cursor.seq
         for record in page.records:
             meta = record.meta or {}
-            stamped = FenceEpoch(int(meta.get(GEN, "0")))
-            if self.stale(stamped):
-                self.stats.stale_dropped += 1
-                last = record.seq
-                continue
-            if current.is_stale(stamped):
-                # a newer generation is written here: read it from its own start
-                if not self.poll(force=True):
-                    break  # its handoff is not readable yet; read this again later
-                return out.build()
-            out.add(meta, bytes(record.data), stamped.value, record.seq)
+            gen = meta.get(GEN, "0")
+            written = current.value  # the generation the record was written under
+            if gen != bound:  # the common case, the bound generation, needs no comparing
+                stamped = FenceEpoch(int(gen))
+                written = stamped.value
+                if self.stale(stamped):
+                    self.stats.stale_dropped += 1
+                    last = record.seq
+                    continue
+                if current.is_stale(stamped):
+                    # a newer generation is written here: read it from its own start
+                    if not self.poll(force=True):
+                        break  # its handoff is not readable yet; read this again later
+                    return out.build()
+            out.add(meta, record.data, written, record.seq)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
@@ -504,9 +509,9 @@ class _Accepted:
         self.seqs: list[int] = []
         self.born: list[int] = []
 
-    def add(self, meta: dict[str, str], data: bytes, generation: int, seq: int) -> None:
+    def add(self, meta: dict[str, str], data: msgspec.Raw, generation: int, seq: int) -> None:
         self.events.append(_encode(meta.get(EVENT, "")))
-        self.data.append(data)
+        self.data.append(bytes(data))
         self.generations.append(generation)
         self.seqs.append(seq)
         self.born.append(int(meta.get(BORN, "0")))

@@ -34,7 +34,7 @@ from waymark.pipeline.locator import HandoffReader, HandoffRolledBack
 from waymark.pipeline.patience import PatientStore
 from waymark.pipeline.report import ReportPublisher, StageReport, load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
-from waymark.pipeline.shard import ShardedEdge, ShardLeases, part_name
+from waymark.pipeline.shard import ShardedEdge, ShardLeases, check_layout, part_name
 from waymark.pipeline.spec import EdgePart, PipelineSpec
 from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, StageFunctionFailed
 from waymark.pipeline.state import StageFenced, StageStateStore
@@ -55,6 +55,11 @@ def idle_wait_ms(idle_steps: int) -> int:
     low, high = IDLE_WAIT_MS
     return min(high, low << min(idle_steps, 16))
 
+
+# A stage holds at most this many batches unacknowledged on an output edge before it
+# waits for its consumer (docs/pipeline.md, "Flow control"): enough to cover the
+# consumer's checkpoint interval at full speed.
+IN_FLIGHT_BATCHES = 16
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -98,6 +103,7 @@ def build_stage(
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
         checkpoint_interval_ms=spec.checkpoint_interval_ms,
+        max_in_flight=IN_FLIGHT_BATCHES * stage_spec.batch,
         # each batch's writes overlap the next one's read (docs/semantics/pipeline.md §4.5)
         behind=Behind(f"stage-{name if shard is None else part_name(name, shard)}-writes"),
         key=part_name(name, shard) if shard is not None else None,
@@ -184,6 +190,12 @@ class PipelineRunner:
         self.runs: dict[str, StageRun] = {}
         # Who runs each shard of a sharded stage (docs/semantics/pipeline.md §11.2).
         self.leases: dict[str, ShardLeases] = {}
+        for name, stage_spec in spec.stages.items():
+            if stage_spec.input is not None:
+                # A changed count would route events to shards other than those that
+                # hold their records and checkpoints, in whichever process routes or
+                # reads them (docs/semantics/pipeline.md §11.4).
+                check_layout(self.store, name, stage_spec.instances)
         for name in names:
             stage_spec = spec.stages[name]
             if not stage_spec.sharded:
@@ -341,6 +353,7 @@ class PipelineRunner:
         if run.holding:
             # Taken over: the instance is dropped, not restarted. Its report is not
             # published: the new holder's counters go on from the last one.
+            log.warning("stage %s: the shard is another instance's now; standing by", run.name)
             run.holding = False
             self._drop(run)
         report = load_report(self.store, run.name)
@@ -452,10 +465,11 @@ class PipelineRunner:
                 return
             with self._progress:
                 self._progress.notify_all()
-            if idle and stage.input is None:
-                # Everything produced: wait for the acknowledgements without spinning,
-                # woken by any step of this process's stages; a newly acknowledged
-                # record makes the next wait short again.
+            if idle and (stage.input is None or stage.held_back):
+                # Everything produced, or an output's window full: wait for the
+                # acknowledgements without spinning, woken by any step of this
+                # process's stages; a newly acknowledged record makes the next wait
+                # short again.
                 unacked = sum(len(edge.unacked) for edge in physical_edges(stage))
                 if unacked != last_unacked:
                     idle_steps, last_unacked = 1, unacked

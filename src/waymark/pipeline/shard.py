@@ -30,6 +30,7 @@ import numpy as np
 
 from waymark.clock import Clock
 from waymark.objstore import (
+    CREATE,
     ObjectExists,
     ObjectNotFound,
     ObjectStore,
@@ -40,6 +41,8 @@ from waymark.pipeline.batch import InFlight
 from waymark.pipeline.edge import RelocatableQueueEdge
 from waymark.pipeline.fence import FenceEpoch
 from waymark.pipeline.state import Position, put_mode
+
+from .errors import PipelineError
 
 MAX_INSTANCES = 64
 
@@ -103,6 +106,52 @@ class ShardedEdge:
     def unacked(self) -> int:
         """Records pushed to any part and not yet acknowledged."""
         return sum(len(part.unacked) for part in self.parts)
+
+
+# --- the layout ----------------------------------------------------------------------
+class ShardLayout(msgspec.Struct, frozen=True, kw_only=True):
+    """``shards/<stage>/layout.json``: how many instances a stage reading an edge was
+    first run with on this handoff store (written once, create-only)."""
+
+    stage: str
+    instances: int
+
+
+class ShardLayoutChanged(PipelineError):
+    """A stage's ``instances`` differs from the count its handoff store was run with
+    (docs/semantics/pipeline.md §11.4)."""
+
+    def __init__(self, stage: str, was: int, now: int) -> None:
+        super().__init__(
+            f"stage {stage!r} ran with instances = {was} on this handoff store; the file now "
+            f"says {now}. An event's shard is crc32(event id) mod instances, so records in "
+            f"flight and the shards' checkpoints belong to {was} shards: set instances back "
+            f"to {was}, or run with {now} as a new run (a fresh handoff store, which delivers "
+            "every event again under new ids) once this one is done"
+        )
+        self.stage, self.was, self.now = stage, was, now
+
+
+def layout_key(stage: str) -> str:
+    return f"shards/{stage}/layout.json"
+
+
+_layout = msgspec.json.Decoder(ShardLayout)
+
+
+def check_layout(store: ObjectStore, stage: str, instances: int) -> None:
+    """Record ``instances`` for ``stage`` on its first run; raise
+    :class:`ShardLayoutChanged` when an earlier run recorded another count. Two
+    first runs racing end with the count written first (docs/semantics/pipeline.md §11.4)."""
+    try:
+        store.put(layout_key(stage), msgspec.json.encode(
+            ShardLayout(stage=stage, instances=instances)), mode=CREATE)  # fmt: skip
+        return
+    except ObjectExists:
+        pass
+    recorded = _layout.decode(store.get(layout_key(stage)).data)
+    if recorded.instances != instances:
+        raise ShardLayoutChanged(stage, recorded.instances, instances)
 
 
 # --- leases ------------------------------------------------------------------------

@@ -39,6 +39,13 @@ def output_event(event: str, stage: str, k: int) -> str:
     return event if k == 0 else f"{event}/{stage}:{k}"
 
 
+def _held(out: Output) -> int:
+    """Records ``out`` holds unacknowledged (a sharded edge: its fullest part's, each
+    part being an edge with a consumer of its own)."""
+    parts = out.parts if isinstance(out, ShardedEdge) else [out]
+    return max(len(part.unacked) for part in parts)
+
+
 class SinkUnavailable(PipelineError):
     """The sink server refused or did not answer within the retry budget."""
 
@@ -151,6 +158,7 @@ class Stage:
         checkpoint_interval_ms: int = 0,
         behind: WriteBehind | None = None,
         key: str | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         if (input is None) == (events is None):
             raise ValueError(f"stage {name!r}: give an input edge or a number of events")
@@ -183,6 +191,12 @@ class Stage:
         self._saved: tuple[Position | None, int] | None = None  # what the last save held
         self._saved_ms: int | None = None
         self.behind: WriteBehind = behind or Inline()
+        # Credit-based flow control: at this many records unacknowledged on an output
+        # edge the stage takes no new input until its consumer catches up (None: no
+        # bound). A producer racing ahead only grows what it holds, copies and replays
+        # (docs/pipeline.md, "Flow control").
+        self.max_in_flight = max_in_flight
+        self.held_back = False  # the last step took nothing: an output's window is full
         self._durable: Position | None = None  # an input position whose save landed
         self._landed_ms: list[int] = []  # latencies of the sink write that landed
         self.stats = StageStats()
@@ -257,21 +271,24 @@ class Stage:
         and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
         events: list[bytes] = []
         data: list[bytes] = []
-        generations: list[int] = []
-        seqs: list[int] = []
-        born: list[int] = []
+        source: list[int] = []  # the input record of each output
         stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
-        for event, value, generation, seq, born_ms in records.records():
-            if self.poison and self._dead(event, value):
+        function, poison = self.function, self.poison
+        for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
+                                               strict=True)):  # fmt: skip
+            if poison and self._dead(event, value):
                 continue
-            for k, out in enumerate(self._call(event, _decode(value))):
+            arg = _decode(value)
+            try:
+                outs = [_encode(out) for out in function(arg)]
+            except Exception as error:  # the user's code: any failure is this event's
+                raise StageFunctionFailed(self.name, event, error) from error
+            for k, out in enumerate(outs):
                 events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
                 data.append(out)
-                generations.append(generation)
-                seqs.append(seq)
-                born.append(born_ms)
-        return InFlight.build(events, data, origin_gen=generations, origin_seq=seqs,
-                              born_ms=born)  # fmt: skip
+                source.append(i)
+        # each output's origin and birth are its input record's, taken as columns
+        return InFlight.build(events, data, **records.origins_of(source))
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage; the number of input records (or events)
@@ -282,7 +299,13 @@ class Stage:
         waits for the previous task (raising its error) before it hands over the next.
         The saved position never passes a record whose outputs are not yet held by an
         output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
-        if self.input is None:
+        self.held_back = self.max_in_flight is not None and any(
+            _held(out) >= self.max_in_flight for out in self.outputs
+        )
+        if self.held_back:
+            records = InFlight.empty()  # an idle step: it settles and saves
+            taken = 0
+        elif self.input is None:
             records = self._produce()
             taken = len(records)
         else:

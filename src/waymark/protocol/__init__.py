@@ -41,6 +41,8 @@ from .errors import Error, ErrorBody, ErrorCode, Refusal, WaymarkError
 from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
 from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .pipelines import (
+    LAG_HISTORY,
+    LagSample,
     PipelineEdge,
     PipelineList,
     PipelinePlacement,
@@ -115,6 +117,7 @@ __all__ = [
     "ARROW_STREAM",
     "ENDPOINT",
     "ENDPOINTS",
+    "LAG_HISTORY",
     "MAX_ARROW_DIFF_LIMIT",
     "MAX_DIFF_LIMIT",
     "MAX_WAIT_MS",
@@ -155,6 +158,7 @@ __all__ = [
     "Health",
     "Job",
     "KeyChange",
+    "LagSample",
     "Limits",
     "NackBody",
     "NackResponse",

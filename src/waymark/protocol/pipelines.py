@@ -92,13 +92,28 @@ class PipelineReport(Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
     interval_ms: IntervalMs = 5000
 
 
+# How many reports' lags the server keeps per pipeline run: 6 minutes at the default
+# report_every_s of 2 (docs/console.md, "Pipelines").
+LAG_HISTORY = 180
+
+
+class LagSample(Struct, frozen=True):
+    """Each edge's lag (by the name as placed; None: its server was silent) as one
+    report gave it, and when the server received that report."""
+
+    reported_ms: int
+    lags: dict[str, int | None]
+
+
 class PipelineStatus(Struct, frozen=True):
-    """A pipeline run's newest report, as the server keeps it."""
+    """A pipeline run's newest report, as the server keeps it, and the edges' lags of
+    its last ``LAG_HISTORY`` reports since the server started, oldest first."""
 
     report: PipelineReport
     reported_ms: int  # when the server received it (the server's clock)
     age_ms: int
     stale: bool  # no report for STALE_INTERVALS intervals: the runners may be gone
+    lag_history: list[LagSample] = msgspec.field(default_factory=list)
 
 
 class PipelineList(Struct, frozen=True):

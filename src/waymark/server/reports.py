@@ -10,7 +10,8 @@ out when a report is read, with the engine's clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 import msgspec
@@ -22,6 +23,7 @@ from ..protocol import (
     FoldList,
     FoldReport,
     FoldStatus,
+    LagSample,
     PipelineList,
     PipelineReport,
     PipelineStatus,
@@ -30,6 +32,7 @@ from ..protocol import (
     RecoveryClientList,
     RecoveryReport,
 )
+from ..protocol.pipelines import LAG_HISTORY
 from ..protocol.reports import STALE_INTERVALS
 from .http import BodyDecoder, Request, Response
 
@@ -140,9 +143,11 @@ def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
                       stale, r.role, r.lease_holder, r.restore, r.stopped)  # fmt: skip
 
 
-def pipeline_status(kept: _Kept[PipelineReport], now: int) -> PipelineStatus:
+def pipeline_status(
+    kept: _Kept[PipelineReport], now: int, history: Iterable[LagSample] = ()
+) -> PipelineStatus:
     age, stale = _age(kept, now)
-    return PipelineStatus(kept.report, kept.reported_ms, age, stale)
+    return PipelineStatus(kept.report, kept.reported_ms, age, stale, list(history))
 
 
 class ReportsApi:
@@ -155,6 +160,9 @@ class ReportsApi:
         self._client = BodyDecoder(RecoveryReport)
         self.pipelines = Kept(engine, PIPELINES_TOPIC, PipelineReport)
         self._pipeline = BodyDecoder(PipelineReport)
+        # Per pipeline run, the edges' lags of its last reports, for the console's
+        # charts: in memory only, bounded (docs/console.md, "Pipelines").
+        self.lag_history: dict[str, deque[LagSample]] = {}
 
     # --- folds ----------------------------------------------------------------------
     async def report_fold(self, request: Request) -> Response:
@@ -235,11 +243,17 @@ class ReportsApi:
     async def report_pipeline(self, request: Request) -> Response:
         report = self._pipeline.decode(await request.body(self.max_body))
         kept = await self.pipelines.keep(report)
-        return Response(_encode(pipeline_status(kept, self.engine.clock.now_ms())))
+        tag = self.pipelines.tag(report)
+        history = self.lag_history.get(tag)
+        if history is None:
+            history = self.lag_history[tag] = deque(maxlen=LAG_HISTORY)
+        history.append(LagSample(kept.reported_ms, {k: e.lag for k, e in report.edges.items()}))
+        return Response(_encode(pipeline_status(kept, self.engine.clock.now_ms(), history)))
 
     async def list_pipelines(self, request: Request) -> Response:
         now = self.engine.clock.now_ms()
-        found = [pipeline_status(k, now) for _, k in sorted(self.pipelines.latest.items())]
+        found = [pipeline_status(k, now, self.lag_history.get(tag, ()))
+                 for tag, k in sorted(self.pipelines.latest.items())]  # fmt: skip
         return Response(_encode(PipelineList(found)))
 
     async def forget_pipeline(self, request: Request) -> Response:
@@ -253,7 +267,9 @@ class ReportsApi:
                              {"pipeline": name, "run": runs})  # fmt: skip
         now = self.engine.clock.now_ms()
         gone = await self.pipelines.forget(sorted(tags))
-        return Response(_encode(PipelineList([pipeline_status(k, now) for k in gone])))
+        histories = [self.lag_history.pop(tag, ()) for tag in sorted(tags)]
+        found = [pipeline_status(k, now, h) for k, h in zip(gone, histories, strict=True)]
+        return Response(_encode(PipelineList(found)))
 
     # --- /metrics ---------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:

@@ -2,9 +2,9 @@
 // docs/pipeline.md), drawn from the same status `waymark pipeline status --json`
 // prints: the stages and edges as a graph with each edge's generation and lag, the
 // stages' counters, who holds each shard, and the edges' placements over time.
-import { api } from "./api.js";
+import { api, serverNow } from "./api.js";
 import { fmtInt, fmtSpan, h } from "./dom.js";
-import { layout, s } from "./svg.js";
+import { chart, layout, s } from "./svg.js";
 
 const fmtTime = (ms) => (ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 23) : "—");
 
@@ -131,6 +131,22 @@ function placementsTable(report) {
       h("td", {}, p.server), h("td", {}, p.generation > 1 ? h("span", { class: "badge warn" }, "relocated") : "first placement")))));
 }
 
+// Each edge's lag (as placed) over the last reports the server kept: one chart per
+// edge part, its points at the server's receipt times on this browser's clock. A gap
+// is a report whose edge server did not answer.
+function lagCharts(history) {
+  const skew = Date.now() - serverNow();
+  const placed = [...new Set(history.flatMap((sample) => Object.keys(sample.lags)))].sort();
+  if (!placed.length) return h("p", { class: "muted" }, "No lag reported yet.");
+  return h("div", { class: "charts" }, placed.map((name) => {
+    const samples = history.filter((p) => name in p.lags).map((p) => ({ t: p.reported_ms + skew, v: p.lags[name] }));
+    const drawn = chart(samples, { title: `${name} lag`, testid: "edge-lag-chart" });
+    drawn.setAttribute("data-edge", name);
+    drawn.setAttribute("data-samples", String(samples.filter((p) => p.v !== null).length));
+    return drawn;
+  }));
+}
+
 // Done (every stage finished: its runners stop reporting, and that is no alarm), or
 // stale (they stopped before the end: the numbers are their last, not the state now).
 function stateBadge(report, stale) {
@@ -152,11 +168,12 @@ export async function pipelinesPage(view, { every, signal }) {
       body.replaceChildren(h("p", { class: "muted", "data-testid": "no-pipelines" }, "No pipeline reports to this server."));
       return;
     }
-    body.replaceChildren(...pipelines.map(({ report, age_ms: age, stale }) => h("section", { "data-testid": "pipeline", "data-pipeline": report.pipeline },
+    body.replaceChildren(...pipelines.map(({ report, age_ms: age, stale, lag_history: history }) => h("section", { "data-testid": "pipeline", "data-pipeline": report.pipeline },
       h("h2", {}, `${report.pipeline}`, h("span", { class: "muted" }, ` run ${report.run ?? "—"} · reported ${fmtSpan(Math.round(age / 1000))} ago `),
         stateBadge(report, stale)),
       pipelineGraph(report),
       h("h2", {}, "Edges"), edgesTable(report),
+      h("h2", {}, "Lag over time"), lagCharts(history ?? []),
       h("h2", {}, "Stages"), stagesTable(report),
       h("h2", {}, "Placements over time"), placementsTable(report))));
   });
