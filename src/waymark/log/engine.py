@@ -59,15 +59,6 @@ from .writers import Writers
 if TYPE_CHECKING:
     from .gradual import GradualReplay
 
-# Topics other than memory ones journal a seq ceiling before handing out any seq above
-# it, so a crash that loses acknowledged records never lets their seqs be reused. What
-# a crash may report as lost is the ceiling's lead over the head, so it stays short
-# (docs/durability.md): a raised ceiling leads by about RESERVE_WINDOW_MS of the
-# topic's recent appends, by no more than it handed out since it was last idle, and by
-# at most SEQ_RESERVE seqs; an idle topic's ceiling is trimmed to its exact head.
-SEQ_RESERVE = 4096
-RESERVE_WINDOW_MS = 100
-
 
 class Engine:
     def __init__(
@@ -86,7 +77,7 @@ class Engine:
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
         # looks at, so its cost follows the topics written lately, not all of them.
-        self._ahead: dict[str, Topic] = {}
+        self._ahead: dict[str, int] = {}  # name -> epoch of the instance
         # Committed changes per key, for change checkpoints
         # (docs/semantics/recovery.md §1); None until track_changes.
         self.changes: Changes | None = None
@@ -538,27 +529,18 @@ class Engine:
         next append waits for a sync, as one that raises the ceiling always does.
         """
         trimmed = 0
-        for name, topic in list(self._ahead.items()):
-            if self.kernel.get(name) is not topic or topic.config.durability is Durability.MEMORY:
-                del self._ahead[name]  # dropped, recreated, or keeping no ceiling any more
-            elif topic.ceiling <= topic.head_seq:
-                pending = topic.ceiling_commit
-                if pending is None or pending.durable:
-                    topic.ceiling_commit = None
-                    del self._ahead[name]  # exact and durable: nothing left to do
-            elif topic.trim_mark != topic.next_seq:
-                topic.trim_mark = topic.next_seq  # written since the previous call
-            else:
-                try:
-                    frame = HeadFrame(name, topic.epoch, topic.head_seq)
-                    commit = self.kernel.write(name, frame.encode())
-                except TopicError:
-                    continue  # its WAL shard cannot write now: the wider ceiling stays
-                # Acks above the head wait again until a raise is durable: should this
-                # frame survive a crash without the raise, the head is the ceiling.
-                topic.ceiling = topic.durable_ceiling = topic.head_seq
-                topic.idle_from = topic.reserved_from = topic.head_seq
-                topic.ceiling_commit = commit
+        for name, epoch in list(self._ahead.items()):
+            topic = self.kernel.get(name)
+            if topic is None or topic.epoch != epoch:
+                del self._ahead[name]  # dropped or recreated
+                continue
+            try:
+                done = topic.trim_ceiling(self._write_head)
+            except TopicError:
+                continue  # its WAL shard cannot write now: the wider ceiling stays
+            if done is None:
+                del self._ahead[name]  # exact and durable: nothing left to do
+            elif done:
                 trimmed += 1
         return trimmed
 
@@ -567,9 +549,8 @@ class Engine:
         if self.kernel.journal is None:
             return
         for topic in self.kernel.topics():
-            if topic.config.durability is not Durability.MEMORY:
-                topic.ceiling = topic.head_seq
-                frame = HeadFrame(topic.name, topic.epoch, topic.ceiling)
+            frame = topic.close_ceiling()
+            if frame is not None:
                 self.kernel.write(topic.name, frame.encode())
         self._ahead.clear()
 
@@ -665,32 +646,13 @@ class Engine:
         return state
 
     def _reserve(self, topic: Topic, last: int, now: int) -> bool:
-        """Make a journaled seq ceiling cover ``last``; True while no durable one does
-        (disk acks then wait for the sync). memory topics keep none: their head may
-        regress after a crash (docs/semantics/topics.md §2.2)."""
-        if topic.config.durability is Durability.MEMORY:
-            return False
-        if last <= topic.refill_at and last <= topic.durable_ceiling:
-            return False  # (every append but a few per lead passes here)
-        pending = topic.ceiling_commit
-        if pending is not None and pending.durable:
-            topic.durable_ceiling, topic.ceiling_commit, pending = topic.ceiling, None, None
-        # Raised early, once a quarter of the lead is used, so that under steady appends
-        # the new ceiling is durable before anyone needs it; raised again when an append
-        # must wait anyway, so that one wait buys a whole lead from here.
-        stalled = last > topic.durable_ceiling
-        if last > topic.ceiling or (last > topic.refill_at and (pending is None or stalled)):
-            # Lead by RESERVE_WINDOW_MS of appends at the rate since the previous raise
-            # (falling by half at most per raise, so one slow sync does not shrink it to
-            # nothing), but never by more than the topic handed out since it was last
-            # idle: a burst starts with short leads that grow with it.
-            elapsed = now - topic.reserved_at
-            by_rate = (last - topic.reserved_from) * RESERVE_WINDOW_MS // max(elapsed, 1)
-            lead = min(max(by_rate, topic.lead // 2), last - topic.idle_from, SEQ_RESERVE)
-            frame = HeadFrame(topic.name, topic.epoch, last + lead)
-            commit = self.kernel.write(topic.name, frame.encode())
-            topic.ceiling, topic.ceiling_commit, topic.lead = last + lead, commit, lead
-            topic.refill_at = last + lead // 4
-            topic.reserved_from, topic.reserved_at = last, now
-            self._ahead[topic.name] = topic
-        return stalled
+        """Make ``topic``'s journaled seq ceiling cover ``last`` (the rule is
+        :meth:`Topic.reserve`); True while no durable one does."""
+        return topic.reserve(last, now, self._write_head)
+
+    def _write_head(self, frame: HeadFrame) -> Commit | None:
+        """Journal a topic's new seq ceiling; its topic is one :meth:`trim_ceilings`
+        looks at from now on."""
+        commit = self.kernel.write(frame.name, frame.encode())
+        self._ahead[frame.name] = frame.epoch
+        return commit

@@ -7,12 +7,9 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
-
-import numpy as np
 
 from ...clock import Clock
 from ...protocol import Limits, TopicConfig
@@ -20,7 +17,6 @@ from ..changes import Changes
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
-from ..topic import Topic
 from .catalog import Catalog, read_catalog
 from .fileio import FileIO
 from .seal import TOPICS, Sealer, remove_unreferenced
@@ -130,7 +126,7 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
             paths = segment_paths(home, base_seq)
             keep.update(paths)
             topic.add_chunk(SealedChunk(*paths))
-        recount(topic)
+        topic.recount()
         # The topic was just built from its segments alone: every chunk is sealed.
         for chunk in cast("list[SealedChunk]", topic.chunks):
             chunk.drop_cached_pages()
@@ -144,33 +140,3 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
     if cold_dir is not None:
         remove_unreferenced(cold_dir, keep)
     return len(keep) // 2
-
-
-def recount(topic: Topic) -> None:
-    """Live counts, bytes and the tag index of a topic loaded from segments."""
-    topic.live_count = topic.live_bytes = 0
-    for chunk in topic.chunks:
-        live = np.frombuffer(chunk.dead, np.uint8) == 0
-        below_front = max(0, min(chunk.n, topic.front - chunk.base_seq))
-        live[:below_front] = False
-        chunk.live = int(np.count_nonzero(live))
-        topic.live_count += chunk.live
-        topic.live_bytes += int(np.asarray(chunk.size, np.uint64)[live].sum())
-        # The tag index, grouped per tag with one sort instead of a scan per tag.
-        tags = np.asarray(chunk.tag)[live]
-        if not tags.any():
-            continue
-        seqs = np.flatnonzero(live).astype(np.uint64) + chunk.base_seq
-        order = np.argsort(tags, kind="stable")
-        tags, seqs = tags[order], seqs[order]
-        bounds = np.flatnonzero(np.diff(tags)) + 1
-        for group_tags, group_seqs in zip(np.split(tags, bounds), np.split(seqs, bounds),
-                                          strict=True):  # fmt: skip
-            tag_id = int(group_tags[0])
-            if tag_id == 0:
-                continue
-            name = chunk.tag_names.names[tag_id]
-            index = topic.tag_index.get(name)
-            if index is None:
-                index = topic.tag_index[name] = array("Q")
-            index.extend(group_seqs.tolist())

@@ -1,0 +1,100 @@
+"""Each engine invariant has one owner (docs/architecture.md, "The engine kernel").
+
+A topic's state — watermarks, seq ceiling, holes, counts — is written by
+``waymark/log/topic.py`` alone: everything else asks a :class:`Topic` method. These
+tests read the source with ``ast``; each is shown to catch a planted violation.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "waymark"
+TOPIC_MODULE = SRC / "log" / "topic.py"
+# Calls that change the container they are called on.
+MUTATORS = frozenset({
+    "append", "appendleft", "extend", "insert", "remove", "pop", "popleft", "clear",
+    "update", "setdefault", "sort", "discard", "add",
+})  # fmt: skip
+# Writes to an attribute a Topic has too, on objects that are not topics (checked by
+# hand): a gradual replay's backlog keeps the config it recovers to, a writer's staged
+# part its chunks.
+NOT_TOPICS = {"log/gradual.py": {"backlog.config"}, "log/writers.py": {"staged.chunks"}}
+
+
+def topic_attrs() -> set[str]:
+    """The attributes :class:`Topic` assigns on ``self``."""
+    for node in ast.walk(ast.parse(TOPIC_MODULE.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == "Topic":
+            return {
+                n.attr for n in ast.walk(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                and isinstance(n.value, ast.Name) and n.value.id == "self"
+            }  # fmt: skip
+    raise AssertionError("no class Topic in topic.py")
+
+
+def _written(node: ast.AST) -> list[ast.expr]:
+    """The expressions ``node`` stores into or mutates in place."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in MUTATORS):  # fmt: skip
+        targets = [node.func.value]
+    flat: list[ast.expr] = []
+    for target in targets:
+        flat.extend(target.elts if isinstance(target, ast.Tuple) else [target])
+    out = []
+    for target in flat:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        out.append(target)
+    return out
+
+
+def topic_writes(source: str, attrs: set[str]) -> list[str]:
+    """Writes in ``source`` to an attribute a Topic has, on anything but ``self``
+    (outside topic.py, ``self`` is never a Topic)."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        for target in _written(node):
+            if not isinstance(target, ast.Attribute) or target.attr not in attrs:
+                continue
+            if isinstance(target.value, ast.Name) and target.value.id == "self":
+                continue
+            hits.append(ast.unparse(target))
+    return hits
+
+
+def test_only_topic_py_writes_a_topics_state() -> None:
+    attrs = topic_attrs()
+    assert {"next_seq", "ceiling", "durable_ceiling", "holes", "front"} <= attrs
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = str(path.relative_to(SRC))
+        if path != TOPIC_MODULE:
+            hits = set(topic_writes(path.read_text(), attrs)) - NOT_TOPICS.get(module, set())
+            if hits:
+                found[module] = sorted(hits)
+    assert found == {}
+
+
+def test_the_walk_catches_a_planted_write() -> None:
+    # The mutants: each line is a write the rule forbids.
+    attrs = topic_attrs()
+    planted = [
+        "topic.next_seq = 5",
+        "t.ceiling += 1",
+        "engine.kernel.get('a').holes.append(h)",
+        "topic.ceiling, topic.lead = 1, 2",
+        "topic.config = c",
+        "src.chunks[0] = c",
+        "del topic.tag_index[k]",
+    ]
+    for line in planted:
+        assert topic_writes(line, attrs), line
+    assert not topic_writes("self.next_seq = 1\nn = topic.next_seq\nf(topic.holes)", attrs)
