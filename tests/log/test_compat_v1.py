@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from waymark.clock import ManualClock
-from waymark.log import TagMatch
+from waymark.log import TagMatch, lease_events
 from waymark.log.journal import (
     DeleteFrame,
     DropFrame,
@@ -29,6 +29,15 @@ from waymark.log.journal import (
     WriterFrame,
     decode,
     records_frame,
+)
+from waymark.log.lease_events import (
+    Acked,
+    Claimed,
+    DeadLettered,
+    Extended,
+    LeaseEvent,
+    Parked,
+    Released,
 )
 from waymark.log.records import encode_batch
 from waymark.log.storage.catalog import CATALOG, read_catalog
@@ -126,3 +135,27 @@ def test_the_v1_catalog_decodes_and_re_encodes_to_its_bytes() -> None:
     catalog = read_catalog(FIXTURES / "datadir_v1")
     assert catalog is not None and catalog.topics and catalog.routers
     assert encode(FrameKind.CATALOG, msgspec.json.encode(catalog)) == data
+
+
+def _lease_event_cases() -> dict[str, LeaseEvent]:
+    """Each lease event kind, from the inputs ``fixtures/lease_events_v1.json`` (the
+    bytes the dict events made, captured before they were typed) was made from."""
+    lease = "0123456789abcdef"
+    return {
+        "claimed": Claimed(3, 17, "node-a", lease, 1_700_000_030_000, 1, 2),
+        "extended": Extended(3, 17, "node-a", lease, 1_700_000_060_000, 1, 2),
+        "released": Released(3, 17, "", "", 1_700_000_061_000, 2, 2),
+        "acked": Acked(3, 18, 'nø"de\n\u2603', "fedcba9876543210", 1_700_000_000_005, 3, 2),
+        "dead_lettered": DeadLettered(3, 19, "n", "aa", 5, 4, 3),
+        "parked": Parked(3, 20, "", "", 0, 9, 2),
+    }
+
+
+def test_every_lease_event_encodes_to_the_v1_bytes_and_back() -> None:
+    expected = {k: bytes.fromhex(v) for k, v in
+                json.loads((FIXTURES / "lease_events_v1.json").read_text()).items()}  # fmt: skip
+    cases = _lease_event_cases()
+    assert {k: lease_events.encode(e) for k, e in cases.items()} == expected
+    for name, data in expected.items():
+        stored = b'{"seq":4,"ts":1,"data":%b}' % data  # as the leases log returns it
+        assert lease_events.decode_stored(stored) == cases[name], name

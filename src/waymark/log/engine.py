@@ -16,14 +16,13 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 import bisect
-import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET
 
-from ..clock import Clock, SystemClock
+from ..clock import Clock, IdSource, RandomIds, SystemClock
 from ..protocol import (
     CheckpointData,
     ConfigPatch,
@@ -67,8 +66,10 @@ class Engine:
         defaults: TopicConfig | None = None,
         limits: Limits | None = None,
         journal: Journal | None = None,
+        ids: IdSource | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
+        self.ids = ids or RandomIds()  # lease ids, the instance id
         self.kernel = Kernel(journal)
         self.defaults = defaults or TopicConfig()
         self.limits = limits or Limits()
@@ -84,7 +85,7 @@ class Engine:
         # Names this engine's history, which checkpoint ids count in: a new one per
         # in-memory engine, the data directory's for a restored one
         # (docs/semantics/recovery.md §3.5).
-        self.instance = secrets.token_hex(8)
+        self.instance = self.ids.token(8)
 
     @property
     def journal(self) -> Journal | None:

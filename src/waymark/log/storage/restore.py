@@ -5,13 +5,12 @@ the engine is returned (:mod:`waymark.log.gradual`)."""
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from ...clock import Clock
+from ...clock import Clock, IdSource
 from ...protocol import Limits, TopicConfig
 from ..changes import Changes
 from ..engine import Engine
@@ -51,12 +50,15 @@ def open_engine(
     cold_dir: Path | None = None,
     hot_segments: int = 4,
     track_changes: bool = False,
+    ids: IdSource | None = None,
 ) -> tuple[Engine, Store, RestoreReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
 
     ``track_changes``: the engine keeps change checkpoints (:meth:`Engine.track_changes`
     follows); the changes no checkpoint named before the stop are noted again, from the
     catalog and the WAL, for the next one (docs/semantics/recovery.md §1.6).
+    ``ids``: where lease ids and a new directory's instance id come from (random by
+    default).
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
     :class:`~waymark.log.storage.segment.SegmentError`) naming the file and offset
@@ -66,8 +68,8 @@ def open_engine(
     fileio = fileio or FileIO()
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(clock=clock, defaults=defaults, limits=limits)
-    engine.instance = instance_of(data_dir, fileio)
+    engine = Engine(clock=clock, defaults=defaults, limits=limits, ids=ids)
+    engine.instance = instance_of(data_dir, fileio, engine.ids)
     if track_changes:
         engine.changes = Changes()
     catalog = read_catalog(data_dir)
@@ -99,14 +101,14 @@ def open_engine(
     return engine, Store(wal, sealer), report
 
 
-def instance_of(data_dir: Path, fileio: FileIO) -> str:
+def instance_of(data_dir: Path, fileio: FileIO, ids: IdSource) -> str:
     """The data directory's instance id, made with it (docs/semantics/recovery.md §3.5):
     a new or replaced directory is another instance, whose checkpoint ids start again.
     A directory from before ids were kept gets one at its first start."""
     path = data_dir / INSTANCE
     if path.exists():
         return path.read_text().strip()
-    instance = secrets.token_hex(8)
+    instance = ids.token(8)
     fileio.replace_file(path, instance.encode() + b"\n")
     return instance
 
