@@ -39,6 +39,7 @@ from waymark.log.lease_events import (
     Parked,
     Released,
 )
+from waymark.log.origin import Published
 from waymark.log.records import encode_batch
 from waymark.log.storage.catalog import CATALOG, read_catalog
 from waymark.log.storage.frames import FrameKind, encode, scan
@@ -106,7 +107,7 @@ def _frame_cases() -> dict[str, bytes]:
         "delete_seqs": DeleteFrame.of("t1", 3, None, None, 0, [1, 4, 9]).encode(),
         "records": records_frame("t1", 3, 1, 1000, recs, None, now=1001),
         "records_noid_extra": records_frame(
-            "t1", 3, 4, 1002, recs_noid, {"publish": ["w1", 7]}, now=1003
+            "t1", 3, 4, 1002, recs_noid, Published("w1", 7), now=1003
         ),
     }
 
@@ -124,7 +125,7 @@ def test_every_v1_frame_decodes_and_re_encodes_to_its_bytes() -> None:
         entry = decode(frame)
         if isinstance(entry, RecordsFrame):
             again = records_frame(entry.name, entry.epoch, entry.first_seq, entry.ts,
-                                  entry.records, entry.extra, now=entry.now)  # fmt: skip
+                                  entry.records, entry.publish, now=entry.now)  # fmt: skip
         else:
             again = entry.encode()
         assert again == data, name

@@ -47,6 +47,7 @@ from .journal import (
     records_frame_parts,
 )
 from .kernel import Kernel, Listener
+from .origin import Derived, Origin, Published
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
@@ -271,19 +272,19 @@ class Engine:
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
-        extra: dict[str, object] | None = None,
-        derived_from: str | None = None,
+        origin: Origin | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
-        A sink batch published by :mod:`waymark.log.writers` is many staged parts
-        committed together, so it is not bound by ``max_records_per_write``;
-        ``extra`` travels in the same journal frame (a publish's ledger entry).
-        ``derived_from`` names the source of a router's copies (docs/semantics/topics.md §8.1):
-        they are not journaled (a crash re-derives them from the router cursor), only
-        the seqs they take are reserved, and an fsync dest shows them once the source
-        records they copy are durable.
+        ``origin`` (:mod:`waymark.log.origin`): a sink batch :class:`Published` by
+        :mod:`waymark.log.writers` is many staged parts committed together, so it is not
+        bound by ``max_records_per_write``, and its mark travels in the same journal
+        frame (the publish ledger's entry). A router's copies are :class:`Derived` from
+        their source (docs/semantics/topics.md §8.1): they are not journaled (a crash
+        re-derives them from the router cursor), only the seqs they take are reserved,
+        and an fsync dest shows them once the source records they copy are durable.
         """
+        derived_from = origin.source if type(origin) is Derived else None
         kernel = self.kernel
         if kernel.recovering is not None:  # (inlined: every append passes here)
             kernel.recovering.finish(name)
@@ -316,7 +317,13 @@ class Engine:
                 journal.write(
                     name,
                     records_frame_parts(
-                        name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra, now=now
+                        name,
+                        topic.epoch,
+                        plan.first_seq,
+                        plan.ts,
+                        plan.fresh,
+                        origin if type(origin) is Published else None,
+                        now=now,
                     ),
                 )
         if created:

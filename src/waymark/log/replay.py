@@ -55,11 +55,9 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
                 elif (changes := engine.changes_of(topic)) is not None:
                     changes.replayed().appended(entry.name, entry.epoch, entry.first_seq, fresh,
                                                 None)  # fmt: skip
-            if entry.extra and "publish" in entry.extra:
-                writer, batch_id = entry.extra["publish"]
-                engine.writers.restore_published(
-                    entry.name, writer, batch_id, entry.first_seq, len(fresh)
-                )
+            if entry.publish is not None:
+                engine.writers.restore_published(entry.name, entry.publish, entry.first_seq,
+                                                 len(fresh))  # fmt: skip
         case WriterFrame():
             engine.writers.restore_writer(entry.writer, entry.epoch)
         case RouterFrame():

@@ -30,6 +30,7 @@ from ..protocol import ConfigPatch, RouterFilter, RouterOut
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import RouterFrame
+from .origin import Derived
 from .records import EncodedRecord, check_topic_name, wire_body
 from .results import DiffResult
 
@@ -336,7 +337,7 @@ class Routers:
         copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
             result = engine.append_encoded(
-                router.dest, copies, create=False, derived_from=router.source
+                router.dest, copies, create=False, origin=Derived(router.source)
             )
             if on_cycle:
                 epoch = engine.kernel.existing(router.dest, recover=False).epoch

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
 from .journal import WriterFrame
+from .origin import Published
 from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
@@ -200,9 +201,7 @@ class Writers:
                 records.extend(staged.chunks[c])
         if records:
             # The ledger entry travels in the append's own journal frame: one WAL frame.
-            result = self._engine.append_encoded(
-                topic, records, extra={"publish": [writer, batch_id]}
-            )
+            result = self._engine.append_encoded(topic, records, origin=Published(writer, batch_id))
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
             self._instance[topic] = self._engine.get_topic(topic, touch=False).epoch
@@ -244,11 +243,9 @@ class Writers:
     def restore_writer(self, writer: str, epoch: int) -> None:
         self._epochs[writer] = max(self._epochs.get(writer, 0), epoch)
 
-    def restore_published(
-        self, topic: str, writer: str, batch_id: int, first_seq: int, count: int
-    ) -> None:
-        state = self._writer(topic, writer)
-        state.ledger[batch_id] = (first_seq, count)
+    def restore_published(self, topic: str, mark: Published, first_seq: int, count: int) -> None:
+        state = self._writer(topic, mark.writer)
+        state.ledger[mark.batch_id] = (first_seq, count)
         self._bound_ledger(state)
 
     def snapshot(self) -> dict[str, object]:
