@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from waymark.clock import ManualClock
-from waymark.log import TagMatch, lease_events
+from waymark.log import Engine, TagMatch, lease_events
 from waymark.log.journal import (
     DeleteFrame,
     DropFrame,
@@ -160,3 +160,15 @@ def test_every_lease_event_encodes_to_the_v1_bytes_and_back() -> None:
     for name, data in expected.items():
         stored = b'{"seq":4,"ts":1,"data":%b}' % data  # as the leases log returns it
         assert lease_events.decode_stored(stored) == cases[name], name
+
+
+def test_the_writers_snapshot_round_trips_to_the_v1_catalog_bytes() -> None:
+    # The publish ledger is the exactly-once guarantee: restored from the v1 catalog and
+    # snapshotted again, it is the same bytes.
+    (frame,), _ = scan((FIXTURES / "datadir_v1" / CATALOG).read_bytes(), Path(CATALOG))
+    raw = msgspec.json.decode(frame.payload, type=dict[str, msgspec.Raw])["staging"]
+    catalog = read_catalog(FIXTURES / "datadir_v1")
+    assert catalog is not None and catalog.writers.ledgers
+    writers = Engine().writers
+    writers.restore(catalog.writers)
+    assert msgspec.json.encode(writers.snapshot()) == bytes(raw)

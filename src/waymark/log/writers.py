@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
 from .journal import WriterFrame
@@ -65,6 +67,23 @@ class _Writer:
     ledger: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
     forgotten_upto: int = -1  # batches <= this left the ledger
     stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
+
+
+class LedgerEntry(msgspec.Struct, array_like=True):
+    """One (topic, writer)'s publish ledger in the catalog, on disk
+    ``[topic, writer, [[batch_id, first_seq, count], ...], forgotten_upto]``."""
+
+    topic: str
+    writer: str
+    ledger: list[tuple[int, int, int]]  # oldest batch first
+    forgotten_upto: int  # batches <= this left the ledger
+
+
+class WritersSnapshot(msgspec.Struct):
+    """What a seal keeps of the writers (the catalog's ``staging`` key)."""
+
+    epochs: dict[str, int]
+    ledgers: list[LedgerEntry]
 
 
 class Writers:
@@ -248,26 +267,26 @@ class Writers:
         state.ledger[mark.batch_id] = (first_seq, count)
         self._bound_ledger(state)
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> WritersSnapshot:
         """The durable part: epochs and publish ledgers (stages are not: a restarted
         server makes a sink re-stage, never publish twice)."""
-        return {
-            "epochs": dict(self._epochs),
-            "ledgers": [
-                [topic, writer, [[b, f, c] for b, (f, c) in state.ledger.items()],
-                 state.forgotten_upto]
+        return WritersSnapshot(
+            dict(self._epochs),
+            [
+                LedgerEntry(topic, writer, [(b, f, c) for b, (f, c) in state.ledger.items()],
+                            state.forgotten_upto)
                 for (topic, writer), state in self._writers.items()
             ],
-        }  # fmt: skip
+        )  # fmt: skip
 
-    def restore(self, snapshot: dict) -> None:  # type: ignore[type-arg]
-        for writer, epoch in snapshot["epochs"].items():
+    def restore(self, snapshot: WritersSnapshot) -> None:
+        for writer, epoch in snapshot.epochs.items():
             self.restore_writer(writer, epoch)
-        for topic, writer, ledger, forgotten_upto in snapshot["ledgers"]:
-            state = self._writer(topic, writer)
-            for batch_id, first_seq, count in ledger:
+        for entry in snapshot.ledgers:
+            state = self._writer(entry.topic, entry.writer)
+            for batch_id, first_seq, count in entry.ledger:
                 state.ledger[batch_id] = (first_seq, count)
-            state.forgotten_upto = max(state.forgotten_upto, forgotten_upto)
+            state.forgotten_upto = max(state.forgotten_upto, entry.forgotten_upto)
 
     def _bound_ledger(self, state: _Writer) -> None:
         while len(state.ledger) > self.ledger_batches:

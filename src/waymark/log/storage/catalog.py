@@ -19,6 +19,7 @@ import msgspec
 
 from ...protocol import KeyChange, TopicConfig, TopicType
 from ..topic import Hole, LossRun, Topic, TopicSnapshot
+from ..writers import WritersSnapshot
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
 
@@ -70,7 +71,7 @@ class Catalog(msgspec.Struct):
     wal: dict[str, int]  # per WAL shard, the first file to replay
     topics: list[TopicEntry]
     # the writers' epochs and publish ledgers; "staging" on disk since the first version
-    writers: dict[str, Any] = msgspec.field(name="staging")
+    writers: WritersSnapshot = msgspec.field(name="staging")
     routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
     # Changes no change checkpoint named yet when the seal began: a restart names them
     # (docs/semantics/recovery.md §1.6). Left out when there are none, so a catalog
