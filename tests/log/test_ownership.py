@@ -98,3 +98,33 @@ def test_the_walk_catches_a_planted_write() -> None:
     for line in planted:
         assert topic_writes(line, attrs), line
     assert not topic_writes("self.next_seq = 1\nn = topic.next_seq\nf(topic.holes)", attrs)
+
+
+ENGINE_PARTS = frozenset({"queues", "routers", "writers", "kernel"})
+
+
+def reaches_past_the_facade(source: str) -> list[str]:
+    """``engine.queues``, ``self.api.engine.kernel`` and the like in ``source``: an
+    engine part used past the :class:`Engine` façade."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_PARTS:
+            base = node.value
+            name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+            if name.lstrip("_") == "engine":
+                hits.append(ast.unparse(node))
+    return hits
+
+
+def test_the_server_uses_the_engine_through_its_facade() -> None:
+    found = {
+        str(path.relative_to(SRC)): hits
+        for path in sorted((SRC / "server").rglob("*.py"))
+        if (hits := reaches_past_the_facade(path.read_text()))
+    }
+    assert found == {}
+    planted = ["self.engine.queues.holds(a)", "engine.kernel", "x = self.api.engine.routers",
+               "self._engine.writers.stage()"]  # fmt: skip
+    for line in planted:
+        assert reaches_past_the_facade(line), line
+    assert not reaches_past_the_facade("self.engine.claim(a)\nself.queues.x")

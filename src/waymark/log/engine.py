@@ -29,10 +29,12 @@ from ..protocol import (
     DeleteResponse,
     Durability,
     Limits,
+    PublishResponse,
     RecordIn,
     TopicConfig,
     TopicState,
     TopicType,
+    WriterState,
 )
 from .changes import CHANGES_TOPIC, Changes, deleted_keys, dropped_keys
 from .deletion import TagMatch
@@ -54,7 +56,7 @@ from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
 from .topic import Hole, Topic
-from .writers import Writers
+from .writers import PartKey, Writers
 
 if TYPE_CHECKING:
     from .gradual import GradualReplay
@@ -478,6 +480,61 @@ class Engine:
     def redrive(self, name: str, max_jobs: int = 1000) -> Redriven:
         return self.queues.redrive(name, max_jobs)
 
+    def claim_jitter_ms(self, name: str) -> int:
+        """The queue's claim_jitter_ms: how long claims gather into one cohort
+        (404 / 409 not_a_queue first)."""
+        return self.queues.jitter_ms(name)
+
+    def holds_lease(self, name: str, seq: int, node: str, lease_id: str) -> bool:
+        """Whether ``node`` still holds the live lease ``lease_id`` on job ``seq``."""
+        return self.queues.holds(name, seq, node, lease_id)
+
+    def next_due(self, name: str) -> int | None:
+        """When the queue's next lease may expire or delayed job become claimable."""
+        return self.queues.next_due(name)
+
+    def dead_letter_counts(self) -> tuple[int, int]:
+        """Jobs parked because their dead-letter topic refused them, and claim passes
+        whose dead-letter move was refused (docs/queues.md)."""
+        return self.queues.parked(), self.queues.dead_letter_refused
+
+    # --- exactly-once writers (docs/semantics/topics.md §12): the logic is waymark.log.writers
+    def open_writer(self, writer: str) -> int:
+        """The writer's next epoch, fencing every earlier one (journaled first)."""
+        return self.writers.open_writer(writer)
+
+    def stage(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        part: PartKey,
+        records: Sequence[RecordIn],
+        *,
+        chunk: int = 0,
+    ) -> bool:
+        """Stage a chunk of a batch's part; False if the batch is already published."""
+        return self.writers.stage(topic, writer, epoch, batch_id, part, records, chunk=chunk)
+
+    def publish(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> PublishResponse:
+        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``."""
+        return self.writers.publish(topic, writer, epoch, batch_id, parts)
+
+    def writer_topics(self, writer: str) -> list[str]:
+        """The topics ``writer`` stages or published to."""
+        return self.writers.topics_of(writer)
+
+    def writer_states(self) -> list[WriterState]:
+        return self.writers.states()
+
     # --- routers (docs/semantics/topics.md §8): thin entry points; the logic is waymark.log.router
     def put_router(
         self,
@@ -507,6 +564,13 @@ class Engine:
 
     def delete_router(self, name: str) -> None:
         self.routers.delete(name)
+
+    def has_routers(self) -> bool:
+        return self.routers.has_routers()
+
+    def router_sources(self) -> set[str]:
+        """The topics some router reads."""
+        return self.routers.sources()
 
     def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
         """One forwarding step over every router, or those reading ``source`` (off every
