@@ -128,3 +128,40 @@ def test_the_server_uses_the_engine_through_its_facade() -> None:
     for line in planted:
         assert reaches_past_the_facade(line), line
     assert not reaches_past_the_facade("self.engine.claim(a)\nself.queues.x")
+
+
+# What composes or rebuilds the whole engine may name it: the engine itself, the
+# package's exports, replay (frames in, the whole engine's state out), gradual replay,
+# and storage (restore builds the engine, a seal snapshots all of it).
+COMPOSITION = frozenset({
+    "log/__init__.py", "log/engine.py", "log/replay.py", "log/gradual.py",
+    "log/storage/restore.py", "log/storage/store.py", "log/storage/seal.py",
+})  # fmt: skip
+
+
+def imports_engine(source: str) -> list[str]:
+    """Imports of the engine module or of ``Engine`` in ``source`` (``TYPE_CHECKING``
+    ones too: they are what made queues, routers and writers a cycle with it)."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[-1] == "engine" or any(a.name == "Engine" for a in node.names):
+                hits.append(ast.unparse(node))
+        elif isinstance(node, ast.Import):
+            hits += [a.name for a in node.names if a.name == "waymark.log.engine"]
+    return hits
+
+
+def test_the_engines_parts_see_a_topic_log_never_the_engine() -> None:
+    found = {}
+    for path in sorted((SRC / "log").rglob("*.py")):
+        module = str(path.relative_to(SRC))
+        if module not in COMPOSITION and (hits := imports_engine(path.read_text())):
+            found[module] = hits
+    assert found == {}
+    planted = ["from .engine import Engine", "from ..engine import SEQ",
+               "import waymark.log.engine", "from waymark.log import Engine"]  # fmt: skip
+    for line in planted:
+        assert imports_engine(line), line
+    assert not imports_engine("from .topiclog import TopicLog")

@@ -51,8 +51,8 @@ from .records import EncodedRecord
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .journal import Commit
+    from .topiclog import TopicLog
 
 LEASES_SUFFIX = "$leases"
 DEAD_LETTER_META = "$dead_letter_"
@@ -259,7 +259,7 @@ class Redriven:
 
 
 class Queues:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: TopicLog) -> None:
         self.engine = engine
         self._projections: dict[str, Projection] = {}
         self.dead_letter_refused = 0  # claim passes whose dead-letter move was refused

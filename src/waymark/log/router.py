@@ -36,8 +36,8 @@ from .results import DiffResult
 
 if TYPE_CHECKING:
     from .chunk import Chunk
-    from .engine import Engine
     from .topic import Topic
+    from .topiclog import TopicLog
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class Forwarded:
 
 
 class Routers:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: TopicLog) -> None:
         self._engine = engine
         self._routers: dict[str, Router] = {}
         # Hop counts of copies made by routers on a cycle: (topic, epoch, seq) -> hops.

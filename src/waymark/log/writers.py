@@ -34,7 +34,7 @@ from .origin import Published
 from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .topiclog import TopicLog
 
 DEFAULT_STAGE_TTL_MS = 15 * 60_000
 # Spark replays at most the last few batches; a bounded ledger per writer is plenty,
@@ -91,7 +91,7 @@ class Writers:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: TopicLog,
         *,
         stage_ttl_ms: int = DEFAULT_STAGE_TTL_MS,
         ledger_batches: int = DEFAULT_LEDGER_BATCHES,
@@ -191,7 +191,11 @@ class Writers:
         attempts, which are not named) are dropped once published.
         """
         state = self._fenced(topic, writer, epoch)
-        head = self._engine.get_topic(topic, touch=False).head_seq if topic in self._instance else 0
+        head = (
+            self._engine.kernel.existing(topic, recover=False).readable_head()
+            if topic in self._instance
+            else 0
+        )
         if batch_id in state.ledger:
             first, count = state.ledger[batch_id]
             return PublishResponse(first, count, head, replayed=True)
@@ -223,7 +227,7 @@ class Writers:
             result = self._engine.append_encoded(topic, records, origin=Published(writer, batch_id))
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
-            self._instance[topic] = self._engine.get_topic(topic, touch=False).epoch
+            self._instance[topic] = self._engine.kernel.existing(topic, recover=False).epoch
         else:
             first, count = 0, 0
         state.ledger[batch_id] = (first, count)
@@ -297,7 +301,7 @@ class Writers:
         check_topic_name(topic)
         # A recreated topic is a new instance: its ledger and stages start empty.
         try:
-            instance = self._engine.get_topic(topic, touch=False).epoch
+            instance = self._engine.kernel.existing(topic, recover=False).epoch
         except TopicError:
             instance = 0
         known = self._instance.get(topic)
