@@ -103,6 +103,25 @@ def compile_filter(normal: dict[str, Any] | None) -> Admits | None:
     return admits
 
 
+class RouterEntry(msgspec.Struct):
+    """A router in the catalog: :class:`Router`'s fields, in its order (the keys on
+    disk); a new field goes last, with a default."""
+
+    name: str
+    source: str
+    dest: str
+    preserve_node: bool
+    preserve_tag: bool
+    allow_cycle: bool
+    guarantee: str
+    created_ts: int
+    source_epoch: int
+    dest_epoch: int
+    cursor: int
+    trimmed: int = 0
+    filter: dict[str, Any] | None = None
+
+
 @dataclass(slots=True)
 class Router:
     name: str
@@ -407,13 +426,13 @@ class Routers:
             del self._hops[key]
 
     # --- durability ---------------------------------------------------------------
-    def snapshot(self) -> builtins.list[dict[str, Any]]:
+    def snapshot(self) -> builtins.list[RouterEntry]:
         """Definitions and cursors for the seal catalog."""
-        return [asdict(r) for r in self._routers.values()]
+        return [RouterEntry(**asdict(r)) for r in self._routers.values()]
 
-    def restore(self, entries: builtins.list[dict[str, Any]]) -> None:
+    def restore(self, entries: builtins.list[RouterEntry]) -> None:
         for entry in entries:
-            router = Router(**entry)
+            router = Router(**msgspec.structs.asdict(entry))
             self._routers[router.name] = router
         self._on_cycle = None
 

@@ -13,11 +13,11 @@ order of the keys on disk, so the file is byte for byte what the engine always w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from ...protocol import KeyChange, TopicConfig, TopicType
+from ..router import RouterEntry
 from ..topic import Hole, LossRun, Topic, TopicSnapshot
 from ..writers import WritersSnapshot
 from .fileio import FileIO
@@ -72,7 +72,7 @@ class Catalog(msgspec.Struct):
     topics: list[TopicEntry]
     # the writers' epochs and publish ledgers; "staging" on disk since the first version
     writers: WritersSnapshot = msgspec.field(name="staging")
-    routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
+    routers: list[RouterEntry] = msgspec.field(default_factory=list)  # none before routers
     # Changes no change checkpoint named yet when the seal began: a restart names them
     # (docs/semantics/recovery.md §1.6). Left out when there are none, so a catalog
     # without them is the bytes it always was.
