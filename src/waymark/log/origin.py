@@ -8,9 +8,9 @@ The core append (:meth:`waymark.log.engine.Engine.append_encoded`) takes one typ
   the append's own records frame (its ``extra``), so replay restores the ledger with
   the records (docs/durability.md).
 - :class:`Derived`: a router's copies of ``source`` records
-  (docs/semantics/topics.md §8.1). They are not journaled (a crash re-derives them from the router cursor), only
-  the seqs they take are reserved; an fsync dest shows them once the source records
-  they copy are durable.
+  (docs/semantics/topics.md §8.1). They are not journaled (a crash re-derives them
+  from the router cursor), only the seqs they take are reserved; an fsync dest shows
+  them once the source records they copy are durable.
 """
 
 from __future__ import annotations
