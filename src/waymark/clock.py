@@ -1,12 +1,14 @@
-"""Injectable time.
+"""Injectable time, and the ids that go with it.
 
 Every time decision in waymark (TTL, leases, priority decay, backoff) reads a
 :class:`Clock` instead of the wall clock, so tests drive time explicitly and
-never sleep.
+never sleep. Likewise the engine draws the random ids it hands out (lease ids, the
+instance id) from an :class:`IdSource`, so a test can make them predictable.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Protocol
 
@@ -42,3 +44,27 @@ class ManualClock:
         if now_ms < self._now:
             raise ValueError("a clock never runs backwards")
         self._now = now_ms
+
+
+class IdSource(Protocol):
+    def token(self, nbytes: int) -> str:
+        """A fresh id of ``nbytes`` bytes, as ``2 * nbytes`` lowercase hex digits."""
+        ...
+
+
+class RandomIds:
+    """Ids from the operating system's randomness."""
+
+    def token(self, nbytes: int) -> str:
+        return secrets.token_hex(nbytes)
+
+
+class CountingIds:
+    """Ids 1, 2, 3, ... in hex, zero-padded; for tests and simulations."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def token(self, nbytes: int) -> str:
+        self._last += 1
+        return f"{self._last:0{2 * nbytes}x}"

@@ -18,7 +18,7 @@ import msgspec
 import orjson
 
 from waymark.clock import ManualClock
-from waymark.log import TagMatch
+from waymark.log import Engine, TagMatch, lease_events
 from waymark.log.journal import (
     DeleteFrame,
     DropFrame,
@@ -30,6 +30,16 @@ from waymark.log.journal import (
     decode,
     records_frame,
 )
+from waymark.log.lease_events import (
+    Acked,
+    Claimed,
+    DeadLettered,
+    Extended,
+    LeaseEvent,
+    Parked,
+    Released,
+)
+from waymark.log.origin import Published
 from waymark.log.records import encode_batch
 from waymark.log.storage.catalog import CATALOG, read_catalog
 from waymark.log.storage.frames import FrameKind, encode, scan
@@ -97,7 +107,7 @@ def _frame_cases() -> dict[str, bytes]:
         "delete_seqs": DeleteFrame.of("t1", 3, None, None, 0, [1, 4, 9]).encode(),
         "records": records_frame("t1", 3, 1, 1000, recs, None, now=1001),
         "records_noid_extra": records_frame(
-            "t1", 3, 4, 1002, recs_noid, {"publish": ["w1", 7]}, now=1003
+            "t1", 3, 4, 1002, recs_noid, Published("w1", 7), now=1003
         ),
     }
 
@@ -115,7 +125,7 @@ def test_every_v1_frame_decodes_and_re_encodes_to_its_bytes() -> None:
         entry = decode(frame)
         if isinstance(entry, RecordsFrame):
             again = records_frame(entry.name, entry.epoch, entry.first_seq, entry.ts,
-                                  entry.records, entry.extra, now=entry.now)  # fmt: skip
+                                  entry.records, entry.publish, now=entry.now)  # fmt: skip
         else:
             again = entry.encode()
         assert again == data, name
@@ -126,3 +136,39 @@ def test_the_v1_catalog_decodes_and_re_encodes_to_its_bytes() -> None:
     catalog = read_catalog(FIXTURES / "datadir_v1")
     assert catalog is not None and catalog.topics and catalog.routers
     assert encode(FrameKind.CATALOG, msgspec.json.encode(catalog)) == data
+
+
+def _lease_event_cases() -> dict[str, LeaseEvent]:
+    """Each lease event kind, from the inputs ``fixtures/lease_events_v1.json`` (the
+    bytes the dict events made, captured before they were typed) was made from."""
+    lease = "0123456789abcdef"
+    return {
+        "claimed": Claimed(3, 17, "node-a", lease, 1_700_000_030_000, 1, 2),
+        "extended": Extended(3, 17, "node-a", lease, 1_700_000_060_000, 1, 2),
+        "released": Released(3, 17, "", "", 1_700_000_061_000, 2, 2),
+        "acked": Acked(3, 18, 'nø"de\n\u2603', "fedcba9876543210", 1_700_000_000_005, 3, 2),
+        "dead_lettered": DeadLettered(3, 19, "n", "aa", 5, 4, 3),
+        "parked": Parked(3, 20, "", "", 0, 9, 2),
+    }
+
+
+def test_every_lease_event_encodes_to_the_v1_bytes_and_back() -> None:
+    expected = {k: bytes.fromhex(v) for k, v in
+                json.loads((FIXTURES / "lease_events_v1.json").read_text()).items()}  # fmt: skip
+    cases = _lease_event_cases()
+    assert {k: lease_events.encode(e) for k, e in cases.items()} == expected
+    for name, data in expected.items():
+        stored = b'{"seq":4,"ts":1,"data":%b}' % data  # as the leases log returns it
+        assert lease_events.decode_stored(stored) == cases[name], name
+
+
+def test_the_writers_snapshot_round_trips_to_the_v1_catalog_bytes() -> None:
+    # The publish ledger is the exactly-once guarantee: restored from the v1 catalog and
+    # snapshotted again, it is the same bytes.
+    (frame,), _ = scan((FIXTURES / "datadir_v1" / CATALOG).read_bytes(), Path(CATALOG))
+    raw = msgspec.json.decode(frame.payload, type=dict[str, msgspec.Raw])["staging"]
+    catalog = read_catalog(FIXTURES / "datadir_v1")
+    assert catalog is not None and catalog.writers.ledgers
+    writers = Engine().writers
+    writers.restore(catalog.writers)
+    assert msgspec.json.encode(writers.snapshot()) == bytes(raw)

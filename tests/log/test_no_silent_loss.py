@@ -33,8 +33,8 @@ from hypothesis.stateful import (
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
 from waymark.log import chunk as chunk_module
-from waymark.log import engine as engine_module
 from waymark.log import journal as journal_module
+from waymark.log import topic as topic_module
 from waymark.log.chunk import Chunk
 from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import seal as seal_module
@@ -458,15 +458,14 @@ def test_catches_a_fixed_seq_reservation(
 ) -> None:
     # Mutation: the old fixed block of 4096 seqs ahead of every append that needs more;
     # a crash then reports thousands of seqs as lost when a few at most could be.
-    def fixed_block(self: Engine, topic: Topic, last: int, now: int) -> bool:
-        if topic.config.durability is Durability.MEMORY or last <= topic.ceiling:
+    def fixed_block(self: Topic, last: int, now: int, write: topic_module.WriteFrame) -> bool:
+        if self.config.durability is Durability.MEMORY or last <= self.ceiling:
             return False
-        topic.ceiling = last + engine_module.SEQ_RESERVE
-        frame = journal_module.HeadFrame(topic.name, topic.epoch, topic.ceiling)
-        self.kernel.write(topic.name, frame.encode())
+        self.ceiling = last + topic_module.SEQ_RESERVE
+        write(journal_module.HeadFrame(self.name, self.epoch, self.ceiling))
         return True
 
-    monkeypatch.setattr(Engine, "_reserve", fixed_block)
+    monkeypatch.setattr(Topic, "reserve", fixed_block)
     with pytest.raises(AssertionError, match=LOST_TOO_MUCH):
         run_state_machine_as_test(DurableNoSilentLoss, settings=MUTATION_SETTINGS)
 

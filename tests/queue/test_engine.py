@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from waymark.clock import ManualClock
+from waymark.clock import CountingIds, ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
 from waymark.log.queue import DEAD_LETTER_RETRY_MS, ClaimRequest, leases_name
 from waymark.log.storage.restore import open_engine
@@ -241,3 +241,19 @@ def test_claims_and_the_lease_replay_are_not_consumption(engine: Engine) -> None
     for name in ("q", leases_name("q")):
         state = engine.get_topic(name, touch=False)
         assert (state.last_read_ts, state.effective_priority) == (0, 0)
+
+
+def test_lease_ids_come_from_the_injected_id_source(clock: ManualClock, tmp_path: Path) -> None:
+    # The queue is pure: its lease ids are drawn from the engine's IdSource, not from
+    # os.urandom, so a restart replays them exactly and a test can predict them.
+    engine, store, _ = open_engine(tmp_path, clock=clock, ids=CountingIds())
+    # The engine draws an in-memory instance id, then the new directory's replaces it.
+    assert engine.instance == "0000000000000002"
+    queue(engine, jobs=2, leases_durable=True)
+    jobs = engine.claim("q", "n1", 2)
+    assert [j.lease_id for j in jobs] == ["0000000000000003", "0000000000000004"]
+    store.close()
+    again, store, _ = open_engine(tmp_path, clock=clock, ids=CountingIds())
+    assert again.instance == "0000000000000002"  # read back, not drawn again
+    assert again.ack("q", "n1", [jobs[1].seq], [jobs[1].lease_id]).done == [jobs[1].seq]
+    store.close()

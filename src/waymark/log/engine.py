@@ -16,24 +16,25 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 import bisect
-import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET
 
-from ..clock import Clock, SystemClock
+from ..clock import Clock, IdSource, RandomIds, SystemClock
 from ..protocol import (
     CheckpointData,
     ConfigPatch,
     DeleteResponse,
     Durability,
     Limits,
+    PublishResponse,
     RecordIn,
     TopicConfig,
     TopicState,
     TopicType,
+    WriterState,
 )
 from .changes import CHANGES_TOPIC, Changes, deleted_keys, dropped_keys
 from .deletion import TagMatch
@@ -48,25 +49,17 @@ from .journal import (
     records_frame_parts,
 )
 from .kernel import Kernel, Listener
+from .origin import Derived, Origin, Published
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
 from .topic import Hole, Topic
-from .writers import Writers
+from .writers import PartKey, Writers
 
 if TYPE_CHECKING:
     from .gradual import GradualReplay
-
-# Topics other than memory ones journal a seq ceiling before handing out any seq above
-# it, so a crash that loses acknowledged records never lets their seqs be reused. What
-# a crash may report as lost is the ceiling's lead over the head, so it stays short
-# (docs/durability.md): a raised ceiling leads by about RESERVE_WINDOW_MS of the
-# topic's recent appends, by no more than it handed out since it was last idle, and by
-# at most SEQ_RESERVE seqs; an idle topic's ceiling is trimmed to its exact head.
-SEQ_RESERVE = 4096
-RESERVE_WINDOW_MS = 100
 
 
 class Engine:
@@ -76,8 +69,10 @@ class Engine:
         defaults: TopicConfig | None = None,
         limits: Limits | None = None,
         journal: Journal | None = None,
+        ids: IdSource | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
+        self.ids = ids or RandomIds()  # lease ids, the instance id
         self.kernel = Kernel(journal)
         self.defaults = defaults or TopicConfig()
         self.limits = limits or Limits()
@@ -86,14 +81,14 @@ class Engine:
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)
         # Topics whose ceiling leads their head or is not durable yet: what trim_ceilings
         # looks at, so its cost follows the topics written lately, not all of them.
-        self._ahead: dict[str, Topic] = {}
+        self._ahead: dict[str, int] = {}  # name -> epoch of the instance
         # Committed changes per key, for change checkpoints
         # (docs/semantics/recovery.md §1); None until track_changes.
         self.changes: Changes | None = None
         # Names this engine's history, which checkpoint ids count in: a new one per
         # in-memory engine, the data directory's for a restored one
         # (docs/semantics/recovery.md §3.5).
-        self.instance = secrets.token_hex(8)
+        self.instance = self.ids.token(8)
 
     @property
     def journal(self) -> Journal | None:
@@ -279,19 +274,19 @@ class Engine:
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
-        extra: dict[str, object] | None = None,
-        derived_from: str | None = None,
+        origin: Origin | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
-        A sink batch published by :mod:`waymark.log.writers` is many staged parts
-        committed together, so it is not bound by ``max_records_per_write``;
-        ``extra`` travels in the same journal frame (a publish's ledger entry).
-        ``derived_from`` names the source of a router's copies (docs/semantics/topics.md §8.1):
-        they are not journaled (a crash re-derives them from the router cursor), only
-        the seqs they take are reserved, and an fsync dest shows them once the source
-        records they copy are durable.
+        ``origin`` (:mod:`waymark.log.origin`): a sink batch :class:`Published` by
+        :mod:`waymark.log.writers` is many staged parts committed together, so it is not
+        bound by ``max_records_per_write``, and its mark travels in the same journal
+        frame (the publish ledger's entry). A router's copies are :class:`Derived` from
+        their source (docs/semantics/topics.md §8.1): they are not journaled (a crash
+        re-derives them from the router cursor), only the seqs they take are reserved,
+        and an fsync dest shows them once the source records they copy are durable.
         """
+        derived_from = origin.source if type(origin) is Derived else None
         kernel = self.kernel
         if kernel.recovering is not None:  # (inlined: every append passes here)
             kernel.recovering.finish(name)
@@ -324,7 +319,13 @@ class Engine:
                 journal.write(
                     name,
                     records_frame_parts(
-                        name, topic.epoch, plan.first_seq, plan.ts, plan.fresh, extra, now=now
+                        name,
+                        topic.epoch,
+                        plan.first_seq,
+                        plan.ts,
+                        plan.fresh,
+                        origin if type(origin) is Published else None,
+                        now=now,
                     ),
                 )
         if created:
@@ -479,6 +480,61 @@ class Engine:
     def redrive(self, name: str, max_jobs: int = 1000) -> Redriven:
         return self.queues.redrive(name, max_jobs)
 
+    def claim_jitter_ms(self, name: str) -> int:
+        """The queue's claim_jitter_ms: how long claims gather into one cohort
+        (404 / 409 not_a_queue first)."""
+        return self.queues.jitter_ms(name)
+
+    def holds_lease(self, name: str, seq: int, node: str, lease_id: str) -> bool:
+        """Whether ``node`` still holds the live lease ``lease_id`` on job ``seq``."""
+        return self.queues.holds(name, seq, node, lease_id)
+
+    def next_due(self, name: str) -> int | None:
+        """When the queue's next lease may expire or delayed job become claimable."""
+        return self.queues.next_due(name)
+
+    def dead_letter_counts(self) -> tuple[int, int]:
+        """Jobs parked because their dead-letter topic refused them, and claim passes
+        whose dead-letter move was refused (docs/queues.md)."""
+        return self.queues.parked(), self.queues.dead_letter_refused
+
+    # --- exactly-once writers (docs/semantics/topics.md §12): the logic is waymark.log.writers
+    def open_writer(self, writer: str) -> int:
+        """The writer's next epoch, fencing every earlier one (journaled first)."""
+        return self.writers.open_writer(writer)
+
+    def stage(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        part: PartKey,
+        records: Sequence[RecordIn],
+        *,
+        chunk: int = 0,
+    ) -> bool:
+        """Stage a chunk of a batch's part; False if the batch is already published."""
+        return self.writers.stage(topic, writer, epoch, batch_id, part, records, chunk=chunk)
+
+    def publish(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> PublishResponse:
+        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``."""
+        return self.writers.publish(topic, writer, epoch, batch_id, parts)
+
+    def writer_topics(self, writer: str) -> list[str]:
+        """The topics ``writer`` stages or published to."""
+        return self.writers.topics_of(writer)
+
+    def writer_states(self) -> list[WriterState]:
+        return self.writers.states()
+
     # --- routers (docs/semantics/topics.md §8): thin entry points; the logic is waymark.log.router
     def put_router(
         self,
@@ -509,6 +565,13 @@ class Engine:
     def delete_router(self, name: str) -> None:
         self.routers.delete(name)
 
+    def has_routers(self) -> bool:
+        return self.routers.has_routers()
+
+    def router_sources(self) -> set[str]:
+        """The topics some router reads."""
+        return self.routers.sources()
+
     def forward(self, max_records: int = 1000, source: str | None = None) -> Forwarded:
         """One forwarding step over every router, or those reading ``source`` (off every
         append's ack path)."""
@@ -538,27 +601,18 @@ class Engine:
         next append waits for a sync, as one that raises the ceiling always does.
         """
         trimmed = 0
-        for name, topic in list(self._ahead.items()):
-            if self.kernel.get(name) is not topic or topic.config.durability is Durability.MEMORY:
-                del self._ahead[name]  # dropped, recreated, or keeping no ceiling any more
-            elif topic.ceiling <= topic.head_seq:
-                pending = topic.ceiling_commit
-                if pending is None or pending.durable:
-                    topic.ceiling_commit = None
-                    del self._ahead[name]  # exact and durable: nothing left to do
-            elif topic.trim_mark != topic.next_seq:
-                topic.trim_mark = topic.next_seq  # written since the previous call
-            else:
-                try:
-                    frame = HeadFrame(name, topic.epoch, topic.head_seq)
-                    commit = self.kernel.write(name, frame.encode())
-                except TopicError:
-                    continue  # its WAL shard cannot write now: the wider ceiling stays
-                # Acks above the head wait again until a raise is durable: should this
-                # frame survive a crash without the raise, the head is the ceiling.
-                topic.ceiling = topic.durable_ceiling = topic.head_seq
-                topic.idle_from = topic.reserved_from = topic.head_seq
-                topic.ceiling_commit = commit
+        for name, epoch in list(self._ahead.items()):
+            topic = self.kernel.get(name)
+            if topic is None or topic.epoch != epoch:
+                del self._ahead[name]  # dropped or recreated
+                continue
+            try:
+                done = topic.trim_ceiling(self._write_head)
+            except TopicError:
+                continue  # its WAL shard cannot write now: the wider ceiling stays
+            if done is None:
+                del self._ahead[name]  # exact and durable: nothing left to do
+            elif done:
                 trimmed += 1
         return trimmed
 
@@ -567,9 +621,8 @@ class Engine:
         if self.kernel.journal is None:
             return
         for topic in self.kernel.topics():
-            if topic.config.durability is not Durability.MEMORY:
-                topic.ceiling = topic.head_seq
-                frame = HeadFrame(topic.name, topic.epoch, topic.ceiling)
+            frame = topic.close_ceiling()
+            if frame is not None:
                 self.kernel.write(topic.name, frame.encode())
         self._ahead.clear()
 
@@ -665,32 +718,13 @@ class Engine:
         return state
 
     def _reserve(self, topic: Topic, last: int, now: int) -> bool:
-        """Make a journaled seq ceiling cover ``last``; True while no durable one does
-        (disk acks then wait for the sync). memory topics keep none: their head may
-        regress after a crash (docs/semantics/topics.md §2.2)."""
-        if topic.config.durability is Durability.MEMORY:
-            return False
-        if last <= topic.refill_at and last <= topic.durable_ceiling:
-            return False  # (every append but a few per lead passes here)
-        pending = topic.ceiling_commit
-        if pending is not None and pending.durable:
-            topic.durable_ceiling, topic.ceiling_commit, pending = topic.ceiling, None, None
-        # Raised early, once a quarter of the lead is used, so that under steady appends
-        # the new ceiling is durable before anyone needs it; raised again when an append
-        # must wait anyway, so that one wait buys a whole lead from here.
-        stalled = last > topic.durable_ceiling
-        if last > topic.ceiling or (last > topic.refill_at and (pending is None or stalled)):
-            # Lead by RESERVE_WINDOW_MS of appends at the rate since the previous raise
-            # (falling by half at most per raise, so one slow sync does not shrink it to
-            # nothing), but never by more than the topic handed out since it was last
-            # idle: a burst starts with short leads that grow with it.
-            elapsed = now - topic.reserved_at
-            by_rate = (last - topic.reserved_from) * RESERVE_WINDOW_MS // max(elapsed, 1)
-            lead = min(max(by_rate, topic.lead // 2), last - topic.idle_from, SEQ_RESERVE)
-            frame = HeadFrame(topic.name, topic.epoch, last + lead)
-            commit = self.kernel.write(topic.name, frame.encode())
-            topic.ceiling, topic.ceiling_commit, topic.lead = last + lead, commit, lead
-            topic.refill_at = last + lead // 4
-            topic.reserved_from, topic.reserved_at = last, now
-            self._ahead[topic.name] = topic
-        return stalled
+        """Make ``topic``'s journaled seq ceiling cover ``last`` (the rule is
+        :meth:`Topic.reserve`); True while no durable one does."""
+        return topic.reserve(last, now, self._write_head)
+
+    def _write_head(self, frame: HeadFrame) -> Commit | None:
+        """Journal a topic's new seq ceiling; its topic is one :meth:`trim_ceilings`
+        looks at from now on."""
+        commit = self.kernel.write(frame.name, frame.encode())
+        self._ahead[frame.name] = frame.epoch
+        return commit

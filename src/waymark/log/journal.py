@@ -20,6 +20,7 @@ from msgspec import UNSET, Struct, UnsetType
 from ..protocol import TopicConfig, TopicType
 from ..protocol.globs import escape
 from .deletion import TagMatch
+from .origin import Published
 from .records import EncodedRecord
 from .storage.frames import Frame, FrameKind, encode, frame_parts
 
@@ -199,7 +200,15 @@ class RecordsHeader(Struct):
     nodes: list[str | None]
     tags: list[str | None]
     ids: list[str | None] | None
-    extra: dict[str, Any] | None
+    extra: RecordsExtra | None
+
+
+class RecordsExtra(Struct, omit_defaults=True):
+    """What a records frame carries besides its records: on disk
+    ``{"publish": [writer, batch_id]}`` for a sink's publish, else the frame's ``extra``
+    is null. A new mark is a field here, last, with a default."""
+
+    publish: Published | None = None
 
 
 def records_frame(
@@ -208,13 +217,13 @@ def records_frame(
     first_seq: int,
     ts: int,
     records: list[EncodedRecord],
-    extra: dict[str, Any] | None = None,
+    publish: Published | None = None,
     *,
     now: int | None = None,
 ) -> bytes:
     """One atomic append: a JSON header line, then the records' encoded bodies.
     ``now``: when it happened (``ts`` never decreases, the clock might)."""
-    return b"".join(records_frame_parts(name, epoch, first_seq, ts, records, extra, now=now))
+    return b"".join(records_frame_parts(name, epoch, first_seq, ts, records, publish, now=now))
 
 
 def records_frame_parts(
@@ -223,7 +232,7 @@ def records_frame_parts(
     first_seq: int,
     ts: int,
     records: list[EncodedRecord],
-    extra: dict[str, Any] | None = None,
+    publish: Published | None = None,
     *,
     now: int | None = None,
 ) -> list[bytes]:
@@ -233,7 +242,8 @@ def records_frame_parts(
         name, epoch, first_seq, ts, now,
         [len(r.body) for r in records], [r.size for r in records],
         [r.node for r in records], [r.tag for r in records],
-        ids if any(i is not None for i in ids) else None, extra,
+        ids if any(i is not None for i in ids) else None,
+        None if publish is None else RecordsExtra(publish),
     )  # fmt: skip
     return frame_parts(
         FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *(r.body for r in records)]
@@ -249,7 +259,7 @@ class RecordsFrame:
     first_seq: int
     ts: int
     records: list[EncodedRecord]
-    extra: dict[str, Any] | None
+    publish: Published | None  # a sink's publish: its ledger entry
     now: int  # when the append happened
 
 
@@ -284,8 +294,8 @@ def decode_records(payload: memoryview) -> RecordsFrame:
         records.append(EncodedRecord(data[offset : offset + length], size, node, tag, ident))
         offset += length
     return RecordsFrame(
-        header.name, header.epoch, header.first_seq, header.ts, records, header.extra,
-        header.now or header.ts,
+        header.name, header.epoch, header.first_seq, header.ts, records,
+        header.extra.publish if header.extra is not None else None, header.now or header.ts,
     )  # fmt: skip
 
 

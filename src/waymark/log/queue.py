@@ -20,13 +20,11 @@ event appended to the leases log and then applied through the same
 from __future__ import annotations
 
 import heapq
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
-import orjson
 
 from ..protocol import (
     DeadLetterError,
@@ -37,14 +35,24 @@ from ..protocol import (
     TopicConfig,
     TopicType,
 )
+from . import lease_events
 from .errors import ErrorCode, TopicError
 from .journal import DropFrame, TopicFrame
+from .lease_events import (
+    Acked,
+    Claimed,
+    DeadLettered,
+    Extended,
+    LeaseEvent,
+    Parked,
+    Released,
+)
 from .records import EncodedRecord
 from .topic import Topic
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .journal import Commit
+    from .topiclog import TopicLog
 
 LEASES_SUFFIX = "$leases"
 DEAD_LETTER_META = "$dead_letter_"
@@ -119,39 +127,41 @@ class Projection:
     retry_at: int = 0
     dead_letter_error: DeadLetterError | None = None
 
-    def apply(self, event: dict[str, Any], event_seq: int) -> None:
-        kind, seq = event["event"], event["seq"]
-        self.dead_lettered = max(self.dead_lettered, event["dead_lettered"])
+    def apply(self, event: LeaseEvent, event_seq: int) -> None:
+        seq = event.seq
+        self.dead_lettered = max(self.dead_lettered, event.dead_lettered)
         job = self.jobs.get(seq)
         if job is None:
-            if kind not in ("claimed", "released", "parked"):
+            if not isinstance(event, Claimed | Released | Parked):
                 return  # a later event for a job whose state is gone: nothing to undo
             # A claim starts a job's state; a released or parked restatement (_trim) may
             # have outlived the job's earlier events, and carries its state itself.
-            job = self.jobs[seq] = JobState(event["delivery"])
-        if kind == "claimed":
-            if job.lease is None:
-                self.in_flight += 1
-            job.delivery = event["delivery"]
-            job.lease = Lease(event["node"], event["lease_id"], event["deadline"])
-            heapq.heappush(self.expiry, (event["deadline"], seq, event["lease_id"]))
-        elif kind == "extended" and job.lease is not None:
-            job.lease.deadline = event["deadline"]
-            heapq.heappush(self.expiry, (event["deadline"], seq, job.lease.lease_id))
-        elif kind == "released":
-            if job.lease is not None:
-                self.in_flight -= 1
-            job.lease = None
-            job.available_at = event["deadline"]
-            heapq.heappush(self.freelist, (job.available_at, seq))
-            self.parked.discard(seq)
-        elif kind == "parked":
-            self.parked.add(seq)  # off the freelist already: the claim pass popped it
-        elif kind in ("acked", "dead_lettered"):
-            if job.lease is not None:
-                self.in_flight -= 1
-            del self.jobs[seq]
-            self.parked.discard(seq)
+            job = self.jobs[seq] = JobState(event.delivery)
+        match event:
+            case Claimed():
+                if job.lease is None:
+                    self.in_flight += 1
+                job.delivery = event.delivery
+                job.lease = Lease(event.node, event.lease_id, event.deadline)
+                heapq.heappush(self.expiry, (event.deadline, seq, event.lease_id))
+            case Extended():
+                if job.lease is not None:
+                    job.lease.deadline = event.deadline
+                    heapq.heappush(self.expiry, (event.deadline, seq, job.lease.lease_id))
+            case Released():
+                if job.lease is not None:
+                    self.in_flight -= 1
+                job.lease = None
+                job.available_at = event.deadline
+                heapq.heappush(self.freelist, (job.available_at, seq))
+                self.parked.discard(seq)
+            case Parked():
+                self.parked.add(seq)  # off the freelist already: the claim pass popped it
+            case Acked() | DeadLettered():
+                if job.lease is not None:
+                    self.in_flight -= 1
+                del self.jobs[seq]
+                self.parked.discard(seq)
         if seq in self.jobs:
             job.event_seq = event_seq
 
@@ -249,7 +259,7 @@ class Redriven:
 
 
 class Queues:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: TopicLog) -> None:
         self.engine = engine
         self._projections: dict[str, Projection] = {}
         self.dead_letter_refused = 0  # claim passes whose dead-letter move was refused
@@ -327,7 +337,7 @@ class Queues:
         now = self.engine.clock.now_ms()
         p = self._projection(topic)
         self._expire(topic, p, now)
-        events: list[dict[str, Any]] = []
+        events: list[LeaseEvent] = []
         wanted = sum(r.max for r in requests)
         picked, dead = self._reclaimable(topic, p, wanted, now)
         picked += self._fresh(topic, p, wanted - len(picked), now)
@@ -335,15 +345,15 @@ class Queues:
         owners = _deal(len(picked), [r.max for r in requests])
         for (seq, record, delivery), owner in zip(picked, owners, strict=True):
             request = requests[owner]
-            lease_id = os.urandom(8).hex()
+            lease_id = self.engine.ids.token(8)
             deadline = now + (request.lease_ms or topic.config.lease_ms)
-            events.append(_event("claimed", p, seq, request.node, lease_id, deadline, delivery))
+            events.append(_event(Claimed, p, seq, request.node, lease_id, deadline, delivery))
             grants[owner].append(ClaimedJob(seq, record, lease_id, deadline, delivery))
         moved, parked, released = self._dead_letter(topic, p, dead, now)
         for count, (seq, delivery) in enumerate(moved, p.dead_lettered + 1):
-            events.append(_event("dead_lettered", p, seq, "", "", now, delivery, count))
-        events += [_event("parked", p, seq, "", "", now, delivery) for seq, delivery in parked]
-        events += [_event("released", p, seq, "", "", now, d) for seq, d in released]
+            events.append(_event(DeadLettered, p, seq, "", "", now, delivery, count))
+        events += [_event(Parked, p, seq, "", "", now, delivery) for seq, delivery in parked]
+        events += [_event(Released, p, seq, "", "", now, d) for seq, d in released]
         self._record(topic, p, events)
         if moved:
             self.engine.delete_seqs(name, [seq for seq, _ in moved])
@@ -368,7 +378,7 @@ class Queues:
             if seq in released:
                 continue
             released.add(seq)
-            events.append(_event("released", p, seq, lease.node, lease_id, now, job.delivery))
+            events.append(_event(Released, p, seq, lease.node, lease_id, now, job.delivery))
         self._record(topic, p, events)
 
     def _reclaimable(
@@ -498,7 +508,7 @@ class Queues:
     ) -> Settled:
         """Release and permanently delete the jobs ``node`` holds; skip the others."""
         topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
-        events = [_event("acked", p, s, node, lease.lease_id, now, p.jobs[s].delivery)
+        events = [_event(Acked, p, s, node, lease.lease_id, now, p.jobs[s].delivery)
                   for s, lease in held]  # fmt: skip
         self._record(topic, p, events)
         done = [s for s, _ in held]
@@ -521,7 +531,7 @@ class Queues:
             raise TopicError(ErrorCode.INVALID_REQUEST, "delay_ms is 0 or more")
         topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
         at = now + delay_ms
-        events = [_event("released", p, s, node, lease.lease_id, at, p.jobs[s].delivery)
+        events = [_event(Released, p, s, node, lease.lease_id, at, p.jobs[s].delivery)
                   for s, lease in held]  # fmt: skip
         self._record(topic, p, events)
         if events:
@@ -541,7 +551,7 @@ class Queues:
             raise TopicError(ErrorCode.INVALID_REQUEST, "lease_ms is at least 1")
         topic, p, now, held, skipped = self._held(name, node, seqs, lease_ids)
         deadline = now + (lease_ms or topic.config.lease_ms)
-        events = [_event("extended", p, s, node, lease.lease_id, deadline,
+        events = [_event(Extended, p, s, node, lease.lease_id, deadline,
                          p.jobs[s].delivery) for s, lease in held]  # fmt: skip
         self._record(topic, p, events)
         return Settled([s for s, _ in held], skipped, [deadline] * len(held))
@@ -650,14 +660,14 @@ class Queues:
         while True:
             page = leases.read(cursor, CLAIM_PAGE, None, None, now, True)
             for run, seq in zip(page.runs, page.seqs, strict=True):
-                event = orjson.loads(bytes(run[:-1]))["data"]
-                if event["epoch"] == topic.epoch:
+                event = lease_events.decode_stored(run[:-1])  # (a run ends in a comma)
+                if event.epoch == topic.epoch:
                     p.apply(event, seq)
             if page.caught_up or page.next_from_seq == cursor:
                 return p
             cursor = page.next_from_seq
 
-    def _record(self, topic: Topic, p: Projection, events: list[dict[str, Any]]) -> None:
+    def _record(self, topic: Topic, p: Projection, events: list[LeaseEvent]) -> None:
         """Append events to the leases log, then apply them to the projection."""
         if not events:
             return
@@ -666,7 +676,7 @@ class Queues:
             self.configured(topic)
         encoded = []
         for event in events:
-            data = orjson.dumps(event)
+            data = lease_events.encode(event)
             encoded.append(EncodedRecord(b',"data":%b}' % data, len(data), None, None, None))
         result = self.engine.append_encoded(name, encoded)
         for event, seq in zip(events, result.seqs, strict=True):
@@ -692,12 +702,12 @@ class Queues:
                 continue
             if job.lease is not None:
                 lease = job.lease
-                restate.append(_event("claimed", p, seq, lease.node, lease.lease_id,
+                restate.append(_event(Claimed, p, seq, lease.node, lease.lease_id,
                                       lease.deadline, job.delivery))  # fmt: skip
             elif seq in p.parked:
-                restate.append(_event("parked", p, seq, "", "", job.available_at, job.delivery))
+                restate.append(_event(Parked, p, seq, "", "", job.available_at, job.delivery))
             else:
-                restate.append(_event("released", p, seq, "", "", job.available_at, job.delivery))
+                restate.append(_event(Released, p, seq, "", "", job.available_at, job.delivery))
         self._record(topic, p, restate)
         keep = min((job.event_seq for job in p.jobs.values()), default=leases.next_seq)
         if keep > leases.earliest_seq:
@@ -712,7 +722,7 @@ def _leases_config(queue: TopicConfig) -> TopicConfig:
 
 
 def _event(
-    kind: str,
+    kind: type[LeaseEvent],
     p: Projection,
     seq: int,
     node: str,
@@ -720,19 +730,10 @@ def _event(
     deadline: int,
     delivery: int,
     dead_lettered: int | None = None,
-) -> dict[str, Any]:
-    # The dead_lettered total rides on every event, so trimming never loses the counter.
+) -> LeaseEvent:
     # A released event's deadline is when the job becomes claimable again.
-    return {
-        "event": kind,
-        "epoch": p.epoch,
-        "seq": seq,
-        "node": node,
-        "lease_id": lease_id,
-        "deadline": deadline,
-        "delivery": delivery,
-        "dead_lettered": p.dead_lettered if dead_lettered is None else dead_lettered,
-    }
+    total = p.dead_lettered if dead_lettered is None else dead_lettered
+    return kind(p.epoch, seq, node, lease_id, deadline, delivery, total)
 
 
 # A stored record with its data kept as the stored bytes: a dead letter and a redriven

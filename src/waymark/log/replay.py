@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from msgspec import UNSET
 
-from ..protocol import Durability
 from .changes import CHANGES_TOPIC, coverage_of, deleted_keys, dropped_keys
 from .engine import Engine
 from .journal import (
@@ -30,7 +29,7 @@ from .journal import (
     decode,
 )
 from .storage.frames import Frame
-from .topic import AppendPlan, Hole, Topic
+from .topic import AppendPlan, Topic
 
 
 def apply_frame(engine: Engine, frame: Frame) -> None:
@@ -41,7 +40,7 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
             topic = kernel.get(entry.name)
             if topic is None or topic.epoch != entry.epoch:
                 return  # written for an instance that was dropped later
-            _skip_to(topic, entry.first_seq)
+            topic.skip_to(entry.first_seq)
             # What the append's plan did first: expire at its time, so a record the TTL
             # took then is not replayed as one the cap evicts now.
             topic.expire(entry.now)
@@ -56,11 +55,9 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
                 elif (changes := engine.changes_of(topic)) is not None:
                     changes.replayed().appended(entry.name, entry.epoch, entry.first_seq, fresh,
                                                 None)  # fmt: skip
-            if entry.extra and "publish" in entry.extra:
-                writer, batch_id = entry.extra["publish"]
-                engine.writers.restore_published(
-                    entry.name, writer, batch_id, entry.first_seq, len(fresh)
-                )
+            if entry.publish is not None:
+                engine.writers.restore_published(entry.name, entry.publish, entry.first_seq,
+                                                 len(fresh))  # fmt: skip
         case WriterFrame():
             engine.writers.restore_writer(entry.writer, entry.epoch)
         case RouterFrame():
@@ -87,7 +84,7 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         case HeadFrame():
             topic = kernel.get(entry.name)
             if topic is not None and topic.epoch == entry.epoch:
-                topic.ceiling = entry.ceiling
+                topic.replay_ceiling(entry.ceiling)
         case DeleteFrame():
             topic = kernel.get(entry.name)
             if topic is None or topic.epoch != entry.epoch:
@@ -98,21 +95,13 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
                 return
             slot = None
             if entry.slot is not UNSET and entry.slot >= topic.next_seq:
-                _skip_to(topic, entry.slot)
+                topic.skip_to(entry.slot)
                 slot = entry.slot
             changes = engine.changes_of(topic) if slot is not None else None
             keys = deleted_keys(topic, entry.bound, entry.selector) if changes is not None else None
             topic.delete(entry.bound, entry.selector, now, slot)
             if changes is not None and slot is not None and keys:
                 changes.replayed().removed(topic, keys, slot, None)
-
-
-def _skip_to(topic: Topic, seq: int) -> None:
-    """A frame takes ``seq`` past the topic's next: the seqs in between were handed out
-    before a crash and never landed (a router dest's copies are not journaled)."""
-    if seq > topic.next_seq:
-        topic.holes.append(Hole(topic.next_seq, seq - 1))
-        topic.next_seq = seq
 
 
 def _when(engine: Engine, now: int | None) -> int:
@@ -124,23 +113,8 @@ def _when(engine: Engine, now: int | None) -> int:
 def finish(engine: Engine) -> None:
     """After the last frame: never reuse a seq that may have been handed out.
 
-    Seqs between the last recovered record and the ceiling may belong to records
-    that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
-    reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
-    producer or reader saw, so it just moves past them. An ephemeral topic comes
-    back empty whatever a seal knew of it (docs/semantics/topics.md §2.2).
+    The rule is each topic's own (:meth:`Topic.recovered`).
     """
     engine.routers.settle_recovered()
     for topic in engine.kernel.topics():
-        durability = topic.config.durability
-        # (memory topics carry no ceiling: their head may regress, docs/semantics/topics.md §2.2)
-        if durability is Durability.EPHEMERAL:
-            topic.lose_resident_records()
-        elif durability is not Durability.MEMORY and topic.ceiling >= topic.next_seq:
-            if durability is not Durability.FSYNC:
-                topic.holes.append(Hole(topic.next_seq, topic.ceiling))
-            topic.next_seq = topic.ceiling + 1
-            topic.settle_front()
-        # Restarted, a topic is idle: its next ceiling leads by what it hands out from here.
-        topic.idle_from = topic.reserved_from = topic.head_seq
-        topic.durable_ceiling = topic.ceiling  # read back from disk
+        topic.recovered()

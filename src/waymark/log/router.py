@@ -30,13 +30,14 @@ from ..protocol import ConfigPatch, RouterFilter, RouterOut
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import RouterFrame
+from .origin import Derived
 from .records import EncodedRecord, check_topic_name, wire_body
 from .results import DiffResult
 
 if TYPE_CHECKING:
     from .chunk import Chunk
-    from .engine import Engine
     from .topic import Topic
+    from .topiclog import TopicLog
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,25 @@ def compile_filter(normal: dict[str, Any] | None) -> Admits | None:
     return admits
 
 
+class RouterEntry(msgspec.Struct):
+    """A router in the catalog: :class:`Router`'s fields, in its order (the keys on
+    disk); a new field goes last, with a default."""
+
+    name: str
+    source: str
+    dest: str
+    preserve_node: bool
+    preserve_tag: bool
+    allow_cycle: bool
+    guarantee: str
+    created_ts: int
+    source_epoch: int
+    dest_epoch: int
+    cursor: int
+    trimmed: int = 0
+    filter: dict[str, Any] | None = None
+
+
 @dataclass(slots=True)
 class Router:
     name: str
@@ -150,7 +170,7 @@ class Forwarded:
 
 
 class Routers:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: TopicLog) -> None:
         self._engine = engine
         self._routers: dict[str, Router] = {}
         # Hop counts of copies made by routers on a cycle: (topic, epoch, seq) -> hops.
@@ -335,7 +355,7 @@ class Routers:
         copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
             result = engine.append_encoded(
-                router.dest, copies, create=False, derived_from=router.source
+                router.dest, copies, create=False, origin=Derived(router.source)
             )
             if on_cycle:
                 epoch = engine.kernel.existing(router.dest, recover=False).epoch
@@ -405,13 +425,13 @@ class Routers:
             del self._hops[key]
 
     # --- durability ---------------------------------------------------------------
-    def snapshot(self) -> builtins.list[dict[str, Any]]:
+    def snapshot(self) -> builtins.list[RouterEntry]:
         """Definitions and cursors for the seal catalog."""
-        return [asdict(r) for r in self._routers.values()]
+        return [RouterEntry(**asdict(r)) for r in self._routers.values()]
 
-    def restore(self, entries: builtins.list[dict[str, Any]]) -> None:
+    def restore(self, entries: builtins.list[RouterEntry]) -> None:
         for entry in entries:
-            router = Router(**entry)
+            router = Router(**msgspec.structs.asdict(entry))
             self._routers[router.name] = router
         self._on_cycle = None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,17 +24,37 @@ import msgspec
 import numpy as np
 from sortedcontainers import SortedDict
 
-from ..protocol import DeleteResponse, Discard, Tombstone, TopicConfig, TopicState, TopicType
+from ..protocol import (
+    DeleteResponse,
+    Discard,
+    Durability,
+    Tombstone,
+    TopicConfig,
+    TopicState,
+    TopicType,
+)
 from .chunk import DELETED, LIVE, Chunk
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .journal import Commit
+from .journal import Commit, HeadFrame
 from .priority import effective_priority
 from .records import EncodedRecord
 from .results import DiffResult, Span
 
 MAX_LOSS_RUNS = 1024
 MAX_RESTART_RUNS = 4096  # live runs an ephemeral topic's seal records as holes
+
+# Topics other than memory ones journal a seq ceiling before handing out any seq above
+# it, so a crash that loses acknowledged records never lets their seqs be reused. What
+# a crash may report as lost is the ceiling's lead over the head, so it stays short
+# (docs/durability.md): a raised ceiling leads by about RESERVE_WINDOW_MS of the
+# topic's recent appends, by no more than it handed out since it was last idle, and by
+# at most SEQ_RESERVE seqs; an idle topic's ceiling is trimmed to its exact head.
+SEQ_RESERVE = 4096
+RESERVE_WINDOW_MS = 100
+
+# Journals a frame of this topic; the commit that makes it durable (None in memory).
+WriteFrame = Callable[[HeadFrame], Commit | None]
 
 
 class Hole(NamedTuple):
@@ -54,6 +75,21 @@ class LossRun:
     hi: int
     reason: str  # "cap" | "ttl" | "mixed"
     lost: int
+
+
+class TopicSnapshot(NamedTuple):
+    """What a catalog keeps of a topic besides its records (docs/durability.md)."""
+
+    next_seq: int
+    front: int
+    cap_floor: int
+    ttl_floor: int
+    losses: list[LossRun]
+    ceiling: int
+    holes: list[Hole]
+    last_ts: int
+    last_write_ts: int
+    dedupe: list[tuple[str, int, int]]  # (id, seq, ts) inside the idempotency window
 
 
 class AppendPlan(msgspec.Struct, gc=False):
@@ -179,6 +215,180 @@ class Topic:
         self.last_consumed_at = now
         self.last_read_ts = now
         self.enqueued_at = 0
+
+    # --- the seq ceiling (docs/durability.md) --------------------------------------
+    # Its state is the topic's, and so is every rule that moves it: the engine only
+    # journals the frames these methods hand it.
+    def reserve(self, last: int, now: int, write: WriteFrame) -> bool:
+        """Make a journaled seq ceiling cover ``last``; True while no durable one does
+        (disk acks then wait for the sync). A raise counts once ``write`` journaled it.
+        memory topics keep none: their head may regress after a crash
+        (docs/semantics/topics.md §2.2)."""
+        if self.config.durability is Durability.MEMORY:
+            return False
+        if last <= self.refill_at and last <= self.durable_ceiling:
+            return False  # (every append but a few per lead passes here)
+        pending = self.ceiling_commit
+        if pending is not None and pending.durable:
+            self.durable_ceiling, self.ceiling_commit, pending = self.ceiling, None, None
+        # Raised early, once a quarter of the lead is used, so that under steady appends
+        # the new ceiling is durable before anyone needs it; raised again when an append
+        # must wait anyway, so that one wait buys a whole lead from here.
+        stalled = last > self.durable_ceiling
+        if last > self.ceiling or (last > self.refill_at and (pending is None or stalled)):
+            # Lead by RESERVE_WINDOW_MS of appends at the rate since the previous raise
+            # (falling by half at most per raise, so one slow sync does not shrink it to
+            # nothing), but never by more than the topic handed out since it was last
+            # idle: a burst starts with short leads that grow with it.
+            elapsed = now - self.reserved_at
+            by_rate = (last - self.reserved_from) * RESERVE_WINDOW_MS // max(elapsed, 1)
+            lead = min(max(by_rate, self.lead // 2), last - self.idle_from, SEQ_RESERVE)
+            commit = write(HeadFrame(self.name, self.epoch, last + lead))
+            self.ceiling, self.ceiling_commit, self.lead = last + lead, commit, lead
+            self.refill_at = last + lead // 4
+            self.reserved_from, self.reserved_at = last, now
+        return stalled
+
+    def trim_ceiling(self, write: WriteFrame) -> bool | None:
+        """One pass of the idle trim: lower the ceiling to the exact head if no seq was
+        handed out since the previous pass, so a crash while idle reports nothing as
+        lost. True: trimmed; False: not now; None: exact and durable (or a memory topic,
+        which keeps none), nothing left to do. ``write`` may refuse (its WAL shard cannot
+        write now): then the wider ceiling stays."""
+        if self.config.durability is Durability.MEMORY:
+            return None
+        if self.ceiling <= self.head_seq:
+            pending = self.ceiling_commit
+            if pending is None or pending.durable:
+                self.ceiling_commit = None
+                return None
+            return False
+        if self.trim_mark != self.next_seq:
+            self.trim_mark = self.next_seq  # written since the previous pass
+            return False
+        commit = write(HeadFrame(self.name, self.epoch, self.head_seq))
+        # Acks above the head wait again until a raise is durable: should this frame
+        # survive a crash without the raise, the head is the ceiling.
+        self.ceiling = self.durable_ceiling = self.head_seq
+        self.idle_from = self.reserved_from = self.head_seq
+        self.ceiling_commit = commit
+        return True
+
+    def close_ceiling(self) -> HeadFrame | None:
+        """The frame to journal at a clean stop: the exact head as the ceiling, so a
+        restart continues seqs without a gap (None: a memory topic keeps none)."""
+        if self.config.durability is Durability.MEMORY:
+            return None
+        self.ceiling = self.head_seq
+        return HeadFrame(self.name, self.epoch, self.ceiling)
+
+    # --- replay and restore (docs/durability.md) ----------------------------------
+    @classmethod
+    def restored(
+        cls,
+        snapshot: TopicSnapshot,
+        name: str,
+        topic_type: TopicType,
+        config: TopicConfig,
+        epoch: int,
+        created_ts: int,
+    ) -> Topic:
+        """The topic a catalog entry describes, without its segments (add them with
+        :meth:`add_chunk`, then :meth:`recount`)."""
+        topic = cls(name, topic_type, config, epoch, created_ts)
+        topic.next_seq = snapshot.next_seq
+        topic.front = snapshot.front
+        topic.cap_floor = snapshot.cap_floor
+        topic.ttl_floor = snapshot.ttl_floor
+        topic.losses = list(snapshot.losses)
+        topic.ceiling = snapshot.ceiling
+        topic.holes = list(snapshot.holes)
+        topic.last_ts = snapshot.last_ts
+        topic.last_write_ts = snapshot.last_write_ts
+        topic.restore_dedupe(snapshot.dedupe)
+        return topic
+
+    def snapshot(self) -> TopicSnapshot:
+        """What a catalog keeps of this topic besides its segments. An ephemeral topic's
+        records are not kept: a restart from it loses the live ones, which it learns
+        as holes, and nothing else (docs/semantics/topics.md §2.2)."""
+        front, holes = self.front, self.holes
+        if self.config.durability is Durability.EPHEMERAL:
+            front, holes = self.next_seq, self.lost_on_restart()
+        return TopicSnapshot(
+            self.next_seq, front, self.cap_floor, self.ttl_floor, list(self.losses),
+            self.ceiling, list(holes), self.last_ts, self.last_write_ts,
+            self.dedupe_entries(),
+        )  # fmt: skip
+
+    def recount(self) -> None:
+        """Live counts, bytes and the tag index of a topic loaded from segments."""
+        self.live_count = self.live_bytes = 0
+        for chunk in self.chunks:
+            live = np.frombuffer(chunk.dead, np.uint8) == 0
+            below_front = max(0, min(chunk.n, self.front - chunk.base_seq))
+            live[:below_front] = False
+            chunk.live = int(np.count_nonzero(live))
+            self.live_count += chunk.live
+            self.live_bytes += int(np.asarray(chunk.size, np.uint64)[live].sum())
+            # The tag index, grouped per tag with one sort instead of a scan per tag.
+            tags = np.asarray(chunk.tag)[live]
+            if not tags.any():
+                continue
+            seqs = np.flatnonzero(live).astype(np.uint64) + chunk.base_seq
+            order = np.argsort(tags, kind="stable")
+            tags, seqs = tags[order], seqs[order]
+            bounds = np.flatnonzero(np.diff(tags)) + 1
+            for group_tags, group_seqs in zip(np.split(tags, bounds), np.split(seqs, bounds),
+                                              strict=True):  # fmt: skip
+                tag_id = int(group_tags[0])
+                if tag_id == 0:
+                    continue
+                name = chunk.tag_names.names[tag_id]
+                index = self.tag_index.get(name)
+                if index is None:
+                    index = self.tag_index[name] = array("Q")
+                index.extend(group_seqs.tolist())
+
+    def replace_chunk(self, old: Chunk, new: Chunk) -> bool:
+        """Put ``new`` (its sealed copy) in ``old``'s place; False if ``old`` is gone
+        (evicted meanwhile)."""
+        if old not in self.chunks:
+            return False
+        self.chunks[self.chunks.index(old)] = new
+        return True
+
+    def replay_ceiling(self, ceiling: int) -> None:
+        """A journaled ceiling, read back."""
+        self.ceiling = ceiling
+
+    def skip_to(self, seq: int) -> None:
+        """Replay met a frame taking ``seq`` past the next one: the seqs in between were
+        handed out before a crash and never landed (a router dest's copies are not
+        journaled)."""
+        if seq > self.next_seq:
+            self.holes.append(Hole(self.next_seq, seq - 1))
+            self.next_seq = seq
+
+    def recovered(self) -> None:
+        """After the last frame of a restart: never reuse a seq that may have been handed
+        out. Seqs between the last recovered record and the ceiling may belong to records
+        that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
+        reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
+        producer or reader saw, so it just moves past them. An ephemeral topic comes back
+        empty whatever a seal knew of it (docs/semantics/topics.md §2.2)."""
+        durability = self.config.durability
+        # (memory topics carry no ceiling: their head may regress, docs/semantics/topics.md §2.2)
+        if durability is Durability.EPHEMERAL:
+            self.lose_resident_records()
+        elif durability is not Durability.MEMORY and self.ceiling >= self.next_seq:
+            if durability is not Durability.FSYNC:
+                self.holes.append(Hole(self.next_seq, self.ceiling))
+            self.next_seq = self.ceiling + 1
+            self.settle_front()
+        # Restarted, a topic is idle: its next ceiling leads by what it hands out from here.
+        self.idle_from = self.reserved_from = self.head_seq
+        self.durable_ceiling = self.ceiling  # read back from disk
 
     # --- configuration ------------------------------------------------------------
     def reconfigure(self, config: TopicConfig, now: int) -> None:

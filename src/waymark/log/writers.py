@@ -25,13 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
 from .journal import WriterFrame
+from .origin import Published
 from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .topiclog import TopicLog
 
 DEFAULT_STAGE_TTL_MS = 15 * 60_000
 # Spark replays at most the last few batches; a bounded ledger per writer is plenty,
@@ -66,12 +69,29 @@ class _Writer:
     stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
 
 
+class LedgerEntry(msgspec.Struct, array_like=True):
+    """One (topic, writer)'s publish ledger in the catalog, on disk
+    ``[topic, writer, [[batch_id, first_seq, count], ...], forgotten_upto]``."""
+
+    topic: str
+    writer: str
+    ledger: list[tuple[int, int, int]]  # oldest batch first
+    forgotten_upto: int  # batches <= this left the ledger
+
+
+class WritersSnapshot(msgspec.Struct):
+    """What a seal keeps of the writers (the catalog's ``staging`` key)."""
+
+    epochs: dict[str, int]
+    ledgers: list[LedgerEntry]
+
+
 class Writers:
     """Per-topic staging areas and publish ledgers over one engine."""
 
     def __init__(
         self,
-        engine: Engine,
+        engine: TopicLog,
         *,
         stage_ttl_ms: int = DEFAULT_STAGE_TTL_MS,
         ledger_batches: int = DEFAULT_LEDGER_BATCHES,
@@ -171,7 +191,11 @@ class Writers:
         attempts, which are not named) are dropped once published.
         """
         state = self._fenced(topic, writer, epoch)
-        head = self._engine.get_topic(topic, touch=False).head_seq if topic in self._instance else 0
+        head = (
+            self._engine.kernel.existing(topic, recover=False).readable_head()
+            if topic in self._instance
+            else 0
+        )
         if batch_id in state.ledger:
             first, count = state.ledger[batch_id]
             return PublishResponse(first, count, head, replayed=True)
@@ -200,12 +224,10 @@ class Writers:
                 records.extend(staged.chunks[c])
         if records:
             # The ledger entry travels in the append's own journal frame: one WAL frame.
-            result = self._engine.append_encoded(
-                topic, records, extra={"publish": [writer, batch_id]}
-            )
+            result = self._engine.append_encoded(topic, records, origin=Published(writer, batch_id))
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
-            self._instance[topic] = self._engine.get_topic(topic, touch=False).epoch
+            self._instance[topic] = self._engine.kernel.existing(topic, recover=False).epoch
         else:
             first, count = 0, 0
         state.ledger[batch_id] = (first, count)
@@ -244,33 +266,31 @@ class Writers:
     def restore_writer(self, writer: str, epoch: int) -> None:
         self._epochs[writer] = max(self._epochs.get(writer, 0), epoch)
 
-    def restore_published(
-        self, topic: str, writer: str, batch_id: int, first_seq: int, count: int
-    ) -> None:
-        state = self._writer(topic, writer)
-        state.ledger[batch_id] = (first_seq, count)
+    def restore_published(self, topic: str, mark: Published, first_seq: int, count: int) -> None:
+        state = self._writer(topic, mark.writer)
+        state.ledger[mark.batch_id] = (first_seq, count)
         self._bound_ledger(state)
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> WritersSnapshot:
         """The durable part: epochs and publish ledgers (stages are not: a restarted
         server makes a sink re-stage, never publish twice)."""
-        return {
-            "epochs": dict(self._epochs),
-            "ledgers": [
-                [topic, writer, [[b, f, c] for b, (f, c) in state.ledger.items()],
-                 state.forgotten_upto]
+        return WritersSnapshot(
+            dict(self._epochs),
+            [
+                LedgerEntry(topic, writer, [(b, f, c) for b, (f, c) in state.ledger.items()],
+                            state.forgotten_upto)
                 for (topic, writer), state in self._writers.items()
             ],
-        }  # fmt: skip
+        )  # fmt: skip
 
-    def restore(self, snapshot: dict) -> None:  # type: ignore[type-arg]
-        for writer, epoch in snapshot["epochs"].items():
+    def restore(self, snapshot: WritersSnapshot) -> None:
+        for writer, epoch in snapshot.epochs.items():
             self.restore_writer(writer, epoch)
-        for topic, writer, ledger, forgotten_upto in snapshot["ledgers"]:
-            state = self._writer(topic, writer)
-            for batch_id, first_seq, count in ledger:
+        for entry in snapshot.ledgers:
+            state = self._writer(entry.topic, entry.writer)
+            for batch_id, first_seq, count in entry.ledger:
                 state.ledger[batch_id] = (first_seq, count)
-            state.forgotten_upto = max(state.forgotten_upto, forgotten_upto)
+            state.forgotten_upto = max(state.forgotten_upto, entry.forgotten_upto)
 
     def _bound_ledger(self, state: _Writer) -> None:
         while len(state.ledger) > self.ledger_batches:
@@ -281,7 +301,7 @@ class Writers:
         check_topic_name(topic)
         # A recreated topic is a new instance: its ledger and stages start empty.
         try:
-            instance = self._engine.get_topic(topic, touch=False).epoch
+            instance = self._engine.kernel.existing(topic, recover=False).epoch
         except TopicError:
             instance = 0
         known = self._instance.get(topic)

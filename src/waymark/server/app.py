@@ -534,8 +534,7 @@ class App:
         return self.deliveries.budget
 
     def _dead_letters(self) -> tuple[int, int]:
-        queues = self.engine.queues
-        return queues.parked(), queues.dead_letter_refused
+        return self.engine.dead_letter_counts()
 
     def _recovering(self) -> tuple[int, int]:
         recovering = self.engine.recovering

@@ -61,7 +61,7 @@ class Cohorts:
         self._open: dict[str, list[tuple[ClaimRequest, asyncio.Future[list[ClaimedJob]]]]] = {}
 
     async def claim(self, name: str, request: ClaimRequest) -> list[ClaimedJob]:
-        jitter_ms = self.engine.queues.jitter_ms(name)
+        jitter_ms = self.engine.claim_jitter_ms(name)
         if not jitter_ms:
             return self.engine.claim_cohort(name, [request])[0]
         loop = asyncio.get_running_loop()
@@ -156,7 +156,7 @@ class QueueApi:
         lease_ms = _query_int(request, "lease_ms", 0) or None
         if not 1 <= most <= MAX_BATCH:
             raise TopicError(ErrorCode.INVALID_REQUEST, f"max is 1..{MAX_BATCH}", {"max": most})
-        self.engine.queues.jitter_ms(name)  # 404 / 409 not_a_queue before the stream starts
+        self.engine.claim_jitter_ms(name)  # 404 / 409 not_a_queue before the stream starts
         feed = WorkFeed(self, name, ClaimRequest(node, most, lease_ms))
         return EventStream(feed, self.notifier, self.metrics, self.heartbeat_s)
 
@@ -188,7 +188,7 @@ class WorkFeed:
     async def next(self) -> tuple[bytes, bool]:
         api, engine, node = self.api, self.api.engine, self.want.node
         self.held = {s: lease for s, lease in self.held.items()
-                     if engine.queues.holds(self.topic, s, node, lease)}  # fmt: skip
+                     if engine.holds_lease(self.topic, s, node, lease)}  # fmt: skip
         credit = self.want.max - len(self.held)
         if credit <= 0:
             return b"", False
@@ -200,7 +200,7 @@ class WorkFeed:
         return b"".join(_event(job) for job in jobs), True
 
     def due_s(self) -> float | None:
-        due = self.api.engine.queues.next_due(self.topic)
+        due = self.api.engine.next_due(self.topic)
         if due is None:
             return None
         # Expiry is strict (now > deadline): look again just after it.

@@ -40,8 +40,8 @@ class Forwarder:
     def poke(self, topic: str) -> None:
         """An engine listener: something committed; forward ``topic`` soon (never now)
         if a router reads it."""
-        routers = self.engine.routers
-        if not routers.has_routers() or topic in self._held or topic not in routers.sources():
+        engine = self.engine
+        if not engine.has_routers() or topic in self._held or topic not in engine.router_sources():
             return
         try:
             asyncio.get_running_loop()
@@ -51,7 +51,7 @@ class Forwarder:
 
     def resume(self) -> None:
         """Recovered routers resume from their cursors without waiting for a write."""
-        for source in self.engine.routers.sources():
+        for source in self.engine.router_sources():
             self.poke(source)
 
     def _step(self, source: str) -> None:
@@ -69,7 +69,7 @@ class Forwarder:
 
     def _retry(self, source: str) -> None:
         self._held.discard(source)
-        if source not in self.engine.routers.sources():
+        if source not in self.engine.router_sources():
             self._backoff.pop(source, None)  # its routers are gone
         self.poke(source)
 

@@ -30,7 +30,6 @@ _encode = msgspec.json.encode
 class WritersApi:
     def __init__(self, engine: Engine, limits: Limits, metrics: Metrics) -> None:
         self.engine = engine
-        self.writers = engine.writers
         self.max_body = limits.max_body_bytes
         self.metrics = metrics
 
@@ -39,12 +38,12 @@ class WritersApi:
         token: Token | None = request.scope.get(TOKEN)
         if token is not None:
             self._check_may_fence(token, body.writer)
-        epoch = self.writers.open_writer(body.writer)
+        epoch = self.engine.open_writer(body.writer)
         await self._durable(body.writer)  # an epoch is handed out only once it is durable
         return Response(_encode(OpenWriterResponse(body.writer, epoch)))
 
     async def list_writers(self, request: Request) -> Response:
-        states = self.writers.states()
+        states = self.engine.writer_states()
         token: Token | None = request.scope.get(TOKEN)
         if token is not None:  # only the topics it may read (docs/security.md)
             visible = []
@@ -59,7 +58,7 @@ class WritersApi:
     def _check_may_fence(self, token: Token, writer: str) -> None:
         """Opening a writer fences its running instance: a token may do so only if it
         may write every topic the writer writes (docs/security.md, Scopes)."""
-        for topic in self.writers.topics_of(writer):
+        for topic in self.engine.writer_topics(writer):
             if not allows(token.grants, ScopeKind.WRITE, topic):
                 raise TopicError(
                     ErrorCode.FORBIDDEN,
@@ -71,7 +70,7 @@ class WritersApi:
     async def stage(self, request: Request) -> Response:
         # Decoded on a worker thread when large, as an append is (docs/security.md, Limits).
         body = await off_loop(await request.body_parts(self.max_body), _stage.decode)
-        accepted = self.writers.stage(
+        accepted = self.engine.stage(
             request.params["topic"],
             body.writer,
             body.epoch,
@@ -86,7 +85,7 @@ class WritersApi:
     async def publish(self, request: Request) -> Response:
         body = _publish.decode(await request.body(self.max_body))
         parts = [(PartKey(p.partition, p.attempt), p.chunks) for p in body.parts]
-        result = self.writers.publish(
+        result = self.engine.publish(
             request.params["topic"], body.writer, body.epoch, body.batch_id, parts
         )
         # A publish is acknowledged durable whatever the topic's class: Spark records the

@@ -13,12 +13,13 @@ order of the keys on disk, so the file is byte for byte what the engine always w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
-from ...protocol import Durability, KeyChange, TopicConfig, TopicType
-from ..topic import Hole, LossRun, Topic
+from ...protocol import KeyChange, TopicConfig, TopicType
+from ..router import RouterEntry
+from ..topic import Hole, LossRun, Topic, TopicSnapshot
+from ..writers import WritersSnapshot
 from .fileio import FileIO
 from .frames import CorruptFrame, FrameKind, encode, read_file
 
@@ -54,18 +55,14 @@ class TopicEntry(msgspec.Struct):
 
     def topic(self) -> Topic:
         """The topic this entry describes, without its segments."""
-        topic = Topic(self.name, self.type, self.config, self.epoch, self.created_ts)
-        topic.next_seq = self.next_seq
-        topic.front = self.front
-        topic.cap_floor = self.cap_floor
-        topic.ttl_floor = self.ttl_floor
-        topic.losses = [LossRun(*run) for run in self.losses]
-        topic.ceiling = self.ceiling
-        topic.holes = [Hole(*h) for h in self.holes]  # type: ignore[arg-type]
-        topic.last_ts = self.last_ts
-        topic.last_write_ts = self.last_write_ts
-        topic.restore_dedupe(self.dedupe)
-        return topic
+        snapshot = TopicSnapshot(
+            self.next_seq, self.front, self.cap_floor, self.ttl_floor,
+            [LossRun(*run) for run in self.losses], self.ceiling,
+            [Hole(*h) for h in self.holes], self.last_ts, self.last_write_ts,  # type: ignore[arg-type]
+            self.dedupe,
+        )  # fmt: skip
+        return Topic.restored(snapshot, self.name, self.type, self.config, self.epoch,
+                              self.created_ts)  # fmt: skip
 
 
 class Catalog(msgspec.Struct):
@@ -74,8 +71,8 @@ class Catalog(msgspec.Struct):
     wal: dict[str, int]  # per WAL shard, the first file to replay
     topics: list[TopicEntry]
     # the writers' epochs and publish ledgers; "staging" on disk since the first version
-    writers: dict[str, Any] = msgspec.field(name="staging")
-    routers: list[dict[str, Any]] = msgspec.field(default_factory=list)  # none before routers
+    writers: WritersSnapshot = msgspec.field(name="staging")
+    routers: list[RouterEntry] = msgspec.field(default_factory=list)  # none before routers
     # Changes no change checkpoint named yet when the seal began: a restart names them
     # (docs/semantics/recovery.md §1.6). Left out when there are none, so a catalog
     # without them is the bytes it always was.
@@ -89,17 +86,13 @@ def topic_dir_name(topic: Topic) -> str:
 
 
 def topic_entry(topic: Topic, segments: list[int]) -> TopicEntry:
-    front, holes = topic.front, topic.holes
-    if topic.config.durability is Durability.EPHEMERAL:
-        # Its records are not kept: a restart from this catalog loses the live ones,
-        # which it learns here as holes, and nothing else (docs/semantics/topics.md §2.2).
-        front, holes = topic.next_seq, topic.lost_on_restart()
+    snap = topic.snapshot()
     return TopicEntry(
         topic.name, topic.type, topic.epoch, topic.created_ts, topic.config,
-        topic_dir_name(topic), segments, topic.next_seq, front, topic.cap_floor,
-        topic.ttl_floor, [(r.lo, r.hi, r.reason, r.lost) for r in topic.losses],
-        topic.ceiling, [list(h) for h in holes], topic.last_ts, topic.last_write_ts,
-        topic.dedupe_entries(),
+        topic_dir_name(topic), segments, snap.next_seq, snap.front, snap.cap_floor,
+        snap.ttl_floor, [(r.lo, r.hi, r.reason, r.lost) for r in snap.losses],
+        snap.ceiling, [list(h) for h in snap.holes], snap.last_ts, snap.last_write_ts,
+        snap.dedupe,
     )  # fmt: skip
 
 

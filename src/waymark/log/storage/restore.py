@@ -5,22 +5,17 @@ the engine is returned (:mod:`waymark.log.gradual`)."""
 from __future__ import annotations
 
 import os
-import secrets
 import time
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-import numpy as np
-
-from ...clock import Clock
+from ...clock import Clock, IdSource
 from ...protocol import Limits, TopicConfig
 from ..changes import Changes
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
-from ..topic import Topic
 from .catalog import Catalog, read_catalog
 from .fileio import FileIO
 from .seal import TOPICS, Sealer, remove_unreferenced
@@ -55,12 +50,15 @@ def open_engine(
     cold_dir: Path | None = None,
     hot_segments: int = 4,
     track_changes: bool = False,
+    ids: IdSource | None = None,
 ) -> tuple[Engine, Store, RestoreReport]:
     """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
 
     ``track_changes``: the engine keeps change checkpoints (:meth:`Engine.track_changes`
     follows); the changes no checkpoint named before the stop are noted again, from the
     catalog and the WAL, for the next one (docs/semantics/recovery.md §1.6).
+    ``ids``: where lease ids and a new directory's instance id come from (random by
+    default).
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
     :class:`~waymark.log.storage.segment.SegmentError`) naming the file and offset
@@ -70,8 +68,8 @@ def open_engine(
     fileio = fileio or FileIO()
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(clock=clock, defaults=defaults, limits=limits)
-    engine.instance = instance_of(data_dir, fileio)
+    engine = Engine(clock=clock, defaults=defaults, limits=limits, ids=ids)
+    engine.instance = instance_of(data_dir, fileio, engine.ids)
     if track_changes:
         engine.changes = Changes()
     catalog = read_catalog(data_dir)
@@ -103,14 +101,14 @@ def open_engine(
     return engine, Store(wal, sealer), report
 
 
-def instance_of(data_dir: Path, fileio: FileIO) -> str:
+def instance_of(data_dir: Path, fileio: FileIO, ids: IdSource) -> str:
     """The data directory's instance id, made with it (docs/semantics/recovery.md §3.5):
     a new or replaced directory is another instance, whose checkpoint ids start again.
     A directory from before ids were kept gets one at its first start."""
     path = data_dir / INSTANCE
     if path.exists():
         return path.read_text().strip()
-    instance = secrets.token_hex(8)
+    instance = ids.token(8)
     fileio.replace_file(path, instance.encode() + b"\n")
     return instance
 
@@ -130,7 +128,7 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
             paths = segment_paths(home, base_seq)
             keep.update(paths)
             topic.add_chunk(SealedChunk(*paths))
-        recount(topic)
+        topic.recount()
         # The topic was just built from its segments alone: every chunk is sealed.
         for chunk in cast("list[SealedChunk]", topic.chunks):
             chunk.drop_cached_pages()
@@ -144,33 +142,3 @@ def load_sealed(engine: Engine, data_dir: Path, catalog: Catalog, cold_dir: Path
     if cold_dir is not None:
         remove_unreferenced(cold_dir, keep)
     return len(keep) // 2
-
-
-def recount(topic: Topic) -> None:
-    """Live counts, bytes and the tag index of a topic loaded from segments."""
-    topic.live_count = topic.live_bytes = 0
-    for chunk in topic.chunks:
-        live = np.frombuffer(chunk.dead, np.uint8) == 0
-        below_front = max(0, min(chunk.n, topic.front - chunk.base_seq))
-        live[:below_front] = False
-        chunk.live = int(np.count_nonzero(live))
-        topic.live_count += chunk.live
-        topic.live_bytes += int(np.asarray(chunk.size, np.uint64)[live].sum())
-        # The tag index, grouped per tag with one sort instead of a scan per tag.
-        tags = np.asarray(chunk.tag)[live]
-        if not tags.any():
-            continue
-        seqs = np.flatnonzero(live).astype(np.uint64) + chunk.base_seq
-        order = np.argsort(tags, kind="stable")
-        tags, seqs = tags[order], seqs[order]
-        bounds = np.flatnonzero(np.diff(tags)) + 1
-        for group_tags, group_seqs in zip(np.split(tags, bounds), np.split(seqs, bounds),
-                                          strict=True):  # fmt: skip
-            tag_id = int(group_tags[0])
-            if tag_id == 0:
-                continue
-            name = chunk.tag_names.names[tag_id]
-            index = topic.tag_index.get(name)
-            if index is None:
-                index = topic.tag_index[name] = array("Q")
-            index.extend(group_seqs.tolist())

@@ -159,13 +159,13 @@ class Sealer:
     def finish(self, engine: Engine, plan: SealPlan) -> None:
         for new in plan.new:
             topic = engine.kernel.get(new.topic)
-            if topic is None or topic.epoch != new.epoch or new.chunk not in topic.chunks:
-                continue  # dropped or evicted meanwhile
+            if topic is None or topic.epoch != new.epoch:
+                continue  # dropped meanwhile
             sealed = new.sealed
             assert sealed is not None, "finish() runs after write()"
             sealed.dead = new.chunk.dead  # deletions since begin() stay marked
             sealed.live = new.chunk.live
-            topic.chunks[topic.chunks.index(new.chunk)] = sealed
+            topic.replace_chunk(new.chunk, sealed)  # unless evicted meanwhile
 
     def run_blocking(self, engine: Engine) -> SealReport:
         """All three steps on this thread (tests, shutdown)."""
