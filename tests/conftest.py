@@ -205,6 +205,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.parent is not None and item.nodeid.rpartition("::")[2] != item.name:
             item._id = item.parent.id.child(item.name)  # noqa: SLF001
         module = item.nodeid.split("::", 1)[0]
-        group = "spark" if module.startswith("tests/spark/") else module
+        # The cluster tests run their drivers as processes of their own: no shared session.
+        shared = module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py"
+        group = "spark" if shared else module
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))
