@@ -36,7 +36,7 @@ from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
 from ..protocol import MAX_ARROW_DIFF_LIMIT
-from .connection import connect
+from .connection import connect, token_option
 from .edge import (
     EdgeOffset,
     EdgeOptions,
@@ -100,7 +100,7 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 "checkpointed input position, else at the published placement's start"
             )
         self.edge = edge
-        self.token = options.get("token")
+        self.token = token_option(options)
         self.ca_file = options.get("caFile")
         self.max_rows = _positive(options, "maxRecordsPerTrigger", None)
         self.min_partitions = _positive(options, "minPartitions", os.cpu_count() or 1) or 1

@@ -42,7 +42,7 @@ from ..client import ApiError, Client, ErrorCode, RecordIn, Tombstone, TopicStat
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
 from ..protocol.errors import WaymarkError
-from .connection import connect
+from .connection import connect, token_option
 from .offsets import (
     EARLIEST,
     LATEST,
@@ -118,7 +118,7 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             on_data_loss=on_data_loss,
             gaps_topic=options.get("gapsTopic", DEFAULT_GAPS_TOPIC),
             page=PAGE,
-            token=options.get("token"),
+            token=token_option(options),
             ca_file=options.get("caFile"),
         )
         self._target: Offsets | None = None  # availableNow: never read past this
