@@ -142,8 +142,9 @@ def test_a_worker_sigkilled_mid_batch_reruns_its_tasks_on_the_other(
     workers' environment has none): the driver hands it to the tasks."""
     tokens = work / "tokens.toml"
     token = token_new(tokens, "pipeline", "read:in", "write:out")
+    producer, reader = token_new(tokens, "producer", "write:in"), token_new(tokens, "r", "read:*")
     server = spawn_server(work / "data", "--tokens", str(tokens))
-    with Client(server.url, token=token) as client:
+    with Client(server.url, token=producer) as client:
         for lo in range(0, 2000, 500):
             client.append("in", [RecordIn.of({"i": i}) for i in range(lo, lo + 500)])
     markers = work / "markers"
@@ -180,7 +181,7 @@ def test_a_worker_sigkilled_mid_batch_reruns_its_tasks_on_the_other(
     reruns = [m for m in markers.glob(f"task-{partition}-*") if m != held[0]]
     assert reruns, sorted(p.name for p in markers.iterdir())
     # Exactly once at the sink: every input record once, nothing else.
-    with Client(server.url, token=token) as client:
+    with Client(server.url, token=reader) as client:
         records = client.diff("out", 0, limit=5000).records
     assert sorted(r.data["i"] for r in records) == list(range(2000))
     assert status(cluster)["alive_workers"] == 1

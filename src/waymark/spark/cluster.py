@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from ..protocol.errors import WaymarkError
+
 STATE_FILE = "cluster.json"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -38,7 +40,7 @@ DAEMON_MEMORY = "512m"
 DAEMON_JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as the demo's driver
 
 
-class ClusterError(RuntimeError):
+class ClusterError(WaymarkError, RuntimeError):
     """The cluster could not be started, or is not there."""
 
 
