@@ -14,6 +14,12 @@
    availableNow over the whole input) beside the same aggregate job reading the same
    events from Spark's JSON file source.
 
+``--master spark://HOST:PORT`` runs the Spark parts on a standalone cluster (``waymark
+cluster up``; the prebuilt anchor's Arrow file is read by the executors, so the cluster
+shares this machine's disk); ``--only sink`` measures the sink and its two anchors
+alone, ``--pairs`` times alternated (the do-nothing Python sink, then the waymark sink),
+and prints each pair's ratio and their median.
+
 Not a test: it prints figures and ratios (a rich table), and the load average.
 """
 
@@ -214,6 +220,37 @@ def pipeline_rate(spark: Any, cfg: JobConfig, df: Any) -> tuple[int, float]:
     return rows, rows / elapsed
 
 
+def sink_pairs(spark: Any, console: Console, url: str, prebuilt: str, a: Any, load: Any) -> None:
+    """The sink against its anchors, ``a.pairs`` times alternated in one session."""
+    import statistics
+
+    def rows_out() -> Any:
+        reader = spark.readStream.format("waymark_prebuilt").option("path", prebuilt)
+        return reader.option("perBatch", a.rows).load().select("data", "tag")
+
+    with tempfile.TemporaryDirectory(prefix="waymark-bench-sink-") as tmp:
+        noop = batch_rate(rows_out(), f"{tmp}/n")
+        pairs = []
+        for i in range(a.pairs):
+            null = batch_rate(rows_out(), f"{tmp}/p{i}", "waymark_null")
+            ours = batch_rate(rows_out(), f"{tmp}/w{i}", "waymark", url=url, topic=f"out{i}")
+            pairs.append((null, ours))
+    load_after = os.getloadavg()
+    table = Table(
+        title=f"Spark sink, {a.rows:,} rows a batch, on {a.master or 'local[2]'} (load average "
+        f"{load[0]:.1f} before, {load_after[0]:.1f} after); noop {noop:,.0f} rows/s",
+        title_justify="left",
+    )
+    for col in ("pair", "do-nothing Python sink", "waymark sink", "ratio", "of noop"):
+        table.add_column(col, justify="right")
+    for i, (null, ours) in enumerate(pairs):
+        table.add_row(str(i + 1), f"{null:,.0f} rows/s", f"{ours:,.0f} rows/s",
+                      f"{ours / null:.2f}x", f"{ours / noop:.2f}x")  # fmt: skip
+    median = statistics.median(ours / null for null, ours in pairs)
+    table.add_row("median", "", "", f"{median:.2f}x", "")
+    console.print(table)
+
+
 def write_json_events(stream: Stream, rows: int, directory: Path, per_file: int) -> None:
     """The same events as JSON lines files, one file per micro-batch of the demo."""
     directory.mkdir()
@@ -247,6 +284,9 @@ def _server_cpu() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per measured batch")
+    parser.add_argument("--master", default=None, help="spark://HOST:PORT (default local[2])")
+    parser.add_argument("--only", choices=["all", "sink"], default="all")
+    parser.add_argument("--pairs", type=int, default=3, help="with --only sink")
     a = parser.parse_args()
     console = Console(width=140)
     load = os.getloadavg()
@@ -257,7 +297,8 @@ def main() -> None:
         stream = Stream(total, 50_000, 3)
         produced = produce(url, stream, total)
         console.print(f"produced {total:,} click events at {produced:,.0f}/s")
-        arrow_rate, json_rate = page_rates(url)
+        if a.only == "all":
+            arrow_rate, json_rate = page_rates(url)
 
         # The prebuilt anchor's batches: the topic's own rows, read once by read().
         settings = ReadSettings(url, None, "fail", "gaps", PAGE)
@@ -272,9 +313,13 @@ def main() -> None:
         read_alone = a.rows / (time.perf_counter() - began)
         server_cpu = (_server_cpu() - server_cpu) * 1_000_000 / a.rows
 
-        spark = session("waymark-bench")
+        spark = session("waymark-bench", master=a.master)
         spark.dataSource.register(_PrebuiltSource)
         spark.dataSource.register(_NullSink)
+        if a.only == "sink":
+            sink_pairs(spark, console, url, prebuilt, a, load)
+            spark.stop()
+            return
 
         def waymark() -> Any:
             reader = spark.readStream.format("waymark").option("url", url)

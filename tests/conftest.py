@@ -203,7 +203,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # id, so all but one operation of each fuzz test went untested. The item's name
         # names the operation; so does its node id now.
         module = item.nodeid.split("::", 1)[0]
-        group = "spark" if module.startswith("tests/spark/") else module
+        # The cluster tests run their drivers as processes of their own: no shared session.
+        shared = module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py"
+        group = "spark" if shared else module
         item.add_marker(pytest.mark.xdist_group(group))
         # xdist's loadgroup reads the group from a "@group" suffix of the node id, which
         # it sets through the _nodeid pytest 9 no longer reads: without this every

@@ -86,6 +86,13 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="Fold store backend: append-log, lmdb or rocksdb.")
         ] = "lmdb",
         seed: Annotated[int, typer.Option(help="Seed of the event generator.")] = 7,
+        master: Annotated[
+            str | None,
+            typer.Option(
+                help="Run the Spark job on a standalone cluster, spark://HOST:PORT (see "
+                "`waymark cluster up`); default: local[2] in the driver's process.",
+            ),
+        ] = None,
         work_dir: Annotated[
             Path | None,
             typer.Option(
@@ -108,7 +115,10 @@ def register(app: typer.Typer) -> None:
         console = Console()
         if not console.is_terminal:  # logs and pipes: don't wrap the tables at 80 columns
             console = Console(width=120)
-        settings = Settings(events, users, producers, batch, max_per_trigger, kill_at, store, seed)
+        if master is not None and not master.startswith("spark://"):
+            raise typer.BadParameter("--master is spark://HOST:PORT")
+        settings = Settings(events, users, producers, batch, max_per_trigger, kill_at, store, seed,
+                            master)  # fmt: skip
         with _work_dir(work_dir) as root:
             ok = Demo(settings, root, console).run()
         if not ok:
@@ -125,6 +135,7 @@ class Settings:
     kill_at: float
     store: str
     seed: int
+    master: str | None = None
 
 
 @contextmanager
@@ -236,7 +247,8 @@ class Demo:
         self.console.print(
             f"[bold]waymark demo[/bold]: {s.events:,} click events over {s.users:,} users -> "
             f"Spark (maxOffsetsPerTrigger {s.max_per_trigger:,}) -> topic [cyan]{OUTPUT_TOPIC}"
-            f"[/cyan] + {s.store} fold; SIGKILL of the driver at {s.kill_at:.0%}"
+            f"[/cyan] + {s.store} fold; SIGKILL of the driver at {s.kill_at:.0%}; Spark on "
+            f"{s.master or 'local[2]'}"
         )
         with _server(self.root / "server-data") as url:
             self.url = url
@@ -317,7 +329,8 @@ class Demo:
         from waymark.spark.demo_job import JobConfig
 
         cfg = JobConfig(self.url, INPUT_TOPIC, OUTPUT_TOPIC, self.fold_spec,
-                        str(self.checkpoint), self.s.max_per_trigger, self.s.events)  # fmt: skip
+                        str(self.checkpoint), self.s.max_per_trigger, self.s.events,
+                        self.s.master)  # fmt: skip
         return [sys.executable, "-m", "waymark.spark.demo_job", *cfg.args()]
 
     def _start_job(self) -> Job:
@@ -443,6 +456,7 @@ class Demo:
         run.add_row("produced", f"{t.produced_s:.2f}s by {s.producers} producers, "
                     f"{s.batch:,} per POST: {t.produce_rate:,.0f} events/s "
                     "(alongside the Spark driver's start-up)")  # fmt: skip
+        run.add_row("Spark master", s.master or "local[2] (in the driver's process)")
         starts = " + ".join(f"{x:.1f}s" for x in t.driver_starts)
         run.add_row("Spark job", f"{t.job_s:.1f}s incl. driver start-ups {starts}; "
                     f"{t.batches} micro-batches of <= {s.max_per_trigger:,}")  # fmt: skip

@@ -45,24 +45,44 @@ class JobConfig:
     checkpoint: str
     max_per_trigger: int
     until: int  # stop once both queries have read up to this input seq
+    master: str | None = None  # a cluster's spark://HOST:PORT; None: local[2]
 
     def args(self) -> list[str]:
         return [
             "--url", self.url, "--input", self.input_topic, "--output", self.output_topic,
             "--fold", self.fold, "--checkpoint", self.checkpoint,
             "--max-per-trigger", str(self.max_per_trigger), "--until", str(self.until),
+            *(["--master", self.master] if self.master else []),
         ]  # fmt: skip
 
 
-def session(app_name: str = "waymark-demo", cores: int = 2) -> Any:
-    """A local session tuned for small machines: few shuffle partitions, no UI, and a
-    second attempt for a failed task, as a cluster allows (``spark.task.maxFailures``)."""
+def session(app_name: str = "waymark-demo", cores: int = 2, master: str | None = None) -> Any:
+    """A session tuned for small machines: few shuffle partitions, no UI, and a second
+    attempt for a failed task, as a cluster allows (``spark.task.maxFailures``).
+
+    ``master`` (``spark://HOST:PORT``) runs the executors on a standalone cluster, one
+    core and 1 GB each, ``cores`` of them at most; the executors run this driver's
+    Python (``spark.pyspark.python``), which must exist on every worker
+    (docs/spark.md, "Running on a cluster").
+    """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import waymark
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master(master or f"local[{cores},2]")
+    if master:
+        builder = (
+            builder.config("spark.executor.cores", "1")
+            .config("spark.executor.memory", "1g")
+            .config("spark.cores.max", str(cores))
+            .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+            .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
+        )
+        if _loopback(master):  # executors on this machine reach the driver here
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
     spark = (
-        SparkSession.builder.master(f"local[{cores},2]")
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
@@ -80,6 +100,11 @@ def session(app_name: str = "waymark-demo", cores: int = 2) -> Any:
 
     waymark.spark.register(spark)
     return spark
+
+
+def _loopback(master: str) -> bool:
+    host = master.removeprefix("spark://").rsplit(":", 1)[0]
+    return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
 
 
 def add_totals(old: dict[str, int] | None, new: dict[str, int]) -> dict[str, int]:
@@ -209,14 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--max-per-trigger", type=int, required=True)
     parser.add_argument("--until", type=int, required=True)
+    parser.add_argument("--master", default=None)
     a = parser.parse_args(argv)
-    cfg = JobConfig(a.url, a.input, a.output, a.fold, a.checkpoint, a.max_per_trigger, a.until)
+    cfg = JobConfig(a.url, a.input, a.output, a.fold, a.checkpoint, a.max_per_trigger, a.until,
+                    a.master)  # fmt: skip
 
     def report(event: dict[str, Any]) -> None:
         print(json.dumps(event), flush=True)
 
     began = time.perf_counter()
-    spark = session()
+    spark = session(master=cfg.master)
     report({"event": "ready", "seconds": round(time.perf_counter() - began, 2)})
     run_until(spark, cfg, report)
     report({"event": "done", "seconds": round(time.perf_counter() - began, 2)})

@@ -36,7 +36,7 @@ from waymark.pipeline.report import StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
 from ..protocol import MAX_ARROW_DIFF_LIMIT
-from .connection import connect
+from .connection import connect, token_option
 from .edge import (
     EdgeOffset,
     EdgeOptions,
@@ -95,7 +95,7 @@ class EdgePartition(InputPartition):
 class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], edge: EdgeOptions) -> None:
         self.edge = edge
-        self.token = options.get("token")
+        self.token = token_option(options)
         self.ca_file = options.get("caFile")
         self.max_rows = _positive(options, "maxOffsetsPerTrigger", None)
         self.min_partitions = _positive(options, "minPartitions", os.cpu_count() or 1) or 1

@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from ..client import Client, PublishResponse, StagedPart
-from .connection import connect
+from .connection import connect, token_option
 from .encoding import encode_batch, joined_values
 
 log = logging.getLogger("waymark.spark.sink")
@@ -147,7 +147,7 @@ class _TwoPhaseWriter:
         if "topic" in names and not isinstance(schema["topic"].dataType, StringType):
             raise ValueError("the 'topic' column is a string")
         self.url = url.rstrip("/")
-        self.token, self.ca_file = options.get("token"), options.get("caFile")
+        self.token, self.ca_file = token_option(options), options.get("caFile")
         self.writer = writer_id(options, streaming=self.streaming)
         # Runs on the driver when the query starts: this run's epoch fences older runs.
         with connect(self.url, self.token, self.ca_file) as http:

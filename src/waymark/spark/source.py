@@ -50,7 +50,7 @@ from ..clock import Clock, SystemClock
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
 from ..protocol.errors import WaymarkError
-from .connection import connect
+from .connection import connect, token_option
 from .offsets import (
     EARLIEST,
     LATEST,
@@ -75,7 +75,6 @@ from .options import (
     NODE,
     STARTING,
     STREAM_SOURCE,
-    TOKEN,
     URL,
     duration_ms,
     flag,
@@ -128,7 +127,7 @@ def read_settings(options: Mapping[str, str]) -> ReadSettings:
         on_data_loss="fail" if fail else "skip",
         gaps_topic=options.get(GAPS_TOPIC, DEFAULT_GAPS_TOPIC),
         page=PAGE,
-        token=options.get(TOKEN),
+        token=token_option(options),  # carried to the tasks (docs/spark.md, cluster)
         ca_file=options.get(CA_FILE),
     )
 

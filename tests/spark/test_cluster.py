@@ -1,0 +1,193 @@
+"""On a Spark standalone cluster (1 master, 2 workers, started with ``waymark cluster up``
+as a user would): the demo with a driver SIGKILL, the exactly-once sink with a worker
+SIGKILLed mid-batch, and the cluster commands themselves (docs/spark.md, "Running on a
+cluster").
+
+One cluster for the module; each driver is its own process (the other Spark tests hold
+a local SparkContext in the test process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.spark.test_security import token_new
+
+from waymark.client import Client
+from waymark.protocol import RecordIn
+
+WAYMARK = str(Path(sys.executable).parent / "waymark")
+HERE = Path(__file__).parent
+
+
+def waymark(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([WAYMARK, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def status(directory: Path) -> dict[str, Any]:
+    result = waymark("cluster", "status", "--json", "--dir", str(directory))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Processes still in the process group ``pgid`` (a daemon and what it started)."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(int(entry.name))
+    return alive
+
+
+def ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+        chain.append(pid)
+    return chain
+
+
+@pytest.fixture(scope="module")
+def root() -> Iterator[Path]:
+    """Not under pytest's base temp: concurrent pytest runs on the machine rotate those
+    directories away, and the cluster outlives many of them."""
+    directory = Path(tempfile.mkdtemp(prefix="waymark-cluster-test-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(root: Path) -> Iterator[Path]:
+    directory = root / "cluster"
+    result = waymark("cluster", "up", "--workers", "2", "--dir", str(directory))
+    pids: list[int] = []
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        pids = [d["pid"] for d in status(directory)["daemons"]]
+        yield directory
+    finally:
+        pids += [d["pid"] for d in status(directory)["daemons"]]  # restarted workers too
+        down = waymark("cluster", "down", "--dir", str(directory))
+        left = [p for p in set(pids) if group_alive(p)]
+        for pgid in left:  # never leave a JVM behind, even when the test failed
+            os.killpg(pgid, signal.SIGKILL)
+        assert down.returncode == 0, down.stderr
+        # No JVM left behind: not the daemons, not an executor in a worker's group.
+        assert left == []
+
+
+@pytest.fixture
+def work(root: Path, request: pytest.FixtureRequest) -> Path:
+    directory = root / request.node.name[:60]
+    directory.mkdir()
+    return directory
+
+
+def test_up_reports_two_alive_workers_each_with_its_own_work_dir(cluster: Path) -> None:
+    state = status(cluster)
+    assert state["running"] and state["alive_workers"] == 2
+    assert state["master_url"].startswith("spark://127.0.0.1:")
+    workers = [d for d in state["daemons"] if d["role"] != "master"]
+    assert [w["state"] for w in workers] == ["ALIVE", "ALIVE"]
+    assert len({w["work_dir"] for w in workers}) == 2
+    assert all(Path(w["work_dir"]).is_dir() for w in workers)
+    # `up` again on a running cluster starts nothing new.
+    again = waymark("cluster", "up", "--workers", "2", "--dir", str(cluster))
+    assert again.returncode == 0, again.stderr
+    assert [d["pid"] for d in status(cluster)["daemons"]] == [d["pid"] for d in state["daemons"]]
+
+
+@pytest.mark.timeout(600)  # two driver starts and their executors on a shared machine
+def test_demo_on_the_cluster_survives_a_driver_sigkill(cluster: Path, work: Path) -> None:
+    master = status(cluster)["master_url"]
+    result = waymark(
+        "demo", "--master", master, "--events", "20000", "--users", "300",
+        "--max-per-trigger", "8000", "--kill-at", "0.3", "--work-dir", str(work),
+        timeout=420,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert master in out and "SIGKILL the driver" in out
+    assert out.count("exactly once") == 2 and "records lost = 0, duplicated = 0" in out
+    # The executors ran on the workers (their work dirs hold the applications), two
+    # applications: the killed driver's and the restarted one's.
+    apps = {p.name for w in ("worker-1", "worker-2") for p in (cluster / w).glob("app-*")}
+    assert len(apps) >= 2
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_sigkilled_mid_batch_reruns_its_tasks_on_the_other(
+    cluster: Path, work: Path, spawn_server: Any
+) -> None:
+    """Also: a server with tokens, the token only in the driver's WAYMARK_TOKEN (the
+    workers' environment has none): the driver hands it to the tasks."""
+    tokens = work / "tokens.toml"
+    token = token_new(tokens, "pipeline", "read:in", "write:out")
+    producer, reader = token_new(tokens, "producer", "write:in"), token_new(tokens, "r", "read:*")
+    server = spawn_server(work / "data", "--tokens", str(tokens))
+    with Client(server.url, token=producer) as client:
+        for lo in range(0, 2000, 500):
+            client.append("in", [RecordIn.of({"i": i}) for i in range(lo, lo + 500)])
+    markers = work / "markers"
+    markers.mkdir()
+    state = status(cluster)
+    victim = next(d for d in state["daemons"] if d["role"] == "worker-1")
+    driver = subprocess.Popen(
+        [sys.executable, str(HERE / "cluster_driver.py"), state["master_url"], server.url,
+         "in", "out", str(work / "checkpoint"), str(markers)],
+        stdout=subprocess.DEVNULL, stderr=(work / "driver.log").open("wb"),
+        env={**os.environ, "PYTHONPATH": str(HERE.parents[1]), "WAYMARK_TOKEN": token},
+    )  # fmt: skip
+    try:
+        # Wait (with a deadline) until a task of batch 0 is held on the victim worker.
+        deadline = time.monotonic() + 300
+        held: list[Path] = []
+        while not held:
+            assert time.monotonic() < deadline, "no task of batch 0 reached worker-1"
+            assert driver.poll() is None, (work / "driver.log").read_text()[-3000:]
+            held = [
+                m for m in markers.glob("task-*")
+                if victim["pid"] in ancestors(int(m.name.rsplit("-", 1)[1]))
+            ]  # fmt: skip
+            time.sleep(0.1)
+        partition = held[0].name.split("-")[1]
+        os.killpg(victim["pid"], signal.SIGKILL)  # the machine is gone: worker, executor
+        (markers / "go").touch()
+        assert driver.wait(300) == 0, (work / "driver.log").read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    # The held task ran again, as another attempt, on the surviving worker.
+    survivor = next(d for d in state["daemons"] if d["role"] == "worker-2")
+    reruns = [m for m in markers.glob(f"task-{partition}-*") if m != held[0]]
+    assert reruns, sorted(p.name for p in markers.iterdir())
+    # Exactly once at the sink: every input record once, nothing else.
+    with Client(server.url, token=reader) as client:
+        records = client.diff("out", 0, limit=5000).records
+    assert sorted(r.data["i"] for r in records) == list(range(2000))
+    assert status(cluster)["alive_workers"] == 1
+    # `up` starts the dead worker again, on its work directory.
+    again = waymark("cluster", "up", "--workers", "2", "--dir", str(cluster))
+    assert again.returncode == 0, again.stderr
+    after = status(cluster)
+    assert after["alive_workers"] == 2
+    assert [d["pid"] for d in after["daemons"] if d["role"] == "worker-2"] == [survivor["pid"]]
