@@ -201,10 +201,13 @@ def _cas_increment(store: LocalObjectStore, key: str, times: int) -> int:
 
 
 WORKER = """
-import sys
+import os, sys, time
 from waymark.objstore import LocalObjectStore, IfMatch, PreconditionFailed
 store = LocalObjectStore(sys.argv[1])
 done = conflicts = 0
+print("ready", flush=True)
+while not os.path.exists(sys.argv[3]):  # all start together, so they race
+    time.sleep(0.001)
 while done < int(sys.argv[2]):
     got = store.get("counter")
     try:
@@ -219,13 +222,18 @@ print(conflicts)
 def test_local_cas_loses_no_update_under_concurrent_processes(tmp_path: Path) -> None:
     root = tmp_path / "objects"
     LocalObjectStore(root).put("counter", b"0")
-    workers, times = 4, 150
+    workers, times, go = 4, 150, tmp_path / "go"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(root), str(times)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", WORKER, str(root), str(times), str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for _ in range(workers)
     ]
+    for p in procs:  # every worker is started and waiting (a process start takes long
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"  # under load)
+    go.touch()
     conflicts = [int(p.communicate(timeout=90)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert LocalObjectStore(root).get("counter").data == b"%d" % (workers * times)

@@ -167,7 +167,7 @@ def test_each_broken_guard_is_caught(
     elif mutant == "any_secret":
         monkeypatch.setattr(Token, "matches", lambda self, secret: True)
     elif mutant == "glob_ignored":
-        monkeypatch.setattr(scopes_module, "fnmatchcase", lambda name, glob: True)
+        monkeypatch.setattr(scopes_module, "glob_matches", lambda name, glob: True)
     elif mutant == "no_reload":
         original = App.reload_tokens
         monkeypatch.setattr(App, "reload_tokens",
