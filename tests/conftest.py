@@ -192,7 +192,7 @@ def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for ``pytest -n 2 --dist loadgroup`` (how ``./run test`` runs): a
+    """Groups for ``pytest -n 3 --dist loadgroup`` (how ``./run test`` runs): a
     module's tests stay on one worker, so its module fixtures (servers, nats-server)
     start once; the Spark tests share one worker and so one Spark session. They are
     the longest group and come first, so the other worker takes every other module
