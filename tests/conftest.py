@@ -191,26 +191,32 @@ def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     hypothesis_providers.CONSTANTS_CACHE.cache.clear()  # drawn from the empty one
 
 
+# Spark test modules of the first Spark group; the others make the second (about even
+# by the durations CI prints).
+SPARK_A = frozenset({"test_sink.py", "test_source.py", "test_edge_plan.py", "test_register.py",
+                     "test_security.py"})  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for ``pytest -n 3 --dist loadgroup`` (how ``./run test`` runs): a
     module's tests stay on one worker, so its module fixtures (servers, nats-server)
-    start once; the Spark tests share one worker and so one Spark session. They are
-    the longest group and come first, so the other worker takes every other module
-    meanwhile instead of waiting for Spark at the end."""
+    start once. The Spark tests are two groups, each on one worker with one Spark
+    session (one group was the whole suite's critical path); they are the longest and
+    come first, so the other workers take every other module meanwhile."""
     for item in items:
-        # schemathesis makes one item per API operation, all with the function's node
-        # id (it sets the _nodeid pytest 9 no longer reads): xdist keys its work by node
-        # id, so all but one operation of each fuzz test went untested. The item's name
-        # names the operation; so does its node id now.
         module = item.nodeid.split("::", 1)[0]
         # The cluster tests run their drivers as processes of their own: no shared session.
-        shared = module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py"
-        group = "spark" if shared else module
+        if module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py":
+            group = "spark-a" if module.rpartition("/")[2] in SPARK_A else "spark-b"
+        else:
+            group = module
         item.add_marker(pytest.mark.xdist_group(group))
         # xdist's loadgroup reads the group from a "@group" suffix of the node id, which
         # it sets through the _nodeid pytest 9 no longer reads: without this every
-        # module's tests were spread over both workers (its module fixtures started
-        # twice, two Spark sessions at once). The suffix goes into the id itself.
+        # module's tests were spread over the workers (its module fixtures started more
+        # than once). The suffix goes into the id itself, after the item's name, which
+        # for schemathesis names the API operation (its items share one function's id,
+        # and xdist keys its work by node id).
         if item.parent is not None:
             item._id = item.parent.id.child(f"{item.name}@{group}")  # noqa: SLF001
     items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))

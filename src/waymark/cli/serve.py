@@ -75,6 +75,14 @@ def register(app: typer.Typer) -> None:
                 "(kept in memory, the last 360 samples of up to 500 topics).",
             ),
         ] = 5.0,
+        ceiling_trim_s: Annotated[
+            float,
+            typer.Option(
+                min=0.001,
+                help="Seconds a topic hands out no seq before its seq ceiling is lowered to "
+                "its head, so a crash while it is idle reports no gap (docs/durability.md).",
+            ),
+        ] = 0.05,
         tokens: Annotated[
             Path | None,
             typer.Option(
@@ -279,7 +287,8 @@ def register(app: typer.Typer) -> None:
                   checkpoint_interval_s=checkpoint_interval_s,
                   recovery_window_s=recovery_window_s,
                   settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget,
-                                    history_interval_s=history_interval_s),
+                                    history_interval_s=history_interval_s,
+                                    ceiling_trim_s=ceiling_trim_s),
                   tokens=tokens, open_metrics=open_metrics,
                   server_limits=server_limits, audit=audit,
                   browser=BrowserPolicy.for_bind(host, allowed_host or [],

@@ -47,9 +47,6 @@ from .writers import WritersApi
 LIMIT_CODES = frozenset((ErrorCode.BODY_TOO_LARGE, ErrorCode.TOO_MANY_TOPICS,
                          ErrorCode.STAGING_FULL, ErrorCode.UNSUPPORTED_MEDIA_TYPE))  # fmt: skip
 
-# Every topic that handed out no seq for this long gets its seq ceiling trimmed to its
-# exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
-TRIM_INTERVAL_S = 0.05
 # How long a clean stop waits for its last change checkpoint to be durable.
 LAST_CHECKPOINT_S = 5.0
 log = logging.getLogger("waymark.server")
@@ -104,6 +101,9 @@ class App:
         self._seals: asyncio.Task[None] | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         settings = settings or Settings()
+        # Every topic that handed out no seq for this long gets its seq ceiling trimmed to
+        # its exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
+        self.ceiling_trim_s = settings.ceiling_trim_s
         self._trims: asyncio.Task[None] | None = None
         self.limits = engine.limits if engine is not None else limits or Limits()
         self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
@@ -519,7 +519,7 @@ class App:
 
     async def _trim_loop(self) -> None:
         while True:
-            await asyncio.sleep(TRIM_INTERVAL_S)
+            await asyncio.sleep(self.ceiling_trim_s)
             self.engine.trim_ceilings()
 
     def _recover_step(self, name: str) -> int | None:

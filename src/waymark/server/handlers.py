@@ -58,6 +58,8 @@ class Settings:
     sse_batch: int = 500  # records read from the engine per SSE chunk
     delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
     history_interval_s: float = 5.0  # append-rate history sampling (docs/console.md)
+    # An idle topic's seq ceiling is lowered to its head this often (docs/durability.md).
+    ceiling_trim_s: float = 0.05
 
 
 def _readable(token: Token, topic: str) -> bool:
