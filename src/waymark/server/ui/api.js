@@ -89,7 +89,8 @@ export async function whoami() {
 // The one glob syntax (docs/globs.md), as the server matches it (waymark.protocol.globs,
 // Python's fnmatchcase): the whole name, case-sensitive; `*` any run of characters, `?`
 // one, `[abc]`, `[a-z]` one of a set, `[!abc]` one not in it; `/` and `.` are ordinary.
-export function globMatches(glob, name) {
+// globMatcher compiles the pattern once, for a caller that tests many names.
+export function globMatcher(glob) {
   let re = "";
   for (let i = 0; i < glob.length; i++) {
     const c = glob[i];
@@ -111,11 +112,14 @@ export function globMatches(glob, name) {
     } else re += c.replace(/[.+?^${}()|[\]\\/*-]/g, "\\$&");
   }
   try {
-    return new RegExp(`^(?:${re})$`).test(name);
+    const compiled = new RegExp(`^(?:${re})$`);
+    return (name) => compiled.test(name);
   } catch {
-    return false;  // a set such as [z-a] that matches nothing
+    return () => false;  // a set such as [z-a] that matches nothing
   }
 }
+
+export const globMatches = (glob, name) => globMatcher(glob)(name);
 
 export const isGlob = (text) => /[*?[]/.test(text);
 

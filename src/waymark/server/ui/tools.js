@@ -1,7 +1,7 @@
 // A topic's tools beside its live tail: produce records, and search the records held
 // (by tag, seq range and text) — both through the public API with the user's token
 // (docs/console.md, "Produce" and "Search").
-import { api, globMatches, topicPath } from "./api.js";
+import { api, globMatcher, topicPath } from "./api.js";
 import { fmtInt, h } from "./dom.js";
 
 const PAGE = 1000; // records a search reads per diff page
@@ -73,7 +73,7 @@ export function searchPanel(name, epochNow) {
   let hits = 0;
   let query = null;
 
-  const matches = (r) => (!query.tag || globMatches(query.tag, r.$tag ?? ""))
+  const matches = (r) => (!query.tag || query.tag(r.$tag ?? ""))
     && (!query.text || JSON.stringify(r.data).includes(query.text));
 
   const scan = async () => {
@@ -112,7 +112,8 @@ export function searchPanel(name, epochNow) {
   };
 
   const start = () => {
-    query = { tag: tag.value.trim() || null, text: text.value, to: to.value === "" ? null : Number(to.value) };
+    // The pattern is compiled once per search, not once per record read.
+    query = { tag: tag.value.trim() ? globMatcher(tag.value.trim()) : null, text: text.value, to: to.value === "" ? null : Number(to.value) };
     cursor = { seq: from.value === "" ? 0 : Math.max(0, Number(from.value) - 1), epoch: epochNow() };
     scanned = 0;
     hits = 0;
