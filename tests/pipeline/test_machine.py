@@ -11,8 +11,9 @@ and a sink; server deaths and revivals, relocation races, stage restarts.
   and a dead holder's shard is taken over (docs/semantics/pipeline.md §11).
 
 Every stage writes behind (docs/semantics/pipeline.md §4.5) through a fault injector
-that holds each step's writes and save until the stage's next step: a stage restarted
-in between loses them, as a process killed with a batch in the air does.
+that holds each step's writes until the stage's next step and the save they hand over
+a step longer (group commit, docs/semantics/pipeline.md §4.6): a stage restarted in
+between loses them, as a process killed with a batch in the air does.
 
 The mutation tests break one guard each and require the machine to fail.
 """
@@ -68,23 +69,38 @@ def identity(value: Any) -> list[Any]:
 
 
 class HeldWrites:
-    """Fault injector for a stage's write-behind: a step's writes and save run only when
-    the stage comes back for them (its next step), never if it is dropped first."""
+    """Fault injector for a stage's write-behind: a step's writes run only when the
+    stage comes back for them (its next step), and the save they hand over later still
+    (the step after, or a flush), a newer one replacing it meanwhile as group commit
+    does; never if the stage is dropped first (docs/semantics/pipeline.md §4.6)."""
 
     def __init__(self) -> None:
         self.task: Callable[[], None] | None = None
+        self.save: Callable[[], None] | None = None
 
     def submit(self, task: Callable[[], None]) -> None:
         self.join()
         self.task = task
 
+    def checkpoint(self, save: Callable[[], None]) -> None:
+        self.save = save
+
     def join(self) -> None:
+        save, self.save = self.save, None
+        if save is not None:
+            save()
         task, self.task = self.task, None
         if task is not None:
             task()
 
+    def flush(self) -> None:
+        self.join()
+        save, self.save = self.save, None
+        if save is not None:
+            save()
+
     def close(self) -> None:
-        self.task = None
+        self.task = self.save = None
 
 
 def machine_for(fleet: Fleet) -> type[RuleBasedStateMachine]:

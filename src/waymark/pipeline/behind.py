@@ -1,10 +1,13 @@
-"""Write-behind: where a stage's writes of one batch (its edge appends or sink write,
-and its checkpoint save) run, so that the next batch's read and function can overlap
+"""Write-behind: where a stage's writes of one batch (its edge appends or sink write)
+and its checkpoint saves run, so that the next batch's read and function can overlap
 them (docs/pipeline.md, "Write-behind"; docs/semantics/pipeline.md §4.5).
 
 A stage submits at most one task per step and waits for the previous one
 (:meth:`WriteBehind.join`) before it submits the next or trusts what it did; the
-task's error is raised there, in the stage's own thread.
+task's error is raised there, in the stage's own thread. A task hands its checkpoint
+save to :meth:`WriteBehind.checkpoint` once the writes the save covers have landed:
+saves are group-committed, the newest one waiting replacing any older one not yet
+started (docs/semantics/pipeline.md §4.6).
 """
 
 from __future__ import annotations
@@ -22,34 +25,105 @@ class WriteBehind(Protocol):
     def submit(self, task: Task) -> None:
         """Run ``task`` (at the latest by the next :meth:`join`)."""
 
+    def checkpoint(self, save: Task) -> None:
+        """Run ``save`` after every save handed over before it, or instead of those of
+        them not yet started (called by a task, once what ``save`` covers landed)."""
+
     def join(self) -> None:
-        """Wait for the task submitted last; raise its error."""
+        """Wait for the task submitted last; raise its error, or a save's."""
+
+    def flush(self) -> None:
+        """:meth:`join`, and wait for the saves handed over so far; raise their error."""
 
     def close(self) -> None:
         """Wait for the task submitted last, ignoring its error; submit no more."""
 
 
 class Inline:
-    """Each task runs at once, in the stage's thread: no overlap (the default of a
-    :class:`~waymark.pipeline.stage.Stage` built by hand)."""
+    """Each task and save runs at once, in the stage's thread: no overlap (the default
+    of a :class:`~waymark.pipeline.stage.Stage` built by hand)."""
 
     def submit(self, task: Task) -> None:
         task()
 
+    def checkpoint(self, save: Task) -> None:
+        save()
+
     def join(self) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def close(self) -> None:
         pass
 
 
+class GroupCommit:
+    """A thread that runs the newest save handed over, one at a time: while one runs,
+    later ones wait, and only the last of them runs next. A save's error is kept
+    until :meth:`check` raises it."""
+
+    def __init__(self, name: str) -> None:
+        self._lock = threading.Condition()
+        self._next: Task | None = None
+        self._running = False
+        self._error: BaseException | None = None
+        self._closed = False
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def hand(self, save: Task) -> None:
+        with self._lock:
+            self._next = save  # an older one not yet started is covered by this one
+            self._lock.notify_all()
+
+    def check(self) -> None:
+        with self._lock:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def flush(self) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: self._next is None and not self._running)
+        self.check()
+
+    def close(self) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: self._next is None and not self._running)
+            self._closed = True
+            self._lock.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._next is not None or self._closed)
+                if self._next is None:
+                    return
+                save, self._next = self._next, None
+                self._running = True
+            error: BaseException | None = None
+            try:
+                save()
+            except BaseException as failed:  # raised again by check, in the stage's thread
+                error = failed
+            with self._lock:
+                self._running = False
+                if error is not None:
+                    self._error = error
+                    self._next = None  # a later save would hide the failure
+                self._lock.notify_all()
+
+
 class Behind:
-    """Each task runs on one daemon thread of its own while the stage goes on."""
+    """Each task runs on one daemon thread of its own while the stage goes on; its
+    saves on another (:class:`GroupCommit`)."""
 
     def __init__(self, name: str) -> None:
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         self._pending = False
+        self._saves = GroupCommit(f"{name}-saves")
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -58,18 +132,26 @@ class Behind:
         self._pending = True
         self._tasks.put(task)
 
+    def checkpoint(self, save: Task) -> None:
+        self._saves.hand(save)
+
     def join(self) -> None:
-        if not self._pending:
-            return
-        self._pending = False
-        error = self._outcomes.get()
-        if error is not None:
-            raise error
+        if self._pending:
+            self._pending = False
+            error = self._outcomes.get()
+            if error is not None:
+                raise error
+        self._saves.check()
+
+    def flush(self) -> None:
+        self.join()
+        self._saves.flush()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.join()
         self._tasks.put(None)
+        self._saves.close()
 
     def _work(self) -> None:
         while (task := self._tasks.get()) is not None:

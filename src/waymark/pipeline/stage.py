@@ -332,7 +332,8 @@ class Stage:
                 self.sink.write(records)
                 self._landed_ms = records.latencies_ms(self.clock.now_ms())
             if save is not None:
-                save()
+                # group-committed once what it covers landed (docs/semantics/pipeline.md §4.6)
+                self.behind.checkpoint(save)
 
         self.behind.submit(task)
         if taken == 0:
@@ -341,8 +342,17 @@ class Stage:
         return taken
 
     def drain(self) -> None:
-        """Wait for the last step's writes and save, raising their error."""
+        """Wait for the last step's writes and every save handed over, raising their
+        error."""
+        self.behind.flush()
+        self._count_landed()
+
+    def _join(self) -> None:
+        """Wait for the last step's writes (not for its save), raising their error."""
         self.behind.join()
+        self._count_landed()
+
+    def _count_landed(self) -> None:
         if self._landed_ms:
             self.stats.latencies_ms += self._landed_ms
             self._landed_ms = []
