@@ -21,9 +21,11 @@ from tests.pipeline.test_processes import WAYMARK, sink_events
 from waymark.client import Client
 from waymark.objstore import open_store
 from waymark.pipeline.identity import load_identity
+from waymark.pipeline.report import load_report
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.shard import read_lease, shard_of
 from waymark.pipeline.spec import PipelineSpec, SpecError
+from waymark.pipeline.state import StageStateStore
 
 EVENTS = 3000
 
@@ -235,6 +237,12 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
     seen = sink_events(sink.url, "out")
     assert sorted(seen) == list(range(EVENTS)), "events lost"
     assert max(seen.values()) == 1, "events duplicated"
+    # The shard's report is its last holder's, whatever the woken one sent after it
+    # (docs/semantics/pipeline.md §4.7).
+    state = StageStateStore(store).load("deliver.1")
+    report = load_report(store, "deliver.1")
+    assert state is not None and report is not None
+    assert report.done and report.incarnation == state.incarnation, (report, state)
 
 
 def test_a_sharded_transform_feeds_one_sink_stage_every_event_once(

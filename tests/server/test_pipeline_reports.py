@@ -134,3 +134,40 @@ async def test_a_bad_pipeline_report_is_refused_and_stores_nothing(
     assert answer.json()["error"]["code"] == "invalid_request"
     assert await client.list_pipelines() == []
     assert app.engine.get_topic(PIPELINES_TOPIC, touch=False).count == 0
+
+
+async def test_a_report_older_than_the_kept_one_is_refused_and_the_newer_one_kept(
+    client: AsyncClient,
+) -> None:
+    # docs/semantics/pipeline.md §4.7: a runner paused between reading the store and
+    # posting (a shard holder SIGSTOPped, taken over, woken) sends what the store said
+    # before the kept report was read: refused, said so, the newer one kept.
+    def fenced(incarnation: int, serial: int, epoch: int, generation: int = 2,
+               done: bool = False) -> PipelineReport:  # fmt: skip
+        base = report()
+        edges = {k: msgspec.structs.replace(e, generation=generation)
+                 for k, e in base.edges.items()}  # fmt: skip
+        stage = StageReport(stage="deliver.0", incarnation=incarnation, serial=serial, done=done)
+        return msgspec.structs.replace(
+            base, stages={**base.stages, "deliver.0": stage}, edges=edges,
+            shards={"deliver.0": PipelineShard("deliver[1]/cd", epoch)},
+        )  # fmt: skip
+
+    final = fenced(4, 7, 3, done=True)
+    await client.report_pipeline(final)
+    for older, part in ((fenced(3, 9, 3), "stage deliver.0"), (fenced(4, 6, 3), "stage deliver.0"),
+                        (fenced(4, 7, 2), "shard deliver.0"), (fenced(4, 7, 3, 1), "edge raw.0"),
+                        (report(), "stage deliver.0")):  # fmt: skip
+        with pytest.raises(ApiError) as refused:
+            await client.report_pipeline(older)
+        assert (refused.value.status, refused.value.code) == (409, "fenced")
+        assert refused.value.detail["reason"] == "report_stale"
+        assert refused.value.detail["older"][0] == part, refused.value.detail
+    (kept,) = await client.list_pipelines()
+    assert kept.report == final
+    # the same state read again later, or a newer one, is taken
+    await client.report_pipeline(fenced(4, 7, 3, done=True))
+    newer = fenced(5, 8, 4, generation=3, done=True)
+    await client.report_pipeline(newer)
+    (kept,) = await client.list_pipelines()
+    assert kept.report == newer

@@ -1,6 +1,7 @@
 """What a running stage publishes about itself, for ``waymark pipeline status`` and
 the runner's /metrics (docs/pipeline.md, "Metrics"). A Spark stage publishes the
-same report (docs/spark.md, "A Spark stage of a pipeline")."""
+same report (docs/spark.md, "A Spark stage of a pipeline"). Reports are fenced by the
+stage state's incarnation, as its saves are (docs/semantics/pipeline.md §4.7)."""
 
 from __future__ import annotations
 
@@ -9,34 +10,85 @@ import threading
 
 import msgspec
 
-from waymark.objstore import ObjectNotFound, ObjectStore
+from waymark.objstore import (
+    CREATE,
+    IfMatch,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectVersion,
+    PreconditionFailed,
+)
 from waymark.protocol.pipelines import StageReport
+
+from .errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["StageReport", "load_report", "publish_report", "report_key"]
+__all__ = ["ReportFenced", "StageReport", "load_report", "publish_report", "report_key"]
+
+_decoder = msgspec.json.Decoder(StageReport)
+
+
+class ReportFenced(PipelineError):
+    """A report of a stage instance a newer one superseded: refused, the newer
+    instance's report kept (docs/semantics/pipeline.md §4.7)."""
+
+    def __init__(self, mine: StageReport, kept: StageReport) -> None:
+        super().__init__(
+            f"stage {mine.stage}: its report is refused: incarnation {mine.incarnation} is "
+            f"superseded by incarnation {kept.incarnation}, whose report is kept"
+        )
+        self.kept = kept
 
 
 def report_key(stage: str) -> str:
     return f"stages/{stage}/report.json"
 
 
-def load_report(store: ObjectStore, stage: str) -> StageReport | None:
+def _read(store: ObjectStore, stage: str) -> tuple[StageReport | None, ObjectVersion | None]:
     try:
-        return msgspec.json.decode(store.get(report_key(stage)).data, type=StageReport)
+        got = store.get(report_key(stage))
     except ObjectNotFound:
-        return None
+        return None, None
+    return _decoder.decode(got.data), got.meta.object_version
 
 
-def publish_report(store: ObjectStore, report: StageReport) -> None:
-    store.put(report_key(report.stage), msgspec.json.encode(report))
+def load_report(store: ObjectStore, stage: str) -> StageReport | None:
+    return _read(store, stage)[0]
+
+
+def publish_report(store: ObjectStore, report: StageReport) -> StageReport:
+    """Put ``report`` in the store, one ``serial`` above the stored one, unless the
+    stored one is of a newer incarnation: then raise :class:`ReportFenced` and change
+    nothing. A compare-and-swap on the version read, so a superseded instance paused
+    between its read and its write cannot overwrite its successor's report either
+    (docs/semantics/pipeline.md §4.7). Returns the report as written."""
+    while True:
+        stored, version = _read(store, report.stage)
+        if stored is not None and stored.incarnation > report.incarnation:
+            raise ReportFenced(report, stored)
+        serial = stored.serial + 1 if stored is not None else 1
+        mine = msgspec.structs.replace(report, serial=serial)
+        data = msgspec.json.encode(mine)
+        try:
+            store.put(report_key(report.stage), data,
+                      mode=CREATE if version is None else IfMatch(version))  # fmt: skip
+            return mine
+        except (ObjectExists, PreconditionFailed):
+            # another write came between, or ours landed and its answer was lost
+            # (docs/semantics/pipeline.md §10): read again
+            landed, _ = _read(store, report.stage)
+            if landed is not None and msgspec.json.encode(landed) == data:
+                return mine
 
 
 class ReportPublisher:
     """Puts stage reports in the store from a thread of its own, so a stage does not
     wait for its periodic report (docs/pipeline.md, "Running it"). Per stage only the
     newest report waiting is written, and reports of one stage land in the order they
-    were given: a report that must land (a finished stage's) is waited for."""
+    were given: a report that must land (a finished stage's) is waited for. A report
+    refused as superseded (:class:`ReportFenced`) is logged, and raised to a waiter."""
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -69,7 +121,10 @@ class ReportPublisher:
                 version, data = self._waiting.pop(stage)
             error: Exception | None = None
             try:
-                self.store.put(report_key(stage), data)
+                publish_report(self.store, _decoder.decode(data))
+            except ReportFenced as fenced:  # raised to a caller who waits for it
+                log.warning("%s", fenced)
+                error = fenced
             except Exception as failed:  # raised to a caller who waits for it
                 log.warning("stage %s: its report waits for the store: %s", stage, failed)
                 error = failed

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from waymark.client import ApiError, Client, TransportError
+from waymark.client import ApiError, Client, ErrorCode, TransportError
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.behind import Behind
@@ -32,7 +32,7 @@ from waymark.pipeline.edge import (
 from waymark.pipeline.identity import PipelineIdentity, establish
 from waymark.pipeline.locator import HandoffReader, HandoffRolledBack
 from waymark.pipeline.patience import PatientStore
-from waymark.pipeline.report import ReportPublisher, StageReport, load_report
+from waymark.pipeline.report import ReportFenced, ReportPublisher, StageReport, load_report
 from waymark.pipeline.restart import RestartPolicy, Restarts
 from waymark.pipeline.shard import ShardedEdge, ShardLeases, check_layout, part_name
 from waymark.pipeline.spec import EdgePart, PipelineSpec
@@ -272,9 +272,9 @@ class PipelineRunner:
         run.report.updated_ms = self.clock.now_ms()
         try:
             self.reports.publish(run.report, wait=not behind)
-        except ObjectStoreError:
+        except (ObjectStoreError, ReportFenced):
             if required:
-                raise  # else logged, and the next report tries again
+                raise  # else logged, and the next report tries again (or is refused again)
 
     def _resume_report(self, run: StageRun) -> None:
         """The counters go on from the stage's (or shard's) last report: a restarted
@@ -400,6 +400,10 @@ class PipelineRunner:
                     run.stage = build_stage(self.spec, run.stage_name, self.store, self.clock,
                                             self.identity, run.poison, run.shard)  # fmt: skip
                     run.stage.start()
+                    # its reports carry the incarnation it claimed: once a newer
+                    # instance claims the stage, they are refused
+                    # (docs/semantics/pipeline.md §4.7)
+                    run.report.incarnation = run.stage.state.incarnation
                 stage = run.stage
                 wait_ms = idle_wait_ms(idle_steps) if stage.input is not None else 0
                 taken = stage.step(wait_ms=wait_ms)
@@ -409,7 +413,9 @@ class PipelineRunner:
                     self.clock.now_ms() - last_report_ms >= self.report_interval_s * 1000
                 )
                 if report_due:
-                    stage.drain()  # the report counts the writes in the air too
+                    # the report counts the writes in the air too (not their save: a
+                    # report need not wait for an fsync, docs/semantics/pipeline.md §4.6)
+                    stage.join()
                 assert run.restarts is not None
                 run.restarts.succeeded()
             except StageFenced as error:
@@ -460,6 +466,14 @@ class PipelineRunner:
                 # (docs/semantics/pipeline.md §10)
                 log.warning("stage %s: the store: %s", run.name, error)
                 continue
+            except ReportFenced as error:
+                # A newer instance claimed the stage: it runs it and reports it; this
+                # one's "done" is not the stage's (docs/semantics/pipeline.md §4.7).
+                if run.shard is not None:
+                    self.leases[run.stage_name].lose(run.shard)
+                    continue  # the next turn stands by
+                self._end(run, f"stage {run.name!r} is superseded: {error}")
+                return
             if finished:
                 self._end(run)
                 return
@@ -498,7 +512,13 @@ class PipelineRunner:
         try:
             self.reporter.report_pipeline(pipeline_status(self.spec, self.store.inner,
                                                    interval_ms=interval_ms))  # fmt: skip
-        except (ObjectStoreError, TransportError, ApiError) as error:
+        except ApiError as error:
+            if error.code != ErrorCode.FENCED:
+                log.warning("pipeline %s: its status report: %s", self.spec.name, error)
+            else:  # read before the one the server keeps (docs/semantics/pipeline.md §4.7)
+                log.info("pipeline %s: its status report is refused: %s", self.spec.name,
+                         error.message)  # fmt: skip
+        except (ObjectStoreError, TransportError) as error:
             log.warning("pipeline %s: its status report: %s", self.spec.name, error)
 
     def _report_statuses(self) -> None:

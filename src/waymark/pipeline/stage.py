@@ -294,9 +294,11 @@ class Stage:
         """Move one batch through the stage; the number of input records (or events)
         taken.
 
-        The batch's writes and then the checkpoint save go to :attr:`behind` as one
-        task, which may run while the next step reads and calls the function; a step
-        waits for the previous task (raising its error) before it hands over the next.
+        The batch's writes go to :attr:`behind` as one task, which may run while the
+        next step reads and calls the function, and which hands the checkpoint save on
+        to be group-committed once they landed (docs/semantics/pipeline.md §4.6); a
+        step waits for the previous task (raising its error) before it hands over the
+        next.
         The saved position never passes a record whose outputs are not yet held by an
         output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
         self.held_back = self.max_in_flight is not None and any(
@@ -312,7 +314,7 @@ class Stage:
             popped = self.input.pop(self.batch, wait_ms=wait_ms)
             taken = len(popped)
             records = self._transform(popped)
-        self.drain()
+        self.join()  # not its save: that one is group-committed (docs/semantics/pipeline.md §4.6)
         self._release()
         # The outputs are held by their edges from here on (each edge's unacknowledged
         # window), so the position saved may pass their input; a sink's are written
@@ -347,8 +349,9 @@ class Stage:
         self.behind.flush()
         self._count_landed()
 
-    def _join(self) -> None:
-        """Wait for the last step's writes (not for its save), raising their error."""
+    def join(self) -> None:
+        """Wait for the last step's writes (not for their save), raising their error or
+        a save's that failed meanwhile."""
         self.behind.join()
         self._count_landed()
 

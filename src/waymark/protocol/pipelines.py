@@ -38,6 +38,12 @@ class StageReport(Struct, kw_only=True):
     latency_after_ms: list[int] = msgspec.field(default_factory=list)
     done: bool = False
     updated_ms: int = 0
+    # The fence (docs/semantics/pipeline.md §4.7): the stage state's incarnation the
+    # publishing instance claimed, and this report's place among the stage's reports
+    # (each one published one above the last). A report of an older incarnation is
+    # refused by the store and by the server.
+    incarnation: int = 0
+    serial: int = 0
 
 
 class PipelineEdge(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

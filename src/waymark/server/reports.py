@@ -143,6 +143,42 @@ def fold_status(kept: _Kept[FoldReport], now: int) -> FoldStatus:
                       stale, r.role, r.lease_holder, r.restore, r.stopped)  # fmt: skip
 
 
+def check_pipeline(sent: PipelineReport, kept: PipelineReport | None) -> None:
+    """Refuse a pipeline report older than the one kept for its run: a stage report of
+    an older incarnation or serial (or none where one is kept), a shard of an older
+    lease epoch, an edge of an older generation. Each only goes up in the pipeline's
+    store, so such a report was read from it before the kept one: a runner paused
+    between its read and its post (docs/semantics/pipeline.md §4.7)."""
+    if kept is None:
+        return
+    older: list[tuple[str, object, object]] = []  # (what, kept, sent)
+    for key, had in kept.stages.items():
+        if had is None or key not in sent.stages:  # a stage the file no longer has
+            continue
+        got = sent.stages[key]
+        fence = None if got is None else [got.incarnation, got.serial]
+        if fence is None or fence < [had.incarnation, had.serial]:
+            older.append((f"stage {key}", [had.incarnation, had.serial], fence))
+    for key, lease in kept.shards.items():
+        if lease is None or key not in sent.shards:
+            continue
+        mine = sent.shards[key]
+        if mine is None or mine.epoch < lease.epoch:
+            older.append((f"shard {key}", lease.epoch, None if mine is None else mine.epoch))
+    for key, edge in kept.edges.items():
+        if key in sent.edges and sent.edges[key].generation < edge.generation:
+            older.append((f"edge {key}", edge.generation, sent.edges[key].generation))
+    if older:
+        part, has, sends = older[0]
+        raise TopicError(
+            ErrorCode.FENCED,
+            f"a newer report of this pipeline run is kept: {part} is at {has} there, "
+            f"{sends} in this one",
+            {"reason": "report_stale", "pipeline": sent.pipeline, "run": sent.run,
+             "older": [p for p, _, _ in older]},
+        )  # fmt: skip
+
+
 def pipeline_status(
     kept: _Kept[PipelineReport], now: int, history: Iterable[LagSample] = ()
 ) -> PipelineStatus:
@@ -242,8 +278,10 @@ class ReportsApi:
     # --- pipelines (docs/pipeline.md) ---------------------------------------------------
     async def report_pipeline(self, request: Request) -> Response:
         report = self._pipeline.decode(await request.body(self.max_body))
-        kept = await self.pipelines.keep(report)
         tag = self.pipelines.tag(report)
+        had = self.pipelines.latest.get(tag)
+        check_pipeline(report, had.report if had is not None else None)
+        kept = await self.pipelines.keep(report)
         history = self.lag_history.get(tag)
         if history is None:
             history = self.lag_history[tag] = deque(maxlen=LAG_HISTORY)

@@ -32,7 +32,7 @@ from waymark.client import ApiError, Client, TransportError
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.patience import PatientStore
-from waymark.pipeline.report import StageReport, load_report, publish_report
+from waymark.pipeline.report import ReportFenced, StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
 from ..protocol import MAX_ARROW_DIFF_LIMIT
@@ -246,6 +246,8 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
             self._publish_report()
         except ObjectStoreError as error:
             log.warning("stage %s: its report waits for the store: %s", self.edge.stage, error)
+        except ReportFenced as error:  # a newer query runs the stage and reports it
+            log.warning("%s", error)
 
     def _publish_report(self) -> None:
         report = load_report(self.store, self.edge.stage) or StageReport(stage=self.edge.stage)
@@ -256,6 +258,8 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         report.rebinds += self._rebinds
         report.processed += self._processed
         report.updated_ms = time.time_ns() // 1_000_000
+        # fenced by this query's claim of the stage (docs/semantics/pipeline.md §4.7)
+        report.incarnation = self._state.incarnation if self._state is not None else 0
         publish_report(self.store, report)
         self._rebinds = self._processed = 0  # counted once published
 
