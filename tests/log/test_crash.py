@@ -147,13 +147,19 @@ def test_sigkill_under_load(tmp_path: Path, spawn_server: Callable[..., object])
         threads.append(threading.Thread(
             target=delete_until_dead, args=(server.url, deleted_below, acked["f"], lock)
         ))  # fmt: skip
+        acked_before = sum(len(a) for a in acked.values())
         for thread in threads:
             thread.start()
-        time.sleep(rng.uniform(0.3, 1.0))
+        # The kill lands after a random number of fresh acks, not a random time: under
+        # load a fixed time saw almost none (38 acks in 6 cycles at load 16).
+        wanted = acked_before + rng.randrange(60, 240)
+        deadline = time.monotonic() + 60
+        while sum(len(a) for a in acked.values()) < wanted:
+            assert time.monotonic() < deadline, f"cycle {cycle}: the writers stalled"
+            time.sleep(0.005)
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
         for thread in threads:
             thread.join(10)
         for topic in ("f", "d", "c"):
             heads_seen[topic] = max([heads_seen[topic], *acked[topic]])
-    assert sum(len(a) for a in acked.values()) > CYCLES * 50, "the load generator barely ran"
