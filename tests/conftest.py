@@ -339,9 +339,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _measured[key] = _measured.get(key, 0.0) + report.duration
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     measured = _measured
-    if measured:
+    # Not from an interrupted run: its last tests' durations are cut short, and a run
+    # stopped because it was too slow (a loaded machine) would skew the table.
+    if measured and exitstatus != pytest.ExitCode.INTERRUPTED:
         table = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
         table.update({k: round(v, 2) for k, v in measured.items()})
         DURATIONS.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")
