@@ -3,27 +3,50 @@
 from __future__ import annotations
 
 import gc
+import inspect
+import json
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, TypeVar
 
 import httpx
 import pytest
 from hypothesis import settings
 from hypothesis.internal.conjecture import providers as hypothesis_providers
+from hypothesis.stateful import RuleBasedStateMachine
+from xdist.scheduler import LoadGroupScheduling
 
 # A mutant test expects the exception a broken property raises; when hypothesis finds
 # two distinct failures it would raise an ExceptionGroup of both instead. One, the
 # simplest, is enough for every test here.
 settings.register_profile("waymark", report_multiple_bugs=False)
 settings.load_profile("waymark")
+
+MachineT = TypeVar("MachineT", bound=RuleBasedStateMachine)
+
+
+def only_rules(machine: type[MachineT], *rules: str) -> type[MachineT]:
+    """A hypothesis state machine with only ``rules`` among its rules, for a mutant
+    hunt: the steps that can expose the mutant's bug, so it is found within a few
+    examples. Every invariant and the teardown stay; each other rule stays a method (a
+    rule may call another) but is no longer drawn."""
+    drawn = {name for name, member in inspect.getmembers(machine)
+             if getattr(member, "hypothesis_stateful_rule", None) is not None}  # fmt: skip
+    assert set(rules) <= drawn, f"not rules of {machine.__name__}: {set(rules) - drawn}"
+
+    def plain(name: str) -> Callable[..., Any]:
+        return lambda self, *args, **kwargs: getattr(machine, name)(self, *args, **kwargs)
+
+    others = {name: plain(name) for name in drawn - set(rules)}
+    return type(f"{machine.__name__}Only", (machine,), others)
 
 
 @dataclass
@@ -47,6 +70,11 @@ def readable(stream: IO[str], timeout: float) -> bool:
         return bool(selector.select(timeout))
 
 
+# How long a server start may take: ~1 s on a quiet machine, tens of seconds on one
+# whose 2 cores run several suites at once (a deadline, not a wait).
+START_S = 90
+
+
 def start_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
     """Start ``waymark serve`` and wait until it answers /v0/health."""
     command = [str(Path(sys.executable).parent / "waymark"), "serve", "--port", str(port),
@@ -55,16 +83,16 @@ def start_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
         command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     assert process.stdout is not None
-    if not readable(process.stdout, 20):
+    if not readable(process.stdout, START_S):
         process.kill()
-        raise RuntimeError("waymark serve printed nothing within 20 s")
+        raise RuntimeError(f"waymark serve printed nothing within {START_S} s")
     line = process.stdout.readline()
     prefix = "waymark listening on "
     if not line.startswith(prefix):
         process.kill()
         raise RuntimeError(f"unexpected first line from waymark serve: {line!r}")
     server = ServerProcess(line[len(prefix) :].split()[0], process)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + START_S
     while True:
         try:
             if httpx.get(f"{server.url}/v0/health").status_code == 200:
@@ -196,20 +224,44 @@ def fixed_constants(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 SPARK_A = frozenset({"test_sink.py", "test_source.py", "test_edge_plan.py", "test_register.py",
                      "test_security.py"})  # fmt: skip
 
+# Each test's seconds (setup + call + teardown) in a ./run test on this 2-core machine,
+# to hand out the longest groups first; `./run test --store-durations` rewrites it.
+DURATIONS = Path(__file__).with_name("durations.json")
+UNKNOWN_TEST_S = 2.0  # a test the table does not know yet (a new one, a renamed one)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations", action="store_true",
+        help=f"write each test's seconds into {DURATIONS.name} (its other entries stay)",
+    )  # fmt: skip
+
+
+def test_id(nodeid: str) -> str:
+    """A node id without the ``@group`` suffix the collection gives it (below)."""
+    return nodeid.rpartition("@")[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def group_of(nodeid: str) -> str:
+    """The xdist group of a test: its module; the Spark tests' two groups (one Spark
+    session each); the cluster tests, whose drivers are processes of their own; a
+    test's own ``xdist_group`` mark wins (a slow test whose module fixtures are cheap)."""
+    module = nodeid.split("::", 1)[0]
+    # The cluster tests run their drivers as processes of their own: no shared session.
+    if module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py":
+        return "spark-a" if module.rpartition("/")[2] in SPARK_A else "spark-b"
+    return module
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for ``pytest -n 3 --dist loadgroup`` (how ``./run test`` runs): a
     module's tests stay on one worker, so its module fixtures (servers, nats-server)
     start once. The Spark tests are two groups, each on one worker with one Spark
-    session (one group was the whole suite's critical path); they are the longest and
-    come first, so the other workers take every other module meanwhile."""
+    session (one group was the whole suite's critical path). The groups are handed out
+    longest first (:class:`LongestFirst`)."""
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        # The cluster tests run their drivers as processes of their own: no shared session.
-        if module.startswith("tests/spark/") and module != "tests/spark/test_cluster.py":
-            group = "spark-a" if module.rpartition("/")[2] in SPARK_A else "spark-b"
-        else:
-            group = module
+        own = item.get_closest_marker("xdist_group")
+        group = str(own.args[0]) if own is not None and own.args else group_of(item.nodeid)
         item.add_marker(pytest.mark.xdist_group(group))
         # xdist's loadgroup reads the group from a "@group" suffix of the node id, which
         # it sets through the _nodeid pytest 9 no longer reads: without this every
@@ -219,4 +271,79 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # and xdist keys its work by node id).
         if item.parent is not None:
             item._id = item.parent.id.child(f"{item.name}@{group}")  # noqa: SLF001
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/spark/"))
+
+
+class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
+    """xdist's queue of groups (group -> its tests), from which ``popitem(last=False)``
+    takes the group the durations table makes longest, not the first inserted."""
+
+    def __init__(self, known: dict[str, float]) -> None:
+        super().__init__()
+        self.known = known
+
+    def seconds(self, tests: dict[str, bool]) -> float:
+        return sum(self.known.get(test_id(t), UNKNOWN_TEST_S) for t in tests)
+
+    def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+        if last:
+            return super().popitem(last=True)
+        group = max(self, key=lambda g: self.seconds(self[g]))
+        return group, self.pop(group)
+
+
+class LongestFirst(LoadGroupScheduling):
+    """``--dist loadgroup`` that hands out the longest group first (longest processing
+    time first, by the table of measured durations): xdist hands them out in the order
+    of its queue, which it sorts by the number of tests in a group, so the Spark groups
+    (~2 min each, few tests) started after many short modules and made a run's tail.
+
+    A worker also gets its next group once its current one has one test left to run,
+    not two (xdist's default): a group handed to a worker waits behind those tests,
+    while another worker may have been free. A worker needs one test queued behind the
+    one it runs (pytest's ``nextitem``), so one is the least."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        self.workqueue = _LongestFirstQueue(known)
+
+    def _reschedule(self, node: Any) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) > 1:
+            return
+        self._assign_work_unit(node)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return LongestFirst(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+# With --store-durations, in the process that reports (xdist's controller sees every
+# worker's reports): each test's seconds so far.
+_measured: dict[str, float] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _measured
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        _measured = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _measured is not None:
+        key = test_id(report.nodeid)
+        _measured[key] = _measured.get(key, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    measured = _measured
+    # Not from an interrupted run: its last tests' durations are cut short, and a run
+    # stopped because it was too slow (a loaded machine) would skew the table.
+    if measured and exitstatus != pytest.ExitCode.INTERRUPTED:
+        table = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        table.update({k: round(v, 2) for k, v in measured.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")

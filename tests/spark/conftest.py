@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import readable
+from tests.conftest import START_S, readable
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -43,7 +43,7 @@ def start_server(data_dir: Path) -> Server:
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert process.stdout is not None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
         ready = readable(process.stdout, 1)
         if ready:
