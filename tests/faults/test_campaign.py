@@ -85,6 +85,17 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.recovery_covers(obs.newest, obs.receipted, older).ok
     lost = ['{"lost": [1, 2], "reason": "expired"}']
     assert not checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, lost).ok
+    # The pipeline: an event missing at the sink, one delivered twice, one it never
+    # sent, or a pipeline that did not finish.
+    sink = dict(obs.sink)
+    assert checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    del sink[obs.events - 1]
+    assert not checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    twice = {**obs.sink, 0: 2}
+    assert not checkers.pipeline_exactly_once(obs.events, twice, True, obs.relocations).ok
+    unknown = {**obs.sink, obs.events: 1}
+    assert not checkers.pipeline_exactly_once(obs.events, unknown, True, obs.relocations).ok
+    assert not checkers.pipeline_exactly_once(obs.events, obs.sink, False, obs.relocations).ok
 
 
 def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:

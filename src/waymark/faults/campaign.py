@@ -4,9 +4,11 @@
 The flow: producers append with ``fsync`` durability through the client, via the
 fault proxy, to ``waymark serve``; a router on the server copies every record into a
 second topic; a NATS writer updates a bucket that ``waymark fold`` folds and exports
-to a ``file://`` object store. Producers and the NATS writer run in this process
-(their acknowledgments are the ground truth); the server, the fold and nats-server
-are processes of their own.
+to a ``file://`` object store; ``waymark pipeline run`` runs a relocatable pipeline
+whose edges move between that server and a second one when the one under an edge dies
+(:mod:`waymark.faults.relocation`). Producers and the NATS writer run in this process
+(their acknowledgments are the ground truth); the servers, the fold, the pipeline and
+nats-server are processes of their own.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from waymark.faults.processes import (
     wait_for,
 )
 from waymark.faults.proxy import FaultProxy
+from waymark.faults.relocation import events_for, sink_counts, write_spec
 from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
 SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
+SINK = "sink"  # the relocatable pipeline's sink topic, on the campaign's server
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
@@ -79,6 +83,11 @@ class Observations:
     receipted: dict[str, int] = field(default_factory=dict)  # key -> newest processed
     missed: dict[str, int] = field(default_factory=dict)  # `recovery missed`: key -> version
     window_lost: list[str] = field(default_factory=list)
+    events: int = 0  # the pipeline's source sends events 0 .. events - 1
+    sink_head: list[tuple[float, int]] = field(default_factory=list)  # (t, sink topic head)
+    sink: dict[int, int] = field(default_factory=dict)  # event id -> times at the sink
+    pipeline_finished: bool = False
+    relocations: int = 0  # placements past each edge's first, from `waymark pipeline status`
 
 
 @dataclass
@@ -114,7 +123,7 @@ def run_campaign(
     from waymark.protocol.topics import ConfigPatch, Durability
 
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks", "relocatable pipeline", "clock jumps"]
+    left_out = ["Spark query and its sinks", "clock jumps"]
     s3_port = free_port()
     moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
     if moto is None:
@@ -131,6 +140,8 @@ def run_campaign(
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
         + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
         "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
+        "`waymark pipeline run`: a relocatable pipeline, its edges on the server and a second "
+        "one (SIGKILL), its sink on the server",
     ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
     obs = Observations()
     stop = threading.Event()  # the producers and the NATS writer
@@ -141,6 +152,13 @@ def run_campaign(
         ["serve", "--port", str(port), "--data-dir", str(workdir / "data")],
         workdir / "server.log",
         ready=lambda: listening(port),
+    )
+    edge_port = free_port()
+    edge = Managed(
+        "edge",
+        ["serve", "--port", str(edge_port), "--data-dir", str(workdir / "edge")],
+        workdir / "edge.log",
+        ready=lambda: listening(edge_port),
     )
     artifacts = (workdir / "artifacts").as_uri()
     with contextlib.ExitStack() as stack:
@@ -157,6 +175,8 @@ def run_campaign(
         )  # fmt: skip
         server.start()
         stack.callback(server.stop)
+        edge.start()
+        stack.callback(edge.stop)
         proxy = FaultProxy(port).start()
         stack.callback(proxy.stop)
         direct = f"http://127.0.0.1:{port}"
@@ -173,6 +193,13 @@ def run_campaign(
         )
         consumer.start()
         stack.callback(consumer.stop)
+        obs.events = events_for(seconds)
+        spec = workdir / "pipeline.toml"
+        write_spec(spec, (workdir / "handoff").as_uri(), (direct, f"http://127.0.0.1:{edge_port}"),
+                   direct, SINK, obs.events)  # fmt: skip
+        pipeline = Managed("pipeline", ["pipeline", "run", str(spec)], workdir / "pipeline.log")
+        pipeline.start()
+        stack.callback(pipeline.stop)
         started = time.monotonic()
 
         def now() -> float:
@@ -187,13 +214,13 @@ def run_campaign(
         )
         sampler = threading.Thread(
             target=_sample,
-            args=(artifacts, workdir / "processed.log", obs, sampled, now),
+            args=(artifacts, workdir / "processed.log", direct, obs, sampled, now),
             daemon=True,
         )
         for t in (*threads, sampler):
             t.start()
         applied = []
-        targets = {"server": server, "fold": fold, "consumer": consumer}
+        targets = {"server": server, "fold": fold, "consumer": consumer, "edge": edge}
         if moto is not None:
             targets["s3"] = moto
         for fault in schedule:
@@ -209,7 +236,7 @@ def run_campaign(
         for t in threads:
             t.join(30)
         log(f"{now():7.2f}s  faults over; checking")
-        verdicts = _check(direct, nats.url, fold, consumer, workdir, obs)
+        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs)
         sampled.set()
         sampler.join(5)
         for a in applied:
@@ -249,7 +276,9 @@ def _start_s3(moto: Managed, port: int, stack: contextlib.ExitStack) -> str:
     return "s3://campaign/artifacts"
 
 
-KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL)
+KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL,
+         FaultKind.EDGE_KILL)  # fmt: skip
+PIPELINE_FINISH_S = 60.0  # after the faults, for the pipeline to deliver what is in flight
 PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
           FaultKind.S3_PAUSE)  # fmt: skip
 
@@ -296,10 +325,9 @@ def _apply(
 def _recovery(a: Applied, obs: Observations) -> float | None:
     """Seconds from the lift to the first progress after it: an acknowledged append for
     the server, the network and the disk, the pointer moving for the fold, the processed
-    log growing for the consumer."""
-    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed}.get(
-        a.fault.kind.value.partition("-")[0]
-    )
+    log growing for the consumer, the pipeline's sink growing for the edge server."""
+    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed,
+               "edge": obs.sink_head}.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
     if samples is not None:
         at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
         after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
@@ -359,20 +387,30 @@ def _write_bucket(
 
 
 def _sample(
-    url: str, processed: Path, obs: Observations, stop: threading.Event, now: Callable[[], float]
+    url: str,
+    processed: Path,
+    server: str,
+    obs: Observations,
+    stop: threading.Event,
+    now: Callable[[], float],
 ) -> None:
-    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size."""
+    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size, the
+    pipeline's sink topic's head."""
+    from waymark.client import Client
     from waymark.kv import ObjectStoreTransport
     from waymark.objstore import open_store
 
     transport = ObjectStoreTransport(open_store(url))
-    while not stop.wait(0.2):
-        with contextlib.suppress(FileNotFoundError):
-            obs.processed.append((now(), processed.stat().st_size))
-        with contextlib.suppress(Exception):  # not published yet, or mid-write
-            manifest = transport.read_pointer(BUCKET).manifest
-            if manifest is not None:
-                obs.pointer.append((now(), manifest.rank))
+    with Client(server, timeout=1, connect_timeout=0.5) as client:
+        while not stop.wait(0.2):
+            with contextlib.suppress(FileNotFoundError):
+                obs.processed.append((now(), processed.stat().st_size))
+            with contextlib.suppress(Exception):  # not made yet, or the server is down
+                obs.sink_head.append((now(), client.get_topic(SINK, touch=False).head_seq))
+            with contextlib.suppress(Exception):  # not published yet, or mid-write
+                manifest = transport.read_pointer(BUCKET).manifest
+                if manifest is not None:
+                    obs.pointer.append((now(), manifest.rank))
 
 
 def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int, str]]:
@@ -399,6 +437,7 @@ def _check(
     nats_url: str,
     fold: Managed,
     consumer: Managed,
+    pipeline: Managed,
     workdir: Path,
     obs: Observations,
 ) -> list[Verdict]:
@@ -432,6 +471,7 @@ def _check(
         fold_state,
         bucket_state,
     )
+    _pipeline_check(url, pipeline, workdir, obs)
     return [
         checkers.acknowledged_lost(obs.acked, read, SOURCE),
         checkers.forwarded(obs.acked, copied, ROUTER),
@@ -441,7 +481,31 @@ def _check(
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
         _recovery_check(client_url=url, consumer=consumer, workdir=workdir, obs=obs),
+        checkers.pipeline_exactly_once(
+            obs.events, obs.sink, obs.pipeline_finished, obs.relocations
+        ),
     ]
+
+
+def _pipeline_check(url: str, pipeline: Managed, workdir: Path, obs: Observations) -> None:
+    """Let the pipeline finish (its source's events delivered), then read its sink and
+    ask ``waymark pipeline status`` (as a user would) how often its edges moved."""
+    import json
+
+    from waymark.client import ApiError, Client
+    from waymark.faults.processes import waymark_executable
+
+    obs.pipeline_finished = pipeline.wait(PIPELINE_FINISH_S) == 0
+    # (No sink topic: nothing was delivered.)
+    with Client(url, timeout=10) as client, contextlib.suppress(ApiError):
+        obs.sink = sink_counts(client, SINK)
+    done = subprocess.run(
+        [waymark_executable(), "pipeline", "status", str(workdir / "pipeline.toml"), "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    if done.returncode == 0:
+        edges = json.loads(done.stdout)["edges"].values()
+        obs.relocations = sum(max(e["generation"] - 1, 0) for e in edges)
 
 
 async def _fold_and_bucket(

@@ -120,3 +120,25 @@ def recovery_covers(
         f"{len(window_lost)} window loss(es)",
         [*not_named[:5], *window_lost[:2]],
     )
+
+
+def pipeline_exactly_once(
+    events: int, counts: Mapping[int, int], finished: bool, relocations: int
+) -> Verdict:
+    """Every event ``0 .. events - 1`` of the relocatable pipeline is at its sink exactly
+    once, none else, and the pipeline finished. (How often its edges moved is evidence,
+    not a condition: the schedule decides whether a kill lands under an edge.)"""
+    missing = [n for n in range(events) if counts.get(n, 0) == 0]
+    twice = [n for n, c in counts.items() if c > 1]
+    unknown = [n for n in counts if not 0 <= n < events]
+    ok = finished and not missing and not twice and not unknown
+    return Verdict(
+        "every pipeline event exactly once at the sink",
+        ok,
+        f"{len(missing)} of {events} events missing, {len(twice)} more than once, "
+        f"{len(unknown)} unknown; the pipeline {'finished' if finished else 'did not finish'}; "
+        f"{relocations} edge relocation(s)",
+        [("missing", n) for n in missing[:3]]
+        + [("twice", n) for n in twice[:3]]
+        + [("unknown", n) for n in unknown[:3]],
+    )

@@ -100,6 +100,15 @@ class Managed:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGCONT)
 
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits by itself within ``timeout``; None if it runs on."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in ``timeout``; its exit code."""
         if self.proc is None:

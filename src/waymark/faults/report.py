@@ -28,6 +28,7 @@ COLOURS = {
     FaultKind.NET_LATENCY: "#17becf",
     FaultKind.S3_PAUSE: "#2ca02c",
     FaultKind.DISK_FULL: "#7f7f7f",
+    FaultKind.EDGE_KILL: "#aec7e8",
 }
 
 
@@ -168,7 +169,8 @@ def render(data: dict[str, Any]) -> str:
         "<h2>Checkers</h2>",
         _table(["", "checker", "result", "examples"], verdicts),
         "<h2>Time to recover per fault kind (seconds from the lift to the first progress)</h2>",
-        _table(["kind", "count", "p50", "p99", "not recovered", "violations"], kinds),
+        _table(["kind", "count", "p50", "p99", "not recovered", "violations (whole run)"],
+               kinds),
         "<h2>Over time</h2>",
         _plot(data, "appends_per_s", "acknowledged appends per second"),
         _plot(data, "latency_max_ms", "append latency, max per second (ms)"),

@@ -22,6 +22,7 @@ class FaultKind(enum.StrEnum):
     NET_LATENCY = "net-latency"  # the proxy delays every chunk it forwards
     S3_PAUSE = "s3-pause"  # SIGSTOP / SIGCONT the S3 endpoint (moto) the fold exports to
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
+    EDGE_KILL = "edge-kill"  # SIGKILL the pipeline's second edge server, start it again
 
 
 @dataclass(frozen=True)
