@@ -18,18 +18,17 @@ from waymark.faults import FaultKind, checkers, make_schedule, report, run_campa
 from waymark.faults.campaign import COPIES, SOURCE, CampaignResult
 from waymark.faults.checkers import Gap
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
-# 20 s, not the issue's 60: the suite's time budget (docs/faults.md, "In the test suite").
-# Without the full disk: it needs root, and it finds a tombstone on an fsync topic that
-# docs/durability.md says cannot happen (docs/faults.md, "Findings").
-SECONDS = 20.0
-KINDS = tuple(k for k in FaultKind if k is not FaultKind.DISK_FULL)
+# The issue's 60 s: this module's xdist group runs beside the Spark groups, each longer
+# (docs/faults.md, "In the test suite"). Every kind: the full disk is left out by the
+# campaign itself where a tmpfs cannot be mounted (no root), S3's pause without --s3.
+SECONDS = 60.0
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CampaignResult]:
-    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"), kinds=KINDS)
+    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"))
 
 
 def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_violation(
@@ -43,6 +42,7 @@ def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_viol
     page = report.write(campaign, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["ok"] and data["seed"] == 7
+    assert obs.events > 0 and len(obs.sink) == obs.events  # the pipeline ran, and finished
     assert sum(k["count"] for k in data["per_kind"].values()) == len(campaign.applied)
     html = page.read_text()
     assert html.count("<svg") == 3 and "<script" not in html

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,10 +119,6 @@ def run_campaign(
     """Run one campaign of ``seconds`` in ``workdir`` (its logs stay there; the data
     too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
     an S3 endpoint (moto's server, a process) instead of ``file://``."""
-    from waymark.client import Client
-    from waymark.kv.server import EmbeddedNats
-    from waymark.protocol.topics import ConfigPatch, Durability
-
     workdir.mkdir(parents=True, exist_ok=True)
     left_out = ["Spark query and its sinks", "clock jumps"]
     s3_port = free_port()
@@ -163,6 +160,15 @@ def run_campaign(
     artifacts = (workdir / "artifacts").as_uri()
     with contextlib.ExitStack() as stack:
         stack.callback(disk.unmount)  # last: the server has stopped
+        # Both servers start while the rest is set up: their start-up is the longest wait.
+        server.launch()
+        stack.callback(server.stop)
+        edge.launch()
+        stack.callback(edge.stop)
+        from waymark.client import Client
+        from waymark.kv.server import EmbeddedNats
+        from waymark.protocol.topics import ConfigPatch, Durability
+
         if moto is not None:
             artifacts = _start_s3(moto, s3_port, stack)
         nats = stack.enter_context(EmbeddedNats(workdir / "nats"))
@@ -173,10 +179,7 @@ def run_campaign(
              "--lease-ttl-s", "2", "--nats-timeout-s", "2"],
             workdir / "fold.log",
         )  # fmt: skip
-        server.start()
-        stack.callback(server.stop)
-        edge.start()
-        stack.callback(edge.stop)
+        server.wait_ready()
         proxy = FaultProxy(port).start()
         stack.callback(proxy.stop)
         direct = f"http://127.0.0.1:{port}"
@@ -198,6 +201,7 @@ def run_campaign(
         write_spec(spec, (workdir / "handoff").as_uri(), (direct, f"http://127.0.0.1:{edge_port}"),
                    direct, SINK, obs.events)  # fmt: skip
         pipeline = Managed("pipeline", ["pipeline", "run", str(spec)], workdir / "pipeline.log")
+        edge.wait_ready()
         pipeline.start()
         stack.callback(pipeline.stop)
         started = time.monotonic()
@@ -464,14 +468,20 @@ def _check(
         copied: dict[str, int] = {}
         for rid, _, _ in _read_topic(client, COPIES, copied_gaps):
             copied[rid] = copied.get(rid, 0) + 1
-    fold_state, bucket_state = asyncio.run(_fold_and_bucket(nats_url, fold, workdir, obs))
+    # The three waits (the fold's export, a change checkpoint, the pipeline's end) and
+    # the two commands run at once: each waits on processes, not on this one.
+    with ThreadPoolExecutor(3) as pool:
+        folded = pool.submit(asyncio.run, _fold_and_bucket(nats_url, fold, workdir, obs))
+        recovered = pool.submit(_recovery_check, url, consumer, workdir, obs)
+        pool.submit(_pipeline_check, url, pipeline, workdir, obs).result()
+        fold_state, bucket_state = folded.result()
+        recovery = recovered.result()
     obs.copied, obs.gaps, obs.fold, obs.bucket = (
         copied,
         gaps + copied_gaps,
         fold_state,
         bucket_state,
     )
-    _pipeline_check(url, pipeline, workdir, obs)
     return [
         checkers.acknowledged_lost(obs.acked, read, SOURCE),
         checkers.forwarded(obs.acked, copied, ROUTER),
@@ -480,7 +490,7 @@ def _check(
         checkers.gaps_announced(gaps + copied_gaps, allowed_topics=[COPIES]),
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
-        _recovery_check(client_url=url, consumer=consumer, workdir=workdir, obs=obs),
+        recovery,
         checkers.pipeline_exactly_once(
             obs.events, obs.sink, obs.pipeline_finished, obs.relocations
         ),

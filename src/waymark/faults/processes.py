@@ -65,6 +65,11 @@ class Managed:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 30.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start it without waiting until it is ready (:meth:`wait_ready`)."""
         self.starts += 1
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts}: {' '.join(self.args)}\n".encode())
@@ -75,6 +80,8 @@ class Managed:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
             )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
         if self.ready is not None:
 
             def up() -> object:
