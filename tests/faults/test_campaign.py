@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from waymark.cli import app
 from waymark.faults import FaultKind, checkers, make_schedule, report, run_campaign
-from waymark.faults.campaign import COPIES, SOURCE, CampaignResult
+from waymark.faults.campaign import COPIES, SOURCE, TTL, CampaignResult
 from waymark.faults.checkers import Gap
 
 pytestmark = pytest.mark.timeout(300)
@@ -85,6 +85,14 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.recovery_covers(obs.newest, obs.receipted, older).ok
     lost = ['{"lost": [1, 2], "reason": "expired"}']
     assert not checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, lost).ok
+    # The expiring topic: a record gone without a tombstone; a timestamp going back.
+    kept = next(rid for rid in obs.ttl_read if rid in obs.ttl_acked)
+    assert checkers.expired_announced(obs.ttl_acked, obs.ttl_read, obs.ttl_gaps, TTL).ok
+    silent = {rid: seq for rid, seq in obs.ttl_read.items() if rid != kept}
+    assert not checkers.expired_announced(obs.ttl_acked, silent, obs.ttl_gaps, TTL).ok
+    seq, ts = max(obs.stamps[SOURCE])
+    back = {**obs.stamps, SOURCE: [*obs.stamps[SOURCE], (seq + 1, ts - 1)]}
+    assert not checkers.timestamps_monotonic(back).ok
     # The pipeline: an event missing at the sink, one delivered twice, one it never
     # sent, or a pipeline that did not finish.
     sink = dict(obs.sink)
@@ -101,7 +109,8 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
 def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
     a = make_schedule(3, 600.0)
     assert a == make_schedule(3, 600.0) and a != make_schedule(4, 600.0)
-    assert {f.kind for f in a} == set(FaultKind)
+    assert {f.kind for f in a} == set(FaultKind) == set(report.COLOURS)
+    assert {f.jump_ms > 0 for f in a if f.kind is FaultKind.CLOCK_JUMP} == {True}
     assert all(f.at_s + f.duration_s <= 600.0 - 8.0 for f in a)
     assert all(x.at_s + x.duration_s < y.at_s for x, y in itertools.pairwise(a))
 

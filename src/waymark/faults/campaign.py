@@ -27,6 +27,7 @@ from typing import Any
 
 from waymark.faults import checkers
 from waymark.faults.checkers import Gap, Verdict
+from waymark.faults.clock import ClockFile
 from waymark.faults.disk import TmpfsDisk
 from waymark.faults.processes import (
     S3_ENVIRONMENT,
@@ -42,6 +43,7 @@ from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
 SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
 SINK = "sink"  # the relocatable pipeline's sink topic, on the campaign's server
+TTL, TTL_MS = "expiring", 10_000  # a disk topic whose records expire: clock jumps bite
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
@@ -60,6 +62,7 @@ class Applied:
         recovered = None if self.recovered_s is None else round(self.recovered_s, 3)
         return {"at_s": self.fault.at_s, "kind": str(self.fault.kind),
                 "duration_s": self.fault.duration_s, "latency_ms": self.fault.latency_ms,
+                "jump_ms": self.fault.jump_ms,
                 "injected_s": round(self.injected_s, 3), "lifted_s": round(self.lifted_s, 3),
                 "recovered_s": recovered}  # fmt: skip
 
@@ -69,6 +72,7 @@ class Observations:
     """What the campaign saw, filled by its threads (each list is appended by one)."""
 
     acked: dict[str, int] = field(default_factory=dict)  # record id -> seq it was told
+    ttl_acked: dict[str, int] = field(default_factory=dict)  # the same, of the TTL topic
     acks: list[tuple[float, float]] = field(default_factory=list)  # (t, latency s)
     errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
     nats_acks: list[float] = field(default_factory=list)
@@ -76,6 +80,9 @@ class Observations:
     processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
     # What the checkers read at the end, kept so a test can plant a violation in it.
     read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
+    ttl_read: dict[str, int] = field(default_factory=dict)  # TTL topic: record id -> seq
+    ttl_gaps: list[Gap] = field(default_factory=list)  # the tombstones met reading it
+    stamps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # topic: (seq, $ts)
     copied: dict[str, int] = field(default_factory=dict)  # dest: record id -> copies
     gaps: list[Gap] = field(default_factory=list)
     fold: dict[str, tuple[bytes, int]] = field(default_factory=dict)
@@ -120,7 +127,7 @@ def run_campaign(
     too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
     an S3 endpoint (moto's server, a process) instead of ``file://``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks", "clock jumps"]
+    left_out = ["Spark query and its sinks", "a queue (the clock jumps move no lease of the flow)"]
     s3_port = free_port()
     moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
     if moto is None:
@@ -133,7 +140,8 @@ def run_campaign(
     schedule = make_schedule(seed, seconds, kinds)
     components = [
         "producers (client, fsync, idempotent ids) via the fault proxy",
-        "waymark serve (SIGKILL, SIGSTOP)", "a router (at least once)",
+        "waymark serve (SIGKILL, SIGSTOP, its injected clock jumping ahead and back)",
+        "a router (at least once)", "an expiring topic (TTL) and its producer",
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
         + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
         "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
@@ -144,9 +152,18 @@ def run_campaign(
     stop = threading.Event()  # the producers and the NATS writer
     sampled = threading.Event()  # the pointer's sampler, which the fold's check reads
     port = free_port()
+    clock = ClockFile(workdir / "clock-offset")
     server = Managed(
         "server",
-        ["serve", "--port", str(port), "--data-dir", str(workdir / "data")],
+        [
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(workdir / "data"),
+            "--clock-offset-file",
+            str(clock.path),
+        ],
         workdir / "server.log",
         ready=lambda: listening(port),
     )
@@ -185,6 +202,7 @@ def run_campaign(
         direct = f"http://127.0.0.1:{port}"
         with Client(direct, timeout=10) as admin:
             admin.put_topic(SOURCE, ConfigPatch(durability=Durability.FSYNC))
+            admin.put_topic(TTL, ConfigPatch(ttl_ms=TTL_MS))
             admin.put_router(ROUTER, SOURCE, COPIES)
         fold.start()
         stack.callback(fold.stop)
@@ -210,9 +228,20 @@ def run_campaign(
             return time.monotonic() - started
 
         threads = [
-            threading.Thread(target=_produce, args=(k, proxy.url, obs, stop, now), daemon=True)
+            threading.Thread(
+                target=_produce,
+                args=(k, proxy.url, SOURCE, obs.acked, obs, stop, now),
+                daemon=True,
+            )
             for k in range(PRODUCERS)
         ]
+        threads.append(
+            threading.Thread(
+                target=_produce,
+                args=(PRODUCERS, proxy.url, TTL, obs.ttl_acked, obs, stop, now),
+                daemon=True,
+            )
+        )
         threads.append(
             threading.Thread(target=_write_bucket, args=(nats.url, obs, stop, now), daemon=True)
         )
@@ -230,7 +259,7 @@ def run_campaign(
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
-            applied.append(_apply(fault, targets, proxy, disk, now))
+            applied.append(_apply(fault, targets, proxy, disk, clock, now))
         # The consumer stops processing 2 s before the end and is killed at the check,
         # so the last changes are never receipted: the recovery query must name them.
         _sleep_until(started + seconds - 2)
@@ -296,6 +325,7 @@ def _apply(
     targets: dict[str, Managed],
     proxy: FaultProxy,
     disk: TmpfsDisk,
+    clock: ClockFile,
     now: Callable[[], float],
 ) -> Applied:
     """Inject ``fault``, hold it for its duration, lift it. The lift's time is when
@@ -311,6 +341,8 @@ def _apply(
         proxy.cut()
     elif kind is FaultKind.DISK_FULL:
         disk.fill()
+    elif kind is FaultKind.CLOCK_JUMP:
+        clock.set(fault.jump_ms)
     else:
         proxy.latency(fault.latency_ms)
     time.sleep(fault.duration_s)
@@ -321,6 +353,8 @@ def _apply(
         target.resume()
     elif kind is FaultKind.DISK_FULL:
         disk.free()
+    elif kind is FaultKind.CLOCK_JUMP:
+        clock.set(0)  # back: the wall clock steps back under what was written meanwhile
     else:
         proxy.restore()
     return Applied(fault, injected, lifted)
@@ -342,10 +376,17 @@ def _recovery(a: Applied, obs: Observations) -> float | None:
 
 
 def _produce(
-    k: int, url: str, obs: Observations, stop: threading.Event, now: Callable[[], float]
+    k: int,
+    url: str,
+    topic: str,
+    acked: dict[str, int],
+    obs: Observations,
+    stop: threading.Event,
+    now: Callable[[], float],
 ) -> None:
-    """Append one record at a time with an id, retrying it until acknowledged: the id
-    makes a retry of a write that was committed answer the original seq."""
+    """Append one record at a time with an id to ``topic``, retrying it until
+    acknowledged (then noted in ``acked``): the id makes a retry of a write that was
+    committed answer the original seq."""
     from waymark.client import Client, RecordIn
 
     with Client(url, timeout=3, connect_timeout=1) as client:
@@ -355,13 +396,13 @@ def _produce(
             sent = now()
             try:
                 record = RecordIn.of({"p": k, "n": i}, id=rid, tag=f"k{i % TAGS}")
-                ack = client.append(SOURCE, [record])
+                ack = client.append(topic, [record])
             except Exception as e:  # a fault: the write's fate is unknown; send it again
                 obs.errors.append((now(), f"producer {k}: {type(e).__name__}"))
                 time.sleep(0.05)
                 continue
             done = now()
-            obs.acked[rid] = ack.seqs[0]
+            acked[rid] = ack.seqs[0]
             obs.acks.append((done, done - sent))
             i += 1
 
@@ -417,8 +458,11 @@ def _sample(
                     obs.pointer.append((now(), manifest.rank))
 
 
-def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int, str]]:
-    """Every record of ``topic`` as (id, seq, tag), and the tombstones met on the way."""
+def _read_topic(
+    client: Any, topic: str, gaps: list[Gap], stamps: list[tuple[int, int]] | None = None
+) -> list[tuple[str, int, str]]:
+    """Every record of ``topic`` as (id, seq, tag), the tombstones met on the way, and
+    into ``stamps`` each record's (seq, $ts)."""
     import msgspec
 
     got: list[tuple[str, int, str]] = []
@@ -431,6 +475,8 @@ def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int
         for r in page.records:
             data = msgspec.json.decode(r.data)
             got.append((f"p{data['p']}-{data['n']}", r.seq, r.tag or ""))
+            if stamps is not None:
+                stamps.append((r.seq, r.ts))
         if page.next_from_seq <= after or (page.caught_up and not page.records):
             return got
         after = page.next_from_seq
@@ -449,8 +495,11 @@ def _check(
 
     gaps: list[Gap] = []
     with Client(url, timeout=10) as client:
-        source = _read_topic(client, SOURCE, gaps)
+        obs.stamps = {SOURCE: [], TTL: []}
+        source = _read_topic(client, SOURCE, gaps, obs.stamps[SOURCE])
         obs.read = read = {rid: seq for rid, seq, _ in source}
+        expiring = _read_topic(client, TTL, obs.ttl_gaps, obs.stamps[TTL])
+        obs.ttl_read = {rid: seq for rid, seq, _ in expiring}
         for _, seq, tag in source:
             key = f"{SOURCE}/{tag}"
             obs.newest[key] = max(obs.newest.get(key, 0), seq)
@@ -487,7 +536,9 @@ def _check(
         checkers.forwarded(obs.acked, copied, ROUTER),
         # The router's dest is a `disk` topic: a server crash may lose its newest copies,
         # announced (docs/durability.md) and forwarded again; the fsync source loses none.
-        checkers.gaps_announced(gaps + copied_gaps, allowed_topics=[COPIES]),
+        checkers.gaps_announced(gaps + copied_gaps + obs.ttl_gaps, allowed_topics=[COPIES, TTL]),
+        checkers.expired_announced(obs.ttl_acked, obs.ttl_read, obs.ttl_gaps, TTL),
+        checkers.timestamps_monotonic(obs.stamps),
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
         recovery,

@@ -142,3 +142,44 @@ def pipeline_exactly_once(
         + [("twice", n) for n in twice[:3]]
         + [("unknown", n) for n in unknown[:3]],
     )
+
+
+def expired_announced(
+    acked: Mapping[str, int], read: Mapping[str, int], gaps: Sequence[Gap], topic: str
+) -> Verdict:
+    """On a topic whose records expire (a TTL, moved by clock jumps): every acknowledged
+    record is read back at its seq or lies in a gap a tombstone announced; none is
+    skipped silently."""
+    covered = sorted((g.gap_from, g.gap_to) for g in gaps if g.topic == topic)
+
+    def announced(seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in covered)
+
+    silent = [(rid, seq) for rid, seq in acked.items()
+              if read.get(rid) != seq and not announced(seq)]  # fmt: skip
+    gone = sum(1 for rid, seq in acked.items() if read.get(rid) != seq)
+    return Verdict(
+        f"every expired record announced ({topic})",
+        not silent,
+        f"{len(silent)} of {len(acked)} acknowledged records gone without a tombstone; "
+        f"{gone} gone in all, {len(covered)} tombstone(s)",
+        silent[:5],
+    )
+
+
+def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Verdict:
+    """Per topic, record timestamps (``$ts``) never decrease along seqs, even where the
+    server's clock jumped back (docs/topics.md, "What it guarantees")."""
+    back = [
+        (topic, a, b)
+        for topic, pairs in stamps.items()
+        for a, b in pairwise(sorted(pairs))
+        if b[1] < a[1]
+    ]
+    n = sum(len(p) for p in stamps.values())
+    return Verdict(
+        "record timestamps never decrease along seqs",
+        not back,
+        f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)",
+        back[:5],
+    )

@@ -29,6 +29,7 @@ COLOURS = {
     FaultKind.S3_PAUSE: "#2ca02c",
     FaultKind.DISK_FULL: "#7f7f7f",
     FaultKind.EDGE_KILL: "#aec7e8",
+    FaultKind.CLOCK_JUMP: "#98df8a",
 }
 
 
@@ -153,7 +154,7 @@ def render(data: dict[str, Any]) -> str:
     )
     schedule = "".join(
         f"<tr><td>{f['injected_s']}</td><td>{esc(f['kind'])}</td><td>{f['duration_s']}</td>"
-        f"<td>{f['latency_ms'] or ''}</td><td>{f['recovered_s']}</td></tr>"
+        f"<td>{f['latency_ms'] or f.get('jump_ms') or ''}</td><td>{f['recovered_s']}</td></tr>"
         for f in data["schedule"]
     )
     verdict = "every checker passed" if data["ok"] else "VIOLATIONS FOUND"
@@ -176,7 +177,8 @@ def render(data: dict[str, Any]) -> str:
         _plot(data, "latency_max_ms", "append latency, max per second (ms)"),
         _plot(data, "nats_writes_per_s", "NATS bucket writes per second"),
         "<h2>Schedule</h2>",
-        _table(["injected (s)", "kind", "duration (s)", "latency (ms)", "recovered after (s)"],
+        _table(["injected (s)", "kind", "duration (s)", "latency or jump (ms)",
+                "recovered after (s)"],
                schedule),
         "</body></html>\n",
     ])  # fmt: skip
