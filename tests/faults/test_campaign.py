@@ -93,6 +93,11 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     seq, ts = max(obs.stamps[SOURCE])
     back = {**obs.stamps, SOURCE: [*obs.stamps[SOURCE], (seq + 1, ts - 1)]}
     assert not checkers.timestamps_monotonic(back).ok
+    # The queue: a job the worker never acknowledged, or one left in the queue.
+    assert checkers.queue_done(obs.jobs, obs.delivered, obs.done, obs.remaining).ok
+    job = next(iter(obs.jobs))
+    assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done - {job}, []).ok
+    assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done, [job]).ok
     # The pipeline: an event missing at the sink, one delivered twice, one it never
     # sent, or a pipeline that did not finish.
     sink = dict(obs.sink)

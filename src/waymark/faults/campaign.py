@@ -44,6 +44,7 @@ from waymark.faults.schedule import Fault, FaultKind, make_schedule
 SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
 SINK = "sink"  # the relocatable pipeline's sink topic, on the campaign's server
 TTL, TTL_MS = "expiring", 10_000  # a disk topic whose records expire: clock jumps bite
+QUEUE, LEASE_MS = "jobs", 5_000  # a queue whose leases a clock jump ahead expires
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
@@ -73,6 +74,10 @@ class Observations:
 
     acked: dict[str, int] = field(default_factory=dict)  # record id -> seq it was told
     ttl_acked: dict[str, int] = field(default_factory=dict)  # the same, of the TTL topic
+    jobs: dict[str, int] = field(default_factory=dict)  # the same, of the queue
+    delivered: dict[str, int] = field(default_factory=dict)  # job id -> claims that got it
+    done: set[str] = field(default_factory=set)  # job ids the worker sent an ack for
+    remaining: list[str] = field(default_factory=list)  # job ids left in the queue at the end
     acks: list[tuple[float, float]] = field(default_factory=list)  # (t, latency s)
     errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
     nats_acks: list[float] = field(default_factory=list)
@@ -127,7 +132,7 @@ def run_campaign(
     too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
     an S3 endpoint (moto's server, a process) instead of ``file://``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks", "a queue (the clock jumps move no lease of the flow)"]
+    left_out = ["Spark query and its sinks"]
     s3_port = free_port()
     moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
     if moto is None:
@@ -142,6 +147,7 @@ def run_campaign(
         "producers (client, fsync, idempotent ids) via the fault proxy",
         "waymark serve (SIGKILL, SIGSTOP, its injected clock jumping ahead and back)",
         "a router (at least once)", "an expiring topic (TTL) and its producer",
+        "a queue (leases of 5 s) with a producer and a worker claiming and acking",
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
         + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
         "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
@@ -184,7 +190,7 @@ def run_campaign(
         stack.callback(edge.stop)
         from waymark.client import Client
         from waymark.kv.server import EmbeddedNats
-        from waymark.protocol.topics import ConfigPatch, Durability
+        from waymark.protocol.topics import ConfigPatch, Durability, TopicType
 
         if moto is not None:
             artifacts = _start_s3(moto, s3_port, stack)
@@ -203,6 +209,8 @@ def run_campaign(
         with Client(direct, timeout=10) as admin:
             admin.put_topic(SOURCE, ConfigPatch(durability=Durability.FSYNC))
             admin.put_topic(TTL, ConfigPatch(ttl_ms=TTL_MS))
+            admin.put_topic(QUEUE, ConfigPatch(durability=Durability.FSYNC, lease_ms=LEASE_MS),
+                            type=TopicType.QUEUE)  # fmt: skip
             admin.put_router(ROUTER, SOURCE, COPIES)
         fold.start()
         stack.callback(fold.stop)
@@ -243,8 +251,18 @@ def run_campaign(
             )
         )
         threads.append(
+            threading.Thread(
+                target=_produce,
+                args=(PRODUCERS + 1, proxy.url, QUEUE, obs.jobs, obs, stop, now),
+                daemon=True,
+            )
+        )
+        threads.append(
             threading.Thread(target=_write_bucket, args=(nats.url, obs, stop, now), daemon=True)
         )
+        worked = threading.Event()  # the worker drains the queue until the check says so
+        worker = threading.Thread(target=_work, args=(proxy.url, obs, worked, now), daemon=True)
+        worker.start()
         sampler = threading.Thread(
             target=_sample,
             args=(artifacts, workdir / "processed.log", direct, obs, sampled, now),
@@ -269,7 +287,8 @@ def run_campaign(
         for t in threads:
             t.join(30)
         log(f"{now():7.2f}s  faults over; checking")
-        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs)
+        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs, worked)
+        worker.join(30)
         sampled.set()
         sampler.join(5)
         for a in applied:
@@ -490,6 +509,7 @@ def _check(
     pipeline: Managed,
     workdir: Path,
     obs: Observations,
+    worked: threading.Event,
 ) -> list[Verdict]:
     from waymark.client import Client
 
@@ -519,10 +539,12 @@ def _check(
             copied[rid] = copied.get(rid, 0) + 1
     # The three waits (the fold's export, a change checkpoint, the pipeline's end) and
     # the two commands run at once: each waits on processes, not on this one.
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(4) as pool:
         folded = pool.submit(asyncio.run, _fold_and_bucket(nats_url, fold, workdir, obs))
         recovered = pool.submit(_recovery_check, url, consumer, workdir, obs)
+        drained = pool.submit(_queue_check, url, worked, obs)
         pool.submit(_pipeline_check, url, pipeline, workdir, obs).result()
+        drained.result()
         fold_state, bucket_state = folded.result()
         recovery = recovered.result()
     obs.copied, obs.gaps, obs.fold, obs.bucket = (
@@ -542,10 +564,54 @@ def _check(
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
         recovery,
+        checkers.queue_done(obs.jobs, obs.delivered, obs.done, obs.remaining),
         checkers.pipeline_exactly_once(
             obs.events, obs.sink, obs.pipeline_finished, obs.relocations
         ),
     ]
+
+
+def _queue_check(url: str, worked: threading.Event, obs: Observations) -> None:
+    """Let the worker drain the queue (every job it was given acknowledged), stop it,
+    and read what is left in the queue."""
+    from waymark.client import Client
+
+    with Client(url, timeout=10) as client:
+
+        def drained() -> bool:
+            return obs.jobs.keys() <= obs.done and client.get_topic(QUEUE).count == 0
+
+        with contextlib.suppress(TimeoutError):  # then the checker says what is left
+            wait_for("the queue drained", drained, 30)
+        worked.set()
+        obs.remaining = [rid for rid, _, _ in _read_topic(client, QUEUE, [])]
+
+
+def _work(url: str, obs: Observations, worked: threading.Event, now: Callable[[], float]) -> None:
+    """The queue's worker: claim up to 10 jobs under a 5 s lease, work on them a moment
+    (a clock jump ahead meanwhile expires the lease: the ack is skipped and the jobs
+    come again), acknowledge them."""
+    from waymark.client import Client
+
+    with Client(url, timeout=3, connect_timeout=1) as client:
+        while not worked.is_set():
+            try:
+                jobs = client.claim(QUEUE, "worker", 10, lease_ms=LEASE_MS)
+            except Exception as e:  # a fault: claim again
+                obs.errors.append((now(), f"worker: {type(e).__name__}"))
+                time.sleep(0.05)
+                continue
+            if not jobs:
+                time.sleep(0.02)
+                continue
+            ids = [f"p{job.data['p']}-{job.data['n']}" for job in jobs]
+            for rid in ids:
+                obs.delivered[rid] = obs.delivered.get(rid, 0) + 1
+            time.sleep(0.05)  # the work
+            obs.done.update(ids)  # before the ack: an answer lost on the way hides a done one
+            with contextlib.suppress(Exception):  # not acknowledged: the jobs come again
+                client.ack(QUEUE, "worker", [j.seq for j in jobs],
+                           lease_ids=[j.lease_id for j in jobs])  # fmt: skip
 
 
 def _pipeline_check(url: str, pipeline: Managed, workdir: Path, obs: Observations) -> None:

@@ -183,3 +183,21 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Ver
         f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)",
         back[:5],
     )
+
+
+def queue_done(
+    jobs: Iterable[str], delivered: Mapping[str, int], done: Iterable[str], remaining: Sequence[str]
+) -> Verdict:
+    """Every job put into the queue was given to the worker and acknowledged by it at
+    least once (at least once: leases a clock jump or a crash took back give a job
+    again), and none is left in the queue at the end."""
+    acked = set(done)
+    never = [rid for rid in jobs if rid not in acked]
+    again = sum(n - 1 for n in delivered.values() if n > 1)
+    return Verdict(
+        "every queued job processed",
+        not never and not remaining,
+        f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "
+        f"{again} delivered again (allowed: at least once)",
+        [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
+    )

@@ -18,7 +18,7 @@ import tomli_w
 
 PIPELINE = "campaign"
 # The source's pace: events flow through the whole run rather than in its first seconds.
-PACE_S = 0.004
+PACE_S = 0.02
 
 
 def produce(n: int) -> dict[str, Any]:
