@@ -1,11 +1,11 @@
 """The campaign's relocatable pipeline (docs/faults.md, "The data flow"): a paced source,
-the spec `waymark pipeline run` runs as a process, and what its sink holds.
+the pipeline file `waymark pipeline run` runs as a process, and what its sink holds.
 
 produce -> ``raw`` -> transform -> ``enriched`` -> sink, each edge placed on one of two
 servers (the campaign's and a second one); a kill of the server under an edge moves it
 to the other mid-flight. The stages other than the source are the relocate demo's
 (``waymark.pipeline.demo``); the campaign reaches the pipeline only as a user does:
-the spec file, the command and the sink topic.
+the pipeline file, the command and the sink topic.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def events_for(seconds: float) -> int:
 def write_spec(
     path: Path, handoff: str, servers: tuple[str, str], sink_url: str, topic: str, events: int
 ) -> None:
-    """The pipeline's spec: ``raw`` prefers the first server, ``enriched`` the second."""
+    """The pipeline file: ``raw`` prefers the first server, ``enriched`` the second."""
     first, second = servers
     spec = {
         "pipeline": {"name": PIPELINE, "handoff": handoff},
