@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +57,7 @@ class Applied:
     fault: Fault
     injected_s: float
     lifted_s: float
+    ready_s: float  # when lifting it was done (a killed process answers again)
     recovered_s: float | None = None  # from the lift to the first progress after it
 
     def to_json(self) -> dict[str, Any]:
@@ -376,18 +377,21 @@ def _apply(
         clock.set(0)  # back: the wall clock steps back under what was written meanwhile
     else:
         proxy.restore()
-    return Applied(fault, injected, lifted)
+    return Applied(fault, injected, lifted, now())
 
 
 def _recovery(a: Applied, obs: Observations) -> float | None:
     """Seconds from the lift to the first progress after it: an acknowledged append for
     the server, the network and the disk, the pointer moving for the fold, the processed
-    log growing for the consumer, the pipeline's sink growing for the edge server."""
+    log growing for the consumer, the pipeline's sink growing for the edge server (or,
+    once the pipeline delivered every event, that server answering again)."""
     samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed,
                "edge": obs.sink_head}.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
     if samples is not None:
         at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
-        after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+        after: Iterator[float] = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+        if a.fault.kind is FaultKind.EDGE_KILL and at_lift >= obs.events:  # nothing left
+            after = iter([a.ready_s])
     else:
         after = (t for t, _ in obs.acks if t > a.lifted_s)
     first = next(after, None)
