@@ -8,8 +8,10 @@ instance id) from an :class:`IdSource`, so a test can make them predictable.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
+from pathlib import Path
 from typing import Protocol
 
 
@@ -24,6 +26,27 @@ class SystemClock:
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+
+class OffsetClock:
+    """Fault injector: the wall clock plus the milliseconds ``path`` holds (absent or
+    empty: 0), read again at most every ``reread_s``; a file another process rewrites
+    makes this process's clock jump, forwards or back (docs/faults.md, "Faults")."""
+
+    def __init__(self, path: Path, reread_s: float = 0.1) -> None:
+        self.path = path
+        self.reread_s = reread_s
+        self._offset = 0
+        self._read_at = float("-inf")
+
+    def now_ms(self) -> int:
+        mono = time.monotonic()
+        if mono - self._read_at >= self.reread_s:
+            self._read_at = mono
+            # (absent, or caught mid-write: the last offset stays)
+            with contextlib.suppress(OSError, ValueError):
+                self._offset = int(self.path.read_text().strip() or 0)
+        return time.time_ns() // 1_000_000 + self._offset
 
 
 class ManualClock:

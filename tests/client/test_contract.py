@@ -289,9 +289,15 @@ def not_json(s: Target) -> None:
 
 
 def disk_full(s: Target) -> None:
+    # A write the WAL has taken is never refused afterwards (it waits until stored,
+    # docs/durability.md): the refusal comes to the writes after the WAL met the full
+    # disk. A memory topic's appends wait for nothing, so they find the moment.
+    s.client.put_topic("scratch", ConfigPatch(durability=Durability.MEMORY))
     try:
         with fault(s.disk.full):
-            s.client.append("synced", [RecordIn.of(1)])  # an fsync topic acks once synced
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                s.client.append("scratch", [RecordIn.of(1)])
     finally:
         # The WAL retries on its own once the disk accepts writes again: wait for it, so
         # the cases after this one meet a server that writes (not a timing guess).

@@ -15,21 +15,20 @@ from typer.testing import CliRunner
 
 from waymark.cli import app
 from waymark.faults import FaultKind, checkers, make_schedule, report, run_campaign
-from waymark.faults.campaign import COPIES, SOURCE, CampaignResult
+from waymark.faults.campaign import COPIES, SOURCE, TTL, CampaignResult
 from waymark.faults.checkers import Gap
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
-# 20 s, not the issue's 60: the suite's time budget (docs/faults.md, "In the test suite").
-# Without the full disk: it needs root, and it finds a tombstone on an fsync topic that
-# docs/durability.md says cannot happen (docs/faults.md, "Findings").
-SECONDS = 20.0
-KINDS = tuple(k for k in FaultKind if k is not FaultKind.DISK_FULL)
+# The issue's 60 s: this module's xdist group runs beside the Spark groups, each longer
+# (docs/faults.md, "In the test suite"). Every kind: the full disk is left out by the
+# campaign itself where a tmpfs cannot be mounted (no root), S3's pause without --s3.
+SECONDS = 60.0
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CampaignResult]:
-    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"), kinds=KINDS)
+    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"))
 
 
 def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_violation(
@@ -43,6 +42,7 @@ def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_viol
     page = report.write(campaign, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["ok"] and data["seed"] == 7
+    assert obs.events > 0 and len(obs.sink) == obs.events  # the pipeline ran, and finished
     assert sum(k["count"] for k in data["per_kind"].values()) == len(campaign.applied)
     html = page.read_text()
     assert html.count("<svg") == 3 and "<script" not in html
@@ -85,12 +85,37 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.recovery_covers(obs.newest, obs.receipted, older).ok
     lost = ['{"lost": [1, 2], "reason": "expired"}']
     assert not checkers.recovery_covers(obs.newest, obs.receipted, obs.missed, lost).ok
+    # The expiring topic: a record gone without a tombstone; a timestamp going back.
+    kept = next(rid for rid in obs.ttl_read if rid in obs.ttl_acked)
+    assert checkers.expired_announced(obs.ttl_acked, obs.ttl_read, obs.ttl_gaps, TTL).ok
+    silent = {rid: seq for rid, seq in obs.ttl_read.items() if rid != kept}
+    assert not checkers.expired_announced(obs.ttl_acked, silent, obs.ttl_gaps, TTL).ok
+    seq, ts = max(obs.stamps[SOURCE])
+    back = {**obs.stamps, SOURCE: [*obs.stamps[SOURCE], (seq + 1, ts - 1)]}
+    assert not checkers.timestamps_monotonic(back).ok
+    # The queue: a job the worker never acknowledged, or one left in the queue.
+    assert checkers.queue_done(obs.jobs, obs.delivered, obs.done, obs.remaining).ok
+    job = next(iter(obs.jobs))
+    assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done - {job}, []).ok
+    assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done, [job]).ok
+    # The pipeline: an event missing at the sink, one delivered twice, one it never
+    # sent, or a pipeline that did not finish.
+    sink = dict(obs.sink)
+    assert checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    del sink[obs.events - 1]
+    assert not checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    twice = {**obs.sink, 0: 2}
+    assert not checkers.pipeline_exactly_once(obs.events, twice, True, obs.relocations).ok
+    unknown = {**obs.sink, obs.events: 1}
+    assert not checkers.pipeline_exactly_once(obs.events, unknown, True, obs.relocations).ok
+    assert not checkers.pipeline_exactly_once(obs.events, obs.sink, False, obs.relocations).ok
 
 
 def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
     a = make_schedule(3, 600.0)
     assert a == make_schedule(3, 600.0) and a != make_schedule(4, 600.0)
-    assert {f.kind for f in a} == set(FaultKind)
+    assert {f.kind for f in a} == set(FaultKind) == set(report.COLOURS)
+    assert {f.jump_ms > 0 for f in a if f.kind is FaultKind.CLOCK_JUMP} == {True}
     assert all(f.at_s + f.duration_s <= 600.0 - 8.0 for f in a)
     assert all(x.at_s + x.duration_s < y.at_s for x, y in itertools.pairwise(a))
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -301,7 +302,7 @@ class FullDiskInjector(FileIO):
 
 def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Path) -> None:
     disk = FullDiskInjector()
-    engine, wal = reopen(tmp_path, fileio=disk)
+    engine, store = reopen(tmp_path, fileio=disk)
     engine.put_topic("f", ConfigPatch(durable=True))
 
     async def scenario() -> None:
@@ -309,22 +310,25 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
         await first.commit.wait()  # type: ignore[union-attr]
         disk.full.set()
         pending = engine.append("f", [RecordIn.of("in flight")])
-        with pytest.raises(TopicError) as info:
-            await pending.commit.wait()  # type: ignore[union-attr]
-        assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE and info.value.status == 503
+        # Taken before the disk refused it: never refused, it waits until stored.
+        waiting = asyncio.ensure_future(pending.commit.wait())  # type: ignore[union-attr]
+        shard = store.wal.shard_of("f")
+        for _ in range(500):
+            if shard.error is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert shard.error is not None and not waiting.done()
         # While the disk is full new writes are refused: nothing changes.
         with pytest.raises(TopicError) as info:
             engine.append("f", [RecordIn.of("refused")])
-        assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE and info.value.status == 503
         state = engine.get_topic("f")  # the one in flight is handed out, not readable
         assert (state.head_seq, state.assigned_head_seq) == (1, 2)
         # Reads keep working, and show only what is durable (fsync class).
         assert [r["data"] for r in engine.diff("f", 0).records()] == ["before"]
-        disk.full.clear()  # space returns
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if pending.commit.durable:  # type: ignore[union-attr]
-                break
+        assert not waiting.done()
+        disk.full.clear()  # space returns: the retry stores it, and it is acknowledged
+        await asyncio.wait_for(waiting, 30)
         resumed = engine.append("f", [RecordIn.of("after")])
         await resumed.commit.wait()  # type: ignore[union-attr]
         assert [r["data"] for r in engine.diff("f", 0).records()] == [
@@ -332,11 +336,48 @@ def test_a_full_disk_refuses_new_writes_loses_nothing_and_recovers(tmp_path: Pat
 
     asyncio.run(scenario())
     assert disk.failures >= 1
-    shut(engine, wal)
-    engine, wal = reopen(tmp_path)
+    shut(engine, store)
+    engine, store = reopen(tmp_path)
     data = [r["data"] for r in engine.diff("f", 0).records()]
     assert data == ["before", "in flight", "after"]  # the partial write left no garbage
-    shut(engine, wal)
+    shut(engine, store)
+
+
+class FailedSyncInjector(FileIO):
+    """Fault injector: the next ``fdatasync`` fails with EIO once ``fail`` is set, after
+    the write before it landed (what the written bytes hold then is unknown)."""
+
+    def __init__(self) -> None:
+        self.fail = threading.Event()
+
+    def fdatasync(self, fd: int) -> None:
+        if self.fail.is_set():
+            self.fail.clear()
+            raise OSError(errno.EIO, "Input/output error")
+        super().fdatasync(fd)
+
+
+def test_a_failed_sync_is_retried_without_writing_its_frames_twice(tmp_path: Path) -> None:
+    disk = FailedSyncInjector()
+    engine, store = reopen(tmp_path, fileio=disk)
+    engine.put_topic("d", ConfigPatch(durability=Durability.DISK))
+    store.sync_blocking()
+    disk.fail.set()
+    engine.append("d", [RecordIn.of(i) for i in range(3)])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            store.sync_blocking()  # raises while the shard's last round failed
+            break
+        except TopicError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert not disk.fail.is_set()  # it did fail once
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in engine.diff("d", 0).records()] == [0, 1, 2]
+    assert engine.get_topic("d").count == 3
+    shut(engine, store)
 
 
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
@@ -414,6 +455,27 @@ def test_an_fsync_topic_reports_no_loss_after_a_crash(tmp_path: Path) -> None:
         if page.caught_up:
             break
     assert tombstones == [] and [r["$seq"] for r in records] == [1, 2, 3, 4, 5, new]  # ...silent
+    shut(engine, store)
+
+
+def test_an_fsync_topic_crashed_twice_before_a_seal_reports_no_loss(tmp_path: Path) -> None:
+    """The first restart moves past the ceiling's lead silently and journals it: the
+    second meets records above the skipped seqs and must not take them for lost."""
+    clock = ManualClock()  # (the lead follows the append rate: a still clock makes it long)
+    engine, store = reopen(tmp_path, clock=clock)
+    engine.put_topic("f", ConfigPatch(durable=True))
+    for i in range(5):
+        engine.append("f", [RecordIn.of(i)])
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path, clock=clock)
+    moved = engine.append("f", [RecordIn.of(5)]).seqs[0]
+    assert moved > 6  # past a lead
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path, clock=clock)
+    page = engine.diff("f", 0)
+    assert page.tombstone is None and page.caught_up
+    assert [(r["$seq"], r["data"]) for r in page.records()] == [
+        (1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (moved, 5)]  # fmt: skip
     shut(engine, store)
 
 

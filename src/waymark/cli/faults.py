@@ -79,10 +79,12 @@ def run(
         for v in result.verdicts:
             table.add_row(v.name, "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]", v.summary)
         Console().print(table)
-        per_kind = Table("fault kind", "count", "recover p50 (s)", "p99 (s)", "not recovered")
+        per_kind = Table("fault kind", "count", "recover p50 (s)", "p99 (s)", "not recovered",
+                         "violations (run)")  # fmt: skip
         for name, s in reports.per_kind(result).items():
             per_kind.add_row(name, str(s["count"]), str(s["recover_p50_s"]),
-                          str(s["recover_p99_s"]), str(s["not_recovered"]))  # fmt: skip
+                             str(s["recover_p99_s"]), str(s["not_recovered"]),
+                             str(s["violations"]))  # fmt: skip
         Console().print(per_kind)
         console.print(f"report: {page}")
     if not result.ok:

@@ -83,6 +83,15 @@ def register(app: typer.Typer) -> None:
                 "its head, so a crash while it is idle reports no gap (docs/durability.md).",
             ),
         ] = 0.05,
+        clock_offset_file: Annotated[
+            Path | None,
+            typer.Option(
+                help="Fault injection, for tests and fault campaigns: the server's clock "
+                "(TTLs, leases, token expiry) is the wall clock plus the milliseconds this "
+                "file holds, read again every 0.1 s, so rewriting it jumps the clock "
+                "(docs/faults.md).",
+            ),
+        ] = None,
         tokens: Annotated[
             Path | None,
             typer.Option(
@@ -190,6 +199,7 @@ def register(app: typer.Typer) -> None:
         import signal
         import ssl
 
+        from waymark.clock import OffsetClock
         from waymark.log.storage.frames import CorruptFrame
         from waymark.log.storage.restore import open_engine
         from waymark.log.storage.segment import SegmentError
@@ -240,6 +250,7 @@ def register(app: typer.Typer) -> None:
         try:
             engine, store, report = open_engine(
                 data_dir,
+                clock=None if clock_offset_file is None else OffsetClock(clock_offset_file),
                 shards=wal_shards,
                 cold_dir=cold_dir,
                 hot_segments=hot_segments,

@@ -4,9 +4,11 @@
 The flow: producers append with ``fsync`` durability through the client, via the
 fault proxy, to ``waymark serve``; a router on the server copies every record into a
 second topic; a NATS writer updates a bucket that ``waymark fold`` folds and exports
-to a ``file://`` object store. Producers and the NATS writer run in this process
-(their acknowledgments are the ground truth); the server, the fold and nats-server
-are processes of their own.
+to a ``file://`` object store; ``waymark pipeline run`` runs a relocatable pipeline
+whose edges move between that server and a second one when the one under an edge dies
+(:mod:`waymark.faults.relocation`). Producers and the NATS writer run in this process
+(their acknowledgments are the ground truth); the servers, the fold, the pipeline and
+nats-server are processes of their own.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from waymark.faults import checkers
 from waymark.faults.checkers import Gap, Verdict
+from waymark.faults.clock import ClockFile
 from waymark.faults.disk import TmpfsDisk
 from waymark.faults.processes import (
     S3_ENVIRONMENT,
@@ -34,9 +38,13 @@ from waymark.faults.processes import (
     wait_for,
 )
 from waymark.faults.proxy import FaultProxy
+from waymark.faults.relocation import events_for, sink_counts, write_spec
 from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
 SOURCE, COPIES, ROUTER, BUCKET, CLIENT = "events", "copies", "copy", "campaign", "campaign"
+SINK = "sink"  # the relocatable pipeline's sink topic, on the campaign's server
+TTL, TTL_MS = "expiring", 10_000  # a disk topic whose records expire: clock jumps bite
+QUEUE, LEASE_MS = "jobs", 5_000  # a queue whose leases a clock jump ahead expires
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
@@ -49,12 +57,14 @@ class Applied:
     fault: Fault
     injected_s: float
     lifted_s: float
+    ready_s: float  # when lifting it was done (a killed process answers again)
     recovered_s: float | None = None  # from the lift to the first progress after it
 
     def to_json(self) -> dict[str, Any]:
         recovered = None if self.recovered_s is None else round(self.recovered_s, 3)
         return {"at_s": self.fault.at_s, "kind": str(self.fault.kind),
                 "duration_s": self.fault.duration_s, "latency_ms": self.fault.latency_ms,
+                "jump_ms": self.fault.jump_ms,
                 "injected_s": round(self.injected_s, 3), "lifted_s": round(self.lifted_s, 3),
                 "recovered_s": recovered}  # fmt: skip
 
@@ -64,6 +74,11 @@ class Observations:
     """What the campaign saw, filled by its threads (each list is appended by one)."""
 
     acked: dict[str, int] = field(default_factory=dict)  # record id -> seq it was told
+    ttl_acked: dict[str, int] = field(default_factory=dict)  # the same, of the TTL topic
+    jobs: dict[str, int] = field(default_factory=dict)  # the same, of the queue
+    delivered: dict[str, int] = field(default_factory=dict)  # job id -> claims that got it
+    done: set[str] = field(default_factory=set)  # job ids the worker sent an ack for
+    remaining: list[str] = field(default_factory=list)  # job ids left in the queue at the end
     acks: list[tuple[float, float]] = field(default_factory=list)  # (t, latency s)
     errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
     nats_acks: list[float] = field(default_factory=list)
@@ -71,6 +86,9 @@ class Observations:
     processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
     # What the checkers read at the end, kept so a test can plant a violation in it.
     read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
+    ttl_read: dict[str, int] = field(default_factory=dict)  # TTL topic: record id -> seq
+    ttl_gaps: list[Gap] = field(default_factory=list)  # the tombstones met reading it
+    stamps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # topic: (seq, $ts)
     copied: dict[str, int] = field(default_factory=dict)  # dest: record id -> copies
     gaps: list[Gap] = field(default_factory=list)
     fold: dict[str, tuple[bytes, int]] = field(default_factory=dict)
@@ -79,6 +97,11 @@ class Observations:
     receipted: dict[str, int] = field(default_factory=dict)  # key -> newest processed
     missed: dict[str, int] = field(default_factory=dict)  # `recovery missed`: key -> version
     window_lost: list[str] = field(default_factory=list)
+    events: int = 0  # the pipeline's source sends events 0 .. events - 1
+    sink_head: list[tuple[float, int]] = field(default_factory=list)  # (t, sink topic head)
+    sink: dict[int, int] = field(default_factory=dict)  # event id -> times at the sink
+    pipeline_finished: bool = False
+    relocations: int = 0  # placements past each edge's first, from `waymark pipeline status`
 
 
 @dataclass
@@ -109,12 +132,8 @@ def run_campaign(
     """Run one campaign of ``seconds`` in ``workdir`` (its logs stay there; the data
     too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
     an S3 endpoint (moto's server, a process) instead of ``file://``."""
-    from waymark.client import Client
-    from waymark.kv.server import EmbeddedNats
-    from waymark.protocol.topics import ConfigPatch, Durability
-
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks", "relocatable pipeline", "clock jumps"]
+    left_out = ["Spark query and its sinks"]
     s3_port = free_port()
     moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
     if moto is None:
@@ -127,24 +146,53 @@ def run_campaign(
     schedule = make_schedule(seed, seconds, kinds)
     components = [
         "producers (client, fsync, idempotent ids) via the fault proxy",
-        "waymark serve (SIGKILL, SIGSTOP)", "a router (at least once)",
+        "waymark serve (SIGKILL, SIGSTOP, its injected clock jumping ahead and back)",
+        "a router (at least once)", "an expiring topic (TTL) and its producer",
+        "a queue (leases of 5 s) with a producer and a worker claiming and acking",
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
         + ("S3 (moto's server, SIGSTOP)" if moto else "file://"),
         "a receipt recovery consumer process (SIGKILL, SIGSTOP) and `waymark recovery missed`",
+        "`waymark pipeline run`: a relocatable pipeline, its edges on the server and a second "
+        "one (SIGKILL), its sink on the server",
     ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
     obs = Observations()
     stop = threading.Event()  # the producers and the NATS writer
     sampled = threading.Event()  # the pointer's sampler, which the fold's check reads
     port = free_port()
+    clock = ClockFile(workdir / "clock-offset")
     server = Managed(
         "server",
-        ["serve", "--port", str(port), "--data-dir", str(workdir / "data")],
+        [
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(workdir / "data"),
+            "--clock-offset-file",
+            str(clock.path),
+        ],
         workdir / "server.log",
         ready=lambda: listening(port),
+    )
+    edge_port = free_port()
+    edge = Managed(
+        "edge",
+        ["serve", "--port", str(edge_port), "--data-dir", str(workdir / "edge")],
+        workdir / "edge.log",
+        ready=lambda: listening(edge_port),
     )
     artifacts = (workdir / "artifacts").as_uri()
     with contextlib.ExitStack() as stack:
         stack.callback(disk.unmount)  # last: the server has stopped
+        # Both servers start while the rest is set up: their start-up is the longest wait.
+        server.launch()
+        stack.callback(server.stop)
+        edge.launch()
+        stack.callback(edge.stop)
+        from waymark.client import Client
+        from waymark.kv.server import EmbeddedNats
+        from waymark.protocol.topics import ConfigPatch, Durability, TopicType
+
         if moto is not None:
             artifacts = _start_s3(moto, s3_port, stack)
         nats = stack.enter_context(EmbeddedNats(workdir / "nats"))
@@ -155,13 +203,15 @@ def run_campaign(
              "--lease-ttl-s", "2", "--nats-timeout-s", "2"],
             workdir / "fold.log",
         )  # fmt: skip
-        server.start()
-        stack.callback(server.stop)
+        server.wait_ready()
         proxy = FaultProxy(port).start()
         stack.callback(proxy.stop)
         direct = f"http://127.0.0.1:{port}"
         with Client(direct, timeout=10) as admin:
             admin.put_topic(SOURCE, ConfigPatch(durability=Durability.FSYNC))
+            admin.put_topic(TTL, ConfigPatch(ttl_ms=TTL_MS))
+            admin.put_topic(QUEUE, ConfigPatch(durability=Durability.FSYNC, lease_ms=LEASE_MS),
+                            type=TopicType.QUEUE)  # fmt: skip
             admin.put_router(ROUTER, SOURCE, COPIES)
         fold.start()
         stack.callback(fold.stop)
@@ -173,33 +223,62 @@ def run_campaign(
         )
         consumer.start()
         stack.callback(consumer.stop)
+        obs.events = events_for(seconds)
+        spec = workdir / "pipeline.toml"
+        write_spec(spec, (workdir / "handoff").as_uri(), (direct, f"http://127.0.0.1:{edge_port}"),
+                   direct, SINK, obs.events)  # fmt: skip
+        pipeline = Managed("pipeline", ["pipeline", "run", str(spec)], workdir / "pipeline.log")
+        edge.wait_ready()
+        pipeline.start()
+        stack.callback(pipeline.stop)
         started = time.monotonic()
 
         def now() -> float:
             return time.monotonic() - started
 
         threads = [
-            threading.Thread(target=_produce, args=(k, proxy.url, obs, stop, now), daemon=True)
+            threading.Thread(
+                target=_produce,
+                args=(k, proxy.url, SOURCE, obs.acked, obs, stop, now),
+                daemon=True,
+            )
             for k in range(PRODUCERS)
         ]
         threads.append(
+            threading.Thread(
+                target=_produce,
+                args=(PRODUCERS, proxy.url, TTL, obs.ttl_acked, obs, stop, now),
+                daemon=True,
+            )
+        )
+        threads.append(
+            threading.Thread(
+                target=_produce,
+                args=(PRODUCERS + 1, proxy.url, QUEUE, obs.jobs, obs, stop, now),
+                daemon=True,
+            )
+        )
+        threads.append(
             threading.Thread(target=_write_bucket, args=(nats.url, obs, stop, now), daemon=True)
         )
+        worked = threading.Event()  # the worker drains the queue until the check says so
+        worker = threading.Thread(target=_work, args=(proxy.url, obs, worked, now), daemon=True)
+        worker.start()
         sampler = threading.Thread(
             target=_sample,
-            args=(artifacts, workdir / "processed.log", obs, sampled, now),
+            args=(artifacts, workdir / "processed.log", direct, obs, sampled, now),
             daemon=True,
         )
         for t in (*threads, sampler):
             t.start()
         applied = []
-        targets = {"server": server, "fold": fold, "consumer": consumer}
+        targets = {"server": server, "fold": fold, "consumer": consumer, "edge": edge}
         if moto is not None:
             targets["s3"] = moto
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
-            applied.append(_apply(fault, targets, proxy, disk, now))
+            applied.append(_apply(fault, targets, proxy, disk, clock, now))
         # The consumer stops processing 2 s before the end and is killed at the check,
         # so the last changes are never receipted: the recovery query must name them.
         _sleep_until(started + seconds - 2)
@@ -209,7 +288,8 @@ def run_campaign(
         for t in threads:
             t.join(30)
         log(f"{now():7.2f}s  faults over; checking")
-        verdicts = _check(direct, nats.url, fold, consumer, workdir, obs)
+        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs, worked)
+        worker.join(30)
         sampled.set()
         sampler.join(5)
         for a in applied:
@@ -249,7 +329,9 @@ def _start_s3(moto: Managed, port: int, stack: contextlib.ExitStack) -> str:
     return "s3://campaign/artifacts"
 
 
-KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL)
+KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL,
+         FaultKind.EDGE_KILL)  # fmt: skip
+PIPELINE_FINISH_S = 60.0  # after the faults, for the pipeline to deliver what is in flight
 PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
           FaultKind.S3_PAUSE)  # fmt: skip
 
@@ -263,6 +345,7 @@ def _apply(
     targets: dict[str, Managed],
     proxy: FaultProxy,
     disk: TmpfsDisk,
+    clock: ClockFile,
     now: Callable[[], float],
 ) -> Applied:
     """Inject ``fault``, hold it for its duration, lift it. The lift's time is when
@@ -278,6 +361,8 @@ def _apply(
         proxy.cut()
     elif kind is FaultKind.DISK_FULL:
         disk.fill()
+    elif kind is FaultKind.CLOCK_JUMP:
+        clock.set(fault.jump_ms)
     else:
         proxy.latency(fault.latency_ms)
     time.sleep(fault.duration_s)
@@ -288,21 +373,25 @@ def _apply(
         target.resume()
     elif kind is FaultKind.DISK_FULL:
         disk.free()
+    elif kind is FaultKind.CLOCK_JUMP:
+        clock.set(0)  # back: the wall clock steps back under what was written meanwhile
     else:
         proxy.restore()
-    return Applied(fault, injected, lifted)
+    return Applied(fault, injected, lifted, now())
 
 
 def _recovery(a: Applied, obs: Observations) -> float | None:
     """Seconds from the lift to the first progress after it: an acknowledged append for
     the server, the network and the disk, the pointer moving for the fold, the processed
-    log growing for the consumer."""
-    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed}.get(
-        a.fault.kind.value.partition("-")[0]
-    )
+    log growing for the consumer, the pipeline's sink growing for the edge server (or,
+    once the pipeline delivered every event, that server answering again)."""
+    samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed,
+               "edge": obs.sink_head}.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
     if samples is not None:
         at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
-        after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+        after: Iterator[float] = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+        if a.fault.kind is FaultKind.EDGE_KILL and at_lift >= obs.events:  # nothing left
+            after = iter([a.ready_s])
     else:
         after = (t for t, _ in obs.acks if t > a.lifted_s)
     first = next(after, None)
@@ -310,10 +399,17 @@ def _recovery(a: Applied, obs: Observations) -> float | None:
 
 
 def _produce(
-    k: int, url: str, obs: Observations, stop: threading.Event, now: Callable[[], float]
+    k: int,
+    url: str,
+    topic: str,
+    acked: dict[str, int],
+    obs: Observations,
+    stop: threading.Event,
+    now: Callable[[], float],
 ) -> None:
-    """Append one record at a time with an id, retrying it until acknowledged: the id
-    makes a retry of a write that was committed answer the original seq."""
+    """Append one record at a time with an id to ``topic``, retrying it until
+    acknowledged (then noted in ``acked``): the id makes a retry of a write that was
+    committed answer the original seq."""
     from waymark.client import Client, RecordIn
 
     with Client(url, timeout=3, connect_timeout=1) as client:
@@ -323,13 +419,13 @@ def _produce(
             sent = now()
             try:
                 record = RecordIn.of({"p": k, "n": i}, id=rid, tag=f"k{i % TAGS}")
-                ack = client.append(SOURCE, [record])
+                ack = client.append(topic, [record])
             except Exception as e:  # a fault: the write's fate is unknown; send it again
                 obs.errors.append((now(), f"producer {k}: {type(e).__name__}"))
                 time.sleep(0.05)
                 continue
             done = now()
-            obs.acked[rid] = ack.seqs[0]
+            acked[rid] = ack.seqs[0]
             obs.acks.append((done, done - sent))
             i += 1
 
@@ -359,24 +455,37 @@ def _write_bucket(
 
 
 def _sample(
-    url: str, processed: Path, obs: Observations, stop: threading.Event, now: Callable[[], float]
+    url: str,
+    processed: Path,
+    server: str,
+    obs: Observations,
+    stop: threading.Event,
+    now: Callable[[], float],
 ) -> None:
-    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size."""
+    """Every 0.2 s: the cursor the artifact pointer names, the consumer's log's size, the
+    pipeline's sink topic's head."""
+    from waymark.client import Client
     from waymark.kv import ObjectStoreTransport
     from waymark.objstore import open_store
 
     transport = ObjectStoreTransport(open_store(url))
-    while not stop.wait(0.2):
-        with contextlib.suppress(FileNotFoundError):
-            obs.processed.append((now(), processed.stat().st_size))
-        with contextlib.suppress(Exception):  # not published yet, or mid-write
-            manifest = transport.read_pointer(BUCKET).manifest
-            if manifest is not None:
-                obs.pointer.append((now(), manifest.rank))
+    with Client(server, timeout=1, connect_timeout=0.5) as client:
+        while not stop.wait(0.2):
+            with contextlib.suppress(FileNotFoundError):
+                obs.processed.append((now(), processed.stat().st_size))
+            with contextlib.suppress(Exception):  # not made yet, or the server is down
+                obs.sink_head.append((now(), client.get_topic(SINK, touch=False).head_seq))
+            with contextlib.suppress(Exception):  # not published yet, or mid-write
+                manifest = transport.read_pointer(BUCKET).manifest
+                if manifest is not None:
+                    obs.pointer.append((now(), manifest.rank))
 
 
-def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int, str]]:
-    """Every record of ``topic`` as (id, seq, tag), and the tombstones met on the way."""
+def _read_topic(
+    client: Any, topic: str, gaps: list[Gap], stamps: list[tuple[int, int]] | None = None
+) -> list[tuple[str, int, str]]:
+    """Every record of ``topic`` as (id, seq, tag), the tombstones met on the way, and
+    into ``stamps`` each record's (seq, $ts)."""
     import msgspec
 
     got: list[tuple[str, int, str]] = []
@@ -389,6 +498,8 @@ def _read_topic(client: Any, topic: str, gaps: list[Gap]) -> list[tuple[str, int
         for r in page.records:
             data = msgspec.json.decode(r.data)
             got.append((f"p{data['p']}-{data['n']}", r.seq, r.tag or ""))
+            if stamps is not None:
+                stamps.append((r.seq, r.ts))
         if page.next_from_seq <= after or (page.caught_up and not page.records):
             return got
         after = page.next_from_seq
@@ -399,15 +510,20 @@ def _check(
     nats_url: str,
     fold: Managed,
     consumer: Managed,
+    pipeline: Managed,
     workdir: Path,
     obs: Observations,
+    worked: threading.Event,
 ) -> list[Verdict]:
     from waymark.client import Client
 
     gaps: list[Gap] = []
     with Client(url, timeout=10) as client:
-        source = _read_topic(client, SOURCE, gaps)
+        obs.stamps = {SOURCE: [], TTL: []}
+        source = _read_topic(client, SOURCE, gaps, obs.stamps[SOURCE])
         obs.read = read = {rid: seq for rid, seq, _ in source}
+        expiring = _read_topic(client, TTL, obs.ttl_gaps, obs.stamps[TTL])
+        obs.ttl_read = {rid: seq for rid, seq, _ in expiring}
         for _, seq, tag in source:
             key = f"{SOURCE}/{tag}"
             obs.newest[key] = max(obs.newest.get(key, 0), seq)
@@ -425,7 +541,16 @@ def _check(
         copied: dict[str, int] = {}
         for rid, _, _ in _read_topic(client, COPIES, copied_gaps):
             copied[rid] = copied.get(rid, 0) + 1
-    fold_state, bucket_state = asyncio.run(_fold_and_bucket(nats_url, fold, workdir, obs))
+    # The three waits (the fold's export, a change checkpoint, the pipeline's end) and
+    # the two commands run at once: each waits on processes, not on this one.
+    with ThreadPoolExecutor(4) as pool:
+        folded = pool.submit(asyncio.run, _fold_and_bucket(nats_url, fold, workdir, obs))
+        recovered = pool.submit(_recovery_check, url, consumer, workdir, obs)
+        drained = pool.submit(_queue_check, url, worked, obs)
+        pool.submit(_pipeline_check, url, pipeline, workdir, obs).result()
+        drained.result()
+        fold_state, bucket_state = folded.result()
+        recovery = recovered.result()
     obs.copied, obs.gaps, obs.fold, obs.bucket = (
         copied,
         gaps + copied_gaps,
@@ -437,11 +562,81 @@ def _check(
         checkers.forwarded(obs.acked, copied, ROUTER),
         # The router's dest is a `disk` topic: a server crash may lose its newest copies,
         # announced (docs/durability.md) and forwarded again; the fsync source loses none.
-        checkers.gaps_announced(gaps + copied_gaps, allowed_topics=[COPIES]),
+        checkers.gaps_announced(gaps + copied_gaps + obs.ttl_gaps, allowed_topics=[COPIES, TTL]),
+        checkers.expired_announced(obs.ttl_acked, obs.ttl_read, obs.ttl_gaps, TTL),
+        checkers.timestamps_monotonic(obs.stamps),
         checkers.fold_equals_bucket(fold_state, bucket_state),
         checkers.pointer_monotonic(obs.pointer),
-        _recovery_check(client_url=url, consumer=consumer, workdir=workdir, obs=obs),
+        recovery,
+        checkers.queue_done(obs.jobs, obs.delivered, obs.done, obs.remaining),
+        checkers.pipeline_exactly_once(
+            obs.events, obs.sink, obs.pipeline_finished, obs.relocations
+        ),
     ]
+
+
+def _queue_check(url: str, worked: threading.Event, obs: Observations) -> None:
+    """Let the worker drain the queue (every job it was given acknowledged), stop it,
+    and read what is left in the queue."""
+    from waymark.client import Client
+
+    with Client(url, timeout=10) as client:
+
+        def drained() -> bool:
+            return obs.jobs.keys() <= obs.done and client.get_topic(QUEUE).count == 0
+
+        with contextlib.suppress(TimeoutError):  # then the checker says what is left
+            wait_for("the queue drained", drained, 30)
+        worked.set()
+        obs.remaining = [rid for rid, _, _ in _read_topic(client, QUEUE, [])]
+
+
+def _work(url: str, obs: Observations, worked: threading.Event, now: Callable[[], float]) -> None:
+    """The queue's worker: claim up to 10 jobs under a 5 s lease, work on them a moment
+    (a clock jump ahead meanwhile expires the lease: the ack is skipped and the jobs
+    come again), acknowledge them."""
+    from waymark.client import Client
+
+    with Client(url, timeout=3, connect_timeout=1) as client:
+        while not worked.is_set():
+            try:
+                jobs = client.claim(QUEUE, "worker", 10, lease_ms=LEASE_MS)
+            except Exception as e:  # a fault: claim again
+                obs.errors.append((now(), f"worker: {type(e).__name__}"))
+                time.sleep(0.05)
+                continue
+            if not jobs:
+                time.sleep(0.02)
+                continue
+            ids = [f"p{job.data['p']}-{job.data['n']}" for job in jobs]
+            for rid in ids:
+                obs.delivered[rid] = obs.delivered.get(rid, 0) + 1
+            time.sleep(0.05)  # the work
+            obs.done.update(ids)  # before the ack: an answer lost on the way hides a done one
+            with contextlib.suppress(Exception):  # not acknowledged: the jobs come again
+                client.ack(QUEUE, "worker", [j.seq for j in jobs],
+                           lease_ids=[j.lease_id for j in jobs])  # fmt: skip
+
+
+def _pipeline_check(url: str, pipeline: Managed, workdir: Path, obs: Observations) -> None:
+    """Let the pipeline finish (its source's events delivered), then read its sink and
+    ask ``waymark pipeline status`` (as a user would) how often its edges moved."""
+    import json
+
+    from waymark.client import ApiError, Client
+    from waymark.faults.processes import waymark_executable
+
+    obs.pipeline_finished = pipeline.wait(PIPELINE_FINISH_S) == 0
+    # (No sink topic: nothing was delivered.)
+    with Client(url, timeout=10) as client, contextlib.suppress(ApiError):
+        obs.sink = sink_counts(client, SINK)
+    done = subprocess.run(
+        [waymark_executable(), "pipeline", "status", str(workdir / "pipeline.toml"), "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    if done.returncode == 0:
+        edges = json.loads(done.stdout)["edges"].values()
+        obs.relocations = sum(max(e["generation"] - 1, 0) for e in edges)
 
 
 async def _fold_and_bucket(

@@ -120,3 +120,84 @@ def recovery_covers(
         f"{len(window_lost)} window loss(es)",
         [*not_named[:5], *window_lost[:2]],
     )
+
+
+def pipeline_exactly_once(
+    events: int, counts: Mapping[int, int], finished: bool, relocations: int
+) -> Verdict:
+    """Every event ``0 .. events - 1`` of the relocatable pipeline is at its sink exactly
+    once, none else, and the pipeline finished. (How often its edges moved is evidence,
+    not a condition: the schedule decides whether a kill lands under an edge.)"""
+    missing = [n for n in range(events) if counts.get(n, 0) == 0]
+    twice = [n for n, c in counts.items() if c > 1]
+    unknown = [n for n in counts if not 0 <= n < events]
+    ok = finished and not missing and not twice and not unknown
+    return Verdict(
+        "every pipeline event exactly once at the sink",
+        ok,
+        f"{len(missing)} of {events} events missing, {len(twice)} more than once, "
+        f"{len(unknown)} unknown; the pipeline {'finished' if finished else 'did not finish'}; "
+        f"{relocations} edge relocation(s)",
+        [("missing", n) for n in missing[:3]]
+        + [("twice", n) for n in twice[:3]]
+        + [("unknown", n) for n in unknown[:3]],
+    )
+
+
+def expired_announced(
+    acked: Mapping[str, int], read: Mapping[str, int], gaps: Sequence[Gap], topic: str
+) -> Verdict:
+    """On a topic whose records expire (a TTL, moved by clock jumps): every acknowledged
+    record is read back at its seq or lies in a gap a tombstone announced; none is
+    skipped silently."""
+    covered = sorted((g.gap_from, g.gap_to) for g in gaps if g.topic == topic)
+
+    def announced(seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in covered)
+
+    silent = [(rid, seq) for rid, seq in acked.items()
+              if read.get(rid) != seq and not announced(seq)]  # fmt: skip
+    gone = sum(1 for rid, seq in acked.items() if read.get(rid) != seq)
+    return Verdict(
+        f"every expired record announced ({topic})",
+        not silent,
+        f"{len(silent)} of {len(acked)} acknowledged records gone without a tombstone; "
+        f"{gone} gone in all, {len(covered)} tombstone(s)",
+        silent[:5],
+    )
+
+
+def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Verdict:
+    """Per topic, record timestamps (``$ts``) never decrease along seqs, even where the
+    server's clock jumped back (docs/topics.md, "What it guarantees")."""
+    back = [
+        (topic, a, b)
+        for topic, pairs in stamps.items()
+        for a, b in pairwise(sorted(pairs))
+        if b[1] < a[1]
+    ]
+    n = sum(len(p) for p in stamps.values())
+    return Verdict(
+        "record timestamps never decrease along seqs",
+        not back,
+        f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)",
+        back[:5],
+    )
+
+
+def queue_done(
+    jobs: Iterable[str], delivered: Mapping[str, int], done: Iterable[str], remaining: Sequence[str]
+) -> Verdict:
+    """Every job put into the queue was given to the worker and acknowledged by it at
+    least once (at least once: leases a clock jump or a crash took back give a job
+    again), and none is left in the queue at the end."""
+    acked = set(done)
+    never = [rid for rid in jobs if rid not in acked]
+    again = sum(n - 1 for n in delivered.values() if n > 1)
+    return Verdict(
+        "every queued job processed",
+        not never and not remaining,
+        f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "
+        f"{again} delivered again (allowed: at least once)",
+        [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
+    )

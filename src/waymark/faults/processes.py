@@ -65,6 +65,11 @@ class Managed:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 30.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start it without waiting until it is ready (:meth:`wait_ready`)."""
         self.starts += 1
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts}: {' '.join(self.args)}\n".encode())
@@ -75,6 +80,8 @@ class Managed:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
             )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
         if self.ready is not None:
 
             def up() -> object:
@@ -99,6 +106,15 @@ class Managed:
     def resume(self) -> None:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits by itself within ``timeout``; None if it runs on."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in ``timeout``; its exit code."""

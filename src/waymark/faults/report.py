@@ -28,6 +28,8 @@ COLOURS = {
     FaultKind.NET_LATENCY: "#17becf",
     FaultKind.S3_PAUSE: "#2ca02c",
     FaultKind.DISK_FULL: "#7f7f7f",
+    FaultKind.EDGE_KILL: "#aec7e8",
+    FaultKind.CLOCK_JUMP: "#98df8a",
 }
 
 
@@ -152,7 +154,7 @@ def render(data: dict[str, Any]) -> str:
     )
     schedule = "".join(
         f"<tr><td>{f['injected_s']}</td><td>{esc(f['kind'])}</td><td>{f['duration_s']}</td>"
-        f"<td>{f['latency_ms'] or ''}</td><td>{f['recovered_s']}</td></tr>"
+        f"<td>{f['latency_ms'] or f.get('jump_ms') or ''}</td><td>{f['recovered_s']}</td></tr>"
         for f in data["schedule"]
     )
     verdict = "every checker passed" if data["ok"] else "VIOLATIONS FOUND"
@@ -168,13 +170,15 @@ def render(data: dict[str, Any]) -> str:
         "<h2>Checkers</h2>",
         _table(["", "checker", "result", "examples"], verdicts),
         "<h2>Time to recover per fault kind (seconds from the lift to the first progress)</h2>",
-        _table(["kind", "count", "p50", "p99", "not recovered", "violations"], kinds),
+        _table(["kind", "count", "p50", "p99", "not recovered", "violations (whole run)"],
+               kinds),
         "<h2>Over time</h2>",
         _plot(data, "appends_per_s", "acknowledged appends per second"),
         _plot(data, "latency_max_ms", "append latency, max per second (ms)"),
         _plot(data, "nats_writes_per_s", "NATS bucket writes per second"),
         "<h2>Schedule</h2>",
-        _table(["injected (s)", "kind", "duration (s)", "latency (ms)", "recovered after (s)"],
+        _table(["injected (s)", "kind", "duration (s)", "latency or jump (ms)",
+                "recovered after (s)"],
                schedule),
         "</body></html>\n",
     ])  # fmt: skip

@@ -22,6 +22,8 @@ class FaultKind(enum.StrEnum):
     NET_LATENCY = "net-latency"  # the proxy delays every chunk it forwards
     S3_PAUSE = "s3-pause"  # SIGSTOP / SIGCONT the S3 endpoint (moto) the fold exports to
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
+    EDGE_KILL = "edge-kill"  # SIGKILL the pipeline's second edge server, start it again
+    CLOCK_JUMP = "clock-jump"  # the server's injected clock jumps ahead, and back at the lift
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Fault:
     kind: FaultKind
     duration_s: float
     latency_ms: int = 0
+    jump_ms: int = 0  # a clock jump's size
 
 
 def make_schedule(
@@ -56,5 +59,7 @@ def make_schedule(
         if t + duration > seconds - settle_s:
             return faults
         latency = rng.choice((50, 200, 500)) if kind is FaultKind.NET_LATENCY else 0
-        faults.append(Fault(round(t, 2), kind, duration, latency))
+        # Within the idempotency window (120 s by default): a retry still finds its id.
+        jump = rng.choice((5_000, 20_000, 60_000)) if kind is FaultKind.CLOCK_JUMP else 0
+        faults.append(Fault(round(t, 2), kind, duration, latency, jump))
         t += duration + rng.uniform(*gap_s)

@@ -104,12 +104,16 @@ class DropFrame(_Json):
 
 
 class HeadFrame(_Json):
-    """The seq ceiling a topic instance may hand out."""
+    """The seq ceiling a topic instance may hand out. ``next_seq``: the seq it hands
+    out next, when a restart moved it past a lead without a loss (an ``fsync`` topic,
+    docs/durability.md): replay then moves there too, rather than take the skipped
+    seqs for lost ones when later records follow. Absent from every other HEAD frame."""
 
     KIND = FrameKind.HEAD
     name: str
     epoch: int
     ceiling: int
+    next_seq: int | UnsetType = UNSET
 
 
 class WriterFrame(_Json):

@@ -84,7 +84,8 @@ def apply_frame(engine: Engine, frame: Frame) -> None:
         case HeadFrame():
             topic = kernel.get(entry.name)
             if topic is not None and topic.epoch == entry.epoch:
-                topic.replay_ceiling(entry.ceiling)
+                moved = None if entry.next_seq is UNSET else entry.next_seq
+                topic.replay_ceiling(entry.ceiling, moved)
         case DeleteFrame():
             topic = kernel.get(entry.name)
             if topic is None or topic.epoch != entry.epoch:
@@ -110,11 +111,11 @@ def _when(engine: Engine, now: int | None) -> int:
     return now or engine.clock.now_ms()
 
 
-def finish(engine: Engine) -> None:
+def finish(engine: Engine) -> list[HeadFrame]:
     """After the last frame: never reuse a seq that may have been handed out.
 
-    The rule is each topic's own (:meth:`Topic.recovered`).
+    The rule is each topic's own (:meth:`Topic.recovered`). Returns the frames to
+    journal before anything else: the fsync topics moved past a lead without a loss.
     """
     engine.routers.settle_recovered()
-    for topic in engine.kernel.topics():
-        topic.recovered()
+    return [moved for topic in engine.kernel.topics() if (moved := topic.recovered())]

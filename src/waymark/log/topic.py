@@ -358,9 +358,13 @@ class Topic:
         self.chunks[self.chunks.index(old)] = new
         return True
 
-    def replay_ceiling(self, ceiling: int) -> None:
-        """A journaled ceiling, read back."""
+    def replay_ceiling(self, ceiling: int, next_seq: int | None = None) -> None:
+        """A journaled ceiling, read back; ``next_seq``: where a restart moved the topic
+        past its lead with nothing lost (:meth:`recovered`), silently."""
         self.ceiling = ceiling
+        if next_seq is not None and next_seq > self.next_seq:
+            self.next_seq = next_seq
+            self.settle_front()
 
     def skip_to(self, seq: int) -> None:
         """Replay met a frame taking ``seq`` past the next one: the seqs in between were
@@ -370,25 +374,31 @@ class Topic:
             self.holes.append(Hole(self.next_seq, seq - 1))
             self.next_seq = seq
 
-    def recovered(self) -> None:
+    def recovered(self) -> HeadFrame | None:
         """After the last frame of a restart: never reuse a seq that may have been handed
         out. Seqs between the last recovered record and the ceiling may belong to records
         that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a
         reader crossing them gets a ``lost`` tombstone. An fsync topic lost nothing a
-        producer or reader saw, so it just moves past them. An ephemeral topic comes back
-        empty whatever a seal knew of it (docs/semantics/topics.md §2.2)."""
+        producer or reader saw, so it just moves past them, and returns the frame to
+        journal that says so: the next restart would otherwise meet the records above
+        the skipped seqs and take them for lost (docs/durability.md). An ephemeral topic
+        comes back empty whatever a seal knew of it (docs/semantics/topics.md §2.2)."""
         durability = self.config.durability
+        moved = None
         # (memory topics carry no ceiling: their head may regress, docs/semantics/topics.md §2.2)
         if durability is Durability.EPHEMERAL:
             self.lose_resident_records()
         elif durability is not Durability.MEMORY and self.ceiling >= self.next_seq:
-            if durability is not Durability.FSYNC:
+            if durability is Durability.FSYNC:
+                moved = HeadFrame(self.name, self.epoch, self.ceiling, self.ceiling + 1)
+            else:
                 self.holes.append(Hole(self.next_seq, self.ceiling))
             self.next_seq = self.ceiling + 1
             self.settle_front()
         # Restarted, a topic is idle: its next ceiling leads by what it hands out from here.
         self.idle_from = self.reserved_from = self.head_seq
         self.durable_ceiling = self.ceiling  # read back from disk
+        return moved
 
     # --- configuration ------------------------------------------------------------
     def reconfigure(self, config: TopicConfig, now: int) -> None:

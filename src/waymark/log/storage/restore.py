@@ -90,10 +90,14 @@ def open_engine(
                 apply_frame(engine, frame)
         count += len(frames)
     gradual.settle()
-    finish(engine)
+    moved = finish(engine)
     engine.recovering = gradual if gradual.topics else None
     wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock, start=start)
     engine.journal = wal
+    for head in moved:
+        # Ahead of any later frame of its topic in its shard (not waited for: should it
+        # not land, nothing after it did, and the next restart decides the same).
+        wal.write(head.name, head.encode())
     report = RestoreReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,
                             gradual.frames)  # fmt: skip

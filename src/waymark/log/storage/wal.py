@@ -6,9 +6,11 @@ round, writes it with one ``write`` and makes it durable with one
 ``fdatasync`` — the group commit that makes many small durable writes cheap.
 
 If the disk refuses a write (ENOSPC, EIO), the shard keeps the frames it already
-accepted, cuts the file back to its last good size and retries them with backoff;
+accepted, cuts the file back to its last synced size and retries them with backoff;
 meanwhile it reports itself unavailable so the engine refuses new mutations with
-503 instead of accepting what it cannot store. Nothing acknowledged is dropped.
+503 instead of accepting what it cannot store. A frame it accepted is never refused
+afterwards: its waiters wait until it is stored, since it will be, and a write
+answered 503 must never become readable (docs/durability.md, "Full disk").
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Commit:
         return self.shard.synced_lsn >= self.lsn
 
     async def wait(self) -> None:
-        """Return once the frame is synced; raise 503 storage_unavailable if it failed."""
+        """Return once the frame is synced. While the disk refuses writes this waits: the
+        frame is kept and retried, so it is not refused."""
         if self.shard.synced_lsn >= self.lsn:
             return
         await self.shard.wait_synced(self.lsn)
@@ -134,8 +137,6 @@ class WalShard:
             self._loop = loop
             if self.synced_lsn >= lsn:
                 return
-            if self.error is not None:
-                raise unavailable(self.error)
             self._waiters.append((lsn, future))
         await future
 
@@ -195,37 +196,42 @@ class WalShard:
         """
         while pending:
             cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
-            if cut:
-                self._write_all(_pieces(pending[:cut]))
-            self._io.fdatasync(self._fd)
+            synced = self._size
+            try:
+                if cut:
+                    self._write_all(_pieces(pending[:cut]))
+                self._io.fdatasync(self._fd)
+            except OSError:
+                # Nothing of a failed round may stay behind: the retry writes it again,
+                # and a frame written twice would replay twice. (After a failed
+                # fdatasync the written bytes' fate is unknown: they go too.)
+                self._io.truncate(self._fd, synced)
+                self._size = synced
+                raise
             del pending[:cut]
             if pending:  # a rotation mark: the older file is complete and durable
+                # The new file is opened first: should that fail, the retry finds this
+                # one still open (a closed descriptor's number may be another file's).
+                fd = self._io.open_append(wal_path(self.directory, self._file + 1))
                 self._io.close(self._fd)
-                self._file += 1
-                self._fd = self._io.open_append(wal_path(self.directory, self._file))
-                self._size = 0
+                self._fd, self._file, self._size = fd, self._file + 1, 0
                 del pending[0]
 
     def _write_all(self, pieces: Iterator[bytes]) -> None:
-        size = self._size
-        try:
-            for piece in pieces:
-                view = memoryview(piece)
-                while view:
-                    written = self._io.write(self._fd, view)
-                    view = view[written:]
-                size += len(piece)
-        except OSError:
-            # A partial write must not stay behind: the retry rewrites from here.
-            self._io.truncate(self._fd, self._size)
-            raise
-        self._size = size
+        for piece in pieces:
+            view = memoryview(piece)
+            while view:
+                written = self._io.write(self._fd, view)
+                view = view[written:]
+            self._size += len(piece)
 
     def _failed(self, exc: OSError) -> None:
+        # New frames are refused from now on; those already taken are not (their
+        # waiters keep waiting): each is retried until stored, so answering it 503
+        # would call refused a write that later becomes readable (docs/durability.md,
+        # "Full disk").
         with self._lock:
             self.error = exc
-            waiters, self._waiters = self._waiters, []
-        self._call_soon(_fail_waiters, waiters, exc)
 
     def _synced(self, upto: int) -> None:
         with self._lock:
@@ -233,14 +239,10 @@ class WalShard:
             self.error = None
             ready = [w for w in self._waiters if w[0] <= upto]
             self._waiters = [w for w in self._waiters if w[0] > upto]
-        if ready:
-            self._call_soon(_release_waiters, ready, None)
-
-    def _call_soon(self, fn, waiters, exc) -> None:  # type: ignore[no-untyped-def]
         loop = self._loop
-        if loop is not None and waiters:
+        if ready and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-                loop.call_soon_threadsafe(fn, waiters, exc)
+                loop.call_soon_threadsafe(_release_waiters, ready)
 
 
 # Frames are written in pieces of about this size: small parts joined (one write call,
@@ -268,23 +270,18 @@ def _pieces(frames: list[bytes | list[bytes]]) -> Iterator[bytes]:
         yield b"".join(batch)
 
 
-def _release_waiters(waiters: list[tuple[int, asyncio.Future[None]]], _: None) -> None:
+def _release_waiters(waiters: list[tuple[int, asyncio.Future[None]]]) -> None:
     for _lsn, future in waiters:
         if not future.done():
             future.set_result(None)
 
 
-def _fail_waiters(waiters: list[tuple[int, asyncio.Future[None]]], exc: OSError) -> None:
-    for _lsn, future in waiters:
-        if not future.done():
-            future.set_exception(unavailable(exc))
-
-
 def unavailable(exc: OSError) -> TopicError:
     return TopicError(
         ErrorCode.STORAGE_UNAVAILABLE,
-        f"the write-ahead log cannot write right now ({exc.strerror or exc}); "
-        "nothing acknowledged is lost and writes resume once the disk accepts them",
+        f"the write-ahead log cannot write right now ({exc.strerror or exc}): this write "
+        "changed nothing; nothing acknowledged is lost and writes resume once the disk "
+        "accepts them",
         {"errno": exc.errno},
     )
 
