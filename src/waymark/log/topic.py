@@ -472,7 +472,9 @@ class Topic:
             "earliest_seq": self.earliest_seq,
         }
 
-    def apply_append(self, plan: AppendPlan, now: int) -> None:
+    def apply_append(self, plan: AppendPlan, now: int, built: list[Chunk] | None = None) -> None:
+        """Store ``plan``'s records; ``built``: new chunks already holding them, laid out
+        off the event loop (:mod:`waymark.log.prebuilt`), which are adopted as they are."""
         fresh = plan.fresh
         if not fresh:
             return
@@ -491,6 +493,9 @@ class Topic:
                 self._dedupe_order.append((ts, record.id))
         chunks = self.chunks
         done = 0
+        for chunk in built or ():
+            self.add_chunk(chunk)
+            done += chunk.n
         while done < n:
             chunk = chunks[-1] if chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
