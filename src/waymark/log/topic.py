@@ -493,9 +493,9 @@ class Topic:
                 self._dedupe_order.append((ts, record.id))
         chunks = self.chunks
         done = 0
-        for chunk in built or ():
-            self.add_chunk(chunk)
-            done += chunk.n
+        for ready in built or ():
+            self.add_chunk(ready)
+            done += ready.n
         while done < n:
             chunk = chunks[-1] if chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
