@@ -18,6 +18,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import msgspec
@@ -416,7 +417,7 @@ class Topic:
                 seqs = list(range(first, first + len(records)))
             else:
                 fresh, seqs = self._dedupe_batch(records, now)
-            fresh_bytes = sum(r.size for r in fresh)
+            fresh_bytes = sum(map(_size_of, fresh))  # (one C pass: a publish is 1M records)
         if config.discard is Discard.REJECT:
             self._check_caps(len(fresh), fresh_bytes)
         ts = now if now > self.last_ts else self.last_ts  # never backwards (not max(): slow)
@@ -1106,3 +1107,6 @@ class Topic:
             hi = min(hi_seq - chunk.base_seq + 1, chunk.n)
             if lo < hi:
                 yield chunk, lo, hi
+
+
+_size_of = attrgetter("size")

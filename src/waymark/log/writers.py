@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -142,7 +143,7 @@ class Writers:
         encoded = encode_batch(records, self._engine.limits)
         now = self._engine.clock.now_ms()
         self._expire(state, now)
-        size = sum(len(r.body) for r in encoded)
+        size = sum(map(len, map(_body_of, encoded)))
         existing = state.stages.get((batch_id, part))
         replaced = existing.sizes.get(chunk, 0) if existing is not None else 0  # a retry
         self._check_room(writer, size - replaced, now)
@@ -349,3 +350,6 @@ def _check_ids(batch_id: int, part: PartKey, chunk: int) -> None:
             "batch_id, partition, attempt and chunk are non-negative integers",
             {"batch_id": batch_id, "partition": part.partition, "attempt": part.attempt},
         )
+
+
+_body_of = attrgetter("body")
