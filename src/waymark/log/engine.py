@@ -370,8 +370,8 @@ class Engine:
         journaled = kernel.journal is not None and topic.config.durability is not (
             Durability.EPHEMERAL
         )
-        return Layout(name, topic.epoch, plan.first_seq, plan.ts, now, plan.fresh, journaled,
-                      publish)  # fmt: skip
+        return Layout(name, topic.epoch, plan.first_seq, plan.ts, now, plan.fresh,
+                      plan.fresh_bytes, journaled, publish)  # fmt: skip
 
     def _new_topic(
         self, name: str, create: bool | None, config: ConfigPatch | None, now: int
@@ -567,9 +567,23 @@ class Engine:
         epoch: int,
         batch_id: int,
         parts: Sequence[tuple[PartKey, int]],
+        prebuilt: Prebuilt | None = None,
     ) -> PublishResponse:
-        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``."""
-        return self.writers.publish(topic, writer, epoch, batch_id, parts)
+        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``;
+        ``prebuilt`` from :meth:`lay_out_publish` (see :meth:`append_encoded`)."""
+        return self.writers.publish(topic, writer, epoch, batch_id, parts, prebuilt)
+
+    def lay_out_publish(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> Layout | None:
+        """Where :meth:`publish` would append now (:meth:`lay_out`); None if it would
+        append nothing."""
+        return self.writers.lay_out(topic, writer, epoch, batch_id, parts)
 
     def writer_topics(self, writer: str) -> list[str]:
         """The topics ``writer`` stages or published to."""

@@ -33,6 +33,7 @@ class Layout:
     ts: int
     now: int
     records: list[EncodedRecord]  # the fresh records, in order
+    fresh_bytes: int  # their data and meta bytes
     journaled: bool  # whether the append writes a records frame
     publish: Published | None = None  # a sink batch's mark, in the same frame
 
