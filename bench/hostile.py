@@ -9,7 +9,8 @@ server is SIGKILLed and restarted ``--kills`` times; every acknowledged record i
 read back. The attacks and the checks are ``tests/hostile.py``, which
 ``tests/server/test_hostile.py`` runs at a small scale in the normal suite.
 
-Run: ``.venv/bin/python bench/hostile.py [--streams 2000] [--connections 500]``.
+Run: ``.venv/bin/python bench/hostile.py [--streams 2000] [--connections 500]``;
+``--only append --only SSE --kills 0`` runs those attacks alone.
 """
 
 from __future__ import annotations
@@ -35,18 +36,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each attack")
     parser.add_argument("--append-mb", type=int, default=50, help="the large legal append")
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs at the end")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the attacks whose name contains this (repeatable), "
+                        "e.g. --only append --only SSE")  # fmt: skip
     args = parser.parse_args()
     started = time.monotonic()
+    chosen = [
+        phase
+        for phase in hostile.phases(
+            connections=args.connections,
+            streams=args.streams,
+            examples=args.examples,
+            seconds=args.seconds,
+            append_mb=args.append_mb,
+        )
+        if not args.only or any(word in phase.name for word in args.only)
+    ]
     with tempfile.TemporaryDirectory() as directory:
         report = hostile.run(
             Path(directory),
-            hostile.phases(
-                connections=args.connections,
-                streams=args.streams,
-                examples=args.examples,
-                seconds=args.seconds,
-                append_mb=args.append_mb,
-            ),
+            chosen,
             idle_s=args.seconds,
             kills=args.kills,
             extra=(

@@ -50,6 +50,7 @@ from .journal import (
 )
 from .kernel import Kernel, Listener
 from .origin import Derived, Origin, Published
+from .prebuilt import Layout, Prebuilt
 from .priority import effective_priority
 from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
 from .records import EncodedRecord, check_topic_name, encode_batch
@@ -275,6 +276,7 @@ class Engine:
         create: bool | None = None,
         config: ConfigPatch | None = None,
         origin: Origin | None = None,
+        prebuilt: Prebuilt | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
@@ -285,6 +287,9 @@ class Engine:
         their source (docs/semantics/topics.md §8.1): they are not journaled (a crash
         re-derives them from the router cursor), only the seqs they take are reserved,
         and an fsync dest shows them once the source records they copy are durable.
+
+        ``prebuilt``: this append's chunks and frame, built off the event loop from
+        :meth:`lay_out` (:mod:`waymark.log.prebuilt`); adopted only if they still fit.
         """
         derived_from = origin.source if type(origin) is Derived else None
         kernel = self.kernel
@@ -294,16 +299,13 @@ class Engine:
         topic = kernel.get(name)
         created = topic is None
         if topic is None:
-            check_topic_name(name)  # an existing topic's name was checked when it was made
-            topic_config = self.defaults.apply(config) if config else self.defaults
-            if not (topic_config.auto_create if create is None else create):
-                raise TopicError(
-                    ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
-                )
-            self._check_room(name)
-            # Not registered until the write is known to fit: a refused write creates nothing.
-            topic = Topic(name, TopicType.LOG, topic_config, kernel.next_epoch(), now)
+            topic = self._new_topic(name, create, config, now)
         plan = topic.plan_append(encoded, now)
+        if prebuilt is not None:
+            if prebuilt.fits(topic.epoch, plan, topic.last_ts):
+                plan.ts = prebuilt.layout.ts  # what its bytes say: the ts proposed
+            else:  # something was appended meanwhile: this append lays itself out
+                prebuilt = None
         durability = topic.config.durability
         must_sync = durability is Durability.FSYNC
         journal = kernel.journal
@@ -316,9 +318,9 @@ class Engine:
                 # fsync-gated, so its ceiling is best effort.
                 must_sync = must_sync or durability is Durability.DISK
             if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                journal.write(
-                    name,
-                    records_frame_parts(
+                frame = prebuilt.frame if prebuilt is not None else None
+                if frame is None:
+                    frame = records_frame_parts(
                         name,
                         topic.epoch,
                         plan.first_seq,
@@ -326,11 +328,11 @@ class Engine:
                         plan.fresh,
                         origin if type(origin) is Published else None,
                         now=now,
-                    ),
-                )
+                    )
+                journal.write(name, frame)
         if created:
             kernel.register(topic)
-        topic.apply_append(plan, now)
+        topic.apply_append(plan, now, None if prebuilt is None else prebuilt.chunks)
         commit = kernel.latest(name)
         if durability is Durability.FSYNC and commit is not None and plan.fresh:
             topic.note_unsynced(plan.first_seq, commit)
@@ -343,6 +345,47 @@ class Engine:
             changes.appended(name, topic.epoch, plan.first_seq, plan.fresh, latest)
         kernel.commit(topic)
         return AppendResult(plan.seqs, topic.head_seq, durability, created, commit, must_sync)
+
+    def lay_out(
+        self,
+        name: str,
+        encoded: list[EncodedRecord],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+        publish: Published | None = None,
+    ) -> Layout:
+        """Where :meth:`append_encoded` would put ``encoded`` now, changing nothing but
+        what any append would (TTL expiry): its topic instance, first seq and ts. The
+        server builds the append's bytes from it on a worker thread
+        (:mod:`waymark.log.prebuilt`). Refuses what the append would refuse."""
+        kernel = self.kernel
+        if kernel.recovering is not None:
+            kernel.recovering.finish(name)
+        now = self.clock.now_ms()
+        topic = kernel.get(name)
+        if topic is None:  # a throwaway: the append makes the topic it creates
+            topic = self._new_topic(name, create, config, now)
+        plan = topic.plan_append(encoded, now)
+        journaled = kernel.journal is not None and topic.config.durability is not (
+            Durability.EPHEMERAL
+        )
+        return Layout(name, topic.epoch, plan.first_seq, plan.ts, now, plan.fresh,
+                      plan.fresh_bytes, journaled, publish)  # fmt: skip
+
+    def _new_topic(
+        self, name: str, create: bool | None, config: ConfigPatch | None, now: int
+    ) -> Topic:
+        """The topic an append to missing ``name`` creates, not registered yet: a
+        refused write creates nothing."""
+        check_topic_name(name)  # an existing topic's name was checked when it was made
+        topic_config = self.defaults.apply(config) if config else self.defaults
+        if not (topic_config.auto_create if create is None else create):
+            raise TopicError(
+                ErrorCode.TOPIC_NOT_FOUND, f"topic {name!r} does not exist", {"topic": name}
+            )
+        self._check_room(name)
+        return Topic(name, TopicType.LOG, topic_config, self.kernel.next_epoch(), now)
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole:
         """Hand out ``n`` seqs of a router dest that hold no record: the range of source
@@ -524,9 +567,23 @@ class Engine:
         epoch: int,
         batch_id: int,
         parts: Sequence[tuple[PartKey, int]],
+        prebuilt: Prebuilt | None = None,
     ) -> PublishResponse:
-        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``."""
-        return self.writers.publish(topic, writer, epoch, batch_id, parts)
+        """Append a batch's staged parts atomically, once per ``(writer, batch_id)``;
+        ``prebuilt`` from :meth:`lay_out_publish` (see :meth:`append_encoded`)."""
+        return self.writers.publish(topic, writer, epoch, batch_id, parts, prebuilt)
+
+    def lay_out_publish(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> Layout | None:
+        """Where :meth:`publish` would append now (:meth:`lay_out`); None if it would
+        append nothing."""
+        return self.writers.lay_out(topic, writer, epoch, batch_id, parts)
 
     def writer_topics(self, writer: str) -> list[str]:
         """The topics ``writer`` stages or published to."""

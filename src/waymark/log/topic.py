@@ -18,6 +18,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import msgspec
@@ -426,7 +427,7 @@ class Topic:
                 seqs = list(range(first, first + len(records)))
             else:
                 fresh, seqs = self._dedupe_batch(records, now)
-            fresh_bytes = sum(r.size for r in fresh)
+            fresh_bytes = sum(map(_size_of, fresh))  # (one C pass: a publish is 1M records)
         if config.discard is Discard.REJECT:
             self._check_caps(len(fresh), fresh_bytes)
         ts = now if now > self.last_ts else self.last_ts  # never backwards (not max(): slow)
@@ -482,7 +483,9 @@ class Topic:
             "earliest_seq": self.earliest_seq,
         }
 
-    def apply_append(self, plan: AppendPlan, now: int) -> None:
+    def apply_append(self, plan: AppendPlan, now: int, built: list[Chunk] | None = None) -> None:
+        """Store ``plan``'s records; ``built``: new chunks already holding them, laid out
+        off the event loop (:mod:`waymark.log.prebuilt`), which are adopted as they are."""
         fresh = plan.fresh
         if not fresh:
             return
@@ -501,6 +504,9 @@ class Topic:
                 self._dedupe_order.append((ts, record.id))
         chunks = self.chunks
         done = 0
+        for ready in built or ():
+            self.add_chunk(ready)
+            done += ready.n
         while done < n:
             chunk = chunks[-1] if chunks else None
             # A chunk holds a contiguous seq range: after a hole the next one starts afresh.
@@ -1111,3 +1117,6 @@ class Topic:
             hi = min(hi_seq - chunk.base_seq + 1, chunk.n)
             if lo < hi:
                 yield chunk, lo, hi
+
+
+_size_of = attrgetter("size")

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from .deletion import TagMatch
     from .journal import Commit, Journal
     from .kernel import Kernel
-    from .origin import Origin
+    from .origin import Origin, Published
+    from .prebuilt import Layout, Prebuilt
     from .records import EncodedRecord
     from .results import AppendResult, DeleteResult, DiffResult
     from .topic import Hole
@@ -56,7 +57,18 @@ class TopicLog(Protocol):
         create: bool | None = None,
         config: ConfigPatch | None = None,
         origin: Origin | None = None,
+        prebuilt: Prebuilt | None = None,
     ) -> AppendResult: ...
+
+    def lay_out(
+        self,
+        name: str,
+        encoded: list[EncodedRecord],
+        *,
+        create: bool | None = None,
+        config: ConfigPatch | None = None,
+        publish: Published | None = None,
+    ) -> Layout: ...
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole: ...
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -34,6 +35,7 @@ from .origin import Published
 from .records import EncodedRecord, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
+    from .prebuilt import Layout, Prebuilt
     from .topiclog import TopicLog
 
 DEFAULT_STAGE_TTL_MS = 15 * 60_000
@@ -142,7 +144,7 @@ class Writers:
         encoded = encode_batch(records, self._engine.limits)
         now = self._engine.clock.now_ms()
         self._expire(state, now)
-        size = sum(len(r.body) for r in encoded)
+        size = sum(map(len, map(_body_of, encoded)))
         existing = state.stages.get((batch_id, part))
         replaced = existing.sizes.get(chunk, 0) if existing is not None else 0  # a retry
         self._check_room(writer, size - replaced, now)
@@ -183,12 +185,14 @@ class Writers:
         epoch: int,
         batch_id: int,
         parts: Sequence[tuple[PartKey, int]],
+        prebuilt: Prebuilt | None = None,
     ) -> PublishResponse:
         """Append the staged ``parts`` (each with its chunk count) as one atomic write.
 
         Idempotent per ``(writer, batch_id)``: a batch already published returns its
         original seqs. The staged parts of the batch (including those of failed
-        attempts, which are not named) are dropped once published.
+        attempts, which are not named) are dropped once published. ``prebuilt``: the
+        append's bytes built from :meth:`lay_out` (see :meth:`Engine.append_encoded`).
         """
         state = self._fenced(topic, writer, epoch)
         head = (
@@ -206,6 +210,47 @@ class Writers:
                 {"writer": writer, "batch_id": batch_id, "forgotten_upto": state.forgotten_upto},
             )
         self._expire(state, self._engine.clock.now_ms())
+        records = self._gather(state, writer, batch_id, parts)
+        if records:
+            # The ledger entry travels in the append's own journal frame: one WAL frame.
+            result = self._engine.append_encoded(
+                topic, records, origin=Published(writer, batch_id), prebuilt=prebuilt
+            )
+            first, count = result.seqs[0], len(result.seqs)
+            head = result.head_seq
+            self._instance[topic] = self._engine.kernel.existing(topic, recover=False).epoch
+        else:
+            first, count = 0, 0
+        state.ledger[batch_id] = (first, count)
+        self._bound_ledger(state)
+        for key in [k for k in state.stages if k[0] == batch_id]:
+            del state.stages[key]
+        return PublishResponse(first, count, head, replayed=False)
+
+    def lay_out(
+        self,
+        topic: str,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        parts: Sequence[tuple[PartKey, int]],
+    ) -> Layout | None:
+        """Where :meth:`publish` would append ``parts`` now (:meth:`Engine.lay_out`), or
+        None if it would append nothing (a replay, an empty batch); refuses what the
+        publish would refuse."""
+        state = self._fenced(topic, writer, epoch)
+        if batch_id in state.ledger or batch_id <= state.forgotten_upto:
+            return None
+        self._expire(state, self._engine.clock.now_ms())
+        records = self._gather(state, writer, batch_id, parts)
+        if not records:
+            return None
+        return self._engine.lay_out(topic, records, publish=Published(writer, batch_id))
+
+    def _gather(
+        self, state: _Writer, writer: str, batch_id: int, parts: Sequence[tuple[PartKey, int]]
+    ) -> list[EncodedRecord]:
+        """The staged records of ``parts``, in order; refused if one is not fully staged."""
         records: list[EncodedRecord] = []
         for part, chunks in parts:
             _check_ids(batch_id, part, 0)
@@ -222,19 +267,7 @@ class Writers:
             assert staged is not None
             for c in range(chunks):
                 records.extend(staged.chunks[c])
-        if records:
-            # The ledger entry travels in the append's own journal frame: one WAL frame.
-            result = self._engine.append_encoded(topic, records, origin=Published(writer, batch_id))
-            first, count = result.seqs[0], len(result.seqs)
-            head = result.head_seq
-            self._instance[topic] = self._engine.kernel.existing(topic, recover=False).epoch
-        else:
-            first, count = 0, 0
-        state.ledger[batch_id] = (first, count)
-        self._bound_ledger(state)
-        for key in [k for k in state.stages if k[0] == batch_id]:
-            del state.stages[key]
-        return PublishResponse(first, count, head, replayed=False)
+        return records
 
     def staged_parts(self, topic: str, writer: str) -> int:
         """How many task attempts' outputs are staged and unpublished (for metrics, tests)."""
@@ -349,3 +382,6 @@ def _check_ids(batch_id: int, part: PartKey, chunk: int) -> None:
             "batch_id, partition, attempt and chunk are non-negative integers",
             {"batch_id": batch_id, "partition": part.partition, "attempt": part.attempt},
         )
+
+
+_body_of = attrgetter("body")

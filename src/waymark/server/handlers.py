@@ -17,6 +17,7 @@ import msgspec
 import orjson
 
 from ..log import DiffResult, EncodedRecord, Engine, ErrorCode, Limits, TagMatch, TopicError, pages
+from ..log.prebuilt import build
 from ..protocol import (
     ARROW_STREAM,
     MAX_ARROW_DIFF_LIMIT,
@@ -36,7 +37,7 @@ from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .delivery import ROUND_BUDGET
 from .history import AppendHistory
-from .http import BodyDecoder, Request, Response, off_loop
+from .http import BodyDecoder, Request, Response, is_large, off_loop
 from .metrics import Metrics
 from .notify import Notifier
 from .sse import EventStream, TopicFeed
@@ -183,8 +184,18 @@ class TopicApi:
 
     async def append(self, request: Request) -> Response:
         name = _topic(request)
-        body, encoded = await off_loop(await request.body_parts(self.max_body), self._validated)
-        result = self.engine.append_encoded(name, encoded, create=body.create, config=body.config)
+        parts = await request.body_parts(self.max_body)
+        body, encoded = await off_loop(parts, self._validated)
+        prebuilt = None
+        if is_large(parts):
+            # Its chunk and frame are copied and checksummed on a worker thread too; the
+            # engine adopts them unless the topic moved on meanwhile (docs/security.md,
+            # Limits).
+            layout = self.engine.lay_out(name, encoded, create=body.create, config=body.config)
+            prebuilt = await asyncio.to_thread(build, layout)
+        result = self.engine.append_encoded(
+            name, encoded, create=body.create, config=body.config, prebuilt=prebuilt
+        )
         fsync_ms = 0
         if result.must_sync and result.commit is not None:
             # fsync class, or a new seq ceiling: ack once durable. Readers of an fsync

@@ -100,9 +100,16 @@ async def off_loop(parts: list[bytes], work: Callable[[bytes], T]) -> T:
     other client's requests with it (docs/security.md, Limits)."""
     if len(parts) == 1 and len(parts[0]) <= OFF_LOOP_BYTES:  # the hot path
         return work(parts[0])
-    if sum(map(len, parts)) <= OFF_LOOP_BYTES:
+    if not is_large(parts):
         return work(b"".join(parts))
     return await asyncio.to_thread(lambda: work(b"".join(parts)))
+
+
+def is_large(parts: list[bytes]) -> bool:
+    """Whether a body received in ``parts`` is one :func:`off_loop` works on a thread."""
+    return (len(parts) > 1 or len(parts[0]) > OFF_LOOP_BYTES) and (
+        sum(map(len, parts)) > OFF_LOOP_BYTES
+    )
 
 
 def _is_json(content_type: bytes | None) -> bool:

@@ -3,9 +3,12 @@ bodies are :mod:`waymark.protocol.writers`."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from ..log import Engine, ErrorCode, Limits, TopicError
+from ..log.prebuilt import build
 from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
@@ -18,7 +21,7 @@ from ..protocol import (
 )
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
-from .http import BodyDecoder, Request, Response, off_loop
+from .http import OFF_LOOP_BYTES, BodyDecoder, Request, Response, off_loop
 from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
@@ -85,9 +88,15 @@ class WritersApi:
     async def publish(self, request: Request) -> Response:
         body = _publish.decode(await request.body(self.max_body))
         parts = [(PartKey(p.partition, p.attempt), p.chunks) for p in body.parts]
-        result = self.engine.publish(
-            request.params["topic"], body.writer, body.epoch, body.batch_id, parts
-        )
+        topic = request.params["topic"]
+        head = (topic, body.writer, body.epoch, body.batch_id, parts)
+        prebuilt = None
+        layout = self.engine.lay_out_publish(*head)
+        if layout is not None and layout.fresh_bytes > OFF_LOOP_BYTES:
+            # A sink's batch of a million records is laid into its chunks and framed on
+            # a worker thread, as a large append is (docs/security.md, Limits).
+            prebuilt = await asyncio.to_thread(build, layout)
+        result = self.engine.publish(*head, prebuilt)
         # A publish is acknowledged durable whatever the topic's class: Spark records the
         # batch as done once this returns, so the ledger entry must not be lost.
         await self._durable(request.params["topic"])

@@ -11,8 +11,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import xxhash
 
 from ...protocol.errors import WaymarkError
@@ -60,13 +62,26 @@ def frame_parts(kind: FrameKind, parts: list[bytes]) -> list[bytes]:
     joins them, with the GIL released (docs/security.md, Limits). A small payload is
     joined here: one digest update instead of one per record, and one write part."""
     head = bytes((kind,))
-    length = 1 + sum(map(len, parts))
+    sizes = list(map(len, parts))
+    length = 1 + sum(sizes)
     if length <= JOIN_BELOW and len(parts) > 1:
         parts = [b"".join(parts)]
+    elif len(parts) > 2 * length // JOIN_BELOW:  # many small parts (a sink's publish)
+        parts = _runs(parts, sizes)
     digest = xxhash.xxh3_64(head)
     for part in parts:
         digest.update(part)
     return [_LEN.pack(length), head, *parts, _SUM.pack(digest.intdigest())]
+
+
+def _runs(parts: list[bytes], sizes: list[int]) -> list[bytes]:
+    """``parts`` joined into runs of about ``JOIN_BELOW`` bytes: one digest update and
+    one write part per run, not per record, and no join long enough to hold the GIL for
+    long."""
+    ends = np.cumsum(sizes)
+    cuts = np.searchsorted(ends, np.arange(JOIN_BELOW, int(ends[-1]), JOIN_BELOW), "right")
+    bounds = [0, *np.unique(cuts).tolist(), len(parts)]
+    return [b"".join(parts[a:b]) for a, b in pairwise(bounds) if b > a]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,76 @@
+"""A large append's bytes built ahead, off the event loop (docs/security.md, Limits).
+
+Storing a 50 MB append copies it twice: into a chunk buffer (fresh memory, so most of
+the time is page faults) and into its journal frame's checksum. Both depend only on
+the seq and ts the engine hands out, so :meth:`Engine.lay_out` proposes them without
+changing anything, :func:`build` lays the bytes out on a worker thread, and
+:meth:`Engine.append_encoded` adopts them if the proposal still holds — nothing was
+appended to the topic meanwhile, and the same records are fresh. Otherwise it builds
+them itself, as for any append: a prebuilt append is never a different append.
+
+The engine stays the one that decides seqs and the order of appends; the frame is the
+same bytes either way (:func:`~waymark.log.journal.records_frame_parts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .chunk import CHUNK_RECORDS, Chunk
+from .journal import records_frame_parts
+from .origin import Published
+from .records import EncodedRecord
+from .topic import AppendPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where an append would go if it were made now: what :func:`build` needs."""
+
+    name: str
+    epoch: int
+    first_seq: int
+    ts: int
+    now: int
+    records: list[EncodedRecord]  # the fresh records, in order
+    fresh_bytes: int  # their data and meta bytes
+    journaled: bool  # whether the append writes a records frame
+    publish: Published | None = None  # a sink batch's mark, in the same frame
+
+
+@dataclass(frozen=True, slots=True)
+class Prebuilt:
+    """The chunks and the journal frame of a :class:`Layout`, ready to adopt."""
+
+    layout: Layout
+    chunks: list[Chunk]  # new chunks holding exactly the layout's records
+    frame: list[bytes] | None  # the records frame's parts, when journaled
+
+    def fits(self, epoch: int, plan: AppendPlan, last_ts: int) -> bool:
+        """Whether the append the engine is making now is the one laid out: same topic
+        instance, same first seq, same fresh records, and a ts that does not go back."""
+        layout = self.layout
+        return (
+            layout.epoch == epoch
+            and layout.first_seq == plan.first_seq
+            and layout.ts >= last_ts
+            and layout.records == plan.fresh  # the same objects: compared by identity
+        )
+
+
+def build(layout: Layout) -> Prebuilt:
+    """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
+    no engine state, so it runs on a worker thread; its loops hold the GIL a record at a
+    time, so the event loop is not held up for the whole copy."""
+    records, first, ts = layout.records, layout.first_seq, layout.ts
+    chunks = []
+    for lo in range(0, len(records), CHUNK_RECORDS):
+        chunk = Chunk(first + lo)
+        chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS])
+        chunks.append(chunk)
+    frame = None
+    if layout.journaled:
+        frame = records_frame_parts(
+            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now
+        )
+    return Prebuilt(layout, chunks, frame)

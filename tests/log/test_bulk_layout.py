@@ -1,0 +1,68 @@
+"""A write of many records is encoded, laid into its chunk and framed a whole step over
+the write at a time (a sink's publish holds a million records); each record comes out
+byte for byte as it would alone, through the one-record paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from waymark.log.chunk import Chunk
+from waymark.log.journal import records_frame_parts
+from waymark.log.records import EncodedRecord, encode_batch
+from waymark.log.storage import frames
+from waymark.protocol import Limits, RecordIn
+
+LIMITS = Limits()
+# Tags JSON writes as they are, and ones it must escape or cannot encode at all.
+TAGS = st.one_of(st.none(), st.sampled_from(["t", "é", "日本", "a/b:c", "\u2028", 'q"', "b\\s",
+                                             "\x01", "\x7f", "x" * 200]))  # fmt: skip
+RECORD = st.builds(
+    RecordIn,
+    data=st.sampled_from([b'{"a":1}', b'[1,2.5,"x"]', b'"\\u00e9"', b"null", b'{"s":"a b"}']).map(
+        msgspec.Raw
+    ),
+    tag=TAGS,
+    node=st.one_of(st.none(), st.just("n1")),
+    id=st.one_of(st.none(), st.just("i")),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(RECORD, min_size=2, max_size=40), st.booleans())
+def test_a_write_encodes_as_its_records_would_alone(records: list[RecordIn], same: bool) -> None:
+    if same:  # all tagged alike or all untagged: the whole-write path
+        records = [msgspec.structs.replace(r, tag=records[0].tag, node=None) for r in records]
+    alone = [encode_batch([r], LIMITS)[0] for r in records]
+    assert encode_batch(records, LIMITS) == alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12))
+def test_a_chunk_takes_a_write_as_it_takes_its_records_one_by_one(
+    records: list[RecordIn], first_seq: int
+) -> None:
+    encoded = [encode_batch([r], LIMITS)[0] for r in records]
+    whole, one_by_one = Chunk(first_seq), Chunk(first_seq)
+    whole.extend(first_seq, 1_700_000_000_123, encoded)
+    for i, record in enumerate(encoded):
+        one_by_one.extend(first_seq + i, 1_700_000_000_123, [record])
+    for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+        assert getattr(whole, field) == getattr(one_by_one, field), field
+    assert whole.tag_names.names == one_by_one.tag_names.names
+    assert whole.node_names.names == one_by_one.node_names.names
+
+
+def test_a_frame_of_many_small_records_is_the_same_bytes() -> None:
+    """Framed in runs of about 1 MiB rather than one part per record."""
+    records = [EncodedRecord(b',"data":%d}' % i, 3, None, "t", None) for i in range(300_000)]
+    parts = records_frame_parts("t", 1, 1, 5, records, None, now=5)
+    assert len(parts) < 20
+    joined = b"".join(parts)
+    found, end = frames.scan(joined, Path("x"))
+    assert end == len(joined) and len(found) == 1
+    _, _, bodies = bytes(found[0].payload).partition(b"\n")
+    assert bodies == b"".join(r.body for r in records)

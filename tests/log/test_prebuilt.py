@@ -1,0 +1,148 @@
+"""A large append's chunks and journal frame built ahead, off the event loop
+(waymark.log.prebuilt): adopted only when nothing moved the topic meanwhile, and then
+the same append, byte for byte, as one the engine lays out itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from waymark.clock import ManualClock
+from waymark.log import ConfigPatch, Durability, Engine, RecordIn
+from waymark.log.prebuilt import build
+from waymark.log.records import encode_batch
+from waymark.log.storage import frames
+from waymark.log.storage.restore import open_engine
+from waymark.log.storage.store import Store
+from waymark.log.writers import PartKey
+
+# More records than one chunk holds.
+RECORDS = [RecordIn(data=b'{"n":%d,"pad":"%b"}' % (i, b"x" * 64), tag=f"t{i % 3}")
+           for i in range(20_000)]  # fmt: skip
+
+
+def _open(data_dir: Path, clock: ManualClock) -> tuple[Engine, Store]:
+    engine, store, _ = open_engine(data_dir, clock=clock)
+    return engine, store
+
+
+def _shut(engine: Engine, store: Store) -> None:
+    engine.close()
+    store.sync_blocking()
+    store.close()
+
+
+def _page(engine: Engine, topic: str) -> list[dict]:
+    out, from_seq = [], 0
+    while True:
+        page = engine.diff(topic, from_seq, limit=10_000)
+        out += page.records()
+        from_seq = page.next_from_seq
+        if page.caught_up:
+            return out
+
+
+def _wal_frames(engine: Engine, store: Store, topic: str) -> list[bytes]:
+    """The records frames of ``topic``'s WAL shard, once the engine is shut."""
+    assert engine.journal is not None
+    path = engine.journal.shard_of(topic).path  # type: ignore[attr-defined]
+    _shut(engine, store)
+    found, _ = frames.read_file(path)
+    return [bytes(f.payload) for f in found if f.kind is frames.FrameKind.RECORDS]
+
+
+def test_an_adopted_prebuilt_append_is_the_append_it_replaces(tmp_path: Path) -> None:
+    """Same seqs, pages and journal frame as the engine's own layout; and the records
+    come back after a restart."""
+    results, pages, journals = [], [], []
+    for name, prebuilt in (("plain", False), ("prebuilt", True)):
+        clock = ManualClock(1_000)
+        engine, store = _open(tmp_path / name, clock)
+        engine.put_topic("t", ConfigPatch(durability=Durability.DISK))
+        # More records than one write carries: as a sink's publish may (not bound by it).
+        encoded = encode_batch(RECORDS, engine.limits)
+        built = None
+        if prebuilt:
+            built = build(engine.lay_out("t", encoded))
+            assert len(built.chunks) == 2
+            clock.advance(5)  # the bytes took a while: the ts proposed stays
+        results.append(engine.append_encoded("t", encoded, prebuilt=built).seqs)
+        pages.append(_page(engine, "t"))
+        journals.append(_wal_frames(engine, store, "t"))
+    assert results[0] == results[1] == list(range(1, len(RECORDS) + 1))
+    assert pages[0] == pages[1] and {r["$ts"] for r in pages[1]} == {1_000}
+    assert journals[0] == journals[1] and len(journals[1]) == 1  # one atomic frame
+    reopened, store = _open(tmp_path / "prebuilt", ManualClock(2_000))
+    assert _page(reopened, "t") == pages[1]
+    _shut(reopened, store)
+
+
+def test_a_prebuilt_append_to_a_topic_it_creates(tmp_path: Path) -> None:
+    engine, store = _open(tmp_path, ManualClock(1_000))
+    encoded = engine.encode(RECORDS[:100])
+    built = build(engine.lay_out("new", encoded))
+    result = engine.append_encoded("new", encoded, prebuilt=built)
+    assert result.created and result.seqs == list(range(1, 101))
+    assert engine.get_topic("new").epoch == built.layout.epoch
+    assert [r["data"]["n"] for r in _page(engine, "new")] == list(range(100))
+    _shut(engine, store)
+
+
+def test_a_stale_prebuilt_append_is_laid_out_again(tmp_path: Path) -> None:
+    """Another append, a drop and recreate, or another topic created in between: the
+    engine ignores the prebuilt bytes and appends at the seqs it hands out now."""
+    clock = ManualClock(1_000)
+    engine, store = _open(tmp_path, clock)
+    encoded = engine.encode(RECORDS[:100])
+    engine.put_topic("t", ConfigPatch())
+    # Another append meanwhile.
+    built = build(engine.lay_out("t", encoded))
+    engine.append("t", [RecordIn(data=b'{"other":1}')])
+    clock.advance(3)
+    assert engine.append_encoded("t", encoded, prebuilt=built).seqs == list(range(2, 102))
+    page = _page(engine, "t")
+    assert [r["$seq"] for r in page] == list(range(1, 102))
+    assert page[0]["data"] == {"other": 1} and {r["$ts"] for r in page[1:]} == {1_003}
+    # The topic dropped and recreated meanwhile: a new instance.
+    built = build(engine.lay_out("t", encoded))
+    engine.delete_topic("t")
+    engine.put_topic("t", ConfigPatch())
+    assert engine.append_encoded("t", encoded, prebuilt=built).seqs == list(range(1, 101))
+    assert [r["$seq"] for r in _page(engine, "t")] == list(range(1, 101))
+    # Laid out to create a topic, but another topic took the epoch meanwhile.
+    built = build(engine.lay_out("fresh", encoded))
+    engine.put_topic("other", ConfigPatch())
+    result = engine.append_encoded("fresh", encoded, prebuilt=built)
+    assert engine.get_topic("fresh").epoch == built.layout.epoch + 1
+    assert result.seqs == list(range(1, 101)) and len(_page(engine, "fresh")) == 100
+    _shut(engine, store)
+
+
+def test_a_prebuilt_publish_is_the_publish_it_replaces(tmp_path: Path) -> None:
+    """A sink batch's staged parts laid out and framed ahead: the same frame (with the
+    publish mark), and after a restart the batch is still published once."""
+    journals = []
+    for name, prebuilt in (("plain", False), ("prebuilt", True)):
+        engine, store = _open(tmp_path / name, ManualClock(1_000))
+        epoch = engine.open_writer("sink")
+        for partition in range(2):
+            for chunk in range(3):
+                lo = (partition * 3 + chunk) * 1_000
+                engine.stage("out", "sink", epoch, 7, PartKey(partition, 0),
+                             RECORDS[lo : lo + 1_000], chunk=chunk)  # fmt: skip
+        parts = [(PartKey(0, 0), 3), (PartKey(1, 0), 3)]
+        built = None
+        if prebuilt:
+            layout = engine.lay_out_publish("out", "sink", epoch, 7, parts)
+            assert layout is not None and len(layout.records) == 6_000
+            built = build(layout)
+        result = engine.publish("out", "sink", epoch, 7, parts, built)
+        assert (result.first_seq, result.count, result.replayed) == (1, 6_000, False)
+        assert engine.lay_out_publish("out", "sink", epoch, 7, parts) is None  # a replay
+        journals.append(_wal_frames(engine, store, "out"))
+    assert journals[0] == journals[1]
+    engine, store = _open(tmp_path / "prebuilt", ManualClock(2_000))
+    assert [r["data"]["n"] for r in _page(engine, "out")] == list(range(6_000))
+    epoch = engine.open_writer("sink")
+    replay = engine.publish("out", "sink", epoch, 7, [(PartKey(0, 0), 3), (PartKey(1, 0), 3)])
+    assert (replay.first_seq, replay.count, replay.replayed) == (1, 6_000, True)
+    _shut(engine, store)
