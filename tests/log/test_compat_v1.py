@@ -19,6 +19,7 @@ import orjson
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, TagMatch, lease_events
+from waymark.log.config import StorageConfig
 from waymark.log.journal import (
     DeleteFrame,
     DropFrame,
@@ -53,9 +54,9 @@ def observe(data_dir: Path, work: Path) -> dict[str, Any]:
     """Every topic's state and records, and the routers, of the engine recovered from a
     copy of ``data_dir`` (recovery trims and cleans the directory it opens)."""
     shutil.copytree(data_dir, work)
-    engine, store, _ = open_engine(work, clock=ManualClock(1_700_000_100_000))
-    if engine.recovering is not None:
-        engine.recovering.finish_all()
+    engine, store, _ = open_engine(StorageConfig(work), clock=ManualClock(1_700_000_100_000))
+    if engine.replaying is not None:
+        engine.replaying.finish_all()
     states = engine.list_topics()
     seen: dict[str, Any] = {"topics": orjson.loads(msgspec.json.encode(states)), "diffs": {}}
     for state in states:

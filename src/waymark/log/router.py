@@ -350,7 +350,7 @@ class Routers:
                 "router %s: source %s lost %d..%d (%s) before forwarding",
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
-        source = engine.kernel.existing(router.source, recover=False)
+        source = engine.kernel.existing(router.source, replay=False)
         on_cycle = router.name in self._cyclic()
         copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
@@ -358,7 +358,7 @@ class Routers:
                 router.dest, copies, create=False, origin=Derived(router.source)
             )
             if on_cycle:
-                epoch = engine.kernel.existing(router.dest, recover=False).epoch
+                epoch = engine.kernel.existing(router.dest, replay=False).epoch
                 for seq, hop in zip(result.seqs, hops, strict=True):
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
