@@ -46,7 +46,7 @@ from waymark.recovery import (
     CheckpointListener,
     LocalReceiptStore,
     RecoveryService,
-    SourceView,
+    ServerView,
     TopicCheckpoints,
 )
 from waymark.server import App, ServerConfig
@@ -64,8 +64,8 @@ class Prepared:
     def newest_id(self) -> int:
         return 0
 
-    def view(self) -> SourceView:
-        return SourceView()
+    def view(self) -> ServerView:
+        return ServerView()
 
     def committed(self, key: str, version: int, epoch: int) -> str | None:
         return None

@@ -28,10 +28,13 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def reopen(
-    data_dir: Path, cold_dir: Path | None = None, hot_segments: int = 4
+    data_dir: Path,
+    cold_dir: Path | None = None,
+    hot_segments: int = 4,
+    clock: ManualClock | None = None,
 ) -> tuple[Engine, Store]:
     storage = StorageConfig(data_dir, cold_dir=cold_dir, hot_segments=hot_segments)
-    engine, store, _ = open_engine(storage)
+    engine, store, _ = open_engine(storage, clock=clock)
     return engine, store
 
 

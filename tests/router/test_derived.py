@@ -104,7 +104,7 @@ def test_recovery_resumes_past_the_last_key_in_dest(guarantee: str) -> None:
     # A cursor from an older cut than dest's records (a catalog restored from a backup
     # beside newer segments): exactly_once finds its keys in dest and skips them.
     engine.get_router("r").cursor = 1
-    engine.routers.settle_recovered()
+    engine.routers.settle_replayed()
     while engine.forward().pending:
         pass
     if guarantee == "exactly_once":

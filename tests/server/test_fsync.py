@@ -52,11 +52,6 @@ class HeldSyncs(FileIO):
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 def syncs(clock: ManualClock) -> HeldSyncs:
     return HeldSyncs(clock, takes_ms=7)
 

@@ -18,11 +18,6 @@ from waymark.server import App, ServerConfig
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 async def http(clock: ManualClock) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=App(clock=clock))
     async with httpx.AsyncClient(transport=transport, base_url="http://waymark") as client:

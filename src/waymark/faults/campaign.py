@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from waymark.faults import checkers
-from waymark.faults.checkers import Gap, Verdict
+from waymark.faults.checkers import CheckResult, Gap
 from waymark.faults.disk import TmpfsDisk
 from waymark.faults.processes import (
     S3_ENVIRONMENT,
@@ -86,7 +86,7 @@ class CampaignResult:
     seed: int
     seconds: float
     applied: list[Applied]
-    verdicts: list[Verdict]
+    verdicts: list[CheckResult]
     observations: Observations
     components: list[str]
     left_out: list[str]
@@ -401,7 +401,7 @@ def _check(
     consumer: Managed,
     workdir: Path,
     obs: Observations,
-) -> list[Verdict]:
+) -> list[CheckResult]:
     from waymark.client import Client
 
     gaps: list[Gap] = []
@@ -473,7 +473,7 @@ def _head(obs: Observations) -> int:
 
 def _recovery_check(
     client_url: str, consumer: Managed, workdir: Path, obs: Observations
-) -> Verdict:
+) -> CheckResult:
     """Kill the consumer, let a change checkpoint cover the source's head, ask
     ``waymark recovery missed`` (as a user would) and check it names every key whose
     newest change the consumer never processed."""

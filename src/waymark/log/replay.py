@@ -115,6 +115,6 @@ def finish(engine: Engine) -> None:
 
     The rule is each topic's own (:meth:`Topic.recovered`).
     """
-    engine.routers.settle_recovered()
+    engine.routers.settle_replayed()
     for topic in engine.kernel.topics():
-        topic.recovered()
+        topic.replayed()

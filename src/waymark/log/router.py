@@ -443,7 +443,7 @@ class Routers:
             self._routers[name] = Router(**definition)
         self._on_cycle = None
 
-    def settle_recovered(self) -> None:
+    def settle_replayed(self) -> None:
         """After replay: a router whose endpoint instance is gone does not exist, and an
         exactly_once router resumes past the last copy dest already holds."""
         kernel = self._engine.kernel
