@@ -518,12 +518,13 @@ def fill(spec: str) -> None:
     ``checkpoint`` ends like a clean shutdown (records sealed into segments, WAL
     trimmed); without it everything stays in the WAL, like a crash before any checkpoint.
     """
+    from waymark.log.config import StorageConfig
     from waymark.log.records import encode_batch
     from waymark.log.storage.restore import open_engine
     from waymark.protocol import ConfigPatch, Durability, Limits, RecordIn
 
     data_dir, n, checkpoint = json.loads(spec)
-    engine, store, _ = open_engine(Path(data_dir))
+    engine, store, _ = open_engine(StorageConfig(Path(data_dir)))
     engine.put_topic(RESTART_TOPIC, ConfigPatch(durability=Durability.DISK))
     batch = encode_batch([RecordIn.of({**RECORD["data"], "i": i}) for i in range(1000)], Limits())
     for _ in range(n // 1000):

@@ -40,15 +40,16 @@ from rich.table import Table
 from waymark.client import Client
 from waymark.clock import ManualClock
 from waymark.log import Engine, RecordIn
+from waymark.log.config import ChangesConfig
 from waymark.protocol import Checkpoint, KeyChange
 from waymark.recovery import (
     CheckpointListener,
     LocalReceiptStore,
     RecoveryService,
-    SourceView,
+    ServerView,
     TopicCheckpoints,
 )
-from waymark.server import App
+from waymark.server import App, ServerConfig
 from waymark.server.serving import Server, listen
 
 
@@ -63,8 +64,8 @@ class Prepared:
     def newest_id(self) -> int:
         return 0
 
-    def view(self) -> SourceView:
-        return SourceView()
+    def view(self) -> ServerView:
+        return ServerView()
 
     def committed(self, key: str, version: int, epoch: int) -> str | None:
         return None
@@ -167,7 +168,9 @@ class Serving:
     def __init__(self, engine: Engine, window_s: float) -> None:
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = ThreadServer(App(engine=engine, recovery_window_s=window_s))
+        self.server = ThreadServer(
+            App(ServerConfig(changes=ChangesConfig(recovery_window_s=window_s)), engine=engine)
+        )
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 20

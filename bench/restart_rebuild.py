@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from waymark.log import RecordIn
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 
 BATCH = 1_000
@@ -33,7 +34,7 @@ KEYS = 10_000
 
 def build(data: Path, records: int) -> None:
     """``records`` appended since the last checkpoint, in the WAL only."""
-    engine, store, _ = open_engine(data, track_changes=True)
+    engine, store, _ = open_engine(StorageConfig(data), track_changes=True)
     engine.track_changes(86_400_000)
     payload = {"order": 1, "amount": 12.5, "note": "x" * 40}
     for start in range(0, records, BATCH):
@@ -48,7 +49,7 @@ def restart(source: Path, work: Path, track: bool) -> tuple[float, float]:
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(source, work)
     started = time.perf_counter()
-    engine, store, _ = open_engine(work, track_changes=track)
+    engine, store, _ = open_engine(StorageConfig(work), track_changes=track)
     opened = time.perf_counter() - started
     merge = 0.0
     if engine.changes is not None:

@@ -40,11 +40,12 @@ SPORADIC_GAP_S = 0.15
 
 async def engine_figures(seconds: float, sporadic: int) -> dict[str, float]:
     from waymark.log import ConfigPatch, Durability, RecordIn
+    from waymark.log.config import StorageConfig
     from waymark.log.storage.restore import open_engine
 
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="waymark-bench-") as tmp:
-        engine, store, _ = open_engine(Path(tmp))
+        engine, store, _ = open_engine(StorageConfig(Path(tmp)))
         trim = getattr(engine, "trim_ceilings", None)
 
         async def trimmer() -> None:

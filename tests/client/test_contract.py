@@ -37,13 +37,14 @@ from waymark.client import (
     TopicType,
 )
 from waymark.clock import ManualClock
+from waymark.log.config import EngineConfig, StorageConfig
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard, Durability, Limits
 from waymark.protocol.scopes import ALL_SCOPES
 from waymark.server import App
 from waymark.server.auth import new_token
-from waymark.server.limits import ServerLimits
+from waymark.server.config import AuthConfig, HttpConfig, ServerConfig, StreamConfig
 from waymark.server.serving import Server, listen
 
 
@@ -173,7 +174,8 @@ def fault(flag: threading.Event) -> Iterator[None]:
 LIMITS = Limits(max_record_bytes=64, max_tag_bytes=8, max_node_bytes=8, max_meta_bytes=64,
                 max_meta_keys=2, max_records_per_write=3, max_body_bytes=4096,
                 max_topics=40, max_staged_bytes_per_writer=100)  # fmt: skip
-SERVER_LIMITS = ServerLimits(header_timeout_s=0.3, max_connections=4, max_streams=1)
+HTTP = HttpConfig(header_timeout_s=0.3, max_connections=4)
+STREAMS = StreamConfig(max_streams=1)
 
 
 @dataclass
@@ -361,7 +363,9 @@ def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
     # A code added to the contract needs a case here.
     assert set(CASES) == set(ErrorCode)
     disk, clock = FullDisk(), FailingClock()
-    engine, store, _ = open_engine(tmp_path, clock=clock, limits=LIMITS, fileio=disk)
+    engine, store, _ = open_engine(
+        StorageConfig(tmp_path), EngineConfig(limits=LIMITS), clock=clock, fileio=disk
+    )
     tokens = tmp_path / "tokens.toml"
     secrets = {
         "all": new_token(tokens, "all", list(ALL_SCOPES)),
@@ -370,7 +374,8 @@ def test_every_error_code_decodes_through_the_client(tmp_path: Path) -> None:
         "slow": new_token(tokens, "slow", ["read:*"], rate_per_s=0.001),
         "wrong": "wmk_0_nope",
     }
-    app = App(engine=engine, store=store, tokens=tokens, server_limits=SERVER_LIMITS)
+    config = ServerConfig(http=HTTP, streams=STREAMS, auth=AuthConfig(tokens=tokens))
+    app = App(config, engine=engine, store=store)
     try:
         with serving(app) as url, Client(url, token=secrets["all"]) as client:
             client.append("t", [RecordIn.of(0)])

@@ -27,7 +27,7 @@ from waymark.kv import (
 from waymark.kv import watcher as watcher_module
 from waymark.kv.consumer import OrderedFeed
 from waymark.kv.stores.protocol import SnapshotStore
-from waymark.kv.watcher import Watch
+from waymark.kv.watcher import KvWatch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +59,7 @@ async def test_a_reset_while_the_reader_is_idle_loses_nothing(
 ) -> None:
     kv = await conn.store(bucket_name)
     await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
-    watch: Watch = await kv.watcher().watch_all(capacity=256)
+    watch: KvWatch = await kv.watcher().watch_all(capacity=256)
     feed = watch._feed
     await wait_until(lambda: backpressured(feed, watch._queue), "the feed to block")
     force_reset(feed)
@@ -139,7 +139,7 @@ async def test_a_reset_that_finds_its_next_revisions_evicted_fails_with_cursor_e
     """Retention took what the reader had not been handed yet: the watch says so."""
     kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
     await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
-    watch: Watch = await kv.watcher().watch_all(capacity=256)
+    watch: KvWatch = await kv.watcher().watch_all(capacity=256)
     feed = watch._feed
     await wait_until(lambda: backpressured(feed, watch._queue), "the feed to block")
     await kv.js.purge_stream(kv.stream, seq=KEYS - 10)

@@ -1,4 +1,4 @@
-"""Watch resets against a real nats-server, as a hypothesis state machine.
+"""KvWatch resets against a real nats-server, as a hypothesis state machine.
 
 A fold (``watch_applied`` into an append-log store, All scope, resuming from a
 cursor) runs while the machine writes bursts, holds and releases the reader

@@ -23,6 +23,7 @@ from tests.conftest import only_rules
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, RecordIn, TagMatch, pages
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.segment import SealedChunk
 from waymark.log.topic import Topic
@@ -181,7 +182,9 @@ def test_arrow_pages_of_sealed_segments_agree_with_json_pages(
 ) -> None:
     """Chunks sealed into segments are read through their mapped frames, not as one
     run of records: the same agreement, over meta, deletes and node filters."""
-    engine, store, _ = open_engine(tmp_path_factory.mktemp("sealed"), clock=ManualClock(1000))
+    engine, store, _ = open_engine(
+        StorageConfig(tmp_path_factory.mktemp("sealed")), clock=ManualClock(1000)
+    )
     try:
         engine.put_topic(TOPIC, ConfigPatch())
         engine.append(TOPIC, [RecordIn.of(d, tag=t, node=n, meta=m) for t, n, d, m in batch])

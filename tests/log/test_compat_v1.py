@@ -19,11 +19,13 @@ import orjson
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, TagMatch, lease_events
+from waymark.log.config import StorageConfig
 from waymark.log.journal import (
     DeleteFrame,
     DropFrame,
     HeadFrame,
     RecordsFrame,
+    RouterDefinition,
     RouterFrame,
     TopicFrame,
     WriterFrame,
@@ -53,9 +55,9 @@ def observe(data_dir: Path, work: Path) -> dict[str, Any]:
     """Every topic's state and records, and the routers, of the engine recovered from a
     copy of ``data_dir`` (recovery trims and cleans the directory it opens)."""
     shutil.copytree(data_dir, work)
-    engine, store, _ = open_engine(work, clock=ManualClock(1_700_000_100_000))
-    if engine.recovering is not None:
-        engine.recovering.finish_all()
+    engine, store, _ = open_engine(StorageConfig(work), clock=ManualClock(1_700_000_100_000))
+    if engine.replaying is not None:
+        engine.replaying.finish_all()
     states = engine.list_topics()
     seen: dict[str, Any] = {"topics": orjson.loads(msgspec.json.encode(states)), "diffs": {}}
     for state in states:
@@ -99,7 +101,7 @@ def _frame_cases() -> dict[str, bytes]:
         "drop": DropFrame("t1", 3).encode(),
         "head": HeadFrame("t1", 3, 4099).encode(),
         "writer": WriterFrame("w1", 2).encode(),
-        "router": RouterFrame("r", router).encode(),
+        "router": RouterFrame("r", RouterDefinition(**router)).encode(),
         "router_delete": RouterFrame("r", None).encode(),
         "delete_before": DeleteFrame.of("t1", 3, 10, None, 10, now=200).encode(),
         "delete_match": DeleteFrame.of("t1", 3, None, TagMatch(True, "x"), 12, now=201).encode(),

@@ -21,6 +21,7 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import RestoreReport, open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import QueueCounts
@@ -29,7 +30,7 @@ MEMORY = ConfigPatch(durability=Durability.MEMORY)
 
 
 def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Store, RestoreReport]:
-    return open_engine(data_dir, **kwargs)
+    return open_engine(StorageConfig(data_dir), **kwargs)
 
 
 def crash(store: Store) -> None:
@@ -93,13 +94,13 @@ def test_the_engine_is_usable_before_the_memory_topic_has_recovered(tmp_path: Pa
     assert msgspec.to_builtins(engine.get_topic("mem"))["recovering"] is True
     assert data(engine, "disk") == list(range(500))
     # Steps apply it in order, a bounded slice at a time: counts only grow.
-    assert engine.recovering is not None
+    assert engine.replaying is not None
     counts, steps = [], 0
-    while engine.recovering is not None:
-        more = engine.recovering.step(max_bytes=4096)
+    while engine.replaying is not None:
+        more = engine.replaying.step(max_bytes=4096)
         counts.append(engine.get_topic("mem", touch=False).count)
         steps += 1
-        assert more == (engine.recovering is not None)
+        assert more == (engine.replaying is not None)
     assert steps > 10 and counts == sorted(counts) and counts[-1] == 2000
     assert recovering(engine) == []
     assert "recovering" not in msgspec.to_builtins(engine.get_topic("mem"))
@@ -123,11 +124,11 @@ def test_using_a_recovering_topic_first_applies_the_rest_of_it(tmp_path: Path, u
     call, count = USES[use]
     written(tmp_path)
     engine, store, _ = reopen(tmp_path)
-    assert engine.recovering is not None
-    engine.recovering.step(max_bytes=4096)  # part-way
+    assert engine.replaying is not None
+    engine.replaying.step(max_bytes=4096)  # part-way
     assert 0 < engine.get_topic("mem").count < 2000
     call(engine)
-    assert recovering(engine) == [] and engine.recovering is None
+    assert recovering(engine) == [] and engine.replaying is None
     assert engine.get_topic("mem").count == count
     if use == "router":
         assert engine.get_router("r").cursor == 2000  # it starts after every old record
@@ -167,9 +168,9 @@ def test_deletions_apply_in_order(tmp_path: Path) -> None:
     crash(store)
     engine, store, report = reopen(tmp_path, clock=clock)
     assert report.deferred_topics == 1
-    assert engine.recovering is not None
-    while engine.recovering is not None:
-        engine.recovering.step(max_bytes=1024)
+    assert engine.replaying is not None
+    while engine.replaying is not None:
+        engine.replaying.step(max_bytes=1024)
     assert pages(engine, "mem") == expected
     after = engine.get_topic("mem")
     assert (after.head_seq, after.earliest_seq, after.count, after.bytes) == (
@@ -189,8 +190,8 @@ def test_a_recovering_topic_shows_its_latest_config_and_expires_nothing_early(
     crash(store)
     clock.advance(60_000)  # long past the first TTL
     engine, store, _ = reopen(tmp_path, clock=clock)
-    assert engine.recovering is not None
-    engine.recovering.step(max_bytes=1)  # some records applied, under the first TTL
+    assert engine.replaying is not None
+    engine.replaying.step(max_bytes=1)  # some records applied, under the first TTL
     state = engine.get_topic("mem")  # looks, does not finish
     assert state.recovering and (state.config.ttl_ms, state.config.priority) == (0, 5)
     assert state.count == 10
@@ -206,10 +207,10 @@ def test_dropping_or_recreating_a_recovering_topic(tmp_path: Path) -> None:
     fill(engine, "mem", 50, start=200)
     crash(store)
     engine, store, _ = reopen(tmp_path)
-    assert engine.recovering is not None
-    engine.recovering.step(max_bytes=2048)
+    assert engine.replaying is not None
+    engine.replaying.step(max_bytes=2048)
     engine.delete_topic("mem")
-    assert engine.recovering is None or engine.recovering.step() is False
+    assert engine.replaying is None or engine.replaying.step() is False
     assert engine.list_topics() == []  # nothing set aside brings it back
     assert engine.append("mem", [RecordIn.of("again")], config=MEMORY).seqs == [1]
     state = engine.get_topic("mem")
@@ -277,11 +278,11 @@ def test_a_router_endpoint_recovers_before_readiness(tmp_path: Path) -> None:
 def test_a_seal_during_recovery_loses_nothing_set_aside(tmp_path: Path) -> None:
     mem_pages = written(tmp_path)
     engine, store, _ = reopen(tmp_path)
-    assert engine.recovering is not None
-    engine.recovering.step(max_bytes=4096)
+    assert engine.replaying is not None
+    engine.replaying.step(max_bytes=4096)
     engine.append("disk", [RecordIn.of("new")])
     store.seal(engine)  # trims the WAL files holding the rest: they apply first
-    assert engine.recovering is None
+    assert engine.replaying is None
     crash(store)
     engine, store, report = reopen(tmp_path)
     assert report.deferred_topics == 0 and report.segments >= 2
@@ -331,18 +332,18 @@ def test_recovery_steps_one_topic_at_a_time_with_the_priority_it_recovers_to(
     engine.put_topic("high", ConfigPatch(priority=1000))  # set aside behind its records
     crash(store)
     engine, store, _ = reopen(tmp_path)
-    assert engine.recovering is not None and engine.recovering.names() == ["low", "high"]
+    assert engine.replaying is not None and engine.replaying.names() == ["low", "high"]
     now = engine.clock.now_ms()
     assert engine.delivery_priority("high", now, now) == 1000
     assert engine.delivery_priority("low", now, now) == 0
     steps = 0
-    while engine.recovering.step_topic("high", max_bytes=1024):
+    while engine.replaying.step_topic("high", max_bytes=1024):
         steps += 1
     assert steps > 3 and recovering(engine) == ["low"]
     assert engine.get_topic("low").count == 0  # untouched by high's steps
-    assert not engine.recovering.step_topic("high")  # nothing left: a no-op
+    assert not engine.replaying.step_topic("high")  # nothing left: a no-op
     assert data(engine, "high") == list(range(200)) and data(engine, "low") == list(range(200))
-    assert engine.recovering is None
+    assert engine.replaying is None
     crash(store)
 
 

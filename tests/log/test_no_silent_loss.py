@@ -36,6 +36,7 @@ from waymark.log import chunk as chunk_module
 from waymark.log import journal as journal_module
 from waymark.log import topic as topic_module
 from waymark.log.chunk import Chunk
+from waymark.log.config import StorageConfig
 from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import seal as seal_module
 from waymark.log.storage.catalog import TopicEntry
@@ -373,7 +374,7 @@ class DurableNoSilentLoss(NoSilentLoss):
 
     def open(self) -> Engine:
         self.directory = Path(tempfile.mkdtemp(prefix="waymark-machine-"))
-        engine, self.store, _ = open_engine(self.directory, clock=self.clock)
+        engine, self.store, _ = open_engine(StorageConfig(self.directory), clock=self.clock)
         return engine
 
     @rule()
@@ -402,7 +403,7 @@ class DurableNoSilentLoss(NoSilentLoss):
         self.store.close()
         m = self.model
         before = m.next_seq
-        self.engine, self.store, _ = open_engine(self.directory, clock=self.clock)
+        self.engine, self.store, _ = open_engine(StorageConfig(self.directory), clock=self.clock)
         after = self.engine.get_topic(TOPIC, touch=False).next_seq
         if clean:
             assert after == before, "a clean restart skipped seqs"

@@ -103,7 +103,9 @@ def test_the_walk_catches_a_planted_write() -> None:
     assert not topic_writes("self.next_seq = 1\nn = topic.next_seq\nf(topic.holes)", attrs)
 
 
-ENGINE_PARTS = frozenset({"queues", "routers", "writers", "kernel"})
+# The parts, the change tracker and gradual replay: the server asks the engine instead
+# (tracks_changes, unsynced_change_topics, replay_pending, replay_step, replay_backlog).
+ENGINE_PARTS = frozenset({"queues", "routers", "writers", "kernel", "changes", "replaying"})
 
 
 def reaches_past_the_facade(source: str) -> list[str]:
@@ -127,7 +129,8 @@ def test_the_server_uses_the_engine_through_its_facade() -> None:
     }
     assert found == {}
     planted = ["self.engine.queues.holds(a)", "engine.kernel", "x = self.api.engine.routers",
-               "self._engine.writers.stage()"]  # fmt: skip
+               "self._engine.writers.stage()", "self.engine.changes.unsynced_topics()",
+               "engine.replaying.step_topic(name)"]  # fmt: skip
     for line in planted:
         assert reaches_past_the_facade(line), line
     assert not reaches_past_the_facade("self.engine.claim(a)\nself.queues.x")

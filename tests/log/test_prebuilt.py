@@ -8,6 +8,7 @@ from pathlib import Path
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, RecordIn
+from waymark.log.config import StorageConfig
 from waymark.log.prebuilt import build
 from waymark.log.records import encode_batch
 from waymark.log.storage import frames
@@ -21,7 +22,7 @@ RECORDS = [RecordIn(data=b'{"n":%d,"pad":"%b"}' % (i, b"x" * 64), tag=f"t{i % 3}
 
 
 def _open(data_dir: Path, clock: ManualClock) -> tuple[Engine, Store]:
-    engine, store, _ = open_engine(data_dir, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(data_dir), clock=clock)
     return engine, store
 
 

@@ -14,6 +14,7 @@ import xxhash
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn, TagMatch, TopicType
 from waymark.log import chunk as chunk_module
+from waymark.log.config import StorageConfig
 from waymark.log.storage.catalog import CATALOG
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.seal import TOPICS
@@ -26,8 +27,14 @@ def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunk_module, "CHUNK_RECORDS", 10)
 
 
-def reopen(data_dir: Path, **kwargs: object) -> tuple[Engine, Store]:
-    engine, store, _ = open_engine(data_dir, **kwargs)  # type: ignore[arg-type]
+def reopen(
+    data_dir: Path,
+    cold_dir: Path | None = None,
+    hot_segments: int = 4,
+    clock: ManualClock | None = None,
+) -> tuple[Engine, Store]:
+    storage = StorageConfig(data_dir, cold_dir=cold_dir, hot_segments=hot_segments)
+    engine, store, _ = open_engine(storage, clock=clock)
     return engine, store
 
 
@@ -254,7 +261,7 @@ def test_a_damaged_segment_index_refuses_to_start(tmp_path: Path) -> None:
     data[30] ^= 0xFF
     idx.write_bytes(bytes(data))
     with pytest.raises(SegmentError, match="checksum"):
-        open_engine(tmp_path)
+        open_engine(StorageConfig(tmp_path))
     assert (tmp_path / CATALOG).exists()
 
 
@@ -282,4 +289,4 @@ def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Pa
     assert [r["data"] for r in everything(engine, "t")[0]] == list(range(1, 60, 2))
     crash(store)
     with pytest.raises(SegmentError, match="cold"):
-        open_engine(data)  # without its cold tier the topic cannot be whole
+        open_engine(StorageConfig(data))  # without its cold tier the topic cannot be whole

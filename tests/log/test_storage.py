@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TagMatch, TopicError
+from waymark.log.config import StorageConfig
 from waymark.log.storage import frames
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
@@ -26,8 +27,8 @@ from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 
 
-def reopen(data_dir: Path, **kwargs) -> tuple[Engine, Store]:
-    engine, store, _ = open_engine(data_dir, **kwargs)
+def reopen(data_dir: Path, wal_shards: int = 2, **kwargs) -> tuple[Engine, Store]:
+    engine, store, _ = open_engine(StorageConfig(data_dir, wal_shards=wal_shards), **kwargs)
     return engine, store
 
 
@@ -92,7 +93,7 @@ def test_torn_final_frame_is_dropped_silently(tmp_path: Path) -> None:
     shut(engine, wal, clean=False)
     path = wal_file(tmp_path, engine, "t")
     path.write_bytes(path.read_bytes()[:-7])  # the last append's frame, torn
-    engine, wal, report = open_engine(tmp_path)
+    engine, wal, report = open_engine(StorageConfig(tmp_path))
     assert report.torn_bytes > 0
     assert seqs(engine, "t") == [1, 2, 3, 4]
     # New frames follow the last whole one, and the lost seq 5 is never reused.
@@ -113,7 +114,7 @@ def test_corruption_mid_file_refuses_to_start(tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptFrame):
-        open_engine(tmp_path)
+        open_engine(StorageConfig(tmp_path))
     waymark = Path(sys.executable).parent / "waymark"
     result = subprocess.run([str(waymark), "serve", "--port", "0", "--data-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=30)  # fmt: skip
@@ -142,8 +143,8 @@ def test_everything_recovers(tmp_path: Path) -> None:
     # The memory topic's records recover gradually (docs/semantics/topics.md §2.2): see
     # test_memory_recovery.py.
     assert [t.name for t in engine.list_topics() if t.recovering] == ["mem"]
-    assert engine.recovering is not None
-    engine.recovering.finish_all()
+    assert engine.replaying is not None
+    engine.replaying.finish_all()
     after = {t.name: t for t in engine.list_topics()}
     assert set(after) == {"cfg", "again", "mem"}
     for name in after:
@@ -242,7 +243,7 @@ class UnsyncedWritesLost(FileIO):
 
 def test_acknowledged_records_lost_in_a_crash_read_as_a_bounded_gap(tmp_path: Path) -> None:
     disk = UnsyncedWritesLost()
-    engine, store, _ = open_engine(tmp_path, clock=ManualClock(), fileio=disk)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=ManualClock(), fileio=disk)
 
     async def acked(data: int) -> int:
         result = engine.append("d", [RecordIn.of(data)])
@@ -270,7 +271,7 @@ def test_acknowledged_records_lost_in_a_crash_read_as_a_bounded_gap(tmp_path: Pa
     ceiling = asyncio.run(scenario())
     disk.crash()
     store.close()
-    engine, store, _ = open_engine(tmp_path)
+    engine, store, _ = open_engine(StorageConfig(tmp_path))
     assert seqs(engine, "d", 0)[:8] == list(range(1, 9))
     page = engine.diff("d", 8)
     # The acknowledged 9..ceiling are gone and reported; the seq above the ceiling,
@@ -385,19 +386,19 @@ def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
 ) -> None:
     from waymark.log.writers import PartKey
 
-    engine, store, _ = open_engine(tmp_path)
+    engine, store, _ = open_engine(StorageConfig(tmp_path))
     epoch = engine.writers.open_writer("query-1")
     part = PartKey(0, 0)
     engine.writers.stage("out", "query-1", epoch, 7, part, [RecordIn.of("a"), RecordIn.of("b")])
     first = engine.writers.publish("out", "query-1", epoch, 7, [(part, 1)])
     shut(engine, store, clean=False)  # the ledger entry is only in the WAL frame
-    engine, store, _ = open_engine(tmp_path)
+    engine, store, _ = open_engine(StorageConfig(tmp_path))
     again = engine.writers.publish("out", "query-1", epoch, 7, [(part, 1)])
     assert (again.first_seq, again.count, again.replayed) == (first.first_seq, 2, True)
     assert engine.writers.open_writer("query-1") == epoch + 1  # never the same epoch twice
     store.seal(engine)  # now the WAL frame is trimmed: the catalog carries both
     shut(engine, store, clean=False)
-    engine, store, _ = open_engine(tmp_path)
+    engine, store, _ = open_engine(StorageConfig(tmp_path))
     assert engine.writers.publish("out", "query-1", epoch + 1, 7, [(part, 1)]).replayed
     with pytest.raises(TopicError) as info:
         engine.writers.publish("out", "query-1", epoch, 8, [(part, 1)])
@@ -409,7 +410,7 @@ def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
 def test_fsync_readers_see_only_durable_records(tmp_path: Path) -> None:
     """A reader must never act on a record a crash could take back."""
     disk = FullDiskInjector()
-    engine, store, _ = open_engine(tmp_path, fileio=disk)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), fileio=disk)
     engine.put_topic("f", ConfigPatch(durable=True))
     engine.put_topic("d", ConfigPatch(durable=False))
 
@@ -537,7 +538,9 @@ def test_an_ephemeral_delete_writes_no_wal_frame_and_waits_for_no_sync(tmp_path:
     from waymark.server import App
 
     gate = SyncGate()
-    engine, store, _ = open_engine(tmp_path, shards=1, fileio=gate)  # every topic, one shard
+    engine, store, _ = open_engine(
+        StorageConfig(tmp_path, wal_shards=1), fileio=gate
+    )  # every topic, one shard
     wal = store.wal
 
     async def scenario() -> None:
@@ -584,7 +587,7 @@ def test_no_ack_under_a_seq_ceiling_before_it_is_durable(tmp_path: Path) -> None
     """A disk append is acknowledged at once only under a ceiling already synced: one
     that a raise just wrote could still be lost with it, and its seqs handed out again."""
     gate = SyncGate()
-    engine, store, _ = open_engine(tmp_path, clock=ManualClock(), fileio=gate)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=ManualClock(), fileio=gate)
     engine.put_topic("d", ConfigPatch(durability=Durability.DISK))
     store.sync_blocking()
     try:
@@ -702,7 +705,7 @@ def test_a_crash_between_a_seals_trim_and_the_wal_rotation_loses_nothing(
     at all. The restart must write at or after the catalog's start, or the next
     restart takes its file for a seal's leftover and deletes acknowledged frames (found
     by tests/recovery/test_kills.py: acked records and their changes gone)."""
-    engine, store = reopen(tmp_path, shards=1)
+    engine, store = reopen(tmp_path, wal_shards=1)
     engine.put_topic("t", ConfigPatch(durability=Durability.FSYNC))
     for round_ in range(3):  # every seal rotates: the catalog's start moves up
         engine.append("t", [RecordIn.of(round_)])
@@ -712,10 +715,10 @@ def test_a_crash_between_a_seals_trim_and_the_wal_rotation_loses_nothing(
     (shard,) = (tmp_path / "wal").iterdir()
     for path in shard.iterdir():  # the state the SIGKILL left: no WAL file yet
         path.unlink()
-    engine, store = reopen(tmp_path, shards=1)
+    engine, store = reopen(tmp_path, wal_shards=1)
     acked = engine.append("t", [RecordIn.of("acked")]).seqs
     store.sync_blocking()
     shut(engine, store, clean=False)  # a crash: the record is in the WAL only
-    engine, store = reopen(tmp_path, shards=1)
+    engine, store = reopen(tmp_path, wal_shards=1)
     assert seqs(engine, "t") == [1, 2, 3, *acked]
     shut(engine, store)

@@ -18,6 +18,7 @@ import pytest
 from waymark.client.events import RecordEvent, TombstoneEvent, Watch
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, DiffResult, Engine, RecordIn, TopicType
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import (
     AppendResponse,
@@ -124,13 +125,15 @@ def test_every_tombstone_reason_and_record_shape_decodes(tmp_path: Path) -> None
     engine.forward()
     seen_as("source_trim", diff(engine, "dest", 0))
 
-    durable, store, _ = open_engine(tmp_path, clock=clock)
+    durable, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     durable.put_topic("e", ConfigPatch(durability=Durability.EPHEMERAL))
     durable.append("e", [RecordIn.of(i) for i in range(3)])
     durable.close()
     store.sync_blocking()
     store.close()
-    durable, store, _ = open_engine(tmp_path, clock=clock)  # ephemeral records do not survive
+    durable, store, _ = open_engine(
+        StorageConfig(tmp_path), clock=clock
+    )  # ephemeral records do not survive
     seen_as("lost", diff(durable, "e", 0))
     store.close()
 

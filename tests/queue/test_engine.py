@@ -10,6 +10,7 @@ import pytest
 
 from waymark.clock import CountingIds, ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError, TopicType
+from waymark.log.config import StorageConfig
 from waymark.log.queue import DEAD_LETTER_RETRY_MS, ClaimRequest, leases_name
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard, QueueCounts
@@ -128,14 +129,14 @@ def test_queue_config_is_reported_and_validated(engine: Engine) -> None:
 
 
 def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: ManualClock) -> None:
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     queue(engine, 5, leases_durable=True, lease_ms=1000)
     assert engine.kernel.existing(leases_name("q")).config.durability.value == "disk"
     jobs = engine.claim("q", "w", 3)
     engine.ack("q", "w", [jobs[0].seq])
     store.sync_blocking()
     store.close()  # no seal: the WAL alone carries the delete and the lease events
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     try:
         assert engine.diff("q", 0).seqs == [2, 3, 4, 5]  # the acked job stays deleted
         assert engine.get_topic("q").queue == QueueCounts(
@@ -146,7 +147,9 @@ def test_acks_and_durable_leases_survive_a_restart(tmp_path: Path, clock: Manual
         store.seal(engine)
     finally:
         store.close()
-    engine, store, _ = open_engine(tmp_path, clock=clock)  # now from segments + flipped flags
+    engine, store, _ = open_engine(
+        StorageConfig(tmp_path), clock=clock
+    )  # now from segments + flipped flags
     try:
         assert engine.diff("q", 0).seqs == [3, 4, 5]
     finally:
@@ -246,14 +249,14 @@ def test_claims_and_the_lease_replay_are_not_consumption(engine: Engine) -> None
 def test_lease_ids_come_from_the_injected_id_source(clock: ManualClock, tmp_path: Path) -> None:
     # The queue is pure: its lease ids are drawn from the engine's IdSource, not from
     # os.urandom, so a restart replays them exactly and a test can predict them.
-    engine, store, _ = open_engine(tmp_path, clock=clock, ids=CountingIds())
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock, ids=CountingIds())
     # The engine draws an in-memory instance id, then the new directory's replaces it.
     assert engine.instance == "0000000000000002"
     queue(engine, jobs=2, leases_durable=True)
     jobs = engine.claim("q", "n1", 2)
     assert [j.lease_id for j in jobs] == ["0000000000000003", "0000000000000004"]
     store.close()
-    again, store, _ = open_engine(tmp_path, clock=clock, ids=CountingIds())
+    again, store, _ = open_engine(StorageConfig(tmp_path), clock=clock, ids=CountingIds())
     assert again.instance == "0000000000000002"  # read back, not drawn again
     assert again.ack("q", "n1", [jobs[1].seq], [jobs[1].lease_id]).done == [jobs[1].seq]
     store.close()

@@ -12,8 +12,9 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import TopicConfig
+from waymark.log.config import EngineConfig
 from waymark.log.queue import DEAD_LETTER_RETRY_MS
-from waymark.server import App
+from waymark.server import App, ServerConfig
 
 
 class ClockedQueue:
@@ -54,8 +55,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-async def serve(clock: ManualClock, **app: Any) -> AsyncIterator[ClockedQueue]:
-    transport = httpx.ASGITransport(app=App(clock=clock, **app))
+async def serve(
+    clock: ManualClock, config: ServerConfig | None = None
+) -> AsyncIterator[ClockedQueue]:
+    transport = httpx.ASGITransport(app=App(config, clock=clock))
     async with httpx.AsyncClient(transport=transport, base_url="http://waymark") as http:
         yield ClockedQueue(http)
 
@@ -174,7 +177,9 @@ async def test_parked_jobs_fill_a_raised_cap_in_order_and_wait_for_the_rest(
 async def test_a_missing_dead_letter_topic_with_create_disabled_parks_until_created(
     clock: ManualClock,
 ) -> None:
-    async for api in serve(clock, defaults=TopicConfig(auto_create=False)):
+    async for api in serve(
+        clock, ServerConfig(engine=EngineConfig(defaults=TopicConfig(auto_create=False)))
+    ):
         await api.put("q", type="queue", max_deliveries=1, dead_letter="dlq")
         await api.produce("q", "poison")
         await dead_job(api)

@@ -11,7 +11,7 @@ import msgspec
 
 from waymark.log import CHANGES_TOPIC, Engine
 from waymark.protocol import Checkpoint, CheckpointData, Record, key_topic
-from waymark.recovery import CheckpointListener, LocalReceiptStore, SourceView
+from waymark.recovery import CheckpointListener, LocalReceiptStore, ServerView
 from waymark.recovery.source import refusal
 from waymark.recovery.store import Binding
 
@@ -59,9 +59,9 @@ class EngineCheckpoints:
         self.older = 0
         return self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
 
-    def view(self) -> SourceView:
+    def view(self) -> ServerView:
         state = self.engine.get_topic(CHANGES_TOPIC, touch=False)
-        return SourceView(self.engine.instance, state.evict_floor - 1, self.older)
+        return ServerView(self.engine.instance, state.evict_floor - 1, self.older)
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
         found = list(reversed(self.all()))

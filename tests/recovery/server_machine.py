@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from waymark.log import Engine
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import ConfigPatch, Durability, key_topic
@@ -79,7 +80,7 @@ class ServerMachine(RecoveryMachine):
 
     def _open(self) -> tuple[Engine, Store]:
         data = self.dir / f"data-{self.generation}"
-        engine, store, _ = open_engine(data, clock=self.clock, track_changes=True)
+        engine, store, _ = open_engine(StorageConfig(data), clock=self.clock, track_changes=True)
         engine.track_changes(WINDOW_MS)
         return engine, store
 

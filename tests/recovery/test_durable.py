@@ -20,6 +20,7 @@ from tests.conftest import ServerProcess
 
 from waymark.client import Client
 from waymark.log import CHANGES_TOPIC
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import ConfigPatch, Durability, RecordIn
 from waymark.recovery import LocalReceiptStore, RecoveryService, TopicCheckpoints
@@ -127,7 +128,7 @@ def test_the_newest_checkpoint_is_found_below_a_crash_gap(
     reported. Found by the kill loop (test_kills.py): a last restart with nothing to
     name made ``missed()`` report nothing at all."""
     data = tmp_path / "data"
-    engine, wal, _ = open_engine(data, track_changes=True)
+    engine, wal, _ = open_engine(StorageConfig(data), track_changes=True)
     engine.track_changes(86_400_000)
     engine.put_topic("orders", ConfigPatch(durability=Durability.FSYNC))
     for i in range(50):  # checkpoints in a burst: the topic's ceiling leads its head

@@ -13,6 +13,7 @@ import pytest
 from waymark.clock import ManualClock
 from waymark.log import CHANGES_TOPIC, ConfigPatch, Durability, Engine, RecordIn, TagMatch
 from waymark.log.changes import Changes
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import CheckpointData
@@ -21,7 +22,9 @@ Named = dict[str, tuple[int, int, int]]  # key -> (first, last, epoch)
 
 
 def start(data_dir: Path, *, track: bool = True) -> tuple[Engine, Store]:
-    engine, store, _ = open_engine(data_dir, clock=ManualClock(), track_changes=track)
+    engine, store, _ = open_engine(
+        StorageConfig(data_dir), clock=ManualClock(), track_changes=track
+    )
     if track:
         engine.track_changes(60_000)
     return engine, store

@@ -25,7 +25,7 @@ from waymark.recovery import (
     CommittedVersion,
     LocalReceiptStore,
     RecoveryService,
-    SourceView,
+    ServerView,
     TopicCheckpoints,
     WindowLoss,
 )
@@ -140,12 +140,12 @@ def test_only_ids_that_held_checkpoints_are_reported_lost() -> None:
     """Ids a crash skipped never held a checkpoint (a reader is never told of a loss that
     did not happen); those the server expired and those older than the client's window
     did, each with its reason."""
-    assert window_losses(3, 6, SourceView("x", expired_to=2, older=0)) == []
-    assert window_losses(3, 6, SourceView("x", expired_to=2, older=3)) == []
-    assert window_losses(3, 9, SourceView("x", expired_to=5, older=8)) == [
+    assert window_losses(3, 6, ServerView("x", expired_to=2, older=0)) == []
+    assert window_losses(3, 6, ServerView("x", expired_to=2, older=3)) == []
+    assert window_losses(3, 9, ServerView("x", expired_to=5, older=8)) == [
         WindowLoss(4, 5, "expired"), WindowLoss(6, 8, "outside_window")
     ]  # fmt: skip
-    assert window_losses(3, 9, SourceView("x", expired_to=12, older=0)) == [
+    assert window_losses(3, 9, ServerView("x", expired_to=12, older=0)) == [
         WindowLoss(4, 9, "expired")
     ]  # fmt: skip
 

@@ -11,6 +11,7 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
+from waymark.log.config import StorageConfig
 from waymark.log.journal import decode_records
 from waymark.log.storage.frames import FrameKind, read_file
 from waymark.log.storage.restore import open_engine
@@ -37,7 +38,7 @@ def frame_topic(kind: FrameKind, payload: bytes) -> str:
 
 
 def test_one_wal_write_per_source_append_whatever_the_fan_out(tmp_path: Path) -> None:
-    engine, store, _ = open_engine(tmp_path, clock=ManualClock())
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=ManualClock())
     try:
         for i in range(8):
             engine.put_router(f"r{i}", "src", f"d{i}")
@@ -60,7 +61,7 @@ def test_one_wal_write_per_source_append_whatever_the_fan_out(tmp_path: Path) ->
 
 def test_a_crash_re_derives_copies_made_since_the_seal(tmp_path: Path) -> None:
     clock = ManualClock()
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     engine.put_topic("src", ConfigPatch(durability=Durability.FSYNC))
     engine.put_topic("dst", ConfigPatch(durability=Durability.FSYNC))
     engine.put_router("r", "src", "dst")
@@ -75,7 +76,7 @@ def test_a_crash_re_derives_copies_made_since_the_seal(tmp_path: Path) -> None:
     assert dest_data(engine, "dst") == [1, 2, 3, 4, 5]
     store.sync_blocking()
     store.close()  # a kill after the last sync
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     try:
         assert engine.get_router("r").cursor == 3
         assert dest_data(engine, "dst") == [1, 2, 3]  # 4 and 5 were never journaled
@@ -103,7 +104,7 @@ def test_recovery_resumes_past_the_last_key_in_dest(guarantee: str) -> None:
     # A cursor from an older cut than dest's records (a catalog restored from a backup
     # beside newer segments): exactly_once finds its keys in dest and skips them.
     engine.get_router("r").cursor = 1
-    engine.routers.settle_recovered()
+    engine.routers.settle_replayed()
     while engine.forward().pending:
         pass
     if guarantee == "exactly_once":
@@ -192,7 +193,7 @@ def test_an_fsync_dest_shows_copies_once_their_source_records_are_durable() -> N
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_copies_of_records_sealed_in_segments(tmp_path: Path, guarantee: str) -> None:
-    engine, store, _ = open_engine(tmp_path, clock=ManualClock())
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=ManualClock())
     try:
         engine.put_topic("src", ConfigPatch())
         engine.append("src", [RecordIn.of({"i": i}, tag=f"t{i % 3}", node="n", meta={"m": "v"})

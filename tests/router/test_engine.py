@@ -11,6 +11,7 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, ErrorCode, RecordIn, TopicError
+from waymark.log.config import StorageConfig
 from waymark.log.router import HOP_CAP
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import Discard
@@ -147,12 +148,12 @@ def test_a_cycle_through_plain_routers_terminates_at_the_hop_cap(engine: Engine)
 
 def test_a_mixed_cycle_still_terminates_after_a_restart(tmp_path: Path) -> None:
     clock = ManualClock()
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     engine.put_router("ab", "a", "b")
     engine.put_router("ba", "b", "a", allow_cycle=True)
     store.sync_blocking()
     store.close()  # the definitions come back from the WAL
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     try:
         produce(engine, "a", "x")
         assert forward_to_quiescence(engine, "ab") == 1 + HOP_CAP
@@ -233,7 +234,7 @@ def test_source_records_evicted_before_forwarding_are_counted(engine: Engine) ->
 
 def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     clock = ManualClock()
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     engine.put_router("r", "a", "b")
     engine.put_router("gone", "a", "c")
     engine.delete_router("gone")
@@ -241,7 +242,7 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     engine.forward()
     store.sync_blocking()
     store.close()  # no seal: the WAL alone carries the definitions
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     assert [r.name for r in engine.list_routers()] == ["r"]
     assert engine.get_router("r").cursor == 0  # the cursor is only in seals
     assert dest_data(engine, "b") == []  # derived: never journaled (docs/semantics/topics.md §8.1)
@@ -250,7 +251,7 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
     assert dest_data(engine, "b") == [1, 2]  # re-derived from the cursor
     store.seal(engine)
     store.close()
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     try:
         # From the catalog, in one cut with dest's sealed copies.
         assert engine.get_router("r").cursor == engine.get_topic("a").head_seq
@@ -261,7 +262,7 @@ def test_definitions_and_cursors_survive_restart(tmp_path: Path) -> None:
         store.sync_blocking()
     finally:
         store.close()
-    engine, store, _ = open_engine(tmp_path, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path), clock=clock)
     try:
         assert engine.list_routers() == []  # the drop replays and takes its router with it
     finally:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Engine, RecordIn
+from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.protocol import Discard
@@ -48,7 +49,7 @@ class Run:
         self.drained_to = 0  # dest seqs up to here were drained
 
     def _open(self) -> tuple[Engine, Store]:
-        engine, store, _ = open_engine(self.directory, clock=self.clock)
+        engine, store, _ = open_engine(StorageConfig(self.directory), clock=self.clock)
         return engine, store
 
     def read_dest(self) -> list[tuple[int, int]]:

@@ -1,14 +1,19 @@
-"""Fixtures for the HTTP conformance suite: a real server process, raw HTTP, a topic."""
+"""Fixtures for the HTTP conformance suite: a real server process, raw HTTP, a topic;
+and an in-memory app on a manual clock with an asyncio client over ASGI."""
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
+
+from waymark.client import AsyncClient
+from waymark.clock import ManualClock
+from waymark.server import App
 
 
 class Api:
@@ -72,3 +77,20 @@ def api(http: httpx.Client) -> Api:
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses."""
     return re.sub(r"[^A-Za-z0-9._:-]", ".", request.node.name[:60]) + "-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def app(clock: ManualClock) -> App:
+    return App(clock=clock)
+
+
+@pytest.fixture
+async def client(app: App) -> AsyncIterator[AsyncClient]:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
+    async with http, AsyncClient("http://waymark", http=http) as client:
+        yield client

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from waymark.clock import ManualClock
-from waymark.server import App
+from waymark.server import App, ServerConfig
 from waymark.server import app as app_module
 from waymark.server.auth import Token, new_token
+from waymark.server.config import AuthConfig
 from waymark.server.serving import Server, listen
 
 TOPICS = ("a", "ab", "b.1", "b.2")
@@ -94,7 +95,7 @@ class Auth(RuleBasedStateMachine):
         self.made = 0
         new_token(self.path, "seed", ["read:zzz"])
         # A still clock: a topic's state then changes only with what a request does.
-        self.app = App(tokens=self.path, clock=ManualClock())
+        self.app = App(ServerConfig(auth=AuthConfig(tokens=self.path)), clock=ManualClock())
 
     def teardown(self) -> None:
         self.dir.cleanup()
@@ -191,7 +192,8 @@ def test_a_header_timer_mutant_lets_slowloris_hold_on() -> None:
     armed) the connection is still open after the timeout."""
     import socket
 
-    from waymark.server.limits import GuardedProtocol, ServerLimits
+    from waymark.server.config import HttpConfig
+    from waymark.server.limits import GuardedProtocol
 
     def answer_within(app: App, seconds: float) -> bytes:
         import threading
@@ -214,8 +216,8 @@ def test_a_header_timer_mutant_lets_slowloris_hold_on() -> None:
             thread.join(10)
             sock.close()
 
-    limits = ServerLimits(header_timeout_s=0.2)
-    assert answer_within(App(server_limits=limits), 3).startswith(b"HTTP/1.1 408")
+    config = ServerConfig(http=HttpConfig(header_timeout_s=0.2))
+    assert answer_within(App(config), 3).startswith(b"HTTP/1.1 408")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(GuardedProtocol, "_arm", lambda self: None)
-        assert answer_within(App(server_limits=limits), 1) == b""
+        assert answer_within(App(config), 1) == b""

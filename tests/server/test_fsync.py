@@ -22,6 +22,7 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import Engine
+from waymark.log.config import StorageConfig
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
 from waymark.server import App
@@ -51,18 +52,13 @@ class HeldSyncs(FileIO):
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
 def syncs(clock: ManualClock) -> HeldSyncs:
     return HeldSyncs(clock, takes_ms=7)
 
 
 @pytest.fixture
 def engine(tmp_path: Path, syncs: HeldSyncs, clock: ManualClock) -> Iterator[Engine]:
-    engine, store, _ = open_engine(tmp_path, fileio=syncs, shards=1, clock=clock)
+    engine, store, _ = open_engine(StorageConfig(tmp_path, wal_shards=1), fileio=syncs, clock=clock)
     yield engine
     syncs.release()  # a failed test must not leave the writer thread blocked
     store.sync_blocking()

@@ -54,14 +54,14 @@ def test_the_history_is_bounded_in_points_and_topics() -> None:
         for name in ("a", "b", "c"):
             history.changed(name)
         history.tick(t, lambda name, t=t: (1, t, t))
-        assert all(len(s.points) < 6 * 4 for s in history._series.values())  # noqa: SLF001
+        assert history.points_held < 2 * 4 * len(history.sampled())
     samples = history.of("c", 1, 199, 199, 199).samples
     assert [p[0] for p in samples] == [196, 197, 198, 199]  # the newest `keep`
     # A fourth topic pushes out the one that changed least recently.
     for t, name in enumerate(("b", "c", "a", "d"), start=200):
         history.changed(name)
         history.tick(t, lambda name, t=t: (1, t, t))
-    assert sorted(history._series) == ["a", "c", "d"]  # noqa: SLF001
+    assert history.sampled() == ["c", "a", "d"]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> None:

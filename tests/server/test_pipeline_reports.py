@@ -4,8 +4,6 @@ injected clock, forgetting, and refusals that store nothing."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import msgspec
 import pytest
@@ -41,23 +39,6 @@ def report(run: str = "3f9c0a1b2d4e", processed: int = 10, **kw: object) -> Pipe
                     PipelinePlacement("raw.0", 2, "http://b:8080", 9)],
         **kw,  # type: ignore[arg-type]
     )  # fmt: skip
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def app(clock: ManualClock) -> App:
-    return App(clock=clock)
-
-
-@pytest.fixture
-async def client(app: App) -> AsyncIterator[AsyncClient]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
-    async with http, AsyncClient("http://waymark", http=http) as client:
-        yield client
 
 
 async def test_each_run_keeps_its_edges_lag_history_bounded_oldest_first(

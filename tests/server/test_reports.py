@@ -5,7 +5,7 @@ nothing, durability across a SIGKILL, and the model of "newest report per report
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +38,6 @@ pytestmark = pytest.mark.timeout(60)
 
 def fold(node: str = "n1", cursor: int = 5, bucket_seq: int = 9, **kw: object) -> FoldReport:
     return FoldReport("orders", node, "lmdb", "orders", cursor, bucket_seq, **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def app(clock: ManualClock) -> App:
-    return App(clock=clock)
-
-
-@pytest.fixture
-async def client(app: App) -> AsyncIterator[AsyncClient]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://waymark")
-    async with http, AsyncClient("http://waymark", http=http) as client:
-        yield client
 
 
 async def test_a_fold_report_reads_back_with_lag_and_export(client: AsyncClient) -> None:

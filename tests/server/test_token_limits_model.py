@@ -27,9 +27,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from hypothesis.stateful import run_state_machine_as_test as run
 
 from waymark.clock import ManualClock
-from waymark.server import App
+from waymark.server import App, ServerConfig
 from waymark.server import ratelimit as ratelimit_module
 from waymark.server.auth import Token, new_token
+from waymark.server.config import AuthConfig
 from waymark.server.ratelimit import RateLimits
 
 APPEND = b'{"records":[{"data":1}]}'
@@ -73,7 +74,7 @@ class TokenLimits(RuleBasedStateMachine):
                                else expires_in_ms / 1000, clock=self.clock)  # fmt: skip
             expires = None if expires_in_ms is None else self.clock.now_ms() + expires_in_ms
             self.tokens.append((secret, expires, rate, []))
-        self.app = App(tokens=path, clock=self.clock)
+        self.app = App(ServerConfig(auth=AuthConfig(tokens=path)), clock=self.clock)
         self.retry: tuple[int, int] | None = None  # (token, seconds) of the last 429
 
     def teardown(self) -> None:

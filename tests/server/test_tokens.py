@@ -26,8 +26,9 @@ from tests.client.test_contract import serving
 from waymark.client import ApiError, Client, ErrorCode
 from waymark.clock import ManualClock
 from waymark.protocol import RecordIn
-from waymark.server import App
+from waymark.server import App, ServerConfig
 from waymark.server.auth import new_token
+from waymark.server.config import AuthConfig
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -45,7 +46,7 @@ def test_a_token_expires_at_its_time_and_its_open_stream_ends(tmp_path: Path) ->
     secret = new_token(tokens, "brief", ["read:*", "write:*"], expires_in_s=3600, clock=clock)
     writer = new_token(tokens, "writer", ["write:*"])  # never expires
     with (
-        serving(App(clock=clock, tokens=tokens)) as url,
+        serving(App(ServerConfig(auth=AuthConfig(tokens=tokens)), clock=clock)) as url,
         Client(url, token=secret) as client,
         Client(url, token=writer) as other,
     ):
@@ -101,7 +102,7 @@ def test_a_rate_limited_token_gets_429_with_retry_after(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.toml"
     secret = new_token(tokens, "slow", ["read:*"], rate_per_s=2)
     free = new_token(tokens, "free", ["read:*"])
-    with serving(App(clock=clock, tokens=tokens)) as url:
+    with serving(App(ServerConfig(auth=AuthConfig(tokens=tokens)), clock=clock)) as url:
         headers = {"authorization": f"Bearer {secret}"}
         with httpx.Client(base_url=url, headers=headers, timeout=10) as http:
             assert [http.get("/v0/auth/whoami").status_code for _ in range(2)] == [200, 200]
@@ -197,7 +198,10 @@ def test_an_open_stream_verifies_its_token_once_until_a_reload(
     tokens = tmp_path / "tokens.toml"
     reader = new_token(tokens, "reader", ["read:*"])
     writer = new_token(tokens, "writer", ["write:*"])
-    with serving(App(tokens=tokens)) as url, Client(url, token=writer) as client:
+    with (
+        serving(App(ServerConfig(auth=AuthConfig(tokens=tokens)))) as url,
+        Client(url, token=writer) as client,
+    ):
         client.append("t", [RecordIn.of(0)])
         bearer = {"authorization": f"Bearer {reader}"}
         with httpx.stream(

@@ -13,12 +13,8 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import TopicConfig
-from waymark.server import App
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+from waymark.log.config import EngineConfig
+from waymark.server import App, ServerConfig
 
 
 @pytest.fixture
@@ -109,7 +105,7 @@ async def test_ttl_applies_at_read_time_to_a_long_poll_too(http, clock) -> None:
 
 
 async def test_topics_default_auto_create_false_refuses_lazy_create() -> None:
-    app = App(defaults=TopicConfig(auto_create=False))
+    app = App(ServerConfig(engine=EngineConfig(defaults=TopicConfig(auto_create=False))))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://waymark") as http:
         body = {"records": [{"data": 1}]}

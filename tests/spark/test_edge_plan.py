@@ -177,7 +177,7 @@ class EdgeStageMachine(RuleBasedStateMachine):
             published = self.world.current()
             verdict = E.after_failure(part.generation, published.generation if published else 0,
                                       0.0, 1.0)  # fmt: skip
-            return [] if verdict is E.Failure.ABANDON else None
+            return [] if verdict is E.OnUnreachable.ABANDON else None
         rows = [r for r in self.world.topics[part.server] if part.lo < r[0]]
         page = pa.record_batch({
             "seq": pa.array([r[0] for r in rows], pa.int64()),

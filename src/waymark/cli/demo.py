@@ -117,8 +117,8 @@ def register(app: typer.Typer) -> None:
             console = Console(width=120)
         if master is not None and not master.startswith("spark://"):
             raise typer.BadParameter("--master is spark://HOST:PORT")
-        settings = Settings(events, users, producers, batch, max_per_trigger, kill_at, store, seed,
-                            master)  # fmt: skip
+        settings = DemoOptions(events, users, producers, batch, max_per_trigger, kill_at,
+                               store, seed, master)  # fmt: skip
         with _work_dir(work_dir) as root:
             ok = Demo(settings, root, console).run()
         if not ok:
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
 
 
 @dataclass(frozen=True)
-class Settings:
+class DemoOptions:
     events: int
     users: int
     producers: int
@@ -224,7 +224,7 @@ class Timeline:
 
 
 class Demo:
-    def __init__(self, settings: Settings, root: Path, console: Console) -> None:
+    def __init__(self, settings: DemoOptions, root: Path, console: Console) -> None:
         self.s = settings
         self.root = root
         self.console = console
@@ -333,7 +333,7 @@ class Demo:
                         self.s.master)  # fmt: skip
         return [sys.executable, "-m", "waymark.spark.demo_job", *cfg.args()]
 
-    def _start_job(self) -> Job:
+    def _start_job(self) -> SparkDriver:
         task = getattr(self, "spark_task", None)
         if task is None:
             self.spark_task = self.progress.add_task(
@@ -341,10 +341,10 @@ class Demo:
             )
         else:
             self.progress.update(task, description="spark: restarting driver")
-        self.job = Job(self._job_args(), self.job_log)
+        self.job = SparkDriver(self._job_args(), self.job_log)
         return self.job
 
-    def _follow(self, job: Job) -> bool:
+    def _follow(self, job: SparkDriver) -> bool:
         """Show the job's batches; SIGKILL it at ``kill_at`` and restart it once."""
         s = self.s
         job_began = time.perf_counter()
@@ -549,7 +549,7 @@ def verify_fold(truth: Truth, values: dict[str, dict[str, int]]) -> Check:
 # --- processes and HTTP -------------------------------------------------------------------
 
 
-class Job:
+class SparkDriver:
     """The Spark driver as a child process in its own process group (JVM and workers too)."""
 
     def __init__(self, args: list[str], log: Path) -> None:

@@ -57,8 +57,10 @@ def fold(
     nats: Annotated[
         str | None,
         typer.Option(
+            envvar="NATS_URL",
+            show_envvar=True,
             help="NATS URL, or a cluster's URLs comma-separated; without it an embedded "
-            "nats-server is started."
+            "nats-server is started.",
         ),
     ] = None,
     bucket: Annotated[str | None, typer.Option(help="KV bucket (created if missing).")] = None,
@@ -739,8 +741,10 @@ def restore(
     nats: Annotated[
         str | None,
         typer.Option(
+            envvar="NATS_URL",
+            show_envvar=True,
             help="NATS URL: refuse an artifact of another generation of the live bucket "
-            "(without it, of another generation than the published pointer's)."
+            "(without it, of another generation than the published pointer's).",
         ),
     ] = None,
     creds: Annotated[str | None, typer.Option(help="Path to a NATS .creds file.")] = None,

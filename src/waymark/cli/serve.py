@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from waymark.cli.errors import EXIT_DATA_LOSS, EXIT_REFUSED, Failure
 from waymark.cli.extras import require
+
+if TYPE_CHECKING:
+    from waymark.server.config import ServerConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -181,146 +184,160 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the topic log over HTTP until SIGINT or SIGTERM."""
         require("serve", "server")
-        if tokens is None and not insecure_no_auth and not _loopback(host):
-            typer.echo(
-                f"waymark: refusing to serve {host} without --tokens: anyone who can reach "
-                "it could read, write and delete every topic. Make tokens with `waymark "
-                "token new`, or pass --insecure-no-auth if the network is yours alone.",
-                err=True,
-            )
-            raise typer.Exit(2)
-        if (tls_cert is None) != (tls_key is None):
-            typer.echo("waymark: --tls-cert and --tls-key go together", err=True)
-            raise typer.Exit(2)
-        if tls_client_ca is not None and tls_cert is None:
-            typer.echo("waymark: --tls-client-ca needs --tls-cert and --tls-key", err=True)
-            raise typer.Exit(2)
-        import errno
-        import signal
-        import ssl
-
-        from waymark.clock import OffsetClock
-        from waymark.log.storage.frames import CorruptFrame
-        from waymark.log.storage.restore import open_engine
-        from waymark.log.storage.segment import SegmentError
+        # Each flag is one field of one section (waymark.server.config, docs/architecture.md).
+        from waymark.log.config import ChangesConfig, EngineConfig, StorageConfig
         from waymark.protocol import Limits
-        from waymark.server import App, Settings
-        from waymark.server.auth import TokenFileError, Tokens
         from waymark.server.browser import BrowserPolicy
-        from waymark.server.limits import ServerLimits
-        from waymark.server.serving import Server, listen
-
-        # A SIGHUP (a tokens reload) sent while the data dir recovers would kill the
-        # process by its default action: until the server handles it, it is ignored.
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        if tokens is not None:
-            try:
-                Tokens.load(tokens)
-            except TokenFileError as exc:
-                typer.echo(f"waymark: {exc}", err=True)
-                raise typer.Exit(2) from exc
-        if tls_cert is not None and tls_key is not None:
-            try:  # before "listening on https://" is printed, not when uvicorn starts
-                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-                    tls_cert, tls_key
-                )
-            except (OSError, ssl.SSLError) as exc:
-                typer.echo(f"waymark: cannot use --tls-cert/--tls-key: {exc}", err=True)
-                raise typer.Exit(2) from exc
-        if tls_client_ca is not None:
-            try:
-                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(
-                    tls_client_ca
-                )
-            except (OSError, ssl.SSLError) as exc:
-                typer.echo(f"waymark: cannot use --tls-client-ca: {exc}", err=True)
-                raise typer.Exit(2) from exc
-        audit = None
-        if audit_log is not None:
-            from waymark.server.audit import AuditLog
-
-            try:
-                audit = AuditLog(audit_log, max_bytes=audit_log_max_bytes)
-            except OSError as exc:
-                typer.echo(f"waymark: cannot open --audit-log: {exc}", err=True)
-                raise typer.Exit(2) from exc
-        limits = Limits(max_body_bytes=max_body_bytes, max_topics=max_topics,
-                        max_staged_bytes_per_writer=max_staged_bytes_per_writer,
-                        max_staged_bytes=max_staged_bytes)  # fmt: skip
-        try:
-            engine, store, report = open_engine(
-                data_dir,
-                clock=None if clock_offset_file is None else OffsetClock(clock_offset_file),
-                shards=wal_shards,
-                cold_dir=cold_dir,
-                hot_segments=hot_segments,
-                limits=limits,
-                track_changes=checkpoint_interval_s > 0,
-            )
-        except (CorruptFrame, SegmentError) as exc:
-            typer.echo(f"waymark: cannot recover {data_dir}: {exc}", err=True)
-            raise typer.Exit(EXIT_DATA_LOSS) from exc  # damaged data (docs/cli.md)
-        torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
-        topics = report.deferred_topics
-        deferred = (
-            f"; {report.deferred_frames} frames of {topics} memory "
-            f"topic{'s' if topics > 1 else ''} recover in the background"
-            if topics
-            else ""
+        from waymark.server.config import (
+            AuthConfig,
+            ConsoleConfig,
+            HttpConfig,
+            ServerConfig,
+            StreamConfig,
         )
+
+        config = ServerConfig(
+            storage=StorageConfig(data_dir=data_dir, wal_shards=wal_shards, cold_dir=cold_dir,
+                                  hot_segments=hot_segments, seal_interval_s=seal_interval_s),
+            engine=EngineConfig(
+                limits=Limits(max_body_bytes=max_body_bytes, max_topics=max_topics,
+                              max_staged_bytes_per_writer=max_staged_bytes_per_writer,
+                              max_staged_bytes=max_staged_bytes),
+                ceiling_trim_s=ceiling_trim_s),
+            changes=ChangesConfig(checkpoint_interval_s=checkpoint_interval_s,
+                                  recovery_window_s=recovery_window_s),
+            http=HttpConfig(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
+                            tls_client_ca=tls_client_ca, header_timeout_s=header_timeout_s,
+                            body_timeout_s=body_timeout_s, keep_alive_s=keep_alive_s,
+                            max_connections=max_connections,
+                            max_connections_per_address=max_connections_per_address,
+                            browser=BrowserPolicy.for_bind(host, allowed_host or [],
+                                                           cors_origin or [])),
+            streams=StreamConfig(heartbeat_s=heartbeat_s, max_streams=max_streams,
+                                 delivery_budget=delivery_budget),
+            console=ConsoleConfig(history_interval_s=history_interval_s),
+            auth=AuthConfig(tokens=tokens, insecure_no_auth=insecure_no_auth,
+                            open_metrics=open_metrics, audit_log=audit_log,
+                            audit_log_max_bytes=audit_log_max_bytes),
+        )  # fmt: skip
+        # A fault injector, not configuration: it replaces the clock itself.
+        _serve(config, clock_offset_file)
+
+
+def _serve(config: ServerConfig, clock_offset_file: Path | None = None) -> None:
+    """Check ``config``, recover its data directory and serve it until a signal
+    (on a clock shifted by ``clock_offset_file``, when given: docs/faults.md)."""
+    import errno
+    import signal
+    import ssl
+
+    from waymark.clock import OffsetClock
+    from waymark.log.storage.frames import CorruptFrame
+    from waymark.log.storage.restore import open_engine
+    from waymark.log.storage.segment import SegmentError
+    from waymark.server import App
+    from waymark.server.auth import TokenFileError, Tokens
+    from waymark.server.serving import Server, listen
+
+    http, auth, storage = config.http, config.auth, config.storage
+    host = http.host
+    if auth.tokens is None and not auth.insecure_no_auth and not _loopback(host):
         typer.echo(
-            f"waymark recovered {report.topics} topics from {report.segments} segments and "
-            f"{report.frames} WAL frames "
-            f"in {report.seconds:.2f}s{torn}{deferred}",
-            err=True,  # stdout's first line is the listening URL, which callers wait for
+            f"waymark: refusing to serve {host} without --tokens: anyone who can reach "
+            "it could read, write and delete every topic. Make tokens with `waymark "
+            "token new`, or pass --insecure-no-auth if the network is yours alone.",
+            err=True,
         )
+        raise typer.Exit(2)
+    if (http.tls_cert is None) != (http.tls_key is None):
+        typer.echo("waymark: --tls-cert and --tls-key go together", err=True)
+        raise typer.Exit(2)
+    if http.tls_client_ca is not None and http.tls_cert is None:
+        typer.echo("waymark: --tls-client-ca needs --tls-cert and --tls-key", err=True)
+        raise typer.Exit(2)
+    # A SIGHUP (a tokens reload) sent while the data dir recovers would kill the
+    # process by its default action: until the server handles it, it is ignored.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if auth.tokens is not None:
         try:
-            sock = listen(host, port)
+            Tokens.load(auth.tokens)
+        except TokenFileError as exc:
+            typer.echo(f"waymark: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    if http.tls_cert is not None and http.tls_key is not None:
+        try:  # before "listening on https://" is printed, not when uvicorn starts
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                http.tls_cert, http.tls_key
+            )
+        except (OSError, ssl.SSLError) as exc:
+            typer.echo(f"waymark: cannot use --tls-cert/--tls-key: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    if http.tls_client_ca is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(
+                http.tls_client_ca
+            )
+        except (OSError, ssl.SSLError) as exc:
+            typer.echo(f"waymark: cannot use --tls-client-ca: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    audit = None
+    if auth.audit_log is not None:
+        from waymark.server.audit import AuditLog
+
+        try:
+            audit = AuditLog(auth.audit_log, max_bytes=auth.audit_log_max_bytes)
         except OSError as exc:
-            engine.close()
-            store.close()
-            if exc.errno != errno.EADDRINUSE:
-                raise  # waymark.cli.errors explains the others it knows
-            raise Failure(
-                f"cannot listen on {host}:{port}: address already in use — another process "
-                "listens there; pick another --port (0: any free one)",
-                EXIT_REFUSED,
-            ) from exc
-        server_limits = ServerLimits(
-            header_timeout_s=header_timeout_s,
-            body_timeout_s=body_timeout_s,
-            keep_alive_s=keep_alive_s,
-            max_connections=max_connections,
-            max_connections_per_address=max_connections_per_address,
-            max_streams=max_streams,
+            typer.echo(f"waymark: cannot open --audit-log: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    try:
+        engine, store, report = open_engine(
+            storage,
+            config.engine,
+            track_changes=config.changes.tracked,
+            clock=None if clock_offset_file is None else OffsetClock(clock_offset_file),
         )
-        app = App(engine=engine, store=store, seal_interval_s=seal_interval_s,
-                  checkpoint_interval_s=checkpoint_interval_s,
-                  recovery_window_s=recovery_window_s,
-                  settings=Settings(heartbeat_s=heartbeat_s, delivery_budget=delivery_budget,
-                                    history_interval_s=history_interval_s,
-                                    ceiling_trim_s=ceiling_trim_s),
-                  tokens=tokens, open_metrics=open_metrics,
-                  server_limits=server_limits, audit=audit,
-                  browser=BrowserPolicy.for_bind(host, allowed_host or [],
-                                                 cors_origin or []))  # fmt: skip
-        server = Server(
-            app,
-            tls_cert=None if tls_cert is None else str(tls_cert),
-            tls_key=None if tls_key is None else str(tls_key),
-            tls_client_ca=None if tls_client_ca is None else str(tls_client_ca),
-        )
-        shown = f"[{host}]" if ":" in host else host
-        scheme = "https" if tls_cert is not None else "http"
-        # Printed once the socket is bound, so a parent process can wait for this line.
-        typer.echo(f"waymark listening on {scheme}://{shown}:{sock.getsockname()[1]}")
-        try:
-            server.run(sockets=[sock])
-        finally:
-            engine.close()  # exact heads, so a clean restart continues seqs without a gap
-            store.seal(engine)  # and a short WAL to replay
-            store.close()
-        typer.echo("waymark stopped")
+    except (CorruptFrame, SegmentError) as exc:
+        typer.echo(f"waymark: cannot recover {storage.data_dir}: {exc}", err=True)
+        raise typer.Exit(EXIT_DATA_LOSS) from exc  # damaged data (docs/cli.md)
+    torn = f", cut a torn tail of {report.torn_bytes} bytes" if report.torn_bytes else ""
+    topics = report.deferred_topics
+    deferred = (
+        f"; {report.deferred_frames} frames of {topics} memory "
+        f"topic{'s' if topics > 1 else ''} recover in the background"
+        if topics
+        else ""
+    )
+    typer.echo(
+        f"waymark recovered {report.topics} topics from {report.segments} segments and "
+        f"{report.frames} WAL frames "
+        f"in {report.seconds:.2f}s{torn}{deferred}",
+        err=True,  # stdout's first line is the listening URL, which callers wait for
+    )
+    try:
+        sock = listen(host, http.port)
+    except OSError as exc:
+        engine.close()
+        store.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise  # waymark.cli.errors explains the others it knows
+        raise Failure(
+            f"cannot listen on {host}:{http.port}: address already in use — another process "
+            "listens there; pick another --port (0: any free one)",
+            EXIT_REFUSED,
+        ) from exc
+    app = App(config, engine=engine, store=store, audit=audit)
+    server = Server(app)
+    shown = f"[{host}]" if ":" in host else host
+    scheme = "https" if http.tls_cert is not None else "http"
+    # Printed once the socket is bound, so a parent process can wait for this line.
+    typer.echo(f"waymark listening on {scheme}://{shown}:{sock.getsockname()[1]}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()  # exact heads, so a clean restart continues seqs without a gap
+        store.seal(engine)  # and a short WAL to replay
+        store.close()
+    typer.echo("waymark stopped")
 
 
 def _loopback(host: str) -> bool:

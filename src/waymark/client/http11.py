@@ -17,7 +17,7 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 @dataclass(slots=True)
-class Response:
+class ParsedResponse:
     """One answer: what the clients' parsers read (the attributes httpx's has too)."""
 
     status_code: int
@@ -59,7 +59,7 @@ class ResponseReader:
                  "_trailers", "complete", "head", "keep_alive")  # fmt: skip
 
     def __init__(self) -> None:
-        self.head: Response | None = None
+        self.head: ParsedResponse | None = None
         self.complete = False
         self.keep_alive = True
         self._pending = b""  # the head so far
@@ -130,7 +130,7 @@ class ResponseReader:
         self._body.clear()
         return out
 
-    def response(self) -> Response:
+    def response(self) -> ParsedResponse:
         assert self.head is not None and self.complete
         self.head.content = b"".join(self._body)
         return self.head
@@ -144,7 +144,7 @@ class ResponseReader:
         code = int(status[9:12])
         if 100 <= code < 200:
             return
-        self.head = Response(code, head)
+        self.head = ParsedResponse(code, head)
         # Only three headers decide the framing: find them without parsing the rest.
         lower = head.lower()
         self.keep_alive = status[7] == 0x31 and _value(lower, b"connection") != b"close"

@@ -2,7 +2,7 @@
 asyncio, both moving the bytes :mod:`.http11` makes and parses (docs/client.md,
 "Transport").
 
-A transport sends a request and returns its :class:`~.http11.Response`, or opens a
+A transport sends a request and returns its :class:`~.http11.ParsedResponse`, or opens a
 stream (SSE) whose body it hands out as it comes. Idle connections wait in a pool; a
 pooled connection the server has closed meanwhile is dropped before use, and an
 idempotent request that meets a closed one anyway is sent once more on a new one.
@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConnectError, ProtocolError, TransportError, TransportTimeout
-from .http11 import Response, ResponseReader, header_lines, request_head
+from .http11 import ParsedResponse, ResponseReader, header_lines, request_head
 
 _RECV = 64 * 1024  # under malloc's mmap threshold: a recv buffer comes from the heap
 _JOIN_BELOW = 256 * 1024  # bodies smaller than this go out in one write with the head
@@ -209,7 +209,7 @@ class SyncTransport:
         body: bytes | None,
         timeout: float,
         idempotent: bool,
-    ) -> Response:
+    ) -> ParsedResponse:
         data, rest = self.origin.request(method, target, headers, body)
         while True:
             conn, reused = self._checkout()
@@ -282,7 +282,7 @@ class SyncStream:
             except (OSError, ProtocolError) as e:
                 raise _failed(e, self._what) from e
 
-    def read(self) -> Response:
+    def read(self) -> ParsedResponse:
         """The whole answer (for an error's body)."""
         self.response.content = b"".join(self)
         return self.response
@@ -415,13 +415,13 @@ class AsyncTransport:
         body: bytes | None,
         timeout: float,
         idempotent: bool,
-    ) -> Response:
+    ) -> ParsedResponse:
         data, rest = self.origin.request(method, target, headers, body)
         async with self._slots:
             return await self._request(method, target, data, rest, timeout, idempotent)
 
     async def _request(self, method: str, target: str, data: bytes, rest: bytes | None,
-                       timeout: float, idempotent: bool) -> Response:  # fmt: skip
+                       timeout: float, idempotent: bool) -> ParsedResponse:  # fmt: skip
         while True:
             connection, reused = await self._checkout()
             reader = ResponseReader()
@@ -501,7 +501,7 @@ class AsyncStream:
             except (OSError, ProtocolError) as e:
                 raise _failed(e, self._what) from e
 
-    async def read(self) -> Response:
+    async def read(self) -> ParsedResponse:
         """The whole answer (for an error's body)."""
         self.response.content = b"".join([chunk async for chunk in self])
         return self.response

@@ -7,7 +7,7 @@ TCP proxy), ``processes`` (the processes under test), ``checkers`` (the verdicts
 """
 
 from waymark.faults.campaign import CampaignResult, run_campaign
-from waymark.faults.checkers import Verdict
+from waymark.faults.checkers import CheckResult
 from waymark.faults.schedule import Fault, FaultKind, make_schedule
 
-__all__ = ["CampaignResult", "Fault", "FaultKind", "Verdict", "make_schedule", "run_campaign"]
+__all__ = ["CampaignResult", "CheckResult", "Fault", "FaultKind", "make_schedule", "run_campaign"]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from waymark.faults import checkers
-from waymark.faults.checkers import Gap, Verdict
+from waymark.faults.checkers import CheckResult, Gap
 from waymark.faults.clock import ClockFile
 from waymark.faults.disk import TmpfsDisk
 from waymark.faults.processes import (
@@ -109,7 +109,7 @@ class CampaignResult:
     seed: int
     seconds: float
     applied: list[Applied]
-    verdicts: list[Verdict]
+    verdicts: list[CheckResult]
     observations: Observations
     components: list[str]
     left_out: list[str]
@@ -514,7 +514,7 @@ def _check(
     workdir: Path,
     obs: Observations,
     worked: threading.Event,
-) -> list[Verdict]:
+) -> list[CheckResult]:
     from waymark.client import Client
 
     gaps: list[Gap] = []
@@ -668,7 +668,7 @@ def _head(obs: Observations) -> int:
 
 def _recovery_check(
     client_url: str, consumer: Managed, workdir: Path, obs: Observations
-) -> Verdict:
+) -> CheckResult:
     """Kill the consumer, let a change checkpoint cover the source's head, ask
     ``waymark recovery missed`` (as a user would) and check it names every key whose
     newest change the consumer never processed."""

@@ -15,7 +15,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckResult:
     name: str
     ok: bool
     summary: str
@@ -36,10 +36,10 @@ class Gap:
     reason: str | None
 
 
-def acknowledged_lost(acked: Mapping[str, int], read: Mapping[str, int], topic: str) -> Verdict:
+def acknowledged_lost(acked: Mapping[str, int], read: Mapping[str, int], topic: str) -> CheckResult:
     """Every record a producer was told is stored (id -> seq) is read back at that seq."""
     lost = [(rid, seq) for rid, seq in acked.items() if read.get(rid) != seq]
-    return Verdict(
+    return CheckResult(
         f"acknowledged records lost ({topic})",
         not lost,
         f"{len(lost)} of {len(acked)} acknowledged records not read back at their seq",
@@ -47,11 +47,11 @@ def acknowledged_lost(acked: Mapping[str, int], read: Mapping[str, int], topic: 
     )
 
 
-def forwarded(acked: Iterable[str], copies: Mapping[str, int], router: str) -> Verdict:
+def forwarded(acked: Iterable[str], copies: Mapping[str, int], router: str) -> CheckResult:
     """A router forwards every acknowledged source record at least once."""
     missing = [rid for rid in acked if copies.get(rid, 0) < 1]
     extra = sum(n - 1 for n in copies.values() if n > 1)
-    return Verdict(
+    return CheckResult(
         f"router {router} forwarded every acknowledged record",
         not missing,
         f"{len(missing)} missing from the destination; {extra} duplicate copies "
@@ -60,11 +60,11 @@ def forwarded(acked: Iterable[str], copies: Mapping[str, int], router: str) -> V
     )
 
 
-def gaps_announced(gaps: Sequence[Gap], allowed_topics: Iterable[str] = ()) -> Verdict:
+def gaps_announced(gaps: Sequence[Gap], allowed_topics: Iterable[str] = ()) -> CheckResult:
     """Every gap a reader met came as a tombstone with a reason, and none on a topic
     where no loss is allowed (an ``fsync`` topic loses nothing it acknowledged)."""
     bad = [g for g in gaps if not g.reason or g.topic not in set(allowed_topics)]
-    return Verdict(
+    return CheckResult(
         "every gap announced with its reason",
         not bad,
         f"{len(gaps)} tombstone(s) met, {len(bad)} without a reason or where none is allowed",
@@ -74,10 +74,10 @@ def gaps_announced(gaps: Sequence[Gap], allowed_topics: Iterable[str] = ()) -> V
 
 def fold_equals_bucket(
     fold: Mapping[str, tuple[bytes, int]], bucket: Mapping[str, tuple[bytes, int]]
-) -> Verdict:
+) -> CheckResult:
     """The fold holds each key of the bucket at the bucket's value and revision."""
     differ = sorted(k for k in fold.keys() | bucket.keys() if fold.get(k) != bucket.get(k))
-    return Verdict(
+    return CheckResult(
         "the fold equals its bucket",
         not differ,
         f"{len(differ)} key(s) differ of {len(bucket)} in the bucket",
@@ -85,11 +85,11 @@ def fold_equals_bucket(
     )
 
 
-def pointer_monotonic(observed: Sequence[tuple[float, int]]) -> Verdict:
+def pointer_monotonic(observed: Sequence[tuple[float, int]]) -> CheckResult:
     """The artifact pointer's cursor, sampled over the run, never moved backwards."""
     back = [(t, before, now) for (_, before), (t, now) in pairwise(observed) if now < before]
     moves = sum(1 for (_, a), (_, b) in pairwise(observed) if b > a)
-    return Verdict(
+    return CheckResult(
         "the replica pointer never moved backwards",
         not back and moves > 0,
         f"{len(observed)} samples, {moves} moves forward, {len(back)} backwards"
@@ -103,7 +103,7 @@ def recovery_covers(
     receipted: Mapping[str, int],
     missed: Mapping[str, int],
     window_lost: Sequence[str] = (),
-) -> Verdict:
+) -> CheckResult:
     """``recovery missed`` names every key whose newest committed version the consumer
     never processed (so never receipted), at that version or later; and no window
     loss was reported (docs/recovery.md, "What it guarantees")."""
@@ -112,7 +112,7 @@ def recovery_covers(
         if receipted.get(key, 0) < v and missed.get(key, 0) < v
     ]  # fmt: skip
     unreceipted = sum(1 for key, v in newest.items() if receipted.get(key, 0) < v)
-    return Verdict(
+    return CheckResult(
         "`recovery missed` covers every change not receipted",
         not not_named and not window_lost,
         f"{unreceipted} of {len(newest)} keys with a change not receipted, "
@@ -124,7 +124,7 @@ def recovery_covers(
 
 def pipeline_exactly_once(
     events: int, counts: Mapping[int, int], finished: bool, relocations: int
-) -> Verdict:
+) -> CheckResult:
     """Every event ``0 .. events - 1`` of the relocatable pipeline is at its sink exactly
     once, none else, and the pipeline finished. (How often its edges moved is evidence,
     not a condition: the schedule decides whether a kill lands under an edge.)"""
@@ -132,7 +132,7 @@ def pipeline_exactly_once(
     twice = [n for n, c in counts.items() if c > 1]
     unknown = [n for n in counts if not 0 <= n < events]
     ok = finished and not missing and not twice and not unknown
-    return Verdict(
+    return CheckResult(
         "every pipeline event exactly once at the sink",
         ok,
         f"{len(missing)} of {events} events missing, {len(twice)} more than once, "
@@ -146,7 +146,7 @@ def pipeline_exactly_once(
 
 def expired_announced(
     acked: Mapping[str, int], read: Mapping[str, int], gaps: Sequence[Gap], topic: str
-) -> Verdict:
+) -> CheckResult:
     """On a topic whose records expire (a TTL, moved by clock jumps): every acknowledged
     record is read back at its seq or lies in a gap a tombstone announced; none is
     skipped silently."""
@@ -158,7 +158,7 @@ def expired_announced(
     silent = [(rid, seq) for rid, seq in acked.items()
               if read.get(rid) != seq and not announced(seq)]  # fmt: skip
     gone = sum(1 for rid, seq in acked.items() if read.get(rid) != seq)
-    return Verdict(
+    return CheckResult(
         f"every expired record announced ({topic})",
         not silent,
         f"{len(silent)} of {len(acked)} acknowledged records gone without a tombstone; "
@@ -167,7 +167,7 @@ def expired_announced(
     )
 
 
-def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Verdict:
+def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> CheckResult:
     """Per topic, record timestamps (``$ts``) never decrease along seqs, even where the
     server's clock jumped back (docs/topics.md, "What it guarantees")."""
     back = [
@@ -177,7 +177,7 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Ver
         if b[1] < a[1]
     ]
     n = sum(len(p) for p in stamps.values())
-    return Verdict(
+    return CheckResult(
         "record timestamps never decrease along seqs",
         not back,
         f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)",
@@ -187,14 +187,14 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Ver
 
 def queue_done(
     jobs: Iterable[str], delivered: Mapping[str, int], done: Iterable[str], remaining: Sequence[str]
-) -> Verdict:
+) -> CheckResult:
     """Every job put into the queue was given to the worker and acknowledged by it at
     least once (at least once: leases a clock jump or a crash took back give a job
     again), and none is left in the queue at the end."""
     acked = set(done)
     never = [rid for rid in jobs if rid not in acked]
     again = sum(n - 1 for n in delivered.values() if n > 1)
-    return Verdict(
+    return CheckResult(
         "every queued job processed",
         not never and not remaining,
         f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "

@@ -48,7 +48,7 @@ from waymark.kv.types import (
     WatchCursor,
     WatchScope,
 )
-from waymark.kv.watcher import KvWatcher, Watch
+from waymark.kv.watcher import KvWatch, KvWatcher
 
 __all__ = [
     "NO_CURSOR",
@@ -74,6 +74,7 @@ __all__ = [
     "KvReader",
     "KvStore",
     "KvUpdate",
+    "KvWatch",
     "KvWatcher",
     "KvWriter",
     "LeaseGuard",
@@ -93,7 +94,6 @@ __all__ = [
     "StoreConfig",
     "Timeout",
     "VersionToken",
-    "Watch",
     "WatchCursor",
     "WatchError",
     "WatchScope",

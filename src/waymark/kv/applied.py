@@ -332,7 +332,7 @@ async def watch_applied(
     export_requests: asyncio.Queue[ExportRequest] | None = None,
     clock: Clock | None = None,
 ) -> WatchCursor:
-    """Watch ``scope``, apply batches, and advance the cursor only after they are applied.
+    """KvWatch ``scope``, apply batches, and advance the cursor only after they are applied.
 
     ``parse`` turns an update into the caller's item (None rejects it; without
     ``parse`` apply gets the raw updates). ``apply`` may be sync or async.

@@ -10,7 +10,7 @@ watch's consumer (a reset). A reset resumes strictly after the last revision
 *handed over* to the reader, never after the last one received: whatever was
 received but not yet handed over (the chunk being built, a chunk blocked on a
 full channel) is dropped and delivered again, so every revision reaches the
-reader once and in order (docs/semantics/kv.md, "Watch resets"). A reset that
+reader once and in order (docs/semantics/kv.md, "KvWatch resets"). A reset that
 finds the stream no longer holds the next revision fails with
 :class:`CursorExpired`, the resync path, never a silent skip. A listing
 (``scan``/``keys``) is not resumable that way: it fails with

@@ -29,7 +29,7 @@ DEFAULT_CAPACITY = 256
 FLOOR_GUARD_INTERVAL = 30.0
 
 
-class Watch:
+class KvWatch:
     """A running watch. Iterate it for chunks (lists) of updates, in revision order.
 
     At most ``capacity`` updates wait in a chunk handed over, and one chunk
@@ -78,7 +78,7 @@ class Watch:
                 await self._backstop
         await self._feed.stop()
 
-    async def __aenter__(self) -> Watch:
+    async def __aenter__(self) -> KvWatch:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -89,15 +89,15 @@ class KvWatcher:
     def __init__(self, store: KvStore) -> None:
         self._s = store
 
-    async def watch_all(self, *, capacity: int = DEFAULT_CAPACITY) -> Watch:
+    async def watch_all(self, *, capacity: int = DEFAULT_CAPACITY) -> KvWatch:
         return await self.watch(WatchScope.all(), capacity=capacity)
 
-    async def watch_prefix(self, prefix: str, *, capacity: int = DEFAULT_CAPACITY) -> Watch:
+    async def watch_prefix(self, prefix: str, *, capacity: int = DEFAULT_CAPACITY) -> KvWatch:
         return await self.watch(WatchScope.prefix(prefix), capacity=capacity)
 
     async def watch_prefixes(
         self, prefixes: Sequence[str], *, capacity: int = DEFAULT_CAPACITY
-    ) -> Watch:
+    ) -> KvWatch:
         """Several prefixes through ONE consumer (``filter_subjects``)."""
         return await self.watch(WatchScope.of(tuple(prefixes)), capacity=capacity)
 
@@ -108,7 +108,7 @@ class KvWatcher:
         capacity: int = DEFAULT_CAPACITY,
         floor_interval: float = FLOOR_GUARD_INTERVAL,
         heartbeat: float = HEARTBEAT,
-    ) -> Watch:
+    ) -> KvWatch:
         return await self.watch(
             WatchScope.all(),
             cursor,
@@ -119,12 +119,12 @@ class KvWatcher:
 
     async def watch_prefix_from(
         self, prefix: str, cursor: WatchCursor, *, capacity: int = DEFAULT_CAPACITY
-    ) -> Watch:
+    ) -> KvWatch:
         return await self.watch(WatchScope.prefix(prefix), cursor, capacity=capacity)
 
     async def watch_prefixes_from(
         self, prefixes: Sequence[str], cursor: WatchCursor, *, capacity: int = DEFAULT_CAPACITY
-    ) -> Watch:
+    ) -> KvWatch:
         return await self.watch(WatchScope.of(tuple(prefixes)), cursor, capacity=capacity)
 
     async def check_resume_window(self, cursor: WatchCursor) -> None:
@@ -144,7 +144,7 @@ class KvWatcher:
         capacity: int = DEFAULT_CAPACITY,
         floor_interval: float = FLOOR_GUARD_INTERVAL,
         heartbeat: float = HEARTBEAT,
-    ) -> Watch:
+    ) -> KvWatch:
         """State-sync watch of ``scope``, or with a cursor, the delta after it.
 
         An All-scope resume watch runs the live floor guard: NATS silently skips
@@ -184,7 +184,7 @@ class KvWatcher:
             heartbeat=heartbeat,
         )
         await feed.start()
-        watch = Watch(feed, queue)
+        watch = KvWatch(feed, queue)
         if guarded:
             watch._backstop = asyncio.create_task(self._backstop(feed, floor_interval))
         return watch

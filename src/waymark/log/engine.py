@@ -100,14 +100,30 @@ class Engine:
         self.kernel.journal = journal
 
     @property
-    def recovering(self) -> GradualReplay | None:
+    def replaying(self) -> GradualReplay | None:
         """memory topics whose WAL frames replay set aside; applied before any use
         (docs/semantics/topics.md §2.2)."""
-        return self.kernel.recovering
+        return self.kernel.replaying
 
-    @recovering.setter
-    def recovering(self, recovering: GradualReplay | None) -> None:
-        self.kernel.recovering = recovering
+    @replaying.setter
+    def replaying(self, replaying: GradualReplay | None) -> None:
+        self.kernel.replaying = replaying
+
+    def replay_pending(self) -> list[str]:
+        """The topics gradual replay still holds, in the order their first frame was read
+        (none once it is done)."""
+        replaying = self.kernel.replaying
+        return [] if replaying is None else replaying.names()
+
+    def replay_step(self, name: str) -> bool:
+        """Apply one step of what gradual replay holds for ``name``; whether more is left."""
+        replaying = self.kernel.replaying
+        return replaying is not None and replaying.step_topic(name)
+
+    def replay_backlog(self) -> tuple[int, int]:
+        """The topics and WAL frames gradual replay has yet to apply (0, 0: none)."""
+        replaying = self.kernel.replaying
+        return (0, 0) if replaying is None else (replaying.topics, replaying.frames)
 
     # --- topics -----------------------------------------------------------------
     @property
@@ -155,7 +171,7 @@ class Engine:
         check_topic_name(name)
         now = self.clock.now_ms()
         kernel = self.kernel
-        kernel.recover(name)
+        kernel.finish_replay(name)
         topic = kernel.get(name)
         if topic is None:
             self._check_room(name)
@@ -197,7 +213,7 @@ class Engine:
     def get_topic(self, name: str, *, touch: bool = True) -> TopicState:
         """State of a topic (404 topic_not_found); ``touch`` counts as consumption
         (docs/semantics/topics.md §3)."""
-        topic = self.kernel.existing(name, recover=False)  # a recovering topic says so
+        topic = self.kernel.existing(name, replay=False)  # a recovering topic says so
         now = self.clock.now_ms()
         if touch:
             topic.consumed(now)
@@ -213,9 +229,9 @@ class Engine:
         if topic is None:
             return effective_priority(None, False, now, 0, enqueued_at)
         config = topic.config
-        recovering = self.recovering
-        if recovering is not None and recovering.holds(topic):
-            config = recovering.config(topic)
+        replaying = self.replaying
+        if replaying is not None and replaying.holds(topic):
+            config = replaying.config(topic)
         return effective_priority(
             config.priority, config.auto_priority, now, topic.last_consumed_at, enqueued_at
         )
@@ -223,7 +239,7 @@ class Engine:
     def delete_topic(self, name: str) -> None:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         kernel = self.kernel
-        topic = kernel.existing(name, recover=False)  # what is still set aside never applies
+        topic = kernel.existing(name, replay=False)  # what is still set aside never applies
         commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
         kernel.drop(name)
         if topic.head_seq > 0 and (changes := self.changes_of(topic)) is not None:
@@ -293,8 +309,8 @@ class Engine:
         """
         derived_from = origin.source if type(origin) is Derived else None
         kernel = self.kernel
-        if kernel.recovering is not None:  # (inlined: every append passes here)
-            kernel.recovering.finish(name)
+        if kernel.replaying is not None:  # (inlined: every append passes here)
+            kernel.replaying.finish(name)
         now = self.clock.now_ms()
         topic = kernel.get(name)
         created = topic is None
@@ -360,8 +376,8 @@ class Engine:
         server builds the append's bytes from it on a worker thread
         (:mod:`waymark.log.prebuilt`). Refuses what the append would refuse."""
         kernel = self.kernel
-        if kernel.recovering is not None:
-            kernel.recovering.finish(name)
+        if kernel.replaying is not None:
+            kernel.replaying.finish(name)
         now = self.clock.now_ms()
         topic = kernel.get(name)
         if topic is None:  # a throwaway: the append makes the topic it creates
@@ -606,7 +622,7 @@ class Engine:
         create_dest: bool = True,
         record_filter: dict[str, Any] | None = None,
     ) -> tuple[Router, bool]:
-        self.kernel.recover(source)  # a new router starts at the source's whole head
+        self.kernel.finish_replay(source)  # a new router starts at the source's whole head
         return self.routers.put(
             name, source, dest, preserve_node=preserve_node, preserve_tag=preserve_tag,
             allow_cycle=allow_cycle, guarantee=guarantee, create_dest=create_dest,
@@ -699,7 +715,7 @@ class Engine:
                         cap_bytes=0, auto_create=False)
         )  # fmt: skip
         kernel = self.kernel
-        kernel.recover(CHANGES_TOPIC)
+        kernel.finish_replay(CHANGES_TOPIC)
         topic = kernel.get(CHANGES_TOPIC)
         now = self.clock.now_ms()
         if topic is None:
@@ -711,6 +727,16 @@ class Engine:
             kernel.write(CHANGES_TOPIC, frame.encode())
             topic.reconfigure(config, now)
         return topic
+
+    @property
+    def tracks_changes(self) -> bool:
+        """Whether committed changes are noted for change checkpoints (track_changes)."""
+        return self.changes is not None
+
+    def unsynced_change_topics(self) -> set[str]:
+        """The topics with a change noted for the next checkpoint that is not durable yet
+        (none when no changes are tracked)."""
+        return set() if self.changes is None else self.changes.unsynced_topics()
 
     def emit_checkpoint(self) -> AppendResult | None:
         """Write one change checkpoint of every change durable now (None when there is
@@ -737,7 +763,7 @@ class Engine:
         records, e.g. status reports (docs/reports.md)."""
         assert "$" in name, name
         kernel = self.kernel
-        kernel.recover(name)
+        kernel.finish_replay(name)
         topic = kernel.get(name)
         if topic is None:
             config = self.defaults.apply(
@@ -763,9 +789,9 @@ class Engine:
         return self.changes
 
     def _state(self, topic: Topic, now: int) -> TopicState:
-        recovering = self.recovering
-        if recovering is not None and recovering.holds(topic):
-            state = recovering.state(topic, now)
+        replaying = self.replaying
+        if replaying is not None and replaying.holds(topic):
+            state = replaying.state(topic, now)
         else:
             state = topic.state(now)
         if state.durability is Durability.FSYNC:

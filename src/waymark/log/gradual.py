@@ -213,5 +213,5 @@ class GradualReplay:
         return spent
 
     def _done(self) -> None:
-        if not self._backlogs and self._engine.recovering is self:
-            self._engine.recovering = None  # the engine's hooks cost nothing from now on
+        if not self._backlogs and self._engine.replaying is self:
+            self._engine.replaying = None  # the engine's hooks cost nothing from now on

@@ -125,13 +125,37 @@ class WriterFrame(_Json):
     epoch: int
 
 
+class RouterDefinition(Struct):
+    """A router as its frame records it: :class:`~.router.Router`'s fields in its order
+    (the keys on disk). ``trimmed`` and ``filter`` are absent from frames older than
+    them (UNSET), and a frame re-encodes to its own bytes."""
+
+    name: str
+    source: str
+    dest: str
+    preserve_node: bool
+    preserve_tag: bool
+    allow_cycle: bool
+    guarantee: str
+    created_ts: int
+    source_epoch: int
+    dest_epoch: int
+    cursor: int
+    trimmed: int | UnsetType = UNSET
+    filter: dict[str, Any] | UnsetType | None = UNSET
+
+    def fields(self) -> dict[str, Any]:
+        """The fields the frame holds, as :class:`~.router.Router`'s keywords."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not UNSET}
+
+
 class RouterFrame(_Json, rename={"definition": "def"}):
     """A router's definition with its starting cursor (docs/semantics/topics.md §8), or
     (None) its deletion."""
 
     KIND = FrameKind.ROUTER
     router: str
-    definition: dict[str, Any] | None
+    definition: RouterDefinition | None
 
 
 class DeleteFrame(_Json):

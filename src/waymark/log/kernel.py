@@ -28,7 +28,7 @@ class Kernel:
         self.journal = journal
         # memory topics whose WAL frames replay set aside; applied before any use
         # (docs/semantics/topics.md §2.2)
-        self.recovering: GradualReplay | None = None
+        self.replaying: GradualReplay | None = None
         self._topics: dict[str, Topic] = {}
         self._user_topics = 0  # kept with the table: the topic limit is checked per create
         self._last_epoch = 0  # topic-instance epochs are unique for the engine's life
@@ -56,11 +56,11 @@ class Kernel:
     def topics(self) -> Iterable[Topic]:
         return self._topics.values()
 
-    def existing(self, name: str, *, recover: bool = True) -> Topic:
-        """The topic ``name`` (404 topic_not_found); ``recover`` first applies what
-        memory recovery holds back for it."""
-        if recover and self.recovering is not None:
-            self.recovering.finish(name)
+    def existing(self, name: str, *, replay: bool = True) -> Topic:
+        """The topic ``name`` (404 topic_not_found); ``replay`` first applies what
+        gradual replay holds back for it."""
+        if replay and self.replaying is not None:
+            self.replaying.finish(name)
         topic = self._topics.get(name)
         if topic is None:
             check_topic_name(name)
@@ -69,11 +69,11 @@ class Kernel:
             )
         return topic
 
-    def recover(self, name: str) -> None:
-        """Apply what memory recovery set aside for ``name`` before it is used, so
+    def finish_replay(self, name: str) -> None:
+        """Apply what gradual replay set aside for ``name`` before it is used, so
         nothing is appended or read out of order."""
-        if self.recovering is not None:
-            self.recovering.finish(name)
+        if self.replaying is not None:
+            self.replaying.finish(name)
 
     # --- epochs -------------------------------------------------------------------------
     @property

@@ -270,7 +270,7 @@ class Queues:
         engine = self.engine
         name = leases_name(topic.name)
         kernel = engine.kernel
-        kernel.recover(name)  # a reconfiguration applies after every recovered event
+        kernel.finish_replay(name)  # a reconfiguration applies after every replayed event
         config = _leases_config(topic.config)
         leases = kernel.get(name)
         now = engine.clock.now_ms()
@@ -651,7 +651,8 @@ class Queues:
         (docs/semantics/topics.md §10.6)."""
         p = Projection(topic.epoch)
         name = leases_name(topic.name)
-        self.engine.kernel.recover(name)  # from every event that survived, not those applied so far
+        # from every event that survived, not those applied so far
+        self.engine.kernel.finish_replay(name)
         leases = self.engine.kernel.get(name)
         if leases is None:
             return p
@@ -694,7 +695,7 @@ class Queues:
         """
         p.events_since_trim = 0
         name = leases_name(topic.name)
-        leases = self.engine.kernel.existing(name, recover=False)
+        leases = self.engine.kernel.existing(name, replay=False)
         horizon = leases.next_seq - TRIM_SLACK
         restate = []
         for seq, job in p.jobs.items():

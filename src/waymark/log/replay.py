@@ -114,8 +114,8 @@ def _when(engine: Engine, now: int | None) -> int:
 def finish(engine: Engine) -> list[HeadFrame]:
     """After the last frame: never reuse a seq that may have been handed out.
 
-    The rule is each topic's own (:meth:`Topic.recovered`). Returns the frames to
+    The rule is each topic's own (:meth:`Topic.replayed`). Returns the frames to
     journal before anything else: the fsync topics moved past a lead without a loss.
     """
-    engine.routers.settle_recovered()
-    return [moved for topic in engine.kernel.topics() if (moved := topic.recovered())]
+    engine.routers.settle_replayed()
+    return [moved for topic in engine.kernel.topics() if (moved := topic.replayed())]

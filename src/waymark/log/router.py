@@ -29,7 +29,7 @@ import orjson
 from ..protocol import ConfigPatch, RouterFilter, RouterOut
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
-from .journal import RouterFrame
+from .journal import RouterDefinition, RouterFrame
 from .origin import Derived
 from .records import EncodedRecord, check_topic_name, wire_body
 from .results import DiffResult
@@ -240,7 +240,7 @@ class Routers:
         router = Router(name, source, dest, preserve_node, preserve_tag, allow_cycle, guarantee,
                         engine.clock.now_ms(), src.epoch, dst.epoch, src.head_seq,
                         filter=normal_filter)  # fmt: skip
-        engine.kernel.write(source, RouterFrame(name, asdict(router)).encode())
+        engine.kernel.write(source, RouterFrame(name, RouterDefinition(**asdict(router))).encode())
         self._routers[name] = router
         self._on_cycle = None
         return router, True
@@ -350,7 +350,7 @@ class Routers:
                 "router %s: source %s lost %d..%d (%s) before forwarding",
                 *(router.name, router.source, gap.gap_from, gap.gap_to, gap.reason),
             )
-        source = engine.kernel.existing(router.source, recover=False)
+        source = engine.kernel.existing(router.source, replay=False)
         on_cycle = router.name in self._cyclic()
         copies, hops = self._copies(router, source, page, on_cycle)
         if copies:
@@ -358,7 +358,7 @@ class Routers:
                 router.dest, copies, create=False, origin=Derived(router.source)
             )
             if on_cycle:
-                epoch = engine.kernel.existing(router.dest, recover=False).epoch
+                epoch = engine.kernel.existing(router.dest, replay=False).epoch
                 for seq, hop in zip(result.seqs, hops, strict=True):
                     self._hops[(router.dest, epoch, seq)] = hop
         router.cursor = page.next_from_seq
@@ -435,15 +435,15 @@ class Routers:
             self._routers[router.name] = router
         self._on_cycle = None
 
-    def replay(self, name: str, definition: dict[str, Any] | None) -> None:
+    def replay(self, name: str, definition: RouterDefinition | None) -> None:
         """A router control frame, after the snapshot the catalog restored."""
         if definition is None:
             self._routers.pop(name, None)
         elif name not in self._routers:
-            self._routers[name] = Router(**definition)
+            self._routers[name] = Router(**definition.fields())
         self._on_cycle = None
 
-    def settle_recovered(self) -> None:
+    def settle_replayed(self) -> None:
         """After replay: a router whose endpoint instance is gone does not exist, and an
         exactly_once router resumes past the last copy dest already holds."""
         kernel = self._engine.kernel

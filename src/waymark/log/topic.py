@@ -375,7 +375,7 @@ class Topic:
             self.holes.append(Hole(self.next_seq, seq - 1))
             self.next_seq = seq
 
-    def recovered(self) -> HeadFrame | None:
+    def replayed(self) -> HeadFrame | None:
         """After the last frame of a restart: never reuse a seq that may have been handed
         out. Seqs between the last recovered record and the ceiling may belong to records
         that were acknowledged (disk) or shown to readers (ephemeral) and then lost: a

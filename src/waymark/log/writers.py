@@ -196,7 +196,7 @@ class Writers:
         """
         state = self._fenced(topic, writer, epoch)
         head = (
-            self._engine.kernel.existing(topic, recover=False).readable_head()
+            self._engine.kernel.existing(topic, replay=False).readable_head()
             if topic in self._instance
             else 0
         )
@@ -218,7 +218,7 @@ class Writers:
             )
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
-            self._instance[topic] = self._engine.kernel.existing(topic, recover=False).epoch
+            self._instance[topic] = self._engine.kernel.existing(topic, replay=False).epoch
         else:
             first, count = 0, 0
         state.ledger[batch_id] = (first, count)
@@ -334,7 +334,7 @@ class Writers:
         check_topic_name(topic)
         # A recreated topic is a new instance: its ledger and stages start empty.
         try:
-            instance = self._engine.kernel.existing(topic, recover=False).epoch
+            instance = self._engine.kernel.existing(topic, replay=False).epoch
         except TopicError:
             instance = 0
         known = self._instance.get(topic)
@@ -353,7 +353,7 @@ class Writers:
     def _fenced(self, topic: str, writer: str, epoch: int) -> _Writer:
         _check_writer(writer)
         # A recovering topic's publish ledger is whole only once its frames are applied.
-        self._engine.kernel.recover(topic)
+        self._engine.kernel.finish_replay(topic)
         current = self._epochs.get(writer, 0)
         if epoch != current or not current:
             raise TopicError(

@@ -30,7 +30,7 @@ from .types import (
     CommittedVersionListener,
     Missed,
     RecoveryError,
-    SourceView,
+    ServerView,
     WindowLoss,
 )
 
@@ -47,7 +47,7 @@ __all__ = [
     "ReceiptStore",
     "RecoveryError",
     "RecoveryService",
-    "SourceView",
+    "ServerView",
     "Status",
     "TopicCheckpoints",
     "TopicReceiptStore",

@@ -32,7 +32,7 @@ from .types import (
     CommittedVersionListener,
     Missed,
     RecoveryError,
-    SourceView,
+    ServerView,
 )
 
 log = logging.getLogger("waymark.recovery")
@@ -50,7 +50,7 @@ class AsyncCheckpointSource(Protocol):
         """The newest checkpoint's id (0: none yet)."""
         ...
 
-    def view(self) -> SourceView:
+    def view(self) -> ServerView:
         """What the last answers said of the server (as ``CheckpointSource.view``)."""
         ...
 
@@ -95,7 +95,7 @@ class AsyncTopicCheckpoints:
         self._token, self._ca_file = token, ca_file
         self.client = client or AsyncClient(url, token=token, ca_file=ca_file)
         self._follows: list[tuple[AsyncClient, asyncio.Task[None]]] = []
-        self._view = SourceView()
+        self._view = ServerView()
 
     async def newest_id(self) -> int:
         for topic in self.topics or ():  # one cheap look each; the list only on a miss
@@ -107,11 +107,11 @@ class AsyncTopicCheckpoints:
                 check_topics(self.url, self.topics or (),
                              [t.name for t in await self.client.list_topics()])  # fmt: skip
         page = await self.client.list_checkpoints(limit=1)
-        self._view = SourceView(page.instance, page.expired_to)
+        self._view = ServerView(page.instance, page.expired_to)
         # (the newest may have expired with the rest: its id is still the newest one)
         return max(page.checkpoints[0].id if page.checkpoints else 0, page.expired_to)
 
-    def view(self) -> SourceView:
+    def view(self) -> ServerView:
         return self._view
 
     async def request_checkpoints(self, earliest_ms: int) -> AsyncIterator[Checkpoint]:
@@ -120,7 +120,7 @@ class AsyncTopicCheckpoints:
             page = await self.client.list_checkpoints(
                 earliest_ms=earliest_ms, before=before, limit=PAGE, topics=self.topics
             )
-            self._view = SourceView(page.instance, page.expired_to, page.older)
+            self._view = ServerView(page.instance, page.expired_to, page.older)
             for checkpoint in page.checkpoints:
                 yield checkpoint
             if page.next_before is None:

@@ -28,7 +28,7 @@ from .types import (
     CommittedVersionListener,
     Missed,
     RecoveryError,
-    SourceView,
+    ServerView,
     WindowLoss,
 )
 
@@ -296,12 +296,12 @@ class ServiceCore(Generic[F]):
         newest: int,
         walk: Walk | None,
         *,
-        view: SourceView | None = None,
+        view: ServerView | None = None,
         stored: Stored | None = None,
         checked: Checked | None = None,
     ) -> Query:
         """The query's outcome once its walk ended (or ran out of checkpoints)."""
-        view = view or SourceView()
+        view = view or ServerView()
         checked = checked or Checked(False, [], 0)
         reset = checked.reset
         binding = stored.binding if stored is not None else None
@@ -582,7 +582,7 @@ def source_failed(client: str, exc: BaseException) -> RecoveryError:
     )
 
 
-def window_losses(mark: int, below: int, view: SourceView) -> list[WindowLoss]:
+def window_losses(mark: int, below: int, view: ServerView) -> list[WindowLoss]:
     """The checkpoints above ``mark`` up to ``below`` that a walk could not examine, by
     reason (docs/semantics/recovery.md §3.2): those the server's window removed, and
     those older than the service's window. Ids neither holds never held a checkpoint (a

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..client import ApiError, Client
 from ..protocol import Checkpoint, ErrorCode, Record, TopicState, key_topic
-from .types import CheckpointListener, RecoveryError, SourceView
+from .types import CheckpointListener, RecoveryError, ServerView
 
 PAGE = 1000  # checkpoints per page of a recovery walk
 
@@ -77,7 +77,7 @@ class TopicCheckpoints:
         self.bytes_read = 0  # answer bytes of the recovery walks, for the benchmark
         self._watchers: list[Client] = []
         self._closed = threading.Event()
-        self._view = SourceView()
+        self._view = ServerView()
 
     def newest_id(self) -> int:
         for topic in self.topics or ():  # one cheap look each; the list only on a miss
@@ -89,11 +89,11 @@ class TopicCheckpoints:
                 check_topics(self.url, self.topics or (),
                              [t.name for t in self.client.list_topics()])  # fmt: skip
         page = self.client.list_checkpoints(limit=1)
-        self._view = SourceView(page.instance, page.expired_to)
+        self._view = ServerView(page.instance, page.expired_to)
         # (the newest may have expired with the rest: its id is still the newest one)
         return max(page.checkpoints[0].id if page.checkpoints else 0, page.expired_to)
 
-    def view(self) -> SourceView:
+    def view(self) -> ServerView:
         return self._view
 
     def request_checkpoints(self, earliest_ms: int) -> Iterator[Checkpoint]:
@@ -102,7 +102,7 @@ class TopicCheckpoints:
             page = self.client.list_checkpoints(
                 earliest_ms=earliest_ms, before=before, limit=PAGE, topics=self.topics
             )
-            self._view = SourceView(page.instance, page.expired_to, page.older)
+            self._view = ServerView(page.instance, page.expired_to, page.older)
             yield from page.checkpoints
             if page.next_before is None:
                 return

@@ -36,7 +36,7 @@ class WindowLoss:
 
 
 @dataclass(frozen=True, slots=True)
-class SourceView:
+class ServerView:
     """What a source's last answers said of the server: its instance id ("" unknown,
     docs/semantics/recovery.md §3.5), the highest checkpoint id its recovery window
     removed (0: none), and the newest checkpoint the last walk left out for being
@@ -70,7 +70,7 @@ class CheckpointSource(Protocol):
         """The newest checkpoint's id (0: none yet)."""
         ...
 
-    def view(self) -> SourceView:
+    def view(self) -> ServerView:
         """What the last :meth:`newest_id` and :meth:`request_checkpoints` answers said
         of the server (docs/semantics/recovery.md §3.2, §3.5)."""
         ...

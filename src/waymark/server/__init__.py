@@ -1,6 +1,6 @@
 """The HTTP /v0 API and SSE over :mod:`waymark.log`."""
 
 from .app import App
-from .handlers import Settings
+from .config import ServerConfig
 
-__all__ = ["App", "Settings"]
+__all__ = ["App", "ServerConfig"]

@@ -10,28 +10,27 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from time import perf_counter
 
 import msgspec
 
 from ..clock import Clock
-from ..log import CHANGES_TOPIC, Engine, ErrorCode, Limits, TopicConfig, TopicError
+from ..log import CHANGES_TOPIC, Engine, ErrorCode, TopicError
 from ..log.storage.store import Store
 from ..protocol import ENDPOINTS, Endpoint
 from ..protocol.openapi import document
 from ..protocol.scopes import ALL_SCOPES, ScopeKind, WhoAmI, allows
 from .audit import AuditLog
 from .auth import TOKEN, Token, Tokens
-from .browser import BrowserPolicy, allow_origin
+from .browser import allow_origin
 from .changes import ChangesApi
+from .config import ServerConfig
 from .console import Console
 from .delivery import Deliveries
 from .errors import as_topic_error, error_response, internal_error, method_not_allowed, not_found
-from .handlers import Settings, TopicApi
+from .handlers import TopicApi
 from .history import AppendHistory
 from .http import Handler, Receive, Request, Response, Scope, Send
-from .limits import ServerLimits
 from .metrics import CONTENT_TYPE, Metrics
 from .notify import Notifier
 from .queues import QueueApi
@@ -61,67 +60,56 @@ class App:
 
     def __init__(
         self,
+        config: ServerConfig | None = None,
         *,
-        clock: Clock | None = None,
-        limits: Limits | None = None,
-        defaults: TopicConfig | None = None,
-        settings: Settings | None = None,
         engine: Engine | None = None,
         store: Store | None = None,
-        seal_interval_s: float = 10.0,
-        checkpoint_interval_s: float = 1.0,
-        recovery_window_s: float = 86_400.0,
-        tokens: Path | None = None,
-        open_metrics: bool = False,
-        server_limits: ServerLimits | None = None,
-        browser: BrowserPolicy | None = None,
+        clock: Clock | None = None,
         audit: AuditLog | None = None,
     ) -> None:
-        """Serve ``engine`` (a recovered durable one), or a new in-memory engine.
+        """Serve ``engine`` (a recovered durable one, opened with ``config``'s engine
+        sections), or a new in-memory engine on ``clock`` with them.
 
-        With a ``store`` the engine's tail is sealed into segments every
-        ``seal_interval_s`` seconds in which anything was written. Every
-        ``checkpoint_interval_s`` seconds that committed anything one change checkpoint
-        is written, kept for ``recovery_window_s`` (docs/semantics/recovery.md §1; 0
-        keeps none). With ``tokens`` (a tokens file) every route but the open ones needs
-        a bearer token with its scope; ``open_metrics`` opens /metrics too
-        (docs/security.md). A ``browser`` policy refuses requests by their Host and
-        Origin headers (docs/security.md, "Browsers"); ``waymark serve`` always sets one.
-        An ``audit`` log gets a line per refused request and per admin action
-        (docs/security.md, "Audit log").
+        ``config`` is everything ``waymark serve`` is told (:mod:`.config`); the
+        keywords are what is built from it or injected: the engine, its ``store`` (whose
+        tail is then sealed every ``storage.seal_interval_s`` seconds in which anything
+        was written), and the opened ``audit`` log, which gets a line per refused request
+        and per admin action (docs/security.md, "Audit log"). Every
+        ``changes.checkpoint_interval_s`` seconds that committed anything one change
+        checkpoint is written (docs/semantics/recovery.md §1). With ``auth.tokens`` every
+        route but the open ones needs a bearer token with its scope; ``http.browser``
+        refuses requests by their Host and Origin (docs/security.md, "Browsers").
         """
-        self.browser = browser
+        self.config = config = config or ServerConfig()
+        self.browser = config.http.browser
         self.audit = audit
-        self.tokens_path = tokens
-        self.tokens = Tokens.load(tokens) if tokens is not None else None
-        self.server_limits = server_limits or ServerLimits()
+        self.tokens_path = config.auth.tokens
+        self.tokens = Tokens.load(self.tokens_path) if self.tokens_path is not None else None
         self.store = store
-        self.seal_interval_s = seal_interval_s
-        self.checkpoint_interval_s = checkpoint_interval_s
         self._seals: asyncio.Task[None] | None = None
         self._checkpoints: asyncio.Task[None] | None = None
-        settings = settings or Settings()
         # Every topic that handed out no seq for this long gets its seq ceiling trimmed to
         # its exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
-        self.ceiling_trim_s = settings.ceiling_trim_s
         self._trims: asyncio.Task[None] | None = None
-        self.limits = engine.limits if engine is not None else limits or Limits()
-        self.engine = engine or Engine(clock=clock, defaults=defaults, limits=self.limits)
+        self.engine = engine or Engine(
+            clock=clock, defaults=config.engine.defaults, limits=config.engine.limits
+        )
+        self.limits = self.engine.limits
         # Token expiry and rate limits read the engine's clock (tests drive it).
         self.rate_limits = RateLimits(self.engine.clock)
         # Readers' wakeups, forwarding and recovery steps run by topic priority
         # (docs/topics.md, Priority).
-        self.deliveries = Deliveries(self.engine, settings.delivery_budget)
+        self.deliveries = Deliveries(self.engine, config.streams.delivery_budget)
         self.notifier = Notifier(self.deliveries)
         self.engine.add_listener(self.notifier.notify)
         # routers (docs/semantics/topics.md §8.1): off every append's ack path
         self.forwarder = Forwarder(self.engine, self.deliveries)
         self.engine.add_listener(self.forwarder.poke)
         self.metrics = Metrics(
-            lambda: self.engine.topic_count, self._recovering, self._dead_letters
+            lambda: self.engine.topic_count, self.engine.replay_backlog, self._dead_letters
         )
         # Append-rate history for the console's charts (docs/console.md, "Rate history").
-        self.history = AppendHistory(max(1, int(settings.history_interval_s * 1000)))
+        self.history = AppendHistory(max(1, int(config.console.history_interval_s * 1000)))
         self.engine.add_listener(self.history.changed)
         self._history_ticks: asyncio.Task[None] | None = None
         api = TopicApi(
@@ -129,18 +117,18 @@ class App:
             self.limits,
             self.notifier,
             self.metrics,
-            settings,
+            config.streams,
             self.history,
             self._durable,
         )
         writers = WritersApi(self.engine, self.limits, self.metrics)
         queues = QueueApi(
-            self.engine, self.limits, self.notifier, self.metrics, settings.heartbeat_s
+            self.engine, self.limits, self.notifier, self.metrics, config.streams.heartbeat_s
         )
         routers = RouterApi(self.engine, self.limits)
-        if checkpoint_interval_s > 0:
-            self.engine.track_changes(int(recovery_window_s * 1000))
-        changes = ChangesApi(self.engine, self.notifier, self.metrics, settings.heartbeat_s)
+        if config.changes.tracked:
+            self.engine.track_changes(config.changes.window_ms)
+        changes = ChangesApi(self.engine, self.notifier, self.metrics, config.streams.heartbeat_s)
         reports = ReportsApi(self.engine, self.limits)  # folds, recovery clients, pipelines
         self.metrics.collectors.append(reports.collect)
         # The handler of every operation id of the endpoint table.
@@ -187,7 +175,7 @@ class App:
         }
         endpoints = [
             dataclasses.replace(e, scope=ScopeKind.OPEN)
-            if open_metrics and e.operation_id == "metrics" else e
+            if config.auth.open_metrics and e.operation_id == "metrics" else e
             for e in ENDPOINTS
         ]  # fmt: skip
         self.paths = PathTable.build(endpoints, self.handlers)
@@ -235,7 +223,7 @@ class App:
             if refusal is not None:
                 return refusal
         if endpoint.stream is not None and endpoint.stream[0] == "text/event-stream":
-            limit = self.server_limits.max_streams
+            limit = self.config.streams.max_streams
             # The stream counts itself before its first await, and no handler of a
             # stream awaits: no two requests pass this check for one free slot.
             if self.metrics.watchers >= limit:
@@ -427,15 +415,14 @@ class App:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.forwarder.resume()
-                if self.engine.recovering is not None:
-                    # The server is ready before memory topics have recovered
-                    # (docs/durability.md, memory topics recover in the background).
-                    for name in self.engine.recovering.names():
-                        self.deliveries.add(self._recover_step, name)
+                # The server is ready before memory topics are replayed
+                # (docs/durability.md, memory topics recover in the background).
+                for name in self.engine.replay_pending():
+                    self.deliveries.add(self._replay_step, name)
                 if self.store is not None:
                     self._seals = asyncio.create_task(self._seal_loop(self.store))
                     self._trims = asyncio.create_task(self._trim_loop())
-                if self.engine.changes is not None:
+                if self.engine.tracks_changes:
                     self._checkpoints = asyncio.create_task(self._checkpoint_loop())
                 self._history_ticks = asyncio.create_task(self._history_loop())
                 await send({"type": "lifespan.startup.complete"})
@@ -458,9 +445,9 @@ class App:
         sealer = store.sealer
         written = store.wal.submitted()
         while True:
-            await asyncio.sleep(self.seal_interval_s)
-            if self.engine.recovering is not None:
-                continue  # a seal now would apply the whole rest of it at once
+            await asyncio.sleep(self.config.storage.seal_interval_s)
+            if self.engine.replay_pending():
+                continue  # a seal now would apply the whole rest of the replay at once
             if store.wal.submitted() == written or not sealer.running.acquire(False):
                 continue
             try:
@@ -491,7 +478,7 @@ class App:
         """One change checkpoint per interval that committed anything
         (docs/semantics/recovery.md §1.2); readers see it once its sync lands."""
         while True:
-            await asyncio.sleep(self.checkpoint_interval_s)
+            await asyncio.sleep(self.config.changes.checkpoint_interval_s)
             try:
                 result = self.engine.emit_checkpoint()
             except TopicError:
@@ -504,11 +491,9 @@ class App:
         """On a clean stop, one change checkpoint of everything committed so far, once
         it is durable (docs/semantics/recovery.md §1.6). Should it fail, nothing is
         lost: the seal keeps the changes and the next start names them."""
-        changes = self.engine.changes
-        assert changes is not None
         try:
             async with asyncio.timeout(LAST_CHECKPOINT_S):
-                for name in changes.unsynced_topics():
+                for name in self.engine.unsynced_change_topics():
                     if (commit := self.engine.commit_point(name)) is not None:
                         await commit.wait()
                 result = self.engine.emit_checkpoint()
@@ -519,26 +504,21 @@ class App:
 
     async def _trim_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.ceiling_trim_s)
+            await asyncio.sleep(self.config.engine.ceiling_trim_s)
             self.engine.trim_ceilings()
 
-    def _recover_step(self, name: str) -> int | None:
-        """Apply a step of the WAL frames recovery set aside for memory topic ``name``;
-        the rest is another step, in a later round. A step is milliseconds of work:
-        it takes the whole round."""
-        recovering = self.engine.recovering
-        if self.notifier.closing or recovering is None:
+    def _replay_step(self, name: str) -> int | None:
+        """Apply a step of the WAL frames gradual replay set aside for memory topic
+        ``name``; the rest is another step, in a later round. A step is milliseconds of
+        work: it takes the whole round."""
+        if self.notifier.closing:
             return None
-        if recovering.step_topic(name):
-            self.deliveries.add(self._recover_step, name)
+        if self.engine.replay_step(name):
+            self.deliveries.add(self._replay_step, name)
         return self.deliveries.budget
 
     def _dead_letters(self) -> tuple[int, int]:
         return self.engine.dead_letter_counts()
-
-    def _recovering(self) -> tuple[int, int]:
-        recovering = self.engine.recovering
-        return (0, 0) if recovering is None else (recovering.topics, recovering.frames)
 
     async def _openapi_json(self, request: Request) -> Response:
         return Response(self._openapi)

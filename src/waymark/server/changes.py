@@ -120,7 +120,7 @@ class ChangesApi:
         self.heartbeat_s = heartbeat_s
 
     def read(self, after: int, limit: int) -> DiffResult:
-        if self.engine.changes is None:
+        if not self.engine.tracks_changes:
             raise TopicError(
                 ErrorCode.INVALID_REQUEST,
                 "this server keeps no change checkpoints (--checkpoint-interval-s 0)",

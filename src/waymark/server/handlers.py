@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import msgspec
@@ -35,7 +34,7 @@ from ..protocol import (
 from ..protocol.limits import DEFAULT_TOPIC_PAGE, MAX_TOPIC_PAGE
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
-from .delivery import ROUND_BUDGET
+from .config import StreamConfig
 from .history import AppendHistory
 from .http import BodyDecoder, Request, Response, is_large, off_loop
 from .metrics import Metrics
@@ -49,18 +48,6 @@ _put = BodyDecoder(TopicPut)
 _encode = msgspec.json.encode
 _HEALTH = _encode(Health("ok"))
 _ARROW = ARROW_STREAM.encode()
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Server knobs that are not topic config."""
-
-    heartbeat_s: float = 15.0  # SSE comment line when a stream is idle this long
-    sse_batch: int = 500  # records read from the engine per SSE chunk
-    delivery_budget: int = ROUND_BUDGET  # delivery work per round, highest priority first
-    history_interval_s: float = 5.0  # append-rate history sampling (docs/console.md)
-    # An idle topic's seq ceiling is lowered to its head this often (docs/durability.md).
-    ceiling_trim_s: float = 0.05
 
 
 def _readable(token: Token, topic: str) -> bool:
@@ -110,7 +97,7 @@ class TopicApi:
         limits: Limits,
         notifier: Notifier,
         metrics: Metrics,
-        settings: Settings,
+        streams: StreamConfig,
         history: AppendHistory,
         on_durable: Callable[[str], None] | None = None,
     ) -> None:
@@ -122,7 +109,7 @@ class TopicApi:
         # the routers reading it (docs/semantics/topics.md §8.1).
         self.on_durable = on_durable or notifier.notify
         self.metrics = metrics
-        self.settings = settings
+        self.streams = streams
 
     async def health(self, request: Request) -> Response:
         return Response(_HEALTH)
@@ -287,13 +274,13 @@ class TopicApi:
         first = self.engine.diff(
             name,
             cursor,
-            limit=self.settings.sse_batch,
+            limit=self.streams.sse_batch,
             nodes=nodes,
             epoch=epoch,
             per_record=True,
         )
-        feed = TopicFeed(self.engine, self.metrics, name, first, nodes, self.settings.sse_batch)
-        return EventStream(feed, self.notifier, self.metrics, self.settings.heartbeat_s)
+        feed = TopicFeed(self.engine, self.metrics, name, first, nodes, self.streams.sse_batch)
+        return EventStream(feed, self.notifier, self.metrics, self.streams.heartbeat_s)
 
 
 def _cursor(value: str) -> tuple[int | None, int]:

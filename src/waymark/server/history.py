@@ -80,6 +80,16 @@ class AppendHistory:
         while len(self._series) > self.max_topics:
             self._series.popitem(last=False)
 
+    def sampled(self) -> list[str]:
+        """The topics with a history, the one that changed least recently first: at most
+        ``max_topics``."""
+        return list(self._series)
+
+    @property
+    def points_held(self) -> int:
+        """Samples held in memory over all topics: under ``2 * keep`` per topic."""
+        return sum(len(s.points) for s in self._series.values()) // 3
+
     def of(self, topic: str, epoch: int, now_ms: int, head: int, size: int) -> TopicHistory:
         """The topic's samples, oldest first, ending with its values now (``head`` and
         ``size``); none from another instance of the name."""

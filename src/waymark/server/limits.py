@@ -26,30 +26,14 @@ The SSE stream limit and the body and topic limits are refusals of the app
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..log import ErrorCode, TopicError
 from .audit import AuditLog
+from .config import HttpConfig
 from .metrics import Metrics
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """The serve options that bound what clients may hold."""
-
-    header_timeout_s: float = 10.0  # 408 request_timeout
-    max_header_bytes: int = 64 << 10  # a request line and headers larger: 431
-    # 408 too: a body must arrive within this, plus a second per MIN_BODY_RATE bytes
-    body_timeout_s: float = 10.0
-    keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
-    max_connections: int = 1000  # 503 server_busy past this
-    # 503 server_busy too: one client address holds at most this many of them
-    max_connections_per_address: int = 256
-    max_streams: int = 500  # open SSE streams (watch and /work); 429 too_many_streams
-
 
 # A body is given body_timeout_s plus one more second per this many bytes received: a
 # large body on a slow link still arrives, one dripped a byte at a time does not.
@@ -70,7 +54,7 @@ class GuardedProtocol(HttpToolsProtocol):
     """One HTTP/1.1 connection, guarded. A subclass per server sets ``limits`` and
     ``metrics`` (:func:`guarded`)."""
 
-    limits: ServerLimits
+    limits: HttpConfig
     metrics: Metrics
     audit: AuditLog | None
     addresses: dict[str, int]  # open connections by client address
@@ -252,7 +236,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
 
 def guarded(
-    limits: ServerLimits, metrics: Metrics, audit: AuditLog | None = None
+    limits: HttpConfig, metrics: Metrics, audit: AuditLog | None = None
 ) -> type[GuardedProtocol]:
     """The protocol class of one server."""
     return type(

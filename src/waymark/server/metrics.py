@@ -57,11 +57,11 @@ class Metrics(Collector):
     def __init__(
         self,
         topic_count: Callable[[], int],
-        recovering: Callable[[], tuple[int, int]],
+        replay_backlog: Callable[[], tuple[int, int]],
         dead_letters: Callable[[], tuple[int, int]],
     ) -> None:
         self._topic_count = topic_count
-        self._recovering = recovering  # (topics, frames) of gradual replay still to apply
+        self._replay_backlog = replay_backlog  # (topics, frames) gradual replay has left
         self._dead_letters = dead_letters  # (jobs parked now, dead-letter moves refused)
         self.requests: dict[tuple[str, int], int] = {}
         self.latency: dict[str, _Latency] = {}
@@ -151,7 +151,9 @@ class Metrics(Collector):
             "Dead jobs waiting for their dead-letter topic to accept them", value=parked,
         )  # fmt: skip
         yield GaugeMetricFamily("waymark_topics", "Topics that exist", value=self._topic_count())
-        topics, frames = self._recovering()
+        # Gradual replay's backlog under the names /metrics has always given it: a public
+        # contract (docs/durability.md, memory topics), like the topics' "recovering".
+        topics, frames = self._replay_backlog()
         yield GaugeMetricFamily(
             "waymark_recovering_topics",
             "memory topics still recovering after a restart",

@@ -236,7 +236,7 @@ class ReportsApi:
 
     # --- recovery clients -----------------------------------------------------------
     def newest_checkpoint(self) -> int | None:
-        if self.engine.changes is None:
+        if not self.engine.tracks_changes:
             return None
         head = self.engine.get_topic(CHANGES_TOPIC, touch=False).head_seq
         return head or None

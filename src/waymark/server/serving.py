@@ -15,6 +15,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 import uvicorn
 
@@ -34,31 +35,25 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 class Server(uvicorn.Server):
-    def __init__(
-        self,
-        app: App,
-        *,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
-        tls_client_ca: str | None = None,
-    ) -> None:
-        """``tls_client_ca``: a CA file; every client must then present a certificate it
-        signed, checked in the TLS handshake (docs/security.md, "Client certificates")."""
-        limits = app.server_limits
+    def __init__(self, app: App) -> None:
+        """Serve ``app`` as its configuration's ``http`` section says: with
+        ``tls_client_ca`` every client must present a certificate that CA signed,
+        checked in the TLS handshake (docs/security.md, "Client certificates")."""
+        http = app.config.http
         super().__init__(
             uvicorn.Config(
                 app,
                 loop="uvloop",
-                http=guarded(limits, app.metrics, app.audit),
+                http=guarded(http, app.metrics, app.audit),
                 lifespan="on",
                 log_level="warning",
                 access_log=False,
                 timeout_graceful_shutdown=5,
-                timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
-                ssl_certfile=tls_cert,
-                ssl_keyfile=tls_key,
-                ssl_ca_certs=tls_client_ca,
-                ssl_cert_reqs=ssl.CERT_REQUIRED if tls_client_ca else ssl.CERT_NONE,
+                timeout_keep_alive=http.keep_alive_s,  # type: ignore[arg-type]  # a float works
+                ssl_certfile=_path(http.tls_cert),
+                ssl_keyfile=_path(http.tls_key),
+                ssl_ca_certs=_path(http.tls_client_ca),
+                ssl_cert_reqs=ssl.CERT_REQUIRED if http.tls_client_ca else ssl.CERT_NONE,
             )
         )
         self.app = app
@@ -73,7 +68,7 @@ class Server(uvicorn.Server):
         loop = asyncio.get_running_loop()
         create_server = loop.create_server
         loop.create_server = partial(  # type: ignore[method-assign]
-            create_server, ssl_handshake_timeout=self.app.server_limits.header_timeout_s
+            create_server, ssl_handshake_timeout=self.app.config.http.header_timeout_s
         )
         try:
             await super().startup(sockets)
@@ -103,3 +98,7 @@ class Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _path(path: Path | None) -> str | None:
+    return None if path is None else str(path)

@@ -227,7 +227,7 @@ def acknowledged(end: EdgeOffset, published_generation: int) -> Position | None:
     return end.position
 
 
-class Failure(Enum):
+class OnUnreachable(Enum):
     """What a read does when its placement's server does not answer."""
 
     ABANDON = "abandon"  # a newer generation is published: its producers write the rest there
@@ -236,13 +236,13 @@ class Failure(Enum):
 
 
 def after_failure(generation: int, published_generation: int, waited_s: float,
-                  limit_s: float) -> Failure:  # fmt: skip
+                  limit_s: float) -> OnUnreachable:  # fmt: skip
     """A read of ``generation`` that cannot reach its server: give the rest of its
     range up once a newer generation is published (docs/semantics/pipeline.md §7.3),
     else wait for the server or the handoff until ``limit_s``, then fail the task."""
     if published_generation > generation:
-        return Failure.ABANDON
-    return Failure.RETRY if waited_s < limit_s else Failure.FAIL
+        return OnUnreachable.ABANDON
+    return OnUnreachable.RETRY if waited_s < limit_s else OnUnreachable.FAIL
 
 
 def stamps(batch: pa.RecordBatch) -> pa.Array:

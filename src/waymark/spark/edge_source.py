@@ -41,7 +41,7 @@ from .edge import (
     EdgeOffset,
     EdgeOptions,
     EdgeRange,
-    Failure,
+    OnUnreachable,
     accept,
     acknowledged,
     advance,
@@ -300,13 +300,13 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
                 verdict = after_failure(part.generation,
                                         published.generation if published else 0,
                                         now - failed_at, WAIT_LIMIT_S)  # fmt: skip
-                if verdict is Failure.ABANDON:
+                if verdict is OnUnreachable.ABANDON:
                     log.warning("edge %r: %s is gone and generation %s is published; the "
                                 "producers write seqs (%s, %s] of generation %s there",
                                 options.edge, part.server, published and published.generation,
                                 cursor, part.hi, part.generation)  # fmt: skip
                     break
-                if verdict is Failure.FAIL:
+                if verdict is OnUnreachable.FAIL:
                     raise
                 attempt += 1
                 time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))

@@ -83,7 +83,7 @@ from .options import (
 )
 from .partitions import ReadSettings, Recreated, SeqRange, split
 from .schema import ARROW_SCHEMA
-from .subscription import Subscription, parse_subscription
+from .subscription import SourceSubscription, parse_subscription
 
 log = logging.getLogger("waymark.spark.source")
 
@@ -133,7 +133,7 @@ def read_settings(options: Mapping[str, str]) -> ReadSettings:
 
 
 def heads(
-    http: Client, subscription: Subscription, known: Iterable[str]
+    http: Client, subscription: SourceSubscription, known: Iterable[str]
 ) -> dict[str, TopicState | None]:
     """The state of every topic the query reads now: the subscribed ones, or those the
     pattern matches, and the ``known`` ones of an offset (None: deleted or not created)."""

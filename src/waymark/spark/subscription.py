@@ -19,7 +19,7 @@ from .options import EDGE, SUBSCRIBE, SUBSCRIBE_PATTERN
 
 
 @dataclass(frozen=True)
-class Subscription:
+class SourceSubscription:
     topics: tuple[str, ...] | None  # subscribe: these, in this order
     pattern: re.Pattern[str] | None  # subscribePattern
     gaps_topic: str
@@ -31,7 +31,7 @@ class Subscription:
         return topic != self.gaps_topic and self.pattern.fullmatch(topic) is not None
 
 
-def parse_subscription(options: Mapping[str, str], gaps_topic: str) -> Subscription:
+def parse_subscription(options: Mapping[str, str], gaps_topic: str) -> SourceSubscription:
     """Exactly one of ``subscribe`` and ``subscribePattern`` (the caller has ruled out
     ``edge``)."""
     listed, pattern = options.get(SUBSCRIBE), options.get(SUBSCRIBE_PATTERN)
@@ -43,7 +43,7 @@ def parse_subscription(options: Mapping[str, str], gaps_topic: str) -> Subscript
         )
     if pattern is not None:
         try:
-            return Subscription(None, re.compile(pattern), gaps_topic)
+            return SourceSubscription(None, re.compile(pattern), gaps_topic)
         except re.error as e:
             message = f"option {SUBSCRIBE_PATTERN!r} is not a regular expression: {e}"
             raise ValueError(message) from e
@@ -52,4 +52,4 @@ def parse_subscription(options: Mapping[str, str], gaps_topic: str) -> Subscript
         raise ValueError(f"option {SUBSCRIBE!r} names no topic (a comma-separated list)")
     if len(set(topics)) != len(topics):
         raise ValueError(f"option {SUBSCRIBE!r} names a topic twice: {listed!r}")
-    return Subscription(tuple(topics), None, gaps_topic)
+    return SourceSubscription(tuple(topics), None, gaps_topic)

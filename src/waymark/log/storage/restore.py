@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import cast
 
 from ...clock import Clock, IdSource
-from ...protocol import Limits, TopicConfig
 from ..changes import Changes
+from ..config import EngineConfig, StorageConfig
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
@@ -40,25 +40,22 @@ class RestoreReport:
 
 
 def open_engine(
-    data_dir: Path,
+    storage: StorageConfig,
+    config: EngineConfig | None = None,
     *,
-    clock: Clock | None = None,
-    defaults: TopicConfig | None = None,
-    limits: Limits | None = None,
-    shards: int = 2,
-    fileio: FileIO | None = None,
-    cold_dir: Path | None = None,
-    hot_segments: int = 4,
     track_changes: bool = False,
+    clock: Clock | None = None,
     ids: IdSource | None = None,
+    fileio: FileIO | None = None,
 ) -> tuple[Engine, Store, RestoreReport]:
-    """Recover the engine stored in ``data_dir`` (creating it if new) and attach its WAL.
+    """Recover the engine stored in ``storage.data_dir`` (creating it if new), with
+    ``config``'s limits and topic defaults, and attach its WAL.
 
     ``track_changes``: the engine keeps change checkpoints (:meth:`Engine.track_changes`
     follows); the changes no checkpoint named before the stop are noted again, from the
     catalog and the WAL, for the next one (docs/semantics/recovery.md §1.6).
     ``ids``: where lease ids and a new directory's instance id come from (random by
-    default).
+    default); ``clock`` and ``fileio`` are injected by tests.
 
     Raises :class:`~waymark.log.storage.frames.CorruptFrame` (or
     :class:`~waymark.log.storage.segment.SegmentError`) naming the file and offset
@@ -66,9 +63,11 @@ def open_engine(
     """
     started = time.perf_counter()
     fileio = fileio or FileIO()
+    config = config or EngineConfig()
+    data_dir, cold_dir = storage.data_dir, storage.cold_dir
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(clock=clock, defaults=defaults, limits=limits, ids=ids)
+    engine = Engine(clock=clock, defaults=config.defaults, limits=config.limits, ids=ids)
     engine.instance = instance_of(data_dir, fileio, engine.ids)
     if track_changes:
         engine.changes = Changes()
@@ -91,8 +90,8 @@ def open_engine(
         count += len(frames)
     gradual.settle()
     moved = finish(engine)
-    engine.recovering = gradual if gradual.topics else None
-    wal = Wal(wal_dir, shards=shards, fileio=fileio, clock=engine.clock, start=start)
+    engine.replaying = gradual if gradual.topics else None
+    wal = Wal(wal_dir, shards=storage.wal_shards, fileio=fileio, clock=engine.clock, start=start)
     engine.journal = wal
     for head in moved:
         # Ahead of any later frame of its topic in its shard (not waited for: should it
@@ -101,7 +100,7 @@ def open_engine(
     report = RestoreReport(count, segments, torn, len(engine.kernel),
                             time.perf_counter() - started, gradual.topics,
                             gradual.frames)  # fmt: skip
-    sealer = Sealer(data_dir, wal, fileio, cold_dir, hot_segments)
+    sealer = Sealer(data_dir, wal, fileio, cold_dir, storage.hot_segments)
     return engine, Store(wal, sealer), report
 
 

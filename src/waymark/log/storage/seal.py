@@ -83,11 +83,11 @@ class Sealer:
         self.running = threading.Lock()  # one seal at a time
 
     def begin(self, engine: Engine) -> SealPlan:
-        if engine.recovering is not None:
+        if engine.replaying is not None:
             # The WAL files this trims still hold frames set aside for memory topics:
             # they are applied first, so the catalog holds them (the server waits for
             # gradual replay to end before it seals; shutdown does not).
-            engine.recovering.finish_all()
+            engine.replaying.finish_all()
         wal_start = self.wal.rotate()
         plan = SealPlan(wal_start)
         entries = []

@@ -1,7 +1,7 @@
 """The write-ahead log: sharded by topic, one writer thread per shard, group commit.
 
 The engine thread hands a shard whole frames (:meth:`Wal.write`) and gets back a
-:class:`Commit`. The shard's writer takes everything queued since its last
+:class:`WalCommit`. The shard's writer takes everything queued since its last
 round, writes it with one ``write`` and makes it durable with one
 ``fdatasync`` — the group commit that makes many small durable writes cheap.
 
@@ -43,7 +43,7 @@ def wal_index(path: Path) -> int:
     return int(path.stem)
 
 
-class Commit:
+class WalCommit:
     """A frame's place in its shard; awaitable until the frame is durable."""
 
     __slots__ = ("lsn", "shard")
@@ -110,7 +110,7 @@ class WalShard:
         self._thread.start()
 
     # --- the engine thread ---------------------------------------------------------
-    def submit(self, frame: bytes | list[bytes]) -> Commit:
+    def submit(self, frame: bytes | list[bytes]) -> WalCommit:
         """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
             if self.error is not None:
@@ -119,7 +119,7 @@ class WalShard:
             self.submitted += 1
             lsn = self.submitted
             self._wake.notify()
-        return Commit(self, lsn)
+        return WalCommit(self, lsn)
 
     def rotate(self) -> int:
         """Send every later frame to a new file; returns that file's index. Everything
@@ -321,12 +321,12 @@ class Wal:
             self._shard_of[topic] = shard
         return shard
 
-    def write(self, topic: str, frame: bytes | list[bytes]) -> Commit:
+    def write(self, topic: str, frame: bytes | list[bytes]) -> WalCommit:
         return self.shard_of(topic).submit(frame)
 
-    def latest(self, topic: str) -> Commit:
+    def latest(self, topic: str) -> WalCommit:
         shard = self.shard_of(topic)
-        return Commit(shard, shard.submitted)
+        return WalCommit(shard, shard.submitted)
 
     def sync_ms(self, topic: str) -> int:
         """How long a group commit of ``topic``'s shard takes lately, in whole ms."""
