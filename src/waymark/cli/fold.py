@@ -471,6 +471,7 @@ async def _run(
     from rich.console import Console
     from rich.live import Live
 
+    from waymark.cli.nats_wait import until_nats_answers
     from waymark.kv import (
         BatchConfig,
         Connection,
@@ -498,8 +499,31 @@ async def _run(
     store_config = StoreConfig(max_bytes=None) if server else None
 
     async def bucket_generation() -> int:
-        async with Connection(nats_config(nats_url)) as c:
-            return await (await c.store(bucket, store_config)).generation()
+        async def step() -> int:
+            async with Connection(nats_config(nats_url)) as c:
+                return await (await c.store(bucket, store_config)).generation()
+
+        return await until_nats_answers(console, f"bucket {bucket} at {nats_url}", step)
+
+    async def open_buckets() -> tuple[Connection, KvStore, KvStore | None]:
+        """Connect, open the folded bucket (and the lease's), record its generation;
+        the connection is closed again when a step fails."""
+        conn = Connection(nats_config(nats_url))
+        try:
+            await conn.connect()
+            kv = await conn.store(bucket, store_config)
+            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
+            leases = None
+            if requests is not None:
+                # The lease lives in a bucket of its own: in the folded one it would be
+                # folded. As many replicas as the folded bucket: on one node of a
+                # cluster, that node's loss would stop every export round (docs/kv.md,
+                # "On a NATS cluster").
+                leases = await conn.store(f"{bucket}-export", StoreConfig(num_replicas=kv.replicas))
+        except BaseException:
+            await conn.shutdown()
+            raise
+        return conn, kv, leases
 
     reporter, report_client, reports = None, None, None
     if reporting is not None:
@@ -558,14 +582,12 @@ async def _run(
         )
 
     try:
-        async with Connection(nats_config(url)) as conn:
-            kv = await conn.store(bucket, store_config)
-            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
+        conn, kv, leases = await until_nats_answers(
+            console, f"bucket {bucket} at {nats_url}", open_buckets
+        )
+        try:
             if requests is not None:
-                # The lease lives in a bucket of its own: in the folded one it would be folded.
-                # As many replicas as the folded bucket: on one node of a cluster, that
-                # node's loss would stop every export round (docs/kv.md, "On a NATS cluster").
-                leases = await conn.store(f"{bucket}-export", StoreConfig(num_replicas=kv.replicas))
+                assert leases is not None
                 exporter = asyncio.create_task(
                     _export_rounds(console, replicas, kv, leases, fold_store, requests, bucket,
                                    prefixes, spec, reporter)
@@ -594,6 +616,8 @@ async def _run(
                     shutdown=stop,
                     export_requests=requests,
                 )
+        finally:
+            await conn.shutdown()
         console.print(f"stopped at cursor {cursor} ({applied:,} updates applied)")
     except BaseException as exc:
         failure = _failure(exc)
