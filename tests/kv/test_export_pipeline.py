@@ -5,12 +5,13 @@ docs/semantics/kv.md §9.2 and §10.3). On ``file://`` and on S3 (moto's server)
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from tests.kv.test_artifact import TailLosingCopy
@@ -320,5 +321,92 @@ def test_mutant_a_linked_stage_read_whole_is_refused_by_the_verification(
             publish_staged(transport, KEY, forgetful)
     finally:
         staged.discard()
+        store.close()
+    assert not transport.read_pointer(KEY).state.present
+
+
+def _flip(path: Path, at: int) -> None:
+    """Flip one byte of ``path`` in place (the live log, through a stage's hard link)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each replay of an append log started (the real replay runs)."""
+    from waymark.kv.stores import append_log
+
+    starts: list[int] = []
+    real = append_log.replay_log
+
+    def recording(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -> Any:
+        starts.append(start)
+        return real(data, build=build, start=start)
+
+    monkeypatch.setattr(append_log, "replay_log", recording)
+    return starts
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_later_rounds_verification_replays_only_what_was_appended_since(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str, replays: list[int]
+) -> None:
+    """The first round replays the whole log and records its size and digest; the next
+    re-hashes those bytes and, as they are unchanged, replays only the records
+    appended since (docs/semantics/kv.md §10.3). What it publishes bootstraps."""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    size = first.prefixes["data/fold.log"]
+    try:
+        publish_staged(transport, KEY, first)
+    finally:
+        first.discard()
+    assert replays == [0]
+    assert store.prefix_ledger.last is not None and store.prefix_ledger.last.size == size
+    fill(store, 400, start=300)
+    second = stage_export(store, tmp_path / "two", link=True)
+    try:
+        manifest, outcome = publish_staged(transport, KEY, second)
+    finally:
+        second.discard()
+    assert outcome is PublishOutcome.Published and manifest.rank == 400
+    assert replays == [0, size]
+    got, node = transport.bootstrap_open(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
+    assert got == manifest and contents(node) == contents(store)
+    node.close()
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+@pytest.mark.parametrize("where", ["verified prefix", "appended suffix"])
+def test_a_flipped_byte_before_or_after_the_verified_size_is_still_refused(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str, where: str
+) -> None:
+    """A byte rewritten in place in what an earlier round verified no longer hashes to
+    its digest: the whole log is replayed and the damage found; one in what was
+    appended since is in the replayed part. Neither is published. (A verification
+    that trusted the recorded size without re-hashing fails the first case.)"""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    verified = first.prefixes["data/fold.log"]
+    first.verify()
+    first.discard()
+    fill(store, 400, start=300)
+    second = stage_export(store, tmp_path / "two", link=True)
+    end = second.prefixes["data/fold.log"]
+    _flip(
+        second.data / "fold.log",
+        verified // 2 if where == "verified prefix" else (verified + end) // 2,
+    )
+    try:
+        with pytest.raises(Corrupted):
+            publish_staged(transport, KEY, second)
+    finally:
+        second.discard()
         store.close()
     assert not transport.read_pointer(KEY).state.present

@@ -194,10 +194,33 @@ class ArtifactBackend(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class VerifiedPrefix:
+    """What a round's verification proved of a live file that is only appended to:
+    its first ``size`` bytes, whose BLAKE3 digest is ``digest``, replay whole (every
+    record intact, the last one ending at ``size``) to ``cursor``
+    (docs/semantics/kv.md §10.3)."""
+
+    size: int
+    digest: bytes
+    cursor: bytes
+
+
+class PrefixLedger:
+    """The last :class:`VerifiedPrefix` of a store's live file, kept by the store for its
+    rounds: the next verification re-hashes those bytes and, if they still have that
+    digest (they are the very bytes verified), replays only what follows them."""
+
+    def __init__(self) -> None:
+        self.last: VerifiedPrefix | None = None
+
+
 class LinkingBackend(ArtifactBackend, Protocol):
     """A backend whose round stage may be a hard link to its live file instead of a
     copy: the file is only ever appended to, so its first ``size`` bytes, the
     committed ones when the link was made, stay exactly as they were."""
+
+    prefix_ledger: PrefixLedger
 
     def link_copy(self, data_dir: Path) -> dict[str, int]:
         """Like ``write_copy``, but may hard-link the live file: returns, by artifact
@@ -206,8 +229,12 @@ class LinkingBackend(ArtifactBackend, Protocol):
         ...
 
     @classmethod
-    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
-        """``recover_cursor`` of the copy whose linked files end at ``sizes``."""
+    def recover_prefix_cursor(
+        cls, data_dir: Path, sizes: dict[str, int], ledger: PrefixLedger | None = None
+    ) -> WatchCursor:
+        """``recover_cursor`` of the copy whose linked files end at ``sizes``; with
+        ``ledger``, what it verified is recorded there, and what an earlier round
+        recorded spares replaying the bytes that still hash to it."""
         ...
 
 
@@ -318,6 +345,8 @@ class StagedExport:
     """Files of the stage (by artifact path) that are hard links to a live file the
     fold goes on appending to: only their first N bytes are the copy. Such a stage is
     verified, hashed and uploaded, never sealed."""
+    ledger: PrefixLedger | None = None
+    """The live store's record of what its earlier rounds verified (linked stages only)."""
 
     @property
     def data(self) -> Path:
@@ -331,7 +360,7 @@ class StagedExport:
         """
         if self.prefixes:
             linking = cast(type[LinkingBackend], self.backend_class)
-            recovered = linking.recover_prefix_cursor(self.data, self.prefixes)
+            recovered = linking.recover_prefix_cursor(self.data, self.prefixes, self.ledger)
         else:
             recovered = self.backend_class.recover_cursor(self.data)
         if recovered != self.cursor:
@@ -411,7 +440,10 @@ def stage_export(
     )
     try:
         if link and hasattr(store, "link_copy"):
-            staged.prefixes = cast(LinkingBackend, store).link_copy(staged.data)
+            linking = cast(LinkingBackend, store)
+            staged.prefixes = linking.link_copy(staged.data)
+            if staged.prefixes:
+                staged.ledger = linking.prefix_ledger
         else:
             store.write_copy(staged.data)
     except BaseException:

@@ -42,10 +42,17 @@ from itertools import compress
 from pathlib import Path
 from typing import cast
 
+import blake3
 import numpy as np
 from isal.isal_zlib import crc32
 
-from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
+from waymark.kv.artifact import (
+    ExportInfo,
+    ExportManifest,
+    PrefixLedger,
+    VerifiedPrefix,
+    export_store,
+)
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
 from waymark.kv.stores.crc_runs import plan_for
 from waymark.kv.stores.protocol import VER_LEN
@@ -546,13 +553,16 @@ def _fold_put(r: _Replay, index: _IndexBuilder, key: bytes, body: bytes, at: int
         r.fold[name] = body
 
 
-def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
+def replay_log(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -> _Replay:
     """Fold a whole log image. Raises InvalidFormat or Corrupted; drops a torn tail.
 
     Every record's CRC is checked. Runs of puts of one shape (a compacted log
     of fixed-width keys, a state-sync's batches) are folded in bulk by
     :func:`_fold_run`; anything else record by record. Without ``build`` only
-    structure, CRCs and cursor are recovered (an export's verification).
+    structure, CRCs and cursor are recovered (an export's verification); then
+    ``start``, a record boundary an earlier replay ended on, skips the records
+    before it (their cursor is not recovered: ``cursor`` is empty unless one
+    follows).
     """
     if len(data) < len(HEADER) or data[:4] != MAGIC:
         raise InvalidFormat("not a fold log (bad magic)")
@@ -564,7 +574,10 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
     index = _IndexBuilder() if build else None
     view = memoryview(data)
     end = len(data)
-    pos = len(HEADER)
+    if start and build:
+        raise ValueError("a replay that builds the fold reads every record")
+    pos = max(start, len(HEADER))
+    r.valid_len = pos
     skip = 0  # records left before the next probe for a run
     while pos < end:
         start = pos
@@ -765,6 +778,8 @@ class AppendLogStore:
         self.compaction_failures = 0
         self.compaction_error: SnapshotIoError | None = None
         self._compact_at = compact_threshold
+        # What the export rounds verified of the live log (docs/semantics/kv.md §10.3).
+        self.prefix_ledger = PrefixLedger()
 
     @property
     def cursor(self) -> WatchCursor:
@@ -950,10 +965,48 @@ class AppendLogStore:
         return {}
 
     @classmethod
-    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
+    def recover_prefix_cursor(
+        cls, data_dir: Path, sizes: dict[str, int], ledger: PrefixLedger | None = None
+    ) -> WatchCursor:
         """:meth:`recover_cursor` of the first ``sizes["data/fold.log"]`` bytes of a
-        linked log (a map of exactly those bytes: what was appended since is unseen)."""
-        return cls._replay_cursor(data_dir, sizes[f"data/{LOG_NAME}"])
+        linked log (a map of exactly those bytes: what was appended since is unseen).
+
+        With ``ledger`` (the live store's), a round replays only what was appended
+        since the last verified prefix: those first bytes are hashed again, and only
+        if they still have the digest recorded when they were verified (so they are
+        those very bytes, whatever happened to the file meanwhile) does the replay
+        start after them; otherwise it reads every record. A log whose every record
+        was read whole up to its size is recorded for the next round
+        (docs/semantics/kv.md §10.3)."""
+        size = sizes[f"data/{LOG_NAME}"]
+        if ledger is None:
+            return cls._replay_cursor(data_dir, size)
+        with open(data_dir / LOG_NAME, "rb") as f:
+            if os.fstat(f.fileno()).st_size < size:
+                raise SnapshotIoError(f"{data_dir / LOG_NAME} is shorter than its {size} bytes")
+            if size < len(HEADER):
+                return WatchCursor(replay_log(f.read(size), build=False).cursor)  # raises
+            image = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        view = memoryview(image)
+        try:
+            digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            known = ledger.last
+            if known is not None and len(HEADER) <= known.size <= size:
+                digest.update(view[: known.size])
+                if digest.digest() != known.digest:
+                    known, digest = None, blake3.blake3(max_threads=blake3.blake3.AUTO)
+            else:
+                known = None
+            replay = replay_log(image, build=False, start=known.size if known else 0)
+            cursor = replay.cursor or (known.cursor if known else b"")
+            if replay.clean_eof and replay.valid_len == size:
+                digest.update(view[known.size if known else 0 :])
+                ledger.last = VerifiedPrefix(size, digest.digest(), cursor)
+            return WatchCursor(cursor)
+        finally:
+            view.release()
+            with contextlib.suppress(BufferError):  # see _replay_cursor
+                image.close()
 
     def relocated(self, path: str | os.PathLike[str]) -> None:
         """The log was renamed to ``path`` while open (an import placing it).
