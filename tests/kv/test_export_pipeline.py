@@ -149,10 +149,11 @@ class SlowVerify(AppendLogStore):
 
 
 def publish_with_a_slow_verify(
-    transport: ObjectStoreTransport, tmp_path: Path
+    transport: ObjectStoreTransport, tmp_path: Path, swap_within_s: float = 0.05
 ) -> tuple[bool, PublishOutcome | None]:
     """Upload while the verification is held back. Returns whether the pointer was still
-    absent once the payload was up, and the outcome after the verification is released."""
+    absent ``swap_within_s`` after the payload was up (polled: a swap seen earlier ends
+    the wait), and the outcome after the verification is released."""
     store = open_store(f"append-log:{tmp_path / 'fold.log'}")
     fill(store, 30)
     SlowVerify.release = threading.Event()
@@ -167,7 +168,9 @@ def publish_with_a_slow_verify(
         while not payloads(transport) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert payloads(transport), "the payload was not uploaded while the verify waited"
-        time.sleep(0.05)  # a swap that did not wait would be done by now
+        swap_by = time.monotonic() + swap_within_s  # a swap that did not wait: by now
+        while not transport.read_pointer(KEY).state.present and time.monotonic() < swap_by:
+            time.sleep(0.01)
         absent_while_verifying = not transport.read_pointer(KEY).state.present
     finally:
         SlowVerify.release.set()
@@ -190,7 +193,8 @@ def test_mutant_no_verify_gate_swaps_before_the_verification_ends(
     transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(export_module, "verify_gate", lambda verifying: None)
-    absent_while_verifying, _ = publish_with_a_slow_verify(transport, tmp_path)
+    # Up to 30 s for the swap: under load it took longer than 0.05 s (a flaky failure).
+    absent_while_verifying, _ = publish_with_a_slow_verify(transport, tmp_path, 30.0)
     assert not absent_while_verifying
 
 

@@ -215,6 +215,26 @@ class PrefixLedger:
         self.last: VerifiedPrefix | None = None
 
 
+def split_digest(path: Path, split: int | None, size: int) -> tuple[bytes | None, bytes]:
+    """One BLAKE3 pass over the first ``size`` bytes of ``path``: the digest of the first
+    ``split`` bytes (None without a split) and of all of them."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    at = None
+    if size:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                if split is not None:
+                    h.update(view[:split])
+                    at = h.copy().digest()
+                h.update(view[split or 0 :])
+            finally:
+                view.release()
+    elif split is not None:
+        at = h.digest()
+    return at, h.digest()
+
+
 class LinkingBackend(ArtifactBackend, Protocol):
     """A backend whose round stage may be a hard link to its live file instead of a
     copy: the file is only ever appended to, so its first ``size`` bytes, the
@@ -230,11 +250,13 @@ class LinkingBackend(ArtifactBackend, Protocol):
 
     @classmethod
     def recover_prefix_cursor(
-        cls, data_dir: Path, sizes: dict[str, int], ledger: PrefixLedger | None = None
-    ) -> WatchCursor:
-        """``recover_cursor`` of the copy whose linked files end at ``sizes``; with
-        ``ledger``, what it verified is recorded there, and what an earlier round
-        recorded spares replaying the bytes that still hash to it."""
+        cls, data_dir: Path, sizes: dict[str, int], resume: VerifiedPrefix | None = None
+    ) -> tuple[WatchCursor, bool]:
+        """``recover_cursor`` of the copy whose linked files end at ``sizes``, and whether
+        every byte up to there was read whole (records intact, the last one ending at
+        the size). ``resume``: the linked file's first ``resume.size`` bytes are known
+        to replay whole to ``resume.cursor`` (the caller checked their digest); the
+        replay starts after them."""
         ...
 
 
@@ -346,7 +368,13 @@ class StagedExport:
     fold goes on appending to: only their first N bytes are the copy. Such a stage is
     verified, hashed and uploaded, never sealed."""
     ledger: PrefixLedger | None = None
-    """The live store's record of what its earlier rounds verified (linked stages only)."""
+    """The live store's record of what its earlier rounds verified (a stage of one linked
+    file only); ``known`` is its record when the stage was made."""
+    known: VerifiedPrefix | None = None
+    hashed: tuple[bytes | None, bytes] | None = None
+    """:meth:`describe`'s digests of the linked file when ``ledger`` is set: of its first
+    ``known.size`` bytes (None without ``known``) and of all its bytes; the verification
+    uses them instead of hashing the file again."""
 
     @property
     def data(self) -> Path:
@@ -359,8 +387,7 @@ class StagedExport:
         no committed batch is missing (docs/semantics/kv.md §9.2 step 1).
         """
         if self.prefixes:
-            linking = cast(type[LinkingBackend], self.backend_class)
-            recovered = linking.recover_prefix_cursor(self.data, self.prefixes, self.ledger)
+            recovered = self._verify_linked()
         else:
             recovered = self.backend_class.recover_cursor(self.data)
         if recovered != self.cursor:
@@ -369,6 +396,26 @@ class StagedExport:
                 f"cursor {recovered}, the live fold is at {self.cursor}"
             )
 
+    def _verify_linked(self) -> WatchCursor:
+        """The verification of a linked stage. With a ledger, only what follows the
+        last verified prefix is replayed, if the copy's first bytes still have that
+        prefix's digest, and a copy read whole is recorded for the next round
+        (docs/semantics/kv.md §10.3)."""
+        linking = cast(type[LinkingBackend], self.backend_class)
+        if self.ledger is None:
+            return linking.recover_prefix_cursor(self.data, self.prefixes)[0]
+        ((rel, size),) = self.prefixes.items()
+        known = self.known
+        hashed = self.hashed
+        if hashed is None:  # verified before (or without) describe: hash here
+            hashed = split_digest(self.stage / rel, known.size if known else None, size)
+        if known is not None and hashed[0] != known.digest:
+            known = None  # not the bytes verified: every record is replayed
+        cursor, whole = linking.recover_prefix_cursor(self.data, self.prefixes, known)
+        if whole:
+            self.ledger.last = VerifiedPrefix(size, hashed[1], cursor.raw)
+        return cursor
+
     def describe(self) -> tuple[bytes, ExportManifest]:
         """Hash every file of the copy; the manifest and its deterministic bytes."""
         # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
@@ -376,6 +423,12 @@ class StagedExport:
         files = []
         for rel, p in rels:
             size = self.prefixes.get(rel)
+            if size is not None and self.ledger is not None:
+                # One pass gives the manifest's digest and the verification's prefix check.
+                split = self.known.size if self.known is not None else None
+                self.hashed = split_digest(p, split, size)
+                files.append(ArtifactFile(rel, size, self.hashed[1].hex()))
+                continue
             whole = p.stat().st_size if size is None else size
             files.append(ArtifactFile(rel, whole, file_digest(p, size=size)))
         manifest = ExportManifest(
@@ -442,8 +495,11 @@ def stage_export(
         if link and hasattr(store, "link_copy"):
             linking = cast(LinkingBackend, store)
             staged.prefixes = linking.link_copy(staged.data)
-            if staged.prefixes:
+            if len(staged.prefixes) == 1:
                 staged.ledger = linking.prefix_ledger
+                known = staged.ledger.last
+                size = next(iter(staged.prefixes.values()))
+                staged.known = known if known is not None and known.size <= size else None
         else:
             store.write_copy(staged.data)
     except BaseException:

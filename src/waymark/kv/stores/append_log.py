@@ -42,7 +42,6 @@ from itertools import compress
 from pathlib import Path
 from typing import cast
 
-import blake3
 import numpy as np
 from isal.isal_zlib import crc32
 
@@ -966,47 +965,32 @@ class AppendLogStore:
 
     @classmethod
     def recover_prefix_cursor(
-        cls, data_dir: Path, sizes: dict[str, int], ledger: PrefixLedger | None = None
-    ) -> WatchCursor:
+        cls, data_dir: Path, sizes: dict[str, int], resume: VerifiedPrefix | None = None
+    ) -> tuple[WatchCursor, bool]:
         """:meth:`recover_cursor` of the first ``sizes["data/fold.log"]`` bytes of a
-        linked log (a map of exactly those bytes: what was appended since is unseen).
-
-        With ``ledger`` (the live store's), a round replays only what was appended
-        since the last verified prefix: those first bytes are hashed again, and only
-        if they still have the digest recorded when they were verified (so they are
-        those very bytes, whatever happened to the file meanwhile) does the replay
-        start after them; otherwise it reads every record. A log whose every record
-        was read whole up to its size is recorded for the next round
+        linked log (a map of exactly those bytes: what was appended since is unseen),
+        and whether every record up to there was read whole. With ``resume`` (a prefix
+        whose digest the caller found unchanged since it was replayed whole) the replay
+        starts at its end, a record boundary, with its cursor until a later one
         (docs/semantics/kv.md §10.3)."""
         size = sizes[f"data/{LOG_NAME}"]
-        if ledger is None:
-            return cls._replay_cursor(data_dir, size)
         with open(data_dir / LOG_NAME, "rb") as f:
-            if os.fstat(f.fileno()).st_size < size:
+            real = os.fstat(f.fileno()).st_size
+            if real < size:
                 raise SnapshotIoError(f"{data_dir / LOG_NAME} is shorter than its {size} bytes")
             if size < len(HEADER):
-                return WatchCursor(replay_log(f.read(size), build=False).cursor)  # raises
+                replay_log(f.read(size), build=False)  # raises
             image = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-        view = memoryview(image)
+        start = resume.size if resume is not None and len(HEADER) <= resume.size <= size else 0
         try:
-            digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
-            known = ledger.last
-            if known is not None and len(HEADER) <= known.size <= size:
-                digest.update(view[: known.size])
-                if digest.digest() != known.digest:
-                    known, digest = None, blake3.blake3(max_threads=blake3.blake3.AUTO)
-            else:
-                known = None
-            replay = replay_log(image, build=False, start=known.size if known else 0)
-            cursor = replay.cursor or (known.cursor if known else b"")
-            if replay.clean_eof and replay.valid_len == size:
-                digest.update(view[known.size if known else 0 :])
-                ledger.last = VerifiedPrefix(size, digest.digest(), cursor)
-            return WatchCursor(cursor)
+            replay = replay_log(image, build=False, start=start)
         finally:
-            view.release()
-            with contextlib.suppress(BufferError):  # see _replay_cursor
+            # A failed replay's traceback may still hold a view of the map: then the
+            # map is closed when that goes, not here.
+            with contextlib.suppress(BufferError):
                 image.close()
+        cursor = replay.cursor or (resume.cursor if start and resume is not None else b"")
+        return WatchCursor(cursor), replay.clean_eof and replay.valid_len == size
 
     def relocated(self, path: str | os.PathLike[str]) -> None:
         """The log was renamed to ``path`` while open (an import placing it).
