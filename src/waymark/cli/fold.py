@@ -57,8 +57,8 @@ def fold(
     nats: Annotated[
         str | None,
         typer.Option(
-            help="NATS URL, or a cluster's URLs comma-separated; without it an embedded "
-            "nats-server is started."
+            help="NATS URL, or a cluster's URLs comma-separated (the start waits, saying "
+            "so, until one answers); without it an embedded nats-server is started."
         ),
     ] = None,
     bucket: Annotated[str | None, typer.Option(help="KV bucket (created if missing).")] = None,
@@ -505,13 +505,22 @@ async def _run(
 
         return await until_nats_answers(console, f"bucket {bucket} at {nats_url}", step)
 
-    async def open_buckets() -> tuple[Connection, KvStore, KvStore | None]:
-        """Connect, open the folded bucket (and the lease's), record its generation;
-        the connection is closed again when a step fails."""
+    async def connected_bucket() -> tuple[Connection, KvStore]:
+        """Connect and open the folded bucket; the connection is closed again when
+        a step fails."""
         conn = Connection(nats_config(nats_url))
         try:
             await conn.connect()
-            kv = await conn.store(bucket, store_config)
+            return conn, await conn.store(bucket, store_config)
+        except BaseException:
+            await conn.shutdown()
+            raise
+
+    async def open_buckets() -> tuple[Connection, KvStore, KvStore | None]:
+        """:func:`connected_bucket`, then record the bucket's generation and open the
+        lease's bucket; the connection is closed again when a step fails."""
+        conn, kv = await connected_bucket()
+        try:
             _record_generation(Path(spec.partition(":")[2]), await kv.generation())
             leases = None
             if requests is not None:
@@ -541,14 +550,19 @@ async def _run(
             if reporter is None:
                 bootstrapped = await bootstrap()
             else:  # the console shows the bootstrap's progress while it runs
-                async with Connection(nats_config(nats_url)) as c:
-                    during = asyncio.create_task(reporter.run(await c.store(bucket, store_config)))
+                c, reported = await until_nats_answers(
+                    console, f"bucket {bucket} at {nats_url}", connected_bucket
+                )
+                try:
+                    during = asyncio.create_task(reporter.run(reported))
                     try:
                         bootstrapped = await bootstrap()
                     finally:
                         during.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await during
+                finally:
+                    await c.shutdown()
     except BaseException as exc:
         if reporter is not None:  # the console's final report (docs/reports.md)
             why = _failure(exc)
