@@ -382,6 +382,17 @@ def test_a_later_rounds_verification_replays_only_what_was_appended_since(
     got, node = transport.bootstrap_open(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
     assert got == manifest and contents(node) == contents(store)
     node.close()
+    store.compact()  # a new file over the path: the next round replays all of it
+    fill(store, 450, start=400)
+    replays.clear()  # the bootstrap's open replayed too
+    third = stage_export(store, tmp_path / "three", link=True)
+    try:
+        assert third.known is None
+        manifest, outcome = publish_staged(transport, KEY, third)
+    finally:
+        third.discard()
+    assert outcome is PublishOutcome.Published and manifest.rank == 450
+    assert replays == [0]
     store.close()
 
 

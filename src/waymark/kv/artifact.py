@@ -204,6 +204,14 @@ class VerifiedPrefix:
     size: int
     digest: bytes
     cursor: bytes
+    file_id: tuple[int, int] = (0, 0)
+    """The file's (device, inode): a hint only (a compaction renames a new file over the
+    path, whose bytes will not match); the digest decides."""
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
 
 
 class PrefixLedger:
@@ -413,7 +421,8 @@ class StagedExport:
             known = None  # not the bytes verified: every record is replayed
         cursor, whole = linking.recover_prefix_cursor(self.data, self.prefixes, known)
         if whole:
-            self.ledger.last = VerifiedPrefix(size, hashed[1], cursor.raw)
+            path = self.stage / rel
+            self.ledger.last = VerifiedPrefix(size, hashed[1], cursor.raw, _file_id(path))
         return cursor
 
     def describe(self) -> tuple[bytes, ExportManifest]:
@@ -498,8 +507,10 @@ def stage_export(
             if len(staged.prefixes) == 1:
                 staged.ledger = linking.prefix_ledger
                 known = staged.ledger.last
-                size = next(iter(staged.prefixes.values()))
-                staged.known = known if known is not None and known.size <= size else None
+                ((rel, size),) = staged.prefixes.items()
+                # Another file (compacted since) will not match: verify it all, at once.
+                same = known is not None and known.file_id == _file_id(staged.stage / rel)
+                staged.known = known if same and known is not None and known.size <= size else None
         else:
             store.write_copy(staged.data)
     except BaseException:
