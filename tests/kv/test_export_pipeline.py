@@ -346,9 +346,9 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     starts: list[int] = []
     real = append_log.replay_log
 
-    def recording(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -> Any:
-        starts.append(start)
-        return real(data, build=build, start=start)
+    def recording(data: bytes | mmap.mmap, *, build: bool = True, **resume: Any) -> Any:
+        starts.append(resume.get("start", 0))
+        return real(data, build=build, **resume)
 
     monkeypatch.setattr(append_log, "replay_log", recording)
     return starts
@@ -425,3 +425,21 @@ def test_a_flipped_byte_before_or_after_the_verified_size_is_still_refused(
         second.discard()
         store.close()
     assert not transport.read_pointer(KEY).state.present
+
+
+def test_a_resumed_replay_recovers_the_cursor_a_full_one_does(tmp_path: Path) -> None:
+    """A replay resumed after the verified prefix starts from that prefix's cursor and
+    takes any cursor record after it, an empty one too, as a full replay would."""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    first.verify()
+    first.discard()
+    store.apply([KvUpdate.put("k.x", b"v", 301)], WatchCursor(b""))
+    second = stage_export(store, tmp_path / "two", link=True)
+    try:
+        assert second.known is not None and second.cursor == WatchCursor(b"")
+        second.verify()  # the copy recovers the empty cursor the store is at
+    finally:
+        second.discard()
+        store.close()

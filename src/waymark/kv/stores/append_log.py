@@ -552,7 +552,9 @@ def _fold_put(r: _Replay, index: _IndexBuilder, key: bytes, body: bytes, at: int
         r.fold[name] = body
 
 
-def replay_log(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -> _Replay:
+def replay_log(
+    data: bytes | mmap.mmap, *, build: bool = True, start: int = 0, cursor: bytes = b""
+) -> _Replay:
     """Fold a whole log image. Raises InvalidFormat or Corrupted; drops a torn tail.
 
     Every record's CRC is checked. Runs of puts of one shape (a compacted log
@@ -560,8 +562,8 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -
     :func:`_fold_run`; anything else record by record. Without ``build`` only
     structure, CRCs and cursor are recovered (an export's verification); then
     ``start``, a record boundary an earlier replay ended on, skips the records
-    before it (their cursor is not recovered: ``cursor`` is empty unless one
-    follows).
+    before it, and ``cursor`` is the one they recovered (kept unless a cursor
+    record follows).
     """
     if len(data) < len(HEADER) or data[:4] != MAGIC:
         raise InvalidFormat("not a fold log (bad magic)")
@@ -577,6 +579,7 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True, start: int = 0) -
         raise ValueError("a replay that builds the fold reads every record")
     pos = max(start, len(HEADER))
     r.valid_len = pos
+    r.cursor = cursor if start else b""
     skip = 0  # records left before the next probe for a run
     while pos < end:
         start = pos
@@ -983,14 +986,14 @@ class AppendLogStore:
             image = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         start = resume.size if resume is not None and len(HEADER) <= resume.size <= size else 0
         try:
-            replay = replay_log(image, build=False, start=start)
+            seed = resume.cursor if start and resume is not None else b""
+            replay = replay_log(image, build=False, start=start, cursor=seed)
         finally:
             # A failed replay's traceback may still hold a view of the map: then the
             # map is closed when that goes, not here.
             with contextlib.suppress(BufferError):
                 image.close()
-        cursor = replay.cursor or (resume.cursor if start and resume is not None else b"")
-        return WatchCursor(cursor), replay.clean_eof and replay.valid_len == size
+        return WatchCursor(replay.cursor), replay.clean_eof and replay.valid_len == size
 
     def relocated(self, path: str | os.PathLike[str]) -> None:
         """The log was renamed to ``path`` while open (an import placing it).
