@@ -2,7 +2,8 @@
 limits it. No NATS: the store is filled by ``apply`` directly (1M keys of 32 B).
 
 For each backend, ``--rounds`` times after the fill (the first one flushes what the
-store holds in memory; later ones are the steady state of a periodic exporter):
+store holds in memory; later ones are the steady state of a periodic exporter, each
+after ``--between`` new keys were applied):
 
 * the steps one after the other, each timed on the wall clock and the CPU:
   ``stage_export`` (the copy, in the fold's pause; for the append log a hard link
@@ -26,6 +27,7 @@ ratios: on a loaded machine one pair's wall clock swings by 2-4x. The first roun
 is run once (only it follows the fill).
 
 Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3] [--pairs 1]
+     [--between 10000]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
 """
 
@@ -64,9 +66,10 @@ def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
     return out, time.perf_counter() - t, time.process_time() - c
 
 
-def fill(store: SnapshotStore, keys: int) -> None:
+def fill(store: SnapshotStore, keys: int, start: int = 0) -> None:
+    """Puts of keys ``start`` .. ``keys - 1`` (revision = key number + 1), 1000 a batch."""
     value = b"v" * 32
-    for i in range(0, keys, 1000):
+    for i in range(start, keys, 1000):
         batch = [KvUpdate.put(f"key.{j:08}", value, j + 1) for j in range(i, min(i + 1000, keys))]
         store.apply(batch, WatchCursor.from_u64(i + len(batch)))
 
@@ -130,6 +133,9 @@ def main() -> None:
     parser.add_argument(
         "--pairs", type=int, default=1, help="round + anchor pairs per round (medians)"
     )
+    parser.add_argument(
+        "--between", type=int, default=10_000, help="new keys applied before each later round"
+    )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--store-url", help="object store URL, or 'moto' (default: file://)")
     args = parser.parse_args()
@@ -156,6 +162,10 @@ def main() -> None:
                 store = open_store(spec(backend, root / backend / "live"))
                 fill(store, args.keys)
                 for n in range(args.rounds):
+                    if n:  # what a periodic exporter finds: the fold moved since its last round
+                        fill(
+                            store, args.keys + n * args.between, args.keys + (n - 1) * args.between
+                        )
                     # The first round once: only its first pair is a first round.
                     r = probe(transport, backend, store, root / backend, args.pairs if n else 1)
                     overlapped = r["describe"][0] + r["upload"][0]

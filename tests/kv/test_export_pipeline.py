@@ -5,12 +5,13 @@ docs/semantics/kv.md §9.2 and §10.3). On ``file://`` and on S3 (moto's server)
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from tests.kv.test_artifact import TailLosingCopy
@@ -148,10 +149,11 @@ class SlowVerify(AppendLogStore):
 
 
 def publish_with_a_slow_verify(
-    transport: ObjectStoreTransport, tmp_path: Path
+    transport: ObjectStoreTransport, tmp_path: Path, swap_within_s: float = 0.05
 ) -> tuple[bool, PublishOutcome | None]:
     """Upload while the verification is held back. Returns whether the pointer was still
-    absent once the payload was up, and the outcome after the verification is released."""
+    absent ``swap_within_s`` after the payload was up (polled: a swap seen earlier ends
+    the wait), and the outcome after the verification is released."""
     store = open_store(f"append-log:{tmp_path / 'fold.log'}")
     fill(store, 30)
     SlowVerify.release = threading.Event()
@@ -166,7 +168,9 @@ def publish_with_a_slow_verify(
         while not payloads(transport) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert payloads(transport), "the payload was not uploaded while the verify waited"
-        time.sleep(0.05)  # a swap that did not wait would be done by now
+        swap_by = time.monotonic() + swap_within_s  # a swap that did not wait: by now
+        while not transport.read_pointer(KEY).state.present and time.monotonic() < swap_by:
+            time.sleep(0.01)
         absent_while_verifying = not transport.read_pointer(KEY).state.present
     finally:
         SlowVerify.release.set()
@@ -189,7 +193,8 @@ def test_mutant_no_verify_gate_swaps_before_the_verification_ends(
     transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(export_module, "verify_gate", lambda verifying: None)
-    absent_while_verifying, _ = publish_with_a_slow_verify(transport, tmp_path)
+    # Up to 30 s for the swap: under load it took longer than 0.05 s (a flaky failure).
+    absent_while_verifying, _ = publish_with_a_slow_verify(transport, tmp_path, 30.0)
     assert not absent_while_verifying
 
 
@@ -322,3 +327,119 @@ def test_mutant_a_linked_stage_read_whole_is_refused_by_the_verification(
         staged.discard()
         store.close()
     assert not transport.read_pointer(KEY).state.present
+
+
+def _flip(path: Path, at: int) -> None:
+    """Flip one byte of ``path`` in place (the live log, through a stage's hard link)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each replay of an append log started (the real replay runs)."""
+    from waymark.kv.stores import append_log
+
+    starts: list[int] = []
+    real = append_log.replay_log
+
+    def recording(data: bytes | mmap.mmap, *, build: bool = True, **resume: Any) -> Any:
+        starts.append(resume.get("start", 0))
+        return real(data, build=build, **resume)
+
+    monkeypatch.setattr(append_log, "replay_log", recording)
+    return starts
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_later_rounds_verification_replays_only_what_was_appended_since(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str, replays: list[int]
+) -> None:
+    """The first round replays the whole log and records its size and digest; the next
+    re-hashes those bytes and, as they are unchanged, replays only the records
+    appended since (docs/semantics/kv.md §10.3). What it publishes bootstraps."""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    size = first.prefixes["data/fold.log"]
+    try:
+        publish_staged(transport, KEY, first)
+    finally:
+        first.discard()
+    assert replays == [0]
+    assert store.prefix_ledger.last is not None and store.prefix_ledger.last.size == size
+    fill(store, 400, start=300)
+    second = stage_export(store, tmp_path / "two", link=True)
+    try:
+        manifest, outcome = publish_staged(transport, KEY, second)
+    finally:
+        second.discard()
+    assert outcome is PublishOutcome.Published and manifest.rank == 400
+    assert replays == [0, size]
+    got, node = transport.bootstrap_open(KEY, f"append-log:{tmp_path / 'b' / 'fold.log'}")
+    assert got == manifest and contents(node) == contents(store)
+    node.close()
+    store.compact()  # a new file over the path: the next round replays all of it
+    fill(store, 450, start=400)
+    replays.clear()  # the bootstrap's open replayed too
+    third = stage_export(store, tmp_path / "three", link=True)
+    try:
+        assert third.known is None
+        manifest, outcome = publish_staged(transport, KEY, third)
+    finally:
+        third.discard()
+    assert outcome is PublishOutcome.Published and manifest.rank == 450
+    assert replays == [0]
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+@pytest.mark.parametrize("where", ["verified prefix", "appended suffix"])
+def test_a_flipped_byte_before_or_after_the_verified_size_is_still_refused(
+    transport: ObjectStoreTransport, tmp_path: Path, store_url: str, where: str
+) -> None:
+    """A byte rewritten in place in what an earlier round verified no longer hashes to
+    its digest: the whole log is replayed and the damage found; one in what was
+    appended since is in the replayed part. Neither is published. (A verification
+    that trusted the recorded size without re-hashing fails the first case.)"""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    verified = first.prefixes["data/fold.log"]
+    first.verify()
+    first.discard()
+    fill(store, 400, start=300)
+    second = stage_export(store, tmp_path / "two", link=True)
+    end = second.prefixes["data/fold.log"]
+    _flip(
+        second.data / "fold.log",
+        verified // 2 if where == "verified prefix" else (verified + end) // 2,
+    )
+    try:
+        with pytest.raises(Corrupted):
+            publish_staged(transport, KEY, second)
+    finally:
+        second.discard()
+        store.close()
+    assert not transport.read_pointer(KEY).state.present
+
+
+def test_a_resumed_replay_recovers_the_cursor_a_full_one_does(tmp_path: Path) -> None:
+    """A replay resumed after the verified prefix starts from that prefix's cursor and
+    takes any cursor record after it, an empty one too, as a full replay would."""
+    store = AppendLogStore(tmp_path / "fold" / "fold.log")
+    fill(store, 300)
+    first = stage_export(store, tmp_path / "one", link=True)
+    first.verify()
+    first.discard()
+    store.apply([KvUpdate.put("k.x", b"v", 301)], WatchCursor(b""))
+    second = stage_export(store, tmp_path / "two", link=True)
+    try:
+        assert second.known is not None and second.cursor == WatchCursor(b"")
+        second.verify()  # the copy recovers the empty cursor the store is at
+    finally:
+        second.discard()
+        store.close()

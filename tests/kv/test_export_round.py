@@ -106,6 +106,37 @@ async def test_a_corrupt_lease_is_taken_over_and_abandon_frees_the_round(
     assert LeaseRecord.parse(b'{"holder_id": 1}') is None
 
 
+async def test_a_holder_re_acquires_its_own_lease_live_or_lapsed_and_after_a_restart(
+    conn: Connection, bucket_name: str
+) -> None:
+    """The lease names a node, not a process: a holder whose live lease names it renews
+    it (its next round, or its restart with the same node id); one whose lease lapsed
+    while it was busy, unclaimed, takes it back. Found by the fault campaign: the
+    node stood by for itself until its own lease expired (docs/semantics/kv.md §10.1)."""
+    kv = await conn.store(bucket_name)
+    clock = ManualClock()
+    a, b = lease_for(kv, "a", clock), lease_for(kv, "b", clock)
+    first = await a.try_acquire()
+    assert first is not None
+    await first.complete(WatchCursor.from_u64(5))
+    clock.advance(10_000)
+    again = await a.try_acquire()  # its next round, the lease still live
+    assert again is not None and not again.took_over
+    record = await a.current()
+    assert record is not None and record.holder_id == "a"
+    assert record.expires_at_unix == clock.now_ms() // 1000 + 30  # renewed, not extended once
+    restarted = lease_for(kv, "a", clock)  # a new process with the same --node-id
+    clock.advance(10_000)
+    assert await restarted.try_acquire() is not None
+    with pytest.raises(RevisionMismatch):  # the renewal fences the older guard
+        await again.complete(WatchCursor.from_u64(6))
+    assert await b.try_acquire() is None  # still live for everyone else
+    clock.advance(45_000)  # lapsed while it was busy; nobody took it
+    lapsed = await a.try_acquire()
+    assert lapsed is not None
+    assert await b.try_acquire() is None
+
+
 # -- rounds ------------------------------------------------------------------
 
 

@@ -8,14 +8,24 @@ import json
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from waymark.cli import app
-from waymark.kv import Connection, KvUpdate, StoreConfig, WatchCursor, WatchScope, watch_applied
-from waymark.kv.server import EmbeddedNats
+from waymark.kv import (
+    Connection,
+    KvUpdate,
+    NatsConnectionConfig,
+    StoreConfig,
+    WatchCursor,
+    WatchScope,
+    watch_applied,
+)
+from waymark.kv.server import EmbeddedNats, free_port
 from waymark.kv.stores.lmdb_store import LmdbStore
 
 pytestmark = pytest.mark.timeout(90)
@@ -125,3 +135,55 @@ def test_fold_show_prints_cursor_then_json_lines(tmp_path: Path) -> None:
         app, ["fold", "show", "--store", f"lmdb:{tmp_path / 'fold'}", "--prefix", "a"]
     )
     assert [json.loads(x)["key"] for x in only_a.output.splitlines()[1:]] == ["a.text"]
+
+
+async def test_a_fold_started_while_its_nats_servers_are_down_waits_for_one(
+    tmp_path: Path, bucket_name: str
+) -> None:
+    """Two URLs, neither up at start (one never comes): the fold says it retries and
+    connects once a server answers, exporting too, instead of exiting (docs/kv.md,
+    "On a NATS cluster"). Found by the fault campaign: it exited with Timeout."""
+    never, later = free_port(), free_port()
+    path, log = tmp_path / "fold", tmp_path / "fold.log"
+    objects = tmp_path / "objects"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "waymark"), "fold", "--nats",
+             f"nats://127.0.0.1:{never},nats://127.0.0.1:{later}", "--nats-timeout-s", "1",
+             "--bucket", bucket_name, "--store", f"lmdb:{path}",
+             "--export-to", objects.as_uri(), "--export-every-s", "0.2"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        await until(lambda: b"retrying" in log.read_bytes(), proc, log)
+        with EmbeddedNats(tmp_path / "nats", port=later) as server:
+            async with Connection(NatsConnectionConfig(url=server.url, timeout=5.0)) as c:
+                kv = await c.store(bucket_name)
+                for i in range(50):
+                    await kv.writer().put(f"k.{i}", b"v")
+
+            def folded() -> bool:
+                if not (path / "data.mdb").exists():
+                    return False
+                s = LmdbStore(path)
+                try:
+                    return s.cursor.as_u64() == 50
+                finally:
+                    s.close()
+
+            await until(folded, proc, log)
+            await until(lambda: (objects / f"{bucket_name}.manifest.json").exists(), proc, log)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0, log.read_text()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+async def until(done: Callable[[], bool], proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for ``done`` with a deadline, failing at once if the fold exited."""
+    deadline = time.monotonic() + 30
+    while not done():
+        assert proc.poll() is None, f"the fold exited: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        await asyncio.sleep(0.05)

@@ -27,7 +27,9 @@ def _root() -> None:
 
 # Modules that add no command: not imported at start (some import the client or
 # rich.progress, which a command loads only when it runs; docs/cli.md, "Start-up").
-_HELPERS = frozenset({"errors", "extras", "fold_progress", "fold_report", "options", "startup"})
+_HELPERS = frozenset(
+    {"errors", "extras", "fold_progress", "fold_report", "nats_wait", "options", "startup"}
+)
 
 
 def _register_commands() -> None:

@@ -59,8 +59,8 @@ def fold(
         typer.Option(
             envvar="NATS_URL",
             show_envvar=True,
-            help="NATS URL, or a cluster's URLs comma-separated; without it an embedded "
-            "nats-server is started.",
+            help="NATS URL, or a cluster's URLs comma-separated (the start waits, saying "
+            "so, until one answers); without it an embedded nats-server is started.",
         ),
     ] = None,
     bucket: Annotated[str | None, typer.Option(help="KV bucket (created if missing).")] = None,
@@ -473,6 +473,7 @@ async def _run(
     from rich.console import Console
     from rich.live import Live
 
+    from waymark.cli.nats_wait import until_nats_answers
     from waymark.kv import (
         BatchConfig,
         Connection,
@@ -500,8 +501,40 @@ async def _run(
     store_config = StoreConfig(max_bytes=None) if server else None
 
     async def bucket_generation() -> int:
-        async with Connection(nats_config(nats_url)) as c:
-            return await (await c.store(bucket, store_config)).generation()
+        async def step() -> int:
+            async with Connection(nats_config(nats_url)) as c:
+                return await (await c.store(bucket, store_config)).generation()
+
+        return await until_nats_answers(console, f"bucket {bucket} at {nats_url}", step)
+
+    async def connected_bucket() -> tuple[Connection, KvStore]:
+        """Connect and open the folded bucket; the connection is closed again when
+        a step fails."""
+        conn = Connection(nats_config(nats_url))
+        try:
+            await conn.connect()
+            return conn, await conn.store(bucket, store_config)
+        except BaseException:
+            await conn.shutdown()
+            raise
+
+    async def open_buckets() -> tuple[Connection, KvStore, KvStore | None]:
+        """:func:`connected_bucket`, then record the bucket's generation and open the
+        lease's bucket; the connection is closed again when a step fails."""
+        conn, kv = await connected_bucket()
+        try:
+            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
+            leases = None
+            if requests is not None:
+                # The lease lives in a bucket of its own: in the folded one it would be
+                # folded. As many replicas as the folded bucket: on one node of a
+                # cluster, that node's loss would stop every export round (docs/kv.md,
+                # "On a NATS cluster").
+                leases = await conn.store(f"{bucket}-export", StoreConfig(num_replicas=kv.replicas))
+        except BaseException:
+            await conn.shutdown()
+            raise
+        return conn, kv, leases
 
     reporter, report_client, reports = None, None, None
     if reporting is not None:
@@ -519,14 +552,19 @@ async def _run(
             if reporter is None:
                 bootstrapped = await bootstrap()
             else:  # the console shows the bootstrap's progress while it runs
-                async with Connection(nats_config(nats_url)) as c:
-                    during = asyncio.create_task(reporter.run(await c.store(bucket, store_config)))
+                c, reported = await until_nats_answers(
+                    console, f"bucket {bucket} at {nats_url}", connected_bucket
+                )
+                try:
+                    during = asyncio.create_task(reporter.run(reported))
                     try:
                         bootstrapped = await bootstrap()
                     finally:
                         during.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await during
+                finally:
+                    await c.shutdown()
     except BaseException as exc:
         if reporter is not None:  # the console's final report (docs/reports.md)
             why = _failure(exc)
@@ -560,14 +598,12 @@ async def _run(
         )
 
     try:
-        async with Connection(nats_config(url)) as conn:
-            kv = await conn.store(bucket, store_config)
-            _record_generation(Path(spec.partition(":")[2]), await kv.generation())
+        conn, kv, leases = await until_nats_answers(
+            console, f"bucket {bucket} at {nats_url}", open_buckets
+        )
+        try:
             if requests is not None:
-                # The lease lives in a bucket of its own: in the folded one it would be folded.
-                # As many replicas as the folded bucket: on one node of a cluster, that
-                # node's loss would stop every export round (docs/kv.md, "On a NATS cluster").
-                leases = await conn.store(f"{bucket}-export", StoreConfig(num_replicas=kv.replicas))
+                assert leases is not None
                 exporter = asyncio.create_task(
                     _export_rounds(console, replicas, kv, leases, fold_store, requests, bucket,
                                    prefixes, spec, reporter)
@@ -596,6 +632,8 @@ async def _run(
                     shutdown=stop,
                     export_requests=requests,
                 )
+        finally:
+            await conn.shutdown()
         console.print(f"stopped at cursor {cursor} ({applied:,} updates applied)")
     except BaseException as exc:
         failure = _failure(exc)

@@ -194,10 +194,61 @@ class ArtifactBackend(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class VerifiedPrefix:
+    """What a round's verification proved of a live file that is only appended to:
+    its first ``size`` bytes, whose BLAKE3 digest is ``digest``, replay whole (every
+    record intact, the last one ending at ``size``) to ``cursor``
+    (docs/semantics/kv.md §10.3)."""
+
+    size: int
+    digest: bytes
+    cursor: bytes
+    file_id: tuple[int, int] = (0, 0)
+    """The file's (device, inode): a hint only (a compaction renames a new file over the
+    path, whose bytes will not match); the digest decides."""
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+class PrefixLedger:
+    """The last :class:`VerifiedPrefix` of a store's live file, kept by the store for its
+    rounds: the next verification re-hashes those bytes and, if they still have that
+    digest (they are the very bytes verified), replays only what follows them."""
+
+    def __init__(self) -> None:
+        self.last: VerifiedPrefix | None = None
+
+
+def split_digest(path: Path, split: int | None, size: int) -> tuple[bytes | None, bytes]:
+    """One BLAKE3 pass over the first ``size`` bytes of ``path``: the digest of the first
+    ``split`` bytes (None without a split) and of all of them."""
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    at = None
+    if size:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                if split is not None:
+                    h.update(view[:split])
+                    at = h.copy().digest()
+                h.update(view[split or 0 :])
+            finally:
+                view.release()
+    elif split is not None:
+        at = h.digest()
+    return at, h.digest()
+
+
 class LinkingBackend(ArtifactBackend, Protocol):
     """A backend whose round stage may be a hard link to its live file instead of a
     copy: the file is only ever appended to, so its first ``size`` bytes, the
     committed ones when the link was made, stay exactly as they were."""
+
+    prefix_ledger: PrefixLedger
 
     def link_copy(self, data_dir: Path) -> dict[str, int]:
         """Like ``write_copy``, but may hard-link the live file: returns, by artifact
@@ -206,8 +257,14 @@ class LinkingBackend(ArtifactBackend, Protocol):
         ...
 
     @classmethod
-    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
-        """``recover_cursor`` of the copy whose linked files end at ``sizes``."""
+    def recover_prefix_cursor(
+        cls, data_dir: Path, sizes: dict[str, int], resume: VerifiedPrefix | None = None
+    ) -> tuple[WatchCursor, bool]:
+        """``recover_cursor`` of the copy whose linked files end at ``sizes``, and whether
+        every byte up to there was read whole (records intact, the last one ending at
+        the size). ``resume``: the linked file's first ``resume.size`` bytes are known
+        to replay whole to ``resume.cursor`` (the caller checked their digest); the
+        replay starts after them."""
         ...
 
 
@@ -318,6 +375,14 @@ class StagedExport:
     """Files of the stage (by artifact path) that are hard links to a live file the
     fold goes on appending to: only their first N bytes are the copy. Such a stage is
     verified, hashed and uploaded, never sealed."""
+    ledger: PrefixLedger | None = None
+    """The live store's record of what its earlier rounds verified (a stage of one linked
+    file only); ``known`` is its record when the stage was made."""
+    known: VerifiedPrefix | None = None
+    hashed: tuple[bytes | None, bytes] | None = None
+    """:meth:`describe`'s digests of the linked file when ``ledger`` is set: of its first
+    ``known.size`` bytes (None without ``known``) and of all its bytes; the verification
+    uses them instead of hashing the file again."""
 
     @property
     def data(self) -> Path:
@@ -330,8 +395,7 @@ class StagedExport:
         no committed batch is missing (docs/semantics/kv.md §9.2 step 1).
         """
         if self.prefixes:
-            linking = cast(type[LinkingBackend], self.backend_class)
-            recovered = linking.recover_prefix_cursor(self.data, self.prefixes)
+            recovered = self._verify_linked()
         else:
             recovered = self.backend_class.recover_cursor(self.data)
         if recovered != self.cursor:
@@ -340,6 +404,27 @@ class StagedExport:
                 f"cursor {recovered}, the live fold is at {self.cursor}"
             )
 
+    def _verify_linked(self) -> WatchCursor:
+        """The verification of a linked stage. With a ledger, only what follows the
+        last verified prefix is replayed, if the copy's first bytes still have that
+        prefix's digest, and a copy read whole is recorded for the next round
+        (docs/semantics/kv.md §10.3)."""
+        linking = cast(type[LinkingBackend], self.backend_class)
+        if self.ledger is None:
+            return linking.recover_prefix_cursor(self.data, self.prefixes)[0]
+        ((rel, size),) = self.prefixes.items()
+        known = self.known
+        hashed = self.hashed
+        if hashed is None:  # verified before (or without) describe: hash here
+            hashed = split_digest(self.stage / rel, known.size if known else None, size)
+        if known is not None and hashed[0] != known.digest:
+            known = None  # not the bytes verified: every record is replayed
+        cursor, whole = linking.recover_prefix_cursor(self.data, self.prefixes, known)
+        if whole:
+            path = self.stage / rel
+            self.ledger.last = VerifiedPrefix(size, hashed[1], cursor.raw, _file_id(path))
+        return cursor
+
     def describe(self) -> tuple[bytes, ExportManifest]:
         """Hash every file of the copy; the manifest and its deterministic bytes."""
         # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
@@ -347,6 +432,12 @@ class StagedExport:
         files = []
         for rel, p in rels:
             size = self.prefixes.get(rel)
+            if size is not None and self.ledger is not None:
+                # One pass gives the manifest's digest and the verification's prefix check.
+                split = self.known.size if self.known is not None else None
+                self.hashed = split_digest(p, split, size)
+                files.append(ArtifactFile(rel, size, self.hashed[1].hex()))
+                continue
             whole = p.stat().st_size if size is None else size
             files.append(ArtifactFile(rel, whole, file_digest(p, size=size)))
         manifest = ExportManifest(
@@ -411,7 +502,15 @@ def stage_export(
     )
     try:
         if link and hasattr(store, "link_copy"):
-            staged.prefixes = cast(LinkingBackend, store).link_copy(staged.data)
+            linking = cast(LinkingBackend, store)
+            staged.prefixes = linking.link_copy(staged.data)
+            if len(staged.prefixes) == 1:
+                staged.ledger = linking.prefix_ledger
+                known = staged.ledger.last
+                ((rel, size),) = staged.prefixes.items()
+                # Another file (compacted since) will not match: verify it all, at once.
+                same = known is not None and known.file_id == _file_id(staged.stage / rel)
+                staged.known = known if same and known is not None and known.size <= size else None
         else:
             store.write_copy(staged.data)
     except BaseException:

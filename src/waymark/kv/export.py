@@ -124,17 +124,27 @@ def publish_staged(
 
     The verifying reopen (a replay of the whole copy for the append log) runs
     on a second thread, concurrently with BLAKE3, the tar stream and the
-    upload. A copy that fails it raises SnapshotError and the pointer is not
-    touched; its payload, if uploaded, is an orphan like that of any failed
-    round, pruned later (docs/semantics/kv.md §10.3, §11.4). The staged copy
-    is not fsynced: it is never sealed into a local artifact, and is deleted
-    after the round.
+    upload; a later round of a linked append log hashes first (that pass also
+    checks the prefix the last round verified) and replays only the records
+    appended since, concurrently with the upload. A copy that fails it raises
+    SnapshotError and the pointer is not touched; its payload, if uploaded, is
+    an orphan like that of any failed round, pruned later
+    (docs/semantics/kv.md §10.3, §11.4). The staged copy is not fsynced: it is
+    never sealed into a local artifact, and is deleted after the round.
     """
     pool = ThreadPoolExecutor(1, thread_name_prefix="waymark-export-verify")
     try:
+        # A later round of a linked log: describe's one pass also checks the prefix the
+        # last round verified, and what is left (the records appended since) is
+        # verified while the payload goes up. Otherwise the whole verification
+        # overlaps describe and the upload.
+        describe_first = staged.known is not None
+        if describe_first:
+            raw, manifest = staged.describe()
         verifying = pool.submit(staged.verify)
         try:
-            raw, manifest = staged.describe()
+            if not describe_first:
+                raw, manifest = staged.describe()
             uploaded = transport.upload_files(
                 key, staged.stage, raw, manifest, prefixes=staged.prefixes.keys()
             )

@@ -3,7 +3,9 @@
 A NATS KV key holds a :class:`LeaseRecord` whose expiry lives in the value
 (no server TTL), so acquiring and taking over are plain CAS writes on any
 bucket: create-only wins an empty key; an expired or unparseable record is
-taken with a CAS update on the version read; a live one is someone else's.
+taken with a CAS update on the version read; a live one naming this node is
+renewed the same way (its next round, or its restart with the same node id);
+any other live one is someone else's.
 ``complete(cursor)`` stamps the exported cursor on the key (the fleet-visible
 record of the last export) and ``abandon()`` frees the round early with a CAS
 delete. The lease only de-duplicates work: clock skew or a takeover mid-round
@@ -124,12 +126,25 @@ class ExportLease:
             if entry is None or not entry.value:
                 continue  # freed since the create: contend again
             held = LeaseRecord.parse(entry.value)
-            if held is not None and not held.expired(self.now_unix()):
+            # The lease names a node, not a process: a live one naming this node is
+            # renewed (its next round, or a restart with the same node id), keeping
+            # the record of its last export (docs/semantics/kv.md §10.1).
+            own = held is not None and held.holder_id == self.holder_id
+            if held is not None and not own and not held.expired(self.now_unix()):
                 return None
+            if own:
+                assert held is not None
+                record = msgspec.structs.replace(
+                    record,
+                    completed_cursor_hex=held.completed_cursor_hex,
+                    completed_at_unix=held.completed_at_unix,
+                )
             try:
                 version = await self.writer.update(self.key, record.encode(), entry.version)
             except RevisionMismatch:
                 return None  # another node took it over first
+            if own:
+                return LeaseGuard(self, record, version, took_over=False)
             log.info(
                 "export lease %s taken over from %s",
                 self.key,

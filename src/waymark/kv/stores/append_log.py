@@ -45,7 +45,13 @@ from typing import cast
 import numpy as np
 from isal.isal_zlib import crc32
 
-from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
+from waymark.kv.artifact import (
+    ExportInfo,
+    ExportManifest,
+    PrefixLedger,
+    VerifiedPrefix,
+    export_store,
+)
 from waymark.kv.errors import Corrupted, InvalidFormat, SnapshotIoError
 from waymark.kv.stores.crc_runs import plan_for
 from waymark.kv.stores.protocol import VER_LEN
@@ -546,13 +552,18 @@ def _fold_put(r: _Replay, index: _IndexBuilder, key: bytes, body: bytes, at: int
         r.fold[name] = body
 
 
-def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
+def replay_log(
+    data: bytes | mmap.mmap, *, build: bool = True, start: int = 0, cursor: bytes = b""
+) -> _Replay:
     """Fold a whole log image. Raises InvalidFormat or Corrupted; drops a torn tail.
 
     Every record's CRC is checked. Runs of puts of one shape (a compacted log
     of fixed-width keys, a state-sync's batches) are folded in bulk by
     :func:`_fold_run`; anything else record by record. Without ``build`` only
-    structure, CRCs and cursor are recovered (an export's verification).
+    structure, CRCs and cursor are recovered (an export's verification); then
+    ``start``, a record boundary an earlier replay ended on, skips the records
+    before it, and ``cursor`` is the one they recovered (kept unless a cursor
+    record follows).
     """
     if len(data) < len(HEADER) or data[:4] != MAGIC:
         raise InvalidFormat("not a fold log (bad magic)")
@@ -564,7 +575,11 @@ def replay_log(data: bytes | mmap.mmap, *, build: bool = True) -> _Replay:
     index = _IndexBuilder() if build else None
     view = memoryview(data)
     end = len(data)
-    pos = len(HEADER)
+    if start and build:
+        raise ValueError("a replay that builds the fold reads every record")
+    pos = max(start, len(HEADER))
+    r.valid_len = pos
+    r.cursor = cursor if start else b""
     skip = 0  # records left before the next probe for a run
     while pos < end:
         start = pos
@@ -765,6 +780,8 @@ class AppendLogStore:
         self.compaction_failures = 0
         self.compaction_error: SnapshotIoError | None = None
         self._compact_at = compact_threshold
+        # What the export rounds verified of the live log (docs/semantics/kv.md §10.3).
+        self.prefix_ledger = PrefixLedger()
 
     @property
     def cursor(self) -> WatchCursor:
@@ -950,10 +967,33 @@ class AppendLogStore:
         return {}
 
     @classmethod
-    def recover_prefix_cursor(cls, data_dir: Path, sizes: dict[str, int]) -> WatchCursor:
+    def recover_prefix_cursor(
+        cls, data_dir: Path, sizes: dict[str, int], resume: VerifiedPrefix | None = None
+    ) -> tuple[WatchCursor, bool]:
         """:meth:`recover_cursor` of the first ``sizes["data/fold.log"]`` bytes of a
-        linked log (a map of exactly those bytes: what was appended since is unseen)."""
-        return cls._replay_cursor(data_dir, sizes[f"data/{LOG_NAME}"])
+        linked log (a map of exactly those bytes: what was appended since is unseen),
+        and whether every record up to there was read whole. With ``resume`` (a prefix
+        whose digest the caller found unchanged since it was replayed whole) the replay
+        starts at its end, a record boundary, with its cursor until a later one
+        (docs/semantics/kv.md §10.3)."""
+        size = sizes[f"data/{LOG_NAME}"]
+        with open(data_dir / LOG_NAME, "rb") as f:
+            real = os.fstat(f.fileno()).st_size
+            if real < size:
+                raise SnapshotIoError(f"{data_dir / LOG_NAME} is shorter than its {size} bytes")
+            if size < len(HEADER):
+                replay_log(f.read(size), build=False)  # raises
+            image = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        start = resume.size if resume is not None and len(HEADER) <= resume.size <= size else 0
+        try:
+            seed = resume.cursor if start and resume is not None else b""
+            replay = replay_log(image, build=False, start=start, cursor=seed)
+        finally:
+            # A failed replay's traceback may still hold a view of the map: then the
+            # map is closed when that goes, not here.
+            with contextlib.suppress(BufferError):
+                image.close()
+        return WatchCursor(replay.cursor), replay.clean_eof and replay.valid_len == size
 
     def relocated(self, path: str | os.PathLike[str]) -> None:
         """The log was renamed to ``path`` while open (an import placing it).
