@@ -273,6 +273,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item._id = item.parent.id.child(f"{item.name}@{group}")  # noqa: SLF001
 
 
+# The groups that run Spark JVMs (a session each, or a standalone cluster, or Spark on
+# every Python): at most two of them run at once.
+JVM_GROUPS = frozenset({"spark-a", "spark-b", "tests/spark/test_cluster.py",
+                        "tests/pythons/test_pythons.py"})  # fmt: skip
+MAX_JVM_GROUPS = 2
+
+
 class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
     """xdist's queue of groups (group -> its tests), from which ``popitem(last=False)``
     takes the group the durations table makes longest, not the first inserted."""
@@ -280,6 +287,7 @@ class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
     def __init__(self, known: dict[str, float]) -> None:
         super().__init__()
         self.known = known
+        self.running_jvm = 0  # JVM groups with tests left on some worker (set before a pop)
 
     def seconds(self, tests: dict[str, bool]) -> float:
         return sum(self.known.get(test_id(t), UNKNOWN_TEST_S) for t in tests)
@@ -287,7 +295,10 @@ class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
     def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
         if last:
             return super().popitem(last=True)
-        group = max(self, key=lambda g: self.seconds(self[g]))
+        # At most MAX_JVM_GROUPS groups that run Spark at once: with all three on two
+        # cores (two sessions, a standalone cluster), their JVMs' CPU time grew by half.
+        allowed = [g for g in self if g not in JVM_GROUPS or self.running_jvm < MAX_JVM_GROUPS]
+        group = max(allowed or self, key=lambda g: self.seconds(self[g]))
         return group, self.pop(group)
 
 
@@ -306,6 +317,15 @@ class LongestFirst(LoadGroupScheduling):
         super().__init__(config, log)
         known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
         self.workqueue = _LongestFirstQueue(known)
+
+    def _assign_work_unit(self, node: Any) -> None:
+        self.workqueue.running_jvm = sum(
+            1
+            for work in self.assigned_work.values()
+            for group, tests in work.items()
+            if group in JVM_GROUPS and not all(tests.values())
+        )
+        super()._assign_work_unit(node)
 
     def _reschedule(self, node: Any) -> None:
         if node.shutting_down:
