@@ -164,7 +164,8 @@ def append_body(n: int) -> bytes:
 def prefill(url: str, n: int) -> None:
     with httpx.Client() as client:
         for _ in range(n // 1000):
-            response = client.post(f"{url}{TOPIC}/records", content=append_body(1000))
+            response = client.post(f"{url}{TOPIC}/records", content=append_body(1000),
+                                   headers={"content-type": "application/json"})
             response.raise_for_status()
 
 
