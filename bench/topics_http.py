@@ -164,8 +164,11 @@ def append_body(n: int) -> bytes:
 def prefill(url: str, n: int) -> None:
     with httpx.Client() as client:
         for _ in range(n // 1000):
-            response = client.post(f"{url}{TOPIC}/records", content=append_body(1000),
-                                   headers={"content-type": "application/json"})
+            response = client.post(
+                f"{url}{TOPIC}/records",
+                content=append_body(1000),
+                headers={"content-type": "application/json"},
+            )
             response.raise_for_status()
 
 
@@ -180,7 +183,10 @@ async def sse_latency(url: str, samples: int) -> tuple[float, float]:
             for i in range(samples):
                 body = orjson.dumps({"records": [{"data": {"i": i}}]})
                 start = time.perf_counter()
-                await client.post(f"{TOPIC}/records", content=body)
+                answer = await client.post(
+                    f"{TOPIC}/records", content=body, headers={"content-type": "application/json"}
+                )
+                answer.raise_for_status()  # else the wait below never ends
                 async for line in lines:
                     if line.startswith("data:"):
                         break
