@@ -24,6 +24,7 @@ from waymark.log import (
     TopicError,
     TopicType,
 )
+from waymark.log.config import EngineConfig
 from waymark.log.priority import (
     AUTO_FLOOR_MS,
     AUTO_MAX,
@@ -182,7 +183,7 @@ def test_canonical_size_ignores_insignificant_whitespace(engine: Engine) -> None
 
 
 def test_records_per_write_limit() -> None:
-    engine = Engine(limits=Limits(max_records_per_write=3))
+    engine = Engine(EngineConfig(limits=Limits(max_records_per_write=3)))
     refused(ErrorCode.TOO_MANY_RECORDS, engine.append, "t", [rec(i) for i in range(4)])
     refused(ErrorCode.INVALID_REQUEST, engine.append, "t", [])
     assert engine.list_topics() == []
@@ -224,7 +225,7 @@ def test_invalid_topic_names(engine: Engine, name: str) -> None:
 def test_lazy_create_and_opt_out(engine: Engine) -> None:
     refused(ErrorCode.TOPIC_NOT_FOUND, engine.append, "t", [rec()], create=False)
     assert engine.append("t", [rec()], create=True).created
-    quiet = Engine(defaults=TopicConfig(auto_create=False))
+    quiet = Engine(EngineConfig(defaults=TopicConfig(auto_create=False)))
     refused(ErrorCode.TOPIC_NOT_FOUND, quiet.append, "t", [rec()])
     assert quiet.append("t", [rec()], create=True).created
 

@@ -8,6 +8,7 @@ import pytest
 
 from waymark.clock import ManualClock
 from waymark.log import Engine, ErrorCode, RecordIn, TopicError
+from waymark.log.config import EngineConfig
 from waymark.log.writers import DEFAULT_STAGE_TTL_MS, PartKey
 from waymark.protocol import Limits
 
@@ -17,7 +18,7 @@ RECORD = RecordIn.of("x" * 90)  # ~100 wire bytes
 def engine(per_writer: int, total: int) -> tuple[Engine, ManualClock]:
     clock = ManualClock(1_000_000)
     limits = Limits(max_staged_bytes_per_writer=per_writer, max_staged_bytes=total)
-    return Engine(clock=clock, limits=limits), clock
+    return Engine(EngineConfig(limits=limits), clock=clock), clock
 
 
 def refused(call) -> TopicError:  # type: ignore[no-untyped-def]

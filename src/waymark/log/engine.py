@@ -28,7 +28,6 @@ from ..protocol import (
     ConfigPatch,
     DeleteResponse,
     Durability,
-    Limits,
     PublishResponse,
     RecordIn,
     TopicConfig,
@@ -37,6 +36,7 @@ from ..protocol import (
     WriterState,
 )
 from .changes import CHANGES_TOPIC, Changes, deleted_keys, dropped_keys
+from .config import EngineConfig
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import (
@@ -66,17 +66,18 @@ if TYPE_CHECKING:
 class Engine:
     def __init__(
         self,
+        config: EngineConfig | None = None,
+        *,
         clock: Clock | None = None,
-        defaults: TopicConfig | None = None,
-        limits: Limits | None = None,
         journal: Journal | None = None,
         ids: IdSource | None = None,
     ) -> None:
+        config = config or EngineConfig()
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()  # lease ids, the instance id
         self.kernel = Kernel(journal)
-        self.defaults = defaults or TopicConfig()
-        self.limits = limits or Limits()
+        self.defaults = config.defaults or TopicConfig()
+        self.limits = config.limits
         self.writers = Writers(self)  # exactly-once sinks: stage, then publish atomically
         self.queues = Queues(self)  # lease state of queue topics (docs/semantics/topics.md §10)
         self.routers = Routers(self)  # forwarding rules and cursors (docs/semantics/topics.md §8)

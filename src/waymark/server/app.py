@@ -91,9 +91,7 @@ class App:
         # Every topic that handed out no seq for this long gets its seq ceiling trimmed to
         # its exact head (Engine.trim_ceilings), so a crash while it is idle reports no gap.
         self._trims: asyncio.Task[None] | None = None
-        self.engine = engine or Engine(
-            clock=clock, defaults=config.engine.defaults, limits=config.engine.limits
-        )
+        self.engine = engine or Engine(config.engine, clock=clock)
         self.limits = self.engine.limits
         # Token expiry and rate limits read the engine's clock (tests drive it).
         self.rate_limits = RateLimits(self.engine.clock)

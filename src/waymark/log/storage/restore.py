@@ -67,7 +67,7 @@ def open_engine(
     data_dir, cold_dir = storage.data_dir, storage.cold_dir
     wal_dir = data_dir / "wal"
     wal_dir.mkdir(parents=True, exist_ok=True)
-    engine = Engine(clock=clock, defaults=config.defaults, limits=config.limits, ids=ids)
+    engine = Engine(config, clock=clock, ids=ids)
     engine.instance = instance_of(data_dir, fileio, engine.ids)
     if track_changes:
         engine.changes = Changes()
