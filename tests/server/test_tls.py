@@ -49,9 +49,32 @@ def test_https_round_trip_with_a_self_signed_ca(tmp_path: Path) -> None:
             client.health()
         with pytest.raises(httpx.TransportError):
             httpx.get(url.replace("https", "http") + "/v0/health", timeout=5)
+        # waymark ship trusts the CA from WAYMARK_CA, as every command does (and from its
+        # older WAYMARK_CA_FILE): it reads the batch and fails only at the dead collector.
+        for name in ("WAYMARK_CA", "WAYMARK_CA_FILE", None):
+            shipped = _ship_once(
+                url, tmp_path / f"ship-{name}", {name: str(ca_file)} if name else {}
+            )
+            assert shipped.returncode == 6, shipped.stderr
+            assert ("collector http://" in shipped.stderr) == (name is not None), shipped.stderr
     finally:
         process.kill()
         process.wait()
+
+
+def _ship_once(url: str, state: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``waymark ship --once`` of topic ``secure`` to a collector nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("WAYMARK_CA")}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "waymark"), "ship", "--topic", "secure",
+         "--to", f"http://127.0.0.1:{dead}/", "--once", "--state", str(state),
+         "--retry-base-ms", "10", "--retry-budget-s", "0.3"],
+        capture_output=True, text=True, timeout=60,
+        env={**environ, "WAYMARK_URL": url, **env},
+    )  # fmt: skip
 
 
 def _certificates(directory: Path) -> tuple[trustme.CA, Path, Path, Path]:

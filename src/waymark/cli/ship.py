@@ -76,7 +76,10 @@ def register(app: typer.Typer) -> None:
         ca_file: Annotated[
             Path | None,
             typer.Option(
-                envvar="WAYMARK_CA_FILE",
+                # --ca/WAYMARK_CA as every other command; the old spellings still work.
+                "--ca",
+                "--ca-file",
+                envvar=["WAYMARK_CA", "WAYMARK_CA_FILE"],
                 show_envvar=True,
                 help="CA certificate (PEM) of an https waymark server.",
             ),
