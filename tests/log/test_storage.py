@@ -25,6 +25,7 @@ from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
+from waymark.log.storage.wal import WalCommit
 
 
 def reopen(data_dir: Path, wal_shards: int = 2, **kwargs) -> tuple[Engine, Store]:
@@ -379,6 +380,68 @@ def test_a_failed_sync_is_retried_without_writing_its_frames_twice(tmp_path: Pat
     assert [r["data"] for r in engine.diff("d", 0).records()] == [0, 1, 2]
     assert engine.get_topic("d").count == 3
     shut(engine, store)
+
+
+def wait_for_sync(store: Store) -> None:
+    """Wait until every frame taken so far is stored (the shard retries a failed round)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            store.sync_blocking()  # raises while the shard's last round failed
+            return
+        except TopicError:
+            assert time.monotonic() < deadline, "the WAL never stored its frames"
+            time.sleep(0.01)
+
+
+def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: Path) -> None:
+    """The disk fills between the first frame of a topic-creating append (its TOPIC
+    frame) and its records frame: the shard starts refusing after the check that
+    admitted the append. Whatever the client is told, memory and replay agree with it:
+    a 503 leaves no topic behind (no create frame that replay would apply), an ack a
+    topic with its record (docs/durability.md, "Full disk")."""
+    disk = FullDiskInjector()
+    engine, store = reopen(tmp_path, fileio=disk)
+    wal = store.wal
+    write = wal.write
+
+    def fills_after_the_create_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
+        commit = write(topic, frame)
+        if topic == "new" and not disk.full.is_set():  # the append's first frame
+            disk.full.set()
+            shard = wal.shard_of(topic)
+            deadline = time.monotonic() + 30
+            while shard.error is None:  # the writer met the full disk: the shard refuses
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return commit
+
+    wal.write = fills_after_the_create_frame  # type: ignore[method-assign]
+    try:
+        result = engine.append("new", [RecordIn.of("x")], create=True)
+        told = "acked"
+    except TopicError as error:
+        assert error.code is ErrorCode.STORAGE_UNAVAILABLE and error.status == 503
+        told = "refused"
+    wal.write = write  # type: ignore[method-assign]
+    disk.full.clear()
+    wait_for_sync(store)
+
+    def check(engine: Engine) -> None:
+        if told == "refused":
+            with pytest.raises(TopicError) as info:
+                engine.get_topic("new")
+            assert info.value.code is ErrorCode.TOPIC_NOT_FOUND, "a refused write made a topic"
+        else:
+            assert [r["data"] for r in engine.diff("new", 0).records()] == ["x"]
+
+    check(engine)
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    check(engine)  # replay agrees with what the client was told
+    shut(engine, store)
+    # The shard had admitted the append before the disk refused: it takes it whole.
+    assert told == "acked" and result.seqs == [1]
 
 
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(

@@ -326,26 +326,28 @@ class Engine:
         must_sync = durability is Durability.FSYNC
         journal = kernel.journal
         if journal is not None:
-            journal.check_available(name)
-            if created:
-                kernel.write_topic(topic)
-            if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
-                # disk and fsync ack no seq above a durable ceiling; ephemeral is never
-                # fsync-gated, so its ceiling is best effort.
-                must_sync = must_sync or durability is Durability.DISK
-            if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                frame = prebuilt.frame if prebuilt is not None else None
-                if frame is None:
-                    frame = records_frame_parts(
-                        name,
-                        topic.epoch,
-                        plan.first_seq,
-                        plan.ts,
-                        plan.fresh,
-                        origin if type(origin) is Published else None,
-                        now=now,
-                    )
-                journal.write(name, frame)
+            # Admitted once for all its frames (create, ceiling, records): a 503 leaves
+            # none queued (docs/durability.md, "Full disk").
+            with journal.admit(name):
+                if created:
+                    kernel.write_topic(topic)
+                if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
+                    # disk and fsync ack no seq above a durable ceiling; ephemeral is never
+                    # fsync-gated, so its ceiling is best effort.
+                    must_sync = must_sync or durability is Durability.DISK
+                if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
+                    frame = prebuilt.frame if prebuilt is not None else None
+                    if frame is None:
+                        frame = records_frame_parts(
+                            name,
+                            topic.epoch,
+                            plan.first_seq,
+                            plan.ts,
+                            plan.fresh,
+                            origin if type(origin) is Published else None,
+                            now=now,
+                        )
+                    journal.write(name, frame)
         if created:
             kernel.register(topic)
         topic.apply_append(plan, now, None if prebuilt is None else prebuilt.chunks)
@@ -471,13 +473,13 @@ class Engine:
         durability = topic.config.durability
         journaled = durability is not Durability.EPHEMERAL  # (its deletes skip the WAL)
         if kernel.journal is not None and (journaled or slot is not None):
-            kernel.journal.check_available(name)
-            if slot is not None:
-                self._reserve(topic, slot, now)  # a journaled delete's ack waits for its frame
-            if journaled:
-                frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
-                                       slot=slot)  # fmt: skip
-                commit = kernel.write(name, frame.encode())
+            with kernel.journal.admit(name):  # its ceiling and its frame, or neither
+                if slot is not None:
+                    self._reserve(topic, slot, now)  # a journaled delete's ack waits for its frame
+                if journaled:
+                    frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
+                                           slot=slot)  # fmt: skip
+                    commit = kernel.write(name, frame.encode())
         changes = self.changes_of(topic) if slot is not None else None
         keys = deleted_keys(topic, bound, match) if changes is not None else None
         result = topic.delete(bound, match, now, slot)

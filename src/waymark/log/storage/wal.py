@@ -10,7 +10,9 @@ accepted, cuts the file back to its last synced size and retries them with backo
 meanwhile it reports itself unavailable so the engine refuses new mutations with
 503 instead of accepting what it cannot store. A frame it accepted is never refused
 afterwards: its waiters wait until it is stored, since it will be, and a write
-answered 503 must never become readable (docs/durability.md, "Full disk").
+answered 503 must never become readable (docs/durability.md, "Full disk"). A mutation
+of several frames is admitted once, before its first (:meth:`Wal.admit`): its frames
+are then all taken, or, refused, it wrote none.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ class WalShard:
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
+        # Mutations admitted and still writing their frames (the engine thread's): their
+        # frames are taken even once the shard refuses (see :meth:`admit`).
+        self._admitted = 0
         self._clock = clock or SystemClock()
         # How long a group commit (its write and fdatasync) takes, in ms: a moving average
         # of the rounds so far, what an fsync topic's state reports as fsync_ms
@@ -110,10 +115,27 @@ class WalShard:
         self._thread.start()
 
     # --- the engine thread ---------------------------------------------------------
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Admit one mutation of one or more frames: 503 ``storage_unavailable`` now if
+        the shard refuses, else every frame it submits inside is taken, even should the
+        writer meet a full disk meanwhile. A topic-creating append writes its TOPIC
+        frame, maybe a HEAD frame, then its records: refusing a later one would leave
+        the first queued, a topic that replay makes although the client was told 503
+        (docs/durability.md, "Full disk")."""
+        error = self.error
+        if error is not None:
+            raise unavailable(error)
+        self._admitted += 1
+        try:
+            yield
+        finally:
+            self._admitted -= 1
+
     def submit(self, frame: bytes | list[bytes]) -> WalCommit:
         """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
-            if self.error is not None:
+            if self.error is not None and not self._admitted:
                 raise unavailable(self.error)
             self._queue.append(frame)
             self.submitted += 1
@@ -336,6 +358,10 @@ class Wal:
         error = self.shard_of(topic).error
         if error is not None:
             raise unavailable(error)
+
+    def admit(self, topic: str) -> contextlib.AbstractContextManager[None]:
+        """Admit one mutation of ``topic``'s: see :meth:`WalShard.admit`."""
+        return self.shard_of(topic).admit()
 
     def submitted(self) -> int:
         """How many frames were ever handed to this WAL (a cheap "anything new?" check)."""
