@@ -12,7 +12,6 @@ out) is never mistaken for a cursor of an earlier topic instance.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 
 import orjson

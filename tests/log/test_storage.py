@@ -444,6 +444,79 @@ def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: 
     assert told == "acked" and result.seqs == [1]
 
 
+class FailedTruncateInjector(FailedSyncInjector):
+    """Fault injector: once ``fail`` is set, the next WAL round fails — its fdatasync
+    (EIO, after the write landed) or, ``partial``, its write (ENOSPC after writing half,
+    as a full disk does) — and cutting the file back fails too (EIO), ``truncates``
+    times; every refused cut after the first waits for ``go``, so a test can look at
+    the shard while no cut has succeeded."""
+
+    def __init__(self, truncates: int, partial: bool) -> None:
+        super().__init__()
+        self.truncates = truncates
+        self.partial = partial
+        self.refused = threading.Event()  # set at the first refused truncate
+        self.go = threading.Event()
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.partial and self.fail.is_set():
+            self.fail.clear()
+            super().write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        if not self.partial:
+            super().fdatasync(fd)
+        else:
+            FileIO.fdatasync(self, fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.truncates:
+            if self.refused.is_set():
+                self.go.wait()
+            self.truncates -= 1
+            self.refused.set()
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["failed-sync", "partial-write"])
+def test_a_failed_cut_after_a_failed_round_never_writes_after_its_bytes(
+    tmp_path: Path, partial: bool
+) -> None:
+    """A round's write or fdatasync failed, and cutting the file back failed too: the
+    bytes of the failed round (whole frames, or half of one) are still there. The shard refuses new
+    writes until a cut succeeds, and only then writes the frames again: replay finds each
+    record once (docs/durability.md, "Full disk")."""
+    disk = FailedTruncateInjector(truncates=2, partial=partial)
+    engine, store = reopen(tmp_path, fileio=disk)
+    engine.put_topic("d", ConfigPatch(durability=Durability.DISK))
+    store.sync_blocking()
+    disk.fail.set()
+    try:
+        engine.append("d", [RecordIn.of(i) for i in range(3)])
+        assert disk.refused.wait(30)  # the round failed, then the cut
+        shard = store.wal.shard_of("d")
+        deadline = time.monotonic() + 30
+        while shard.error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with pytest.raises(TopicError) as info:  # no cut has succeeded: nothing new is taken
+            engine.append("d", [RecordIn.of("refused")])
+        assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE
+    finally:
+        disk.go.set()  # the retry's cut is refused once more, then succeeds
+    wait_for_sync(store)
+    engine.append("d", [RecordIn.of("after")])
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in engine.diff("d", 0).records()] == [0, 1, 2, "after"]
+    assert engine.get_topic("d").count == 4
+    shut(engine, store)
+    assert not disk.fail.is_set() and disk.truncates == 0  # every fault did happen
+
+
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
     tmp_path: Path,
 ) -> None:

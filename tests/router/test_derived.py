@@ -5,7 +5,6 @@ filters, and fsync dests."""
 from __future__ import annotations
 
 import contextlib
-
 from pathlib import Path
 
 import orjson

@@ -92,6 +92,11 @@ class WalShard:
         self.path = wal_path(directory, self.index)
         self._fd = fileio.open_append(self.path)
         self._size = os.fstat(self._fd).st_size
+        # The file's size after its last good sync, and whether a failed round's bytes
+        # may lie past it (its cut back failed too): then the next round cuts first,
+        # then writes (see _write_pending).
+        self._synced_size = self._size
+        self._uncut = False
         self._file = self.index  # the file the writer thread writes (it lags self.index)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -218,7 +223,14 @@ class WalShard:
         """
         while pending:
             cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
-            synced = self._size
+            synced = self._synced_size
+            if self._uncut:
+                # A failed round's bytes are still there (whole frames, or part of
+                # one): nothing is written after them, or a frame would replay twice
+                # or a torn one stand mid-file. Until a cut succeeds the shard stays
+                # unavailable (docs/durability.md, "Full disk").
+                self._io.truncate(self._fd, synced)
+                self._uncut = False
             try:
                 if cut:
                     self._write_all(_pieces(pending[:cut]))
@@ -227,9 +239,13 @@ class WalShard:
                 # Nothing of a failed round may stay behind: the retry writes it again,
                 # and a frame written twice would replay twice. (After a failed
                 # fdatasync the written bytes' fate is unknown: they go too.)
-                self._io.truncate(self._fd, synced)
                 self._size = synced
+                try:
+                    self._io.truncate(self._fd, synced)
+                except OSError:
+                    self._uncut = True  # the retry cuts first
                 raise
+            self._synced_size = self._size
             del pending[:cut]
             if pending:  # a rotation mark: the older file is complete and durable
                 # The new file is opened first: should that fail, the retry finds this
@@ -237,6 +253,7 @@ class WalShard:
                 fd = self._io.open_append(wal_path(self.directory, self._file + 1))
                 self._io.close(self._fd)
                 self._fd, self._file, self._size = fd, self._file + 1, 0
+                self._synced_size = 0
                 del pending[0]
 
     def _write_all(self, pieces: Iterator[bytes]) -> None:
