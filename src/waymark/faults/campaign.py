@@ -147,6 +147,8 @@ def run_campaign(
     components = [
         "producers (client, fsync, idempotent ids) via the fault proxy",
         "waymark serve (SIGKILL, SIGSTOP, its injected clock jumping ahead and back)",
+        "the injected clocks of waymark fold's export rounds (its lease) and of "
+        "waymark pipeline run (its leases, backoff, patience) jumping with the server's",
         "a router (at least once)", "an expiring topic (TTL) and its producer",
         "a queue (leases of 5 s) with a producer and a worker claiming and acking",
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
@@ -200,7 +202,8 @@ def run_campaign(
             "fold",
             ["fold", "--nats", nats.url, "--bucket", BUCKET, "--store",
              f"lmdb:{workdir / 'fold'}", "--export-to", artifacts, "--export-every-s", "0.5",
-             "--lease-ttl-s", "2", "--nats-timeout-s", "2"],
+             "--lease-ttl-s", "2", "--nats-timeout-s", "2",
+             "--clock-offset-file", str(clock.path)],
             workdir / "fold.log",
         )  # fmt: skip
         server.wait_ready()
@@ -227,7 +230,8 @@ def run_campaign(
         spec = workdir / "pipeline.toml"
         write_spec(spec, (workdir / "handoff").as_uri(), (direct, f"http://127.0.0.1:{edge_port}"),
                    direct, SINK, obs.events)  # fmt: skip
-        pipeline = Managed("pipeline", ["pipeline", "run", str(spec)], workdir / "pipeline.log")
+        pipeline = Managed("pipeline", ["pipeline", "run", str(spec), "--clock-offset-file",
+                                        str(clock.path)], workdir / "pipeline.log")  # fmt: skip
         edge.wait_ready()
         pipeline.start()
         stack.callback(pipeline.stop)
