@@ -203,12 +203,11 @@ def run(
     from rich.live import Live
     from rich.markup import escape
 
+    from waymark.clock import OffsetClock
     from waymark.objstore import ObjectStoreError
     from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
     from waymark.pipeline.shard import ShardLayoutChanged
-
-    from waymark.clock import OffsetClock
 
     spec = _load(spec_path)
     clock = None if clock_offset_file is None else OffsetClock(clock_offset_file)
