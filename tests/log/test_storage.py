@@ -26,6 +26,7 @@ from waymark.log.storage.frames import CorruptFrame, FrameKind
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.log.storage.wal import WalCommit
+from waymark.protocol import TopicType
 
 
 def reopen(data_dir: Path, wal_shards: int = 2, **kwargs) -> tuple[Engine, Store]:
@@ -442,6 +443,58 @@ def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: 
     shut(engine, store)
     # The shard had admitted the append before the disk refused: it takes it whole.
     assert told == "acked" and result.seqs == [1]
+
+
+def test_a_disk_that_fills_mid_queue_creation_leaves_what_the_client_was_told(
+    tmp_path: Path,
+) -> None:
+    """A queue's creation journals the queue, then its leases log: the disk fills
+    between the two. As for an append: a 503 leaves no queue behind, in memory or after
+    a restart; an answer of created leaves both (docs/durability.md, "Full disk")."""
+    disk = FullDiskInjector()
+    engine, store = reopen(tmp_path, wal_shards=1, fileio=disk)  # both on one shard
+    wal = store.wal
+    write = wal.write
+
+    def fills_after_the_queue_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
+        commit = write(topic, frame)
+        if topic == "q" and not disk.full.is_set():  # the queue's TOPIC frame
+            disk.full.set()
+            shard = wal.shard_of(topic)
+            deadline = time.monotonic() + 30
+            while shard.error is None:  # the writer met the full disk: the shard refuses
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return commit
+
+    wal.write = fills_after_the_queue_frame  # type: ignore[method-assign]
+    try:
+        engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
+        told = "created"
+    except TopicError as error:
+        assert error.code is ErrorCode.STORAGE_UNAVAILABLE and error.status == 503
+        told = "refused"
+    wal.write = write  # type: ignore[method-assign]
+    disk.full.clear()
+    wait_for_sync(store)
+
+    def check(engine: Engine) -> None:
+        if told == "refused":
+            with pytest.raises(TopicError) as info:
+                engine.get_topic("q")
+            assert info.value.code is ErrorCode.TOPIC_NOT_FOUND, "a refused create made a queue"
+        else:
+            assert engine.get_topic("q").type is TopicType.QUEUE
+            engine.append("q", [RecordIn.of("job")])
+            (job,) = engine.claim("q", "worker", 5)
+            assert b'"data":"job"' in job.record
+
+    check(engine)
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path, wal_shards=1)
+    check(engine)  # replay agrees with what the client was told
+    shut(engine, store)
+    assert told == "created"  # admitted before the disk refused: taken whole
 
 
 class FailedTruncateInjector(FailedSyncInjector):

@@ -260,8 +260,10 @@ def run_campaign(
         edge.wait_ready()
         pipeline.start()
         stack.callback(pipeline.stop)
-        if supervisor is not None:
-            supervisor.job.wait_ready(SPARK_READY_S)  # its start-up is not the campaign's
+        if supervisor is not None:  # its start-up and first batch are not the campaign's
+            supervisor.job.wait_ready(SPARK_READY_S)
+            rid, seq = spark_query.warm_up(direct, SOURCE, workdir, SPARK_READY_S)
+            obs.acked[rid] = seq
         started = time.monotonic()
 
         def now() -> float:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from waymark.faults.processes import Managed
+from waymark.faults.processes import Managed, wait_for
 
 OUTPUT = "spark-out"  # the exactly-once sink's topic, on the campaign's server
 USERS = 16  # the producers' records name user u<n mod USERS>
@@ -52,6 +52,24 @@ def started(workdir: Path) -> bool:
 
 def fold_spec(workdir: Path) -> str:
     return f"lmdb:{workdir / 'spark-fold'}"
+
+
+def warm_up(url: str, source: str, workdir: Path, timeout: float) -> tuple[str, int]:
+    """Append one record to ``source`` (shaped as a producer's, ``p99-0``) and wait until
+    the job reported the micro-batch that read it: its first batch starts the Python
+    workers and the JIT (25 s or more here), which the campaign waits out before its
+    clock starts, so the schedule's faults find a query that runs batches. Returns the
+    record's id and seq, acknowledged like any producer's."""
+    from waymark.client import Client, RecordIn
+
+    record_id = "p99-0"
+    with Client(url, timeout=10) as client:
+        data = {"p": 99, "n": 0, "user": user_of(record_id)}
+        seq = client.append(source, [RecordIn.of(data, id=record_id, tag="k0")]).seqs[0]
+    with contextlib.suppress(TimeoutError):  # then it runs late; the checkers will say
+        wait_for("the Spark query's first micro-batch", lambda: reported_through(workdir) >= seq,
+                 timeout)  # fmt: skip
+    return record_id, seq
 
 
 class Supervisor:

@@ -16,6 +16,7 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,15 @@ from .kernel import Kernel, Listener
 from .origin import Derived, Origin, Published
 from .prebuilt import Layout, Prebuilt
 from .priority import effective_priority
-from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
+from .queue import (
+    ClaimedJob,
+    ClaimRequest,
+    Queues,
+    Redriven,
+    Settled,
+    check_queue_config,
+    leases_name,
+)
 from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
@@ -179,9 +188,10 @@ class Engine:
             if topic_type is TopicType.QUEUE:
                 check_queue_config(name, config)
             topic = Topic(name, topic_type or TopicType.LOG, config, kernel.next_epoch(), now)
-            kernel.create(topic)
-            if topic.type is TopicType.QUEUE:
-                self.queues.configured(topic)
+            with self._admit(topic):
+                kernel.create(topic)
+                if topic.type is TopicType.QUEUE:
+                    self.queues.configured(topic)
             kernel.commit(topic)
             return self._state(topic, now), True
         if topic_type is not None and topic_type is not topic.type:
@@ -203,10 +213,11 @@ class Engine:
         if topic.type is TopicType.QUEUE:
             check_queue_config(name, config)
         frame = TopicFrame.of(name, topic.type, topic.epoch, config, topic.created_ts, now=now)
-        kernel.write(name, frame.encode())
-        topic.reconfigure(config, now)
-        if topic.type is TopicType.QUEUE:
-            self.queues.configured(topic)
+        with self._admit(topic):
+            kernel.write(name, frame.encode())
+            topic.reconfigure(config, now)
+            if topic.type is TopicType.QUEUE:
+                self.queues.configured(topic)
         kernel.commit(topic)
         return self._state(topic, now), False
 
@@ -240,7 +251,10 @@ class Engine:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         kernel = self.kernel
         topic = kernel.existing(name, replay=False)  # what is still set aside never applies
-        commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
+        with self._admit(topic):  # a queue's drop drops its leases log too
+            commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
+            if topic.type is TopicType.QUEUE:
+                self.queues.dropped(topic)
         kernel.drop(name)
         if topic.head_seq > 0 and (changes := self.changes_of(topic)) is not None:
             # A drop's version is the instance's next seq, which it never hands out: later
@@ -248,8 +262,6 @@ class Engine:
             changes.removed(topic, dropped_keys(topic), topic.next_seq, commit)
         # Its routers go with it (docs/semantics/topics.md §8.6).
         self.routers.topic_dropped(name, topic.epoch)
-        if topic.type is TopicType.QUEUE:
-            self.queues.dropped(topic)
         kernel.commit(topic)
 
     # --- records ----------------------------------------------------------------
@@ -777,6 +789,21 @@ class Engine:
         return topic
 
     # --- internals ----------------------------------------------------------------
+    def _admit(self, topic: Topic) -> contextlib.AbstractContextManager[object]:
+        """Admit one change of ``topic`` at its WAL shard, and a queue's at its leases
+        log's too (the change journals a frame for each, perhaps on two shards): its
+        frames are all taken, or, refused with 503, none is (docs/durability.md, "Full
+        disk")."""
+        journal = self.kernel.journal
+        if journal is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        with stack:
+            stack.enter_context(journal.admit(topic.name))
+            if topic.type is TopicType.QUEUE:
+                stack.enter_context(journal.admit(leases_name(topic.name)))
+            return stack.pop_all()
+
     def changes_of(self, topic: Topic) -> Changes | None:
         """Where ``topic``'s changes are noted for checkpoints: only log topics that keep
         their records (not ephemeral ones), never internal ones
