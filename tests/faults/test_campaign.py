@@ -123,6 +123,9 @@ def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
 def test_an_unknown_fault_kind_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(app, ["faults", "run", "--kind", "meteor"])
     assert result.exit_code == 2 and "meteor" in result.output
+    # A kind whose part is not in the flow: said at once, not an empty schedule's crash.
+    result = CliRunner().invoke(app, ["faults", "run", "--kind", "spark-kill"])
+    assert result.exit_code == 2 and "spark-kill needs --spark" in result.output
 
 
 def test_the_spark_checkers_pass_once_each_and_fail_on_a_replay_counted_twice() -> None:

@@ -70,6 +70,14 @@ def run(
         kinds = tuple(FaultKind(k) for k in kind) if kind else tuple(FaultKind)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--kind") from e
+    # A kind whose part is not in the flow would leave nothing to schedule (or not that).
+    needs = {FaultKind.S3_PAUSE: ("--s3", s3), FaultKind.SPARK_KILL: ("--spark", spark),
+             FaultKind.SPARK_PAUSE: ("--spark", spark)}  # fmt: skip
+    if kind:
+        for k in kinds:
+            flag, given = needs.get(k, ("", True))
+            if not given:
+                raise typer.BadParameter(f"{k} needs {flag}", param_hint="--kind")
 
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="waymark-faults-") as tmp:
