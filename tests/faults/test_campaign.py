@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from waymark.cli import app
-from waymark.faults import FaultKind, checkers, make_schedule, report, run_campaign
+from waymark.faults import FaultKind, checkers, make_schedule, report, run_campaign, spark
 from waymark.faults.campaign import COPIES, SOURCE, TTL, CampaignResult
 from waymark.faults.checkers import Gap
 
@@ -123,3 +123,28 @@ def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:
 def test_an_unknown_fault_kind_is_refused_before_anything_starts() -> None:
     result = CliRunner().invoke(app, ["faults", "run", "--kind", "meteor"])
     assert result.exit_code == 2 and "meteor" in result.output
+    # A kind whose part is not in the flow: said at once, not an empty schedule's crash.
+    result = CliRunner().invoke(app, ["faults", "run", "--kind", "spark-kill"])
+    assert result.exit_code == 2 and "spark-kill needs --spark" in result.output
+
+
+def test_the_spark_checkers_pass_once_each_and_fail_on_a_replay_counted_twice() -> None:
+    """The ``--spark`` checkers (docs/faults.md, "Checkers"): the suite's campaign runs
+    without Spark (its JVM costs more than the suite's budget), so their violations are
+    planted in observations shaped as a Spark campaign's."""
+    read = {"p0-0": 1, "p0-1": 2, "p1-16": 3, "p1-17": 4, "p0-2": 5}  # record id -> seq
+    expected = spark.expected(read)
+    assert expected == {"u0": 2, "u1": 2, "u2": 1}
+    rows = [(0, "u0", 1), (0, "u1", 1), (1, "u0", 1), (1, "u1", 1), (1, "u2", 1)]
+    assert checkers.spark_exactly_once(expected, rows, 0).ok
+    assert checkers.spark_fold_equals(expected, {"u0": 2, "u1": 2, "u2": 1}).ok
+    # A batch replayed after a driver kill and published again.
+    assert not checkers.spark_exactly_once(expected, [*rows, (1, "u2", 1)], 1).ok
+    # A batch the sink never published (its records counted nowhere).
+    assert not checkers.spark_exactly_once(expected, rows[:2], 1).ok
+    # Nothing published at all is a failure, not a vacuous pass.
+    assert not checkers.spark_exactly_once(expected, [], 0).ok
+    # The fold sink: a replayed batch added twice, a user missing, one it never saw.
+    assert not checkers.spark_fold_equals(expected, {"u0": 3, "u1": 2, "u2": 1}).ok
+    assert not checkers.spark_fold_equals(expected, {"u0": 2, "u1": 2}).ok
+    assert not checkers.spark_fold_equals(expected, {**expected, "u9": 1}).ok

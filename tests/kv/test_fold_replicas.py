@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -335,6 +336,53 @@ async def test_the_lease_holder_and_a_standby_each_say_what_they_do(
     assert "export: node-a holds the lease lease." in err_a
     assert "export: standing by; node-a holds the lease lease." in err_b
     assert err_b.count("standing by") == 1  # said once, not every round
+
+
+async def test_a_standbys_clock_jumping_ahead_takes_a_paused_holders_lease_on_its_clock(
+    conn: Connection, nats_server: EmbeddedNats, bucket_name: str, tmp_path: Path
+) -> None:
+    """The fault campaign's clock jump on a fold fleet (docs/faults.md, "Faults"): the
+    lease holder is paused (SIGSTOP) with 60 s of lease left; a standby whose injected
+    clock (``--clock-offset-file``) jumps 2 minutes ahead takes the lease over at once
+    instead of a minute later, and exports on its own clock. The holder, resumed, never
+    moves the pointer back."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    await bulk_put(kv, [(f"k.{i:03}", b"v") for i in range(100)])
+    url = (tmp_path / "artifacts").as_uri()
+    transport = ObjectStoreTransport(open_objstore(url))
+    offset = tmp_path / "clock-offset"
+    offset.write_text("0\n")
+    node = ("fold", "--nats", nats_server.url, "--bucket", bucket_name, "--export-to", url,
+            "--export-every-s", "0.1", "--lease-ttl-s", "60")  # fmt: skip
+    a = waymark(*node, "--store", f"lmdb:{tmp_path / 'a'}", "--node-id", "node-a",
+                stderr_to=tmp_path / "a.err")  # fmt: skip
+    try:
+        await until(lambda: published_cursor(transport, bucket_name) == 100, a, "a")
+        b = waymark(*node, "--store", f"lmdb:{tmp_path / 'b'}", "--node-id", "node-b",
+                    "--clock-offset-file", str(offset), stderr_to=tmp_path / "b.err")  # fmt: skip
+        try:
+            await until(lambda: "standing by" in (tmp_path / "b.err").read_text(), b, "b")
+            a.send_signal(signal.SIGSTOP)  # its lease has a minute left on every real clock
+            offset.write_text("120000\n")  # b's clock: 2 minutes on
+            jumped = time.time() * 1000 + 120_000
+            await bulk_put(kv, [(f"k.{i:03}", b"w") for i in range(50)])
+            _, last = await kv.stream_bounds()
+            await until(lambda: published_cursor(transport, bucket_name) == last, b, "b")
+            manifest = transport.read_pointer(bucket_name).manifest
+            assert manifest is not None and manifest.exporter == "node-b"
+            assert manifest.exported_at_ms >= jumped - 10_000  # b's clock, not the wall's
+            a.send_signal(signal.SIGCONT)
+            # The resumed holder finds the pointer past its fold: it never moves it back.
+            await until(lambda: "the pointer already names cursor" in
+                        (tmp_path / "a.err").read_text(), a, "a to skip")  # fmt: skip
+            assert published_cursor(transport, bucket_name) == last
+        finally:
+            err_b = stop(b, tmp_path / "b.err")
+    finally:
+        a.send_signal(signal.SIGCONT)
+        a.kill()  # its clean stop is not what this is about
+        a.wait()
+    assert "export: node-b holds the lease lease." in err_b
 
 
 async def test_a_recreated_bucket_is_a_new_generation_its_nodes_never_get_the_old_artifact(

@@ -11,6 +11,7 @@ out) is never mistaken for a cursor of an earlier topic instance.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import orjson
@@ -53,6 +54,10 @@ class OrderedJournal:
 
     def check_available(self, topic: str) -> None:
         return None
+
+    def admit(self, topic: str) -> contextlib.AbstractContextManager[None]:
+        self.check_available(topic)
+        return contextlib.nullcontext()
 
     def latest(self, topic: str) -> OrderedCommit:
         return OrderedCommit(self, self.submitted)

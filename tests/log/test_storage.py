@@ -25,6 +25,8 @@ from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
+from waymark.log.storage.wal import WalCommit
+from waymark.protocol import TopicType
 
 
 def reopen(data_dir: Path, wal_shards: int = 2, **kwargs) -> tuple[Engine, Store]:
@@ -379,6 +381,193 @@ def test_a_failed_sync_is_retried_without_writing_its_frames_twice(tmp_path: Pat
     assert [r["data"] for r in engine.diff("d", 0).records()] == [0, 1, 2]
     assert engine.get_topic("d").count == 3
     shut(engine, store)
+
+
+def wait_for_sync(store: Store) -> None:
+    """Wait until every frame taken so far is stored (the shard retries a failed round)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            store.sync_blocking()  # raises while the shard's last round failed
+            return
+        except TopicError:
+            assert time.monotonic() < deadline, "the WAL never stored its frames"
+            time.sleep(0.01)
+
+
+def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: Path) -> None:
+    """The disk fills between the first frame of a topic-creating append (its TOPIC
+    frame) and its records frame: the shard starts refusing after the check that
+    admitted the append. Whatever the client is told, memory and replay agree with it:
+    a 503 leaves no topic behind (no create frame that replay would apply), an ack a
+    topic with its record (docs/durability.md, "Full disk")."""
+    disk = FullDiskInjector()
+    engine, store = reopen(tmp_path, fileio=disk)
+    wal = store.wal
+    write = wal.write
+
+    def fills_after_the_create_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
+        commit = write(topic, frame)
+        if topic == "new" and not disk.full.is_set():  # the append's first frame
+            disk.full.set()
+            shard = wal.shard_of(topic)
+            deadline = time.monotonic() + 30
+            while shard.error is None:  # the writer met the full disk: the shard refuses
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return commit
+
+    wal.write = fills_after_the_create_frame  # type: ignore[method-assign]
+    try:
+        result = engine.append("new", [RecordIn.of("x")], create=True)
+        told = "acked"
+    except TopicError as error:
+        assert error.code is ErrorCode.STORAGE_UNAVAILABLE and error.status == 503
+        told = "refused"
+    wal.write = write  # type: ignore[method-assign]
+    disk.full.clear()
+    wait_for_sync(store)
+
+    def check(engine: Engine) -> None:
+        if told == "refused":
+            with pytest.raises(TopicError) as info:
+                engine.get_topic("new")
+            assert info.value.code is ErrorCode.TOPIC_NOT_FOUND, "a refused write made a topic"
+        else:
+            assert [r["data"] for r in engine.diff("new", 0).records()] == ["x"]
+
+    check(engine)
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    check(engine)  # replay agrees with what the client was told
+    shut(engine, store)
+    # The shard had admitted the append before the disk refused: it takes it whole.
+    assert told == "acked" and result.seqs == [1]
+
+
+def test_a_disk_that_fills_mid_queue_creation_leaves_what_the_client_was_told(
+    tmp_path: Path,
+) -> None:
+    """A queue's creation journals the queue, then its leases log: the disk fills
+    between the two. As for an append: a 503 leaves no queue behind, in memory or after
+    a restart; an answer of created leaves both (docs/durability.md, "Full disk")."""
+    disk = FullDiskInjector()
+    engine, store = reopen(tmp_path, wal_shards=1, fileio=disk)  # both on one shard
+    wal = store.wal
+    write = wal.write
+
+    def fills_after_the_queue_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
+        commit = write(topic, frame)
+        if topic == "q" and not disk.full.is_set():  # the queue's TOPIC frame
+            disk.full.set()
+            shard = wal.shard_of(topic)
+            deadline = time.monotonic() + 30
+            while shard.error is None:  # the writer met the full disk: the shard refuses
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return commit
+
+    wal.write = fills_after_the_queue_frame  # type: ignore[method-assign]
+    try:
+        engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
+        told = "created"
+    except TopicError as error:
+        assert error.code is ErrorCode.STORAGE_UNAVAILABLE and error.status == 503
+        told = "refused"
+    wal.write = write  # type: ignore[method-assign]
+    disk.full.clear()
+    wait_for_sync(store)
+
+    def check(engine: Engine) -> None:
+        if told == "refused":
+            with pytest.raises(TopicError) as info:
+                engine.get_topic("q")
+            assert info.value.code is ErrorCode.TOPIC_NOT_FOUND, "a refused create made a queue"
+        else:
+            assert engine.get_topic("q").type is TopicType.QUEUE
+            engine.append("q", [RecordIn.of("job")])
+            (job,) = engine.claim("q", "worker", 5)
+            assert b'"data":"job"' in job.record
+
+    check(engine)
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path, wal_shards=1)
+    check(engine)  # replay agrees with what the client was told
+    shut(engine, store)
+    assert told == "created"  # admitted before the disk refused: taken whole
+
+
+class FailedTruncateInjector(FailedSyncInjector):
+    """Fault injector: once ``fail`` is set, the next WAL round fails — its fdatasync
+    (EIO, after the write landed) or, ``partial``, its write (ENOSPC after writing half,
+    as a full disk does) — and cutting the file back fails too (EIO), ``truncates``
+    times; every refused cut after the first waits for ``go``, so a test can look at
+    the shard while no cut has succeeded."""
+
+    def __init__(self, truncates: int, partial: bool) -> None:
+        super().__init__()
+        self.truncates = truncates
+        self.partial = partial
+        self.refused = threading.Event()  # set at the first refused truncate
+        self.go = threading.Event()
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.partial and self.fail.is_set():
+            self.fail.clear()
+            super().write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        if not self.partial:
+            super().fdatasync(fd)
+        else:
+            FileIO.fdatasync(self, fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.truncates:
+            if self.refused.is_set():
+                self.go.wait()
+            self.truncates -= 1
+            self.refused.set()
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["failed-sync", "partial-write"])
+def test_a_failed_cut_after_a_failed_round_never_writes_after_its_bytes(
+    tmp_path: Path, partial: bool
+) -> None:
+    """A round's write or fdatasync failed, and cutting the file back failed too: the
+    bytes of the failed round (whole frames, or half of one) are still there. The shard refuses new
+    writes until a cut succeeds, and only then writes the frames again: replay finds each
+    record once (docs/durability.md, "Full disk")."""
+    disk = FailedTruncateInjector(truncates=2, partial=partial)
+    engine, store = reopen(tmp_path, fileio=disk)
+    engine.put_topic("d", ConfigPatch(durability=Durability.DISK))
+    store.sync_blocking()
+    disk.fail.set()
+    try:
+        engine.append("d", [RecordIn.of(i) for i in range(3)])
+        assert disk.refused.wait(30)  # the round failed, then the cut
+        shard = store.wal.shard_of("d")
+        deadline = time.monotonic() + 30
+        while shard.error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        with pytest.raises(TopicError) as info:  # no cut has succeeded: nothing new is taken
+            engine.append("d", [RecordIn.of("refused")])
+        assert info.value.code is ErrorCode.STORAGE_UNAVAILABLE
+    finally:
+        disk.go.set()  # the retry's cut is refused once more, then succeeds
+    wait_for_sync(store)
+    engine.append("d", [RecordIn.of("after")])
+    shut(engine, store, clean=False)
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in engine.diff("d", 0).records()] == [0, 1, 2, "after"]
+    assert engine.get_topic("d").count == 4
+    shut(engine, store)
+    assert not disk.fail.is_set() and disk.truncates == 0  # every fault did happen
 
 
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(

@@ -310,3 +310,27 @@ def test_a_changed_instance_count_is_refused_naming_both_counts(
     assert same.returncode == 0, same.stderr[-3000:]
     seen = sink_events(sink.url, "out")
     assert sorted(seen) == list(range(300)) and max(seen.values()) == 1
+
+
+def test_a_runners_injected_clock_is_the_one_its_stages_run_on(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # `--clock-offset-file`: the fault campaign's clock jump on a pipeline
+    # (docs/faults.md, "Faults"). The runner's clock, 1 day ahead here, is the one its
+    # shard leases are timed by (one PipelineRunner clock) and its stage reports stamped with.
+    server = start_waymark()
+    spec = tmp_path / "pipeline.toml"
+    spec.write_text(spec_text(tmp_path / "handoff", server.url, server.url, instances=2,
+                              events=50))  # fmt: skip
+    offset = tmp_path / "clock-offset"
+    offset.write_text(f"{86_400_000}\n")
+    ahead = time.time_ns() // 1_000_000 + 86_400_000
+    ran = subprocess.run([WAYMARK, "pipeline", "run", str(spec), "--timeout-s", "90",
+                          "--clock-offset-file", str(offset)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = sink_events(server.url, "out")
+    assert sorted(seen) == list(range(50)) and max(seen.values()) == 1
+    store = open_store((tmp_path / "handoff").as_uri())
+    report = load_report(store, "deliver.0")
+    assert report is not None and report.updated_ms >= ahead - 60_000, report

@@ -4,6 +4,7 @@ filters, and fsync dests."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import orjson
@@ -166,6 +167,10 @@ class HeldJournal:
 
     def check_available(self, topic: str) -> None:
         return None
+
+    def admit(self, topic: str) -> contextlib.AbstractContextManager[None]:
+        self.check_available(topic)
+        return contextlib.nullcontext()
 
     def latest(self, topic: str) -> HeldCommit:
         return self.commits.setdefault(topic, HeldCommit())

@@ -30,8 +30,8 @@ def run(
         typer.Option(
             "--kind",
             help="Only these fault kinds (repeatable): server-kill, server-pause, fold-kill, "
-            "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, s3-pause, disk-full. "
-            "Default: all.",
+            "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, s3-pause, disk-full, "
+            "edge-kill, clock-jump, spark-kill, spark-pause. Default: all.",
         ),
     ] = None,
     s3: Annotated[
@@ -40,6 +40,16 @@ def run(
             "--s3",
             help="The fold exports to S3 (moto's server, a development dependency) instead "
             "of file://, and the s3-pause fault is in the schedule.",
+        ),
+    ] = False,
+    spark: Annotated[
+        bool,
+        typer.Option(
+            "--spark",
+            help="A Spark query (local[2]) with the exactly-once topic sink and the fold sink "
+            "joins the flow, and the spark-kill and spark-pause faults the schedule (`./run "
+            "faults` and the long run use it; the test suite's campaign does not: its JVM "
+            "costs more than the suite's budget).",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -60,6 +70,14 @@ def run(
         kinds = tuple(FaultKind(k) for k in kind) if kind else tuple(FaultKind)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--kind") from e
+    # A kind whose part is not in the flow would leave nothing to schedule (or not that).
+    needs = {FaultKind.S3_PAUSE: ("--s3", s3), FaultKind.SPARK_KILL: ("--spark", spark),
+             FaultKind.SPARK_PAUSE: ("--spark", spark)}  # fmt: skip
+    if kind:
+        for k in kinds:
+            flag, given = needs.get(k, ("", True))
+            if not given:
+                raise typer.BadParameter(f"{k} needs {flag}", param_hint="--kind")
 
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="waymark-faults-") as tmp:
@@ -69,6 +87,7 @@ def run(
             workdir or Path(tmp),
             kinds=kinds,
             s3=s3,
+            spark=spark,
             log=lambda line: console.print(line),
         )
         page = reports.write(result, report)

@@ -144,6 +144,15 @@ def fold(
             help="Bearer token of --report-to (a write scope).",
         ),
     ] = None,
+    clock_offset_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fault injection, for tests and fault campaigns: the export rounds' clock "
+            "(the export lease, artifact ages) is the wall clock plus the milliseconds this "
+            "file holds, read again every 0.1 s, so rewriting it jumps the clock "
+            "(docs/faults.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run the fold loop: resume from the store's cursor, apply, advance, until Ctrl-C."""
     require("fold", "kv")  # here, so that `fold show` is covered too
@@ -166,6 +175,7 @@ def fold(
         key=artifact_key or bucket,
         if_exists=if_exists,
         keep=keep,
+        clock_offset_file=clock_offset_file,
     )
     reporting = Reporting(report_to, report_every_s, token) if report_to else None
     remember_server(report_to)
@@ -212,6 +222,7 @@ class Replicas:
     key: str
     if_exists: bool = False
     keep: int = 1
+    clock_offset_file: Path | None = None  # fault injection: OffsetClock (docs/faults.md)
 
 
 async def _bootstrap(
@@ -309,7 +320,7 @@ async def _export_rounds(
 
     from rich.markup import escape
 
-    from waymark.clock import SystemClock
+    from waymark.clock import Clock, OffsetClock, SystemClock
     from waymark.kv import ExportLease, LeaseRecord, ObjectStoreTransport, RoundResult
     from waymark.kv.artifact import ExportInfo
     from waymark.kv.export import RoundState, export_via, run_export_round
@@ -317,7 +328,8 @@ async def _export_rounds(
     from waymark.objstore import open_store as open_objstore
 
     assert replicas.export_to is not None
-    clock = SystemClock()
+    offset = replicas.clock_offset_file
+    clock: Clock = SystemClock() if offset is None else OffsetClock(offset)
     node = replicas.node_id or f"{socket.gethostname()}-{os.getpid()}"
     transport = ObjectStoreTransport(open_objstore(replicas.export_to, clock=clock), clock=clock)
     lease = ExportLease(

@@ -185,6 +185,15 @@ def run(
             "others' when their holder stops); default: every shard."
         ),
     ] = None,
+    clock_offset_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Fault injection, for tests and fault campaigns: the runner's clock "
+            "(shard leases, restart backoff, the handoff store's patience) is the wall "
+            "clock plus the milliseconds this file holds, read again every 0.1 s, so "
+            "rewriting it jumps the clock (docs/faults.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run the stages until each is done: sources have produced and been acknowledged,
     the others have drained their input."""
@@ -194,14 +203,17 @@ def run(
     from rich.live import Live
     from rich.markup import escape
 
+    from waymark.clock import OffsetClock
     from waymark.objstore import ObjectStoreError
     from waymark.pipeline.identity import IdentityError
     from waymark.pipeline.runner import PipelineRunner
     from waymark.pipeline.shard import ShardLayoutChanged
 
     spec = _load(spec_path)
+    clock = None if clock_offset_file is None else OffsetClock(clock_offset_file)
     try:
-        runner = PipelineRunner(spec, stage, instance=instance, report_to=report_to, token=token)
+        runner = PipelineRunner(spec, stage, instance=instance, report_to=report_to, token=token,
+                                clock=clock)  # fmt: skip
     except (KeyError, IdentityError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         typer.echo(f"{spec_path}: {message}", err=True)

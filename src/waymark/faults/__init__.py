@@ -2,8 +2,9 @@
 schedule of faults, checked at the end and reported (docs/faults.md).
 
 One module per concept: ``schedule`` (what fault when), ``proxy`` (the fault-injecting
-TCP proxy), ``processes`` (the processes under test), ``checkers`` (the verdicts),
-``report`` (JSON and HTML) and ``campaign`` (the run that ties them together).
+TCP proxy), ``processes`` (the processes under test), ``spark`` (the Spark query of
+``--spark``), ``checkers`` (the verdicts), ``report`` (JSON and HTML) and ``campaign``
+(the run that ties them together).
 """
 
 from waymark.faults.campaign import CampaignResult, run_campaign

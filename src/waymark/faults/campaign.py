@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from waymark.faults import checkers
+from waymark.faults import spark as spark_query
 from waymark.faults.checkers import CheckResult, Gap
 from waymark.faults.clock import ClockFile
 from waymark.faults.disk import TmpfsDisk
@@ -102,6 +103,13 @@ class Observations:
     sink: dict[int, int] = field(default_factory=dict)  # event id -> times at the sink
     pipeline_finished: bool = False
     relocations: int = 0  # placements past each edge's first, from `waymark pipeline status`
+    # With --spark: the Spark query's exactly-once sink and fold sink (docs/faults.md).
+    spark: bool = False
+    spark_head: list[tuple[float, int]] = field(default_factory=list)  # (t, its sink's head)
+    spark_rows: list[tuple[int, str, int]] = field(default_factory=list)  # (batch, user, n)
+    spark_fold: dict[str, int] = field(default_factory=dict)  # fold sink: user -> records
+    spark_expected: dict[str, int] = field(default_factory=dict)  # input: user -> records
+    spark_restarts: int = 0  # the supervisor's, after the driver exited by itself
 
 
 @dataclass
@@ -127,13 +135,19 @@ def run_campaign(
     *,
     kinds: tuple[FaultKind, ...] = tuple(FaultKind),
     s3: bool = False,
+    spark: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> CampaignResult:
     """Run one campaign of ``seconds`` in ``workdir`` (its logs stay there; the data
     too, unless it was on the full-disk fault's tmpfs). With ``s3`` the fold exports to
-    an S3 endpoint (moto's server, a process) instead of ``file://``."""
+    an S3 endpoint (moto's server, a process) instead of ``file://``; with ``spark`` a
+    Spark query with the exactly-once topic sink and the fold sink reads the producers'
+    topic (:mod:`waymark.faults.spark`), and its faults join the schedule."""
     workdir.mkdir(parents=True, exist_ok=True)
-    left_out = ["Spark query and its sinks"]
+    left_out = []
+    if not spark:
+        kinds = tuple(k for k in kinds if k not in SPARK_KINDS)
+        left_out.append("Spark query and its sinks (with --spark)")
     s3_port = free_port()
     moto = moto_server(s3_port, workdir / "s3.log") if s3 else None
     if moto is None:
@@ -147,6 +161,8 @@ def run_campaign(
     components = [
         "producers (client, fsync, idempotent ids) via the fault proxy",
         "waymark serve (SIGKILL, SIGSTOP, its injected clock jumping ahead and back)",
+        "the injected clocks of waymark fold's export rounds (its lease) and of "
+        "waymark pipeline run (its leases, backoff, patience) jumping with the server's",
         "a router (at least once)", "an expiring topic (TTL) and its producer",
         "a queue (leases of 5 s) with a producer and a worker claiming and acking",
         "nats-server + waymark fold (SIGKILL, SIGSTOP) exporting to "
@@ -155,7 +171,13 @@ def run_campaign(
         "`waymark pipeline run`: a relocatable pipeline, its edges on the server and a second "
         "one (SIGKILL), its sink on the server",
     ] + (["the server's data directory on a tmpfs (full disk)"] * disk.mounted)  # fmt: skip
-    obs = Observations()
+    if spark:
+        components.append(
+            "a Spark query (local[2], SIGKILL and SIGSTOP of its process group, restarted "
+            "from its checkpoint) reading the producers' topic: per-user deltas to the "
+            "exactly-once topic sink and the fold sink"
+        )
+    obs = Observations(spark=spark)
     stop = threading.Event()  # the producers and the NATS writer
     sampled = threading.Event()  # the pointer's sampler, which the fold's check reads
     port = free_port()
@@ -200,7 +222,8 @@ def run_campaign(
             "fold",
             ["fold", "--nats", nats.url, "--bucket", BUCKET, "--store",
              f"lmdb:{workdir / 'fold'}", "--export-to", artifacts, "--export-every-s", "0.5",
-             "--lease-ttl-s", "2", "--nats-timeout-s", "2"],
+             "--lease-ttl-s", "2", "--nats-timeout-s", "2",
+             "--clock-offset-file", str(clock.path)],
             workdir / "fold.log",
         )  # fmt: skip
         server.wait_ready()
@@ -213,6 +236,11 @@ def run_campaign(
             admin.put_topic(QUEUE, ConfigPatch(durability=Durability.FSYNC, lease_ms=LEASE_MS),
                             type=TopicType.QUEUE)  # fmt: skip
             admin.put_router(ROUTER, SOURCE, COPIES)
+        supervisor = None
+        if spark:  # started now: its JVM starts while the rest is set up
+            supervisor = spark_query.Supervisor(spark_query.driver(direct, SOURCE, workdir))
+            supervisor.start()
+            stack.callback(supervisor.stop)
         fold.start()
         stack.callback(fold.stop)
         consumer = Managed(
@@ -227,10 +255,15 @@ def run_campaign(
         spec = workdir / "pipeline.toml"
         write_spec(spec, (workdir / "handoff").as_uri(), (direct, f"http://127.0.0.1:{edge_port}"),
                    direct, SINK, obs.events)  # fmt: skip
-        pipeline = Managed("pipeline", ["pipeline", "run", str(spec)], workdir / "pipeline.log")
+        pipeline = Managed("pipeline", ["pipeline", "run", str(spec), "--clock-offset-file",
+                                        str(clock.path)], workdir / "pipeline.log")  # fmt: skip
         edge.wait_ready()
         pipeline.start()
         stack.callback(pipeline.stop)
+        if supervisor is not None:  # its start-up and first batch are not the campaign's
+            supervisor.job.wait_ready(SPARK_READY_S)
+            rid, seq = spark_query.warm_up(direct, SOURCE, workdir, SPARK_READY_S)
+            obs.acked[rid] = seq
         started = time.monotonic()
 
         def now() -> float:
@@ -275,6 +308,8 @@ def run_campaign(
         targets = {"server": server, "fold": fold, "consumer": consumer, "edge": edge}
         if moto is not None:
             targets["s3"] = moto
+        if supervisor is not None:
+            targets["spark"] = supervisor.job
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
@@ -288,7 +323,8 @@ def run_campaign(
         for t in threads:
             t.join(30)
         log(f"{now():7.2f}s  faults over; checking")
-        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs, worked)
+        verdicts = _check(direct, nats.url, fold, consumer, pipeline, workdir, obs, worked,
+                          supervisor)  # fmt: skip
         worker.join(30)
         sampled.set()
         sampler.join(5)
@@ -330,10 +366,13 @@ def _start_s3(moto: Managed, port: int, stack: contextlib.ExitStack) -> str:
 
 
 KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL,
-         FaultKind.EDGE_KILL)  # fmt: skip
+         FaultKind.EDGE_KILL, FaultKind.SPARK_KILL)  # fmt: skip
+SPARK_KINDS = (FaultKind.SPARK_KILL, FaultKind.SPARK_PAUSE)
+SPARK_READY_S = 180.0  # for the Spark session's first start, before the clock starts
+SPARK_CATCH_UP_S = 180.0  # after the faults, for the Spark query to read the input's head
 PIPELINE_FINISH_S = 60.0  # after the faults, for the pipeline to deliver what is in flight
 PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
-          FaultKind.S3_PAUSE)  # fmt: skip
+          FaultKind.S3_PAUSE, FaultKind.SPARK_PAUSE)  # fmt: skip
 
 
 def _sleep_until(deadline: float) -> None:
@@ -386,7 +425,8 @@ def _recovery(a: Applied, obs: Observations) -> float | None:
     log growing for the consumer, the pipeline's sink growing for the edge server (or,
     once the pipeline delivered every event, that server answering again)."""
     samples = {"fold": obs.pointer, "s3": obs.pointer, "consumer": obs.processed,
-               "edge": obs.sink_head}.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
+               "edge": obs.sink_head, "spark": obs.spark_head,
+               }.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
     if samples is not None:
         at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
         after: Iterator[float] = (t for t, r in samples if t > a.lifted_s and r > at_lift)
@@ -418,7 +458,9 @@ def _produce(
             rid = f"p{k}-{i}"
             sent = now()
             try:
-                record = RecordIn.of({"p": k, "n": i}, id=rid, tag=f"k{i % TAGS}")
+                # (The user is what the Spark query groups by, with --spark.)
+                data = {"p": k, "n": i, "user": spark_query.user_of(rid)}
+                record = RecordIn.of(data, id=rid, tag=f"k{i % TAGS}")
                 ack = client.append(topic, [record])
             except Exception as e:  # a fault: the write's fate is unknown; send it again
                 obs.errors.append((now(), f"producer {k}: {type(e).__name__}"))
@@ -475,6 +517,10 @@ def _sample(
                 obs.processed.append((now(), processed.stat().st_size))
             with contextlib.suppress(Exception):  # not made yet, or the server is down
                 obs.sink_head.append((now(), client.get_topic(SINK, touch=False).head_seq))
+            if obs.spark:
+                with contextlib.suppress(Exception):
+                    head = client.get_topic(spark_query.OUTPUT, touch=False).head_seq
+                    obs.spark_head.append((now(), head))
             with contextlib.suppress(Exception):  # not published yet, or mid-write
                 manifest = transport.read_pointer(BUCKET).manifest
                 if manifest is not None:
@@ -514,6 +560,7 @@ def _check(
     workdir: Path,
     obs: Observations,
     worked: threading.Event,
+    supervisor: spark_query.Supervisor | None = None,
 ) -> list[CheckResult]:
     from waymark.client import Client
 
@@ -543,12 +590,15 @@ def _check(
             copied[rid] = copied.get(rid, 0) + 1
     # The three waits (the fold's export, a change checkpoint, the pipeline's end) and
     # the two commands run at once: each waits on processes, not on this one.
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(5) as pool:
         folded = pool.submit(asyncio.run, _fold_and_bucket(nats_url, fold, workdir, obs))
         recovered = pool.submit(_recovery_check, url, consumer, workdir, obs)
         drained = pool.submit(_queue_check, url, worked, obs)
+        sparked = pool.submit(_spark_check, url, supervisor, workdir, obs) if supervisor else None
         pool.submit(_pipeline_check, url, pipeline, workdir, obs).result()
         drained.result()
+        if sparked is not None:
+            sparked.result()
         fold_state, bucket_state = folded.result()
         recovery = recovered.result()
     obs.copied, obs.gaps, obs.fold, obs.bucket = (
@@ -572,7 +622,36 @@ def _check(
         checkers.pipeline_exactly_once(
             obs.events, obs.sink, obs.pipeline_finished, obs.relocations
         ),
-    ]
+    ] + (
+        [
+            checkers.spark_exactly_once(obs.spark_expected, obs.spark_rows, obs.spark_restarts),
+            checkers.spark_fold_equals(obs.spark_expected, obs.spark_fold),
+        ]
+        if supervisor is not None
+        else []
+    )
+
+
+def _spark_check(
+    url: str, supervisor: spark_query.Supervisor, workdir: Path, obs: Observations
+) -> None:
+    """Let the Spark query report a batch through the input's head (both its sinks took
+    it), kill it, and read its exactly-once sink's topic and its fold sink's store."""
+    from waymark.client import Client
+
+    head = max(obs.read.values(), default=0)
+    with contextlib.suppress(TimeoutError):  # then the checkers say how far it got
+        wait_for(
+            "the Spark query read the input's head",
+            lambda: spark_query.reported_through(workdir) >= head,
+            SPARK_CATCH_UP_S,
+        )
+    supervisor.stop()
+    obs.spark_restarts = supervisor.restarts
+    with Client(url, timeout=10) as client, contextlib.suppress(Exception):  # none published
+        obs.spark_rows = spark_query.published(client)
+    obs.spark_fold = spark_query.folded(workdir)
+    obs.spark_expected = spark_query.expected(obs.read)
 
 
 def _queue_check(url: str, worked: threading.Event, obs: Observations) -> None:

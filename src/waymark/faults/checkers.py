@@ -201,3 +201,41 @@ def queue_done(
         f"{again} delivered again (allowed: at least once)",
         [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
     )
+
+
+def spark_exactly_once(
+    expected: Mapping[str, int], rows: Sequence[tuple[int, str, int]], restarts: int
+) -> CheckResult:
+    """The Spark query's exactly-once topic sink: no micro-batch's row for a user is
+    published twice, and per user the published deltas add up to the records of that
+    user in the input — each input record counted once, however often the driver died
+    and replayed a batch. (Its restarts are evidence, not a condition.)"""
+    seen: dict[tuple[int, str], int] = {}
+    for batch, user, _ in rows:
+        seen[batch, user] = seen.get((batch, user), 0) + 1
+    twice = [key for key, n in seen.items() if n > 1]
+    sums: dict[str, int] = {}
+    for _, user, events in rows:
+        sums[user] = sums.get(user, 0) + events
+    off = sorted(u for u in expected.keys() | sums.keys() if sums.get(u, 0) != expected.get(u, 0))
+    return CheckResult(
+        "duplicates at the Spark exactly-once sink",
+        not twice and not off,
+        f"{len(rows)} rows over {len({b for b, _, _ in rows})} batches; {len(twice)} published "
+        f"twice; {len(off)} of {len(expected)} users whose deltas do not add up to their "
+        f"{sum(expected.values())} input records; {restarts} driver restart(s) after a failure",
+        [("twice", list(k)) for k in twice[:3]]
+        + [("user", u, sums.get(u, 0), expected.get(u, 0)) for u in off[:3]],
+    )
+
+
+def spark_fold_equals(expected: Mapping[str, int], folded: Mapping[str, int]) -> CheckResult:
+    """The Spark query's fold sink: each user's total equals that user's records in the
+    input (a replayed batch skipped, never added twice)."""
+    off = sorted(u for u in expected.keys() | folded.keys() if folded.get(u) != expected.get(u))
+    return CheckResult(
+        "the Spark fold sink equals its input",
+        not off,
+        f"{len(off)} of {len(expected)} users' totals differ from the input",
+        [(u, folded.get(u), expected.get(u)) for u in off[:5]],
+    )

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,14 +52,22 @@ class Managed:
         log: Path,
         ready: Callable[[], object] | None = None,
         program: list[str] | None = None,
+        group: bool = False,
     ) -> None:
+        """``group``: the process leads a process group of its own, which every signal
+        reaches whole (a Spark driver: its JVM and Python workers are its children)."""
         self.name = name
         self.args = args
         self.program = program or [waymark_executable()]
         self.log = log
         self.ready = ready
+        self.group = group
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.killed = False  # by kill(), since its last start
+        # launch, kill and restart_if_exited: a supervisor's restart and a fault's lift
+        # must never both start one (two Spark drivers at once fence each other).
+        self._lock = threading.RLock()
 
     @property
     def alive(self) -> bool:
@@ -70,7 +79,21 @@ class Managed:
 
     def launch(self) -> None:
         """Start it without waiting until it is ready (:meth:`wait_ready`)."""
+        with self._lock:
+            self._launch()
+
+    def restart_if_exited(self) -> bool:
+        """Start it again if it exited by itself (not by :meth:`kill`), as a supervisor
+        does; whether it did."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is None or self.killed:
+                return False
+            self._launch()
+            return True
+
+    def _launch(self) -> None:
         self.starts += 1
+        self.killed = False
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts}: {' '.join(self.args)}\n".encode())
             out.flush()
@@ -79,6 +102,7 @@ class Managed:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+                start_new_session=self.group,
             )
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -94,18 +118,26 @@ class Managed:
             wait_for(f"{self.name} ready", up, timeout)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a paused process dies as well
-            self.proc.kill()
-            self.proc.wait()
+        with self._lock:
+            self.killed = True
+            if self.proc is not None and self.proc.poll() is None:
+                self._signal(signal.SIGCONT)  # a paused process dies as well
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
 
     def pause(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGCONT)
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, signum: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return  # never signal a pid (or a group id) that may be reused
+        if self.group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
 
     def wait(self, timeout: float) -> int | None:
         """Its exit code once it exits by itself within ``timeout``; None if it runs on."""
@@ -121,13 +153,12 @@ class Managed:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
         return self.proc.returncode
 
 

@@ -30,6 +30,8 @@ COLOURS = {
     FaultKind.DISK_FULL: "#7f7f7f",
     FaultKind.EDGE_KILL: "#aec7e8",
     FaultKind.CLOCK_JUMP: "#98df8a",
+    FaultKind.SPARK_KILL: "#ff9896",
+    FaultKind.SPARK_PAUSE: "#c5b0d5",
 }
 
 

@@ -23,7 +23,10 @@ class FaultKind(enum.StrEnum):
     S3_PAUSE = "s3-pause"  # SIGSTOP / SIGCONT the S3 endpoint (moto) the fold exports to
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
     EDGE_KILL = "edge-kill"  # SIGKILL the pipeline's second edge server, start it again
-    CLOCK_JUMP = "clock-jump"  # the server's injected clock jumps ahead, and back at the lift
+    CLOCK_JUMP = "clock-jump"  # the injected clocks jump ahead, and back at the lift
+    # With --spark only (last: a campaign without them draws the schedule it always did)
+    SPARK_KILL = "spark-kill"  # SIGKILL the Spark driver's process group, restart it
+    SPARK_PAUSE = "spark-pause"  # SIGSTOP / SIGCONT it
 
 
 @dataclass(frozen=True)

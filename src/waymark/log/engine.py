@@ -16,6 +16,7 @@ to wait on and whether the class requires waiting.
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,15 @@ from .kernel import Kernel, Listener
 from .origin import Derived, Origin, Published
 from .prebuilt import Layout, Prebuilt
 from .priority import effective_priority
-from .queue import ClaimedJob, ClaimRequest, Queues, Redriven, Settled, check_queue_config
+from .queue import (
+    ClaimedJob,
+    ClaimRequest,
+    Queues,
+    Redriven,
+    Settled,
+    check_queue_config,
+    leases_name,
+)
 from .records import EncodedRecord, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
@@ -180,9 +189,10 @@ class Engine:
             if topic_type is TopicType.QUEUE:
                 check_queue_config(name, config)
             topic = Topic(name, topic_type or TopicType.LOG, config, kernel.next_epoch(), now)
-            kernel.create(topic)
-            if topic.type is TopicType.QUEUE:
-                self.queues.configured(topic)
+            with self._admit(topic):
+                kernel.create(topic)
+                if topic.type is TopicType.QUEUE:
+                    self.queues.configured(topic)
             kernel.commit(topic)
             return self._state(topic, now), True
         if topic_type is not None and topic_type is not topic.type:
@@ -204,10 +214,11 @@ class Engine:
         if topic.type is TopicType.QUEUE:
             check_queue_config(name, config)
         frame = TopicFrame.of(name, topic.type, topic.epoch, config, topic.created_ts, now=now)
-        kernel.write(name, frame.encode())
-        topic.reconfigure(config, now)
-        if topic.type is TopicType.QUEUE:
-            self.queues.configured(topic)
+        with self._admit(topic):
+            kernel.write(name, frame.encode())
+            topic.reconfigure(config, now)
+            if topic.type is TopicType.QUEUE:
+                self.queues.configured(topic)
         kernel.commit(topic)
         return self._state(topic, now), False
 
@@ -241,7 +252,10 @@ class Engine:
         """Tear a topic down: records, tag index, dedupe state (404 if missing)."""
         kernel = self.kernel
         topic = kernel.existing(name, replay=False)  # what is still set aside never applies
-        commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
+        with self._admit(topic):  # a queue's drop drops its leases log too
+            commit = kernel.write(name, DropFrame(name, topic.epoch, topic.next_seq).encode())
+            if topic.type is TopicType.QUEUE:
+                self.queues.dropped(topic)
         kernel.drop(name)
         if topic.head_seq > 0 and (changes := self.changes_of(topic)) is not None:
             # A drop's version is the instance's next seq, which it never hands out: later
@@ -249,8 +263,6 @@ class Engine:
             changes.removed(topic, dropped_keys(topic), topic.next_seq, commit)
         # Its routers go with it (docs/semantics/topics.md §8.6).
         self.routers.topic_dropped(name, topic.epoch)
-        if topic.type is TopicType.QUEUE:
-            self.queues.dropped(topic)
         kernel.commit(topic)
 
     # --- records ----------------------------------------------------------------
@@ -327,26 +339,28 @@ class Engine:
         must_sync = durability is Durability.FSYNC
         journal = kernel.journal
         if journal is not None:
-            journal.check_available(name)
-            if created:
-                kernel.write_topic(topic)
-            if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
-                # disk and fsync ack no seq above a durable ceiling; ephemeral is never
-                # fsync-gated, so its ceiling is best effort.
-                must_sync = must_sync or durability is Durability.DISK
-            if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                frame = prebuilt.frame if prebuilt is not None else None
-                if frame is None:
-                    frame = records_frame_parts(
-                        name,
-                        topic.epoch,
-                        plan.first_seq,
-                        plan.ts,
-                        plan.fresh,
-                        origin if type(origin) is Published else None,
-                        now=now,
-                    )
-                journal.write(name, frame)
+            # Admitted once for all its frames (create, ceiling, records): a 503 leaves
+            # none queued (docs/durability.md, "Full disk").
+            with journal.admit(name):
+                if created:
+                    kernel.write_topic(topic)
+                if self._reserve(topic, plan.first_seq + len(plan.fresh) - 1, now):
+                    # disk and fsync ack no seq above a durable ceiling; ephemeral is never
+                    # fsync-gated, so its ceiling is best effort.
+                    must_sync = must_sync or durability is Durability.DISK
+                if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
+                    frame = prebuilt.frame if prebuilt is not None else None
+                    if frame is None:
+                        frame = records_frame_parts(
+                            name,
+                            topic.epoch,
+                            plan.first_seq,
+                            plan.ts,
+                            plan.fresh,
+                            origin if type(origin) is Published else None,
+                            now=now,
+                        )
+                    journal.write(name, frame)
         if created:
             kernel.register(topic)
         topic.apply_append(plan, now, None if prebuilt is None else prebuilt.chunks)
@@ -472,13 +486,13 @@ class Engine:
         durability = topic.config.durability
         journaled = durability is not Durability.EPHEMERAL  # (its deletes skip the WAL)
         if kernel.journal is not None and (journaled or slot is not None):
-            kernel.journal.check_available(name)
-            if slot is not None:
-                self._reserve(topic, slot, now)  # a journaled delete's ack waits for its frame
-            if journaled:
-                frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
-                                       slot=slot)  # fmt: skip
-                commit = kernel.write(name, frame.encode())
+            with kernel.journal.admit(name):  # its ceiling and its frame, or neither
+                if slot is not None:
+                    self._reserve(topic, slot, now)  # a journaled delete's ack waits for its frame
+                if journaled:
+                    frame = DeleteFrame.of(name, topic.epoch, before_seq, match, bound, now=now,
+                                           slot=slot)  # fmt: skip
+                    commit = kernel.write(name, frame.encode())
         changes = self.changes_of(topic) if slot is not None else None
         keys = deleted_keys(topic, bound, match) if changes is not None else None
         result = topic.delete(bound, match, now, slot)
@@ -776,6 +790,21 @@ class Engine:
         return topic
 
     # --- internals ----------------------------------------------------------------
+    def _admit(self, topic: Topic) -> contextlib.AbstractContextManager[object]:
+        """Admit one change of ``topic`` at its WAL shard, and a queue's at its leases
+        log's too (the change journals a frame for each, perhaps on two shards): its
+        frames are all taken, or, refused with 503, none is (docs/durability.md, "Full
+        disk")."""
+        journal = self.kernel.journal
+        if journal is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        with stack:
+            stack.enter_context(journal.admit(topic.name))
+            if topic.type is TopicType.QUEUE:
+                stack.enter_context(journal.admit(leases_name(topic.name)))
+            return stack.pop_all()
+
     def changes_of(self, topic: Topic) -> Changes | None:
         """Where ``topic``'s changes are noted for checkpoints: only log topics that keep
         their records (not ephemeral ones), never internal ones

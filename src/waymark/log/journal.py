@@ -11,6 +11,7 @@ a :class:`Journal`'s job (the WAL in :mod:`waymark.log.storage.wal`).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar, Protocol
@@ -40,6 +41,11 @@ class Journal(Protocol):
 
     def check_available(self, topic: str) -> None:
         """Raise 503 storage_unavailable if ``topic``'s frames cannot be written now."""
+        ...
+
+    def admit(self, topic: str) -> AbstractContextManager[None]:
+        """:meth:`check_available`, then take every frame written for ``topic`` inside,
+        so a mutation of several frames is journaled whole or, refused, not at all."""
         ...
 
     def latest(self, topic: str) -> Commit:

@@ -10,7 +10,9 @@ accepted, cuts the file back to its last synced size and retries them with backo
 meanwhile it reports itself unavailable so the engine refuses new mutations with
 503 instead of accepting what it cannot store. A frame it accepted is never refused
 afterwards: its waiters wait until it is stored, since it will be, and a write
-answered 503 must never become readable (docs/durability.md, "Full disk").
+answered 503 must never become readable (docs/durability.md, "Full disk"). A mutation
+of several frames is admitted once, before its first (:meth:`Wal.admit`): its frames
+are then all taken, or, refused, it wrote none.
 """
 
 from __future__ import annotations
@@ -90,6 +92,11 @@ class WalShard:
         self.path = wal_path(directory, self.index)
         self._fd = fileio.open_append(self.path)
         self._size = os.fstat(self._fd).st_size
+        # The file's size after its last good sync, and whether a failed round's bytes
+        # may lie past it (its cut back failed too): then the next round cuts first,
+        # then writes (see _write_pending).
+        self._synced_size = self._size
+        self._uncut = False
         self._file = self.index  # the file the writer thread writes (it lags self.index)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -97,6 +104,9 @@ class WalShard:
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
+        # Mutations admitted and still writing their frames (the engine thread's): their
+        # frames are taken even once the shard refuses (see :meth:`admit`).
+        self._admitted = 0
         self._clock = clock or SystemClock()
         # How long a group commit (its write and fdatasync) takes, in ms: a moving average
         # of the rounds so far, what an fsync topic's state reports as fsync_ms
@@ -110,10 +120,27 @@ class WalShard:
         self._thread.start()
 
     # --- the engine thread ---------------------------------------------------------
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Admit one mutation of one or more frames: 503 ``storage_unavailable`` now if
+        the shard refuses, else every frame it submits inside is taken, even should the
+        writer meet a full disk meanwhile. A topic-creating append writes its TOPIC
+        frame, maybe a HEAD frame, then its records: refusing a later one would leave
+        the first queued, a topic that replay makes although the client was told 503
+        (docs/durability.md, "Full disk")."""
+        error = self.error
+        if error is not None:
+            raise unavailable(error)
+        self._admitted += 1
+        try:
+            yield
+        finally:
+            self._admitted -= 1
+
     def submit(self, frame: bytes | list[bytes]) -> WalCommit:
         """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
-            if self.error is not None:
+            if self.error is not None and not self._admitted:
                 raise unavailable(self.error)
             self._queue.append(frame)
             self.submitted += 1
@@ -196,7 +223,14 @@ class WalShard:
         """
         while pending:
             cut = pending.index(_ROTATE) if _ROTATE in pending else len(pending)
-            synced = self._size
+            synced = self._synced_size
+            if self._uncut:
+                # A failed round's bytes are still there (whole frames, or part of
+                # one): nothing is written after them, or a frame would replay twice
+                # or a torn one stand mid-file. Until a cut succeeds the shard stays
+                # unavailable (docs/durability.md, "Full disk").
+                self._io.truncate(self._fd, synced)
+                self._uncut = False
             try:
                 if cut:
                     self._write_all(_pieces(pending[:cut]))
@@ -205,9 +239,13 @@ class WalShard:
                 # Nothing of a failed round may stay behind: the retry writes it again,
                 # and a frame written twice would replay twice. (After a failed
                 # fdatasync the written bytes' fate is unknown: they go too.)
-                self._io.truncate(self._fd, synced)
                 self._size = synced
+                try:
+                    self._io.truncate(self._fd, synced)
+                except OSError:
+                    self._uncut = True  # the retry cuts first
                 raise
+            self._synced_size = self._size
             del pending[:cut]
             if pending:  # a rotation mark: the older file is complete and durable
                 # The new file is opened first: should that fail, the retry finds this
@@ -215,6 +253,7 @@ class WalShard:
                 fd = self._io.open_append(wal_path(self.directory, self._file + 1))
                 self._io.close(self._fd)
                 self._fd, self._file, self._size = fd, self._file + 1, 0
+                self._synced_size = 0
                 del pending[0]
 
     def _write_all(self, pieces: Iterator[bytes]) -> None:
@@ -336,6 +375,10 @@ class Wal:
         error = self.shard_of(topic).error
         if error is not None:
             raise unavailable(error)
+
+    def admit(self, topic: str) -> contextlib.AbstractContextManager[None]:
+        """Admit one mutation of ``topic``'s: see :meth:`WalShard.admit`."""
+        return self.shard_of(topic).admit()
 
     def submitted(self) -> int:
         """How many frames were ever handed to this WAL (a cheap "anything new?" check)."""

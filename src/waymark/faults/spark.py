@@ -1,0 +1,151 @@
+"""The campaign's Spark query (docs/faults.md, "The data flow"), with ``--spark``: the
+demo's job (:mod:`waymark.spark.demo_job`) reading ``events`` and, per micro-batch,
+publishing each user's deltas with the exactly-once topic sink and adding them into a
+fold store with the fold sink. It runs as a process group (driver, JVM, Python
+workers), SIGKILLed or SIGSTOPped by the schedule, and started again from its
+checkpoint, as a supervisor (``spark-submit --supervise``) would, whenever it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from waymark.faults.processes import Managed, wait_for
+
+OUTPUT = "spark-out"  # the exactly-once sink's topic, on the campaign's server
+USERS = 16  # the producers' records name user u<n mod USERS>
+UNTIL = 2**62  # the job reads on until the campaign stops it
+MAX_PER_TRIGGER = 2000
+
+
+def user_of(record_id: str) -> str:
+    """The user a producer's record ``p<k>-<n>`` names (``_produce`` in the campaign)."""
+    return f"u{int(record_id.rpartition('-')[2]) % USERS}"
+
+
+def driver(url: str, source: str, workdir: Path) -> Managed:
+    """The Spark job as a process group of its own, its checkpoint and fold in ``workdir``."""
+    from waymark.spark.demo_job import JobConfig
+
+    config = JobConfig(url, source, OUTPUT, fold_spec(workdir), str(workdir / "spark-checkpoint"),
+                       MAX_PER_TRIGGER, UNTIL)  # fmt: skip
+    return Managed("spark", config.args(), workdir / "spark.log",
+                   ready=lambda: started(workdir),
+                   program=[sys.executable, "-m", "waymark.spark.demo_job"],
+                   group=True)  # fmt: skip
+
+
+def started(workdir: Path) -> bool:
+    """Whether the job's session was ever ready (its first start is the slow one: a
+    JVM, 10-40 s on a loaded machine, which the campaign waits out before its clock
+    starts)."""
+    with contextlib.suppress(FileNotFoundError):
+        return '{"event": "ready"' in (workdir / "spark.log").read_text(errors="replace")
+    return False
+
+
+def fold_spec(workdir: Path) -> str:
+    return f"lmdb:{workdir / 'spark-fold'}"
+
+
+def warm_up(url: str, source: str, workdir: Path, timeout: float) -> tuple[str, int]:
+    """Append one record to ``source`` (shaped as a producer's, ``p99-0``) and wait until
+    the job reported the micro-batch that read it: its first batch starts the Python
+    workers and the JIT (25 s or more here), which the campaign waits out before its
+    clock starts, so the schedule's faults find a query that runs batches. Returns the
+    record's id and seq, acknowledged like any producer's."""
+    from waymark.client import Client, RecordIn
+
+    record_id = "p99-0"
+    with Client(url, timeout=10) as client:
+        data = {"p": 99, "n": 0, "user": user_of(record_id)}
+        seq = client.append(source, [RecordIn.of(data, id=record_id, tag="k0")]).seqs[0]
+    with contextlib.suppress(TimeoutError):  # then it runs late; the checkers will say
+        wait_for("the Spark query's first micro-batch", lambda: reported_through(workdir) >= seq,
+                 timeout)  # fmt: skip
+    return record_id, seq
+
+
+class Supervisor:
+    """Start the job again whenever it exits by itself (a query failed while the server
+    was down): every restart resumes from the checkpoint. A fault's SIGKILL is the
+    schedule's to lift."""
+
+    def __init__(self, job: Managed) -> None:
+        self.job = job
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Supervisor:
+        self.job.launch()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            if self.job.restart_if_exited():
+                self.restarts += 1
+
+    def stop(self) -> None:
+        """Stop supervising, then SIGKILL the job (exactly once is its to keep)."""
+        self._stop.set()
+        self._thread.join(5)
+        self.job.kill()
+
+
+def published(client: Any) -> list[tuple[int, str, int]]:
+    """The exactly-once sink's rows as (batch, user, events), in seq order."""
+    rows: list[tuple[int, str, int]] = []
+    cursor = 0
+    while True:
+        page = client.diff(OUTPUT, cursor, limit=1000)
+        for record in page.records:
+            data = record.data
+            rows.append((int(data["batch"]), str(data.get("user")), int(data["events"])))
+        if page.caught_up or page.next_from_seq <= cursor:
+            return rows
+        cursor = page.next_from_seq
+
+
+def folded(workdir: Path) -> dict[str, int]:
+    """The fold sink's store: user -> events counted."""
+    from waymark.kv.stores import open_store
+
+    totals: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError):
+        store = open_store(fold_spec(workdir))
+        try:
+            for entry in store.range():
+                totals[str(entry.key)] = int(json.loads(entry.value)["events"])
+        finally:
+            store.close()
+    return totals
+
+
+def expected(read: Mapping[str, int]) -> dict[str, int]:
+    """Per user, the records of the input (record id -> seq, as read back at the end)."""
+    counts: dict[str, int] = {}
+    for record_id in read:
+        user = user_of(record_id)
+        counts[user] = counts.get(user, 0) + 1
+    return counts
+
+
+def reported_through(workdir: Path) -> int:
+    """The highest input seq a batch the job reported done had read: both its sinks
+    had then taken the batch (the job reports a batch after its ``foreachBatch``)."""
+    last = 0
+    log = workdir / "spark.log"
+    with contextlib.suppress(FileNotFoundError):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith('{"event": "batch"'):
+                with contextlib.suppress(ValueError, KeyError):
+                    last = max(last, int(json.loads(line)["seq"]))
+    return last
