@@ -58,6 +58,8 @@ def run(
     Exits 3 when a checker fails."""
     require("faults", "all")
     import json
+    import signal
+    import sys
     import tempfile
 
     from rich.console import Console
@@ -79,6 +81,9 @@ def run(
             if not given:
                 raise typer.BadParameter(f"{k} needs {flag}", param_hint="--kind")
 
+    # SIGTERM ends a campaign as Ctrl-C does: unwinding stops every process of the flow
+    # and unmounts its tmpfs (the default action would leave them running).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     console = Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="waymark-faults-") as tmp:
         result = run_campaign(
