@@ -476,7 +476,7 @@ class RelocatableQueueEdge:
         metas = [record.meta or _NO_META for record in records]
         if [meta.get(GEN, "0") for meta in metas].count(bound) == len(metas):
             # The common case, every record of the bound generation: taken column by
-            # column, with no step per record in Python (docs/pipeline.md, "Throughput").
+            # column, with no step per record in Python (docs/pipeline.md, "In-flight records").
             last = records[-1].seq if records else cursor.seq
             self.cursor = Position(current.value, max(last, page.next_from_seq))
             return _columns(records, metas, current.value)
