@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waymark.log.chunk import Chunk
+from waymark.log.errors import TopicError
 from waymark.log.journal import records_frame_parts
 from waymark.log.records import EncodedRecord, encode_batch
 from waymark.log.storage import frames
@@ -28,15 +30,32 @@ RECORD = st.builds(
     tag=TAGS,
     node=st.one_of(st.none(), st.just("n1")),
     id=st.one_of(st.none(), st.just("i")),
+    # a pipeline edge's three keys, and meta JSON must escape
+    meta=st.sampled_from(
+        [None, {"wm.gen": "1", "wm.event": "p.x/s:1", "wm.t0": "17"}, {"k": 'q"\u2028'}]
+    ),
+)
+# ... and meta with a key too many, which refuses the write
+RECORD_OR_OVER = RECORD | RECORD.map(
+    lambda r: msgspec.structs.replace(r, meta={f"k{i}": "v" for i in range(65)})
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(RECORD, min_size=2, max_size=40), st.booleans())
+@given(st.lists(RECORD_OR_OVER, min_size=2, max_size=40), st.booleans())
 def test_a_write_encodes_as_its_records_would_alone(records: list[RecordIn], same: bool) -> None:
-    if same:  # all tagged alike or all untagged: the whole-write path
-        records = [msgspec.structs.replace(r, tag=records[0].tag, node=None) for r in records]
-    alone = [encode_batch([r], LIMITS)[0] for r in records]
+    if same:  # all tagged alike (or all with meta) or all untagged: the whole-write paths
+        first = records[0]
+        records = [msgspec.structs.replace(r, tag=first.tag, node=None,
+                                           meta=(r.meta or first.meta) if first.meta else None)
+                   for r in records]  # fmt: skip
+    try:
+        alone = [encode_batch([r], LIMITS)[0] for r in records]
+    except TopicError as error:  # a record over a limit: the whole write is refused alike
+        with pytest.raises(TopicError) as refused:
+            encode_batch(records, LIMITS)
+        assert refused.value.code == error.code
+        return
     assert encode_batch(records, LIMITS) == alone
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from itertools import repeat
-from operator import attrgetter
+from operator import add, attrgetter
 
 import msgspec
 import orjson
@@ -117,14 +117,19 @@ def encode_batch(
 def _encode_plain(
     records: Sequence[RecordIn], datas: Sequence[bytes | msgspec.Raw], limits: Limits
 ) -> list[EncodedRecord] | None:
-    """The records of a write in which none has a node or meta, and either all or none a
-    tag, all within the limits: each step one C call over the whole write, where the
+    """The records of a write in which none has a node or meta (or each has meta and none
+    a tag: :func:`_encode_with_meta`), and either all or none a tag, all within the
+    limits: each step one C call over the whole write, where the
     general loop makes a dozen Python steps per record (a sink's publish holds a million
     records). None for any other write, which the general loop encodes and refuses."""
     n = len(records)
     if n < 2 or list(map(_node_of, records)).count(None) != n:
         return None
-    if list(map(_meta_of, records)).count(None) != n:
+    metas = list(map(_meta_of, records))
+    without_meta = metas.count(None)
+    if not without_meta:
+        return _encode_with_meta(records, datas, metas, limits)
+    if without_meta != n:
         return None
     sizes = list(map(len, datas))
     if max(sizes) > limits.max_record_bytes:
@@ -141,6 +146,31 @@ def _encode_plain(
         pairs = zip(map(str.encode, tags), datas, strict=True)
         bodies = list(map(b',"$tag":"%b","data":%b}'.__mod__, pairs))
     return list(map(EncodedRecord, bodies, sizes, repeat(None), tags, map(_id_of, records)))
+
+
+def _encode_with_meta(
+    records: Sequence[RecordIn],
+    datas: Sequence[bytes | msgspec.Raw],
+    metas: list[dict[str, str]],
+    limits: Limits,
+) -> list[EncodedRecord] | None:
+    """The records of a write in which every one has meta and none a node or tag (a
+    pipeline edge's, docs/semantics/pipeline.md §3.1), all within the limits, the way
+    :func:`_encode_plain` takes its own: half the general loop's time for 500 records
+    with three meta keys. None for any other write."""
+    if list(map(_tag_of, records)).count(None) != len(records):
+        return None
+    if max(map(len, metas)) > limits.max_meta_keys:
+        return None
+    metas_json = list(map(orjson.dumps, metas))
+    if max(map(len, metas_json)) > limits.max_meta_bytes:
+        return None
+    sizes = list(map(add, map(len, datas), map(len, metas_json)))
+    if max(sizes) > limits.max_record_bytes:
+        return None
+    bodies = list(map(b',"meta":%b,"data":%b}'.__mod__, zip(metas_json, datas, strict=True)))
+    return list(map(EncodedRecord, bodies, sizes, repeat(None), repeat(None),
+                    map(_id_of, records)))  # fmt: skip
 
 
 def _encode_in_slices(

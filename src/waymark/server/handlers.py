@@ -36,12 +36,12 @@ from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
 from .config import StreamConfig
 from .history import AppendHistory
-from .http import BodyDecoder, Request, Response, is_large, off_loop
+from .http import BodyDecoder, Request, Response, is_large, off_loop, refuse_server_meta
 from .metrics import Metrics
 from .notify import Notifier
 from .sse import EventStream, TopicFeed
 
-_append = BodyDecoder(AppendRequest)
+_append = BodyDecoder(AppendRequest, lambda body: refuse_server_meta(body.records))
 _diff = BodyDecoder(DiffRequest)
 _delete = BodyDecoder(DeleteRequest)
 _put = BodyDecoder(TopicPut)

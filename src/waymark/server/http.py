@@ -8,13 +8,16 @@ stays close to the speed of a bare ASGI callable.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from itertools import chain
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qs
 
 import msgspec
 
 from ..log import ErrorCode, TopicError
+from ..protocol import RecordIn
 
 T = TypeVar("T")
 
@@ -148,12 +151,18 @@ class BodyDecoder(Generic[T]):
     ``DecodeError``: they were answered 500 as if the server had failed.
     """
 
-    def __init__(self, type: type[T]) -> None:  # noqa: A002 -- msgspec's own name
+    def __init__(
+        self,
+        type: type[T],  # noqa: A002 -- msgspec's own name
+        check: Callable[[T], object] | None = None,
+    ) -> None:
+        """``check``: called with each decoded body, raising what it refuses."""
         self._decoder = msgspec.json.Decoder(type)
+        self._check = check
 
     def decode(self, body: bytes) -> T:
         try:
-            return self._decoder.decode(body)
+            decoded = self._decoder.decode(body)
         except UnicodeDecodeError as exc:
             raise TopicError(
                 ErrorCode.INVALID_REQUEST, f"request body is not valid UTF-8: {exc.reason}"
@@ -162,6 +171,34 @@ class BodyDecoder(Generic[T]):
             raise TopicError(
                 ErrorCode.INVALID_REQUEST, "request body is nested too deeply"
             ) from None
+        if self._check is not None:
+            self._check(decoded)
+        return decoded
+
+
+def refuse_server_meta(records: Sequence[RecordIn]) -> None:
+    """Refuse (400 ``invalid_request``) a record whose meta has a key starting with
+    ``$``: those are the server's own (docs/semantics/topics.md §1.1). One scan of all
+    the keys joined; a hit is confirmed key by key (a key may itself hold the
+    separator)."""
+    metas = [meta for meta in map(_meta_of, records) if meta]
+    if not metas:
+        return
+    keys = "\x00".join(chain.from_iterable(metas))
+    if not keys.startswith("$") and "\x00$" not in keys:
+        return
+    for index, meta in enumerate(map(_meta_of, records)):
+        for key in meta or ():
+            if key.startswith("$"):
+                raise TopicError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"invalid request body: record {index}: meta key {key!r} starts with '$', "
+                    "which only the server's own keys do",
+                    {"index": index, "key": key},
+                )
+
+
+_meta_of = attrgetter("meta")
 
 
 class Response:

@@ -21,11 +21,11 @@ from ..protocol import (
 )
 from ..protocol.scopes import ScopeKind, allows
 from .auth import TOKEN, Token
-from .http import OFF_LOOP_BYTES, BodyDecoder, Request, Response, off_loop
+from .http import OFF_LOOP_BYTES, BodyDecoder, Request, Response, off_loop, refuse_server_meta
 from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
-_stage = BodyDecoder(StageRequest[list[RecordIn]])
+_stage = BodyDecoder(StageRequest[list[RecordIn]], lambda body: refuse_server_meta(body.records))
 _publish = BodyDecoder(PublishRequest)
 _encode = msgspec.json.encode
 
