@@ -39,9 +39,10 @@ from .history import AppendHistory
 from .http import BodyDecoder, Request, Response, is_large, off_loop
 from .metrics import Metrics
 from .notify import Notifier
+from .pieces import AppendDecoder
 from .sse import EventStream, TopicFeed
 
-_append = BodyDecoder(AppendRequest)
+_append = AppendDecoder()  # a large body a piece at a time (docs/security.md, Limits)
 _diff = BodyDecoder(DiffRequest)
 _delete = BodyDecoder(DeleteRequest)
 _put = BodyDecoder(TopicPut)
