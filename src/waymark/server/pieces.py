@@ -6,8 +6,8 @@ on a worker thread. The body is cut instead into pieces of about ``PIECE_BYTES``
 record boundaries and each piece is decoded alone, so the worker gives the GIL back
 between pieces.
 
-A cut is only a guess: the bytes ``},{"`` end a record and start the next one, but
-they also occur inside data (an array of objects, a string). Each piece is decoded as
+A cut is only a guess: the bytes ``},{"data":`` (else ``},{"``) end a record and
+start the next one, but they also occur inside data (an array of objects, a string). Each piece is decoded as
 one array nested in another, ``[[piece]]`` (the depth a record has in the body), and
 must give exactly one inner array: that holds only if the piece is a run of whole
 records — a piece that ends inside a string or a nested value leaves it unclosed, and
@@ -27,7 +27,9 @@ from .http import BodyDecoder
 
 PIECE_BYTES = 1 << 20  # about 1 ms of msgspec per piece
 HEAD = b'{"records":['  # how every waymark client starts an append's body
-_CUT = b'},{"'
+# A record's end and the next one's start: waymark's clients write a record's data
+# first, which an array of objects inside data seldom matches (each miss is a decode).
+_CUT_DATA, _CUT = b'},{"data":', b'},{"'
 _TRIES = 16  # cuts tried for one piece before the whole body is decoded instead
 _MARK = b'{"data":0}'  # a record standing in for the array while the tail is decoded
 # What msgspec raises for a body it refuses (see BodyDecoder).
@@ -72,7 +74,8 @@ class AppendDecoder:
         the next one starts (``end`` after the last one), or -1 if no cut was found."""
         cut = start + self.piece_bytes
         for _ in range(_TRIES):
-            cut = body.find(_CUT, cut, end)
+            found = body.find(_CUT_DATA, cut, end)
+            cut = body.find(_CUT, cut, end) if found < 0 else found
             if cut < 0:  # the last piece: the rest of the array
                 records += self._records(body, start, end)
                 return end
@@ -85,7 +88,7 @@ class AppendDecoder:
 
     def _records(self, body: bytes, start: int, end: int) -> list[RecordIn]:
         """The records ``body[start:end]`` holds, if it is a run of whole records."""
-        arrays = self._piece.decode(b"[[%b]]" % body[start:end])
+        arrays = self._piece.decode(b"[[%b]]" % memoryview(body)[start:end])  # one copy
         if len(arrays) != 1:
             raise msgspec.DecodeError("not a run of records")
         return arrays[0]
