@@ -12,10 +12,10 @@ Each piece is decoded as one array nested in another, ``[[piece]]`` (the depth a
 record has in the body), and must give exactly one inner array: that holds only if the
 piece is a run of whole records — a piece that ends inside a string or a nested value
 leaves it unclosed, and one that holds the array's end and more (``],"records":[``
-...) gives two arrays or none. Otherwise the next cut is tried. So the pieces together are exactly the records
-array, and the result is the one decoding the whole body gives. Any other shape, or
-any failure, decodes the whole body in one call, as a small body is: a refused body is
-answered with the same error either way.
+...) gives two arrays or none. Otherwise the next cut is tried. So the pieces together
+are exactly the records array, and the result is the one decoding the whole body
+gives. Any other shape, or any failure, decodes the whole body in one call, as a small
+body is: a refused body is answered with the same error either way.
 """
 
 from __future__ import annotations
