@@ -88,7 +88,8 @@ class AppendDecoder:
 
     def _records(self, body: bytes, start: int, end: int) -> list[RecordIn]:
         """The records ``body[start:end]`` holds, if it is a run of whole records."""
-        arrays = self._piece.decode(b"[[%b]]" % memoryview(body)[start:end])  # one copy
+        piece = b"".join((b"[[", memoryview(body)[start:end], b"]]"))  # one copy
+        arrays = self._piece.decode(piece)
         if len(arrays) != 1:
             raise msgspec.DecodeError("not a run of records")
         return arrays[0]
