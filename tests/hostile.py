@@ -558,7 +558,10 @@ async def large_append(target: Target, megabytes: int) -> Tally:
                                  headers={"content-type": "application/json"})  # fmt: skip
     tally.tried = 1
     tally.answered(b"HTTP/1.1 %d" % answer.status_code)
-    tally.notes.append(f"{len(body) / 1e6:.0f} MB answered {answer.status_code}")
+    note = f"{len(body) / 1e6:.0f} MB answered {answer.status_code}"
+    if answer.status_code != 200:  # which limit refused it, and after how much
+        note += f" {answer.text[:300]}"
+    tally.notes.append(note)
     return tally
 
 
