@@ -74,7 +74,9 @@ class AppendDecoder:
         the next one starts (``end`` after the last one), or -1 if no cut was found."""
         cut = start + self.piece_bytes
         for _ in range(_TRIES):
-            found = body.find(_CUT_DATA, cut, end)
+            # (searched a piece ahead only: a body whose records start otherwise would
+            # have each search scan to its end)
+            found = body.find(_CUT_DATA, cut, min(end, cut + self.piece_bytes))
             cut = body.find(_CUT, cut, end) if found < 0 else found
             if cut < 0:  # the last piece: the rest of the array
                 records += self._records(body, start, end)
