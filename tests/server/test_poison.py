@@ -174,6 +174,18 @@ def test_server_meta_cannot_be_forged(http: httpx.Client, route: str,
     assert http.get(f"/v0/topics/{topic}").status_code == 404
 
 
+def test_server_meta_is_refused_in_a_body_decoded_in_pieces(http: httpx.Client) -> None:
+    """A body over 2 MiB is decoded a piece at a time (docs/security.md, Large bodies):
+    the meta rule holds for it as for a small one."""
+    records: list[dict[str, Any]] = [{"data": "x" * 400} for _ in range(8_000)]
+    records[6_000]["meta"] = {"$dead_letter_queue": "victim"}
+    answer = http.post("/v0/topics/forged-large.dlq/records", json={"records": records})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["index"] == 6_000
+    assert http.get("/v0/topics/forged-large.dlq").status_code == 404
+
+
 def test_a_meta_key_may_hold_a_dollar_after_its_first_character(http: httpx.Client) -> None:
     """Only a leading $ is the server's: the check's scan of the joined keys sees
     "\0$" inside this key and must not refuse it."""

@@ -39,9 +39,11 @@ from .history import AppendHistory
 from .http import BodyDecoder, Request, Response, is_large, off_loop, refuse_server_meta
 from .metrics import Metrics
 from .notify import Notifier
+from .pieces import AppendDecoder
 from .sse import EventStream, TopicFeed
 
-_append = BodyDecoder(AppendRequest, lambda body: refuse_server_meta(body.records))
+# A large body a piece at a time (docs/security.md, Limits); server meta refused after.
+_append = AppendDecoder(check=lambda body: refuse_server_meta(body.records))
 _diff = BodyDecoder(DiffRequest)
 _delete = BodyDecoder(DeleteRequest)
 _put = BodyDecoder(TopicPut)
