@@ -23,6 +23,7 @@ from waymark.kv import (
     KvUpdate,
     StoreConfig,
     WatchCursor,
+    WatchError,
     WatchScope,
     watch_applied,
 )
@@ -264,4 +265,30 @@ async def test_a_reset_during_the_floor_check_neither_stalls_nor_skips_the_fold(
     assert ("resyncing" in caplog.text) == evicted
     shutdown.set()
     await asyncio.wait_for(task, 10)
+    store.close()
+
+
+async def test_a_cancellation_leaking_to_the_fold_s_watch_task_fails_the_fold_loudly(
+    conn: Connection, bucket_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety net behind the fix above: whatever cancellation reaches the fold's
+    watch task without the fold stopping it ends the fold with WatchError, never in
+    a silent wait at its cursor."""
+    kv = await conn.store(bucket_name)
+    await kv.writer().put("a", b"1")
+    real_next_chunk = KvWatch.next_chunk
+
+    async def leaking_next_chunk(self: KvWatch) -> list[KvUpdate] | None:
+        """Fault injector: the watch hands its reader a cancellation, as the feed did
+        before the fix above."""
+        chunk = await real_next_chunk(self)
+        if chunk:
+            raise asyncio.CancelledError
+        return chunk
+
+    monkeypatch.setattr(KvWatch, "next_chunk", leaking_next_chunk)
+    store = AppendLogStore(tmp_path / "fold.log")
+    fold = watch_applied(kv.watcher(), WatchScope.all(), store=store, reader=kv.reader())
+    with pytest.raises(WatchError, match="stray cancellation"):
+        await asyncio.wait_for(fold, 15)
     store.close()
