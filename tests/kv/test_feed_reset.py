@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from tests.kv.test_nats import bulk_put, fold_state
@@ -21,13 +22,16 @@ from waymark.kv import (
     CursorExpired,
     KvUpdate,
     StoreConfig,
+    WatchCursor,
+    WatchError,
     WatchScope,
     watch_applied,
 )
 from waymark.kv import watcher as watcher_module
 from waymark.kv.consumer import OrderedFeed
+from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
-from waymark.kv.watcher import KvWatch
+from waymark.kv.watcher import KvWatch, KvWatcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -200,4 +204,91 @@ async def test_a_fold_whose_reset_finds_revisions_evicted_resyncs_to_the_bucket(
     await asyncio.wait_for(task, 10)
     assert "resyncing" in caplog.text
     assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+    store.close()
+
+
+@pytest.mark.parametrize("evicted", [False, True], ids=["gap-benign", "gap-evicted"])
+async def test_a_reset_during_the_floor_check_neither_stalls_nor_skips_the_fold(
+    conn: Connection,
+    bucket_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    evicted: bool,
+) -> None:
+    """A delivery that jumps the frontier is held in the live floor guard's stream-info
+    check (docs/semantics/kv.md §5) when a reset recreates the consumer. Unsubscribing
+    cancels that delivery; the reset, not the cancellation, decides what comes next:
+    resume after the last revision handed over, or (the next one evicted) resync.
+    Before the fix the cancellation became the watch's failure, the fold's watch task
+    ended on it without a word, and the fold stalled at its cursor for good."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    w = kv.writer()
+    first = (await w.put("a", b"1")).as_u64() or 0
+    store = AppendLogStore(tmp_path / "fold.log")
+    store.apply([KvUpdate.put("a", b"1", first)], WatchCursor.from_u64(first))
+    await w.put("b", b"2")
+    await w.put("c", b"3")
+    await w.put("b", b"4")  # history 1: the first "b" goes, a benign jump past it
+    checking, gate = asyncio.Event(), asyncio.Event()
+    real_check = KvWatcher._floor_check
+
+    async def slow_floor_check(self: KvWatcher, frontier: int, delivered: int) -> None:
+        """Fault injector: the floor guard's stream-info request is slow (a loaded server)."""
+        checking.set()
+        await gate.wait()
+        await real_check(self, frontier, delivered)
+
+    monkeypatch.setattr(KvWatcher, "_floor_check", slow_floor_check)
+    recorded, feeds = resetting_once(0)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+    shutdown = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(), WatchScope.all(), store=store, reader=kv.reader(), shutdown=shutdown
+        )
+    )
+    await asyncio.wait_for(checking.wait(), 10)
+    if evicted:  # retention takes "c" too, before the reset's window check
+        await w.put("d", b"4")
+        _, last = await kv.stream_bounds()
+        await kv.js.purge_stream(kv.stream, seq=last)
+    force_reset(feeds[0])
+    gate.set()
+    last = (await w.put("after", b"live")).as_u64() or 0
+    await wait_until(
+        lambda: (store.cursor.as_u64() or 0) >= last or task.done(), "the fold to go on", 15
+    )
+    assert not task.done(), f"the fold stopped: {task.exception()!r}"
+    assert (store.cursor.as_u64() or 0) == last
+    assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+    assert ("resyncing" in caplog.text) == evicted
+    shutdown.set()
+    await asyncio.wait_for(task, 10)
+    store.close()
+
+
+async def test_a_cancellation_leaking_to_the_fold_s_watch_task_fails_the_fold_loudly(
+    conn: Connection, bucket_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety net behind the fix above: whatever cancellation reaches the fold's
+    watch task without the fold stopping it ends the fold with WatchError, never in
+    a silent wait at its cursor."""
+    kv = await conn.store(bucket_name)
+    await kv.writer().put("a", b"1")
+    real_next_chunk = KvWatch.next_chunk
+
+    async def leaking_next_chunk(self: KvWatch) -> list[KvUpdate] | None:
+        """Fault injector: the watch hands its reader a cancellation, as the feed did
+        before the fix above."""
+        chunk = await real_next_chunk(self)
+        if chunk:
+            raise asyncio.CancelledError
+        return chunk
+
+    monkeypatch.setattr(KvWatch, "next_chunk", leaking_next_chunk)
+    store = AppendLogStore(tmp_path / "fold.log")
+    fold = watch_applied(kv.watcher(), WatchScope.all(), store=store, reader=kv.reader())
+    with pytest.raises(WatchError, match="stray cancellation"):
+        await asyncio.wait_for(fold, 15)
     store.close()

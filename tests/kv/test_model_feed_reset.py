@@ -248,21 +248,26 @@ class FeedResets(RuleBasedStateMachine):
         self.run(go())
 
     def _relisting(self) -> bool:
-        """A resync or its state-sync re-list is under way. A re-list has no live floor
-        guard (docs/semantics/kv.md §5, only All-scope resume watches have one), so
-        retention is not made to overrun it here: once, such a run left the fold
-        stalled short of the stream's end (open; see the #22 report)."""
+        """A resync (its listing) or its state-sync re-list is under way. Retention is
+        not made to overrun one here: the model does not follow a listing that
+        eviction overtakes (the fold then keeps keys listed live whose revisions were
+        evicted, as it keeps anything it applied), and a re-list has no live floor
+        guard (docs/semantics/kv.md §5). Without this, a run stalled once in a
+        re-list ("fold stuck at 66 of 718" after a resync's deletes), not diagnosed."""
         feed = self.feeds[-1]
         if feed._stopped:
             return True
         relist = feed._spec.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT
         return relist and feed.delivered < feed.initial_pending
 
-    @precondition(lambda self: not self._relisting())
     @rule(back=st.integers(min_value=0, max_value=60), past_reader=st.booleans())
     def evict_head(self, back: int, past_reader: bool) -> None:
         """Retention: everything below ``last - back`` is gone, or (``past_reader``)
-        everything up to a little past what the feed has handed over."""
+        everything up to a little past what the feed has handed over. Nothing while a
+        resync or re-list runs; decided in the rule, not by a precondition, since it
+        depends on timing and hypothesis requires the drawn steps to be the same on replay."""
+        if self._relisting():
+            return
 
         async def go() -> None:
             _, last = await self.kv.stream_bounds()

@@ -289,8 +289,13 @@ async def _run_watch(
                     await watch.stop()
             break
         await data.put(END)
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # watch_applied is stopping this task
+        # Not ours: a cancellation that leaked out of a watch. Ending on it would
+        # leave the loop waiting at its cursor for good (docs/semantics/kv.md §4.4).
+        await data.put(Failed(WatchError(f"the watch ended on a stray cancellation: {e!r}")))
     except BaseException as e:
         await data.put(Failed(e))
 

@@ -241,9 +241,12 @@ class OrderedFeed:
                 return
             self._dseq = dseq + 1
             if sseq > self.frontier + 1 and self._floor_check is not None:
+                # A reset that unsubscribes meanwhile cancels this delivery: the
+                # cancellation propagates, and the reset decides what comes next
+                # (docs/semantics/kv.md §4.4). Only the check's verdict fails the feed.
                 try:
                     await self._floor_check(self.frontier, sseq)
-                except BaseException as e:
+                except Exception as e:
                     await self.fail(e)
                     return
                 if gen != self._gen:
