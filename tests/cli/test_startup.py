@@ -10,6 +10,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -60,3 +63,68 @@ def test_values_that_need_parsing_are_still_checked() -> None:
                                "--to", "http://127.0.0.1:9", "--in-flight", bad],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and "--in-flight" in done.stderr, done.stderr
+
+
+def test_a_pipeline_stage_process_starts_without_pydantic(tmp_path: Path) -> None:
+    # One process per stage pays its start once per stage: pydantic was a fifth of a
+    # `pipeline run SPEC --stage X` start's CPU (the spec's Path and the --stage list
+    # went to typer's adapters; docs/pipeline.md, "One process per stage").
+    spec = tmp_path / "p.toml"
+    spec.write_text(f"""
+[pipeline]
+name = "start"
+handoff = "{(tmp_path / "handoff").as_uri()}"
+
+[[edge]]
+name = "raw"
+candidates = ["http://127.0.0.1:9"]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = 10
+output = "raw"
+
+[[stage]]
+name = "sink"
+function = "waymark.pipeline.demo:deliver"
+input = "raw"
+sink = {{ url = "http://127.0.0.1:9", topic = "out" }}
+""")
+    # an unknown stage: refused once the runner has the spec and the --stage list
+    argv = ("pipeline", "run", str(spec), "--stage", "sink", "--stage", "nope")
+    modules = loaded_after(*argv)
+    assert "waymark.pipeline.runner" in modules  # it got as far as the runner
+    assert not {m for m in modules if m.split(".")[0] == "pydantic"}
+    done = subprocess.run([WAYMARK, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no stage 'nope'" in done.stderr, done.stderr
+
+
+def test_paths_and_lists_taken_without_pydantic_are_what_typer_makes_of_them(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from waymark.cli.startup import install
+
+    install()
+    app, got = typer.Typer(), []
+
+    @app.command()
+    def command(
+        spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+        stage: Annotated[list[str] | None, typer.Option()] = None,
+    ) -> None:
+        got.append((spec, stage))
+
+    file = tmp_path / "p.toml"
+    file.write_text("")
+    runner = CliRunner()
+    done = runner.invoke(app, [str(file), "--stage", "a", "--stage", "b"])
+    assert done.exit_code == 0, done.output
+    assert got == [(file, ["a", "b"])] and type(got[0][0]) is type(file)
+    # typer's own checks still run on a path taken without its adapter
+    done = runner.invoke(app, [str(tmp_path / "missing.toml")])
+    assert done.exit_code == 2 and "does not exist" in done.output, done.output
+    done = runner.invoke(app, [str(tmp_path)])
+    assert done.exit_code == 2 and "is a directory" in done.output, done.output
