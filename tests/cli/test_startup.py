@@ -67,8 +67,8 @@ def test_values_that_need_parsing_are_still_checked() -> None:
 
 def test_a_pipeline_stage_process_starts_without_pydantic(tmp_path: Path) -> None:
     # One process per stage pays its start once per stage: pydantic was a fifth of a
-    # `pipeline run SPEC --stage X` start's CPU (the spec's Path and the --stage list
-    # went to typer's adapters; docs/pipeline.md, "One process per stage").
+    # `pipeline run SPEC --stage X` start's CPU (the pipeline file's Path and the --stage list
+    # went to typer's adapters; docs/pipeline.md, "One process per stage: where the time goes").
     spec = tmp_path / "p.toml"
     spec.write_text(f"""
 [pipeline]
@@ -91,7 +91,7 @@ function = "waymark.pipeline.demo:deliver"
 input = "raw"
 sink = {{ url = "http://127.0.0.1:9", topic = "out" }}
 """)
-    # an unknown stage: refused once the runner has the spec and the --stage list
+    # an unknown stage: refused once the runner has the pipeline file and the --stage list
     argv = ("pipeline", "run", str(spec), "--stage", "sink", "--stage", "nope")
     modules = loaded_after(*argv)
     assert "waymark.pipeline.runner" in modules  # it got as far as the runner
