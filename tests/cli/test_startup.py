@@ -25,16 +25,25 @@ HEAVY = ("waymark.client", "waymark.protocol", "waymark.server", "rich.progress"
 def loaded_after(*argv: str) -> set[str]:
     """The top modules loaded once ``waymark ARGV`` ran (in this process, as the
     entry point runs it)."""
+    return run_loading(*argv)[0]
+
+
+def run_loading(*argv: str) -> tuple[set[str], int, str]:
+    """``waymark ARGV`` run as the entry point runs it: the modules loaded once it ran,
+    its exit code and what it wrote to stderr before."""
     code = (
         "import json, sys\n"
         f"sys.argv = ['waymark', *{list(argv)!r}]\n"
         "from waymark.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n"
+        "try:\n    main()\n    code = 0\n"
+        "except SystemExit as exit:\n    code = exit.code if isinstance(exit.code, int) else 1\n"
+        "print(json.dumps([code, sorted(sys.modules)]), file=sys.__stderr__)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
-    return set(json.loads(done.stderr.splitlines()[-1]))
+    *before, last = done.stderr.splitlines()
+    exit_code, modules = json.loads(last)
+    return set(modules), exit_code, "\n".join(before)
 
 
 def heavy(modules: set[str]) -> set[str]:
@@ -93,11 +102,10 @@ sink = {{ url = "http://127.0.0.1:9", topic = "out" }}
 """)
     # an unknown stage: refused once the runner has the pipeline file and the --stage list
     argv = ("pipeline", "run", str(spec), "--stage", "sink", "--stage", "nope")
-    modules = loaded_after(*argv)
+    modules, exit_code, stderr = run_loading(*argv)
+    assert exit_code == 2 and "no stage 'nope'" in stderr, stderr
     assert "waymark.pipeline.runner" in modules  # it got as far as the runner
     assert not {m for m in modules if m.split(".")[0] == "pydantic"}
-    done = subprocess.run([WAYMARK, *argv], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "no stage 'nope'" in done.stderr, done.stderr
 
 
 def test_paths_and_lists_taken_without_pydantic_are_what_typer_makes_of_them(
