@@ -8,7 +8,12 @@ data dirs. Runs, in this order, each on fresh topics:
 * pipeline: produce -> transform -> sink through two edges (``waymark.pipeline``
   runner, batches of 500), every event verified exactly once at the sink;
 * pipeline + failover: the same, with the server under the first edge SIGKILLed
-  after a third of the events; reports relocations, time to recover, replay window.
+  after a third of the events; reports relocations, time to recover, replay window;
+* pipeline, one process per stage: the same spec, each stage a
+  ``waymark pipeline run SPEC --stage X`` process (no GIL shared between stages),
+  timed from the source's first report to the sink's last (its "done"), both stamped
+  by the stages themselves: the processes' start-up (imports, ~1 s of CPU each) is
+  left out, as the runner's is in the rows above; the source's start is shown apart.
 
 Ratios are events/s against the anchor, measured in the same run.
 Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000]``.
@@ -17,6 +22,7 @@ Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000]``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -25,12 +31,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from waymark.client import Client, ConfigPatch, RecordIn
+from waymark.objstore import open_store
 from waymark.pipeline.demo import enrich, produce
+from waymark.pipeline.report import StageReport, load_report
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 
@@ -80,11 +89,11 @@ def anchor(sink: str, events: int) -> float:
     return took
 
 
-def pipeline(root: Path, a: str, b: str, sink: str, events: int,
-             kill: subprocess.Popen[str] | None) -> tuple[float, dict[str, float]]:  # fmt: skip
+def spec_of(root: Path, a: str, b: str, sink: str, events: int) -> tuple[dict[str, Any], str]:
+    """The benchmark's pipeline (fresh handoff, edges and sink topic) and its sink topic."""
     topic = f"bench.{uuid.uuid4().hex[:8]}"
     run = uuid.uuid4().hex[:6]
-    spec = PipelineSpec.parse({
+    return {
         "pipeline": {"handoff": (root / f"handoff-{run}").as_uri()},
         "edge": [{"name": f"raw{run}", "candidates": [a, b]},
                  {"name": f"enr{run}", "candidates": [b, a]}],
@@ -96,7 +105,13 @@ def pipeline(root: Path, a: str, b: str, sink: str, events: int,
             {"name": "sink", "function": "waymark.pipeline.demo:deliver", "input": f"enr{run}",
              "sink": {"url": sink, "topic": topic}, "batch": BATCH},
         ],
-    })  # fmt: skip
+    }, topic  # fmt: skip
+
+
+def pipeline(root: Path, a: str, b: str, sink: str, events: int,
+             kill: subprocess.Popen[str] | None) -> tuple[float, dict[str, float]]:  # fmt: skip
+    raw, topic = spec_of(root, a, b, sink, events)
+    spec = PipelineSpec.parse(raw)
     # The runner's default report interval; the failover run reports more often, so
     # that the kill lands near a third of the events.
     runner = PipelineRunner(spec, report_interval_s=0.5 if kill is None else 0.1)
@@ -119,6 +134,59 @@ def pipeline(root: Path, a: str, b: str, sink: str, events: int,
     }
 
 
+def toml(raw: dict[str, Any]) -> str:
+    """The benchmark's spec as a pipeline file (strings, numbers and one inline table)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    lines = ["[pipeline]", *(f"{k} = {value(v)}" for k, v in raw["pipeline"].items())]
+    for table in ("edge", "stage"):
+        for entry in raw[table]:
+            lines += ["", f"[[{table}]]", *(f"{k} = {value(v)}" for k, v in entry.items())]
+    return "\n".join(lines) + "\n"
+
+
+def processes(root: Path, a: str, b: str, sink: str, events: int) -> tuple[float, float]:
+    """(seconds from the source's first report to the sink's "done", seconds from the
+    source's process start to its first report)."""
+    raw, topic = spec_of(root, a, b, sink, events)
+    path = root / f"{topic}.toml"
+    path.write_text(toml(raw))
+    store = open_store(raw["pipeline"]["handoff"])
+    exe = str(Path(sys.executable).parent / "waymark")
+
+    def run(stage: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([exe, "pipeline", "run", str(path), "--stage", stage],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def report(stage: str, deadline: float) -> StageReport:
+        while (found := load_report(store, stage)) is None:
+            assert time.monotonic() < deadline, f"stage {stage} did not start"
+            time.sleep(0.01)
+        return found
+
+    # the consumers first, up and waiting, so that the source's first report starts
+    # the clock on a pipeline whose every stage runs
+    procs = {stage: run(stage) for stage in ("transform", "sink")}
+    deadline = time.monotonic() + 300
+    for stage in procs:
+        report(stage, deadline)
+    started_ms = time.time_ns() // 1_000_000
+    procs["produce"] = run("produce")
+    first = report("produce", deadline)
+    for stage, process in procs.items():
+        assert process.wait(600) == 0, f"stage {stage} failed"
+    last = load_report(store, "sink")
+    assert last is not None and last.done
+    assert count_sink(sink, topic) == (events, events), "not exactly once"
+    return (last.updated_ms - first.updated_ms) / 1000, (first.updated_ms - started_ms) / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
@@ -132,6 +200,7 @@ def main() -> None:
             t_anchor = anchor(sink, events)
             t_plain, _ = pipeline(root, a, b, sink, events, None)
             t_fail, stats = pipeline(root, c, b, sink, events, procs["c"][0])
+            t_procs, t_start = processes(root, a, b, sink, events)
         finally:
             for process, _ in procs.values():
                 if process.poll() is None:
@@ -144,13 +213,16 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "run" else "right")
     rows = [("anchor: client -> sink", t_anchor, None),
             ("pipeline: 2 edges", t_plain, None),
-            ("pipeline: 2 edges, edge server SIGKILLed", t_fail, stats)]  # fmt: skip
+            ("pipeline: 2 edges, edge server SIGKILLed", t_fail, stats),
+            ("pipeline: 2 edges, one process per stage", t_procs, None)]  # fmt: skip
     for name, took, extra in rows:
         table.add_row(name, f"{took:.2f}", f"{events / took:,.0f}", f"{t_anchor / took:.2f}x",
                       str(int(extra["relocations"])) if extra else "-",
                       f"{extra['recover_s']:.2f} s" if extra else "-",
                       f"{int(extra['replayed']):,}" if extra else "-")  # fmt: skip
     console.print(table)
+    console.print(f"one process per stage: the source's process took {t_start:.2f} s from "
+                  "its start to its first report (left out above)")  # fmt: skip
 
 
 if __name__ == "__main__":

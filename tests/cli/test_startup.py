@@ -10,6 +10,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
 
@@ -22,16 +25,25 @@ HEAVY = ("waymark.client", "waymark.protocol", "waymark.server", "rich.progress"
 def loaded_after(*argv: str) -> set[str]:
     """The top modules loaded once ``waymark ARGV`` ran (in this process, as the
     entry point runs it)."""
+    return run_loading(*argv)[0]
+
+
+def run_loading(*argv: str) -> tuple[set[str], int, str]:
+    """``waymark ARGV`` run as the entry point runs it: the modules loaded once it ran,
+    its exit code and what it wrote to stderr before."""
     code = (
         "import json, sys\n"
         f"sys.argv = ['waymark', *{list(argv)!r}]\n"
         "from waymark.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n"
+        "try:\n    main()\n    code = 0\n"
+        "except SystemExit as exit:\n    code = exit.code if isinstance(exit.code, int) else 1\n"
+        "print(json.dumps([code, sorted(sys.modules)]), file=sys.__stderr__)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)  # fmt: skip
-    return set(json.loads(done.stderr.splitlines()[-1]))
+    *before, last = done.stderr.splitlines()
+    exit_code, modules = json.loads(last)
+    return set(modules), exit_code, "\n".join(before)
 
 
 def heavy(modules: set[str]) -> set[str]:
@@ -60,3 +72,67 @@ def test_values_that_need_parsing_are_still_checked() -> None:
                                "--to", "http://127.0.0.1:9", "--in-flight", bad],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and "--in-flight" in done.stderr, done.stderr
+
+
+def test_a_pipeline_stage_process_starts_without_pydantic(tmp_path: Path) -> None:
+    # One process per stage pays its start once per stage: pydantic was a fifth of a
+    # `pipeline run SPEC --stage X` start's CPU (the pipeline file's Path and the --stage list
+    # went to typer's adapters; docs/pipeline.md, "One process per stage: where the time goes").
+    spec = tmp_path / "p.toml"
+    spec.write_text(f"""
+[pipeline]
+name = "start"
+handoff = "{(tmp_path / "handoff").as_uri()}"
+
+[[edge]]
+name = "raw"
+candidates = ["http://127.0.0.1:9"]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = 10
+output = "raw"
+
+[[stage]]
+name = "sink"
+function = "waymark.pipeline.demo:deliver"
+input = "raw"
+sink = {{ url = "http://127.0.0.1:9", topic = "out" }}
+""")
+    # an unknown stage: refused once the runner has the pipeline file and the --stage list
+    argv = ("pipeline", "run", str(spec), "--stage", "sink", "--stage", "nope")
+    modules, exit_code, stderr = run_loading(*argv)
+    assert exit_code == 2 and "no stage 'nope'" in stderr, stderr
+    assert "waymark.pipeline.runner" in modules  # it got as far as the runner
+    assert not {m for m in modules if m.split(".")[0] == "pydantic"}
+
+
+def test_paths_and_lists_taken_without_pydantic_are_what_typer_makes_of_them(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from waymark.cli.startup import install
+
+    install()
+    app, got = typer.Typer(), []
+
+    @app.command()
+    def command(
+        spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+        stage: Annotated[list[str] | None, typer.Option()] = None,
+    ) -> None:
+        got.append((spec, stage))
+
+    file = tmp_path / "p.toml"
+    file.write_text("")
+    runner = CliRunner()
+    done = runner.invoke(app, [str(file), "--stage", "a", "--stage", "b"])
+    assert done.exit_code == 0, done.output
+    assert got == [(file, ["a", "b"])] and type(got[0][0]) is type(file)
+    # typer's own checks still run on a path taken without its adapter
+    done = runner.invoke(app, [str(tmp_path / "missing.toml")])
+    assert done.exit_code == 2 and "does not exist" in done.output, done.output
+    done = runner.invoke(app, [str(tmp_path)])
+    assert done.exit_code == 2 and "is a directory" in done.output, done.output
