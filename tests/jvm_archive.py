@@ -13,6 +13,9 @@ executors). A JVM whose classpath does not match the archive (Spark's launcher, 
 venv of tests/pythons) ignores it: ``-Xshare:auto`` is the default, and the archive's
 warnings are off, since the JVM's log goes to stdout, which Spark's launcher reads.
 
+A run shorter than the making (one Spark file in a fresh venv) waits for it at its end
+(tests/conftest.py), up to two minutes, so the next run has it.
+
 ``python tests/jvm_archive.py OUT`` is the process that makes it.
 """
 
