@@ -302,8 +302,11 @@ class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
         # waiting behind a longer plain module only lengthened the run's tail.
         jvm_slot = self.running_jvm < MAX_JVM_GROUPS
         allowed = [g for g in self if g not in JVM_GROUPS or jvm_slot]
-        group = max(allowed or self,
-                    key=lambda g: (jvm_slot and g in JVM_GROUPS, self.seconds(self[g])))  # fmt: skip
+
+        def rank(g: str) -> tuple[bool, float]:
+            return jvm_slot and g in JVM_GROUPS, self.seconds(self[g])
+
+        group = max(allowed or self, key=rank)
         return group, self.pop(group)
 
 
