@@ -297,8 +297,16 @@ class _LongestFirstQueue(OrderedDict[str, dict[str, bool]]):
             return super().popitem(last=True)
         # At most MAX_JVM_GROUPS groups that run Spark at once: with all three on two
         # cores (two sessions, a standalone cluster), their JVMs' CPU time grew by half.
-        allowed = [g for g in self if g not in JVM_GROUPS or self.running_jvm < MAX_JVM_GROUPS]
-        group = max(allowed or self, key=lambda g: self.seconds(self[g]))
+        # A free JVM slot goes to a JVM group first: those two slots are the run's
+        # narrowest lane (the JVM groups take ~10 min between them), so a JVM group
+        # waiting behind a longer plain module only lengthened the run's tail.
+        jvm_slot = self.running_jvm < MAX_JVM_GROUPS
+        allowed = [g for g in self if g not in JVM_GROUPS or jvm_slot]
+
+        def rank(g: str) -> tuple[bool, float]:
+            return jvm_slot and g in JVM_GROUPS, self.seconds(self[g])
+
+        group = max(allowed or self, key=rank)
         return group, self.pop(group)
 
 
@@ -347,10 +355,38 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 _measured: dict[str, float] | None = None
 
 
+# The process making the JVMs' class archive (tests/jvm_archive.py), while it runs.
+_archiving: subprocess.Popen[bytes] | None = None
+
+
+def runs_spark(config: pytest.Config) -> bool:
+    """Whether the run's paths include Spark tests (tests/spark), the JVM starters."""
+    spark = Path(__file__).with_name("spark")
+    for arg in config.args:
+        path = Path(arg.split("::", 1)[0]).resolve()
+        if path == spark or spark in path.parents or path in spark.parents:
+            return True
+    return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    global _measured
-    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+    global _measured, _archiving
+    if hasattr(config, "workerinput"):
+        return  # xdist's workers inherit what the controller set up (the environment too)
+    if config.getoption("store_durations"):
         _measured = {}
+    if getattr(config, "cache", None) is not None and runs_spark(config):
+        from tests import jvm_archive
+
+        _archiving = jvm_archive.start(config.cache.mkdir("jvm-archive"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _archiving is not None and _archiving.poll() is None:
+        try:  # a short run: let the archive be finished for the next one
+            _archiving.wait(120)
+        except subprocess.TimeoutExpired:
+            _archiving.kill()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

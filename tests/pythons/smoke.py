@@ -42,9 +42,13 @@ def main() -> None:
         from pyspark.sql import SparkSession
 
         from waymark import spark as ws
+        from waymark.spark.demo_job import JVM_OPTIONS
 
+        # JVM_OPTIONS (C1 only, serial GC): what the demo's driver runs with, for a short
+        # job on few cores (a start costs about half the CPU).
         session = (SparkSession.builder.master("local[1]").appName("smoke")
-                   .config("spark.ui.enabled", "false").getOrCreate())  # fmt: skip
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.driver.extraJavaOptions", JVM_OPTIONS).getOrCreate())  # fmt: skip
         ws.register(session)
         source = (session.readStream.format("waymark").option("url", url)
                   .option("topics", "clicks").load())  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 import waymark.spark
+from waymark.spark.demo_job import JVM_OPTIONS
 
 no_waymark = sys.argv[1]
 cases = {
@@ -36,7 +37,9 @@ for case, env in cases.items():
         else:
             os.environ[key] = value
     # The worker Python is fixed when the SparkContext is created.
-    builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    # JVM_OPTIONS (C1 only, serial GC): the demo's, for a short job on few cores.
+    builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS))  # fmt: skip
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
