@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.frames import CorruptFrame, FrameKind
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
-from waymark.log.storage.wal import WalCommit
+from waymark.log.storage.wal import Wal, WalCommit
 from waymark.protocol import TopicType
 
 
@@ -395,6 +396,27 @@ def wait_for_sync(store: Store) -> None:
             time.sleep(0.01)
 
 
+def fills_after_first_frame(
+    wal: Wal, disk: FullDiskInjector, name: str
+) -> Callable[[str, bytes | list[bytes]], WalCommit]:
+    """``wal.write`` that fills the disk once ``name``'s first frame is queued, and
+    returns when the shard has met the full disk and refuses."""
+    write = wal.write
+
+    def fills(topic: str, frame: bytes | list[bytes]) -> WalCommit:
+        commit = write(topic, frame)
+        if topic == name and not disk.full.is_set():
+            disk.full.set()
+            shard = wal.shard_of(topic)
+            deadline = time.monotonic() + 30
+            while shard.error is None:  # the writer met the full disk: the shard refuses
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        return commit
+
+    return fills
+
+
 def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: Path) -> None:
     """The disk fills between the first frame of a topic-creating append (its TOPIC
     frame) and its records frame: the shard starts refusing after the check that
@@ -405,19 +427,7 @@ def test_a_disk_that_fills_mid_append_leaves_what_the_client_was_told(tmp_path: 
     engine, store = reopen(tmp_path, fileio=disk)
     wal = store.wal
     write = wal.write
-
-    def fills_after_the_create_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
-        commit = write(topic, frame)
-        if topic == "new" and not disk.full.is_set():  # the append's first frame
-            disk.full.set()
-            shard = wal.shard_of(topic)
-            deadline = time.monotonic() + 30
-            while shard.error is None:  # the writer met the full disk: the shard refuses
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
-        return commit
-
-    wal.write = fills_after_the_create_frame  # type: ignore[method-assign]
+    wal.write = fills_after_first_frame(wal, disk, "new")  # type: ignore[method-assign]
     try:
         result = engine.append("new", [RecordIn.of("x")], create=True)
         told = "acked"
@@ -455,19 +465,7 @@ def test_a_disk_that_fills_mid_queue_creation_leaves_what_the_client_was_told(
     engine, store = reopen(tmp_path, wal_shards=1, fileio=disk)  # both on one shard
     wal = store.wal
     write = wal.write
-
-    def fills_after_the_queue_frame(topic: str, frame: bytes | list[bytes]) -> WalCommit:
-        commit = write(topic, frame)
-        if topic == "q" and not disk.full.is_set():  # the queue's TOPIC frame
-            disk.full.set()
-            shard = wal.shard_of(topic)
-            deadline = time.monotonic() + 30
-            while shard.error is None:  # the writer met the full disk: the shard refuses
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
-        return commit
-
-    wal.write = fills_after_the_queue_frame  # type: ignore[method-assign]
+    wal.write = fills_after_first_frame(wal, disk, "q")  # type: ignore[method-assign]
     try:
         engine.put_topic("q", ConfigPatch(), TopicType.QUEUE)
         told = "created"
