@@ -11,8 +11,6 @@ import threading
 import msgspec
 
 from waymark.objstore import (
-    CREATE,
-    IfMatch,
     ObjectExists,
     ObjectNotFound,
     ObjectStore,
@@ -22,6 +20,7 @@ from waymark.objstore import (
 from waymark.protocol.pipelines import StageReport
 
 from .errors import PipelineError
+from .state import put_mode
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,7 @@ def publish_report(store: ObjectStore, report: StageReport) -> StageReport:
         mine = msgspec.structs.replace(report, serial=serial)
         data = msgspec.json.encode(mine)
         try:
-            store.put(report_key(report.stage), data,
-                      mode=CREATE if version is None else IfMatch(version))  # fmt: skip
+            store.put(report_key(report.stage), data, mode=put_mode(version))
             return mine
         except (ObjectExists, PreconditionFailed):
             # another write came between, or ours landed and its answer was lost
