@@ -66,9 +66,10 @@ def encode_batch(
     changed: list[msgspec.Raw] | None = None
     # Measured before joining: the join copies Raw values, not bytes, so it holds the
     # GIL throughout (a 50 MB write's join held the event loop ~0.15 s).
-    if len(records) > 1 and sum(map(len, map(_data_of, records))) > SLICE_BYTES:
+    datas: Sequence[bytes | msgspec.Raw] = list(map(_data_of, records))
+    if len(datas) > 1 and sum(map(len, datas)) > SLICE_BYTES:
         return _encode_in_slices(records, limits, first_index)
-    joined = b"".join(map(_data_of, records))
+    joined = b"".join(datas)
     array: bytes | None = None  # the write as one JSON array, built once if a check needs it
     if _may_be_poison(joined):
         array = _array(records)
@@ -88,7 +89,8 @@ def encode_batch(
         if (find(b" ") >= 0 or find(b"\\") >= 0 or find(b"\n") >= 0 or find(b"\r") >= 0
                 or find(b"\t") >= 0):  # fmt: skip
             changed = _canonical_batch(records, array or _array(records))
-    datas = list(map(_data_of, records)) if changed is None else changed
+    if changed is not None:
+        datas = changed
     fast = _encode_plain(records, datas, limits)
     if fast is not None:
         return fast
