@@ -163,6 +163,10 @@ def test_a_spark_kill_is_aimed_inside_a_planned_micro_batch(tmp_path: Path) -> N
     (checkpoint / "commits" / "0").write_text("v1")
     assert spark.in_flight(tmp_path) == 1
     assert spark.aim_inside_batch(tmp_path, 0) == 1
+    # Planned by an earlier driver: the one started since replays it, a kill now would
+    # not land in a batch this driver is running.
+    planned_at = (checkpoint / "offsets" / "1").stat().st_mtime
+    assert spark.in_flight(tmp_path, since=planned_at + 1) is None
     (checkpoint / "commits" / "1").write_text("v1")
     assert spark.in_flight(tmp_path) is None  # between batches: nothing to replay
     assert spark.aim_inside_batch(tmp_path, 0.05) is None

@@ -314,9 +314,10 @@ def run_campaign(
             targets["spark"] = supervisor.job
         aim = None
         if supervisor is not None:  # a spark-kill waits for a micro-batch to land inside
+            job = supervisor.job
 
             def aim() -> int | None:
-                return spark_query.aim_inside_batch(workdir, SPARK_AIM_S)
+                return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
 
         for fault in schedule:
             _sleep_until(started + fault.at_s)
