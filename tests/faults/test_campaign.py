@@ -148,3 +148,27 @@ def test_the_spark_checkers_pass_once_each_and_fail_on_a_replay_counted_twice() 
     assert not checkers.spark_fold_equals(expected, {"u0": 3, "u1": 2, "u2": 1}).ok
     assert not checkers.spark_fold_equals(expected, {"u0": 2, "u1": 2}).ok
     assert not checkers.spark_fold_equals(expected, {**expected, "u9": 1}).ok
+
+
+def test_a_spark_kill_is_aimed_inside_a_planned_micro_batch(tmp_path: Path) -> None:
+    """A ``spark-kill`` waits for a micro-batch in flight: planned in the checkpoint's
+    ``offsets/`` (Spark's file per batch id, beside its ``.N.crc`` and temporary files)
+    and not yet in ``commits/``, which the restarted query replays."""
+    checkpoint = tmp_path / "spark-checkpoint"
+    assert spark.in_flight(tmp_path) is None  # no checkpoint yet: the driver starting
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    for name in ("0", ".0.crc", "1", ".1.crc", ".2.3f1c.tmp"):
+        (checkpoint / "offsets" / name).write_text("v1")
+    (checkpoint / "commits" / "0").write_text("v1")
+    assert spark.in_flight(tmp_path) == 1
+    assert spark.aim_inside_batch(tmp_path, 0) == 1
+    # Planned by an earlier driver: the one started since replays it, a kill now would
+    # not land in a batch this driver is running.
+    planned_at = (checkpoint / "offsets" / "1").stat().st_mtime
+    assert spark.in_flight(tmp_path, since=planned_at + 1) is None
+    (checkpoint / "commits" / "1").write_text("v1")
+    assert spark.in_flight(tmp_path) is None  # between batches: nothing to replay
+    assert spark.aim_inside_batch(tmp_path, 0.05) is None
+    summary = checkers.spark_exactly_once({"u0": 1}, [(0, "u0", 1)], 1, 1).summary
+    assert "1 kill(s) inside a micro-batch" in summary

@@ -3,7 +3,11 @@ Spark session (docs/spark.md, "Options", "Batch queries")."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,3 +104,66 @@ def test_a_batch_write_publishes_once_per_run_and_a_named_batch_once(
     assert sorted(r["data"]["n"] for r in topics.read(named)) == list(range(5))
     with pytest.raises(Exception, match=r"unknown option 'bachid'.*did you mean 'batchId'"):
         save(writerID="job", bachId="1")  # writerID is writerId: names ignore case
+
+
+def test_a_query_started_while_its_server_is_down_waits_for_it(
+    spark: Any, tmp_path: Path, topic: str
+) -> None:
+    """``serverBudgetMs`` (default 60 s): the driver's requests wait out a server that is
+    restarting instead of failing the query at once (docs/spark.md, "Server outages").
+    Here the query starts while the port only refuses (a listener closing every
+    connection it accepts, counting them); once the driver was refused twice the real
+    server comes back on its data and port, and the query reads everything."""
+    from tests.conftest import start_server
+
+    from waymark.client import Client, RecordIn
+
+    first = start_server(tmp_path / "data")
+    with Client(first.url) as client:
+        client.append(topic, [RecordIn.of(i) for i in range(5)], create=True)
+    assert first.stop() == 0
+    port = int(first.url.rsplit(":", 1)[1])
+    refusing = socket.create_server(("127.0.0.1", port))
+    refused = threading.Semaphore(0)
+
+    def refuse() -> None:
+        while True:
+            try:
+                conn, _ = refusing.accept()
+            except OSError:
+                return
+            conn.close()
+            refused.release()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    query = (
+        spark.readStream.format("waymark").option("url", first.url).option("subscribe", topic)
+        .load().select("data").writeStream.format("memory").queryName(name)
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    try:
+        deadline, seen = time.monotonic() + 60, 0
+        while seen < 2:  # the driver waits: refused twice, the query still running
+            assert query.isActive, f"the query ended: {query.exception()}"
+            assert time.monotonic() < deadline, "the driver never asked the server again"
+            seen += refused.acquire(timeout=0.2)
+        refusing.close()
+        second = start_server(tmp_path / "data", port=port)
+        try:
+            assert query.awaitTermination(120), "the availableNow query did not stop"
+            assert sorted(int(r.data) for r in spark.table(name).collect()) == list(range(5))
+        finally:
+            second.stop()
+    finally:
+        refusing.close()
+        query.stop()
+
+
+def test_server_budget_is_a_number_of_milliseconds(spark: Any, server: Any, topic: str) -> None:
+    reader = (
+        spark.read.format("waymark").option("url", server.url).option("subscribe", topic)
+        .option("serverBudgetMs", "soon")
+    )  # fmt: skip
+    with pytest.raises(Exception, match="'serverBudgetMs' is a number of milliseconds"):
+        reader.load().collect()

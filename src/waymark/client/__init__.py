@@ -39,6 +39,7 @@ from ..protocol import (
 from .aio import AsyncClient
 from .errors import ApiError, ConnectError, TransportError, TransportTimeout
 from .events import RecordEvent, TombstoneEvent, WatchEvent
+from .patience import Patience
 from .sync import Client
 from .tables import TopicGap
 
@@ -61,6 +62,7 @@ __all__ = [
     "Job",
     "NackResponse",
     "OpenWriterResponse",
+    "Patience",
     "PublishResponse",
     "Record",
     "RecordEvent",

@@ -10,8 +10,9 @@ from ..protocol import Checkpoint, TopicState
 from . import calls
 from .api import Api
 from .changes import CheckpointWatch
-from .errors import TransportError
+from .errors import ApiError, TransportError
 from .events import E, Subscription, Watch, WatchEvent
+from .patience import Outage, Patience, worth_retrying
 from .tables import TableRead
 from .transport import AsyncTransport, Origin
 
@@ -27,8 +28,9 @@ T = TypeVar("T")
 class AsyncClient(Api):
     """A typed asyncio client for the /v0 API: every call of
     :class:`~waymark.client.Client`, awaited (``await client.append(...)``), with the
-    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an ``httpx.AsyncClient``).
-    Refusals raise :class:`~waymark.client.ApiError`. For one event loop.
+    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an
+    ``httpx.AsyncClient``, ``patience``, whose waits are ``asyncio.sleep``). Refusals
+    raise :class:`~waymark.client.ApiError`. For one event loop.
     """
 
     def __init__(
@@ -41,8 +43,10 @@ class AsyncClient(Api):
         ca_file: str | None = None,
         client_cert: tuple[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
+        patience: Patience | None = None,
     ) -> None:
         self.timeout = timeout
+        self.patience = patience
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         origin = Origin.of(base_url, token, ca_file, client_cert)
         if http is None:
@@ -67,11 +71,22 @@ class AsyncClient(Api):
         return self._send(call)
 
     async def _send(self, call: calls.Call[T]) -> T:
-        response = await self._transport.request(
-            call.method, call.target, call.headers, call.content,
-            self.timeout + call.extra_wait_s, call.idempotent,
-        )  # fmt: skip
-        return call.parse(response)
+        outage: Outage | None = None
+        while True:
+            try:
+                response = await self._transport.request(
+                    call.method, call.target, call.headers, call.content,
+                    self.timeout + call.extra_wait_s, call.idempotent,
+                )  # fmt: skip
+                return call.parse(response)
+            except (TransportError, ApiError) as error:
+                if self.patience is None or not worth_retrying(error, call.idempotent):
+                    raise
+                outage = outage or self.patience.outage(f"{call.method} {call.path}")
+                wait = outage.delay(error)
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
 
     async def read_table(
         self,

@@ -47,12 +47,14 @@ from ..protocol import (
 )
 from ..protocol.arrow import ArrowPage, Table
 from .events import WatchEvent
+from .patience import Patience
 
 class AsyncClient:
     """A typed asyncio client for the /v0 API: every call of
     :class:`~waymark.client.Client`, awaited (``await client.append(...)``), with the
-    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an ``httpx.AsyncClient``).
-    Refusals raise :class:`~waymark.client.ApiError`. For one event loop.
+    same parameters (``token``, ``ca_file``, ``client_cert``, ``http`` an
+    ``httpx.AsyncClient``, ``patience``, whose waits are ``asyncio.sleep``). Refusals
+    raise :class:`~waymark.client.ApiError`. For one event loop.
     """
 
     async def health(self) -> Health: ...
@@ -282,6 +284,7 @@ class AsyncClient:
         ca_file: str | None = None,
         client_cert: tuple[str, str] | None = None,
         http: httpx.AsyncClient | None = None,
+        patience: Patience | None = None,
     ) -> None: ...
     async def aclose(self) -> None: ...
     async def __aenter__(self) -> AsyncClient: ...

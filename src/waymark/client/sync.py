@@ -10,8 +10,9 @@ from ..protocol import Checkpoint, TopicState
 from . import calls
 from .api import Api
 from .changes import CheckpointWatch
-from .errors import TransportError
+from .errors import ApiError, TransportError
 from .events import E, Subscription, Watch, WatchEvent
+from .patience import Outage, Patience, worth_retrying
 from .tables import TableRead
 from .transport import Origin, SyncTransport
 
@@ -33,7 +34,8 @@ class Client(Api):
     ``ca_file`` or the system's certificate store, and shown ``client_cert`` (a
     certificate file and its key file) if it asks for one. ``http``: send through this httpx
     client instead of the built-in transport (its own base URL and TLS settings apply).
-    Safe to share between threads.
+    ``patience``: wait out a server outage instead of raising at once (docs/client.md,
+    "Outages"). Safe to share between threads.
     """
 
     def __init__(
@@ -46,8 +48,10 @@ class Client(Api):
         ca_file: str | None = None,
         client_cert: tuple[str, str] | None = None,
         http: httpx.Client | None = None,
+        patience: Patience | None = None,
     ) -> None:
         self.timeout = timeout
+        self.patience = patience
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         origin = Origin.of(base_url, token, ca_file, client_cert)
         if http is None:
@@ -69,11 +73,22 @@ class Client(Api):
         self.close()
 
     def _run(self, call: calls.Call[T]) -> T:
-        response = self._transport.request(
-            call.method, call.target, call.headers, call.content,
-            self.timeout + call.extra_wait_s, call.idempotent,
-        )  # fmt: skip
-        return call.parse(response)
+        outage: Outage | None = None
+        while True:
+            try:
+                response = self._transport.request(
+                    call.method, call.target, call.headers, call.content,
+                    self.timeout + call.extra_wait_s, call.idempotent,
+                )  # fmt: skip
+                return call.parse(response)
+            except (TransportError, ApiError) as error:
+                if self.patience is None or not worth_retrying(error, call.idempotent):
+                    raise
+                outage = outage or self.patience.outage(f"{call.method} {call.path}")
+                wait = outage.delay(error)
+                if wait is None:
+                    raise
+                self.patience.sleep(wait)
 
     def read_table(
         self,

@@ -60,6 +60,7 @@ class Applied:
     lifted_s: float
     ready_s: float  # when lifting it was done (a killed process answers again)
     recovered_s: float | None = None  # from the lift to the first progress after it
+    inside_batch: int | None = None  # a spark-kill's: the micro-batch it landed inside
 
     def to_json(self) -> dict[str, Any]:
         recovered = None if self.recovered_s is None else round(self.recovered_s, 3)
@@ -67,7 +68,7 @@ class Applied:
                 "duration_s": self.fault.duration_s, "latency_ms": self.fault.latency_ms,
                 "jump_ms": self.fault.jump_ms,
                 "injected_s": round(self.injected_s, 3), "lifted_s": round(self.lifted_s, 3),
-                "recovered_s": recovered}  # fmt: skip
+                "recovered_s": recovered, "inside_batch": self.inside_batch}  # fmt: skip
 
 
 @dataclass
@@ -110,6 +111,7 @@ class Observations:
     spark_fold: dict[str, int] = field(default_factory=dict)  # fold sink: user -> records
     spark_expected: dict[str, int] = field(default_factory=dict)  # input: user -> records
     spark_restarts: int = 0  # the supervisor's, after the driver exited by itself
+    spark_kills_inside: int = 0  # spark-kills that landed inside a micro-batch
 
 
 @dataclass
@@ -310,10 +312,18 @@ def run_campaign(
             targets["s3"] = moto
         if supervisor is not None:
             targets["spark"] = supervisor.job
+        aim = None
+        if supervisor is not None:  # a spark-kill waits for a micro-batch to land inside
+            job = supervisor.job
+
+            def aim() -> int | None:
+                return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
+
         for fault in schedule:
             _sleep_until(started + fault.at_s)
             log(f"{now():7.2f}s  {fault.kind} for {fault.duration_s}s")
-            applied.append(_apply(fault, targets, proxy, disk, clock, now))
+            applied.append(_apply(fault, targets, proxy, disk, clock, now, aim))
+            obs.spark_kills_inside += applied[-1].inside_batch is not None
         # The consumer stops processing 2 s before the end and is killed at the check,
         # so the last changes are never receipted: the recovery query must name them.
         _sleep_until(started + seconds - 2)
@@ -369,6 +379,7 @@ KILLS = (FaultKind.SERVER_KILL, FaultKind.FOLD_KILL, FaultKind.CONSUMER_KILL,
          FaultKind.EDGE_KILL, FaultKind.SPARK_KILL)  # fmt: skip
 SPARK_KINDS = (FaultKind.SPARK_KILL, FaultKind.SPARK_PAUSE)
 SPARK_READY_S = 180.0  # for the Spark session's first start, before the clock starts
+SPARK_AIM_S = 10.0  # how long a spark-kill waits for a micro-batch in flight
 SPARK_CATCH_UP_S = 180.0  # after the faults, for the Spark query to read the input's head
 PIPELINE_FINISH_S = 60.0  # after the faults, for the pipeline to deliver what is in flight
 PAUSES = (FaultKind.SERVER_PAUSE, FaultKind.FOLD_PAUSE, FaultKind.CONSUMER_PAUSE,
@@ -386,11 +397,15 @@ def _apply(
     disk: TmpfsDisk,
     clock: ClockFile,
     now: Callable[[], float],
+    aim: Callable[[], int | None] | None = None,
 ) -> Applied:
     """Inject ``fault``, hold it for its duration, lift it. The lift's time is when
-    lifting starts: a killed process's start-up counts in its time to recover."""
+    lifting starts: a killed process's start-up counts in its time to recover. A
+    ``spark-kill`` first waits for ``aim`` (a micro-batch in flight, which the restarted
+    query must replay exactly once)."""
     kind = fault.kind
     target = targets.get(kind.value.partition("-")[0], targets["server"])
+    inside = aim() if aim is not None and kind is FaultKind.SPARK_KILL else None
     injected = now()
     if kind in KILLS:
         target.kill()
@@ -416,7 +431,7 @@ def _apply(
         clock.set(0)  # back: the wall clock steps back under what was written meanwhile
     else:
         proxy.restore()
-    return Applied(fault, injected, lifted, now())
+    return Applied(fault, injected, lifted, now(), inside_batch=inside)
 
 
 def _recovery(a: Applied, obs: Observations) -> float | None:
@@ -624,7 +639,9 @@ def _check(
         ),
     ] + (
         [
-            checkers.spark_exactly_once(obs.spark_expected, obs.spark_rows, obs.spark_restarts),
+            checkers.spark_exactly_once(
+                obs.spark_expected, obs.spark_rows, obs.spark_restarts, obs.spark_kills_inside
+            ),
             checkers.spark_fold_equals(obs.spark_expected, obs.spark_fold),
         ]
         if supervisor is not None

@@ -204,12 +204,16 @@ def queue_done(
 
 
 def spark_exactly_once(
-    expected: Mapping[str, int], rows: Sequence[tuple[int, str, int]], restarts: int
+    expected: Mapping[str, int],
+    rows: Sequence[tuple[int, str, int]],
+    restarts: int,
+    kills_inside: int = 0,
 ) -> CheckResult:
     """The Spark query's exactly-once topic sink: no micro-batch's row for a user is
     published twice, and per user the published deltas add up to the records of that
     user in the input — each input record counted once, however often the driver died
-    and replayed a batch. (Its restarts are evidence, not a condition.)"""
+    and replayed a batch. (Its restarts, and the kills that landed inside a micro-batch,
+    are evidence, not a condition.)"""
     seen: dict[tuple[int, str], int] = {}
     for batch, user, _ in rows:
         seen[batch, user] = seen.get((batch, user), 0) + 1
@@ -223,7 +227,8 @@ def spark_exactly_once(
         not twice and not off,
         f"{len(rows)} rows over {len({b for b, _, _ in rows})} batches; {len(twice)} published "
         f"twice; {len(off)} of {len(expected)} users whose deltas do not add up to their "
-        f"{sum(expected.values())} input records; {restarts} driver restart(s) after a failure",
+        f"{sum(expected.values())} input records; {restarts} driver restart(s) after a failure; "
+        f"{kills_inside} kill(s) inside a micro-batch",
         [("twice", list(k)) for k in twice[:3]]
         + [("user", u, sums.get(u, 0), expected.get(u, 0)) for u in off[:3]],
     )

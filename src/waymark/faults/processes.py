@@ -65,6 +65,7 @@ class Managed:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.killed = False  # by kill(), since its last start
+        self.started_at = 0.0  # wall-clock time of its last start (files it wrote since)
         # launch, kill and restart_if_exited: a supervisor's restart and a fault's lift
         # must never both start one (two Spark drivers at once fence each other).
         self._lock = threading.RLock()
@@ -94,6 +95,7 @@ class Managed:
     def _launch(self) -> None:
         self.starts += 1
         self.killed = False
+        self.started_at = time.time()
         with self.log.open("ab") as out:
             out.write(f"--- start {self.starts}: {' '.join(self.args)}\n".encode())
             out.flush()

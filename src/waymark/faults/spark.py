@@ -12,6 +12,7 @@ import contextlib
 import json
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,39 @@ def expected(read: Mapping[str, int]) -> dict[str, int]:
         user = user_of(record_id)
         counts[user] = counts.get(user, 0) + 1
     return counts
+
+
+def in_flight(workdir: Path, since: float = 0.0) -> int | None:
+    """The micro-batch the query planned at or after ``since`` (wall clock: the driver's
+    start) and has not committed, if any: Spark writes a batch's ``offsets/N`` to the
+    checkpoint before running it and ``commits/N`` after, and replays a batch that has
+    the one without the other when it starts again (without writing ``offsets/N`` again,
+    so a batch being replayed is not one a driver planned since its start)."""
+    checkpoint = workdir / "spark-checkpoint"
+    planned = _batch_ids(checkpoint / "offsets")
+    last = max(planned, default=None)
+    if last is None or last in _batch_ids(checkpoint / "commits"):
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        if (checkpoint / "offsets" / str(last)).stat().st_mtime >= since:
+            return last
+    return None
+
+
+def _batch_ids(directory: Path) -> set[int]:
+    with contextlib.suppress(FileNotFoundError):
+        return {int(p.name) for p in directory.iterdir() if p.name.isdigit()}
+    return set()
+
+
+def aim_inside_batch(workdir: Path, timeout_s: float, since: float = 0.0) -> int | None:
+    """Wait up to ``timeout_s`` for a micro-batch in flight that the driver started at
+    ``since`` planned (:func:`in_flight`), so that a kill lands inside it; the batch, or
+    None if none ran (the driver starting, or replaying the batch a kill left)."""
+    deadline = time.monotonic() + timeout_s
+    while (batch := in_flight(workdir, since)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return batch
 
 
 def reported_through(workdir: Path) -> int:

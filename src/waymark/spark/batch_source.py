@@ -63,7 +63,9 @@ class WaymarkBatchReader(DataSourceReader):
         )
         settings = self.settings
         ranges: list[tuple[str, int, int, int, Recreated | None]] = []
-        with connect(settings.url, settings.token, settings.ca_file) as http:
+        with connect(
+            settings.url, settings.token, settings.ca_file, settings.server_budget_s
+        ) as http:
             known = [*starting.given, *ending.given]
             for topic, state in heads(http, subscription, known).items():
                 at = start_cursor(starting.of(topic), state)

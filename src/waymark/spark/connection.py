@@ -9,16 +9,34 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..client import Client
+from ..client import Client, Patience
+from .options import SERVER_BUDGET
+
+SERVER_BUDGET_MS = 60_000  # as Kafka's default.api.timeout.ms
 
 
-def connect(url: str, token: str | None = None, ca_file: str | None = None) -> Client:
+def connect(
+    url: str, token: str | None = None, ca_file: str | None = None, budget_s: float = 0.0
+) -> Client:
     """The waymark client the source and the sinks talk to ``url`` with (driver and
     executors alike): a page or a stage may take a while, a dead server should not.
     ``token`` and ``ca_file`` are the ``token`` and ``caFile`` options, for a server
     with tokens or TLS (docs/security.md); without ``token`` the WAYMARK_TOKEN
-    environment variable is used."""
-    return Client(url, timeout=60.0, connect_timeout=10.0, token=token, ca_file=ca_file)
+    environment variable is used. ``budget_s`` (the ``serverBudgetMs`` option) is how
+    long a request waits out a server that is down, restarting or refusing for now
+    before the task or the query fails (docs/spark.md, "Server outages"); 0 fails at once."""
+    patience = Patience(budget_s) if budget_s > 0 else None
+    return Client(
+        url, timeout=60.0, connect_timeout=10.0, token=token, ca_file=ca_file, patience=patience
+    )
+
+
+def server_budget_s(options: Mapping[str, str]) -> float:
+    """The ``serverBudgetMs`` option in seconds (milliseconds, 0 or more)."""
+    value = options.get(SERVER_BUDGET, str(SERVER_BUDGET_MS))
+    if not value.strip().isdigit():
+        raise ValueError(f"option {SERVER_BUDGET!r} is a number of milliseconds, not {value!r}")
+    return int(value) / 1000
 
 
 def token_option(options: Mapping[str, str]) -> str | None:

@@ -14,7 +14,7 @@ import difflib
 import re
 from collections.abc import Collection, Mapping
 
-URL, TOKEN, CA_FILE = "url", "token", "caFile"
+URL, TOKEN, CA_FILE, SERVER_BUDGET = "url", "token", "caFile", "serverBudgetMs"
 SUBSCRIBE, SUBSCRIBE_PATTERN = "subscribe", "subscribePattern"
 EDGE, HANDOFF, STAGE, STORE_BUDGET = "edge", "handoff", "stage", "storeBudgetMs"
 STARTING, ENDING = "startingOffsets", "endingOffsets"
@@ -32,15 +32,15 @@ ALIASES: dict[str, tuple[str, dict[str, str] | None]] = {
     "onDataLoss": (FAIL_ON_DATA_LOSS, {"fail": "true", "skip": "false"}),
 }
 
-_READ = {URL, TOKEN, CA_FILE, SUBSCRIBE, SUBSCRIBE_PATTERN, STARTING, MIN_PARTITIONS,
+_READ = {URL, TOKEN, CA_FILE, SERVER_BUDGET, SUBSCRIBE, SUBSCRIBE_PATTERN, STARTING, MIN_PARTITIONS,
          MAX_PER_PARTITION, NODE, FAIL_ON_DATA_LOSS, GAPS_TOPIC}  # fmt: skip
 STREAM_SOURCE = frozenset(_READ | {EDGE, HANDOFF, STAGE, STORE_BUDGET, MAX_PER_TRIGGER,
                                    MIN_PER_TRIGGER, MAX_TRIGGER_DELAY})  # fmt: skip
 BATCH_SOURCE = frozenset(_READ | {ENDING})
 EDGE_SOURCE = frozenset({EDGE, HANDOFF, STAGE, STORE_BUDGET, TOKEN, CA_FILE, MAX_PER_TRIGGER,
                          MIN_PARTITIONS, MAX_PER_PARTITION})  # fmt: skip
-STREAM_SINK = frozenset({URL, TOKEN, CA_FILE, TOPIC, WRITER_ID, CHECKPOINT})
-BATCH_SINK = frozenset({URL, TOKEN, CA_FILE, TOPIC, WRITER_ID, BATCH_ID})
+STREAM_SINK = frozenset({URL, TOKEN, CA_FILE, SERVER_BUDGET, TOPIC, WRITER_ID, CHECKPOINT})
+BATCH_SINK = frozenset({URL, TOKEN, CA_FILE, SERVER_BUDGET, TOPIC, WRITER_ID, BATCH_ID})
 
 # Options of Spark's Kafka connector that waymark has no counterpart for: say so.
 KAFKA_ONLY = {

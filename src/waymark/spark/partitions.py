@@ -24,6 +24,7 @@ class ReadSettings:
     page: int  # records per diff request
     token: str | None = None  # the ``token`` option (docs/security.md)
     ca_file: str | None = None  # the ``caFile`` option
+    server_budget_s: float = 0.0  # the ``serverBudgetMs`` option (docs/spark.md)
 
 
 @dataclass(frozen=True)

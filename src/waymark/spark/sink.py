@@ -57,7 +57,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StringType, StructType
 
 from ..client import Client, PublishResponse, StagedPart
-from .connection import connect, token_option
+from .connection import SERVER_BUDGET_MS, connect, server_budget_s, token_option
 from .encoding import encode_batch, joined_values
 
 log = logging.getLogger("waymark.spark.sink")
@@ -148,9 +148,10 @@ class _TwoPhaseWriter:
             raise ValueError("the 'topic' column is a string")
         self.url = url.rstrip("/")
         self.token, self.ca_file = token_option(options), options.get("caFile")
+        self.budget_s = server_budget_s(options)
         self.writer = writer_id(options, streaming=self.streaming)
         # Runs on the driver when the query starts: this run's epoch fences older runs.
-        with connect(self.url, self.token, self.ca_file) as http:
+        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             self.epoch = http.open_writer(self.writer).epoch
         log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
 
@@ -159,7 +160,7 @@ class _TwoPhaseWriter:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
         message = StagedParts(context.partitionId(), context.attemptNumber())
-        with connect(self.url, self.token, self.ca_file) as http:
+        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in iterator:
                 for topic, records in encode_batch(batch, self.topic).items():
@@ -177,7 +178,7 @@ class _TwoPhaseWriter:
                 parts.setdefault(topic, []).append(
                     StagedPart(message.partition, message.attempt, chunks)
                 )
-        with connect(self.url, self.token, self.ca_file) as http:
+        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             for topic in sorted(parts):
                 ordered = sorted(parts[topic], key=lambda p: p.partition)
                 result = http.publish(topic, writer=self.writer, epoch=self.epoch,
@@ -323,12 +324,14 @@ class TopicBatchSink:
         *,
         token: str | None = None,
         ca_file: str | None = None,
+        server_budget_s: float = SERVER_BUDGET_MS / 1000,
     ) -> None:
         self.url = url.rstrip("/")
         self.token, self.ca_file = token, ca_file  # docs/security.md
+        self.budget_s = server_budget_s  # docs/spark.md, "Server outages"
         self.topic = topic  # None: every row names its topic in a 'topic' column
         self.writer = writer_id({"writerId": writer})
-        with connect(self.url, self.token, self.ca_file) as http:
+        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             self.epoch = http.open_writer(self.writer).epoch
 
     def __call__(self, df: Any, batch_id: int) -> dict[str, PublishResponse]:
@@ -342,7 +345,7 @@ class TopicBatchSink:
         """
         message = StagedParts(0, 0)
         results: dict[str, PublishResponse] = {}
-        with connect(self.url, self.token, self.ca_file) as http:
+        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in table.to_batches():
                 for topic, records in encode_batch(batch, self.topic).items():

@@ -50,7 +50,7 @@ from ..clock import Clock, SystemClock
 from ..protocol import MAX_ARROW_DIFF_LIMIT
 from ..protocol.arrow import ArrowPage
 from ..protocol.errors import WaymarkError
-from .connection import connect, token_option
+from .connection import connect, server_budget_s, token_option
 from .offsets import (
     EARLIEST,
     LATEST,
@@ -129,6 +129,7 @@ def read_settings(options: Mapping[str, str]) -> ReadSettings:
         page=PAGE,
         token=token_option(options),  # carried to the tasks (docs/spark.md, cluster)
         ca_file=options.get(CA_FILE),
+        server_budget_s=server_budget_s(options),
     )
 
 
@@ -204,7 +205,10 @@ class WaymarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def http(self) -> Client:
         if self._http is None:
-            self._http = connect(self.settings.url, self.settings.token, self.settings.ca_file)
+            self._http = connect(
+                self.settings.url, self.settings.token, self.settings.ca_file,
+                self.settings.server_budget_s,
+            )  # fmt: skip
         return self._http
 
     # --- driver side ----------------------------------------------------------------
@@ -356,7 +360,7 @@ def read_range(part: SeqRange) -> Iterator[pa.RecordBatch]:
     before the next request goes out."""
     settings = part.settings
     with (
-        connect(settings.url, settings.token, settings.ca_file) as http,
+        connect(settings.url, settings.token, settings.ca_file, settings.server_budget_s) as http,
         ThreadPoolExecutor(1, thread_name_prefix="waymark-prefetch") as prefetch,
     ):
 
