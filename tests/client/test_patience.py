@@ -85,9 +85,7 @@ def test_without_patience_a_refused_connection_raises_at_once() -> None:
         client.get_topic("t")
 
 
-def test_a_lost_answer_is_asked_again_only_when_idempotent(
-    waymark_server: Any, topic: str
-) -> None:
+def test_a_lost_answer_is_asked_again_only_when_idempotent(waymark_server: Any, topic: str) -> None:
     port = int(waymark_server.url.rsplit(":", 1)[1])
     proxy = FaultProxy(port).start()
     clock = FakeTime()
