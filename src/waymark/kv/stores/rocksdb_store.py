@@ -20,10 +20,26 @@ from waymark.kv.stores.protocol import CURSOR_KEY, VER_LEN, decode_record
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
 
 
+WRITE_BUFFER_BYTES = 4 << 20
+"""Memtable size per column family (RocksDB's default is 64 MiB). An export's
+checkpoint flushes what the memtables hold, inside the fold's pause and the round;
+with small memtables the fold's background flushes have written all but the last
+few MiB to SST files already (docs/kv.md, "Export round")."""
+
+MAX_TOTAL_WAL_BYTES = 16 << 20
+"""When the WAL files exceed this, RocksDB flushes the column families that pin the
+oldest one. The ``meta`` family (one key, the cursor) never fills its memtable, so
+without a cap it pins every WAL written since the last checkpoint (RocksDB's default
+cap is four times the write buffers: GBs here), which that checkpoint then deletes
+in the foreground: ~50 ms of a round for a million keys (docs/kv.md, "Export round")."""
+
+
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
+    opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
     return opts
 
 
