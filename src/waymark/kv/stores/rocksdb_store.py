@@ -26,20 +26,18 @@ checkpoint flushes what the memtables hold, inside the fold's pause and the roun
 with small memtables the fold's background flushes have written all but the last
 few MiB to SST files already (docs/kv.md, "Export round")."""
 
-MAX_TOTAL_WAL_BYTES = 16 << 20
-"""When the WAL files exceed this, RocksDB flushes the column families that pin the
-oldest one. The ``meta`` family (one key, the cursor) never fills its memtable, so
-without a cap it pins every WAL written since the last checkpoint (RocksDB's default
-cap is four times the write buffers: GBs here), which that checkpoint then deletes
-in the foreground: ~50 ms of a round for a million keys (docs/kv.md, "Export round")."""
-
 
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
-    opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
+    # Every flush takes all column families. The ``meta`` family (one key, the
+    # cursor) never fills its memtable: flushed alone it would pin every WAL since
+    # the last checkpoint, which that checkpoint then deletes in the foreground
+    # (~50 ms of a round for a million keys), and flush in a job of its own there
+    # (docs/kv.md, "Export round").
+    opts.set_atomic_flush(True)
     return opts
 
 
