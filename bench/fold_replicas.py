@@ -30,7 +30,8 @@ run queue: the CPU columns say what the work itself costs.
 Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000] [--shuffle]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
      [--profile] [--only export]
-``--only export`` runs the export rows only (no bootstrap, no cold replay). ``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
+``--only export`` runs the export rows only (no bootstrap, no cold replay).
+``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
 free port and uses a bucket there, over HTTP. ``--profile`` runs each backend's
 ``export_to`` and bootstrap import under cProfile and prints where their wall time went.
 """
