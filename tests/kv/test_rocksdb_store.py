@@ -1,5 +1,5 @@
 """The RocksDB fold store's engine options: what an export round's checkpoint finds
-when the fold has written far more than one memtable (docs/kv.md, "Export round")."""
+when the fold has written far more than one memtable (docs/kv.md, "Fold stores")."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def test_the_checkpoint_finds_at_most_a_memtable_unflushed_and_no_pinned_wal(
     while _wal_bytes(tmp_path / "db") > 2 * WRITE_BUFFER_BYTES and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _wal_bytes(tmp_path / "db") <= 2 * WRITE_BUFFER_BYTES
-    unflushed = int(store._data.property_value("rocksdb.cur-size-all-mem-tables") or 0)
+    data = store._data  # noqa: SLF001 -- the engine property the store does not expose
+    unflushed = int(data.property_value("rocksdb.cur-size-all-mem-tables") or 0)
     assert unflushed <= 2 * WRITE_BUFFER_BYTES
 
     # The export still holds every update, at the live cursor.
