@@ -28,8 +28,11 @@ the same store each time) and the table gives the medians, and the median of the
 ratios: on a loaded machine one pair's wall clock swings by 2-4x. The first round
 is run once (only it follows the fill).
 
+With ``--twin`` the first round's steps are timed on a second store filled the
+same way, so their ``stage`` is a first stage too (RocksDB's memtable flush).
+
 Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3] [--pairs 1]
-     [--between 10000]
+     [--between 10000] [--twin]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
 """
 
@@ -98,11 +101,17 @@ def pair(
 
 
 def probe(
-    transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path, pairs: int
+    transport: ObjectStoreTransport,
+    backend: str,
+    store: SnapshotStore,
+    work: Path,
+    pairs: int,
+    twin: SnapshotStore | None = None,
 ) -> dict[str, tuple[float, float]]:
     """The pipelined round and its anchor (``pairs`` times: the median of each, and the
     median of the pairs' ratios), then one round's steps one after the other (on a
-    second copy: the first stage of all is the round's)."""
+    second copy: the first stage of all is the round's; or on ``twin``'s first copy, a
+    store filled the same way)."""
     out: dict[str, tuple[float, float]] = {}
     runs = [pair(transport, backend, store, work) for _ in range(pairs)]
 
@@ -116,7 +125,8 @@ def probe(
     out["round's stage"] = median([r[3] for r in runs])
     info = ExportInfo(exporter="probe", bucket="probe")
 
-    staged, *out["stage"] = timed(lambda: stage_export(store, work / "seq", info, link=True))
+    steps = twin if twin is not None else store
+    staged, *out["stage"] = timed(lambda: stage_export(steps, work / "seq", info, link=True))
     try:
         _, *out["verify"] = timed(staged.verify)
         (raw, manifest), *out["describe"] = timed(staged.describe)
@@ -143,6 +153,12 @@ def main() -> None:
     )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--store-url", help="object store URL, or 'moto' (default: file://)")
+    parser.add_argument(
+        "--twin",
+        action="store_true",
+        help="time the first round's steps on a second store filled the same way (so its"
+        " stage is a first one too: RocksDB's flush)",
+    )
     args = parser.parse_args()
     console = Console(width=190)
     start_load = os.getloadavg()[:2]
@@ -174,7 +190,16 @@ def main() -> None:
                             store, args.keys + n * args.between, args.keys + (n - 1) * args.between
                         )
                     # The first round once: only its first pair is a first round.
-                    r = probe(transport, backend, store, root / backend, args.pairs if n else 1)
+                    twin = None
+                    if args.twin and n == 0:
+                        twin = open_store(spec(backend, root / backend / "twin"))
+                        fill(twin, args.keys)
+                    try:
+                        pairs = args.pairs if n else 1
+                        r = probe(transport, backend, store, root / backend, pairs, twin)
+                    finally:
+                        if twin is not None:
+                            twin.close()
                     overlapped = r["describe"][0] + r["upload"][0]
                     limit = "verify" if r["verify"][0] > overlapped else "describe + upload"
                     table.add_row(
