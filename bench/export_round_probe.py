@@ -11,7 +11,9 @@ after ``--between`` new keys were applied):
   reopen), ``describe`` (BLAKE3 of every file), ``upload_files`` (the tar stream,
   multipart put) and ``swap_pointer``;
 * the round as ``publish_staged`` runs it (the verify on a second thread while
-  describe and upload run; the swap waits for both), on a fresh stage;
+  describe and upload run; the swap waits for both), on a fresh stage, and that
+  round's own stage apart ("round's stage": a first round's includes RocksDB's
+  memtable flush, which the later step-by-step copy no longer pays);
 * the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
 
 Before the round and before the anchor the page cache's dirty data is written
@@ -26,8 +28,11 @@ the same store each time) and the table gives the medians, and the median of the
 ratios: on a loaded machine one pair's wall clock swings by 2-4x. The first round
 is run once (only it follows the fill).
 
+With ``--twin`` the first round's steps are timed on a second store filled the
+same way, so their ``stage`` is a first stage too (RocksDB's memtable flush).
+
 Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3] [--pairs 1]
-     [--between 10000]
+     [--between 10000] [--twin]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
 """
 
@@ -76,29 +81,37 @@ def fill(store: SnapshotStore, keys: int, start: int = 0) -> None:
 
 def pair(
     transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path
-) -> tuple[tuple[float, float], tuple[float, float], float]:
-    """One pipelined round and its anchor on the same files: (wall, CPU) of each, MB."""
+) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float]]:
+    """One pipelined round and its anchor on the same files: (wall, CPU) of each, MB,
+    and (wall, CPU) of the round's own stage (the first round's is RocksDB's flush)."""
     info = ExportInfo(exporter="probe", bucket="probe")
     settle()
     t, c = time.perf_counter(), time.process_time()
     staged = stage_export(store, work / "round", info, link=True)  # as export_via does
+    stage = (time.perf_counter() - t, time.process_time() - c)
     try:
         manifest, _ = publish_staged(transport, backend, staged)
         done = (time.perf_counter() - t, time.process_time() - c)
         (staged.stage / MANIFEST_NAME).write_bytes(manifest.encode())
         settle()
         anchor = tar_upload(transport, backend, staged.stage)
-        return done, anchor, sum(f.size for f in manifest.files) / 1e6
+        return done, anchor, sum(f.size for f in manifest.files) / 1e6, stage
     finally:
         staged.discard()
 
 
 def probe(
-    transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path, pairs: int
+    transport: ObjectStoreTransport,
+    backend: str,
+    store: SnapshotStore,
+    work: Path,
+    pairs: int,
+    twin: SnapshotStore | None = None,
 ) -> dict[str, tuple[float, float]]:
     """The pipelined round and its anchor (``pairs`` times: the median of each, and the
     median of the pairs' ratios), then one round's steps one after the other (on a
-    second copy: the first stage of all is the round's)."""
+    second copy: the first stage of all is the round's; or on ``twin``'s first copy, a
+    store filled the same way)."""
     out: dict[str, tuple[float, float]] = {}
     runs = [pair(transport, backend, store, work) for _ in range(pairs)]
 
@@ -107,11 +120,13 @@ def probe(
 
     out["round"] = median([r[0] for r in runs])
     out["anchor"] = median([r[1] for r in runs])
-    out["ratio"] = median([(a[0] / o[0], a[1] / o[1]) for o, a, _ in runs])
+    out["ratio"] = median([(a[0] / o[0], a[1] / o[1]) for o, a, _, _ in runs])
     out["bytes"] = (runs[0][2], 0.0)
+    out["round's stage"] = median([r[3] for r in runs])
     info = ExportInfo(exporter="probe", bucket="probe")
 
-    staged, *out["stage"] = timed(lambda: stage_export(store, work / "seq", info, link=True))
+    steps = twin if twin is not None else store
+    staged, *out["stage"] = timed(lambda: stage_export(steps, work / "seq", info, link=True))
     try:
         _, *out["verify"] = timed(staged.verify)
         (raw, manifest), *out["describe"] = timed(staged.describe)
@@ -138,6 +153,12 @@ def main() -> None:
     )
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--store-url", help="object store URL, or 'moto' (default: file://)")
+    parser.add_argument(
+        "--twin",
+        action="store_true",
+        help="time the first round's steps on a second store filled the same way (so its"
+        " stage is a first one too: RocksDB's flush)",
+    )
     args = parser.parse_args()
     console = Console(width=190)
     start_load = os.getloadavg()[:2]
@@ -147,7 +168,9 @@ def main() -> None:
         " wall / CPU seconds"
     )
     cols = ("backend", "round", "stage", "verify", "describe", "upload", "swap")
-    for col in (*cols, "pipelined round", "anchor tar + upload", "ratio (wall / CPU)", "limit"):
+    last = ("round's stage", "pipelined round", "anchor tar + upload", "ratio (wall / CPU)")
+    last = (*last, "limit")
+    for col in (*cols, *last):
         table.add_column(col, justify="left" if col in ("backend", "limit") else "right")
     try:
         with contextlib.ExitStack() as stack:
@@ -167,13 +190,22 @@ def main() -> None:
                             store, args.keys + n * args.between, args.keys + (n - 1) * args.between
                         )
                     # The first round once: only its first pair is a first round.
-                    r = probe(transport, backend, store, root / backend, args.pairs if n else 1)
+                    twin = None
+                    if args.twin and n == 0:
+                        twin = open_store(spec(backend, root / backend / "twin"))
+                        fill(twin, args.keys)
+                    try:
+                        pairs = args.pairs if n else 1
+                        r = probe(transport, backend, store, root / backend, pairs, twin)
+                    finally:
+                        if twin is not None:
+                            twin.close()
                     overlapped = r["describe"][0] + r["upload"][0]
                     limit = "verify" if r["verify"][0] > overlapped else "describe + upload"
                     table.add_row(
                         backend,
                         "first" if n == 0 else f"again {n}",
-                        *(f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in cols[2:]),
+                        *(f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in (*cols[2:], "round's stage")),
                         f"{r['round'][0]:.3f} / {r['round'][1]:.3f}",
                         f"{r['anchor'][0]:.3f} / {r['anchor'][1]:.3f}",
                         f"{r['ratio'][0]:.2f}x / {r['ratio'][1]:.2f}x",
@@ -187,8 +219,8 @@ def main() -> None:
     table.caption = (
         f"load average {start_load[0]:.1f} / {start_load[1]:.1f} at the start, {load1:.1f} /"
         f" {load5:.1f} at the end (1 / 5 min). 'first' follows the fill (its pipelined round"
-        " flushes what RocksDB holds in memory); then the anchor on that round's files, then"
-        " the steps one after the other on a second copy."
+        " flushes what RocksDB holds in memory: its 'round's stage'); then the anchor on that"
+        " round's files, then the steps one after the other on a second copy."
     )
     console.print(table)
 

@@ -29,7 +29,8 @@ run queue: the CPU columns say what the work itself costs.
 
 Run: .venv/bin/python bench/fold_replicas.py [--keys 1000000] [--tail 10000] [--shuffle]
      [--backends append-log,lmdb,rocksdb] [--store-url file:///dir | s3://bucket/prefix | moto]
-     [--profile]
+     [--profile] [--only export]
+``--only export`` runs the export rows only (no bootstrap, no cold replay).
 ``--store-url moto`` starts moto's S3 server (a dev dependency) as a separate process on a
 free port and uses a bucket there, over HTTP. ``--profile`` runs each backend's
 ``export_to`` and bootstrap import under cProfile and prints where their wall time went.
@@ -330,7 +331,7 @@ async def run(
                 rows[b].repeat = export_round(transport, f"{b}.round", store, root / b)
                 store.close()
 
-            for b in backends:
+            for b in backends if args.only != "export" else ():
                 console.print(f"{b}: bootstrap, then the cold replay anchor …")
                 dest = spec(b, root / b / "bootstrapped")
                 t, c = time.perf_counter(), time.process_time()
@@ -370,6 +371,9 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="cProfile export_to and the bootstrap import"
     )
+    parser.add_argument(
+        "--only", choices=("export",), help="only the export rows (no bootstrap, no cold replay)"
+    )
     args = parser.parse_args()
     console = Console(width=190)
     profiles = Profiles(args.profile)
@@ -398,7 +402,7 @@ def main() -> None:
     )
     for col in ("measure", "backend", "ours", "anchor", "ratio", "ratio (CPU)", "goal"):
         t.add_column(col, justify="left" if col in ("measure", "backend") else "right")
-    for r in rows:
+    for r in rows if args.only != "export" else ():
         t.add_row(
             "bootstrap (fetch+verify+import+open, tail) vs cold replay",
             r.backend,
