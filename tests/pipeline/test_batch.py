@@ -252,10 +252,10 @@ placed = st.builds(
 )  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
-@given(st.lists(placed, max_size=10), st.data(), ids)
-def test_outputs_match_one_object_per_output(records: list[Rec], data: st.DataObject,
-                                             stage: str) -> None:  # fmt: skip
+OUTPUTS = settings(max_examples=50, deadline=None, derandomize=True, database=None)
+
+
+def check_outputs(records: list[Rec], data: st.DataObject, stage: str) -> None:
     # none, one (the columnar case) or several outputs per record, in any mix
     one_each = data.draw(st.booleans())
     counts = [1] * len(records) if one_each else data.draw(
@@ -268,6 +268,15 @@ def test_outputs_match_one_object_per_output(records: list[Rec], data: st.DataOb
     assert made.written() == 0  # not on the output edge yet
     assert [(r.id, r.meta) for r in decoded(made.edge_records(0, 7))] == [
         (f"{m.event}@7", {GEN: "7", EVENT: m.event, BORN: str(m.born)}) for m in model]  # fmt: skip
+
+
+def outputs_test(config: settings) -> None:
+    """:func:`check_outputs` over drawn records, output counts and stage names."""
+    config(given(st.lists(placed, max_size=8), st.data(), ids)(check_outputs))()
+
+
+def test_outputs_match_one_object_per_output() -> None:
+    outputs_test(OUTPUTS)
 
 
 def test_outputs_of_a_record_skipped_in_the_middle_are_not_taken_for_one_each() -> None:
@@ -293,8 +302,26 @@ def test_outputs_taken_for_one_each_by_their_count_are_caught(
     monkeypatch.setattr(InFlight, "outputs", by_count)
     with pytest.raises(AssertionError):
         test_outputs_of_a_record_skipped_in_the_middle_are_not_taken_for_one_each()
-    with pytest.raises(AssertionError):
-        test_outputs_match_one_object_per_output()
+
+
+def test_outputs_that_take_their_inputs_origin_for_its_position_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an output's origin is where its input record sits on the input edge, not where
+    # that record came from (what the stage's checkpoint is computed from)
+    from waymark.pipeline.batch import ORIGIN_GEN, ORIGIN_SEQ
+
+    original = InFlight.outputs
+
+    def input_origins(self: InFlight, data: list[bytes], source: list[int],
+                      stage: bytes) -> InFlight:  # fmt: skip
+        made = original(self, data, source, stage)
+        made.ints[[ORIGIN_GEN, ORIGIN_SEQ]] = self.ints[[ORIGIN_GEN, ORIGIN_SEQ]][:, source]
+        return made
+
+    monkeypatch.setattr(InFlight, "outputs", input_origins)
+    with pytest.raises(AssertionError):  # stopped at the first failure, unshrunk
+        outputs_test(settings(OUTPUTS, phases=[Phase.generate]))
 
 
 # --- mutants: each guard broken, the machine fails ------------------------------------
