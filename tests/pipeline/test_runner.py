@@ -290,33 +290,3 @@ def test_an_idle_stage_waits_a_quarter_of_the_time_it_has_been_idle_within_bound
     waits = [idle_wait_ms(ms) for ms in range(0, 2_000, 5)]
     assert waits[0] == idle_wait_ms(40) == 10 and idle_wait_ms(200) == 50
     assert waits == sorted(waits) and max(waits) == idle_wait_ms(10**9) == 100
-
-
-def test_the_flow_control_window_covers_every_checkpoint_downstream(tmp_path: Path) -> None:
-    # docs/pipeline.md, "Flow control": a record is acknowledged once every checkpoint
-    # down to the sink passed it, so a stage's window grows with the stages below it
-    from waymark.pipeline.identity import establish
-    from waymark.pipeline.runner import IN_FLIGHT_BATCHES, build_stage
-
-    url = "http://127.0.0.1:1"
-    stage = {"function": "waymark.pipeline.demo:deliver", "batch": 100}
-    spec = PipelineSpec.parse({
-        "pipeline": {"name": "depth", "handoff": tmp_path.as_uri()},
-        "edge": [{"name": e, "candidates": [url]} for e in ("raw", "enr", "side")],
-        "stage": [
-            {"name": "produce", "function": "waymark.pipeline.demo:produce", "events": 10,
-             "output": "raw", "batch": 100},
-            {**stage, "name": "transform", "input": "raw", "output": ["enr", "side"]},
-            {**stage, "name": "sink", "input": "enr", "sink": {"url": url, "topic": "out"}},
-            {**stage, "name": "side", "input": "side", "sink": {"url": url, "topic": "s"}},
-        ],
-    })  # fmt: skip
-    assert [spec.depth(s) for s in ("produce", "transform", "sink", "side")] == [2, 1, 0, 0]
-    store = open_store(tmp_path.as_uri())
-    identity = establish(store, spec.name)
-    for name, depth in (("produce", 2), ("transform", 1), ("sink", 1)):
-        built = build_stage(spec, name, store, ManualClock(), identity)
-        try:
-            assert built.max_in_flight == IN_FLIGHT_BATCHES * 100 * depth
-        finally:
-            built.close()

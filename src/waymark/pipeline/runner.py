@@ -58,12 +58,10 @@ def idle_wait_ms(idle_ms: int) -> int:
     return min(high, max(low, idle_ms // 4))
 
 
-# A stage holds at most this many batches unacknowledged on an output edge, per stage
-# downstream of it, before it waits for its consumer (docs/pipeline.md, "Flow
-# control"): a record is acknowledged only once every checkpoint down to the sink
-# passed it (PipelineSpec.depth), each up to a checkpoint interval after the last, so
-# the window covers one interval at full speed per stage below.
-IN_FLIGHT_BATCHES = 24
+# A stage holds at most this many batches unacknowledged on an output edge before it
+# waits for its consumer (docs/pipeline.md, "Flow control"): enough to cover the
+# consumer's checkpoint interval at full speed.
+IN_FLIGHT_BATCHES = 16
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -107,7 +105,7 @@ def build_stage(
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
         checkpoint_interval_ms=spec.checkpoint_interval_ms,
-        max_in_flight=IN_FLIGHT_BATCHES * stage_spec.batch * max(1, spec.depth(name)),
+        max_in_flight=IN_FLIGHT_BATCHES * stage_spec.batch,
         # each batch's writes overlap the next one's read (docs/semantics/pipeline.md §4.5)
         behind=Behind(f"stage-{name if shard is None else part_name(name, shard)}-writes"),
         key=part_name(name, shard) if shard is not None else None,

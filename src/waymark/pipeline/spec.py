@@ -254,23 +254,6 @@ class PipelineSpec:
         """Every edge as it is placed: the handoff records and topics there are."""
         return [part for edge in self.edges for part in self.parts(edge)]
 
-    def depth(self, stage: str) -> int:
-        """How many stages' checkpoints a record ``stage`` writes waits for before it is
-        acknowledged: its consumer's, which passes a record only once that stage's own
-        outputs are acknowledged, and so on down to a sink (0 for a stage writing a
-        sink; docs/semantics/pipeline.md §4.1)."""
-        seen: set[str] = set()
-
-        def down(name: str) -> int:
-            if name in seen:  # (a cycle is no pipeline; counted once)
-                return 0
-            seen.add(name)
-            consumers = [self.consumers[e] for e in self.stages[name].outputs
-                         if e in self.consumers]  # fmt: skip
-            return max((1 + down(c) for c in consumers), default=0)
-
-        return down(stage)
-
     def producer_keys(self, edge: str) -> list[str]:
         """The states and reports of every stage (or shard) writing ``edge``."""
         return [key for s in self.stages.values() if edge in s.outputs for key in s.state_keys()]
