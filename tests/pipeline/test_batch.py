@@ -234,6 +234,96 @@ def test_keep_selects_any_subset_in_order(records: list[Rec], flags: list[bool])
     assert contents(kept) == [r for r, keep in zip(records, mask, strict=True) if keep]
 
 
+def outputs_model(records: list[Rec], counts: list[int], stage: str) -> list[Rec]:
+    """What a stage's function making ``counts[i]`` outputs of record ``i`` writes, one
+    Python object per output: the ``k``-th output past the first ``<event>/<stage>:<k>``,
+    origin the record's position, birth the record's (docs/semantics/pipeline.md §5.1)."""
+    return [
+        Rec(r.event if k == 0 else f"{r.event}/{stage}:{k}", b"[%d,%d]" % (i, k),
+            r.position or Position(0, 0), r.born)
+        for i, (r, n) in enumerate(zip(records, counts, strict=True))
+        for k in range(n)
+    ]  # fmt: skip
+
+
+placed = st.builds(
+    Rec, ids, st.just(b"0"), origins, st.integers(0, 2**50),
+    st.builds(Position, st.integers(1, 3), st.integers(1, 1_000_000)),
+)  # fmt: skip
+
+
+OUTPUTS = settings(max_examples=50, deadline=None, derandomize=True, database=None)
+
+
+def check_outputs(records: list[Rec], data: st.DataObject, stage: str) -> None:
+    # none, one (the columnar case) or several outputs per record, in any mix
+    one_each = data.draw(st.booleans())
+    counts = [1] * len(records) if one_each else data.draw(
+        st.lists(st.integers(0, 3), min_size=len(records), max_size=len(records)))  # fmt: skip
+    model = outputs_model(records, counts, stage)
+    source = [i for i, n in enumerate(counts) for _ in range(n)]
+    made = of(records).outputs([m.data for m in model], source,
+                               msgspec.json.encode(stage)[1:-1])  # fmt: skip
+    assert contents(made) == model
+    assert made.written() == 0  # not on the output edge yet
+    assert [(r.id, r.meta) for r in decoded(made.edge_records(0, 7))] == [
+        (f"{m.event}@7", {GEN: "7", EVENT: m.event, BORN: str(m.born)}) for m in model]  # fmt: skip
+
+
+def outputs_test(config: settings) -> None:
+    """:func:`check_outputs` over drawn records, output counts and stage names."""
+    config(given(st.lists(placed, max_size=8), st.data(), ids)(check_outputs))()
+
+
+def test_outputs_match_one_object_per_output() -> None:
+    outputs_test(OUTPUTS)
+
+
+def test_outputs_of_a_record_skipped_in_the_middle_are_not_taken_for_one_each() -> None:
+    # as many outputs as records, but record 1 made none and record 0 two: the ids must
+    # still be derived (the columnar case holds only for one output per record)
+    records = [Rec(e, b"0", Position(0, 0), 5, Position(1, s)) for s, e in enumerate("abc", 1)]
+    made = of(records).outputs([b"1", b"2", b"3"], [0, 0, 2], b"t")
+    assert [made.event(i) for i in range(3)] == ["a", "a/t:1", "c"]
+    assert [made.origin(i) for i in range(3)] == [Position(1, 1), Position(1, 1), Position(1, 3)]
+
+
+def test_outputs_taken_for_one_each_by_their_count_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a mutant of the columnar case's guard: the count alone
+    original = InFlight.outputs
+
+    def by_count(self: InFlight, data: list[bytes], source: list[int], stage: bytes) -> InFlight:
+        if len(source) == len(self):
+            return original(self, data, list(range(len(self))), stage)
+        return original(self, data, source, stage)
+
+    monkeypatch.setattr(InFlight, "outputs", by_count)
+    with pytest.raises(AssertionError):
+        test_outputs_of_a_record_skipped_in_the_middle_are_not_taken_for_one_each()
+
+
+def test_outputs_that_take_their_inputs_origin_for_its_position_are_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an output's origin is where its input record sits on the input edge, not where
+    # that record came from (what the stage's checkpoint is computed from)
+    from waymark.pipeline.batch import ORIGIN_GEN, ORIGIN_SEQ
+
+    original = InFlight.outputs
+
+    def input_origins(self: InFlight, data: list[bytes], source: list[int],
+                      stage: bytes) -> InFlight:  # fmt: skip
+        made = original(self, data, source, stage)
+        made.ints[[ORIGIN_GEN, ORIGIN_SEQ]] = self.ints[[ORIGIN_GEN, ORIGIN_SEQ]][:, source]
+        return made
+
+    monkeypatch.setattr(InFlight, "outputs", input_origins)
+    with pytest.raises(AssertionError):  # stopped at the first failure, unshrunk
+        outputs_test(settings(OUTPUTS, phases=[Phase.generate]))
+
+
 # --- mutants: each guard broken, the machine fails ------------------------------------
 def test_a_release_that_assumes_a_prefix_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     def prefix_only(self: InFlight, mask: np.ndarray) -> InFlight:

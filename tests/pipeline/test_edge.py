@@ -478,3 +478,30 @@ def test_a_poison_event_of_a_source_is_dead_lettered_with_its_number(
     assert dead.data == 3 and dead.meta is not None
     assert dead.meta["wm.error"] == "ValueError: three" and dead.meta["wm.attempts"] == "3"
     assert dead.meta["wm.event"] == poisoned.identity.event("produce", 3)
+
+
+def test_a_stage_takes_no_input_while_an_output_holds_its_window(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Flow control": at max_in_flight unacknowledged records the
+    # source produces nothing more until its consumer's checkpoint frees the window, and
+    # skips no event meanwhile
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, events=50, batch=10, clock=clock,
+                   output=edge("src", "sink", 1000), max_in_flight=20)  # fmt: skip
+    source.start()
+    assert [source.step(), source.step()] == [10, 10]
+    assert source.step() == 0 and source.held_back and source.next_event == 20
+    sink = Stage("sink", deliver, states=states, input=edge("src", "sink", 1000), clock=clock,
+                 sink=Sink(fleet.sink.url, f"out-{run}", connect=connect))  # fmt: skip
+    sink.start()
+    for _ in range(60):
+        source.step()
+        sink.step()
+        if source.finished():
+            break
+    assert source.finished()
+    with Client(fleet.sink.url) as client:
+        got = [r.data["event_id"] for r in client.diff(f"out-{run}", 0, limit=100).records]
+    assert sorted(got) == list(range(50))

@@ -279,3 +279,14 @@ def test_the_latency_histogram_counts_a_batch_as_one_observe_per_latency_would()
     expected = [line for line in generate_latest(reference).decode().splitlines()
                 if "_created" not in line]  # fmt: skip
     assert generate_latest(mine).decode().splitlines() == expected
+
+
+def test_an_idle_stage_waits_a_quarter_of_the_time_it_has_been_idle_within_bounds() -> None:
+    # docs/pipeline.md, "Running it": soon after work a stage looks again every 10 ms, so
+    # the end of a run is seen hop by hop within a quarter of the time it took; a stage
+    # idle for long asks at most ten times a second
+    from waymark.pipeline.runner import idle_wait_ms
+
+    waits = [idle_wait_ms(ms) for ms in range(0, 2_000, 5)]
+    assert waits[0] == idle_wait_ms(40) == 10 and idle_wait_ms(200) == 50
+    assert waits == sorted(waits) and max(waits) == idle_wait_ms(10**9) == 100

@@ -149,6 +149,33 @@ class InFlight:
         return {"origin_gen": self.ints[GENERATION, at], "origin_seq": self.ints[SEQ, at],
                 "born_ms": self.ints[BORN_MS, at]}  # fmt: skip
 
+    def outputs(self, data: Sequence[bytes], source: Sequence[int], stage: bytes) -> InFlight:
+        """The records a stage's function made of these: output ``j`` is ``data[j]``, made
+        of record ``source[j]`` (non-decreasing), whose origin and birth it takes; the
+        first output of a record keeps its event id, the ``k``-th next is
+        ``<event>/<stage>:<k>`` (``stage`` as it reads inside a JSON string,
+        docs/semantics/pipeline.md §5.1). One output per record, the common case, keeps
+        the event ids' buffer as it is, with no step per record."""
+        at = np.asarray(source, np.intp)
+        n = len(self)
+        if len(at) == n and (not n or (at[0] == 0 and bool((np.diff(at) == 1).all()))):
+            ints = np.zeros((_ROWS, n), np.int64)
+            ints[EVENT_END] = self.ints[EVENT_END]
+            ints[DATA_END] = _ends(data)
+            ints[ORIGIN_GEN] = self.ints[GENERATION]
+            ints[ORIGIN_SEQ] = self.ints[SEQ]
+            ints[BORN_MS] = self.ints[BORN_MS]
+            return InFlight(self.events, b"".join(data), ints)
+        inputs = self.event_jsons()
+        events: list[bytes] = []
+        last, k = -1, 0
+        for i in source:
+            k = k + 1 if i == last else 0
+            last = i
+            event = inputs[i]
+            events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
+        return InFlight.build(events, data, **self.origins_of(source))
+
     def event(self, i: int) -> str:
         return str(msgspec.json.decode(self.event_json(i)))
 

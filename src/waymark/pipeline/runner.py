@@ -43,17 +43,19 @@ from waymark.pipeline.status import edge_lag, edge_statuses, pipeline_status
 log = logging.getLogger(__name__)
 
 # How long an idle stage waits before it looks again (a consumer's long poll of its
-# edge, a finished source's pause between reads of its consumers' acknowledgements):
-# short after work, so a stage sees its upstream finish soon, doubling while it stays
-# idle, so an idle pipeline asks its servers and store little (docs/pipeline.md,
-# "Running it").
+# edge, a finished source's pause between reads of its consumers' acknowledgements): a
+# quarter of the time it has been idle, within these bounds. Short after work, so a
+# stage sees its upstream finish within about a quarter of the time that took (the
+# end of a run is seen hop by hop, each stage waiting on the one before); growing while
+# it stays idle, so an idle pipeline asks its servers and store little
+# (docs/pipeline.md, "Running it").
 IDLE_WAIT_MS = (10, 100)
 
 
-def idle_wait_ms(idle_steps: int) -> int:
-    """The wait after ``idle_steps`` idle steps in a row (0 after a busy one)."""
+def idle_wait_ms(idle_ms: int) -> int:
+    """The wait of a stage idle for ``idle_ms`` (0 after a busy step)."""
     low, high = IDLE_WAIT_MS
-    return min(high, low << min(idle_steps, 16))
+    return min(high, max(low, idle_ms // 4))
 
 
 # A stage holds at most this many batches unacknowledged on an output edge before it
@@ -385,7 +387,7 @@ class PipelineRunner:
     def _steps(self, run: StageRun) -> None:
         last_report_ms: int | None = None
         idle = False
-        idle_steps = 0  # in a row
+        busy_ms = self.clock.now_ms()  # when the stage last took work
         last_unacked = -1  # a source's unacknowledged records after its last idle step
         while not self._stop.is_set():
             try:
@@ -405,10 +407,11 @@ class PipelineRunner:
                     # (docs/semantics/pipeline.md §4.7)
                     run.report.incarnation = run.stage.state.incarnation
                 stage = run.stage
-                wait_ms = idle_wait_ms(idle_steps) if stage.input is not None else 0
-                taken = stage.step(wait_ms=wait_ms)
+                idle_ms = self.clock.now_ms() - busy_ms if idle else 0
+                taken = stage.step(wait_ms=idle_wait_ms(idle_ms) if stage.input is not None else 0)
                 idle = taken == 0
-                idle_steps = idle_steps + 1 if idle else 0
+                if not idle:
+                    busy_ms = self.clock.now_ms()
                 report_due = last_report_ms is None or (
                     self.clock.now_ms() - last_report_ms >= self.report_interval_s * 1000
                 )
@@ -486,10 +489,10 @@ class PipelineRunner:
                 # short again.
                 unacked = sum(len(edge.unacked) for edge in physical_edges(stage))
                 if unacked != last_unacked:
-                    idle_steps, last_unacked = 1, unacked
+                    busy_ms, last_unacked = now_ms, unacked
                 with self._progress:
                     if not self._stop.is_set():
-                        self._progress.wait(idle_wait_ms(idle_steps - 1) / 1000)
+                        self._progress.wait(idle_wait_ms(now_ms - busy_ms) / 1000)
 
     def _watch_generations(self) -> None:
         readers = [HandoffReader(self.store.inner, p.name) for p in self.spec.all_parts()]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
@@ -252,43 +253,69 @@ class Stage:
         begin, end = self.next_event, min(self.events, self.next_event + self.batch)
         # event n's id is "<pipeline>.<run>/<stage>:<n>" (docs/semantics/pipeline.md §5.1)
         prefix = _encode(self.identity.event_prefix(self.name))[:-1]
+        born = self.clock.now_ms()
+        if self.poison:
+            made = self._produce_each(prefix, begin, end, born)
+        else:
+            numbers = range(begin, end)
+            events = [b'%s%d"' % (prefix, n) for n in numbers]
+            data: list[bytes] = []
+            function, n = self.function, begin
+            try:  # one guard for the batch: the loop's n names the event that failed
+                for n in numbers:
+                    data.append(_encode(function(n)))
+            except Exception as error:  # the user's code: any failure is this event's
+                raise StageFunctionFailed(self.name, events[n - begin], error) from error
+            made = InFlight.build(events, data, origin_seq=np.arange(begin, end), born_ms=born)
+        self.next_event = end
+        return made
+
+    def _produce_each(self, prefix: bytes, begin: int, end: int, born: int) -> InFlight:
+        """:meth:`_produce` event by event, dead-lettering the poison ones."""
         events: list[bytes] = []
         data: list[bytes] = []
         origins: list[int] = []
         for n in range(begin, end):
             event = b'%s%d"' % (prefix, n)
-            if self.poison and self._dead(event, b"%d" % n):
+            if self._dead(event, b"%d" % n):
                 continue
             events.append(event)
             data += self._call(event, n)
             origins.append(n)
-        self.next_event = end
-        return InFlight.build(events, data, origin_seq=origins,
-                              born_ms=self.clock.now_ms())  # fmt: skip
+        return InFlight.build(events, data, origin_seq=origins, born_ms=born)
 
     def _transform(self, records: InFlight) -> InFlight:
         """The function applied to each record: its outputs, each with its stable id
         and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
-        events: list[bytes] = []
+        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
+        if self.poison:
+            return self._transform_each(records, stage)
+        args = list(map(_decode, records.values()))
         data: list[bytes] = []
         source: list[int] = []  # the input record of each output
-        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
-        function, poison = self.function, self.poison
+        function, i = self.function, 0
+        try:  # one guard for the batch: the loop's i names the record that failed
+            for i, arg in enumerate(args):
+                for out in function(arg):
+                    data.append(_encode(out))
+                    source.append(i)
+        except Exception as error:  # the user's code: any failure is this event's
+            raise StageFunctionFailed(self.name, records.event_json(i), error) from error
+        # each output's origin and birth are its input record's, taken as columns
+        return records.outputs(data, source, stage)
+
+    def _transform_each(self, records: InFlight, stage: bytes) -> InFlight:
+        """:meth:`_transform` record by record, dead-lettering the poison ones."""
+        data: list[bytes] = []
+        source: list[int] = []
         for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
                                                strict=True)):  # fmt: skip
-            if poison and self._dead(event, value):
+            if self._dead(event, value):
                 continue
-            arg = _decode(value)
-            try:
-                outs = [_encode(out) for out in function(arg)]
-            except Exception as error:  # the user's code: any failure is this event's
-                raise StageFunctionFailed(self.name, event, error) from error
-            for k, out in enumerate(outs):
-                events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
+            for out in self._call(event, _decode(value)):
                 data.append(out)
                 source.append(i)
-        # each output's origin and birth are its input record's, taken as columns
-        return InFlight.build(events, data, **records.origins_of(source))
+        return records.outputs(data, source, stage)
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage; the number of input records (or events)
