@@ -33,7 +33,12 @@ from nats.js import JetStreamContext, api
 
 from waymark.kv.deadline import timed
 from waymark.kv.errors import CursorExpired, KvError, WatchError
-from waymark.kv.guards import reset_resume_point, resume_window_ok, resume_within_stream
+from waymark.kv.guards import (
+    listing_stuck,
+    reset_resume_point,
+    resume_window_ok,
+    resume_within_stream,
+)
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
 
 KV_OPERATION = "KV-Operation"
@@ -154,6 +159,8 @@ class OrderedFeed:
         self._gen = 0
         self._answered_fc: str | None = None
         self._stall_strikes = 0
+        self._listing = 0  # messages this consumer's last-per-subject listing holds
+        self._listed = 0  # ... and how many it delivered
         self._sub: Subscription | None = None
         self._consumer: str | None = None
         self._chunk: list[KvUpdate] = []
@@ -182,6 +189,7 @@ class OrderedFeed:
         first = self._gen == 1
         self._dseq = 1
         self._answered_fc, self._stall_strikes = None, 0
+        self._listing, self._listed = 0, 0  # deliveries before add_consumer returns count too
         inbox = self._nc.new_inbox()
         # Subscribe first: the consumer may deliver the moment it exists.
         self._sub = await self._nc.subscribe(
@@ -212,6 +220,8 @@ class OrderedFeed:
             self._js.add_consumer(spec.stream, config=config), self._timeout, "create consumer"
         )
         self._consumer = info.name
+        if policy == api.DeliverPolicy.LAST_PER_SUBJECT:
+            self._listing = info.num_pending or 0
         if first:
             self.initial_pending = info.num_pending or 0
 
@@ -262,6 +272,7 @@ class OrderedFeed:
         else:
             op = _PUT  # what update_op says of a message without headers
         self.delivered += 1
+        self._listed += 1
         chunk = self._chunk
         chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
         sub = self._sub
@@ -316,6 +327,10 @@ class OrderedFeed:
             self._answered_fc = stalled
         last = headers.get("Nats-Last-Consumer")
         if last is not None and int(last) != self._dseq - 1:
+            self._reset()
+        elif not stalled and listing_stuck(self._listed, self._listing):
+            # Waiting would crawl on, one removed message per heartbeat, without a
+            # word: recreate the consumer (docs/semantics/kv.md §4.4).
             self._reset()
 
     def _reset(self) -> None:
