@@ -160,7 +160,7 @@ class OrderedFeed:
         self._answered_fc: str | None = None
         self._stall_strikes = 0
         self._listing = 0  # messages this consumer's last-per-subject listing holds
-        self._listed = 0  # ... and how many it delivered
+        self._listing_from = 0  # ``delivered`` when this consumer was created
         self._sub: Subscription | None = None
         self._consumer: str | None = None
         self._chunk: list[KvUpdate] = []
@@ -189,7 +189,8 @@ class OrderedFeed:
         first = self._gen == 1
         self._dseq = 1
         self._answered_fc, self._stall_strikes = None, 0
-        self._listing, self._listed = 0, 0  # deliveries before add_consumer returns count too
+        # Deliveries may come before add_consumer returns: they count from here.
+        self._listing, self._listing_from = 0, self.delivered
         inbox = self._nc.new_inbox()
         # Subscribe first: the consumer may deliver the moment it exists.
         self._sub = await self._nc.subscribe(
@@ -272,7 +273,6 @@ class OrderedFeed:
         else:
             op = _PUT  # what update_op says of a message without headers
         self.delivered += 1
-        self._listed += 1
         chunk = self._chunk
         chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
         sub = self._sub
@@ -328,7 +328,7 @@ class OrderedFeed:
         last = headers.get("Nats-Last-Consumer")
         if last is not None and int(last) != self._dseq - 1:
             self._reset()
-        elif not stalled and listing_stuck(self._listed, self._listing):
+        elif not stalled and listing_stuck(self.delivered - self._listing_from, self._listing):
             # Waiting would crawl on, one removed message per heartbeat, without a
             # word: recreate the consumer (docs/semantics/kv.md §4.4).
             self._reset()
