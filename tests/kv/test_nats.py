@@ -35,6 +35,7 @@ from waymark.kv import (
     watch_applied,
 )
 from waymark.kv import bucket as bucket_module
+from waymark.kv import consumer as consumer_module
 from waymark.kv.consumer import OrderedFeed
 from waymark.kv.deadline import timed
 from waymark.kv.server import EmbeddedNats
@@ -631,3 +632,29 @@ async def test_a_listing_whose_messages_are_purged_under_it_starts_over(
     listed = await asyncio.wait_for(kv.reader().scan(), 20)
     assert purged
     assert sorted(e.key for e in listed) == [f"k{i:04}" for i in range(349, 400)]  # k0349: 350
+
+
+async def test_a_delivery_whose_handling_fails_fails_the_watch(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py gives an error raised in a subscription's callback to the connection's
+    error callback (which ignores it) and goes on with the next message: a delivery
+    whose handling failed was skipped without a word. It fails the watch now."""
+    kv = await conn.store(bucket_name)
+    w = kv.writer()
+    await w.put("a", b"1")
+    await w.delete("b")
+    await w.put("c", b"3")
+
+    def failing_update_op(headers: dict[str, str] | None) -> Op:
+        """Fault injector: reading the delete marker's headers fails (a client bug)."""
+        raise ValueError("cannot read the marker")
+
+    monkeypatch.setattr(consumer_module, "update_op", failing_update_op)
+    seen: list[str] = []
+    async with await kv.watcher().watch_all() as watch:
+        with pytest.raises(WatchError, match="delivery failed: ValueError"):
+            async with asyncio.timeout(10):
+                async for update in watch.updates():
+                    seen.append(update.key)
+    assert "c" not in seen  # nothing after the failed one
