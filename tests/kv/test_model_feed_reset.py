@@ -360,6 +360,9 @@ class FeedResets(RuleBasedStateMachine):
             elif key in fold:
                 assert fold[key] in values.get(key, set()), f"{key}: a value it never had"
         assert set(fold) <= set(last_write), "the fold holds keys never written"
+        if not self.relist_at:  # no resync: every revision applied, the fold is their replay
+            replay = {k: v for k, (_, v) in last_write.items() if v is not None}
+            assert fold == replay, "without a resync the fold is every write replayed"
 
     async def _close(self) -> None:
         self.shutdown.set()
