@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
@@ -86,3 +87,37 @@ async def test_every_marker_is_delivered_as_a_removal(reason: str) -> None:
     [update] = queue.get_nowait()  # type: ignore[misc]
     assert update.op in (Op.DELETE, Op.PURGE) and update.value == b"" and feed.delivered == 1
     assert update_op({"Nats-Marker-Reason": reason}) is update.op
+
+
+class _Reconnecting:
+    """Fault injector: a client reconnecting with its outbound buffer full."""
+
+    def __init__(self) -> None:
+        self.full = True
+        self.sent: list[str] = []
+
+    async def publish(self, subject: str) -> None:
+        if self.full:
+            raise nats.errors.OutboundBufferLimitError
+        self.sent.append(subject)
+
+
+async def test_a_flow_control_answer_lost_to_a_reconnect_is_given_again() -> None:
+    """A failed delivery fails the feed, but a flow-control answer the reconnecting client
+    cannot buffer is no failure: the server, still stalled, asks again in its heartbeat."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=1)
+    feed, _ = _feed(queue)
+    nc = _Reconnecting()
+    feed._nc = nc  # type: ignore[assignment]
+    control = {"Status": "100", "Description": "FlowControl Request"}
+    await feed._on_msg(feed._gen, Msg(None, subject="i", reply="$FC.1", data=b"", headers=control))  # type: ignore[arg-type]
+    nc.full = False
+    heartbeat = {
+        "Status": "100",
+        "Description": "Idle Heartbeat",
+        "Nats-Last-Consumer": "0",
+        "Nats-Consumer-Stalled": "$FC.1",
+    }
+    await feed._on_msg(feed._gen, Msg(None, subject="i", reply="", data=b"", headers=heartbeat))  # type: ignore[arg-type]
+    assert nc.sent == ["$FC.1"]
+    assert queue.empty() and not feed._stopped

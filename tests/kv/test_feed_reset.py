@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.kv.test_nats import bulk_put, fold_state
@@ -291,4 +292,114 @@ async def test_a_cancellation_leaking_to_the_fold_s_watch_task_fails_the_fold_lo
     fold = watch_applied(kv.watcher(), WatchScope.all(), store=store, reader=kv.reader())
     with pytest.raises(WatchError, match="stray cancellation"):
         await asyncio.wait_for(fold, 15)
+    store.close()
+
+
+def recording_with_heartbeat(heartbeat: float) -> tuple[type[OrderedFeed], list[OrderedFeed]]:
+    """An OrderedFeed that remembers its instances and heartbeats every ``heartbeat`` s."""
+    feeds: list[OrderedFeed] = []
+
+    class Recorded(OrderedFeed):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["heartbeat"] = heartbeat
+            super().__init__(*args, **kwargs)
+            feeds.append(self)
+
+    return Recorded, feeds
+
+
+async def test_a_state_sync_listing_whose_messages_are_purged_under_it_resyncs_at_once(
+    conn: Connection,
+    bucket_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The "fold stuck at 66 of 718" stall (docs/kv.md, "How it is tested"). A bucket
+    keeping history lists last-per-subject from a list of sequences taken when the
+    consumer is created; retention takes some before they are sent (here: apply is held,
+    the server stops at its flow-control window, then the stream is purged). nats-server
+    then skips one missing sequence per wake-up (a write, an idle heartbeat), so the
+    listing crawled on at one key per heartbeat (5 s each by default) with no error.
+    The listing must be recreated at the first idle heartbeat it still owes messages
+    at: its next revision is gone, so the fold resyncs and goes on."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None, max_history=64))
+    value = b"x" * 16_384  # 2 MB (the server's flow-control window) is ~128 of them
+    await bulk_put(kv, [(f"k{i:04}", value) for i in range(400)])
+    recorded, feeds = recording_with_heartbeat(1.0)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+    release = asyncio.Event()
+
+    async def apply(batch: list[KvUpdate]) -> None:
+        await release.wait()
+
+    store = AppendLogStore(tmp_path / "fold.log")
+    shutdown = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(),
+            WatchScope.all(),
+            apply,
+            store=store,
+            reader=kv.reader(),
+            config=BatchConfig(max=8, channel_capacity=8),
+            shutdown=shutdown,
+        )
+    )
+    await wait_until(lambda: bool(feeds) and feeds[0]._sub is not None, "the listing to start")
+    sub = feeds[0]._sub
+    assert sub is not None
+    arrived = -1
+    while sub.delivered != arrived:  # the server stopped at its flow-control window
+        arrived = sub.delivered
+        await asyncio.sleep(0.05)
+    assert arrived < 300, "the server sent past the purge point: nothing to test"
+    await kv.js.purge_stream(kv.stream, seq=350)
+    release.set()
+    await wait_until(
+        lambda: (store.cursor.as_u64() or 0) >= 400 or task.done(), "the fold to go on", 8
+    )
+    assert not task.done(), f"the fold stopped: {task.exception()!r}"
+    assert "resyncing" in caplog.text
+    assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+    shutdown.set()
+    await asyncio.wait_for(task, 10)
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["fold-cancelled", "apply-leaks-a-cancellation"])
+async def test_a_cancellation_during_a_resync(
+    conn: Connection, bucket_name: str, tmp_path: Path, how: str
+) -> None:
+    """Cancelling the fold (a shutdown) while its resync runs the synthetic deletes
+    through apply ends it with CancelledError, as a cancellation anywhere else does;
+    the resync does not report it as its failure. A cancellation nobody asked for
+    (here leaked out of apply) is a failure: WatchError, never a silent end."""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None))
+    w = kv.writer()
+    first = (await w.put("gone", b"1")).as_u64() or 0
+    store = AppendLogStore(tmp_path / "fold.log")
+    store.apply([KvUpdate.put("gone", b"1", first)], WatchCursor.from_u64(first))
+    await w.delete("gone")
+    last = (await w.put("kept", b"2")).as_u64() or 0
+    await kv.js.purge_stream(kv.stream, seq=last)  # the cursor expires: resync at start
+    in_apply = asyncio.Event()
+
+    async def apply(batch: list[KvUpdate]) -> None:
+        in_apply.set()  # the synthetic delete of "gone"
+        if how == "apply-leaks-a-cancellation":
+            raise asyncio.CancelledError
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(
+        watch_applied(kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader())
+    )
+    await asyncio.wait_for(in_apply.wait(), 10)
+    if how == "fold-cancelled":
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+    else:
+        with pytest.raises(WatchError, match="resync failed: a stray cancellation"):
+            await asyncio.wait_for(task, 10)
     store.close()

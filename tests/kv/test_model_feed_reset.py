@@ -5,12 +5,16 @@ cursor) runs while the machine writes bursts, holds and releases the reader
 (apply blocks: the feed backpressures), forces resets (the fault injector
 ``force_reset``, what the heartbeat monitor, a sequence gap or a stall end in),
 evicts the stream's head (retention, done by purge) and restarts the server
-(the client reconnects; the consumer, in memory, is gone). The model: every
-revision is applied once and in order, or a resync ran (then the re-list is in
-order) — and once quiet the fold equals the bucket. A fold that failed (the
-live floor guard) is restarted from its store's cursor, as ``waymark fold``
-would be. Breaking the reset's resume point (delivered instead of handed over)
-or dropping the chunk a reset finds in the channel must be caught.
+(the client reconnects; the consumer, in memory, is gone), also while a resync's
+re-list runs, and overtakes a re-list held at the server's flow-control window. The
+model: every revision is applied once and in order, or a resync ran (then the re-list
+is in order) — and once quiet the fold holds every key whose last write the stream
+still holds as that write left it; a key whose last write was evicted may be kept
+with a value it had (a listing said it was live; the fold keeps what it applied).
+A fold that failed (the live floor guard) is restarted from its store's cursor, as
+``waymark fold`` would be. Breaking the reset's resume point (delivered instead of
+handed over), dropping the chunk a reset finds in the channel, or letting a listing
+wait on messages removed under it must be caught.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ pytestmark = pytest.mark.timeout(120)
 
 FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 KEYS = [f"k{i:02}" for i in range(12)]
+BIG = b"g" * 16_384  # ~128 of them fill the server's 2 MB flow-control window
 HEARTBEAT = 0.25  # the feed's idle heartbeat here: a lost consumer is noticed in 0.75 s
 _buckets = itertools.count()
 
@@ -92,8 +97,9 @@ class FeedResets(RuleBasedStateMachine):
         self.restarts = 0
         self.log: list[tuple[int, str, bytes | None]] = []  # every write: revision, key, value
         self.evicted_below = 1  # retention took every revision below this
-        self.relist_floor: list[int] = []  # evicted_below when each re-list began
-        self.evicted_since_relist = False
+        self.hold_relist = False  # hold the reader as the next re-list starts
+        self.overtaken = 0  # relist_overtaken runs
+        self.stuck = False
         self.fold: asyncio.Task[WatchCursor] | None = None
         self.run(self._setup())
 
@@ -137,8 +143,9 @@ class FeedResets(RuleBasedStateMachine):
                     same_run = getattr(expired, "fold_run", None) == fold_run
                     owed = expired.handed if same_run else None
                     machine.handed_before_relist.append(owed)
-                    machine.relist_floor.append(machine.evicted_below)
-                    machine.evicted_since_relist = False
+                    if machine.hold_relist:
+                        machine.hold_relist = False
+                        machine.release.clear()
                 machine.feeds.append(self)
 
         async def apply(batch: list[KvUpdate]) -> None:
@@ -247,27 +254,11 @@ class FeedResets(RuleBasedStateMachine):
 
         self.run(go())
 
-    def _relisting(self) -> bool:
-        """A resync (its listing) or its state-sync re-list is under way. Retention is
-        not made to overrun one here: the model does not follow a listing that
-        eviction overtakes (the fold then keeps keys listed live whose revisions were
-        evicted, as it keeps anything it applied), and a re-list has no live floor
-        guard (docs/semantics/kv.md §5). Without this, a run stalled once in a
-        re-list ("fold stuck at 66 of 718" after a resync's deletes), not diagnosed."""
-        feed = self.feeds[-1]
-        if feed._stopped:
-            return True
-        relist = feed._spec.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT
-        return relist and feed.delivered < feed.initial_pending
-
     @rule(back=st.integers(min_value=0, max_value=60), past_reader=st.booleans())
     def evict_head(self, back: int, past_reader: bool) -> None:
         """Retention: everything below ``last - back`` is gone, or (``past_reader``)
-        everything up to a little past what the feed has handed over. Nothing while a
-        resync or re-list runs; decided in the rule, not by a precondition, since it
-        depends on timing and hypothesis requires the drawn steps to be the same on replay."""
-        if self._relisting():
-            return
+        everything up to a little past what the feed has handed over; a resync or its
+        re-list may be running."""
 
         async def go() -> None:
             _, last = await self.kv.stream_bounds()
@@ -285,7 +276,6 @@ class FeedResets(RuleBasedStateMachine):
         below = min(below, last)
         await self.kv.js.purge_stream(self.kv.stream, seq=below)
         self.evicted_below = max(self.evicted_below, below)
-        self.evicted_since_relist = True
 
     @precondition(lambda self: self.restarts < 1)
     @rule()
@@ -309,8 +299,9 @@ class FeedResets(RuleBasedStateMachine):
         try:
             self.release.set()
             self.held = False
-            self.run(self._quiesce(), timeout=60)
-            self._check()
+            if not self.stuck:
+                self.run(self._quiesce(), timeout=60)
+                self._check()
         finally:
             self.loop.run_until_complete(self._close())
             self.loop.close()
@@ -352,20 +343,26 @@ class FeedResets(RuleBasedStateMachine):
                     "every revision handed over before a resync is applied before it "
                     "(every revision is applied once, in order, or resynced)"
                 )
-        # The fold keeps what it applied even once retention evicted it (it is then
-        # the only full replica); a resync rebuilds it from what the stream held.
-        floor = self.relist_floor[-1] if self.relist_floor else 0
-        if self.relist_floor and self.evicted_since_relist:
-            return  # evicted under the re-list itself: what it saw is not modelled
-        expected: dict[str, bytes] = {}
+        # A key whose last write the stream still holds is as that write left it: the
+        # fold applied it, live or in a re-list. One whose last write was evicted may be
+        # kept with a value it had (the fold keeps what it applied, and what a resync's
+        # listing said was live; docs/kv.md, "How it is tested"), or be gone.
+        fold = {e.key: e.value for e in self.store.range()}
+        last_write: dict[str, tuple[int, bytes | None]] = {}
+        values: dict[str, set[bytes]] = {}
         for rev, key, value in sorted(self.log):
-            if rev < floor:
-                continue
-            if value is None:
-                expected.pop(key, None)
-            else:
-                expected[key] = value
-        assert {e.key: e.value for e in self.store.range()} == expected
+            last_write[key] = (rev, value)
+            if value is not None:
+                values.setdefault(key, set()).add(value)
+        for key, (rev, value) in last_write.items():
+            if rev >= self.evicted_below:
+                assert fold.get(key) == value, f"{key}: its last write, {rev}, not in the fold"
+            elif key in fold:
+                assert fold[key] in values.get(key, set()), f"{key}: a value it never had"
+        assert set(fold) <= set(last_write), "the fold holds keys never written"
+        if not self.relist_at:  # no resync: every revision applied, the fold is their replay
+            replay = {k: v for k, (_, v) in last_write.items() if v is not None}
+            assert fold == replay, "without a resync the fold is every write replayed"
 
     async def _close(self) -> None:
         self.shutdown.set()
@@ -377,8 +374,73 @@ class FeedResets(RuleBasedStateMachine):
         self.store.close()
 
 
-def _machine(server: EmbeddedNats) -> type[FeedResets]:
-    return type("FeedResetsOn", (FeedResets,), {"server": server})
+class FeedResetsOvertaken(FeedResets):
+    """The same machine, with a rule that makes retention overtake a re-list. Its own
+    class: the rule writes megabytes, so it runs in a few examples of its own."""
+
+    @precondition(lambda self: self.overtaken < 1)
+    @rule(n=st.integers(min_value=140, max_value=200))
+    def relist_overtaken(self, n: int) -> None:
+        """Retention overtakes a resync's re-list: a resync is forced (the reader held,
+        evict past it, reset), ``n`` big values are written, the reader is held again as
+        the re-list starts, the server stops at its flow-control window, and everything
+        but the last revision is evicted before the reader goes on. The re-list owes
+        messages the stream no longer holds; it must not wait for them. Once per run:
+        it writes megabytes."""
+        self.overtaken += 1
+        self.held = True
+        self.release.clear()
+        fold = self.fold
+        assert fold is not None
+
+        async def go() -> None:
+            js, prefix = self.kv.js, self.kv.subject_prefix
+            for i in range(60):
+                await self._publish(f"s{i:02}", b"s")
+            await self._settle()
+            await self._evict(self.feeds[-1].handed + 2)
+            before = len(self.feeds)
+            force_reset(self.feeds[-1])
+            acks = [await js.publish_async(f"{prefix}g{i:03}", BIG) for i in range(n)]
+            for i, ack in enumerate(acks):
+                self.log.append(((await ack).seq, f"g{i:03}", BIG))
+            big = self.log[-1][0]
+            self.hold_relist = True
+            self.release.set()  # the resync's deletes go through, then the re-list starts
+
+            def relisting() -> bool:
+                return len(self.feeds) > before or fold.done()
+
+            await self._wait(lambda: relisting() or (self.store.cursor.as_u64() or 0) >= big)
+            if fold.done() or not relisting():  # failed, or the reset found nothing evicted
+                return
+            feed, arrived = self.feeds[-1], -1
+            await self._wait(lambda: feed._sub is not None or fold.done())
+            while feed._sub is not None and feed._sub.delivered != arrived:
+                arrived = feed._sub.delivered  # until the server stops at its window
+                await asyncio.sleep(0.05)
+            _, last = await self.kv.stream_bounds()
+            await self._evict(last)
+            self.release.set()
+            try:
+                await self._wait(
+                    lambda: (self.store.cursor.as_u64() or 0) >= last or fold.done(), timeout=3
+                )
+            except AssertionError:
+                self.stuck = True  # teardown need not wait for it again
+                raise AssertionError(
+                    f"fold stuck at {self.store.cursor.as_u64()} of {last} in a re-list"
+                ) from None
+
+        try:
+            self.run(go())
+        finally:  # the reader goes on, and no later re-list is held
+            self.hold_relist, self.held = False, False
+            self.release.set()
+
+
+def _machine(server: EmbeddedNats, base: type[FeedResets] = FeedResets) -> type[FeedResets]:
+    return type("FeedResetsOn", (base,), {"server": server})
 
 
 MACHINE_SETTINGS = settings(
@@ -390,6 +452,9 @@ MACHINE_SETTINGS = settings(
     phases=[Phase.generate],
     suppress_health_check=list(HealthCheck),
 )
+
+
+OVERTAKEN_SETTINGS = settings(MACHINE_SETTINGS, max_examples=4, stateful_step_count=8)
 
 
 def test_every_revision_is_applied_once_in_order_or_resynced(
@@ -429,4 +494,24 @@ def test_a_broken_reset_is_caught(
         run_state_machine_as_test(
             _machine(restartable_nats),
             settings=settings(MACHINE_SETTINGS, max_examples=40),
+        )
+
+
+def test_a_relist_overtaken_by_retention_neither_stalls_nor_skips(
+    restartable_nats: EmbeddedNats, fixed_constants: None
+) -> None:
+    run_state_machine_as_test(
+        _machine(restartable_nats, FeedResetsOvertaken), settings=OVERTAKEN_SETTINGS
+    )
+
+
+def test_a_listing_waiting_on_removed_messages_is_caught(
+    restartable_nats: EmbeddedNats, monkeypatch: pytest.MonkeyPatch, fixed_constants: None
+) -> None:
+    """Mutant: the feed ignores an idle heartbeat its last-per-subject listing still owes
+    messages at; the re-list crawls on, one removed message per heartbeat."""
+    monkeypatch.setattr(consumer_module, "listing_stuck", lambda listed, listing: False)
+    with pytest.raises(AssertionError, match=r"fold stuck at .* in a re-list"):
+        run_state_machine_as_test(
+            _machine(restartable_nats, FeedResetsOvertaken), settings=OVERTAKEN_SETTINGS
         )

@@ -35,6 +35,7 @@ from waymark.kv import (
     watch_applied,
 )
 from waymark.kv import bucket as bucket_module
+from waymark.kv import consumer as consumer_module
 from waymark.kv.consumer import OrderedFeed
 from waymark.kv.deadline import timed
 from waymark.kv.server import EmbeddedNats
@@ -597,3 +598,63 @@ async def test_a_listing_whose_consumer_keeps_getting_lost_fails_instead_of_loop
     with pytest.raises(KvError, match="lost"):
         await asyncio.wait_for(kv.reader().keys(), 20)
     assert (await kv.js.stream_info(kv.stream)).state.consumer_count == 0
+
+
+async def test_a_listing_whose_messages_are_purged_under_it_starts_over(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing's consumer was created owing 400 messages; after the server stopped at
+    its flow-control window the stream is purged. nats-server skips the removed ones one
+    per wake-up, so the listing used to wait out its timeout ("scan stalled") and a
+    resync's listing failed the fold. It now starts over at the next idle heartbeat and
+    lists what the bucket holds. (A values listing: headers alone never fill the window.)"""
+    kv = await conn.store(bucket_name, StoreConfig(max_bytes=None, max_history=64))
+    value = b"x" * 16_384  # 2 MB (the server's flow-control window) is ~128 of them
+    await bulk_put(kv, [(f"k{i:04}", value) for i in range(400)])
+    purged = False
+
+    class Overtaken(OrderedFeed):
+        async def _on_msg(self, gen: int, msg: Msg) -> None:
+            """Fault injector: the reader is slow at the 10th message (a loaded client);
+            meanwhile retention takes what the server has not sent yet."""
+            nonlocal purged
+            if not purged and msg.reply and self.delivered == 10:
+                purged = True
+                arrived, sub = -1, self._sub
+                while sub is not None and sub.delivered != arrived:
+                    arrived = sub.delivered  # until the server stops at its window
+                    await asyncio.sleep(0.05)
+                assert arrived < 350, "the server sent past the purge point"
+                await kv.js.purge_stream(kv.stream, seq=350)
+            await super()._on_msg(gen, msg)
+
+    monkeypatch.setattr(bucket_module, "OrderedFeed", Overtaken)
+    listed = await asyncio.wait_for(kv.reader().scan(), 20)
+    assert purged
+    assert sorted(e.key for e in listed) == [f"k{i:04}" for i in range(349, 400)]  # k0349: 350
+
+
+async def test_a_delivery_whose_handling_fails_fails_the_watch(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py gives an error raised in a subscription's callback to the connection's
+    error callback (which ignores it) and goes on with the next message: a delivery
+    whose handling failed was skipped without a word. It fails the watch now."""
+    kv = await conn.store(bucket_name)
+    w = kv.writer()
+    await w.put("a", b"1")
+    await w.delete("b")
+    await w.put("c", b"3")
+
+    def failing_update_op(headers: dict[str, str] | None) -> Op:
+        """Fault injector: reading the delete marker's headers fails (a client bug)."""
+        raise ValueError("cannot read the marker")
+
+    monkeypatch.setattr(consumer_module, "update_op", failing_update_op)
+    seen: list[str] = []
+    async with await kv.watcher().watch_all() as watch:
+        with pytest.raises(WatchError, match="delivery failed: ValueError"):
+            async with asyncio.timeout(10):
+                async for update in watch.updates():
+                    seen.append(update.key)
+    assert "c" not in seen  # nothing after the failed one

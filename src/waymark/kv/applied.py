@@ -457,7 +457,15 @@ async def _resync(
         assert store is not None  # the watch task asks only when a store is wired
         stale = core.resync(store, request.live, scope)
         await flush()
-    except BaseException as e:
+    except asyncio.CancelledError as e:
+        request.fail(e)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the fold is being stopped: not a failure of the resync
+        # Not asked for (leaked out of apply): a failure, as in _run_watch
+        # (docs/semantics/kv.md §4.4).
+        raise WatchError(f"resync failed: a stray cancellation: {e!r}") from e
+    except Exception as e:
         request.fail(e)
         raise WatchError(f"resync failed: {e}") from e
     log.warning("resync: %d stale key(s) deleted from the fold", len(stale))

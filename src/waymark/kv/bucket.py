@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, cast
 import nats.js.errors
 from nats.js import api
 
-from waymark.kv.consumer import END, ConsumerLost, ConsumerSpec, Failed, OrderedFeed, update_op
+from waymark.kv.consumer import (
+    END,
+    HEARTBEAT,
+    ConsumerLost,
+    ConsumerSpec,
+    Failed,
+    OrderedFeed,
+    update_op,
+)
 from waymark.kv.deadline import timed
 from waymark.kv.errors import AlreadyExists, BucketNotFound, KvError, RevisionMismatch, Timeout
 from waymark.kv.types import KvEntry, KvUpdate, Op, VersionToken
@@ -205,7 +213,18 @@ class KvReader:
         s = self._s
         headers_only = spec.headers_only
         queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
-        feed = OrderedFeed(s.js, spec, queue, chunk_max=1024, timeout=s.timeout, resumable=False)
+        # Heartbeats well within the timeout: an idle one finds a listing stuck on
+        # messages removed under it (consumer.listing_stuck), and the listing starts
+        # over, before the wait for the next chunk gives up (docs/semantics/kv.md §4.4).
+        feed = OrderedFeed(
+            s.js,
+            spec,
+            queue,
+            chunk_max=1024,
+            timeout=s.timeout,
+            heartbeat=min(HEARTBEAT, s.timeout / 4),
+            resumable=False,
+        )
         await feed.start()
         out: list[KvUpdate] = []
         try:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -33,7 +34,12 @@ from nats.js import JetStreamContext, api
 
 from waymark.kv.deadline import timed
 from waymark.kv.errors import CursorExpired, KvError, WatchError
-from waymark.kv.guards import reset_resume_point, resume_window_ok, resume_within_stream
+from waymark.kv.guards import (
+    listing_stuck,
+    reset_resume_point,
+    resume_window_ok,
+    resume_within_stream,
+)
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
 
 KV_OPERATION = "KV-Operation"
@@ -154,6 +160,8 @@ class OrderedFeed:
         self._gen = 0
         self._answered_fc: str | None = None
         self._stall_strikes = 0
+        self._listing = 0  # messages this consumer's last-per-subject listing holds
+        self._listing_from = 0  # ``delivered`` when this consumer was created
         self._sub: Subscription | None = None
         self._consumer: str | None = None
         self._chunk: list[KvUpdate] = []
@@ -182,6 +190,8 @@ class OrderedFeed:
         first = self._gen == 1
         self._dseq = 1
         self._answered_fc, self._stall_strikes = None, 0
+        # Deliveries may come before add_consumer returns: they count from here.
+        self._listing, self._listing_from = 0, self.delivered
         inbox = self._nc.new_inbox()
         # Subscribe first: the consumer may deliver the moment it exists.
         self._sub = await self._nc.subscribe(
@@ -212,62 +222,69 @@ class OrderedFeed:
             self._js.add_consumer(spec.stream, config=config), self._timeout, "create consumer"
         )
         self._consumer = info.name
+        if policy == api.DeliverPolicy.LAST_PER_SUBJECT:
+            self._listing = info.num_pending or 0
         if first:
             self.initial_pending = info.num_pending or 0
 
     async def _on_msg(self, gen: int, msg: Msg) -> None:
         # The hot path of every watch and scan: runs once per message, so the
         # common case (a put without headers) makes as few calls as it can.
-        if gen != self._gen or self._stopped:
-            return  # a message from a consumer we already replaced
-        data = msg.data
-        headers = msg.headers
-        if headers and not data and headers.get("Status") == "100":
-            await self._on_control(msg, headers)
-            # A control message may be the last one queued behind the final
-            # update of a burst: hand that chunk over now, not on the next update.
-            sub = self._sub
-            if self._chunk and not self._stopped and (sub is None or sub.pending_msgs == 0):
-                chunk, self._chunk = self._chunk, []
-                await self._hand_over(gen, chunk)
-            return
-        ack = parse_ack(msg.reply)
-        if ack is None:
-            version = UNKNOWN_VERSION
-        else:
-            sseq, dseq, self.pending = ack
-            if dseq != self._dseq:
-                self._reset()
+        try:
+            if gen != self._gen or self._stopped:
+                return  # a message from a consumer we already replaced
+            data = msg.data
+            headers = msg.headers
+            if headers and not data and headers.get("Status") == "100":
+                await self._on_control(msg, headers)
+                # A control message may be the last one queued behind the final
+                # update of a burst: hand that chunk over now, not on the next update.
+                sub = self._sub
+                if self._chunk and not self._stopped and (sub is None or sub.pending_msgs == 0):
+                    chunk, self._chunk = self._chunk, []
+                    await self._hand_over(gen, chunk)
                 return
-            self._dseq = dseq + 1
-            if sseq > self.frontier + 1 and self._floor_check is not None:
-                # A reset that unsubscribes meanwhile cancels this delivery: the
-                # cancellation propagates, and the reset decides what comes next
-                # (docs/semantics/kv.md §4.4). Only the check's verdict fails the feed.
-                try:
-                    await self._floor_check(self.frontier, sseq)
-                except Exception as e:
-                    await self.fail(e)
+            ack = parse_ack(msg.reply)
+            if ack is None:
+                version = UNKNOWN_VERSION
+            else:
+                sseq, dseq, self.pending = ack
+                if dseq != self._dseq:
+                    self._reset()
                     return
-                if gen != self._gen:
-                    return  # reset while the check ran: the new consumer resends this one
-            self.frontier = sseq
-            version = VersionToken(sseq.to_bytes(8, "big"))  # VersionToken.from_u64, inlined
-        if headers:
-            op = update_op(headers)
-            if op is not _PUT:
-                data = b""
-            elif self._spec.headers_only and headers.get(MSG_SIZE) == "0":
-                op = Op.DELETE  # no value bytes to look at: report the CAS tombstone as one
-        else:
-            op = _PUT  # what update_op says of a message without headers
-        self.delivered += 1
-        chunk = self._chunk
-        chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
-        sub = self._sub
-        if len(chunk) >= self._chunk_max or sub is None or sub.pending_msgs == 0:
-            self._chunk = []
-            await self._hand_over(gen, chunk)
+                self._dseq = dseq + 1
+                if sseq > self.frontier + 1 and self._floor_check is not None:
+                    # A reset that unsubscribes meanwhile cancels this delivery: the
+                    # cancellation propagates, and the reset decides what comes next
+                    # (docs/semantics/kv.md §4.4). Only the check's verdict fails the feed.
+                    try:
+                        await self._floor_check(self.frontier, sseq)
+                    except Exception as e:
+                        await self.fail(e)
+                        return
+                    if gen != self._gen:
+                        return  # reset while the check ran: the new consumer resends this one
+                self.frontier = sseq
+                version = VersionToken(sseq.to_bytes(8, "big"))  # VersionToken.from_u64, inlined
+            if headers:
+                op = update_op(headers)
+                if op is not _PUT:
+                    data = b""
+                elif self._spec.headers_only and headers.get(MSG_SIZE) == "0":
+                    op = Op.DELETE  # no value bytes to look at: report the CAS tombstone as one
+            else:
+                op = _PUT  # what update_op says of a message without headers
+            self.delivered += 1
+            chunk = self._chunk
+            chunk.append(KvUpdate(op, msg.subject[self._plen :], data, version))
+            sub = self._sub
+            if len(chunk) >= self._chunk_max or sub is None or sub.pending_msgs == 0:
+                self._chunk = []
+                await self._hand_over(gen, chunk)
+        except Exception as e:
+            # nats-py hands a callback's error to the connection's error callback and
+            # goes on with the next message: this one would be skipped without a word.
+            self._fail_now(WatchError(f"watch delivery failed: {e!r}"))
 
     async def _hand_over(self, gen: int, chunk: list[KvUpdate]) -> None:
         """Put ``chunk`` on the queue and move ``handed`` past it, as one step.
@@ -298,8 +315,7 @@ class OrderedFeed:
 
     async def _on_control(self, msg: Msg, headers: dict[str, str]) -> None:
         if msg.reply:  # flow control: every message before it has been processed
-            await self._nc.publish(msg.reply)
-            self._answered_fc = msg.reply
+            await self._answer(msg.reply)
             return
         stalled = headers.get("Nats-Consumer-Stalled")
         if stalled:
@@ -312,11 +328,24 @@ class OrderedFeed:
                 if self._stall_strikes >= 2:
                     self._reset()
                     return
-            await self._nc.publish(stalled)
-            self._answered_fc = stalled
+            await self._answer(stalled)
         last = headers.get("Nats-Last-Consumer")
         if last is not None and int(last) != self._dseq - 1:
             self._reset()
+        elif not stalled and listing_stuck(self.delivered - self._listing_from, self._listing):
+            # Waiting would crawl on, one removed message per heartbeat, without a
+            # word: recreate the consumer (docs/semantics/kv.md §4.4).
+            self._reset()
+
+    async def _answer(self, request: str) -> None:
+        """Answer a flow-control request. While the client reconnects its buffer may be
+        full: the answer is dropped, unrecorded, and the server, still stalled on the
+        request, repeats it in its heartbeats (answered then)."""
+        try:
+            await self._nc.publish(request)
+        except nats.errors.OutboundBufferLimitError:
+            return
+        self._answered_fc = request
 
     def _reset(self) -> None:
         """Recreate the consumer after a gap, from the stream sequence after the frontier.

@@ -40,6 +40,17 @@ def reset_resume_point(delivered: int, handed: int) -> int:
     return handed
 
 
+def listing_stuck(listed: int, listing: int) -> bool:
+    """Whether an idle heartbeat finds a last-per-subject listing stuck (docs/semantics/kv.md §4.4).
+
+    The consumer was created owing ``listing`` messages and delivered ``listed``. An
+    idle heartbeat before all came means some were removed (purged, evicted) after
+    the consumer listed them: nats-server then skips one such message per wake-up (a
+    write, a heartbeat), so the listing would crawl on for hours without an error.
+    """
+    return listed < listing
+
+
 def delivery_is_gap(frontier: int, delivered: int) -> bool:
     """Whether a delivery on an All-scope resume watch skipped sequences.
 
