@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -16,9 +17,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from prometheus_client import generate_latest
+from tests.conftest import start_server
 from tests.pipeline.conftest import FaultProxy, Fleet
 
-from waymark.client import Client
+from waymark.client import Client, ConfigPatch, Durability
 from waymark.clock import ManualClock
 from waymark.objstore import open_store
 from waymark.pipeline import (
@@ -73,6 +75,12 @@ def one_server(
         )  # fmt: skip
 
     return StageStateStore(store), run, edge, connect
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def items(lo: int, hi: int) -> InFlight:
@@ -505,3 +513,50 @@ def test_a_stage_takes_no_input_while_an_output_holds_its_window(
     with Client(fleet.sink.url) as client:
         got = [r.data["event_id"] for r in client.diff(f"out-{run}", 0, limit=100).records]
     assert sorted(got) == list(range(50))
+
+
+def test_records_a_server_restart_lost_on_an_edge_are_written_again(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A server that comes back without records its producer wrote there (a crash takes
+    a `disk` topic's acknowledged tail that was not synced yet; here, deterministically,
+    an `ephemeral` edge topic loses everything on a restart) must not be read past in
+    silence: the consumer meets the `lost` tombstone, moves the edge, and its producer,
+    who still holds every record the consumer did not acknowledge, writes them again
+    (docs/semantics/pipeline.md §3.5)."""
+    port = free_port()
+    server = start_server(tmp_path / "edge-data", port=port)
+    try:
+        store = open_store((tmp_path / "handoff").as_uri())
+        clock = ManualClock()
+
+        def make() -> RelocatableQueueEdge:
+            return RelocatableQueueEdge(
+                f"gap-{uuid.uuid4().hex[:8]}" if not made else made[0].name,
+                [server.url, fleet.urls[0]], store, consumer="c",
+                connect=client_factory(2.0, 0.5), clock=clock,
+                sleep=lambda s: clock.advance(int(s * 1000)), retries=4, poll_interval_ms=0,
+            )  # fmt: skip
+
+        made: list[RelocatableQueueEdge] = []
+        made.append(make())
+        producer = made[0]
+        consumer = make()
+        with Client(server.url) as client:  # the edge's topic, as one a restart empties
+            client.put_topic(producer.topic, ConfigPatch(durability=Durability.EPHEMERAL))
+        producer.push(items(0, 10))
+        assert producer.generation().value == 1
+        server.stop()
+        server = start_server(tmp_path / "edge-data", port=port)
+        producer.push(items(10, 15))  # the server answers again: nothing moves the edge
+        assert producer.generation().value == 1
+        got = InFlight.empty()
+        for _ in range(5):
+            got += consumer.pop(100)
+            producer.settle()  # follows the consumer's move and writes the rest there
+        assert sorted(got.event_ids()) == sorted(f"p:{n}" for n in range(15))
+        assert consumer.generation().value == 2
+        assert consumer.stats.relocations == 1
+    finally:
+        server.process.kill()
+        server.process.wait()

@@ -7,11 +7,13 @@ acknowledges them; when the server under the edge is gone, or a newer
 generation is published, it moves (relocates or adopts the newer placement) and
 pushes everything unacknowledged again. The consuming side reads the topic of
 the generation it is bound to, drops records of older generations, and rebinds
-when the handoff record names a newer one.
+when the handoff record names a newer one; when it finds records gone from the topic
+(a tombstone), it moves the edge itself so that its producers write them again.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +29,7 @@ from waymark.client import (
     Discard,
     ErrorCode,
     Record,
+    Tombstone,
     TopicState,
     TransportError,
 )
@@ -77,7 +80,11 @@ class EdgeStats:
     replayed: int = 0  # records pushed again after a move
     stale_dropped: int = 0  # records of older generations a consumer dropped
     disconnects: int = 0
+    gaps: int = 0  # records found gone from the topic, each time moved away from
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
+
+
+log = logging.getLogger(__name__)
 
 
 def client_factory(timeout_s: float = 5.0, connect_s: float = 1.0) -> Connect:
@@ -396,6 +403,24 @@ class RelocatableQueueEdge:
         if checkpoint is not None and checkpoint.generation == current.generation:
             self.cursor = max(self.cursor, checkpoint)
 
+    def _lost(self, gone: Tombstone) -> None:
+        """Records past the cursor are gone from the topic (a crash took a tail its
+        server had acknowledged before syncing it): this side never read them, so it
+        never acknowledged them and their producers still hold them, but a producer
+        writes them again only into a newer generation, and it cannot know they are
+        gone. So the consumer moves the edge itself and reads the new generation from
+        its start (docs/semantics/pipeline.md §3.5)."""
+        self.stats.gaps += 1
+        locator = self.locator
+        log.warning(
+            "edge %r: records [%s, %s] are gone from %s (%s); moving the edge so that "
+            "they are written again", self.name, gone.gap_from, gone.gap_to,
+            locator.server if locator else "?", gone.reason,
+        )  # fmt: skip
+        self._move()
+        assert self.locator is not None
+        self.rebind(self.locator)
+
     def rebind(self, locator: QueueLocator) -> None:
         """Read the placement ``locator`` from its start."""
         self._bind(locator)
@@ -470,6 +495,9 @@ class RelocatableQueueEdge:
             self.poll(force=True)
             return InFlight.empty()
         self._succeeded()
+        if page.tombstone is not None:
+            self._lost(page.tombstone)
+            return InFlight.empty()
         current = locator.epoch
         bound = str(current.value)  # as the meta holds it
         records = page.records
