@@ -181,7 +181,7 @@ def test_a_malformed_cursor_is_refused(bad: str) -> None:
 def test_a_writes_decoded_records_are_not_tracked_by_the_garbage_collector() -> None:
     """A server holds a write's records, thousands at once, while it appends them: were
     each tracked, a large write would promote them all and set off full collections,
-    making a record cost more the larger its write (docs/log.md, Performance)."""
+    making a record cost more the larger its write (docs/http-api.md, Performance)."""
     body = b'{"records":[{"data":{"n":1},"id":"e/1","meta":{"wm.gen":"1","wm.event":"e"}}]}'
     (record,) = msgspec.json.decode(body, type=AppendRequest).records
     assert record.meta == {"wm.gen": "1", "wm.event": "e"}

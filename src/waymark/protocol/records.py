@@ -30,7 +30,7 @@ class RecordIn(Struct, forbid_unknown_fields=True, gc=False):
 
     Not tracked by the garbage collector (it holds strings, bytes and a dict of
     strings: it cannot be part of a cycle): a write's records, thousands alive at
-    once, would otherwise push the server into full collections (docs/log.md)."""
+    once, would otherwise push the server into full collections (docs/http-api.md, Performance)."""
 
     data: msgspec.Raw
     tag: str | None = None
