@@ -511,7 +511,7 @@ class Topic:
         if config.idempotency_window_ms:
             ids = list(map(_id_of, fresh))
             if None not in ids:  # (each id once: plan_append dropped the repeats)
-                self._dedupe.update(zip(ids, zip(range(seq, seq + n), repeat(ts))))
+                self._dedupe.update(zip(ids, zip(range(seq, seq + n), repeat(ts)), strict=True))
                 self._dedupe_order.extend(zip(repeat(ts), ids))
             else:
                 for i, ident in enumerate(ids):
