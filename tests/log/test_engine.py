@@ -412,6 +412,25 @@ def test_idempotent_append_returns_the_original_seq(engine: Engine, clock: Manua
     assert engine.append("u", [rec(id="a"), rec(id="a")]).seqs == [1, 2]
 
 
+def test_idempotent_append_of_writes_mixing_ids_known_and_new(
+    engine: Engine, clock: ManualClock
+) -> None:
+    """A write whose ids are all new takes the whole-write path, any other the loop."""
+    engine.put_topic("t", ConfigPatch(idempotency_window_ms=1_000))
+    assert engine.append("t", [rec(1, id="a"), rec(2), rec(3, id="b", tag="x")]).seqs == [1, 2, 3]
+    assert engine.append("t", [rec(4, id="c"), rec(1, id="a")]).seqs == [4, 1]  # a known
+    assert engine.append("t", [rec(4, id="c"), rec(3, id="b"), rec(5)]).seqs == [4, 3, 5]
+    assert engine.append("t", [rec(6, id="e"), rec(7, id="f")]).seqs == [6, 7]
+    assert engine.append("t", [rec(6, id="e"), rec(7, id="f")]).seqs == [6, 7]
+    stored = engine.diff("t", 0).records()
+    assert [(r["$seq"], r["data"], r.get("$tag")) for r in stored] == [
+        (1, 1, None), (2, 2, None), (3, 3, "x"), (4, 4, None), (5, 5, None), (6, 6, None),
+        (7, 7, None),
+    ]  # fmt: skip
+    clock.advance(1_001)
+    assert engine.append("t", [rec(1, id="a"), rec(6, id="e")]).seqs == [8, 9]
+
+
 # --- docs/semantics/topics.md §5 watermarks, eviction, TTL, tombstones ------------------------
 
 

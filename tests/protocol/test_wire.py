@@ -9,6 +9,7 @@ the random-operation version of the diff check runs in tests/log/test_no_silent_
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import msgspec
@@ -21,6 +22,7 @@ from waymark.log import ConfigPatch, DiffResult, Engine, RecordIn, TopicType
 from waymark.log.config import StorageConfig
 from waymark.log.storage.restore import open_engine
 from waymark.protocol import (
+    AppendRequest,
     AppendResponse,
     DiffResponse,
     Durability,
@@ -174,3 +176,14 @@ def test_append_and_claim_bodies_decode() -> None:
 def test_a_malformed_cursor_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_cursor(bad)
+
+
+def test_a_writes_decoded_records_are_not_tracked_by_the_garbage_collector() -> None:
+    """A server holds a write's records, thousands at once, while it appends them: were
+    each tracked, a large write would promote them all and set off full collections,
+    making a record cost more the larger its write (docs/http-api.md, Performance)."""
+    body = b'{"records":[{"data":{"n":1},"id":"e/1","meta":{"wm.gen":"1","wm.event":"e"}}]}'
+    (record,) = msgspec.json.decode(body, type=AppendRequest).records
+    assert record.meta == {"wm.gen": "1", "wm.event": "e"}
+    assert not gc.is_tracked(record)
+    assert not gc.is_tracked(record.meta)

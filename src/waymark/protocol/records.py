@@ -25,8 +25,12 @@ T = TypeVar("T")
 TagRule = tuple[Literal["tag"], Literal["Eq", "Glob"], str]
 
 
-class RecordIn(Struct, forbid_unknown_fields=True):
-    """One record as a producer sends it. ``data`` stays raw JSON bytes end to end."""
+class RecordIn(Struct, forbid_unknown_fields=True, gc=False):
+    """One record as a producer sends it. ``data`` stays raw JSON bytes end to end.
+
+    Not tracked by the garbage collector (it holds strings, bytes and a dict of
+    strings: it cannot be part of a cycle): a write's records, thousands alive at
+    once, would otherwise push the server into full collections (docs/http-api.md, Performance)."""
 
     data: msgspec.Raw
     tag: str | None = None
