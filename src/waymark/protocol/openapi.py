@@ -32,6 +32,7 @@ def document(auth: bool = True, endpoints: Sequence[Endpoint] = ENDPOINTS) -> di
     types = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     renamed, components = _plain_generic_names(components)
+    components = _uniform_tuples(components)
     ref = {t: _renamed(r, renamed) for t, r in zip(types, refs, strict=True)}
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in endpoints:
@@ -129,6 +130,24 @@ def _plain_generic_names(
             name = schema["title"] = renamed[name]
         out[name] = schema
     return renamed, out
+
+
+def _uniform_tuples(schema: Any) -> Any:
+    """A tuple of one type (``samples``' ``[t_ms, head_seq, bytes]``) as an array of that
+    type with a fixed length rather than ``prefixItems``: the same values, and a schema
+    that tools which translate 3.1 documents to older JSON Schema drafts read as meant
+    (schemathesis turned ``prefixItems`` into draft-4 tuple ``items`` and then refused
+    its own schema)."""
+    if isinstance(schema, list):
+        return [_uniform_tuples(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _uniform_tuples(v) for k, v in schema.items()}
+    prefix = out.get("prefixItems")
+    if prefix and all(p == prefix[0] for p in prefix) and out.get("items") is False:
+        del out["prefixItems"]
+        out["items"] = prefix[0]
+    return out
 
 
 def _renamed(ref: dict[str, str], renamed: dict[str, str]) -> dict[str, str]:
