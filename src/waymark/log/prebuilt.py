@@ -15,9 +15,13 @@ same bytes either way (:func:`~waymark.log.journal.records_frame_parts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
 
 from .chunk import CHUNK_RECORDS, Chunk
-from .journal import records_frame_parts
+from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import EncodedRecord
 from .topic import AppendPlan
@@ -36,6 +40,7 @@ class Layout:
     fresh_bytes: int  # their data and meta bytes
     journaled: bool  # whether the append writes a records frame
     publish: Published | None = None  # a sink batch's mark, in the same frame
+    runs: list[BodyRun] | None = None  # the records' bodies already joined, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +67,33 @@ def build(layout: Layout) -> Prebuilt:
     """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
     no engine state, so it runs on a worker thread; its loops hold the GIL a record at a
     time, so the event loop is not held up for the whole copy."""
-    records, first, ts = layout.records, layout.first_seq, layout.ts
+    records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
+    bodies = None if runs is None else _bodies(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
-        chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS])
+        window = records[lo : lo + CHUNK_RECORDS]
+        chunk.extend(first + lo, ts, window,
+                     None if bodies is None else bodies.slice(lo, len(window)))  # fmt: skip
         chunks.append(chunk)
     frame = None
     if layout.journaled:
         frame = records_frame_parts(
-            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now
-        )
+            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now,
+            runs=runs,
+        )  # fmt: skip
     return Prebuilt(layout, chunks, frame)
+
+
+def _bodies(runs: list[BodyRun]) -> Any:
+    """The runs' bodies as one pyarrow ``large_binary`` array: one join of the buffers
+    and one cumulative sum of the lengths, no step per record."""
+    import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
+
+    lengths = np.fromiter(chain.from_iterable(run.lengths for run in runs), np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(run.bodies for run in runs)
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)]
+    )
