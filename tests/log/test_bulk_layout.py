@@ -4,6 +4,7 @@ byte for byte as it would alone, through the one-record paths."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import msgspec
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from waymark.log.chunk import Chunk
 from waymark.log.errors import TopicError
-from waymark.log.journal import records_frame_parts
+from waymark.log.journal import BodyRun, records_frame_parts
+from waymark.log.prebuilt import bodies_array
 from waymark.log.records import EncodedRecord, encode_batch
 from waymark.log.storage import frames
 from waymark.protocol import Limits, RecordIn
@@ -85,3 +87,29 @@ def test_a_frame_of_many_small_records_is_the_same_bytes() -> None:
     assert end == len(joined) and len(found) == 1
     _, _, bodies = bytes(found[0].payload).partition(b"\n")
     assert bodies == b"".join(r.body for r in records)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12), st.data())
+def test_staged_runs_lay_out_and_frame_as_their_records_do(
+    records: list[RecordIn], first_seq: int, data: st.DataObject
+) -> None:
+    """A sink's staged chunks keep their bodies joined (BodyRun): the publish lays a chunk
+    out and frames it from those, byte for byte as from the records."""
+    encoded = [encode_batch([r], LIMITS)[0] for r in records]
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(encoded) - 1), max_size=6)))
+    bounds = [0, *cuts, len(encoded)]
+    runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
+    from_runs, from_records = Chunk(first_seq), Chunk(first_seq)
+    bodies = bodies_array(runs)
+    half = len(encoded) // 2  # a window of the runs, as a chunk boundary cuts them
+    from_runs.extend(first_seq, 7, encoded[:half], bodies.slice(0, half))
+    from_runs.extend(first_seq + half, 7, encoded[half:], bodies.slice(half))
+    from_records.extend(first_seq, 7, encoded[:half])
+    from_records.extend(first_seq + half, 7, encoded[half:])
+    for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+        assert getattr(from_runs, field) == getattr(from_records, field), field
+    framed = records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7, runs=runs)
+    assert b"".join(framed) == b"".join(
+        records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7)
+    )

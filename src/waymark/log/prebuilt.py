@@ -68,7 +68,7 @@ def build(layout: Layout) -> Prebuilt:
     no engine state, so it runs on a worker thread; its loops hold the GIL a record at a
     time, so the event loop is not held up for the whole copy."""
     records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
-    bodies = None if runs is None else _bodies(runs)
+    bodies = None if runs is None else bodies_array(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
@@ -85,7 +85,7 @@ def build(layout: Layout) -> Prebuilt:
     return Prebuilt(layout, chunks, frame)
 
 
-def _bodies(runs: list[BodyRun]) -> Any:
+def bodies_array(runs: list[BodyRun]) -> Any:
     """The runs' bodies as one pyarrow ``large_binary`` array: one join of the buffers
     and one cumulative sum of the lengths, no step per record."""
     import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
