@@ -103,8 +103,8 @@ def test_staged_runs_lay_out_and_frame_as_their_records_do(
     from_runs, from_records = Chunk(first_seq), Chunk(first_seq)
     bodies = bodies_array(runs)
     half = len(encoded) // 2  # a window of the runs, as a chunk boundary cuts them
-    from_runs.extend(first_seq, 7, encoded[:half], bodies.slice(0, half))
-    from_runs.extend(first_seq + half, 7, encoded[half:], bodies.slice(half))
+    from_runs.extend(first_seq, 7, encoded[:half], bodies.slice(0, half).combine_chunks())
+    from_runs.extend(first_seq + half, 7, encoded[half:], bodies.slice(half).combine_chunks())
     from_records.extend(first_seq, 7, encoded[:half])
     from_records.extend(first_seq + half, 7, encoded[half:])
     for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):

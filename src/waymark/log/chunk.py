@@ -134,7 +134,7 @@ class Chunk:
         self.dead.extend(bytes(n))
         self.live += n
 
-    def _extend_tags(self, tags: list[str | None]) -> None:
+    def _extend_tags(self, tags: list[Any]) -> None:  # (str or None each)
         ids = self.tag_names.ids
         for tag in dict.fromkeys(tags):  # new tags interned in the order they come
             if tag not in ids:

@@ -15,7 +15,6 @@ same bytes either way (:func:`~waymark.log.journal.records_frame_parts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -65,16 +64,18 @@ class Prebuilt:
 
 def build(layout: Layout) -> Prebuilt:
     """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
-    no engine state, so it runs on a worker thread; its loops hold the GIL a record at a
-    time, so the event loop is not held up for the whole copy."""
+    no engine state, so it runs on a worker thread; each of its copies is one chunk's
+    bytes at most and its pyarrow kernels release the GIL, so the event loop is not held
+    up for the whole batch."""
     records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
     bodies = None if runs is None else bodies_array(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
         window = records[lo : lo + CHUNK_RECORDS]
-        chunk.extend(first + lo, ts, window,
-                     None if bodies is None else bodies.slice(lo, len(window)))  # fmt: skip
+        # (a window of the runs, joined: one chunk's bodies, not the batch's)
+        laid = None if bodies is None else bodies.slice(lo, len(window)).combine_chunks()
+        chunk.extend(first + lo, ts, window, laid)
         chunks.append(chunk)
     frame = None
     if layout.journaled:
@@ -86,14 +87,14 @@ def build(layout: Layout) -> Prebuilt:
 
 
 def bodies_array(runs: list[BodyRun]) -> Any:
-    """The runs' bodies as one pyarrow ``large_binary`` array: one join of the buffers
-    and one cumulative sum of the lengths, no step per record."""
+    """The runs' bodies as a pyarrow ``large_binary`` chunked array over the runs' own
+    buffers (no copy, no step per record: a cumulative sum of each run's lengths)."""
     import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
 
-    lengths = np.fromiter(chain.from_iterable(run.lengths for run in runs), np.int64)
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    data = b"".join(run.bodies for run in runs)
-    return pa.Array.from_buffers(
-        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)]
-    )
+    kind, arrays = pa.large_binary(), []
+    for run in runs:
+        offsets = np.zeros(len(run.lengths) + 1, np.int64)
+        np.cumsum(run.lengths, out=offsets[1:])
+        buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(run.bodies)]
+        arrays.append(pa.Array.from_buffers(kind, len(run.lengths), buffers))
+    return pa.chunked_array(arrays, kind)
