@@ -4,20 +4,24 @@ byte for byte as it would alone, through the one-record paths."""
 
 from __future__ import annotations
 
+import struct
+from array import array
 from itertools import pairwise
 from pathlib import Path
 
 import msgspec
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waymark.log.chunk import Chunk
+from waymark.log.chunk import DELETED, LIVE, Chunk
 from waymark.log.errors import TopicError
 from waymark.log.journal import BodyRun, records_frame_parts
 from waymark.log.prebuilt import bodies_array
 from waymark.log.records import EncodedRecord, encode_batch
 from waymark.log.storage import frames
+from waymark.log.storage.segment import segment_frames
 from waymark.protocol import Limits, RecordIn
 
 LIMITS = Limits()
@@ -112,4 +116,37 @@ def test_staged_runs_lay_out_and_frame_as_their_records_do(
     framed = records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7, runs=runs)
     assert b"".join(framed) == b"".join(
         records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7)
+    )
+
+
+def _frames_one_by_one(chunk: Chunk, dead: bytes) -> tuple[bytes, bytes, bytes]:
+    """A segment's ``.data`` frames built a record at a time, as docs/durability.md
+    describes them: ``u32 len | u64 seq | JSON | u64 xxh3(seq + JSON) | u8 flag``."""
+    frames, offsets, lens, start, position = [], array("Q"), array("I"), 0, 0
+    for i, end in enumerate(chunk.ends):
+        body = struct.pack("<Q", chunk.base_seq + i) + chunk.buf[start:end]
+        flag = b"\xd5" if dead[i] == DELETED else b"\x00"
+        frames.append(struct.pack("<I", len(body) + 9) + body
+                      + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + flag)  # fmt: skip
+        offsets.append(position + 12)
+        lens.append(end - start)
+        position += len(frames[-1])
+        start = end
+    return b"".join(frames), offsets.tobytes(), lens.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(RECORD, min_size=0, max_size=700), st.integers(1, 10**12), st.data())
+def test_a_segment_is_framed_as_its_records_one_by_one(
+    records: list[RecordIn], first_seq: int, data: st.DataObject
+) -> None:
+    """A seal frames a chunk's records for its segment in one step over the chunk."""
+    chunk = Chunk(first_seq)
+    if records:
+        chunk.extend(first_seq, 1_700_000_000_123, [encode_batch([r], LIMITS)[0] for r in records])
+    flags = data.draw(st.lists(st.sampled_from([LIVE, DELETED]), min_size=len(records),
+                               max_size=len(records)))  # fmt: skip
+    framed, offsets, lens = segment_frames(chunk, bytes(flags))
+    assert (bytes(framed), offsets.tobytes(), lens.tobytes()) == _frames_one_by_one(
+        chunk, bytes(flags)
     )

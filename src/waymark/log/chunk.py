@@ -188,16 +188,38 @@ def _lay_out(
     import pyarrow as pa  # here: the engine's import does not pay for pyarrow
     import pyarrow.compute as pc
 
-    kind, n = pa.large_binary(), len(records)
-    digits = pc.cast(pa.array(np.arange(first_seq, first_seq + n, dtype=np.int64)), pa.string())
+    n = len(records)
+    if bodies is None:
+        texts = list(map(_body_of, records))
+        bounds = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, texts), np.int64, n), out=bounds[1:])
+        bodies = binary_column(b"".join(texts), bounds)
+    seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
+    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(seqs.tobytes())]),
+                     pa.string()).cast(pa.large_binary())  # fmt: skip
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
-        pa.scalar(_SEQ, kind), digits.cast(kind), pa.scalar(b',"$ts":%d' % ts, kind),
-        pa.array(list(map(_body_of, records)), kind) if bodies is None else bodies,
-        pa.scalar(b",", kind), pa.scalar(b"", kind),
+        constant_column(_SEQ, n), digits, constant_column(b',"$ts":%d' % ts, n), bodies,
+        constant_column(b",", n), constant_column(b"", n),
     )  # fmt: skip
     _, offsets, data = joined.buffers()
-    bounds = np.frombuffer(offsets, np.int64, n + 1)  # type: ignore[call-overload]
-    return bounds - bounds[0], memoryview(data)[int(bounds[0]) : int(bounds[-1])]
+    ends = np.frombuffer(offsets, np.int64, n + 1, joined.offset * 8)  # type: ignore[call-overload]
+    return ends - ends[0], memoryview(data)[int(ends[0]) : int(ends[-1])]
+
+
+# Arrays are built from buffers, never with pa.array() or pa.scalar(): their first call
+# imports pandas, seconds in a busy server (as waymark.log.pages builds its pages).
+def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
+    """A pyarrow ``large_binary`` array of ``data`` cut at ``bounds`` (``n + 1`` int64
+    offsets), over ``data``'s own buffer."""
+    import pyarrow as pa
+
+    buffers = [None, pa.py_buffer(bounds.astype(np.int64).tobytes()), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
+
+
+def constant_column(value: bytes, n: int) -> Any:
+    """``n`` times ``value``, a ``large_binary`` array (an element-wise join's constant)."""
+    return binary_column(value * n, np.arange(n + 1, dtype=np.int64) * len(value))
 
 
 _body_of = attrgetter("body")

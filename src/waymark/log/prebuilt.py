@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunk import CHUNK_RECORDS, Chunk
+from .chunk import CHUNK_RECORDS, Chunk, binary_column
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import EncodedRecord
@@ -91,10 +91,9 @@ def bodies_array(runs: list[BodyRun]) -> Any:
     buffers (no copy, no step per record: a cumulative sum of each run's lengths)."""
     import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
 
-    kind, arrays = pa.large_binary(), []
+    arrays = []
     for run in runs:
-        offsets = np.zeros(len(run.lengths) + 1, np.int64)
-        np.cumsum(run.lengths, out=offsets[1:])
-        buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(run.bodies)]
-        arrays.append(pa.Array.from_buffers(kind, len(run.lengths), buffers))
-    return pa.chunked_array(arrays, kind)
+        bounds = np.zeros(len(run.lengths) + 1, np.int64)
+        np.cumsum(run.lengths, out=bounds[1:])
+        arrays.append(binary_column(run.bodies, bounds))
+    return pa.chunked_array(arrays, pa.large_binary())
