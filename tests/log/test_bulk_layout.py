@@ -15,6 +15,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from waymark.log import chunk as chunk_module
 from waymark.log.chunk import DELETED, LIVE, Chunk
 from waymark.log.errors import TopicError
 from waymark.log.journal import BodyRun, records_frame_parts
@@ -66,13 +67,19 @@ def test_a_write_encodes_as_its_records_would_alone(records: list[RecordIn], sam
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12))
+@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12), st.booleans())
 def test_a_chunk_takes_a_write_as_it_takes_its_records_one_by_one(
-    records: list[RecordIn], first_seq: int
+    records: list[RecordIn], first_seq: int, arrow: bool
 ) -> None:
+    """Both multi-record layouts: Python groups (short runs) and one pyarrow join."""
     encoded = [encode_batch([r], LIMITS)[0] for r in records]
     whole, one_by_one = Chunk(first_seq), Chunk(first_seq)
-    whole.extend(first_seq, 1_700_000_000_123, encoded)
+    threshold = chunk_module.ARROW_FROM
+    chunk_module.ARROW_FROM = 2 if arrow else 10**9
+    try:
+        whole.extend(first_seq, 1_700_000_000_123, encoded)
+    finally:
+        chunk_module.ARROW_FROM = threshold
     for i, record in enumerate(encoded):
         one_by_one.extend(first_seq + i, 1_700_000_000_123, [record])
     for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):

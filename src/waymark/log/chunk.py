@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import repeat
-from operator import attrgetter
+from itertools import accumulate, repeat
+from operator import add, attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from .records import EncodedRecord
 
 CHUNK_RECORDS = 16_384
+_GROUP = 256  # records laid out per step of a short multi-record extend
+# From this many records on, an extend lays its bytes out with pyarrow (:func:`_lay_out`):
+# its fixed cost is ~0.15 ms, the Python groups cost ~0.4 µs a record (about equal at
+# 500 records, measured; the pyarrow path ~0.3 µs a record beyond).
+ARROW_FROM = 512
 CHUNK_BYTES = 8 << 20
 
 LIVE = 0
@@ -114,11 +119,13 @@ class Chunk:
             self.live += 1
             return
         n = len(records)
-        bounds, data = _lay_out(first_seq, ts, records, bodies)
-        buf = self.buf
-        base = len(buf)
-        buf += data
-        self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
+        if bodies is None and n < ARROW_FROM:
+            self._extend_groups(first_seq, ts, records)
+        else:
+            bounds, data = _lay_out(first_seq, ts, records, bodies)
+            base = len(self.buf)
+            self.buf += data
+            self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
         self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
         nodes = list(map(_node_of, records))
         if nodes.count(None) == n:
@@ -133,6 +140,27 @@ class Chunk:
         self.size.extend(map(_size_of, records))
         self.dead.extend(bytes(n))
         self.live += n
+
+    def _extend_groups(self, first_seq: int, ts: int, records: Sequence[EncodedRecord]) -> None:
+        """The bytes and end offsets of a run too short for :func:`_lay_out`'s fixed cost
+        (~0.15 ms of pyarrow calls): a group of records at a time, each step one C call
+        over the group."""
+        buf, ends, n = self.buf, self.ends, len(records)
+        mid = b',"$ts":%d' % ts
+        fixed = len(_SEQ) + len(mid) + 1  # the bytes of a record besides its seq and body
+        for lo in range(0, n, _GROUP):
+            group = records[lo : lo + _GROUP] if n > _GROUP else records
+            k = len(group)
+            seqs = range(first_seq + lo, first_seq + lo + k)
+            digits = "\n".join(map(str, seqs)).encode().split(b"\n")
+            bodies = list(map(_body_of, group))
+            parts = [_SEQ, b"", mid, b"", b","] * k  # one record: {"$seq":N,"$ts":T BODY,
+            parts[1::5] = digits
+            parts[3::5] = bodies
+            sizes = map(add, map(add, map(len, digits), map(len, bodies)), repeat(fixed))
+            ends.extend(accumulate(sizes, initial=len(buf)))
+            del ends[-k - 1]  # the initial value: where the group starts
+            buf += b"".join(parts)
 
     def _extend_tags(self, tags: list[Any]) -> None:  # (str or None each)
         ids = self.tag_names.ids
