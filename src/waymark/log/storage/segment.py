@@ -76,12 +76,15 @@ def segment_frames(chunk: Chunk, dead: bytes) -> tuple[bytearray, np.ndarray, np
     and a Python step per frame cost ~1.2 µs each (docs/durability.md)."""
     import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
 
-    n = chunk.n
+    # The buffer first, once: a delete on the engine thread may meanwhile free a wholly
+    # deleted chunk's payload (Chunk.release_payloads rebinds buf to an empty one).
+    # Bounds past what this buffer holds read as empty records, never past its end.
+    buf, n = chunk.buf, chunk.n
     if not n:
         return bytearray(), np.zeros(0, np.uint64), np.zeros(0, np.uint32)
     ends = np.frombuffer(chunk.ends, np.uint64, n).astype(np.int64)  # type: ignore[call-overload]
     bounds = np.zeros(n + 1, np.int64)
-    bounds[1:] = ends
+    bounds[1:] = np.minimum(ends, len(buf))
     lens = np.diff(bounds)
     heads = np.zeros(n, _HEAD)
     heads["frame_len"] = lens + _SEQ.size + _SUM.size + 1
@@ -90,7 +93,7 @@ def segment_frames(chunk: Chunk, dead: bytes) -> tuple[bytearray, np.ndarray, np
     tails[:, -1] = np.where(np.frombuffer(dead, np.uint8, n) == DELETED, DELETED_FLAG, 0)
     step = np.arange(n + 1, dtype=np.int64)
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
-        binary_column(heads.tobytes(), step * _HEAD.itemsize), binary_column(chunk.buf, bounds),
+        binary_column(heads.tobytes(), step * _HEAD.itemsize), binary_column(buf, bounds),
         binary_column(tails.tobytes(), step * tails.shape[1]), constant_column(b"", n),
     )  # fmt: skip
     out = bytearray(joined.buffers()[2])
