@@ -123,7 +123,7 @@ def one_round(rows: int, batch_id: int, engine: object, store: object, epoch: in
         t0 = time.process_time()
         for chunk in topic.chunks:
             if chunk.base_seq >= result.first_seq and chunk.n:
-                write_segment(Path(scratch), chunk, bytes(chunk.n), FileIO())
+                write_segment(Path(scratch), chunk, bytes(chunk.n), FileIO(), chunk.buf)
         steps["server: seal, its segments (background)"] = time.process_time() - t0
     return steps
 

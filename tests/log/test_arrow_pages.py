@@ -289,7 +289,8 @@ def test_rendering_a_page_does_not_import_pandas() -> None:
         "w, parts = e.open_writer('s'), [(PartKey(0, 0), 1)]\n"
         "e.stage('p', 's', w, 0, PartKey(0, 0), [RecordIn.of(5), RecordIn.of(6)])\n"
         "e.publish('p', 's', w, 0, parts, build(e.lay_out_publish('p', 's', w, 0, parts)))\n"
-        "segment_frames(e.kernel.existing('p').chunks[0], bytes(2))\n"
+        "c = e.kernel.existing('p').chunks[0]\n"
+        "segment_frames(c, bytes(2), c.buf)\n"
         "print('pandas' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

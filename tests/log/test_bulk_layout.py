@@ -153,14 +153,16 @@ def test_a_segment_is_framed_as_its_records_one_by_one(
         chunk.extend(first_seq, 1_700_000_000_123, [encode_batch([r], LIMITS)[0] for r in records])
     flags = data.draw(st.lists(st.sampled_from([LIVE, DELETED]), min_size=len(records),
                                max_size=len(records)))  # fmt: skip
-    released = data.draw(st.booleans())
-    if released:  # a delete freed the wholly deleted payload as the seal began
-        chunk.release_payloads()
-    framed, offsets, lens = segment_frames(chunk, bytes(flags))
     want, want_offsets, want_lens = _frames_one_by_one(chunk, bytes(flags))
+    began = chunk.buf  # the payload the seal takes when it begins
+    released = data.draw(st.booleans())
+    if released:  # a delete then frees the wholly deleted payload before the write
+        chunk.release_payloads()
+    # The segment holds the records the seal began with, whatever was freed since.
+    framed, offsets, lens = segment_frames(chunk, bytes(flags), began)
     assert bytes(framed) == want
-    if released:  # empty records, and an index that says so (never a read past the buffer)
+    assert (offsets.tobytes(), lens.tobytes()) == (want_offsets, want_lens)
+    if released:  # the freed buffer frames as empty records: never a read past its end
+        _, offsets, lens = segment_frames(chunk, bytes(flags), chunk.buf)
         assert lens.tolist() == [0] * len(records)
         assert offsets.tolist() == [12 + 21 * i for i in range(len(records))]
-    else:
-        assert (offsets.tobytes(), lens.tobytes()) == (want_offsets, want_lens)

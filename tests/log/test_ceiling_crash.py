@@ -31,8 +31,9 @@ from hypothesis.stateful import (
 )
 
 from waymark.clock import ManualClock
-from waymark.log import ConfigPatch, Durability, Engine, RecordIn
+from waymark.log import ConfigPatch, Durability, Engine, RecordIn, TagMatch
 from waymark.log import topic as topic_module
+from waymark.log.chunk import Chunk
 from waymark.log.config import StorageConfig
 from waymark.log.journal import Commit
 from waymark.log.storage import seal as seal_module
@@ -299,4 +300,60 @@ def test_catches_a_seal_that_forgets_the_ceilings_lead(
     monkeypatch.setattr(seal_module, "topic_entry", headless)
     seq, engine, store = lost_after_a_split_seal(tmp_path)
     assert engine.diff(TOPIC, seq - 1).tombstone is None  # lost silently
+    store.close()
+
+
+# --- a seal racing a delete that frees a chunk's payload ------------------------------
+
+
+def crash_after_a_seal_raced_by_a_delete(directory: Path) -> tuple[Engine, Store]:
+    """A seal begins with a chunk of live records; a delete then takes them all, which
+    frees the chunk's payload (Chunk.release_payloads), and the seal writes its segment
+    and catalog; the crash loses the delete's frame, never synced (never acknowledged)."""
+    disk = UnsyncedWalLost()
+    disk.released.set()
+    engine, store, _ = open_engine(StorageConfig(directory, wal_shards=1), fileio=disk)
+    engine.put_topic("f", ConfigPatch(durability=Durability.FSYNC))
+    engine.append("f", [RecordIn.of("kept")])
+    store.seal(engine)  # a chunk before, so the doomed one is not the first
+    engine.append("f", [RecordIn.of(i, tag="doomed") for i in range(3)])
+    store.sync_blocking()  # 1..4 acknowledged
+    plan = store.sealer.begin(engine)
+    engine.append("f", [RecordIn.of("after")])  # the doomed chunk is not the last either
+    disk.released.clear()  # nothing more reaches the disk
+    engine.delete("f", match=TagMatch(True, "doomed"))
+    store.sealer.write(plan)
+    store.sealer.finish(engine, plan)
+    disk.crash(0)
+    store.close()
+    engine, store, _ = open_engine(StorageConfig(directory, wal_shards=1))
+    return engine, store
+
+
+def test_a_seal_raced_by_a_delete_keeps_the_records_it_began_with(tmp_path: Path) -> None:
+    """The delete was lost with its frame, so the records it took are back, byte for
+    byte: the seal writes the payload it began with, not the emptied one (the one-join
+    framing clipped the records to the freed buffer and wrote them empty but live, so a
+    reader skipped three acknowledged records with no tombstone while count said 4)."""
+    engine, store = crash_after_a_seal_raced_by_a_delete(tmp_path)
+    page = engine.diff("f", 0, limit=100)
+    assert [(r["$seq"], r["data"]) for r in page.records()] == [
+        (1, "kept"), (2, 0), (3, 1), (4, 2),
+    ]  # fmt: skip
+    assert engine.get_topic("f", touch=False).count == 4
+    store.close()
+
+
+def test_catches_a_seal_that_writes_the_freed_payload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutation: the segment is framed from the chunk's payload at write time.
+    original = seal_module.write_segment
+
+    def late(directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes) -> None:
+        original(directory, chunk, dead, fileio, chunk.buf)
+
+    monkeypatch.setattr(seal_module, "write_segment", late)
+    engine, store = crash_after_a_seal_raced_by_a_delete(tmp_path)
+    assert [r["$seq"] for r in engine.diff("f", 0, limit=100).records()] == [1]  # 2..4 silent
     store.close()

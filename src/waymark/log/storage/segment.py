@@ -53,10 +53,13 @@ def segment_paths(directory: Path, base_seq: int) -> tuple[Path, Path]:
     return stem.with_suffix(DATA), stem.with_suffix(IDX)
 
 
-def write_segment(directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO) -> None:
-    """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot."""
+def write_segment(
+    directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | bytearray
+) -> None:
+    """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot
+    and ``buf`` its payload, both taken when the seal began (see :func:`segment_frames`)."""
     data_path, idx_path = segment_paths(directory, chunk.base_seq)
-    data, offsets, lens = segment_frames(chunk, dead)
+    data, offsets, lens = segment_frames(chunk, dead, buf)
     tables = orjson.dumps({"nodes": chunk.node_names.names[1:], "tags": chunk.tag_names.names[1:]})
     head = _IDX_HEAD.pack(_IDX_MAGIC, _IDX_VERSION, chunk.base_seq, chunk.n)
     arrays = [offsets.tobytes(), lens.tobytes(), chunk.ts.tobytes(), chunk.size.tobytes(),
@@ -67,8 +70,11 @@ def write_segment(directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO) ->
     fileio.replace_file(idx_path, idx)
 
 
-def segment_frames(chunk: Chunk, dead: bytes) -> tuple[bytearray, np.ndarray, np.ndarray]:
-    """``chunk``'s ``.data`` bytes, and each record's JSON offset and length in them.
+def segment_frames(
+    chunk: Chunk, dead: bytes, buf: bytes | bytearray
+) -> tuple[bytearray, np.ndarray, np.ndarray]:
+    """``chunk``'s ``.data`` bytes, and each record's JSON offset and length in them;
+    ``buf``: the chunk's payload when the seal began.
 
     Laid out by one pyarrow element-wise join of the frame heads, the records (a view
     of the chunk's buffer) and the frame tails, with only the checksums computed a
@@ -76,10 +82,12 @@ def segment_frames(chunk: Chunk, dead: bytes) -> tuple[bytearray, np.ndarray, np
     and a Python step per frame cost ~1.2 µs each (docs/durability.md)."""
     import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
 
-    # The buffer first, once: a delete on the engine thread may meanwhile free a wholly
-    # deleted chunk's payload (Chunk.release_payloads rebinds buf to an empty one).
-    # Bounds past what this buffer holds read as empty records, never past its end.
-    buf, n = chunk.buf, chunk.n
+    # The payload the seal began with, not chunk.buf now: a delete on the engine thread
+    # may meanwhile free a wholly deleted chunk's payload (Chunk.release_payloads rebinds
+    # buf to an empty one), and the segment must still hold the records its flags
+    # snapshot calls live, for a crash may lose the delete's frame (docs/durability.md,
+    # "Segments and seals"). Bounds past the buffer read as empty records, never past it.
+    n = chunk.n
     if not n:
         return bytearray(), np.zeros(0, np.uint64), np.zeros(0, np.uint32)
     ends = np.frombuffer(chunk.ends, np.uint64, n).astype(np.int64)  # type: ignore[call-overload]
