@@ -219,7 +219,7 @@ class CeilingCrashes(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=50,
+    max_examples=30,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
