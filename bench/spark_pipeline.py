@@ -18,7 +18,8 @@
 cluster up``; the prebuilt anchor's Arrow file is read by the executors, so the cluster
 shares this machine's disk); ``--only sink`` measures the sink and its two anchors
 alone, ``--pairs`` times alternated (the do-nothing Python sink, then the waymark sink),
-and prints each pair's ratio and their median.
+and prints each pair's ratio and their median, and the topic server's CPU seconds per
+batch of the waymark sink (its query's two batches, halved: stage, publish and seal).
 
 Not a test: it prints figures and ratios (a rich table), and the load average.
 """
@@ -230,10 +231,12 @@ def sink_pairs(spark: Any, console: Console, url: str, prebuilt: str, a: Any, lo
 
     with tempfile.TemporaryDirectory(prefix="waymark-bench-sink-") as tmp:
         noop = batch_rate(rows_out(), f"{tmp}/n")
-        pairs = []
+        pairs, server_s = [], []
         for i in range(a.pairs):
             null = batch_rate(rows_out(), f"{tmp}/p{i}", "waymark_null")
+            began = _server_cpu()
             ours = batch_rate(rows_out(), f"{tmp}/w{i}", "waymark", url=url, topic=f"out{i}")
+            server_s.append((_server_cpu() - began) / 2)  # a warm-up batch and the measured
             pairs.append((null, ours))
     load_after = os.getloadavg()
     table = Table(
@@ -241,11 +244,13 @@ def sink_pairs(spark: Any, console: Console, url: str, prebuilt: str, a: Any, lo
         f"{load[0]:.1f} before, {load_after[0]:.1f} after); noop {noop:,.0f} rows/s",
         title_justify="left",
     )
-    for col in ("pair", "do-nothing Python sink", "waymark sink", "ratio", "of noop"):
+    for col in ("pair", "do-nothing Python sink", "waymark sink", "ratio", "of noop",
+                "server CPU a batch"):  # fmt: skip
         table.add_column(col, justify="right")
     for i, (null, ours) in enumerate(pairs):
         table.add_row(str(i + 1), f"{null:,.0f} rows/s", f"{ours:,.0f} rows/s",
-                      f"{ours / null:.2f}x", f"{ours / noop:.2f}x")  # fmt: skip
+                      f"{ours / null:.2f}x", f"{ours / noop:.2f}x",
+                      f"{server_s[i]:.2f} s")  # fmt: skip
     median = statistics.median(ours / null for null, ours in pairs)
     table.add_row("median", "", "", f"{median:.2f}x", "")
     console.print(table)

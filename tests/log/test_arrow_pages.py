@@ -268,7 +268,8 @@ def test_catches_meta_left_out_of_an_arrow_page(
 
 def test_rendering_a_page_does_not_import_pandas() -> None:
     """pa.array(), pa.scalar() and to_numpy() import pandas on first use: seconds in a
-    busy server's first Arrow answer. The page is built from buffers instead."""
+    busy server's first Arrow answer. The page is built from buffers instead, and so are
+    the engine's bulk layouts (a publish's chunks, a seal's segment frames)."""
     import subprocess
     import sys
 
@@ -281,6 +282,15 @@ def test_rendering_a_page_does_not_import_pandas() -> None:
         "e.delete('t', before_seq=2)\n"
         "e.append('t', [RecordIn.of(3, node='m'), RecordIn.of(4, meta={'c': 'd'})])\n"
         "render(e.diff('t', 0, columns=True, nodes=frozenset({'m'})))\n"
+        # a sink's publish laid out from its staged runs, and a seal's segment frames
+        "from waymark.log.prebuilt import build\n"
+        "from waymark.log.storage.segment import segment_frames\n"
+        "from waymark.log.writers import PartKey\n"
+        "w, parts = e.open_writer('s'), [(PartKey(0, 0), 1)]\n"
+        "e.stage('p', 's', w, 0, PartKey(0, 0), [RecordIn.of(5), RecordIn.of(6)])\n"
+        "e.publish('p', 's', w, 0, parts, build(e.lay_out_publish('p', 's', w, 0, parts)))\n"
+        "c = e.kernel.existing('p').chunks[0]\n"
+        "segment_frames(c, bytes(2), c.buf)\n"
         "print('pandas' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -4,18 +4,25 @@ byte for byte as it would alone, through the one-record paths."""
 
 from __future__ import annotations
 
+import struct
+from array import array
+from itertools import pairwise
 from pathlib import Path
 
 import msgspec
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waymark.log.chunk import Chunk
+from waymark.log import chunk as chunk_module
+from waymark.log.chunk import DELETED, LIVE, Chunk
 from waymark.log.errors import TopicError
-from waymark.log.journal import records_frame_parts
+from waymark.log.journal import BodyRun, records_frame_parts
+from waymark.log.prebuilt import bodies_array
 from waymark.log.records import EncodedRecord, encode_batch
 from waymark.log.storage import frames
+from waymark.log.storage.segment import segment_frames
 from waymark.protocol import Limits, RecordIn
 
 LIMITS = Limits()
@@ -60,13 +67,19 @@ def test_a_write_encodes_as_its_records_would_alone(records: list[RecordIn], sam
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12))
+@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12), st.booleans())
 def test_a_chunk_takes_a_write_as_it_takes_its_records_one_by_one(
-    records: list[RecordIn], first_seq: int
+    records: list[RecordIn], first_seq: int, arrow: bool
 ) -> None:
+    """Both multi-record layouts: Python groups (short runs) and one pyarrow join."""
     encoded = [encode_batch([r], LIMITS)[0] for r in records]
     whole, one_by_one = Chunk(first_seq), Chunk(first_seq)
-    whole.extend(first_seq, 1_700_000_000_123, encoded)
+    threshold = chunk_module.ARROW_FROM
+    chunk_module.ARROW_FROM = 2 if arrow else 10**9
+    try:
+        whole.extend(first_seq, 1_700_000_000_123, encoded)
+    finally:
+        chunk_module.ARROW_FROM = threshold
     for i, record in enumerate(encoded):
         one_by_one.extend(first_seq + i, 1_700_000_000_123, [record])
     for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
@@ -85,3 +98,71 @@ def test_a_frame_of_many_small_records_is_the_same_bytes() -> None:
     assert end == len(joined) and len(found) == 1
     _, _, bodies = bytes(found[0].payload).partition(b"\n")
     assert bodies == b"".join(r.body for r in records)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(RECORD, min_size=2, max_size=700), st.integers(1, 10**12), st.data())
+def test_staged_runs_lay_out_and_frame_as_their_records_do(
+    records: list[RecordIn], first_seq: int, data: st.DataObject
+) -> None:
+    """A sink's staged chunks keep their bodies joined (BodyRun): the publish lays a chunk
+    out and frames it from those, byte for byte as from the records."""
+    encoded = [encode_batch([r], LIMITS)[0] for r in records]
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(encoded) - 1), max_size=6)))
+    bounds = [0, *cuts, len(encoded)]
+    runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
+    from_runs, from_records = Chunk(first_seq), Chunk(first_seq)
+    bodies = bodies_array(runs)
+    half = len(encoded) // 2  # a window of the runs, as a chunk boundary cuts them
+    from_runs.extend(first_seq, 7, encoded[:half], bodies.slice(0, half).combine_chunks())
+    from_runs.extend(first_seq + half, 7, encoded[half:], bodies.slice(half).combine_chunks())
+    from_records.extend(first_seq, 7, encoded[:half])
+    from_records.extend(first_seq + half, 7, encoded[half:])
+    for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+        assert getattr(from_runs, field) == getattr(from_records, field), field
+    framed = records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7, runs=runs)
+    assert b"".join(framed) == b"".join(
+        records_frame_parts("t", 1, first_seq, 7, encoded, None, now=7)
+    )
+
+
+def _frames_one_by_one(chunk: Chunk, dead: bytes) -> tuple[bytes, bytes, bytes]:
+    """A segment's ``.data`` frames built a record at a time, as docs/durability.md
+    describes them: ``u32 len | u64 seq | JSON | u64 xxh3(seq + JSON) | u8 flag``."""
+    frames, offsets, lens, start, position = [], array("Q"), array("I"), 0, 0
+    for i, end in enumerate(chunk.ends):
+        body = struct.pack("<Q", chunk.base_seq + i) + chunk.buf[start:end]
+        flag = b"\xd5" if dead[i] == DELETED else b"\x00"
+        frames.append(struct.pack("<I", len(body) + 9) + body
+                      + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + flag)  # fmt: skip
+        offsets.append(position + 12)
+        lens.append(end - start)
+        position += len(frames[-1])
+        start = end
+    return b"".join(frames), offsets.tobytes(), lens.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(RECORD, min_size=0, max_size=700), st.integers(1, 10**12), st.data())
+def test_a_segment_is_framed_as_its_records_one_by_one(
+    records: list[RecordIn], first_seq: int, data: st.DataObject
+) -> None:
+    """A seal frames a chunk's records for its segment in one step over the chunk."""
+    chunk = Chunk(first_seq)
+    if records:
+        chunk.extend(first_seq, 1_700_000_000_123, [encode_batch([r], LIMITS)[0] for r in records])
+    flags = data.draw(st.lists(st.sampled_from([LIVE, DELETED]), min_size=len(records),
+                               max_size=len(records)))  # fmt: skip
+    want, want_offsets, want_lens = _frames_one_by_one(chunk, bytes(flags))
+    began = chunk.buf  # the payload the seal takes when it begins
+    released = data.draw(st.booleans())
+    if released:  # a delete then frees the wholly deleted payload before the write
+        chunk.release_payloads()
+    # The segment holds the records the seal began with, whatever was freed since.
+    framed, offsets, lens = segment_frames(chunk, bytes(flags), began)
+    assert bytes(framed) == want
+    assert (offsets.tobytes(), lens.tobytes()) == (want_offsets, want_lens)
+    if released:  # the freed buffer frames as empty records: never a read past its end
+        _, offsets, lens = segment_frames(chunk, bytes(flags), chunk.buf)
+        assert lens.tolist() == [0] * len(records)
+        assert offsets.tolist() == [12 + 21 * i for i in range(len(records))]

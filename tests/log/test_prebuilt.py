@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from waymark.clock import ManualClock
-from waymark.log import ConfigPatch, Durability, Engine, RecordIn
+from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.config import StorageConfig
 from waymark.log.prebuilt import build
 from waymark.log.records import encode_batch
@@ -146,4 +148,64 @@ def test_a_prebuilt_publish_is_the_publish_it_replaces(tmp_path: Path) -> None:
     epoch = engine.open_writer("sink")
     replay = engine.publish("out", "sink", epoch, 7, [(PartKey(0, 0), 3), (PartKey(1, 0), 3)])
     assert (replay.first_seq, replay.count, replay.replayed) == (1, 6_000, True)
+    _shut(engine, store)
+
+
+def test_a_crash_between_stage_and_publish_and_after_it_publishes_once(
+    tmp_path: Path,
+) -> None:
+    """The stages of a crashed server are gone: the publish is refused (not_found), the
+    sink stages again and publishes once. A crash after the publish (its frame, laid out
+    from the staged chunks' joined bodies, only in the WAL) keeps the batch exactly once:
+    the same records come back and publishing it again appends nothing."""
+    tagged = [RecordIn(data=r.data, tag=f"t{i % 3}", id=f"r{i}") for i, r in enumerate(RECORDS)]
+
+    def stage_all(engine: Engine, epoch: int) -> list[tuple[PartKey, int]]:
+        for chunk in range(4):  # the chunks span a chunk of the log (16,384 records)
+            part = PartKey(chunk % 2, 0)
+            lo = chunk * 5_000
+            engine.stage("out", "sink", epoch, 3, part, tagged[lo : lo + 5_000],
+                         chunk=chunk // 2)  # fmt: skip
+        return [(PartKey(0, 0), 2), (PartKey(1, 0), 2)]
+
+    engine, store = _open(tmp_path, ManualClock(1_000))
+    # (No idempotency window: ids are kept, not deduplicated, so the runs are used.)
+    engine.put_topic("out", ConfigPatch(durability=Durability.DISK, idempotency_window_ms=0))
+    parts = stage_all(engine, engine.open_writer("sink"))
+    store.sync_blocking()
+    store.close()  # SIGKILL-like: no close, the stages were only in memory
+    engine, store = _open(tmp_path, ManualClock(2_000))
+    epoch = engine.open_writer("sink")
+    try:
+        engine.publish("out", "sink", epoch, 3, parts)
+    except TopicError as refused:
+        assert refused.code is ErrorCode.NOT_FOUND
+    else:
+        raise AssertionError("a publish of stages the crash took must be refused")
+    assert engine.stage("out", "sink", epoch, 3, PartKey(0, 0), tagged[:1]) is True
+    parts = stage_all(engine, epoch)  # the re-run task attempts (chunk 0 replaced again)
+    layout = engine.lay_out_publish("out", "sink", epoch, 3, parts)
+    assert layout is not None and layout.runs is not None
+    first = engine.publish("out", "sink", epoch, 3, parts, build(layout))
+    order = [
+        *range(0, 5_000),
+        *range(10_000, 15_000),
+        *range(5_000, 10_000),
+        *range(15_000, 20_000),
+    ]  # fmt: skip  (partition 0's chunks, then 1's)
+    want = [(tagged[i].tag, msgspec.json.decode(tagged[i].data)) for i in order]
+    assert (first.first_seq, first.count) == (1, 20_000)
+    assert [(r["$tag"], r["data"]) for r in _page(engine, "out")] == want
+    t1 = [seq for seq, i in enumerate(order, 1) if tagged[i].tag == "t1"]
+    assert list(engine.kernel.existing("out").tag_index["t1"]) == t1
+    store.sync_blocking()
+    store.close()  # a crash after the publish: its frame is only in the WAL
+    engine, store = _open(tmp_path, ManualClock(3_000))
+    assert [(r["$tag"], r["data"]) for r in _page(engine, "out")] == want
+    assert list(engine.kernel.existing("out").tag_index["t1"]) == t1
+    head = engine.get_topic("out").head_seq  # (past the crash's reserved seq ceiling)
+    replay = engine.publish("out", "sink", engine.open_writer("sink"), 3, parts)
+    assert (replay.first_seq, replay.count, replay.replayed) == (1, 20_000, True)
+    assert engine.get_topic("out").head_seq == head
+    assert [(r["$tag"], r["data"]) for r in _page(engine, "out")] == want
     _shut(engine, store)

@@ -226,7 +226,7 @@ def test_a_crash_at_any_step_of_a_seal_recovers(tmp_path: Path, step: str) -> No
 
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
-            write_segment(new.directory, new.chunk, new.dead, sealer.fileio)
+            write_segment(new.directory, new.chunk, new.dead, sealer.fileio, new.buf)
     else:
         plan.new[0].directory.mkdir(parents=True, exist_ok=True)
         (plan.new[0].directory / f"{plan.new[0].chunk.base_seq:020d}.data.tmp").write_bytes(b"x")

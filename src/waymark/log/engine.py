@@ -41,6 +41,7 @@ from .config import EngineConfig
 from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import (
+    BodyRun,
     Commit,
     DeleteFrame,
     DropFrame,
@@ -385,11 +386,13 @@ class Engine:
         create: bool | None = None,
         config: ConfigPatch | None = None,
         publish: Published | None = None,
+        runs: list[BodyRun] | None = None,
     ) -> Layout:
         """Where :meth:`append_encoded` would put ``encoded`` now, changing nothing but
         what any append would (TTL expiry): its topic instance, first seq and ts. The
         server builds the append's bytes from it on a worker thread
-        (:mod:`waymark.log.prebuilt`). Refuses what the append would refuse."""
+        (:mod:`waymark.log.prebuilt`). Refuses what the append would refuse.
+        ``runs``: ``encoded``'s bodies already joined, in order (a sink's staged chunks)."""
         kernel = self.kernel
         if kernel.replaying is not None:
             kernel.replaying.finish(name)
@@ -401,8 +404,10 @@ class Engine:
         journaled = kernel.journal is not None and topic.config.durability is not (
             Durability.EPHEMERAL
         )
+        if plan.fresh is not encoded:  # repeats of ids dropped: the runs hold them too
+            runs = None
         return Layout(name, topic.epoch, plan.first_seq, plan.ts, now, plan.fresh,
-                      plan.fresh_bytes, journaled, publish)  # fmt: skip
+                      plan.fresh_bytes, journaled, publish, runs)  # fmt: skip
 
     def _new_topic(
         self, name: str, create: bool | None, config: ConfigPatch | None, now: int

@@ -11,8 +11,10 @@ a :class:`Journal`'s job (the WAL in :mod:`waymark.log.storage.wal`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from typing import Any, ClassVar, Protocol
 
@@ -270,19 +272,42 @@ def records_frame_parts(
     publish: Published | None = None,
     *,
     now: int | None = None,
+    runs: Sequence[BodyRun] | None = None,
 ) -> list[bytes]:
-    """:func:`records_frame` unjoined, as the WAL takes it (``frames.frame_parts``)."""
+    """:func:`records_frame` unjoined, as the WAL takes it (``frames.frame_parts``).
+    ``runs``: the records' bodies already joined, in order (a sink's staged chunks,
+    :mod:`waymark.log.prebuilt`): the same frame, without a step per record for them."""
     # Each list one C call over the records: a sink's publish holds a million of them.
     ids = list(map(_id_of, records))
-    bodies = list(map(_body_of, records))
+    if runs is None:
+        bodies = list(map(_body_of, records))
+        lengths = list(map(len, bodies))
+    else:
+        bodies = [run.bodies for run in runs]
+        lengths = list(chain.from_iterable(run.lengths for run in runs))
     header = RecordsHeader(
         name, epoch, first_seq, ts, now,
-        list(map(len, bodies)), list(map(_size_of, records)),
+        lengths, list(map(_size_of, records)),
         list(map(_node_of, records)), list(map(_tag_of, records)),
         ids if ids.count(None) != len(ids) else None,
         None if publish is None else RecordsExtra(publish),
     )  # fmt: skip
     return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *bodies])
+
+
+@dataclass(frozen=True, slots=True)
+class BodyRun:
+    """Consecutive records' stored bodies joined into one buffer, and each one's length:
+    what a sink's staged chunk keeps beside its records, so that its publish frames and
+    lays them out without a step per record (docs/semantics/topics.md §12)."""
+
+    bodies: bytes
+    lengths: list[int]
+
+    @classmethod
+    def of(cls, records: Sequence[EncodedRecord]) -> BodyRun:
+        bodies = list(map(_body_of, records))
+        return cls(b"".join(bodies), list(map(len, bodies)))
 
 
 @dataclass(frozen=True, slots=True)

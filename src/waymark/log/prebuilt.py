@@ -15,9 +15,12 @@ same bytes either way (:func:`~waymark.log.journal.records_frame_parts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .chunk import CHUNK_RECORDS, Chunk
-from .journal import records_frame_parts
+import numpy as np
+
+from .chunk import CHUNK_RECORDS, Chunk, binary_column
+from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import EncodedRecord
 from .topic import AppendPlan
@@ -36,6 +39,7 @@ class Layout:
     fresh_bytes: int  # their data and meta bytes
     journaled: bool  # whether the append writes a records frame
     publish: Published | None = None  # a sink batch's mark, in the same frame
+    runs: list[BodyRun] | None = None  # the records' bodies already joined, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +64,36 @@ class Prebuilt:
 
 def build(layout: Layout) -> Prebuilt:
     """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
-    no engine state, so it runs on a worker thread; its loops hold the GIL a record at a
-    time, so the event loop is not held up for the whole copy."""
-    records, first, ts = layout.records, layout.first_seq, layout.ts
+    no engine state, so it runs on a worker thread; each of its copies is one chunk's
+    bytes at most and its pyarrow kernels release the GIL, so the event loop is not held
+    up for the whole batch."""
+    records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
+    bodies = None if runs is None else bodies_array(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
-        chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS])
+        window = records[lo : lo + CHUNK_RECORDS]
+        # (a window of the runs, joined: one chunk's bodies, not the batch's)
+        laid = None if bodies is None else bodies.slice(lo, len(window)).combine_chunks()
+        chunk.extend(first + lo, ts, window, laid)
         chunks.append(chunk)
     frame = None
     if layout.journaled:
         frame = records_frame_parts(
-            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now
-        )
+            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now,
+            runs=runs,
+        )  # fmt: skip
     return Prebuilt(layout, chunks, frame)
+
+
+def bodies_array(runs: list[BodyRun]) -> Any:
+    """The runs' bodies as a pyarrow ``large_binary`` chunked array over the runs' own
+    buffers (no copy, no step per record: a cumulative sum of each run's lengths)."""
+    import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
+
+    arrays = []
+    for run in runs:
+        bounds = np.zeros(len(run.lengths) + 1, np.int64)
+        np.cumsum(run.lengths, out=bounds[1:])
+        arrays.append(binary_column(run.bodies, bounds))
+    return pa.chunked_array(arrays, pa.large_binary())

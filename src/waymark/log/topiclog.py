@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..clock import Clock, IdSource
     from ..protocol import ConfigPatch, DeleteResponse, Limits, RecordIn, TopicState, TopicType
     from .deletion import TagMatch
-    from .journal import Commit, Journal
+    from .journal import BodyRun, Commit, Journal
     from .kernel import Kernel
     from .origin import Origin, Published
     from .prebuilt import Layout, Prebuilt
@@ -68,6 +68,7 @@ class TopicLog(Protocol):
         create: bool | None = None,
         config: ConfigPatch | None = None,
         publish: Published | None = None,
+        runs: list[BodyRun] | None = None,
     ) -> Layout: ...
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole: ...

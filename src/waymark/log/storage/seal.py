@@ -39,6 +39,9 @@ class NewSegment:
     directory: Path
     chunk: Chunk
     dead: bytes  # the deleted marks when the seal began
+    # Its payload when the seal began: a delete may free the chunk's before the write
+    # (Chunk.release_payloads), and the segment must hold what ``dead`` calls live.
+    buf: bytes | bytearray
     topic: str
     epoch: int
     sealed: SealedChunk | None = None  # the chunk mapped from its segment, once written
@@ -112,7 +115,8 @@ class Sealer:
                         plan.to_cold.append((chunk, cold))
                         home = cold
                 else:
-                    plan.new.append(NewSegment(directory, chunk, dead, topic.name, topic.epoch))
+                    plan.new.append(NewSegment(directory, chunk, dead, chunk.buf, topic.name,
+                                               topic.epoch))  # fmt: skip
                 segments.append(chunk.base_seq)
                 if home == cold:
                     cold_segments.append(chunk.base_seq)
@@ -131,7 +135,7 @@ class Sealer:
     def write(self, plan: SealPlan) -> SealReport:
         for new in plan.new:
             new.directory.mkdir(parents=True, exist_ok=True)
-            write_segment(new.directory, new.chunk, new.dead, self.fileio)
+            write_segment(new.directory, new.chunk, new.dead, self.fileio, new.buf)
             # Mapped here, off the engine thread: finish() only swaps it in.
             new.sealed = SealedChunk(*segment_paths(new.directory, new.chunk.base_seq), new.dead)
         flipped = sum(flip_deleted(chunk, dead, self.fileio) for chunk, dead in plan.flips)
