@@ -36,6 +36,23 @@ def worth_retrying(error: Exception, idempotent: bool) -> bool:
     return isinstance(error, TransportError) and idempotent
 
 
+def next_wait(
+    patience: Patience | None,
+    outage: Outage | None,
+    error: Exception,
+    what: str,
+    idempotent: bool,
+) -> tuple[Outage, float] | None:
+    """After a request ``what`` failed with ``error``: its outage and the seconds to
+    wait before sending it again, or None when it is not sent again (no patience, not
+    safe to repeat, or the budget spent): the caller then raises ``error``."""
+    if patience is None or not worth_retrying(error, idempotent):
+        return None
+    outage = outage or patience.outage(what)
+    wait = outage.delay(error)
+    return None if wait is None else (outage, wait)
+
+
 @dataclass
 class Patience:
     """How long a client waits out an outage: each request retries for up to

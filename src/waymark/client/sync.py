@@ -12,7 +12,7 @@ from .api import Api
 from .changes import CheckpointWatch
 from .errors import ApiError, TransportError
 from .events import E, Subscription, Watch, WatchEvent
-from .patience import Outage, Patience, worth_retrying
+from .patience import Outage, Patience, next_wait
 from .tables import TableRead
 from .transport import Origin, SyncTransport
 
@@ -82,13 +82,12 @@ class Client(Api):
                 )  # fmt: skip
                 return call.parse(response)
             except (TransportError, ApiError) as error:
-                if self.patience is None or not worth_retrying(error, call.idempotent):
+                what = f"{call.method} {call.path}"
+                retry = next_wait(self.patience, outage, error, what, call.idempotent)
+                if retry is None:
                     raise
-                outage = outage or self.patience.outage(f"{call.method} {call.path}")
-                wait = outage.delay(error)
-                if wait is None:
-                    raise
-                self.patience.sleep(wait)
+                outage, wait = retry
+                outage.patience.sleep(wait)
 
     def read_table(
         self,
