@@ -454,6 +454,16 @@ class App:
                 await asyncio.to_thread(sealer.write, plan)
                 sealer.finish(self.engine, plan)
                 self.metrics.seals += 1
+            except Exception:
+                # A full disk, say. Nothing is lost: the WAL is trimmed only once a
+                # catalog naming the segments is durable, and the next seal plans again
+                # what this one did not finish (docs/durability.md, "Segments and seals").
+                # Ending the loop instead would leave the WAL growing for good.
+                self.metrics.seal_failures += 1
+                written = -1  # sealed nothing: the next interval seals even if idle
+                log.exception(
+                    "seal failed; trying again in %s s", self.config.storage.seal_interval_s
+                )
             finally:
                 sealer.running.release()
 

@@ -70,6 +70,7 @@ class Metrics(Collector):
         self.watchers = 0
         self.long_polls = 0  # diffs waiting for a commit (wait_ms)
         self.seals = 0
+        self.seal_failures = 0  # seals that failed (a full disk, say) and were retried
         self.jobs_claimed = 0  # queues (docs/semantics/topics.md §10)
         self.jobs_acked = 0
         self.jobs_released = 0
@@ -127,6 +128,11 @@ class Metrics(Collector):
             "waymark_seals",
             "Seals completed (tail sealed, WAL trimmed)",
             value=self.seals,
+        )
+        yield CounterMetricFamily(
+            "waymark_seal_failures",
+            "Seals that failed (the next interval tries again; the WAL keeps everything)",
+            value=self.seal_failures,
         )
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read
