@@ -80,6 +80,28 @@ async def test_a_reset_while_the_reader_is_idle_loses_nothing(
     assert revisions == list(range(1, KEYS + 1))
 
 
+def held_fold(
+    kv: Any,
+    store: SnapshotStore,
+    batch: int,
+    shutdown: asyncio.Event,
+    on_applied: Callable[[Any], object] | None = None,
+) -> tuple[asyncio.Task[Any], asyncio.Event]:
+    """A fold of every key of ``kv`` into ``store`` whose apply waits until the returned
+    event is set, so its feed backs up; and the fold's task."""
+    release = asyncio.Event()
+
+    async def apply(batch: list[KvUpdate]) -> None:
+        await release.wait()
+
+    fold = watch_applied(
+        kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
+        config=BatchConfig(max=batch, channel_capacity=batch), on_applied=on_applied,
+        shutdown=shutdown,
+    )  # fmt: skip
+    return asyncio.create_task(fold), release
+
+
 def resetting_once(after: int) -> tuple[type[OrderedFeed], list[OrderedFeed]]:
     """An OrderedFeed that remembers its instances, for the test to reset one of them."""
     feeds: list[OrderedFeed] = []
@@ -104,29 +126,14 @@ async def test_a_fold_whose_feed_resets_under_an_idle_apply_misses_no_key(
     await bulk_put(kv, [(f"k{i:05}", b"v") for i in range(KEYS)])
     recorded, feeds = resetting_once(0)
     monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
-    release = asyncio.Event()
     done = asyncio.Event()
-
-    async def apply(batch: list[KvUpdate]) -> None:
-        await release.wait()
 
     def on_applied(cursor: object) -> None:
         if cursor.as_u64() >= KEYS:  # type: ignore[attr-defined]
             done.set()
 
     store = make_store()
-    task = asyncio.create_task(
-        watch_applied(
-            kv.watcher(),
-            WatchScope.all(),
-            apply,
-            store=store,
-            reader=kv.reader(),
-            config=BatchConfig(max=100, channel_capacity=100),
-            on_applied=on_applied,
-            shutdown=done,
-        )
-    )
+    task, release = held_fold(kv, store, 100, done, on_applied)
     await wait_until(lambda: bool(feeds), "the feed to start")
     feed = feeds[0]
     await wait_until(lambda: backpressured(feed, feed._out), "the feed to block")
@@ -174,24 +181,9 @@ async def test_a_fold_whose_reset_finds_revisions_evicted_resyncs_to_the_bucket(
         await w.delete(f"k{i:05}")  # the markers are evicted below
     recorded, feeds = resetting_once(0)
     monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
-    release = asyncio.Event()
-
-    async def apply(batch: list[KvUpdate]) -> None:
-        await release.wait()
-
     store = make_store()
     shutdown = asyncio.Event()
-    task = asyncio.create_task(
-        watch_applied(
-            kv.watcher(),
-            WatchScope.all(),
-            apply,
-            store=store,
-            reader=kv.reader(),
-            config=BatchConfig(max=100, channel_capacity=100),
-            shutdown=shutdown,
-        )
-    )
+    task, release = held_fold(kv, store, 100, shutdown)
     await wait_until(lambda: bool(feeds), "the feed to start")
     feed = feeds[0]
     await wait_until(lambda: backpressured(feed, feed._out), "the feed to block")
@@ -328,24 +320,9 @@ async def test_a_state_sync_listing_whose_messages_are_purged_under_it_resyncs_a
     await bulk_put(kv, [(f"k{i:04}", value) for i in range(400)])
     recorded, feeds = recording_with_heartbeat(1.0)
     monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
-    release = asyncio.Event()
-
-    async def apply(batch: list[KvUpdate]) -> None:
-        await release.wait()
-
     store = AppendLogStore(tmp_path / "fold.log")
     shutdown = asyncio.Event()
-    task = asyncio.create_task(
-        watch_applied(
-            kv.watcher(),
-            WatchScope.all(),
-            apply,
-            store=store,
-            reader=kv.reader(),
-            config=BatchConfig(max=8, channel_capacity=8),
-            shutdown=shutdown,
-        )
-    )
+    task, release = held_fold(kv, store, 8, shutdown)
     await wait_until(lambda: bool(feeds) and feeds[0]._sub is not None, "the listing to start")
     sub = feeds[0]._sub
     assert sub is not None
