@@ -43,14 +43,19 @@ from waymark.pipeline.stage import StageFunctionFailed
 from waymark.protocol import Limits
 
 
-def edges(fleet: Fleet, tmp_path: Path, clock: ManualClock) -> tuple[RelocatableQueueEdge, ...]:
+def edges(
+    fleet: Fleet, tmp_path: Path, clock: ManualClock, candidates: list[str] | None = None
+) -> tuple[RelocatableQueueEdge, ...]:
+    """A producer and a consumer of a fresh edge on ``candidates`` (default: the fleet's
+    first two servers)."""
     store = open_store(tmp_path.as_uri())
     name = f"e-{uuid.uuid4().hex[:8]}"
     sleeps: list[float] = []
 
     def make() -> RelocatableQueueEdge:
         return RelocatableQueueEdge(
-            name, fleet.urls[:2], store, consumer="c", connect=client_factory(2.0, 0.5),
+            name, candidates or fleet.urls[:2], store, consumer="c",
+            connect=client_factory(2.0, 0.5),
             clock=clock, sleep=lambda s: (sleeps.append(s), clock.advance(int(s * 1000))),
             retries=4, poll_interval_ms=0,
         )  # fmt: skip
@@ -527,21 +532,9 @@ def test_records_a_server_restart_lost_on_an_edge_are_written_again(
     port = free_port()
     server = start_server(tmp_path / "edge-data", port=port)
     try:
-        store = open_store((tmp_path / "handoff").as_uri())
-        clock = ManualClock()
-
-        def make() -> RelocatableQueueEdge:
-            return RelocatableQueueEdge(
-                f"gap-{uuid.uuid4().hex[:8]}" if not made else made[0].name,
-                [server.url, fleet.urls[0]], store, consumer="c",
-                connect=client_factory(2.0, 0.5), clock=clock,
-                sleep=lambda s: clock.advance(int(s * 1000)), retries=4, poll_interval_ms=0,
-            )  # fmt: skip
-
-        made: list[RelocatableQueueEdge] = []
-        made.append(make())
-        producer = made[0]
-        consumer = make()
+        handoff = tmp_path / "handoff"
+        handoff.mkdir()
+        producer, consumer = edges(fleet, handoff, ManualClock(), [server.url, fleet.urls[0]])
         with Client(server.url) as client:  # the edge's topic, as one a restart empties
             client.put_topic(producer.topic, ConfigPatch(durability=Durability.EPHEMERAL))
         producer.push(items(0, 10))
