@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ from waymark.client import (
     TransportError,
 )
 from waymark.client.patience import worth_retrying
+from waymark.faults.processes import free_port
 from waymark.faults.proxy import FaultProxy
 
 
@@ -45,12 +45,6 @@ class FakeTime:
 
     def patience(self, budget_s: float) -> Patience:
         return Patience(budget_s, now=self.now, sleep=self.sleep, rng=random.Random(7))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_write_waits_for_a_server_that_is_not_up_yet(

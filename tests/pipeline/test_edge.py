@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -22,6 +21,7 @@ from tests.pipeline.conftest import FaultProxy, Fleet
 
 from waymark.client import Client, ConfigPatch, Durability
 from waymark.clock import ManualClock
+from waymark.faults.processes import free_port
 from waymark.objstore import open_store
 from waymark.pipeline import (
     EdgeUnavailable,
@@ -80,12 +80,6 @@ def one_server(
         )  # fmt: skip
 
     return StageStateStore(store), run, edge, connect
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def items(lo: int, hi: int) -> InFlight:
