@@ -80,7 +80,6 @@ class EdgeStats:
     replayed: int = 0  # records pushed again after a move
     stale_dropped: int = 0  # records of older generations a consumer dropped
     disconnects: int = 0
-    gaps: int = 0  # records found gone from the topic, each time moved away from
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
 
 
@@ -410,7 +409,6 @@ class RelocatableQueueEdge:
         writes them again only into a newer generation, and it cannot know they are
         gone. So the consumer moves the edge itself and reads the new generation from
         its start (docs/semantics/pipeline.md §3.5)."""
-        self.stats.gaps += 1
         locator = self.locator
         log.warning(
             "edge %r: records [%s, %s] are gone from %s (%s); moving the edge so that "

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 
 from ..client import Client, Patience
-from .options import SERVER_BUDGET
+from .options import SERVER_BUDGET, milliseconds
 
 SERVER_BUDGET_MS = 60_000  # as Kafka's default.api.timeout.ms
 
@@ -33,10 +33,7 @@ def connect(
 
 def server_budget_s(options: Mapping[str, str]) -> float:
     """The ``serverBudgetMs`` option in seconds (milliseconds, 0 or more)."""
-    value = options.get(SERVER_BUDGET, str(SERVER_BUDGET_MS))
-    if not value.strip().isdigit():
-        raise ValueError(f"option {SERVER_BUDGET!r} is a number of milliseconds, not {value!r}")
-    return int(value) / 1000
+    return milliseconds(options, SERVER_BUDGET, SERVER_BUDGET_MS) / 1000
 
 
 def token_option(options: Mapping[str, str]) -> str | None:

@@ -31,6 +31,7 @@ from .options import (
     STORE_BUDGET,
     SUBSCRIBE,
     SUBSCRIBE_PATTERN,
+    milliseconds,
     resolve,
 )
 
@@ -140,10 +141,8 @@ def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
             "is the pipeline's handoff store (file:///dir or s3://bucket/prefix), 'stage' "
             "this stage's name in the pipeline"
         )
-    budget = options.get("storeBudgetMs", str(int(STORE_BUDGET_S * 1000)))
-    if not budget.isdigit():
-        raise ValueError(f"option 'storeBudgetMs' is a number of milliseconds: {budget!r}")
-    return EdgeOptions(edge.strip(), options["handoff"], options["stage"], int(budget) / 1000)
+    budget_ms = milliseconds(options, STORE_BUDGET, int(STORE_BUDGET_S * 1000))
+    return EdgeOptions(edge.strip(), options["handoff"], options["stage"], budget_ms / 1000)
 
 
 def bind(locator: QueueLocator) -> EdgeOffset:

@@ -138,6 +138,14 @@ def positive(options: Mapping[str, str], name: str, default: int | None) -> int 
     return number
 
 
+def milliseconds(options: Mapping[str, str], name: str, default_ms: int) -> int:
+    """A number of milliseconds, 0 or more (``storeBudgetMs``, ``serverBudgetMs``)."""
+    value = options.get(name, str(default_ms))
+    if not value.isdigit():
+        raise ValueError(f"option {name!r} is a number of milliseconds, not {value!r}")
+    return int(value)
+
+
 _UNITS_MS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
              "d": 86_400_000}  # fmt: skip
 _DURATION = re.compile(r"\s*(\d+)\s*([a-z]*)\s*")
