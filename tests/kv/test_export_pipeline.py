@@ -9,7 +9,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +31,7 @@ from waymark.kv.artifact import ExportInfo, StagedExport, stage_export
 from waymark.kv.export import publish_staged
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.stores.rocksdb_store import RocksDbStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
 from waymark.objstore import open_store as open_objstore
 
@@ -443,3 +444,93 @@ def test_a_resumed_replay_recovers_the_cursor_a_full_one_does(tmp_path: Path) ->
     finally:
         second.discard()
         store.close()
+
+
+class TailLosingRocksDb(RocksDbStore):
+    """Fault injector: a RocksDB copy whose reopen recovers the cursor before the last
+    batch (a torn checkpoint), which only the verification gate can notice."""
+
+    @classmethod
+    def recover_cursor(cls, data_dir: Path) -> WatchCursor:
+        return WatchCursor.from_u64(super().recover_cursor(data_dir).as_u64() - 1)
+
+
+def publish_watched(
+    transport: ObjectStoreTransport, staged: StagedExport, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], BaseException | None]:
+    """``publish_staged`` with the order of its steps recorded: ``verify`` when the
+    verification began (``verify (all sent)`` if the store had taken the payload's
+    last byte by then), ``sent`` when the upload returned, ``swap``."""
+    events: list[str] = []
+    taken = [0, -1]  # bytes the store took; the payload's size once it is known
+    upload, verify, swap = transport.store.upload, StagedExport.verify, transport.swap_pointer
+
+    def watched_upload(key: str, chunks: Iterable[bytes], **kw: Any) -> Any:
+        def counted() -> Iterator[bytes]:
+            for chunk in chunks:
+                taken[0] += len(chunk)
+                yield chunk
+
+        version = upload(key, counted(), **kw)
+        taken[1] = transport.store.head(key).size
+        events.append("sent")
+        return version
+
+    def watched_verify(self: StagedExport) -> None:
+        at = taken[0]
+        deadline = time.monotonic() + 30
+        while taken[1] < 0 and time.monotonic() < deadline:  # the upload's own end
+            time.sleep(0.001)
+        events.append("verify (all sent)" if at == taken[1] else "verify")
+        verify(self)
+
+    def watched_swap(*args: Any) -> PublishOutcome:
+        events.append("swap")
+        return swap(*args)
+
+    monkeypatch.setattr(transport.store, "upload", watched_upload)
+    monkeypatch.setattr(StagedExport, "verify", watched_verify)
+    monkeypatch.setattr(transport, "swap_pointer", watched_swap)
+    try:
+        publish_staged(transport, KEY, staged)
+    except BaseException as e:
+        return events, e
+    finally:
+        staged.discard()
+    return events, None
+
+
+def test_a_reopen_that_holds_the_gil_verifies_while_the_upload_waits(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rocksdict's open holds the GIL throughout: beside BLAKE3 and the tar stream it
+    stalled them (~5-10 ms a round), so RocksDB's verification starts once the store
+    took the payload's last byte (and syncs it, or finishes its parts), and the swap
+    still waits for it. The append log's starts at once (docs/kv.md, "Replicas")."""
+    rocks = RocksDbStore(tmp_path / "rocks")
+    fill(rocks, 300)
+    events, error = publish_watched(transport, stage_export(rocks, tmp_path / "r"), monkeypatch)
+    rocks.close()
+    assert error is None and events == ["sent", "verify (all sent)", "swap"]
+    assert transport.read_pointer(KEY).state.rank == 300
+
+    log = AppendLogStore(tmp_path / "fold.log")
+    fill(log, 400)
+    events, error = publish_watched(transport, stage_export(log, tmp_path / "a"), monkeypatch)
+    log.close()
+    assert error is None and events == ["sent", "verify", "swap"]
+
+
+def test_a_torn_rocksdb_copy_verified_after_its_upload_is_never_published(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The late verification still gates the swap: the payload went up (an orphan), the
+    pointer is untouched."""
+    store = TailLosingRocksDb(tmp_path / "rocks")
+    fill(store, 300)
+    events, error = publish_watched(transport, stage_export(store, tmp_path / "r"), monkeypatch)
+    store.close()
+    assert isinstance(error, SnapshotError) and "verification" in str(error)
+    assert events == ["sent", "verify (all sent)"]
+    assert not transport.read_pointer(KEY).state.present
+    assert len(payloads(transport)) == 1

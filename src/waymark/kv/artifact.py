@@ -175,6 +175,10 @@ class ArtifactBackend(Protocol):
 
     backend: str
     format_generation: int
+    reopen_holds_gil: bool
+    """Whether ``recover_cursor`` holds the GIL for the whole engine open (rocksdict's
+    does): an export round then verifies while its upload waits, not beside the
+    hashing, which it would stall (docs/kv.md, "Replicas")."""
 
     @property
     def cursor(self) -> WatchCursor: ...

@@ -126,35 +126,52 @@ def publish_staged(
     on a second thread, concurrently with BLAKE3, the tar stream and the
     upload; a later round of a linked append log hashes first (that pass also
     checks the prefix the last round verified) and replays only the records
-    appended since, concurrently with the upload. A copy that fails it raises
-    SnapshotError and the pointer is not touched; its payload, if uploaded, is
-    an orphan like that of any failed round, pruned later
-    (docs/semantics/kv.md §10.3, §11.4). The staged copy is not fsynced: it is
-    never sealed into a local artifact, and is deleted after the round.
+    appended since, concurrently with the upload. A backend whose reopen holds
+    the GIL throughout (``reopen_holds_gil``: RocksDB's) would stall the hashing
+    and the tar stream beside it, so its verification starts once the payload's
+    last byte is handed to the store, and runs while the store syncs the file or
+    finishes its parts. A copy that fails it raises SnapshotError and the pointer
+    is not touched; its payload, if uploaded, is an orphan like that of any
+    failed round, pruned later (docs/semantics/kv.md §10.3, §11.4). The staged
+    copy is not fsynced: it is never sealed into a local artifact, and is
+    deleted after the round.
     """
     pool = ThreadPoolExecutor(1, thread_name_prefix="waymark-export-verify")
+    verifying: list[Future[None]] = []
+
+    def start_verify() -> None:
+        if not verifying:
+            verifying.append(pool.submit(staged.verify))
+
     try:
         # A later round of a linked log: describe's one pass also checks the prefix the
         # last round verified, and what is left (the records appended since) is
         # verified while the payload goes up. Otherwise the whole verification
-        # overlaps describe and the upload.
+        # overlaps describe and the upload, or only the upload's wait.
         describe_first = staged.known is not None
         if describe_first:
             raw, manifest = staged.describe()
-        verifying = pool.submit(staged.verify)
+        if not staged.backend_class.reopen_holds_gil:
+            start_verify()
         try:
             if not describe_first:
                 raw, manifest = staged.describe()
             uploaded = transport.upload_files(
-                key, staged.stage, raw, manifest, prefixes=staged.prefixes.keys()
+                key,
+                staged.stage,
+                raw,
+                manifest,
+                prefixes=staged.prefixes.keys(),
+                sent=start_verify,
             )
             observed = transport.read_pointer(key)  # if stale by the swap, the CAS says so
         except BaseException:
-            wait([verifying])  # the stage outlives the verify; its failure says more
-            if (refused := verifying.exception()) is not None:
+            # The stage outlives a verify under way; its failure says more.
+            if verifying and (refused := verifying[0].exception()) is not None:
                 raise refused from None
             raise
-        verify_gate(verifying)  # the only wait before the swap
+        start_verify()  # a store that took the payload without draining the stream
+        verify_gate(verifying[0])  # the only wait before the swap
     finally:
         pool.shutdown(wait=False)
     return manifest, transport.swap_pointer(uploaded, observed)

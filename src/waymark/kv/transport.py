@@ -150,6 +150,7 @@ def tar_stream(
     manifest_bytes: bytes,
     manifest: ExportManifest,
     prefixes: Container[str] = (),
+    sent: Callable[[], None] | None = None,
 ) -> Iterator[bytes]:
     """The artifact as a tar, MANIFEST.json first, then the files in manifest order.
 
@@ -157,7 +158,8 @@ def tar_stream(
     written to disk twice. A file whose size no longer matches the manifest
     fails the upload (the artifact changed under it); one of ``prefixes`` (a hard
     link to a live file that is only appended to) may have grown, and only its
-    first listed bytes are sent.
+    first listed bytes are sent. ``sent()`` is called once the last byte was taken
+    (the store then syncs or finishes its parts).
     """
     yield (
         _tar_header(MANIFEST_NAME, len(manifest_bytes)) + manifest_bytes + _pad(len(manifest_bytes))
@@ -178,6 +180,8 @@ def tar_stream(
                 yield chunk
         yield _pad(f.size)
     yield b"\0" * (2 * _BLOCK)
+    if sent is not None:
+        sent()
 
 
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
@@ -297,13 +301,15 @@ class ObjectStoreTransport:
         manifest_bytes: bytes,
         manifest: ExportManifest,
         prefixes: Container[str] = (),
+        sent: Callable[[], None] | None = None,
     ) -> UploadedPayload:
         """Upload the payload of the files ``manifest`` lists under ``root`` (whose
         ``MANIFEST.json`` need not exist yet: the tar carries ``manifest_bytes``);
-        ``prefixes``: see :func:`tar_stream`."""
+        ``prefixes`` and ``sent``: see :func:`tar_stream`."""
         self._check_atomic()
         payload = self.payload_key(key, content_address(manifest_bytes))
-        self.store.upload(payload, tar_stream(root, manifest_bytes, manifest, prefixes))
+        stream = tar_stream(root, manifest_bytes, manifest, prefixes, sent)
+        self.store.upload(payload, stream)
         return UploadedPayload(key, manifest_bytes, manifest, payload)
 
     def read_pointer(self, key: str) -> PointerObservation:

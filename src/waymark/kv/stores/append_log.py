@@ -744,6 +744,7 @@ class AppendLogStore:
 
     backend = "append-log"
     format_generation = FORMAT_GENERATION
+    reopen_holds_gil = False
 
     def __init__(
         self, path: str | os.PathLike[str], *, compact_threshold: int = DEFAULT_COMPACT_THRESHOLD

@@ -28,6 +28,7 @@ databases and the value-record codec. Bump it when either changes."""
 class LmdbStore:
     backend = "lmdb"
     format_generation = FORMAT_GENERATION
+    reopen_holds_gil = False
 
     def __init__(
         self, path: str | os.PathLike[str], *, sync: bool = False, map_size: int = DEFAULT_MAP_SIZE

@@ -48,6 +48,7 @@ column families and the value-record codec. Bump it when either changes."""
 class RocksDbStore:
     backend = "rocksdb"
     format_generation = FORMAT_GENERATION
+    reopen_holds_gil = True  # rocksdict opens a DB without releasing the GIL
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = False) -> None:
         self.path = Path(path)
