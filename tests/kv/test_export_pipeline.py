@@ -534,3 +534,81 @@ def test_a_torn_rocksdb_copy_verified_after_its_upload_is_never_published(
     assert events == ["sent", "verify (all sent)"]
     assert not transport.read_pointer(KEY).state.present
     assert len(payloads(transport)) == 1
+
+
+def _flip_keeping_mtime(path: Path, at: int) -> None:
+    """Fault injector: a byte rewritten in place with the file's mtime put back (bit rot,
+    or a writer that hides): size and mtime still say it is the file hashed before."""
+    st = path.stat()
+    _flip(path, at)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def rocks_round(
+    transport: ObjectStoreTransport, store: RocksDbStore, tmp_path: Path, name: str
+) -> tuple[StagedExport, PublishOutcome | BaseException]:
+    """One round's stage (``link``, as ``export_via`` makes it) and its publish."""
+    staged = stage_export(store, tmp_path / name, link=True)
+    try:
+        return staged, publish_staged(transport, KEY, staged)[1]
+    except SnapshotError as e:
+        return staged, e
+    finally:
+        staged.discard()
+
+
+def test_a_later_rocksdb_round_hashes_only_new_sst_files_before_the_upload(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """The SST files a checkpoint links again keep their digests (the memo) and are
+    hashed again by the verification; the artifact is the same as a fresh hash's and
+    bootstraps to the fold (docs/kv.md, "Replicas")."""
+    store = RocksDbStore(tmp_path / "rocks")
+    fill(store, 300)
+    first, outcome = rocks_round(transport, store, tmp_path, "one")
+    assert outcome is PublishOutcome.Published and first.reused == {}
+    fill(store, 400, start=300)
+    second, outcome = rocks_round(transport, store, tmp_path, "two")
+    assert outcome is PublishOutcome.Published
+    assert second.reused and all(rel.endswith(".sst") for rel in second.reused)
+    manifest, node = transport.bootstrap_open(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    assert manifest.rank == 400 and contents(node) == contents(store)
+    node.close()
+    store.close()
+
+
+def test_an_sst_file_changed_since_its_digest_was_taken_is_never_published(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """A linked SST file whose bytes changed behind an unchanged size and mtime: the
+    memo's digest goes into the manifest, the verification hashes the file again and
+    refuses the copy; the pointer stays at the last round, which still bootstraps."""
+    store = RocksDbStore(tmp_path / "rocks")
+    fill(store, 300)
+    rocks_round(transport, store, tmp_path, "one")
+    biggest = max((tmp_path / "rocks").glob("*.sst"), key=lambda p: p.stat().st_size)
+    _flip_keeping_mtime(biggest, biggest.stat().st_size // 2)
+    fill(store, 400, start=300)
+    _, outcome = rocks_round(transport, store, tmp_path, "two")
+    assert isinstance(outcome, SnapshotError) and "no longer has the digest" in str(outcome)
+    assert transport.read_pointer(KEY).state.rank == 300
+    store.close()
+
+
+def test_mutant_no_recheck_publishes_an_artifact_no_node_can_import(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the verification's second hash the stale digest is published, and every
+    bootstrap refuses the artifact (tamper refusal), so the fleet cannot start from it."""
+    monkeypatch.setattr(StagedExport, "_recheck_reused", lambda self, memo: None)
+    store = RocksDbStore(tmp_path / "rocks")
+    fill(store, 300)
+    rocks_round(transport, store, tmp_path, "one")
+    biggest = max((tmp_path / "rocks").glob("*.sst"), key=lambda p: p.stat().st_size)
+    _flip_keeping_mtime(biggest, biggest.stat().st_size // 2)
+    fill(store, 400, start=300)
+    _, outcome = rocks_round(transport, store, tmp_path, "two")
+    assert outcome is PublishOutcome.Published
+    with pytest.raises(ArtifactInvalid):
+        transport.bootstrap(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    store.close()

@@ -227,6 +227,36 @@ class PrefixLedger:
         self.last: VerifiedPrefix | None = None
 
 
+FileIdentity = tuple[str, int, int, int, int]
+"""A file of a stage: its artifact path, device, inode, size and mtime (ns)."""
+
+
+def _identity(rel: str, path: Path) -> FileIdentity:
+    st = path.stat()
+    return rel, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class DigestMemo:
+    """BLAKE3 digests of a store's immutable files (RocksDB's SST files: written once,
+    never changed, their numbers never reused) from its last round, by
+    :data:`FileIdentity`. A round's stage hard-links such a file again: its
+    ``describe`` takes the digest instead of hashing the file before the upload can
+    start, and its verification hashes the file again, beside the upload, so every
+    byte published is still hashed in the round that publishes it
+    (docs/semantics/kv.md §10.3)."""
+
+    def __init__(self, immutable: Callable[[str], bool]) -> None:
+        self.immutable = immutable
+        """Whether the file at this artifact path is never changed once written."""
+        self.digests: dict[FileIdentity, str] = {}
+
+
+class MemoBackend(ArtifactBackend, Protocol):
+    """A backend whose round stages hard-link immutable files (RocksDB's checkpoint)."""
+
+    digest_memo: DigestMemo
+
+
 def split_digest(path: Path, split: int | None, size: int) -> tuple[bytes | None, bytes]:
     """One BLAKE3 pass over the first ``size`` bytes of ``path``: the digest of the first
     ``split`` bytes (None without a split) and of all of them."""
@@ -387,6 +417,11 @@ class StagedExport:
     """:meth:`describe`'s digests of the linked file when ``ledger`` is set: of its first
     ``known.size`` bytes (None without ``known``) and of all its bytes; the verification
     uses them instead of hashing the file again."""
+    memo: DigestMemo | None = None
+    """The live store's digests of its immutable files (a round's stage only)."""
+    reused: dict[str, str] | None = None
+    """Set by :meth:`describe` when ``memo`` is: the files (by artifact path) whose
+    digest it took from the memo, which :meth:`verify` hashes again."""
 
     @property
     def data(self) -> Path:
@@ -407,6 +442,21 @@ class StagedExport:
                 f"export of {self.backend} fold failed verification: the copy recovers "
                 f"cursor {recovered}, the live fold is at {self.cursor}"
             )
+        if self.memo is not None:
+            self._recheck_reused(self.memo)
+
+    def _recheck_reused(self, memo: DigestMemo) -> None:
+        """Hash again the files whose digest ``describe`` took from the memo; one that no
+        longer has it fails the verification (and leaves the memo)."""
+        if self.reused is None:
+            raise RuntimeError("a stage with a digest memo is described before it is verified")
+        for rel, digest in self.reused.items():
+            if file_digest(self.stage / rel) != digest:
+                memo.digests = {k: v for k, v in memo.digests.items() if k[0] != rel}
+                raise SnapshotError(
+                    f"export of {self.backend} fold failed verification: {rel} no longer has"
+                    " the digest an earlier round took of it"
+                )
 
     def _verify_linked(self) -> WatchCursor:
         """The verification of a linked stage. With a ledger, only what follows the
@@ -434,8 +484,19 @@ class StagedExport:
         # Sorted as strings, the order ExportManifest.decode requires (Path order differs).
         rels = sorted((p.relative_to(self.stage).as_posix(), p) for p in _tree(self.data))
         files = []
+        memo, reused, seen = self.memo, {}, {}
         for rel, p in rels:
             size = self.prefixes.get(rel)
+            if memo is not None and size is None and memo.immutable(rel):
+                ident = _identity(rel, p)
+                digest = memo.digests.get(ident)
+                if digest is None:
+                    digest = file_digest(p)
+                else:
+                    reused[rel] = digest
+                seen[ident] = digest
+                files.append(ArtifactFile(rel, ident[3], digest))
+                continue
             if size is not None and self.ledger is not None:
                 # One pass gives the manifest's digest and the verification's prefix check.
                 split = self.known.size if self.known is not None else None
@@ -456,6 +517,8 @@ class StagedExport:
             scope=tuple(self.info.scope),
             generation=self.info.generation,
         )
+        if memo is not None:  # this round's files only: compacted ones leave it
+            memo.digests, self.reused = seen, reused
         return manifest.encode(), manifest
 
     def seal(self, dest: Path, manifest_bytes: bytes) -> None:
@@ -489,7 +552,8 @@ def stage_export(
     With ``link``, a backend that can (the append log) hard-links its live file
     instead of copying it and the stage records how many of its bytes are the copy
     (``prefixes``): for a stage that is uploaded and discarded (an export round),
-    never for one sealed into an artifact directory.
+    never for one sealed into an artifact directory; a backend with a
+    :class:`DigestMemo` (RocksDB) lends it to such a stage.
     """
     dest = Path(dest)
     if dest.exists():
@@ -517,6 +581,8 @@ def stage_export(
                 staged.known = known if same and known is not None and known.size <= size else None
         else:
             store.write_copy(staged.data)
+            if link and hasattr(store, "digest_memo"):
+                staged.memo = cast(MemoBackend, store).digest_memo
     except BaseException:
         staged.discard()
         raise

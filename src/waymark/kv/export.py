@@ -146,9 +146,10 @@ def publish_staged(
     try:
         # A later round of a linked log: describe's one pass also checks the prefix the
         # last round verified, and what is left (the records appended since) is
-        # verified while the payload goes up. Otherwise the whole verification
-        # overlaps describe and the upload, or only the upload's wait.
-        describe_first = staged.known is not None
+        # verified while the payload goes up; a stage with a digest memo: the
+        # verification hashes again what describe took from it. Otherwise the whole
+        # verification overlaps describe and the upload, or only the upload's wait.
+        describe_first = staged.known is not None or staged.memo is not None
         if describe_first:
             raw, manifest = staged.describe()
         if not staged.backend_class.reopen_holds_gil:

@@ -14,7 +14,7 @@ from typing import cast
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from waymark.kv.artifact import ExportInfo, ExportManifest, export_store
+from waymark.kv.artifact import DigestMemo, ExportInfo, ExportManifest, export_store
 from waymark.kv.errors import SnapshotIoError
 from waymark.kv.stores.protocol import CURSOR_KEY, VER_LEN, decode_record
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
@@ -68,6 +68,9 @@ class RocksDbStore:
         self._write_opts.sync = sync
         raw = self._db.get_column_family("meta").get(CURSOR_KEY)
         self._cursor = WatchCursor(bytes(raw) if raw is not None else b"")
+        # SST files are never changed once written: a round's checkpoint links the same
+        # ones again, and hashes only the new ones before its upload (docs/kv.md, "Replicas").
+        self.digest_memo = DigestMemo(lambda rel: rel.endswith(".sst"))
 
     @property
     def cursor(self) -> WatchCursor:
