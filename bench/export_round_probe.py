@@ -7,21 +7,24 @@ after ``--between`` new keys were applied):
 
 * the steps one after the other, each timed on the wall clock and the CPU:
   ``stage_export`` (the copy, in the fold's pause; for the append log a hard link
-  to the live log, as a round makes it), ``StagedExport.verify`` (the
-  reopen), ``describe`` (BLAKE3 of every file), ``upload_files`` (the tar stream,
-  multipart put) and ``swap_pointer``;
+  to the live log, as a round makes it), ``describe`` (BLAKE3 of every file; of
+  RocksDB's new SST files only, in a later round), ``StagedExport.verify`` (the
+  reopen; RocksDB's also hashes again the SST files describe did not),
+  ``upload_files`` (the tar stream, multipart put) and ``swap_pointer``;
 * the round as ``publish_staged`` runs it (the verify on a second thread while
-  describe and upload run; the swap waits for both), on a fresh stage, and that
-  round's own stage apart ("round's stage": a first round's includes RocksDB's
-  memtable flush, which the later step-by-step copy no longer pays);
+  describe and upload run, RocksDB's from the moment the store took the payload's
+  last byte; the swap waits for both), on a fresh stage, that round's own stage
+  apart ("round's stage": a first round's includes RocksDB's memtable flush, which
+  the later step-by-step copy no longer pays), and how long its swap waited for
+  the verification ("gate wait");
 * the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
 
 Before the round and before the anchor the page cache's dirty data is written
 out (``settle``: ``sync``, untimed), so neither pays for the other's writes, nor
 for the fill's, in its fsyncs.
 
-If ``verify`` is longer than ``describe + upload``, the pipelined round is
-``stage + verify + swap`` and the verification is the limit.
+If the swap waited for the verification (a gate wait over a millisecond), the
+verification is the limit: the pipelined round is ``stage + verify + swap``.
 
 With ``--pairs N`` the round and its anchor are run N times each (a fresh stage of
 the same store each time) and the table gives the medians, and the median of the N
@@ -47,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,6 +60,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).parent))
 from fold_replicas import BACKENDS, moto_s3, settle, spec, tar_upload
 from waymark.kv import ObjectStoreTransport, open_store
+from waymark.kv import export as export_module
 from waymark.kv.artifact import MANIFEST_NAME, ExportInfo, stage_export
 from waymark.kv.export import publish_staged
 from waymark.kv.stores.protocol import SnapshotStore
@@ -79,23 +84,41 @@ def fill(store: SnapshotStore, keys: int, start: int = 0) -> None:
         store.apply(batch, WatchCursor.from_u64(i + len(batch)))
 
 
+GATE_WAITS: list[float] = []
+"""Wall seconds the pipelined round's swap waited for the verification (its gate)."""
+
+
+def timed_gate(verifying: Future[None]) -> None:
+    t = time.perf_counter()
+    try:
+        gate(verifying)
+    finally:
+        GATE_WAITS.append(time.perf_counter() - t)
+
+
+gate = export_module.verify_gate
+export_module.verify_gate = timed_gate  # publish_staged looks it up at each call
+
+
 def pair(
     transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path
-) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float]]:
+) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float]:
     """One pipelined round and its anchor on the same files: (wall, CPU) of each, MB,
-    and (wall, CPU) of the round's own stage (the first round's is RocksDB's flush)."""
+    (wall, CPU) of the round's own stage (the first round's is RocksDB's flush), and
+    how long its swap waited for the verification."""
     info = ExportInfo(exporter="probe", bucket="probe")
     settle()
     t, c = time.perf_counter(), time.process_time()
     staged = stage_export(store, work / "round", info, link=True)  # as export_via does
     stage = (time.perf_counter() - t, time.process_time() - c)
     try:
+        GATE_WAITS.clear()
         manifest, _ = publish_staged(transport, backend, staged)
         done = (time.perf_counter() - t, time.process_time() - c)
         (staged.stage / MANIFEST_NAME).write_bytes(manifest.encode())
         settle()
         anchor = tar_upload(transport, backend, staged.stage)
-        return done, anchor, sum(f.size for f in manifest.files) / 1e6, stage
+        return done, anchor, sum(f.size for f in manifest.files) / 1e6, stage, GATE_WAITS[0]
     finally:
         staged.discard()
 
@@ -120,16 +143,19 @@ def probe(
 
     out["round"] = median([r[0] for r in runs])
     out["anchor"] = median([r[1] for r in runs])
-    out["ratio"] = median([(a[0] / o[0], a[1] / o[1]) for o, a, _, _ in runs])
+    out["ratio"] = median([(a[0] / o[0], a[1] / o[1]) for o, a, *_ in runs])
     out["bytes"] = (runs[0][2], 0.0)
     out["round's stage"] = median([r[3] for r in runs])
+    out["gate wait"] = median([(r[4], 0.0) for r in runs])
     info = ExportInfo(exporter="probe", bucket="probe")
 
     steps = twin if twin is not None else store
     staged, *out["stage"] = timed(lambda: stage_export(steps, work / "seq", info, link=True))
     try:
-        _, *out["verify"] = timed(staged.verify)
+        # Described first: a stage with a digest memo (RocksDB) verifies what describe
+        # took from it, as the round does.
         (raw, manifest), *out["describe"] = timed(staged.describe)
+        _, *out["verify"] = timed(staged.verify)
         up, *out["upload"] = timed(
             lambda: transport.upload_files(
                 backend, staged.stage, raw, manifest, prefixes=staged.prefixes.keys()
@@ -168,7 +194,8 @@ def main() -> None:
         " wall / CPU seconds"
     )
     cols = ("backend", "round", "stage", "verify", "describe", "upload", "swap")
-    last = ("round's stage", "pipelined round", "anchor tar + upload", "ratio (wall / CPU)")
+    last = ("round's stage", "gate wait", "pipelined round", "anchor tar + upload")
+    last = (*last, "ratio (wall / CPU)")
     last = (*last, "limit")
     for col in (*cols, *last):
         table.add_column(col, justify="left" if col in ("backend", "limit") else "right")
@@ -200,12 +227,12 @@ def main() -> None:
                     finally:
                         if twin is not None:
                             twin.close()
-                    overlapped = r["describe"][0] + r["upload"][0]
-                    limit = "verify" if r["verify"][0] > overlapped else "describe + upload"
+                    limit = "verify" if r["gate wait"][0] > 0.001 else "describe + upload"
                     table.add_row(
                         backend,
                         "first" if n == 0 else f"again {n}",
                         *(f"{r[k][0]:.3f} / {r[k][1]:.3f}" for k in (*cols[2:], "round's stage")),
+                        f"{r['gate wait'][0]:.3f}",
                         f"{r['round'][0]:.3f} / {r['round'][1]:.3f}",
                         f"{r['anchor'][0]:.3f} / {r['anchor'][1]:.3f}",
                         f"{r['ratio'][0]:.2f}x / {r['ratio'][1]:.2f}x",

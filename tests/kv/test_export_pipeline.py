@@ -521,6 +521,7 @@ def test_a_reopen_that_holds_the_gil_verifies_while_the_upload_waits(
     assert error is None and events == ["sent", "verify", "swap"]
 
 
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
 def test_a_torn_rocksdb_copy_verified_after_its_upload_is_never_published(
     transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -544,6 +545,13 @@ def _flip_keeping_mtime(path: Path, at: int) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def fill_to_sst(store: RocksDbStore, n: int, tmp_path: Path, start: int = 0) -> None:
+    """``fill``, then a sealed export (RocksDB's checkpoint, which flushes): the updates
+    are in SST files, not only in the WAL a round's stage copies."""
+    fill(store, n, start)
+    store.export_to(tmp_path / f"flushed-{n}")
+
+
 def rocks_round(
     transport: ObjectStoreTransport, store: RocksDbStore, tmp_path: Path, name: str
 ) -> tuple[StagedExport, PublishOutcome | BaseException]:
@@ -564,10 +572,10 @@ def test_a_later_rocksdb_round_hashes_only_new_sst_files_before_the_upload(
     hashed again by the verification; the artifact is the same as a fresh hash's and
     bootstraps to the fold (docs/kv.md, "Replicas")."""
     store = RocksDbStore(tmp_path / "rocks")
-    fill(store, 300)
+    fill_to_sst(store, 300, tmp_path)
     first, outcome = rocks_round(transport, store, tmp_path, "one")
     assert outcome is PublishOutcome.Published and first.reused == {}
-    fill(store, 400, start=300)
+    fill_to_sst(store, 400, tmp_path, start=300)
     second, outcome = rocks_round(transport, store, tmp_path, "two")
     assert outcome is PublishOutcome.Published
     assert second.reused and all(rel.endswith(".sst") for rel in second.reused)
@@ -577,6 +585,7 @@ def test_a_later_rocksdb_round_hashes_only_new_sst_files_before_the_upload(
     store.close()
 
 
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
 def test_an_sst_file_changed_since_its_digest_was_taken_is_never_published(
     transport: ObjectStoreTransport, tmp_path: Path
 ) -> None:
@@ -584,17 +593,18 @@ def test_an_sst_file_changed_since_its_digest_was_taken_is_never_published(
     memo's digest goes into the manifest, the verification hashes the file again and
     refuses the copy; the pointer stays at the last round, which still bootstraps."""
     store = RocksDbStore(tmp_path / "rocks")
-    fill(store, 300)
+    fill_to_sst(store, 300, tmp_path)
     rocks_round(transport, store, tmp_path, "one")
     biggest = max((tmp_path / "rocks").glob("*.sst"), key=lambda p: p.stat().st_size)
     _flip_keeping_mtime(biggest, biggest.stat().st_size // 2)
-    fill(store, 400, start=300)
+    fill_to_sst(store, 400, tmp_path, start=300)
     _, outcome = rocks_round(transport, store, tmp_path, "two")
     assert isinstance(outcome, SnapshotError) and "no longer has the digest" in str(outcome)
     assert transport.read_pointer(KEY).state.rank == 300
     store.close()
 
 
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
 def test_mutant_no_recheck_publishes_an_artifact_no_node_can_import(
     transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -602,13 +612,99 @@ def test_mutant_no_recheck_publishes_an_artifact_no_node_can_import(
     bootstrap refuses the artifact (tamper refusal), so the fleet cannot start from it."""
     monkeypatch.setattr(StagedExport, "_recheck_reused", lambda self, memo: None)
     store = RocksDbStore(tmp_path / "rocks")
-    fill(store, 300)
+    fill_to_sst(store, 300, tmp_path)
     rocks_round(transport, store, tmp_path, "one")
     biggest = max((tmp_path / "rocks").glob("*.sst"), key=lambda p: p.stat().st_size)
     _flip_keeping_mtime(biggest, biggest.stat().st_size // 2)
-    fill(store, 400, start=300)
+    fill_to_sst(store, 400, tmp_path, start=300)
     _, outcome = rocks_round(transport, store, tmp_path, "two")
     assert outcome is PublishOutcome.Published
     with pytest.raises(ArtifactInvalid):
         transport.bootstrap(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    store.close()
+
+
+def ssts(path: Path) -> set[str]:
+    return {p.name for p in path.glob("*.sst")}
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_rocksdb_rounds_stage_carries_the_wal_instead_of_flushing(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """No flush and no sync in the fold's pause: the stage links the SST files and copies
+    the WAL, whose replay the verification and the bootstrap make (docs/kv.md,
+    "Replicas"). The live store gains no SST file."""
+    store = RocksDbStore(tmp_path / "rocks")
+    fill_to_sst(store, 300, tmp_path)
+    fill(store, 400, start=300)  # these only in the memtable and the WAL
+    live = ssts(tmp_path / "rocks")
+    staged = stage_export(store, tmp_path / "r", link=True)
+    try:
+        assert ssts(tmp_path / "rocks") == live and ssts(staged.data) == live
+        assert any(p.suffix == ".log" and p.stat().st_size for p in staged.data.iterdir())
+        _, outcome = publish_staged(transport, KEY, staged)
+    finally:
+        staged.discard()
+    assert outcome is PublishOutcome.Published
+    manifest, node = transport.bootstrap_open(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    assert manifest.rank == 400 and contents(node) == contents(store)
+    node.close()
+    store.close()
+
+
+class FlushedDuringCopy(RocksDbStore):
+    """Fault injector: a flush installs a new version (and retires the WAL) right after
+    the round's copy listed the files, as a background flush may."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.flush_once = True
+
+    def _version(self) -> Any:
+        version = super()._version()
+        if self.flush_once:
+            self.flush_once = False
+            self._data.flush()
+        return version
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_version_installed_during_the_round_copy_falls_back_to_a_checkpoint(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    store = FlushedDuringCopy(tmp_path / "rocks")
+    fill(store, 300)
+    _, outcome = rocks_round(transport, store, tmp_path, "r")
+    assert outcome is PublishOutcome.Published
+    manifest, node = transport.bootstrap_open(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    assert manifest.rank == 300 and contents(node) == contents(store)
+    node.close()
+    store.close()
+
+
+class UncheckedFlushedDuringCopy(FlushedDuringCopy):
+    """Mutant: the round copy's version check removed (the version after the copy is
+    taken to be the one listed before it)."""
+
+    listed: Any = None
+
+    def _version(self) -> Any:
+        if self.listed is None:
+            self.listed = super()._version()
+        return self.listed
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_mutant_no_version_check_stages_a_mix_the_verification_refuses(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """Without the check the copy is the old SST files under the new MANIFEST: the
+    verification refuses it, so it is never published, but the round fails where the
+    fallback publishes."""
+    store = UncheckedFlushedDuringCopy(tmp_path / "rocks")
+    fill(store, 300)
+    _, outcome = rocks_round(transport, store, tmp_path, "r")
+    assert isinstance(outcome, SnapshotError)
+    assert not transport.read_pointer(KEY).state.present
     store.close()

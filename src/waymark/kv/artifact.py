@@ -252,9 +252,14 @@ class DigestMemo:
 
 
 class MemoBackend(ArtifactBackend, Protocol):
-    """A backend whose round stages hard-link immutable files (RocksDB's checkpoint)."""
+    """A backend whose round stages hard-link immutable files (RocksDB's SST files)."""
 
     digest_memo: DigestMemo
+
+    def round_copy(self, data_dir: Path) -> None:
+        """Like ``write_copy``, for a round's stage: verified, uploaded and discarded,
+        never sealed, so it need not be durable."""
+        ...
 
 
 def split_digest(path: Path, split: int | None, size: int) -> tuple[bytes | None, bytes]:
@@ -553,7 +558,8 @@ def stage_export(
     instead of copying it and the stage records how many of its bytes are the copy
     (``prefixes``): for a stage that is uploaded and discarded (an export round),
     never for one sealed into an artifact directory; a backend with a
-    :class:`DigestMemo` (RocksDB) lends it to such a stage.
+    :class:`DigestMemo` (RocksDB) makes such a stage with its ``round_copy`` and lends
+    it the memo.
     """
     dest = Path(dest)
     if dest.exists():
@@ -579,10 +585,12 @@ def stage_export(
                 # Another file (compacted since) will not match: verify it all, at once.
                 same = known is not None and known.file_id == _file_id(staged.stage / rel)
                 staged.known = known if same and known is not None and known.size <= size else None
+        elif link and hasattr(store, "digest_memo"):
+            memo_backend = cast(MemoBackend, store)
+            memo_backend.round_copy(staged.data)
+            staged.memo = memo_backend.digest_memo
         else:
             store.write_copy(staged.data)
-            if link and hasattr(store, "digest_memo"):
-                staged.memo = cast(MemoBackend, store).digest_memo
     except BaseException:
         staged.discard()
         raise

@@ -8,6 +8,7 @@ crash can lose an un-synced tail but never separates the cursor from its data.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import cast
@@ -110,6 +111,45 @@ class RocksDbStore:
             Checkpoint(self._db).create_checkpoint(str(data_dir))
         except Exception as e:  # rocksdict raises plain Exception for engine errors
             raise SnapshotIoError(f"RocksDB checkpoint to {data_dir} failed: {e}") from e
+
+    def round_copy(self, data_dir: Path) -> None:
+        """A round's stage without a flush or a sync: the live SST files hard-linked; the
+        MANIFEST, CURRENT, the newest OPTIONS and the WAL files copied. The verifying
+        reopen replays the copied WAL, as a checkpoint that carries the WAL would
+        (RocksDB's ``log_size_for_flush``, which rocksdict does not expose); every
+        batch writes its cursor with its data, so the cursor it recovers proves the copy
+        whole. Runs in the fold's pause, so nothing is written meanwhile; a background
+        flush or compaction that installs a new version during the copy (the live
+        files, the MANIFEST or the WAL files differ afterwards) would make it a mix of
+        two versions: it is then discarded and RocksDB's checkpoint made instead
+        (docs/kv.md, "Replicas")."""
+        before = self._version()
+        try:
+            data_dir.mkdir()
+            for name in before[0]:
+                os.link(self.path / name, data_dir / name)
+            for name, _ in before[1]:
+                shutil.copyfile(self.path / name, data_dir / name)
+        except FileNotFoundError:
+            pass  # removed by a background job: the version check below says so
+        except OSError as e:
+            raise SnapshotIoError(f"RocksDB round copy to {data_dir} failed: {e}") from e
+        if self._version() != before:
+            shutil.rmtree(data_dir, ignore_errors=True)
+            self.write_copy(data_dir)
+
+    def _version(self) -> tuple[frozenset[str], tuple[tuple[str, int], ...]]:
+        """The live SST files (by name) and the files a round copies, with their sizes:
+        CURRENT and the MANIFEST it names, the newest OPTIONS, the WAL files, rocksdict's
+        config."""
+        ssts = frozenset(f["name"].lstrip("/") for f in self._db.live_files())
+        names = os.listdir(self.path)
+        current = (self.path / "CURRENT").read_text().strip()
+        options = max((n for n in names if n.startswith("OPTIONS-")), default=None)
+        wanted = {"CURRENT", current, options, "rocksdict-config.json"}
+        copied = sorted(n for n in names if n in wanted or n.endswith(".log"))
+        sizes = tuple((n, os.stat(self.path / n).st_size) for n in copied)
+        return ssts, sizes
 
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
