@@ -21,10 +21,11 @@ from waymark.kv.stores.protocol import CURSOR_KEY, VER_LEN, decode_record
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
 
 WRITE_BUFFER_BYTES = 4 << 20
-"""Memtable size per column family (RocksDB's default is 64 MiB). An export's
-checkpoint flushes what the memtables hold, inside the fold's pause and the round;
-with small memtables the fold's background flushes have written all but the last
-few MiB to SST files already (docs/kv.md, "Fold stores")."""
+"""Memtable size per column family (RocksDB's default is 64 MiB). A sealed export's
+checkpoint flushes what the memtables hold, and a round's stage carries the WAL that
+holds it (replayed by the verification): with small memtables the fold's background
+flushes have written all but the last few MiB to SST files already (docs/kv.md,
+"Fold stores")."""
 
 
 def _options() -> Options:
