@@ -148,9 +148,13 @@ class RocksDbStore:
         current = (self.path / "CURRENT").read_text().strip()
         options = max((n for n in names if n.startswith("OPTIONS-")), default=None)
         wanted = {"CURRENT", current, options, "rocksdict-config.json"}
-        copied = sorted(n for n in names if n in wanted or n.endswith(".log"))
-        sizes = tuple((n, os.stat(self.path / n).st_size) for n in copied)
-        return ssts, sizes
+        sizes = []
+        for name in sorted(n for n in names if n in wanted or n.endswith(".log")):
+            try:
+                sizes.append((name, os.stat(self.path / name).st_size))
+            except FileNotFoundError:
+                continue  # an obsolete WAL deleted since the listing: not part of a version
+        return ssts, tuple(sizes)
 
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
