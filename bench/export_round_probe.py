@@ -14,9 +14,9 @@ after ``--between`` new keys were applied):
 * the round as ``publish_staged`` runs it (the verify on a second thread while
   describe and upload run, RocksDB's from the moment the store took the payload's
   last byte; the swap waits for both), on a fresh stage, that round's own stage
-  apart ("round's stage": a first round's includes RocksDB's memtable flush, which
-  the later step-by-step copy no longer pays), and how long its swap waited for
-  the verification ("gate wait");
+  apart ("round's stage": with a stage that flushes, a first round's flush, which
+  the later step-by-step copy no longer pays; RocksDB's round stage carries the WAL
+  instead), and how long its swap waited for the verification ("gate wait");
 * the anchor: ``tar -cf -`` of the same files piped into an upload to the same store.
 
 Before the round and before the anchor the page cache's dirty data is written
@@ -32,7 +32,7 @@ ratios: on a loaded machine one pair's wall clock swings by 2-4x. The first roun
 is run once (only it follows the fill).
 
 With ``--twin`` the first round's steps are timed on a second store filled the
-same way, so their ``stage`` is a first stage too (RocksDB's memtable flush).
+same way, so their ``stage`` is a first stage too.
 
 Run: .venv/bin/python bench/export_round_probe.py [--keys 1000000] [--rounds 3] [--pairs 1]
      [--between 10000] [--twin]
@@ -104,7 +104,7 @@ def pair(
     transport: ObjectStoreTransport, backend: str, store: SnapshotStore, work: Path
 ) -> tuple[tuple[float, float], tuple[float, float], float, tuple[float, float], float]:
     """One pipelined round and its anchor on the same files: (wall, CPU) of each, MB,
-    (wall, CPU) of the round's own stage (the first round's is RocksDB's flush), and
+    (wall, CPU) of the round's own stage, and
     how long its swap waited for the verification."""
     info = ExportInfo(exporter="probe", bucket="probe")
     settle()
@@ -183,7 +183,7 @@ def main() -> None:
         "--twin",
         action="store_true",
         help="time the first round's steps on a second store filled the same way (so its"
-        " stage is a first one too: RocksDB's flush)",
+        " stage is a first one too)",
     )
     args = parser.parse_args()
     console = Console(width=190)
@@ -245,9 +245,9 @@ def main() -> None:
     load1, load5, _ = os.getloadavg()
     table.caption = (
         f"load average {start_load[0]:.1f} / {start_load[1]:.1f} at the start, {load1:.1f} /"
-        f" {load5:.1f} at the end (1 / 5 min). 'first' follows the fill (its pipelined round"
-        " flushes what RocksDB holds in memory: its 'round's stage'); then the anchor on that"
-        " round's files, then the steps one after the other on a second copy."
+        f" {load5:.1f} at the end (1 / 5 min). 'first' follows the fill (RocksDB's memtables"
+        " full: its round stage copies their WAL); then the anchor on that round's files,"
+        " then the steps one after the other on a second copy."
     )
     console.print(table)
 
