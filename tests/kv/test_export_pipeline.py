@@ -708,3 +708,31 @@ def test_mutant_no_version_check_stages_a_mix_the_verification_refuses(
     assert isinstance(outcome, SnapshotError)
     assert not transport.read_pointer(KEY).state.present
     store.close()
+
+
+class BusyAtTheCopy(RocksDbStore):
+    """Fault injector: the engine reports a flush or compaction running when the round
+    copy starts (one that may have written its MANIFEST record and not yet installed
+    its version: a copy then would name SST files it did not link)."""
+
+    def _version(self) -> Any:
+        return super()._version()._replace(busy=1)
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_round_copy_begun_while_a_background_job_runs_is_a_checkpoint(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """Seen with 2 MiB memtables under load: a copy whose MANIFEST named an SST file the
+    live set did not list yet, refused by the verification (a failed round). Now no
+    copy is made while a job runs: the checkpoint (which flushes) is, and publishes."""
+    store = BusyAtTheCopy(tmp_path / "rocks")
+    fill(store, 300)
+    staged = stage_export(store, tmp_path / "r", link=True)
+    try:
+        assert ssts(staged.data)  # the checkpoint flushed the memtables
+        _, outcome = publish_staged(transport, KEY, staged)
+    finally:
+        staged.discard()
+    assert outcome is PublishOutcome.Published
+    store.close()

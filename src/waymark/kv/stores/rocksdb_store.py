@@ -11,7 +11,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
@@ -40,6 +40,23 @@ def _options() -> Options:
     # (docs/kv.md, "Fold stores").
     opts.set_atomic_flush(True)
     return opts
+
+
+_BACKGROUND_JOBS = ("rocksdb.num-running-flushes", "rocksdb.num-running-compactions")
+
+
+class _Version(NamedTuple):
+    """The engine's state as a round copy sees it."""
+
+    busy: int
+    """Flushes and compactions running: each writes its MANIFEST record, syncs it and
+    only then installs its version (the live files), so while one runs the MANIFEST may
+    name files the live set does not yet have."""
+    ssts: frozenset[str]
+    """The live SST files, by name."""
+    sizes: tuple[tuple[str, int], ...]
+    """CURRENT and the MANIFEST it names, the newest OPTIONS, the WAL files and
+    rocksdict's config, with their sizes: the files a round copies."""
 
 
 FORMAT_GENERATION = 1
@@ -119,30 +136,32 @@ class RocksDbStore:
         reopen replays the copied WAL, as a checkpoint that carries the WAL would
         (RocksDB's ``log_size_for_flush``, which rocksdict does not expose); every
         batch writes its cursor with its data, so the cursor it recovers proves the copy
-        whole. Runs in the fold's pause, so nothing is written meanwhile; a background
-        flush or compaction that installs a new version during the copy (the live
-        files, the MANIFEST or the WAL files differ afterwards) would make it a mix of
-        two versions: it is then discarded and RocksDB's checkpoint made instead
-        (docs/kv.md, "Replicas")."""
+        whole. Runs in the fold's pause, so nothing is written meanwhile, but the
+        engine's background flushes and compactions go on: one running when the copy
+        starts or ends may have written its MANIFEST record before installing its
+        version, and one that ran in between changed the live files, the MANIFEST or
+        the WAL files. Either way the copy could mix two versions, so it is not made,
+        or is discarded, and RocksDB's checkpoint made instead (docs/kv.md, "Replicas")."""
         before = self._version()
-        try:
-            data_dir.mkdir()
-            for name in before[0]:
-                os.link(self.path / name, data_dir / name)
-            for name, _ in before[1]:
-                shutil.copyfile(self.path / name, data_dir / name)
-        except FileNotFoundError:
-            pass  # removed by a background job: the version check below says so
-        except OSError as e:
-            raise SnapshotIoError(f"RocksDB round copy to {data_dir} failed: {e}") from e
-        if self._version() != before:
+        if not before.busy:
+            try:
+                data_dir.mkdir()
+                for name in before.ssts:
+                    os.link(self.path / name, data_dir / name)
+                for name, _ in before.sizes:
+                    shutil.copyfile(self.path / name, data_dir / name)
+            except FileNotFoundError:
+                pass  # removed by a background job: the version check below says so
+            except OSError as e:
+                raise SnapshotIoError(f"RocksDB round copy to {data_dir} failed: {e}") from e
+            if self._version() == before:
+                return
             shutil.rmtree(data_dir, ignore_errors=True)
-            self.write_copy(data_dir)
+        self.write_copy(data_dir)
 
-    def _version(self) -> tuple[frozenset[str], tuple[tuple[str, int], ...]]:
-        """The live SST files (by name) and the files a round copies, with their sizes:
-        CURRENT and the MANIFEST it names, the newest OPTIONS, the WAL files, rocksdict's
-        config."""
+    def _version(self) -> _Version:
+        """What a round copy must find unchanged after it; see :class:`_Version`."""
+        busy = sum(self._db.property_int_value(p) or 0 for p in _BACKGROUND_JOBS)
         ssts = frozenset(f["name"].lstrip("/") for f in self._db.live_files())
         names = os.listdir(self.path)
         current = (self.path / "CURRENT").read_text().strip()
@@ -154,7 +173,7 @@ class RocksDbStore:
                 sizes.append((name, os.stat(self.path / name).st_size))
             except FileNotFoundError:
                 continue  # an obsolete WAL deleted since the listing: not part of a version
-        return ssts, tuple(sizes)
+        return _Version(busy, ssts, tuple(sizes))
 
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
