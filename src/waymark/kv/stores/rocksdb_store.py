@@ -87,8 +87,8 @@ class RocksDbStore:
         self._write_opts.sync = sync
         raw = self._db.get_column_family("meta").get(CURSOR_KEY)
         self._cursor = WatchCursor(bytes(raw) if raw is not None else b"")
-        # SST files are never changed once written: a round's checkpoint links the same
-        # ones again, and hashes only the new ones before its upload (docs/kv.md, "Replicas").
+        # SST files are never changed once written: a round's stage links the same ones
+        # again, and hashes only the new ones before its upload (docs/kv.md, "Replicas").
         self.digest_memo = DigestMemo(lambda rel: rel.endswith(".sst"))
 
     @property
