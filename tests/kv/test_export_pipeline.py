@@ -5,6 +5,7 @@ docs/semantics/kv.md §9.2 and §10.3). On ``file://`` and on S3 (moto's server)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import mmap
 import os
 import threading
@@ -735,4 +736,27 @@ def test_a_round_copy_begun_while_a_background_job_runs_is_a_checkpoint(
     finally:
         staged.discard()
     assert outcome is PublishOutcome.Published
+    store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_round_copy_that_cannot_hard_link_is_a_checkpoint(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``workdir`` on another file system (``EXDEV``, from a fault injector on
+    ``os.link``): the round stages RocksDB's checkpoint, which copies, and publishes."""
+
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    store = RocksDbStore(tmp_path / "rocks")
+    fill_to_sst(store, 300, tmp_path)
+    fill(store, 400, start=300)
+    monkeypatch.setattr(os, "link", cross_device)
+    _, outcome = rocks_round(transport, store, tmp_path, "r")
+    assert outcome is PublishOutcome.Published
+    monkeypatch.undo()
+    manifest, node = transport.bootstrap_open(KEY, f"rocksdb:{tmp_path / 'node' / 'db'}")
+    assert manifest.rank == 400 and contents(node) == contents(store)
+    node.close()
     store.close()

@@ -141,23 +141,27 @@ class RocksDbStore:
         starts or ends may have written its MANIFEST record before installing its
         version, and one that ran in between changed the live files, the MANIFEST or
         the WAL files. Either way the copy could mix two versions, so it is not made,
-        or is discarded, and RocksDB's checkpoint made instead (docs/kv.md, "Replicas")."""
+        or is discarded, and RocksDB's checkpoint made instead; so it is where a file
+        cannot be hard-linked (another file system) (docs/kv.md, "Replicas")."""
         before = self._version()
-        if not before.busy:
-            try:
-                data_dir.mkdir()
-                for name in before.ssts:
-                    os.link(self.path / name, data_dir / name)
-                for name, _ in before.sizes:
-                    shutil.copyfile(self.path / name, data_dir / name)
-            except FileNotFoundError:
-                pass  # removed by a background job: the version check below says so
-            except OSError as e:
-                raise SnapshotIoError(f"RocksDB round copy to {data_dir} failed: {e}") from e
-            if self._version() == before:
-                return
-            shutil.rmtree(data_dir, ignore_errors=True)
+        if not before.busy and self._copy(before, data_dir) and self._version() == before:
+            return
+        shutil.rmtree(data_dir, ignore_errors=True)
         self.write_copy(data_dir)
+
+    def _copy(self, version: _Version, data_dir: Path) -> bool:
+        """Link and copy ``version``'s files into ``data_dir``; False where a file was
+        gone (a background job removed it) or a link cannot be made (another file
+        system, or one without hard links: the checkpoint then copies)."""
+        try:
+            data_dir.mkdir()
+            for name in version.ssts:
+                os.link(self.path / name, data_dir / name)
+            for name, _ in version.sizes:
+                shutil.copyfile(self.path / name, data_dir / name)
+        except OSError:
+            return False
+        return True
 
     def _version(self) -> _Version:
         """What a round copy must find unchanged after it; see :class:`_Version`."""
