@@ -129,6 +129,8 @@ class App:
         changes = ChangesApi(self.engine, self.notifier, self.metrics, config.streams.heartbeat_s)
         reports = ReportsApi(self.engine, self.limits)  # folds, recovery clients, pipelines
         self.metrics.collectors.append(reports.collect)
+        if store is not None:
+            self.metrics.wal_writer_failures = store.wal.writer_failures
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
