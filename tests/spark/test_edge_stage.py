@@ -235,3 +235,79 @@ def test_the_driver_acknowledges_only_the_published_generation_and_is_fenced(
     with pytest.raises(StageFenced):
         first.commit(at(2, 9))
     assert acked() == Position(2, 5)
+
+
+def test_a_spark_stage_that_finds_records_gone_from_its_edge_moves_it_and_reads_them_again(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A server restart loses a tail of the edge's topic its producer wrote (here,
+    deterministically, an `ephemeral` edge topic loses every record). The records
+    are not lost to the pipeline: the Spark stage never acknowledged them, so the
+    producer holds them. The query's read meets the `lost` tombstone and moves the edge
+    as a pipeline consumer does; the producer writes everything again into the new
+    generation, and the query reads it there: each event exactly once at the sink,
+    none skipped (docs/semantics/pipeline.md §7.4). Before, the query failed with
+    WaymarkDataLoss, and again at every restart. With ``failOnDataLoss=true`` a read
+    fails instead and leaves the edge where it is."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.datasource import ReadAllAvailable
+    from tests.conftest import start_server as start_on
+
+    from waymark.client import ConfigPatch, Durability
+    from waymark.faults.processes import free_port
+    from waymark.pipeline import RelocatableQueueEdge
+    from waymark.spark.datasource import WaymarkDataSource
+    from waymark.spark.source import WaymarkDataLoss
+
+    port = free_port()
+    srv = start_on(tmp_path / "edge-data", port=port)
+    handoff = (tmp_path / "handoff").as_uri()
+    store = open_store(handoff)
+    edge = f"gap{uuid.uuid4().hex[:8]}"
+    producer = RelocatableQueueEdge(edge, [srv.url], store, consumer="enrich")
+    events = [f"p:{n}" for n in range(15)]
+    try:
+        with Client(srv.url) as client:  # the edge's topic, as one a restart empties
+            client.put_topic(producer.topic, ConfigPatch(durability=Durability.EPHEMERAL))
+        producer.push(InFlight.of(events[:10], [b"%d" % n for n in range(10)]))
+        srv.process.terminate()
+        srv.process.wait(10)
+        srv = start_on(tmp_path / "edge-data", port=port)
+        producer.push(InFlight.of(events[10:], [b"%d" % n for n in range(10, 15)]))
+        assert producer.generation().value == 1  # the server answers: nothing moved it
+
+        options = {"edge": edge, "handoff": handoff, "stage": "enrich"}
+        loud = WaymarkDataSource({**options, "failOnDataLoss": "true"}).streamReader(None)  # type: ignore[arg-type]
+        start = loud.initialOffset()
+        batch = loud.partitions(start, loud.latestOffset(start, ReadAllAvailable()))
+        with pytest.raises(WaymarkDataLoss, match="failOnDataLoss=false"):
+            list(loud.read(batch[0]))
+        assert HandoffReader(store, edge).current().generation == 1  # type: ignore[union-attr]
+
+        seen: list[str] = []
+        stream = spark.readStream.format("waymark").options(**options).load()
+        query = (
+            stream.select(F.col("meta")["wm.event"].alias("event"))
+            .writeStream.foreachBatch(lambda df, _id: seen.extend(r.event for r in df.collect()))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="100 milliseconds").start()
+        )  # fmt: skip
+        try:
+
+            def replayed() -> bool:
+                producer.settle()  # follows the move and writes every event again there
+                return len(seen) >= len(events)
+
+            _wait(replayed, 120, "every event at the sink", query)
+            progress = query.lastProgress
+        finally:
+            query.stop()
+        assert sorted(seen) == sorted(events)  # exactly once, none skipped
+        moved = HandoffReader(store, edge).current()
+        assert moved is not None and moved.generation == 2 and moved.server == srv.url
+        end = progress["sources"][0]["endOffset"]
+        offset = end if isinstance(end, dict) else __import__("json").loads(end)
+        assert offset[edge]["generation"] == 2  # the batches after the move read it
+    finally:
+        srv.process.kill()
+        srv.process.wait()
