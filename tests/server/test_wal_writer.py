@@ -78,6 +78,9 @@ async def test_a_failed_wal_writer_refuses_its_waiting_and_later_writes_and_lose
         assert "waymark_wal_writer_failures_total 1.0" in (await http.get("/metrics")).text
         page = await client.diff("t", 0)  # reads go on: the acknowledged records only
         assert [r.data for r in page.records] == list(range(10))
+        with pytest.raises(TopicError) as sealed:  # it would store the refused write
+            store.seal(engine)
+        assert sealed.value.code is ErrorCode.STORAGE_UNAVAILABLE
     await stop()
     store.close()
 

@@ -448,6 +448,8 @@ class App:
             await asyncio.sleep(self.config.storage.seal_interval_s)
             if self.engine.replay_pending():
                 continue  # a seal now would apply the whole rest of the replay at once
+            if store.wal.writer_failures():
+                continue  # refused until a restart (docs/durability.md, "A failed WAL writer")
             if store.wal.submitted() == written or not sealer.running.acquire(False):
                 continue
             try:

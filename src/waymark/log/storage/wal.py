@@ -457,6 +457,14 @@ class Wal:
         if refusal is not None:
             raise refusal
 
+    def check_writers(self) -> None:
+        """Raise 503 storage_unavailable if a shard's writer thread failed: what memory
+        holds then includes mutations the WAL refused, which a seal must not store
+        (docs/durability.md, "A failed WAL writer")."""
+        for shard in self.shards:
+            if shard.failure is not None:
+                raise writer_failed(shard.failure)
+
     def writer_failures(self) -> int:
         """How many shards' writer threads failed (each refuses until a restart)."""
         return sum(shard.failure is not None for shard in self.shards)
