@@ -115,6 +115,9 @@ class WalShard:
         # Why the writer thread died, for good: the shard refuses until a restart.
         self.failure: Exception | None = None
         self._taken = 0  # lsn of the last frame the writer took from the queue
+        # After a failure: frames up to here may be on disk unsynced (the cut failed),
+        # so they are never answered; later ones are refused (see :meth:`_fail`).
+        self._unknown_upto = 0
         # Mutations admitted and still writing their frames (the engine thread's): their
         # frames are taken even once the shard refuses (see :meth:`admit`).
         self._admitted = 0
@@ -185,7 +188,7 @@ class WalShard:
             self._loop = loop
             if self.synced_lsn >= lsn:
                 return
-            if self.failure is not None:
+            if self.failure is not None and lsn > self._unknown_upto:
                 raise writer_failed(self.failure)
             self._waiters.append((lsn, future))
         await future
@@ -315,22 +318,24 @@ class WalShard:
         """Fail closed. ``pending`` holds exactly the frames taken and not synced (see
         :meth:`_write_pending`), the last of them frame ``_taken``: those before are
         durable and answered so. Their bytes past the last good sync are cut, so the
-        frames answered 503 never replay; should the cut fail, their waiters are left
-        waiting, as after a timeout, since a 503 would then be a lie."""
+        frames answered 503 never replay. Should the cut fail, the taken frames' waiters
+        are left waiting, as after a timeout, since a 503 could then be contradicted by
+        the restart; frames never taken are refused either way."""
         durable = self._taken - sum(1 for frame in pending if frame != _ROTATE)
         try:
             self._io.truncate(self._fd, self._synced_size)
         except Exception:
             log.exception("WAL %s: cutting back the unsynced frames failed", self.directory.name)
-            cut = False
+            unknown = self._taken
         else:
-            cut = True
+            unknown = durable
         with self._lock:
             self.failure = exc
+            self._unknown_upto = unknown
             self.synced_lsn = max(self.synced_lsn, durable)
             ready = [w for w in self._waiters if w[0] <= durable]
-            refused = [w for w in self._waiters if w[0] > durable] if cut else []
-            self._waiters = [w for w in self._waiters if w[0] > durable and not cut]
+            refused = [w for w in self._waiters if w[0] > unknown]
+            self._waiters = [w for w in self._waiters if durable < w[0] <= unknown]
         loop = self._loop
         if loop is not None and (ready or refused):
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
