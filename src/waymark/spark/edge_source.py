@@ -334,18 +334,19 @@ def lost(partition: EdgePartition, store: ObjectStore, http: Client, tombstone: 
     (docs/semantics/pipeline.md §7.4). ``failOnDataLoss=true`` fails the query instead."""
     part, options = partition.part, partition.options
     identity = load_identity(store)
-    if (
-        options.fail_on_data_loss
-        or identity is None
-        or identity.edge_topic(options.edge) != part.topic
-    ):
-        raise WaymarkDataLoss(
-            part.topic, tombstone.gap_from, tombstone.gap_to, tombstone.reason,
-            f"records of generation {part.generation} of edge {options.edge!r} on "
-            f"{part.server} are gone; their producers hold them until this stage "
-            "acknowledges them: with failOnDataLoss=false (the default) the stage moves "
-            "the edge so that they are written again",
-        )  # fmt: skip
+    gone_from = (f"records of generation {part.generation} of edge {options.edge!r} on "
+                 f"{part.server} are gone; their producers hold them until this stage "
+                 "acknowledges them")  # fmt: skip
+    if options.fail_on_data_loss:
+        raise WaymarkDataLoss(part.topic, tombstone.gap_from, tombstone.gap_to, tombstone.reason,
+                              f"{gone_from}: with failOnDataLoss=false (the default) the "
+                              "stage moves the edge so that they are written again")  # fmt: skip
+    if identity is None or identity.edge_topic(options.edge) != part.topic:
+        # not this pipeline's topic (a handoff store edited or swapped): moving it from
+        # here could allocate another topic, so the query stops instead
+        raise WaymarkDataLoss(part.topic, tombstone.gap_from, tombstone.gap_to, tombstone.reason,
+                              f"{gone_from}, but the handoff store's pipeline does not name "
+                              "this topic, so the stage cannot move the edge")  # fmt: skip
     published = HandoffReader(store, options.edge).current()
     if published is None or published.generation != part.generation:
         log.warning("edge %r: records [%s, %s] are gone from %s (%s); generation %s is "
