@@ -289,7 +289,7 @@ def test_a_spark_stage_that_finds_records_gone_from_its_edge_moves_it_and_reads_
             list(loud.read(loud.partitions(start, end)[0]))
         assert HandoffReader(store, edge).current().generation == 1  # type: ignore[union-attr]
 
-        def deliver(batch: Any, _batch_id: int) -> None:  # an idempotent sink (§5.2)
+        def deliver(batch: Any, _batch_id: int) -> None:  # idempotent: docs/pipeline.md
             rows = batch.collect()
             sink.write(InFlight.of([r.event for r in rows], [r.data.encode() for r in rows]))
 
