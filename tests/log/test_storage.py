@@ -629,6 +629,58 @@ def test_a_writer_that_fails_after_its_sync_answers_its_frames_stored_and_refuse
     assert stored == [b"0", b"1"]
 
 
+class BrokenRoundUncut(FileIO):
+    """Fault injector: once ``armed``, a round's ``fdatasync`` raises a RuntimeError (a
+    bug) and cutting the file back fails too (EIO)."""
+
+    armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed:
+            raise RuntimeError("injected: the writer's round fails")
+        super().fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.armed:
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+
+def test_a_failed_writer_that_cannot_cut_answers_no_written_frame_and_refuses_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The round's bytes stay in the file (the cut failed), so the restart may replay
+    them: their writes are not refused, nor answered stored; they wait, as after a
+    timeout ("not known"). A frame the writer never took is refused all the same
+    (docs/durability.md, "A failed WAL writer")."""
+    disk = BrokenRoundUncut()
+    wal = Wal(tmp_path, shards=1, fileio=disk)
+    shard = wal.shards[0]
+    frame = [frames.encode(FrameKind.HEAD, b"%d" % n) for n in range(3)]
+
+    async def scenario() -> None:
+        await wal.write("t", frame[0]).wait()
+        disk.armed = True
+        with wal.admit("t"):
+            taken = wal.write("t", frame[1])
+            waiting = asyncio.ensure_future(taken.wait())
+            await asyncio.to_thread(shard._thread.join, 10)  # noqa: SLF001 -- failed, done
+            assert shard.failure is not None
+            later = wal.write("t", frame[2])
+        with pytest.raises(TopicError) as refused:
+            await later.wait()
+        assert refused.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        late = asyncio.ensure_future(taken.wait())  # a waiter that comes after the failure
+        for _ in range(3):  # every answer the writer sent has run
+            await asyncio.sleep(0)
+        assert not waiting.done() and not late.done()
+        waiting.cancel()
+        late.cancel()
+
+    asyncio.run(scenario())
+    wal.close()
+
+
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
     tmp_path: Path,
 ) -> None:
