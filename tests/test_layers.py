@@ -253,5 +253,5 @@ def test_spark_does_not_load_checkpoint_at_run_time() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     checkpoint, pipeline = out.stdout.strip().splitlines()
     assert checkpoint == str(["waymark.checkpoint", "waymark.checkpoint.backoff"])
-    allowed = {"locator", "state", "report", "patience", "errors", "fence"}
+    allowed = {"locator", "state", "report", "patience", "placement", "identity", "errors", "fence"}
     assert {m.split(".")[2] for m in ast.literal_eval(pipeline)} <= allowed

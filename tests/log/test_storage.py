@@ -568,6 +568,119 @@ def test_a_failed_cut_after_a_failed_round_never_writes_after_its_bytes(
     assert not disk.fail.is_set() and disk.truncates == 0  # every fault did happen
 
 
+class ClockThatBreaks(ManualClock):
+    """Fault injector: once ``broken``, reading the time raises (a bug in the writer
+    thread's round, after its sync)."""
+
+    broken = False
+
+    def now_ms(self) -> int:
+        if self.broken:
+            raise RuntimeError("injected: the writer's clock fails")
+        return super().now_ms()
+
+
+class BreaksTheClockOnSync(FileIO):
+    """Fault injector: once ``armed``, a round's ``fdatasync`` succeeds and then breaks
+    the writer's clock: its frames are durable, the thread dies before it says so."""
+
+    def __init__(self, clock: ClockThatBreaks) -> None:
+        self.clock = clock
+        self.armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        super().fdatasync(fd)
+        if self.armed:
+            self.clock.broken = True
+
+
+def test_a_writer_that_fails_after_its_sync_answers_its_frames_stored_and_refuses_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A writer thread that dies on a bug once its round is synced: those frames are
+    durable and come back after a restart, so their waiters are answered as stored, not
+    503; a later frame of an admitted mutation is refused; new ones are refused at once
+    (docs/durability.md, "A failed WAL writer")."""
+    clock = ClockThatBreaks()
+    disk = BreaksTheClockOnSync(clock)
+    wal = Wal(tmp_path, shards=1, fileio=disk, clock=clock)
+    shard = wal.shards[0]
+    frame = [frames.encode(FrameKind.HEAD, b"%d" % n) for n in range(3)]
+
+    async def scenario() -> None:
+        await wal.write("t", frame[0]).wait()
+        disk.armed = True
+        with wal.admit("t"):
+            synced = wal.write("t", frame[1])
+            await asyncio.wait_for(synced.wait(), 10)  # stored: answered so
+            assert shard.failure is not None
+            later = wal.write("t", frame[2])  # admitted before the failure: taken
+        with pytest.raises(TopicError) as refused:
+            await asyncio.wait_for(later.wait(), 10)
+        assert refused.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        with pytest.raises(TopicError) as new:
+            wal.check_available("t")
+        assert new.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        assert wal.writer_failures() == 1
+
+    asyncio.run(scenario())
+    wal.close()
+    stored = [bytes(f.payload) for _, _, found, _ in Wal.existing_frames(tmp_path) for f in found]
+    assert stored == [b"0", b"1"]
+
+
+class BrokenRoundUncut(FileIO):
+    """Fault injector: once ``armed``, a round's ``fdatasync`` raises a RuntimeError (a
+    bug) and cutting the file back fails too (EIO)."""
+
+    armed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.armed:
+            raise RuntimeError("injected: the writer's round fails")
+        super().fdatasync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        if self.armed:
+            raise OSError(errno.EIO, "Input/output error")
+        super().truncate(fd, size)
+
+
+def test_a_failed_writer_that_cannot_cut_answers_no_written_frame_and_refuses_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The round's bytes stay in the file (the cut failed), so the restart may replay
+    them: their writes are not refused, nor answered stored; they wait, as after a
+    timeout ("not known"). A frame the writer never took is refused all the same
+    (docs/durability.md, "A failed WAL writer")."""
+    disk = BrokenRoundUncut()
+    wal = Wal(tmp_path, shards=1, fileio=disk)
+    shard = wal.shards[0]
+    frame = [frames.encode(FrameKind.HEAD, b"%d" % n) for n in range(3)]
+
+    async def scenario() -> None:
+        await wal.write("t", frame[0]).wait()
+        disk.armed = True
+        with wal.admit("t"):
+            taken = wal.write("t", frame[1])
+            waiting = asyncio.ensure_future(taken.wait())
+            await asyncio.to_thread(shard._thread.join, 10)  # noqa: SLF001 -- failed, done
+            assert shard.failure is not None
+            later = wal.write("t", frame[2])
+        with pytest.raises(TopicError) as refused:
+            await later.wait()
+        assert refused.value.code is ErrorCode.STORAGE_UNAVAILABLE
+        late = asyncio.ensure_future(taken.wait())  # a waiter that comes after the failure
+        for _ in range(3):  # every answer the writer sent has run
+            await asyncio.sleep(0)
+        assert not waiting.done() and not late.done()
+        waiting.cancel()
+        late.cancel()
+
+    asyncio.run(scenario())
+    wal.close()
+
+
 def test_sink_epochs_and_publish_ledgers_survive_restarts_and_seals(
     tmp_path: Path,
 ) -> None:

@@ -5,6 +5,7 @@ event exactly once (docs/semantics/pipeline.md §11)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from tests.pipeline.test_processes import WAYMARK, sink_events
 
 from waymark.client import Client
 from waymark.objstore import open_store
+from waymark.objstore.local import INTERNAL
 from waymark.pipeline.identity import load_identity
 from waymark.pipeline.report import load_report
 from waymark.pipeline.runner import PipelineRunner
@@ -65,6 +67,26 @@ def launch(spec: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([WAYMARK, "pipeline", "run", str(spec), *args],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+
+
+def pause(proc: subprocess.Popen[bytes], store_root: Path) -> None:
+    """SIGSTOP ``proc`` outside the handoff store's lock. A local store commits every
+    write under one ``flock`` shared by the host's processes (docs/kv.md, "Object
+    stores"): a process paused inside a commit holds it and stalls every other
+    instance's writes, lease takeovers included, until it is woken. A loaded machine
+    stretches its commits, and the test once waited 60 s for a takeover that could not
+    come. Holding the lock while the signal lands, until the process is stopped,
+    pauses it anywhere but there."""
+    fd = os.open(store_root / INTERNAL / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "SIGSTOP did not stop the process"
+            time.sleep(0.01)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def test_the_shard_of_an_event_is_its_ids_crc32_mod_n() -> None:
@@ -172,12 +194,27 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
     edge, sink = start_waymark(), start_waymark()
     handoff = tmp_path / "handoff"
     spec = tmp_path / "pipeline.toml"
-    # A source of at least 6 s (2 ms an event), so the paused holder wakes while events
-    # still flow, and races the new holder for them.
-    (tmp_path / "paced.py").write_text(
-        "import time\nfrom waymark.pipeline import demo\n\n\n"
-        "def produce(n):\n    time.sleep(0.002)\n    return demo.produce(n)\n"
-    )
+    # The source holds event EVENTS // 2 until the holder is paused, and event
+    # EVENTS * 5 // 6 until it is woken: shard 1 then has events only the new holder can
+    # deliver, and the woken holder finds events still flowing to race it for. (A source
+    # paced by time alone let a loaded machine deliver all of shard 1 before the pause,
+    # and the test waited 60 s for progress that could not come.)
+    stopped, woken = tmp_path / "stopped", tmp_path / "woken"
+    (tmp_path / "paced.py").write_text(f"""
+import time
+from pathlib import Path
+from waymark.pipeline import demo
+
+GATES = ((Path({str(stopped)!r}), {EVENTS // 2}), (Path({str(woken)!r}), {EVENTS * 5 // 6}))
+
+
+def produce(n):
+    for gate, at in GATES:
+        while n >= at and not gate.exists():  # held until the test opens it
+            time.sleep(0.01)
+    time.sleep(0.002)
+    return demo.produce(n)
+""")
     text = spec_text(handoff, edge.url, sink.url)
     spec.write_text(text.replace("waymark.pipeline.demo:produce", "paced:produce"))
     logs = {i: tmp_path / f"deliver-{i}.log" for i in range(3)}
@@ -210,8 +247,9 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
         holder = read_lease(store, "deliver", 1)[0]
         assert holder is not None
         victim = int(holder.owner.split("[", 1)[1].split("]", 1)[0])
-        instances[victim].send_signal(signal.SIGSTOP)
+        pause(instances[victim], handoff)
         stopped_at = through(1)
+        stopped.touch()  # the rest of the first part flows, to the new holder only
 
         def taken_over() -> bool:
             lease = read_lease(store, "deliver", 1)[0]
@@ -224,6 +262,7 @@ def test_a_sigstopped_holder_is_taken_over_and_fenced_when_it_wakes(
                  lambda: through(1) > stopped_at)  # fmt: skip
         assert through() < EVENTS, "resumed after the end: nothing left to race for"
         instances[victim].send_signal(signal.SIGCONT)
+        woken.touch()  # the last events flow while the woken holder races for them
         for proc in procs:
             assert proc.wait(120) == 0, "".join(p.read_text()[-2000:] for p in logs.values())
     finally:

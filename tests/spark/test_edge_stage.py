@@ -8,6 +8,7 @@ which exits only once the Spark stage acknowledged every event — finishes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -235,3 +236,104 @@ def test_the_driver_acknowledges_only_the_published_generation_and_is_fenced(
     with pytest.raises(StageFenced):
         first.commit(at(2, 9))
     assert acked() == Position(2, 5)
+
+
+def test_a_spark_stage_that_finds_records_gone_from_its_edge_moves_it_and_reads_them_again(
+    spark: Any, server: Any, tmp_path: Path
+) -> None:
+    """A server restart loses a tail of the edge's topic its producer wrote (here,
+    deterministically, an `ephemeral` edge topic loses every record). The records
+    are not lost to the pipeline: the Spark stage never acknowledged them, so the
+    producer holds them. The query's read meets the `lost` tombstone and moves the edge
+    as a pipeline consumer does; the producer writes everything again into the new
+    generation, and the query reads it there: each event exactly once at the sink,
+    none skipped (docs/semantics/pipeline.md §7.4). Before, the query failed with
+    WaymarkDataLoss, and again at every restart. With ``failOnDataLoss=true`` a read
+    fails instead and leaves the edge where it is."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.datasource import ReadAllAvailable
+    from tests.conftest import start_server as start_on
+
+    from waymark.client import ConfigPatch, Durability
+    from waymark.faults.processes import free_port
+    from waymark.pipeline import RelocatableQueueEdge
+    from waymark.spark.datasource import WaymarkDataSource
+    from waymark.spark.source import WaymarkDataLoss
+
+    port = free_port()
+    srv = start_on(tmp_path / "edge-data", port=port)
+    handoff = (tmp_path / "handoff").as_uri()
+    store = open_store(handoff)
+    edge = f"gap{uuid.uuid4().hex[:8]}"
+    producer = RelocatableQueueEdge(edge, [srv.url], store, consumer="enrich")
+    events = [f"p:{n}" for n in range(15)]
+    data = [b'{"event_id":%d}' % n for n in range(15)]
+    sink_topic = f"out-{edge}"
+    sink = Sink(server.url, sink_topic, connect=client_factory())
+    sink.open()
+    try:
+        with Client(srv.url) as client:  # the edge's topic, as one a restart empties
+            client.put_topic(producer.topic, ConfigPatch(durability=Durability.EPHEMERAL))
+        producer.push(InFlight.of(events[:10], data[:10]))
+        srv.process.terminate()
+        srv.process.wait(10)
+        srv = start_on(tmp_path / "edge-data", port=port)
+        producer.push(InFlight.of(events[10:], data[10:]))
+        assert producer.generation().value == 1  # the server answers: nothing moved it
+
+        options = {"edge": edge, "handoff": handoff, "stage": "enrich"}
+        loud = WaymarkDataSource({**options, "failOnDataLoss": "true"}).streamReader(None)  # type: ignore[arg-type]
+        start = loud.initialOffset()
+        end = loud.latestOffset(start, ReadAllAvailable())  # a batch over the gone records
+        with pytest.raises(WaymarkDataLoss, match="failOnDataLoss=false"):
+            list(loud.read(loud.partitions(start, end)[0]))
+        assert HandoffReader(store, edge).current().generation == 1  # type: ignore[union-attr]
+
+        def deliver(batch: Any, _batch_id: int) -> None:  # idempotent: docs/pipeline.md
+            rows = batch.collect()
+            sink.write(InFlight.of([r.event for r in rows], [r.data.encode() for r in rows]))
+
+        stream = spark.readStream.format("waymark").options(**options).load()
+        query = (
+            stream.select(F.col("meta")["wm.event"].alias("event"), "data")
+            .writeStream.foreachBatch(deliver)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(processingTime="100 milliseconds").start()
+        )  # fmt: skip
+        try:
+
+            def replayed() -> bool:
+                producer.settle()  # follows the move and writes every event again there
+                return len(sink_events(server.url, sink_topic)) == len(events)
+
+            _wait(replayed, 120, "every event at the sink", query)
+
+            def generation() -> int:  # of the last batch Spark reported
+                ended = (query.lastProgress or {"sources": [{"endOffset": "{}"}]})["sources"][0]
+                offset = ended["endOffset"]
+                offset = offset if isinstance(offset, dict) else json.loads(offset)
+                return int(offset.get(edge, {}).get("generation", 0))
+
+            # the batch that read the last events reports the new generation in its offset
+            _wait(lambda: generation() == 2, 60, "the new generation in the offsets", query)
+        finally:
+            query.stop()
+        seen = sink_events(server.url, sink_topic)
+        assert set(seen) == set(range(15)) and set(seen.values()) == {1}  # exactly once
+        moved = HandoffReader(store, edge).current()
+        assert moved is not None and moved.generation == 2 and moved.server == srv.url
+        # That batch run again, as a restarted query runs its last planned batch: the same
+        # rows (those before the gone ones), no second move.
+        again = WaymarkDataSource(options).streamReader(None)  # type: ignore[arg-type]
+
+        def rerun() -> list[Any]:
+            parts = again.partitions(start, end)
+            return [
+                row for part in parts for batch in again.read(part) for row in batch.to_pylist()
+            ]
+
+        assert rerun() == rerun()
+        assert HandoffReader(store, edge).current().generation == 2  # type: ignore[union-attr]
+    finally:
+        srv.process.kill()
+        srv.process.wait()

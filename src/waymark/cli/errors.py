@@ -164,7 +164,7 @@ def _packages(exc: BaseException) -> tuple[int, str] | None:
                         ("waymark.kv.errors", "Timeout"),
                         ("waymark.objstore.types", "ObjectStoreError"),
                         ("waymark.checkpoint.shipper", "RetriesExhausted"),
-                        ("waymark.pipeline.edge", "EdgeUnavailable"),
+                        ("waymark.pipeline.placement", "EdgeUnavailable"),
                         ("waymark.pipeline.stage", "SinkUnavailable")):  # fmt: skip
         if _is(exc, module, cls):
             return EXIT_UNAVAILABLE, f"{name}: {exc} — try again later"

@@ -334,8 +334,13 @@ def _serve(config: ServerConfig, clock_offset_file: Path | None = None) -> None:
     try:
         server.run(sockets=[sock])
     finally:
-        engine.close()  # exact heads, so a clean restart continues seqs without a gap
-        store.seal(engine)  # and a short WAL to replay
+        if store.wal.writer_failures():
+            # Memory holds writes the WAL refused: nothing more is written, the restart
+            # recovers what the WAL stored (docs/durability.md, "A failed WAL writer").
+            typer.echo("waymark: a WAL writer failed; stopping without the last seal", err=True)
+        else:
+            engine.close()  # exact heads, so a clean restart continues seqs without a gap
+            store.seal(engine)  # and a short WAL to replay
         store.close()
     typer.echo("waymark stopped")
 

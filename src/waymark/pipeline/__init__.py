@@ -20,13 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from waymark.pipeline.batch import InFlight
-    from waymark.pipeline.edge import (
-        EdgeStats,
-        EdgeUnavailable,
-        RelocatableQueueEdge,
-        Relocation,
-        client_factory,
-    )
+    from waymark.pipeline.edge import RelocatableQueueEdge
     from waymark.pipeline.fence import FenceEpoch
     from waymark.pipeline.locator import (
         Fenced,
@@ -35,6 +29,12 @@ if TYPE_CHECKING:
         HandoffWriter,
         Observed,
         QueueLocator,
+    )
+    from waymark.pipeline.placement import (
+        EdgeStats,
+        EdgeUnavailable,
+        Relocation,
+        client_factory,
     )
     from waymark.pipeline.stage import Sink, SinkUnavailable, Stage, output_event
     from waymark.pipeline.state import (
@@ -46,11 +46,11 @@ if TYPE_CHECKING:
 
 _HOME = {
     "InFlight": "batch",
-    "EdgeStats": "edge",
-    "EdgeUnavailable": "edge",
+    "EdgeStats": "placement",
+    "EdgeUnavailable": "placement",
     "RelocatableQueueEdge": "edge",
-    "Relocation": "edge",
-    "client_factory": "edge",
+    "Relocation": "placement",
+    "client_factory": "placement",
     "FenceEpoch": "fence",
     "Fenced": "locator",
     "HandoffReader": "locator",

@@ -13,107 +13,54 @@ when the handoff record names a newer one; when it finds records gone from the t
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import msgspec
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import (
-    ApiError,
-    Client,
-    ConfigPatch,
-    Discard,
-    ErrorCode,
-    Record,
-    Tombstone,
-    TopicState,
-    TransportError,
-)
-from waymark.clock import Clock, SystemClock
+from waymark.client import ApiError, ErrorCode, Record, Tombstone, TransportError
+from waymark.clock import Clock
 from waymark.objstore import ObjectStore
 from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
 from waymark.pipeline.fence import FenceEpoch
-from waymark.pipeline.identity import PipelineIdentity, identity_of
-from waymark.pipeline.locator import (
-    Fenced,
-    HandoffReader,
-    HandoffRolledBack,
-    HandoffWriter,
-    Observed,
-    QueueLocator,
+from waymark.pipeline.identity import PipelineIdentity
+from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
+from waymark.pipeline.placement import (  # the placement's names, as this module gave them
+    Connect,
+    EdgeOwned,
+    EdgePlacement,
+    EdgeStats,
+    EdgeUnavailable,
+    Relocation,
+    client_factory,
+    gone,
 )
 from waymark.pipeline.state import Position, StageStateStore
 
-from .errors import PipelineError
-
 Sleep = Callable[[float], None]
 _encode = msgspec.json.encode
-Connect = Callable[[str], Client]
+
+__all__ = [
+    "Connect",
+    "EdgeOwned",
+    "EdgeStats",
+    "EdgeUnavailable",
+    "RelocatableQueueEdge",
+    "Relocation",
+    "Sleep",
+    "client_factory",
+]
 
 
-class EdgeUnavailable(PipelineError):
-    """The edge could not be reached nor moved within the retry budget."""
-
-
-class EdgeOwned(PipelineError):
-    """A server holds the edge's topic for another pipeline: never retried, the
-    pipeline stops (docs/semantics/pipeline.md §8.2)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Relocation:
-    """A planned move: the handoff as read, and the placement to publish over it."""
-
-    observed: Observed
-    locator: QueueLocator
-
-
-@dataclass(slots=True)
-class EdgeStats:
-    relocations: int = 0  # placements this side published
-    rebinds: int = 0  # newer placements this side adopted (its own included)
-    fenced: int = 0  # publishes lost to a concurrent producer
-    replayed: int = 0  # records pushed again after a move
-    stale_dropped: int = 0  # records of older generations a consumer dropped
-    disconnects: int = 0
-    recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
-
-
-log = logging.getLogger(__name__)
-
-
-def client_factory(timeout_s: float = 5.0, connect_s: float = 1.0) -> Connect:
-    """Clients by server URL, made once each."""
-    clients: dict[str, Client] = {}
-
-    def connect(url: str) -> Client:
-        if url not in clients:
-            clients[url] = Client(url, timeout=timeout_s, connect_timeout=connect_s)
-        return clients[url]
-
-    return connect
-
-
-def _gone(error: Exception) -> bool:
-    """Whether an error means the placement is unusable (docs/semantics/pipeline.md §3.3):
-    the server is unreachable, or the topic is not there."""
-    if isinstance(error, TransportError):
-        return True
-    return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
-
-
-class RelocatableQueueEdge:
+class RelocatableQueueEdge(EdgePlacement):
     """One edge, from the side of one stage: the producer's (:meth:`push`) or the
     consumer's (:meth:`pop`).
 
-    ``candidates`` are the server URLs the edge may live on, in preference order;
-    ``handoff`` is the rendezvous store; ``consumer`` names the stage that reads the
-    edge, whose checkpoint acknowledges what a producer may forget; ``identity`` is the
-    pipeline's (default: the one kept in ``handoff``), which scopes the edge's topic.
+    ``candidates``, ``handoff`` and ``identity`` are the placement's
+    (:class:`~waymark.pipeline.placement.EdgePlacement`); ``consumer`` names the stage
+    that reads the edge, whose checkpoint acknowledges what a producer may forget.
     """
 
     def __init__(
@@ -133,26 +80,15 @@ class RelocatableQueueEdge:
         rng: random.Random | None = None,
         identity: PipelineIdentity | None = None,
     ) -> None:
-        if not candidates:
-            raise ValueError(f"edge {name!r} has no candidate servers")
-        self.name = name
-        self.identity = identity or identity_of(handoff)
-        self.topic = self.identity.edge_topic(name)
-        self.candidates = list(candidates)
+        super().__init__(name, candidates, handoff, capacity=capacity, connect=connect,
+                         clock=clock, identity=identity)  # fmt: skip
         self.consumer = consumer
-        self.capacity = capacity
-        self.connect = connect or client_factory()
-        self.clock = clock or SystemClock()
         self.sleep = sleep
         self.retries = retries
         self.backoff = backoff or Backoff(0.05, 1.0)
         self.poll_interval_ms = poll_interval_ms
         self.rng = rng or random.Random()
-        self.writer = HandoffWriter(handoff, name)
-        self.reader = HandoffReader(handoff, name)
         self.acks = StageStateStore(handoff)
-        self.locator: QueueLocator | None = None
-        self.stats = EdgeStats()
         self.unacked = InFlight.empty()  # producer: pushed, not yet acknowledged
         self.cursor: Position | None = None  # consumer: last seq read in the bound generation
         self._down_since_ms: int | None = None
@@ -161,10 +97,6 @@ class RelocatableQueueEdge:
         self._released = 0  # consumer: seqs at or below this are deleted from the topic
 
     # --- both sides ---------------------------------------------------------------
-    def generation(self) -> FenceEpoch:
-        """The generation this side is bound to (0 before it is bound)."""
-        return FenceEpoch(self.locator.generation if self.locator else 0)
-
     def _disconnected(self, since_ms: int) -> None:
         """A call that began at ``since_ms`` failed: the outage counts from then, not
         from when the failure surfaced (a hung server answers nothing until the client's
@@ -178,100 +110,17 @@ class RelocatableQueueEdge:
             self.stats.recover_s.append((self.clock.now_ms() - self._down_since_ms) / 1000)
             self._down_since_ms = None
 
-    def _bind(self, locator: QueueLocator) -> None:
-        self.locator = locator
-        self.reader.seen = max(self.reader.seen, locator.epoch)
-        self.stats.rebinds += 1
-
     # --- producer -----------------------------------------------------------------
     def open(self) -> QueueLocator:
         """Bind to the published placement, placing the edge first if it has none."""
         if self.locator is None:
             current = self.reader.current()
             if current is None:
-                self._move()
+                self.move()
             else:
-                self._bind(current)
+                self.bind(current)
         assert self.locator is not None
         return self.locator
-
-    def _allocate(self, url: str) -> TopicState:
-        """The edge's topic on ``url``, created with the edge's capacity if missing and
-        claimed for this pipeline; raises :class:`EdgeOwned` when the server holds it
-        for another (docs/semantics/pipeline.md §8.2)."""
-        try:
-            state, _ = self.connect(url).put_topic(
-                self.topic,
-                ConfigPatch(cap_records=self.capacity, discard=Discard.REJECT,
-                            idempotency_window_ms=24 * 3_600_000, owner=self.identity.scope),
-            )  # fmt: skip
-        except ApiError as error:
-            if error.detail.get("reason") == "topic_owned":
-                raise EdgeOwned(f"edge {self.name!r} on {url}: {error.message}") from error
-            raise
-        return state
-
-    def prepare_relocation(self, observed: Observed | None = None) -> Relocation:
-        """Allocate the edge on the next healthy candidate after the current server
-        and plan its publication one generation above the newest known
-        (docs/semantics/pipeline.md §3.2)."""
-        observed = observed or self.writer.observe()
-        known = max(self.generation().value, observed.locator.generation if observed.locator else 0)
-        current = self.locator.server if self.locator else None
-        start = self.candidates.index(current) + 1 if current in self.candidates else 0
-        order = self.candidates[start:] + self.candidates[:start]
-        if current in order and len(order) > 1:  # the current server last: it just failed
-            order.remove(current)
-            order.append(current)
-        for url in order:
-            try:
-                state = self._allocate(url)
-            except (TransportError, ApiError):
-                continue  # dead or refusing: the next candidate
-            locator = QueueLocator(
-                edge=self.name, server=url, topic=self.topic, generation=known + 1,
-                capacity=self.capacity, start_seq=state.assigned_head_seq,
-                placed_ms=self.clock.now_ms(),
-                history=observed.locator.past() if observed.locator else (),
-            )  # fmt: skip
-            return Relocation(observed, locator)
-        raise EdgeUnavailable(f"edge {self.name!r}: no healthy candidate among {order}")
-
-    def commit_relocation(self, plan: Relocation) -> bool:
-        """Publish a planned placement. True when it won; False when another producer
-        published first, in which case this side adopts the newer placement
-        (docs/semantics/pipeline.md §2.2)."""
-        observed = plan.observed
-        while True:
-            try:
-                won = self.writer.try_publish(observed, plan.locator)
-            except Fenced as fenced:
-                self.stats.fenced += 1
-                if FenceEpoch(fenced.current.generation) > self.generation():
-                    self._bind(fenced.current)
-                return False
-            if won is not None:
-                if plan.observed.locator is not None:  # a move, not the first placement
-                    self.stats.relocations += 1
-                self._bind(won)
-                return True
-            observed = self.writer.observe()
-
-    def relocate(self) -> QueueLocator:
-        """Move the edge to the next healthy candidate, publish it, bump the generation
-        (or adopt a concurrent producer's newer placement); returns the bound placement."""
-        self.commit_relocation(self.prepare_relocation())
-        assert self.locator is not None
-        return self.locator
-
-    def _move(self) -> None:
-        """After a failure: adopt a newer published placement, else relocate."""
-        observed = self.writer.observe()
-        newer = observed.locator
-        if newer is not None and newer.epoch > self.generation():
-            self._bind(newer)
-            return
-        self.commit_relocation(self.prepare_relocation(observed))
 
     def push(self, records: InFlight) -> None:
         """Write ``records`` to the edge and keep them until acknowledged. A push that
@@ -313,7 +162,7 @@ class RelocatableQueueEdge:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
             except (TransportError, ApiError) as error:
                 full = isinstance(error, ApiError) and error.code == ErrorCode.TOPIC_FULL
-                if not full and not _gone(error):
+                if not full and not gone(error):
                     raise
                 if not full:
                     self._disconnected(began)
@@ -324,7 +173,7 @@ class RelocatableQueueEdge:
                 if full:
                     continue
                 try:
-                    self._move()
+                    self.move()
                 except EdgeUnavailable:
                     continue
                 continue
@@ -341,7 +190,7 @@ class RelocatableQueueEdge:
     def _newer_published(self) -> bool:
         current = self.reader.current()
         if current is not None and self.generation().is_stale(current.epoch):
-            self._bind(current)
+            self.bind(current)
             return True
         return False
 
@@ -357,7 +206,7 @@ class RelocatableQueueEdge:
                 # it (docs/semantics/pipeline.md §3.4).
                 self._disconnected(self._probed_ms or self.clock.now_ms())
                 try:
-                    self._move()
+                    self.move()
                 except EdgeUnavailable:
                     return
         if self.unacked.placed(self.generation().value) < len(self.unacked):
@@ -373,7 +222,7 @@ class RelocatableQueueEdge:
         try:
             self.connect(self.locator.server).get_topic(self.locator.topic, touch=False)
         except (TransportError, ApiError) as error:
-            if _gone(error):
+            if gone(error):
                 return False
             raise
         self._succeeded()
@@ -397,31 +246,21 @@ class RelocatableQueueEdge:
         current = self.reader.current()
         if current is None:
             return
-        self._bind(current)
+        self.bind(current)
         self.cursor = Position(current.generation, current.start_seq)
         if checkpoint is not None and checkpoint.generation == current.generation:
             self.cursor = max(self.cursor, checkpoint)
 
-    def _lost(self, gone: Tombstone) -> None:
-        """Records past the cursor are gone from the topic (a crash took a tail its
-        server had acknowledged before syncing it): this side never read them, so it
-        never acknowledged them and their producers still hold them, but a producer
-        writes them again only into a newer generation, and it cannot know they are
-        gone. So the consumer moves the edge itself and reads the new generation from
-        its start (docs/semantics/pipeline.md §3.5)."""
-        locator = self.locator
-        log.warning(
-            "edge %r: records [%s, %s] are gone from %s (%s); moving the edge so that "
-            "they are written again", self.name, gone.gap_from, gone.gap_to,
-            locator.server if locator else "?", gone.reason,
-        )  # fmt: skip
-        self._move()
+    def lost(self, gone: Tombstone) -> None:
+        """Move the edge past records gone from its topic, then read the new generation
+        from its start (docs/semantics/pipeline.md §3.5)."""
+        super().lost(gone)
         assert self.locator is not None
         self.rebind(self.locator)
 
     def rebind(self, locator: QueueLocator) -> None:
         """Read the placement ``locator`` from its start."""
-        self._bind(locator)
+        self.bind(locator)
         self.cursor = Position(locator.generation, locator.start_seq)
         self._released = 0
 
@@ -486,7 +325,7 @@ class RelocatableQueueEdge:
                 locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
             )
         except (TransportError, ApiError) as error:
-            if not _gone(error):
+            if not gone(error):
                 raise
             # a long poll may have waited wait_ms on a live server before it died
             self._disconnected(min(self.clock.now_ms(), began + wait_ms))
@@ -494,7 +333,7 @@ class RelocatableQueueEdge:
             return InFlight.empty()
         self._succeeded()
         if page.tombstone is not None:
-            self._lost(page.tombstone)
+            self.lost(page.tombstone)
             return InFlight.empty()
         current = locator.epoch
         bound = str(current.value)  # as the meta holds it

@@ -129,6 +129,8 @@ class App:
         changes = ChangesApi(self.engine, self.notifier, self.metrics, config.streams.heartbeat_s)
         reports = ReportsApi(self.engine, self.limits)  # folds, recovery clients, pipelines
         self.metrics.collectors.append(reports.collect)
+        if store is not None:
+            self.metrics.wal_writer_failures = store.wal.writer_failures
         # The handler of every operation id of the endpoint table.
         self.handlers: dict[str, Handler] = {
             "health": api.health,
@@ -446,6 +448,8 @@ class App:
             await asyncio.sleep(self.config.storage.seal_interval_s)
             if self.engine.replay_pending():
                 continue  # a seal now would apply the whole rest of the replay at once
+            if store.wal.writer_failures():
+                continue  # refused until a restart (docs/durability.md, "A failed WAL writer")
             if store.wal.submitted() == written or not sealer.running.acquire(False):
                 continue
             try:

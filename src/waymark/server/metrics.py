@@ -81,6 +81,9 @@ class Metrics(Collector):
         self.idle_closed = 0  # kept-alive connections closed for idleness
         # Metrics other parts of the server collect themselves (fold and recovery reports).
         self.collectors: list[Callable[[], Iterable[Metric]]] = []
+        # WAL shards whose writer thread failed (docs/durability.md, "A failed WAL
+        # writer"); none without a data directory.
+        self.wal_writer_failures: Callable[[], int] = lambda: 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -133,6 +136,11 @@ class Metrics(Collector):
             "waymark_seal_failures",
             "Seals that failed (the next interval tries again; the WAL keeps everything)",
             value=self.seal_failures,
+        )
+        yield CounterMetricFamily(
+            "waymark_wal_writer_failures",
+            "WAL shards whose writer thread failed: each refuses writes until a restart",
+            value=self.wal_writer_failures(),
         )
         yield CounterMetricFamily(
             "waymark_records_read", "Records delivered by diff and SSE", value=self.records_read

@@ -25,12 +25,14 @@ from waymark.pipeline.state import Position
 from .options import (
     EDGE,
     EDGE_SOURCE,
+    FAIL_ON_DATA_LOSS,
     HANDOFF,
     STAGE,
     STARTING,
     STORE_BUDGET,
     SUBSCRIBE,
     SUBSCRIBE_PATTERN,
+    flag,
     milliseconds,
     resolve,
 )
@@ -103,6 +105,9 @@ class EdgeOptions:
     stage: str
     # how long one call to the handoff store waits out an outage (docs/semantics/pipeline.md §10)
     store_budget_s: float = STORE_BUDGET_S
+    # Records gone from the edge's topic fail the query instead of moving the edge; off
+    # by default: the producers still hold them (docs/semantics/pipeline.md §7.4).
+    fail_on_data_loss: bool = False
 
 
 def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
@@ -142,7 +147,8 @@ def parse_options(options: Mapping[str, str]) -> EdgeOptions | None:
             "this stage's name in the pipeline"
         )
     budget_ms = milliseconds(options, STORE_BUDGET, int(STORE_BUDGET_S * 1000))
-    return EdgeOptions(edge.strip(), options["handoff"], options["stage"], budget_ms / 1000)
+    return EdgeOptions(edge.strip(), options["handoff"], options["stage"], budget_ms / 1000,
+                       flag(options, FAIL_ON_DATA_LOSS, False))  # fmt: skip
 
 
 def bind(locator: QueueLocator) -> EdgeOffset:

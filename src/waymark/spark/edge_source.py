@@ -28,10 +28,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from waymark.client import ApiError, Client, TransportError
+from waymark.client import ApiError, Client, Tombstone, TransportError
 from waymark.objstore import ObjectStore, ObjectStoreError, open_store
+from waymark.pipeline.identity import load_identity
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.patience import PatientStore
+from waymark.pipeline.placement import EdgePlacement, gone
 from waymark.pipeline.report import ReportFenced, StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
@@ -71,13 +73,6 @@ def patient_store(options: EdgeOptions) -> PatientStore:
     """The handoff store, every call of it waiting out an outage within the budget, with
     the pipeline runner's backoff and jitter (docs/semantics/pipeline.md §10)."""
     return PatientStore(open_store(options.handoff), budget_s=options.store_budget_s)
-
-
-def _gone(error: Exception) -> bool:
-    """The placement is unusable: no answer, a 5xx, or the topic is not there."""
-    if isinstance(error, TransportError):
-        return True
-    return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
 
 
 class EdgePartition(InputPartition):
@@ -134,7 +129,7 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         try:
             return self._client(at.server).get_topic(at.topic, touch=False).head_seq
         except (TransportError, ApiError) as error:
-            if not _gone(error):
+            if not gone(error):
                 raise
             return None
 
@@ -292,7 +287,7 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
                     part.topic, cursor, limit=min(MAX_ARROW_DIFF_LIMIT, part.hi - cursor)
                 )
             except (TransportError, ApiError) as error:
-                if not _gone(error):
+                if not gone(error):
                     raise
                 now = time.monotonic()
                 failed_at = now if failed_at is None else failed_at
@@ -312,13 +307,10 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
                 time.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)))
                 continue
             failed_at, attempt = None, 0
-            gone = page.tombstone
-            if gone is not None:
-                raise WaymarkDataLoss(
-                    part.topic, gone.gap_from, gone.gap_to, gone.reason,
-                    f"records of generation {part.generation} of edge {options.edge!r} on "
-                    f"{part.server} are gone; the producers no longer hold them if acknowledged",
-                )  # fmt: skip
+            if page.tombstone is not None:
+                # the rest of the range too: its producers write it again after the move
+                lost(partition, store, http, page.tombstone)
+                break
             for batch in page.table.to_batches():
                 kept, dropped = accept(batch, part.generation, part.hi)
                 stale += dropped
@@ -329,6 +321,44 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
             cursor = page.next_from_seq
     if stale:
         store.put(stale_key(options.stage, part), msgspec.json.encode(stale))
+
+
+def lost(partition: EdgePartition, store: ObjectStore, http: Client, tombstone: Tombstone) -> None:
+    """Records of the range's placement are gone from its topic (a server restart lost
+    a tail it had acknowledged before syncing it). The stage never acknowledged them,
+    so their producers hold them; the read moves the edge as a pipeline consumer does,
+    unless a newer generation is published already (a retried task, another range),
+    and gives the rest of its range up: once a newer generation is published the batch
+    acknowledges nothing and the next batch reads the new placement from its start,
+    where the producers write every unacknowledged record again
+    (docs/semantics/pipeline.md §7.4). ``failOnDataLoss=true`` fails the query instead."""
+    part, options = partition.part, partition.options
+    identity = load_identity(store)
+    gone_from = (f"records of generation {part.generation} of edge {options.edge!r} on "
+                 f"{part.server} are gone; their producers hold them until this stage "
+                 "acknowledges them")  # fmt: skip
+    if options.fail_on_data_loss:
+        raise WaymarkDataLoss(part.topic, tombstone.gap_from, tombstone.gap_to, tombstone.reason,
+                              f"{gone_from}: with failOnDataLoss=false (the default) the "
+                              "stage moves the edge so that they are written again")  # fmt: skip
+    if identity is None or identity.edge_topic(options.edge) != part.topic:
+        # not this pipeline's topic (a handoff store edited or swapped): moving it from
+        # here could allocate another topic, so the query stops instead
+        raise WaymarkDataLoss(part.topic, tombstone.gap_from, tombstone.gap_to, tombstone.reason,
+                              f"{gone_from}, but the handoff store's pipeline does not name "
+                              "this topic, so the stage cannot move the edge")  # fmt: skip
+    published = HandoffReader(store, options.edge).current()
+    if published is None or published.generation != part.generation:
+        log.warning("edge %r: records [%s, %s] are gone from %s (%s); generation %s is "
+                    "published, where the producers write them again", options.edge,
+                    tombstone.gap_from, tombstone.gap_to, part.server, tombstone.reason,
+                    published and published.generation)  # fmt: skip
+        return
+    # The edge stays on the server that answered: the only one a Spark stage knows.
+    edge = EdgePlacement(options.edge, [part.server], store, capacity=published.capacity,
+                         connect=lambda _url: http, identity=identity)  # fmt: skip
+    edge.bind(published)
+    edge.lost(tombstone)  # logs the gone range; moves, or adopts a newer placement
 
 
 def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:

@@ -86,6 +86,9 @@ class Sealer:
         self.running = threading.Lock()  # one seal at a time
 
     def begin(self, engine: Engine) -> SealPlan:
+        # A failed WAL writer left mutations in memory that it refused: sealing them
+        # would make refused writes readable after a restart.
+        self.wal.check_writers()
         if engine.replaying is not None:
             # The WAL files this trims still hold frames set aside for memory topics:
             # they are applied first, so the catalog holds them (the server waits for

@@ -13,12 +13,18 @@ afterwards: its waiters wait until it is stored, since it will be, and a write
 answered 503 must never become readable (docs/durability.md, "Full disk"). A mutation
 of several frames is admitted once, before its first (:meth:`Wal.admit`): its frames
 are then all taken, or, refused, it wrote none.
+
+A writer thread that fails on anything else (a bug, a fault no retry can fix) fails
+closed: what it had synced is answered as stored, the file is cut back to its last
+good sync, every frame still unsynced is answered 503 and the shard refuses writes
+until the server restarts (docs/durability.md, "A failed WAL writer").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -31,6 +37,8 @@ from ...clock import Clock, SystemClock
 from ..errors import ErrorCode, TopicError
 from .fileio import FileIO
 from .frames import Frame, scan
+
+log = logging.getLogger(__name__)
 
 WAL_SUFFIX = ".wal"
 _ROTATE = b""  # queued like a frame: the writer moves to the next file at this point
@@ -104,6 +112,12 @@ class WalShard:
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
+        # Why the writer thread died, for good: the shard refuses until a restart.
+        self.failure: Exception | None = None
+        self._taken = 0  # lsn of the last frame the writer took from the queue
+        # After a failure: frames up to here may be on disk unsynced (the cut failed),
+        # so they are never answered; later ones are refused (see :meth:`_fail`).
+        self._unknown_upto = 0
         # Mutations admitted and still writing their frames (the engine thread's): their
         # frames are taken even once the shard refuses (see :meth:`admit`).
         self._admitted = 0
@@ -128,9 +142,9 @@ class WalShard:
         frame, maybe a HEAD frame, then its records: refusing a later one would leave
         the first queued, a topic that replay makes although the client was told 503
         (docs/durability.md, "Full disk")."""
-        error = self.error
-        if error is not None:
-            raise unavailable(error)
+        refusal = self.refusal()
+        if refusal is not None:
+            raise refusal
         self._admitted += 1
         try:
             yield
@@ -140,8 +154,10 @@ class WalShard:
     def submit(self, frame: bytes | list[bytes]) -> WalCommit:
         """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
-            if self.error is not None and not self._admitted:
-                raise unavailable(self.error)
+            if not self._admitted and (refusal := self.refusal()) is not None:
+                raise refusal
+            # A frame of an admitted mutation is taken even from a failed shard: its
+            # commit is refused (:meth:`wait_synced`), as are all it has not synced.
             self._queue.append(frame)
             self.submitted += 1
             lsn = self.submitted
@@ -157,13 +173,23 @@ class WalShard:
             self._wake.notify()
             return self.index
 
+    def refusal(self) -> TopicError | None:
+        """The 503 a new mutation gets now, or None if the shard takes it."""
+        if self.failure is not None:
+            return writer_failed(self.failure)
+        error = self.error
+        return None if error is None else unavailable(error)
+
     async def wait_synced(self, lsn: int) -> None:
+        """Return once frame ``lsn`` is synced; 503 if the writer failed before it was."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
             self._loop = loop
             if self.synced_lsn >= lsn:
                 return
+            if self.failure is not None and lsn > self._unknown_upto:
+                raise writer_failed(self.failure)
             self._waiters.append((lsn, future))
         await future
 
@@ -172,8 +198,8 @@ class WalShard:
         target = self.submitted
         deadline = time.monotonic() + timeout
         while self.synced_lsn < target:
-            if self.error is not None:
-                raise unavailable(self.error)
+            if (refusal := self.refusal()) is not None:
+                raise refusal
             if time.monotonic() > deadline:
                 raise TimeoutError("the WAL did not sync in time")
             time.sleep(0.001)
@@ -188,6 +214,21 @@ class WalShard:
     # --- the writer thread ---------------------------------------------------------
     def _run(self) -> None:
         pending: list[bytes | list[bytes]] = []
+        try:
+            self._loop_rounds(pending)
+        except Exception as exc:
+            # Not the disk refusing (that is retried in _loop_rounds): a bug or a fault
+            # the writer cannot reason about, its bookkeeping may be off. It writes no
+            # more; what it could not sync is refused rather than left waiting forever
+            # (docs/durability.md, "A failed WAL writer").
+            log.exception(
+                "WAL %s: the writer thread failed; the shard refuses writes until the "
+                "server restarts",
+                self.directory.name,
+            )
+            self._fail(exc, pending)
+
+    def _loop_rounds(self, pending: list[bytes | list[bytes]]) -> None:
         upto = 0
         delay = self._retry_s
         while True:
@@ -199,6 +240,7 @@ class WalShard:
                 pending.extend(self._queue)
                 self._queue.clear()
                 upto = self.submitted
+                self._taken = upto
             started = self._clock.now_ms()
             try:
                 self._write_pending(pending)
@@ -272,6 +314,34 @@ class WalShard:
         with self._lock:
             self.error = exc
 
+    def _fail(self, exc: Exception, pending: list[bytes | list[bytes]]) -> None:
+        """Fail closed. ``pending`` holds exactly the frames taken and not synced (see
+        :meth:`_write_pending`), the last of them frame ``_taken``: those before are
+        durable and answered so. Their bytes past the last good sync are cut, so the
+        frames answered 503 never replay. Should the cut fail, the taken frames' waiters
+        are left waiting, as after a timeout, since a 503 could then be contradicted by
+        the restart; frames never taken are refused either way."""
+        durable = self._taken - sum(1 for frame in pending if frame != _ROTATE)
+        try:
+            self._io.truncate(self._fd, self._synced_size)
+        except Exception:
+            log.exception("WAL %s: cutting back the unsynced frames failed", self.directory.name)
+            unknown = self._taken
+        else:
+            unknown = durable
+        with self._lock:
+            self.failure = exc
+            self._unknown_upto = unknown
+            self.synced_lsn = max(self.synced_lsn, durable)
+            ready = [w for w in self._waiters if w[0] <= durable]
+            refused = [w for w in self._waiters if w[0] > unknown]
+            self._waiters = [w for w in self._waiters if durable < w[0] <= unknown]
+        loop = self._loop
+        if loop is not None and (ready or refused):
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(_release_waiters, ready)
+                loop.call_soon_threadsafe(_refuse_waiters, refused, writer_failed(exc))
+
     def _synced(self, upto: int) -> None:
         with self._lock:
             self.synced_lsn = upto
@@ -313,6 +383,22 @@ def _release_waiters(waiters: list[tuple[int, asyncio.Future[None]]]) -> None:
     for _lsn, future in waiters:
         if not future.done():
             future.set_result(None)
+
+
+def _refuse_waiters(waiters: list[tuple[int, asyncio.Future[None]]], error: TopicError) -> None:
+    for _lsn, future in waiters:
+        if not future.done():
+            future.set_exception(error)
+
+
+def writer_failed(exc: Exception) -> TopicError:
+    return TopicError(
+        ErrorCode.STORAGE_UNAVAILABLE,
+        f"the write-ahead log's writer failed ({type(exc).__name__}): this write changed "
+        "nothing that a restart keeps; nothing acknowledged is lost and writes to this "
+        "shard resume once the server restarts",
+        {"error": type(exc).__name__},
+    )
 
 
 def unavailable(exc: OSError) -> TopicError:
@@ -372,9 +458,21 @@ class Wal:
         return round(self.shard_of(topic).sync_ms)
 
     def check_available(self, topic: str) -> None:
-        error = self.shard_of(topic).error
-        if error is not None:
-            raise unavailable(error)
+        refusal = self.shard_of(topic).refusal()
+        if refusal is not None:
+            raise refusal
+
+    def check_writers(self) -> None:
+        """Raise 503 storage_unavailable if a shard's writer thread failed: what memory
+        holds then includes mutations the WAL refused, which a seal must not store
+        (docs/durability.md, "A failed WAL writer")."""
+        for shard in self.shards:
+            if shard.failure is not None:
+                raise writer_failed(shard.failure)
+
+    def writer_failures(self) -> int:
+        """How many shards' writer threads failed (each refuses until a restart)."""
+        return sum(shard.failure is not None for shard in self.shards)
 
     def admit(self, topic: str) -> contextlib.AbstractContextManager[None]:
         """Admit one mutation of ``topic``'s: see :meth:`WalShard.admit`."""
