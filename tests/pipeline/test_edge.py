@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from tests.conftest import start_server
 from tests.pipeline.conftest import FaultProxy, Fleet
 
-from waymark.client import Client, ConfigPatch, Durability
+from waymark.client import Client, ConfigPatch, Durability, RecordIn
 from waymark.clock import ManualClock
 from waymark.faults.processes import free_port
 from waymark.objstore import open_store
@@ -40,6 +40,7 @@ from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import StageFunctionFailed
+from waymark.pipeline.state import Position
 from waymark.protocol import Limits
 
 
@@ -119,6 +120,29 @@ def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
         assert HandoffReader(producer.writer.store, producer.name).current() == producer.locator
     finally:
         dead.up()
+
+
+def test_a_consumer_takes_each_records_meta_and_drops_one_without_a_generation(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # The page is decoded into typed meta (docs/pipeline.md, "In-flight records"): the
+    # event id comes back as the producer wrote it, the birth time as an int, a record
+    # with no generation is stale (docs/semantics/pipeline.md §1.3) and one of the bound
+    # generation with a key of its own is taken.
+    producer, consumer, _ = pushed(fleet, tmp_path, 2)
+    placed = producer.locator
+    assert placed is not None
+    with Client(placed.server) as client:
+        client.append(placed.topic, [
+            RecordIn.of({"n": 9}),
+            RecordIn.of({"n": 10}, meta={"wm.gen": "1", "wm.event": 'q"\\ü', "wm.t0": "7",
+                                         "k": "v"}),
+        ])  # fmt: skip
+    got = consumer.pop(100)
+    assert got.event_ids() == ["p:0", "p:1", 'q"\\ü']
+    assert got.values()[2] == b'{"n":10}' and got.born(2) == 7
+    assert consumer.stats.stale_dropped == 1
+    assert [got.position(i) for i in range(3)] == [Position(1, s) for s in (1, 2, 4)]
 
 
 def test_records_of_a_push_that_gave_up_are_written_by_the_next_one(

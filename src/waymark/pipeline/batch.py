@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from waymark.pipeline.state import Position
-from waymark.protocol import Limits
+from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, Limits
 
 # One append carries at most the server's max records per write, and a body well
 # under its max body size: ids count twice (the record id and wm.event), plus the
@@ -28,9 +28,7 @@ WRITE_BYTES = Limits().max_body_bytes // 2
 RECORD_OVERHEAD = 128
 
 # Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
-GEN = "wm.gen"
-EVENT = "wm.event"
-BORN = "wm.t0"
+GEN, EVENT, BORN = EDGE_GEN, EDGE_EVENT, EDGE_BORN
 
 # The rows of the int64 table: the end offsets of the event ids and of the data, the
 # origin (the input position, ``(0, n)`` for a source's n-th event), the birth time and

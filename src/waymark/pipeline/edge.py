@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-
 from waymark.checkpoint.backoff import Backoff
 from waymark.client import (
     ApiError,
@@ -28,14 +26,13 @@ from waymark.client import (
     ConfigPatch,
     Discard,
     ErrorCode,
-    Record,
     Tombstone,
     TopicState,
     TransportError,
 )
 from waymark.clock import Clock, SystemClock
 from waymark.objstore import ObjectStore
-from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
+from waymark.pipeline.batch import InFlight
 from waymark.pipeline.fence import FenceEpoch
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.locator import (
@@ -47,11 +44,11 @@ from waymark.pipeline.locator import (
     QueueLocator,
 )
 from waymark.pipeline.state import Position, StageStateStore
+from waymark.protocol import EdgePage, EdgeRecord
 
 from .errors import PipelineError
 
 Sleep = Callable[[float], None]
-_encode = msgspec.json.encode
 Connect = Callable[[str], Client]
 
 
@@ -482,8 +479,10 @@ class RelocatableQueueEdge:
         assert locator is not None and cursor is not None
         began = self.clock.now_ms()
         try:
-            page = self.connect(locator.server).diff_raw(
-                locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
+            # one C call for the page, each record's meta as typed fields
+            # (docs/pipeline.md, "In-flight records")
+            page = self.connect(locator.server).diff_as(
+                locator.topic, cursor.seq, EdgePage, limit=max_items, wait_ms=wait_ms
             )
         except (TransportError, ApiError) as error:
             if not _gone(error):
@@ -497,53 +496,38 @@ class RelocatableQueueEdge:
             self._lost(page.tombstone)
             return InFlight.empty()
         current = locator.epoch
-        bound = str(current.value)  # as the meta holds it
         records = page.records
-        metas = [record.meta or _NO_META for record in records]
-        if [meta.get(GEN, "0") for meta in metas].count(bound) == len(metas):
+        metas = [record.meta for record in records]
+        generations = [meta.generation for meta in metas]
+        if generations.count(current.value) == len(records):
             # The common case, every record of the bound generation: taken column by
             # column, with no step per record in Python (docs/pipeline.md, "In-flight records").
             last = records[-1].seq if records else cursor.seq
             self.cursor = Position(current.value, max(last, page.next_from_seq))
-            return _columns(records, metas, current.value)
+            return InFlight.build(
+                [meta.event for meta in metas], [record.data for record in records],
+                born_ms=[meta.born_ms for meta in metas], generation=current.value,
+                seq=[record.seq for record in records],
+            )  # fmt: skip
         out = _Accepted()
         last = cursor.seq
-        for record, meta in zip(records, metas, strict=True):
-            gen = meta.get(GEN, "0")
-            written = current.value  # the generation the record was written under
-            if gen != bound:  # the common case, the bound generation, needs no comparing
-                stamped = FenceEpoch(int(gen))
-                written = stamped.value
-                if self.stale(stamped):
-                    self.stats.stale_dropped += 1
-                    last = record.seq
-                    continue
-                if current.is_stale(stamped):
-                    # a newer generation is written here: read it from its own start
-                    if not self.poll(force=True):
-                        break  # its handoff is not readable yet; read this again later
-                    return out.build()
-            out.add(meta, record.data, written, record.seq)
+        for record, written in zip(records, generations, strict=True):
+            stamped = FenceEpoch(written)
+            if self.stale(stamped):
+                self.stats.stale_dropped += 1
+                last = record.seq
+                continue
+            if current.is_stale(stamped):
+                # a newer generation is written here: read it from its own start
+                if not self.poll(force=True):
+                    break  # its handoff is not readable yet; read this again later
+                return out.build()
+            out.add(record, written)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
         self.cursor = Position(current.value, last)
         return out.build()
-
-
-_NO_META: dict[str, str] = {}
-
-
-def _columns(records: Sequence[Record[msgspec.Raw]], metas: list[dict[str, str]],
-             generation: int) -> InFlight:  # fmt: skip
-    """A page's records, all written under ``generation``, as an :class:`InFlight`."""
-    return InFlight.build(
-        list(map(_encode, [meta.get(EVENT, "") for meta in metas])),
-        list(map(bytes, [record.data for record in records])),
-        born_ms=list(map(int, [meta.get(BORN, "0") for meta in metas])),
-        generation=generation,
-        seq=[record.seq for record in records],
-    )
 
 
 class _Accepted:
@@ -558,12 +542,12 @@ class _Accepted:
         self.seqs: list[int] = []
         self.born: list[int] = []
 
-    def add(self, meta: dict[str, str], data: msgspec.Raw, generation: int, seq: int) -> None:
-        self.events.append(_encode(meta.get(EVENT, "")))
-        self.data.append(bytes(data))
+    def add(self, record: EdgeRecord, generation: int) -> None:
+        self.events.append(bytes(record.meta.event))
+        self.data.append(bytes(record.data))
         self.generations.append(generation)
-        self.seqs.append(seq)
-        self.born.append(int(meta.get(BORN, "0")))
+        self.seqs.append(record.seq)
+        self.born.append(record.meta.born_ms)
 
     def build(self) -> InFlight:
         return InFlight.build(self.events, self.data, born_ms=self.born,
