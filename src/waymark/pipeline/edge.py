@@ -13,11 +13,15 @@ when the handoff record names a newer one; when it finds records gone from the t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
 
 from waymark.checkpoint.backoff import Backoff
 from waymark.client import (
@@ -44,7 +48,7 @@ from waymark.pipeline.locator import (
     QueueLocator,
 )
 from waymark.pipeline.state import Position, StageStateStore
-from waymark.protocol import EdgePage, EdgeRecord
+from waymark.protocol import EdgePack, EdgePage, EdgeRecord
 
 from .errors import PipelineError
 
@@ -54,6 +58,11 @@ Connect = Callable[[str], Client]
 
 class EdgeUnavailable(PipelineError):
     """The edge could not be reached nor moved within the retry budget."""
+
+
+class EdgeMalformed(PipelineError):
+    """A record of the bound generation on an edge is not a pack: the edge's topic was
+    written by something other than its producers (docs/semantics/pipeline.md §3.1)."""
 
 
 class EdgeOwned(PipelineError):
@@ -74,8 +83,8 @@ class EdgeStats:
     relocations: int = 0  # placements this side published
     rebinds: int = 0  # newer placements this side adopted (its own included)
     fenced: int = 0  # publishes lost to a concurrent producer
-    replayed: int = 0  # records pushed again after a move
-    stale_dropped: int = 0  # records of older generations a consumer dropped
+    replayed: int = 0  # items pushed again after a move
+    stale_dropped: int = 0  # records (packs) of older generations a consumer dropped
     disconnects: int = 0
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
 
@@ -156,6 +165,9 @@ class RelocatableQueueEdge:
         self._polled_ms: int | None = None
         self._probed_ms: int | None = None
         self._released = 0  # consumer: seqs at or below this are deleted from the topic
+        # consumer: items per pack, as last read (one until a pack is read: a first pop
+        # may take up to max_items packs, as a pop of single records did)
+        self._per_pack = 1.0
 
     # --- both sides ---------------------------------------------------------------
     def generation(self) -> FenceEpoch:
@@ -279,8 +291,10 @@ class RelocatableQueueEdge:
         self.send()
 
     def enqueue(self, records: InFlight) -> None:
-        """Hold ``records`` until acknowledged; :meth:`send` writes them."""
-        self.unacked += records
+        """Hold ``records`` until acknowledged, cut into packs; :meth:`send` writes them.
+        The cut is made once, here, so that every write of a pack carries the same items
+        (docs/semantics/pipeline.md §3.1)."""
+        self.unacked += records.packed()
 
     def send(self) -> None:
         """Write what is held and not yet written, as :meth:`push` does."""
@@ -298,13 +312,13 @@ class RelocatableQueueEdge:
             start = self.unacked.placed(locator.generation)
             if start == len(self.unacked):
                 return
-            # Each record's id is its event id and the generation: a retried write in one
-            # generation is absorbed, a replay into the next one is not
-            # (docs/semantics/pipeline.md §3.1).
-            # One write carries at most what the server takes; the loop writes the rest,
-            # each chunk placed as it lands (docs/semantics/pipeline.md §3.7).
-            end = self.unacked.chunk_end(start)
-            body = self.unacked.edge_records(start, locator.generation, end)
+            # Each pack's id is its first event id, its size and the generation: a
+            # retried write in one generation is absorbed, a replay into the next one is
+            # not (docs/semantics/pipeline.md §3.1).
+            # One write carries whole packs, at most what the server takes; the loop
+            # writes the rest, each placed as it lands (docs/semantics/pipeline.md §3.7).
+            end = self.unacked.write_end(start)
+            body = self.unacked.edge_packs(start, locator.generation, end)
             began = self.clock.now_ms()
             try:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
@@ -467,9 +481,10 @@ class RelocatableQueueEdge:
         return stamped.is_stale(self.generation())
 
     def pop(self, max_items: int = 1000, *, wait_ms: int = 0) -> InFlight:
-        """Up to ``max_items`` records of the bound generation, in order, each with its
-        position on the edge (its generation the one it was written under); records of
-        older generations are dropped and counted (docs/semantics/pipeline.md §3.5)."""
+        """The items of whole packs of the bound generation, in order, each with its
+        pack's position on the edge (its generation the one it was written under):
+        about ``max_items`` of them, at least one pack. Records of older generations
+        are dropped and counted (docs/semantics/pipeline.md §3.5)."""
         if self.locator is None:
             self.resume(None)
             if self.locator is None:
@@ -479,11 +494,13 @@ class RelocatableQueueEdge:
         assert locator is not None and cursor is not None
         began = self.clock.now_ms()
         try:
-            # one C call for the page, each record's meta as typed fields
+            # one C call for the page, each record's meta as typed fields; as many packs
+            # as hold about max_items at the size of the last ones
             # (docs/pipeline.md, "In-flight records")
             page = self.connect(locator.server).diff_as(
-                locator.topic, cursor.seq, EdgePage, limit=max_items, wait_ms=wait_ms
-            )
+                locator.topic, cursor.seq, EdgePage, wait_ms=wait_ms,
+                limit=max(1, min(max_items, round(max_items / self._per_pack))),
+            )  # fmt: skip
         except (TransportError, ApiError) as error:
             if not _gone(error):
                 raise
@@ -496,59 +513,60 @@ class RelocatableQueueEdge:
             self._lost(page.tombstone)
             return InFlight.empty()
         current = locator.epoch
-        records = page.records
-        metas = [record.meta for record in records]
-        generations = [meta.generation for meta in metas]
-        if generations.count(current.value) == len(records):
-            # The common case, every record of the bound generation: taken column by
-            # column, with no step per record in Python (docs/pipeline.md, "In-flight records").
-            last = records[-1].seq if records else cursor.seq
-            self.cursor = Position(current.value, max(last, page.next_from_seq))
-            return InFlight.build(
-                [meta.event for meta in metas], [record.data for record in records],
-                born_ms=[meta.born_ms for meta in metas], generation=current.value,
-                seq=[record.seq for record in records],
-            )  # fmt: skip
-        out = _Accepted()
+        accepted: list[EdgeRecord] = []
         last = cursor.seq
-        for record, written in zip(records, generations, strict=True):
-            stamped = FenceEpoch(written)
+        for record in page.records:
+            stamped = FenceEpoch(record.meta.generation)
             if self.stale(stamped):
                 self.stats.stale_dropped += 1
                 last = record.seq
                 continue
             if current.is_stale(stamped):
                 # a newer generation is written here: read it from its own start
+                taken = self._unpack(accepted, current.value)
                 if not self.poll(force=True):
                     break  # its handoff is not readable yet; read this again later
-                return out.build()
-            out.add(record, written)
+                return taken
+            accepted.append(record)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
+        taken = self._unpack(accepted, current.value)  # raises before the cursor moves
         self.cursor = Position(current.value, last)
-        return out.build()
+        return taken
+
+    def _unpack(self, records: list[EdgeRecord], generation: int) -> InFlight:
+        """The items of ``records``' packs, each with its pack's position: the packs'
+        data decoded in one call, the columns joined with no step per item in Python
+        (docs/pipeline.md, "In-flight records")."""
+        if not records:
+            return InFlight.empty()
+        try:
+            packs = _decode_packs(b"[%s]" % b",".join([record.data for record in records]))
+        except msgspec.ValidationError:
+            for record in records:  # which one: named in the error
+                try:
+                    _decode_pack(record.data)
+                except msgspec.ValidationError as error:
+                    raise EdgeMalformed(
+                        f"edge {self.name!r}: the record at seq {record.seq} of generation "
+                        f"{generation} is not a pack: {error}"
+                    ) from error
+            raise
+        counts = [len(pack.items) for pack in packs]
+        for record, pack, n in zip(records, packs, counts, strict=True):
+            if len(pack.events) != n or len(pack.born_ms) != n or not n:
+                raise EdgeMalformed(f"edge {self.name!r}: the pack at seq {record.seq} has "
+                                    f"{len(pack.events)} ids, {len(pack.born_ms)} birth "
+                                    f"times and {n} items")  # fmt: skip
+        self._per_pack = max(1.0, sum(counts) / len(counts))
+        chain = itertools.chain.from_iterable
+        return InFlight.build(
+            list(chain(pack.events for pack in packs)), list(chain(pack.items for pack in packs)),
+            born_ms=list(chain(pack.born_ms for pack in packs)), generation=generation,
+            seq=np.repeat(np.fromiter((r.seq for r in records), np.int64, len(records)), counts),
+        )  # fmt: skip
 
 
-class _Accepted:
-    """The columns of a pop's accepted records, filled one record at a time."""
-
-    __slots__ = ("born", "data", "events", "generations", "seqs")
-
-    def __init__(self) -> None:
-        self.events: list[bytes] = []
-        self.data: list[bytes] = []
-        self.generations: list[int] = []
-        self.seqs: list[int] = []
-        self.born: list[int] = []
-
-    def add(self, record: EdgeRecord, generation: int) -> None:
-        self.events.append(bytes(record.meta.event))
-        self.data.append(bytes(record.data))
-        self.generations.append(generation)
-        self.seqs.append(record.seq)
-        self.born.append(record.meta.born_ms)
-
-    def build(self) -> InFlight:
-        return InFlight.build(self.events, self.data, born_ms=self.born,
-                              generation=self.generations, seq=self.seqs)  # fmt: skip
+_decode_packs = msgspec.json.Decoder(list[EdgePack]).decode
+_decode_pack = msgspec.json.Decoder(EdgePack).decode

@@ -16,12 +16,13 @@ import numpy as np
 from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
-from waymark.pipeline.batch import EVENT, InFlight
+from waymark.pipeline.batch import InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
+from waymark.protocol import EDGE_EVENT
 
 from .errors import PipelineError
 
@@ -119,7 +120,7 @@ class Sink:
         """One poison event, as a dead-letter topic takes it: its input as ``data``, why
         in ``meta``, its event id as the record id (a second write is absorbed)."""
         eid = str(_decode(event))
-        record = RecordIn(msgspec.Raw(data), meta={EVENT: eid, **meta}, id=eid)
+        record = RecordIn(msgspec.Raw(data), meta={EDGE_EVENT: eid, **meta}, id=eid)
         self._retry(lambda: self.client.append(self.topic, [record]))
 
 

@@ -132,22 +132,31 @@ class PipelineList(Struct, frozen=True):
     pipelines: list[PipelineStatus]
 
 
-# The meta keys of a record on a pipeline edge (docs/semantics/pipeline.md §3.1).
+# The meta key of a pack's generation on a pipeline edge, and the meta keys of an
+# item as a Spark stage reading the edge gives it as a row (docs/semantics/pipeline.md
+# §3.1, §7).
 EDGE_GEN = "wm.gen"
 EDGE_EVENT = "wm.event"
 EDGE_BORN = "wm.t0"
 
 
 class EdgeMeta(Struct, frozen=True, gc=False):
-    """A record's meta on an edge, as its consumer takes it: the generation and birth
-    time as ints (the meta holds their decimal text: :class:`EdgePage` is decoded
-    leniently), the event id left as its JSON string (docs/semantics/pipeline.md §3.1).
-    Missing keys read as generation 0 and an empty id: such a record is stale
+    """A pack's meta on an edge, as its consumer takes it: the generation as an int
+    (the meta holds its decimal text: :class:`EdgePage` is decoded leniently). A
+    missing key reads as generation 0: such a record is stale
     (docs/semantics/pipeline.md §1.3)."""
 
     generation: int = msgspec.field(default=0, name=EDGE_GEN)
-    event: msgspec.Raw = msgspec.field(default=msgspec.Raw(b'""'), name=EDGE_EVENT)
-    born_ms: int = msgspec.field(default=0, name=EDGE_BORN)
+
+
+class EdgePack(Struct, kw_only=True, gc=False):
+    """The data of a record on an edge: a pack of items, each an event id (its JSON
+    string), a birth time and a JSON value, in push order (docs/semantics/pipeline.md
+    §3.1)."""
+
+    events: list[msgspec.Raw]
+    born_ms: list[int]
+    items: list[msgspec.Raw]
 
 
 class EdgeRecord(Struct, kw_only=True, gc=False):
