@@ -419,6 +419,8 @@ class InFlight:
         for a retried write in one generation and different in the next
         (docs/semantics/pipeline.md §3.1)."""
         end = len(self) if end is None else end
+        if start >= end:
+            return b""
         firsts = self._firsts(start, end).tolist()
         part = self.between(start, end)
         events = _cut(part.events, part.ints[EVENT_END])
