@@ -6,6 +6,7 @@ records"; docs/semantics/pipeline.md §3.4). Mutants of its guards are caught.""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import msgspec
@@ -96,10 +97,15 @@ def edge_packs(body: bytes) -> list[tuple[RecordIn, EdgePack]]:
 def expected_packs(model: list[Rec], start: int, generation: int) -> list[tuple]:
     """Each pack from item ``start`` as its record id, meta and items."""
     return [
-        (f"{model[lo].event}+{hi - lo}@{generation}", {GEN: str(generation)},
+        (f"{model[lo].event}+{hi - lo}.{pack_crc(model[lo:hi]):08x}@{generation}",
+         {GEN: str(generation)},
          [(m.event, m.born, m.data) for m in model[lo:hi]])
         for lo, hi in pack_spans(model, start)
     ]  # fmt: skip
+
+
+def pack_crc(items: list[Rec]) -> int:
+    return zlib.crc32(b"".join(msgspec.json.encode(m.event) for m in items))
 
 
 def as_sent(body: bytes) -> list[tuple]:
@@ -127,8 +133,12 @@ class InFlightMachine(RuleBasedStateMachine):
         self.generation = 1
         self.next_seq = {1: 0}
 
-    @rule(new=st.lists(recs, max_size=6), fanout=st.integers(1, 3),
-          max_items=st.integers(1, 4), max_bytes=st.integers(1, 120))
+    @rule(
+        new=st.lists(recs, max_size=6),
+        fanout=st.integers(1, 3),
+        max_items=st.integers(1, 4),
+        max_bytes=st.integers(1, 120),
+    )
     def push(self, new: list[Rec], fanout: int, max_items: int, max_bytes: int) -> None:
         # a transform emitting ``fanout`` outputs per input: they share the origin;
         # the push cut into packs as a producer holds them
@@ -320,8 +330,11 @@ def check_outputs(records: list[Rec], data: st.DataObject, stage: str) -> None:
     assert contents(made) == model
     assert made.written() == 0  # not on the output edge yet
     packed = made.packed()  # one pack: every item's id, birth and data, in order
-    assert as_sent(packed.edge_packs(0, 7)) == expected_packs(
-        packed_model(model, 10**6, 10**9), 0, 7) if model else packed.edge_packs(0, 7) == b""
+    assert (
+        as_sent(packed.edge_packs(0, 7)) == expected_packs(packed_model(model, 10**6, 10**9), 0, 7)
+        if model
+        else packed.edge_packs(0, 7) == b""
+    )
 
 
 def outputs_test(config: settings) -> None:
@@ -436,8 +449,13 @@ def test_chunks_fit_one_write_and_cover_everything_in_order(
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(st.lists(recs, max_size=12), st.integers(1, 4), st.integers(1, 200), st.integers(1, 3),
-       st.integers(1, 600))
+@given(
+    st.lists(recs, max_size=12),
+    st.integers(1, 4),
+    st.integers(1, 200),
+    st.integers(1, 3),
+    st.integers(1, 600),
+)
 def test_writes_carry_whole_packs_within_the_limits(
     records: list[Rec], max_items: int, pack_bytes: int, max_packs: int, max_bytes: int
 ) -> None:
@@ -476,7 +494,10 @@ def test_a_pack_placed_item_by_item_is_caught(monkeypatch: pytest.MonkeyPatch) -
 
 def test_packs_cut_by_count_alone_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     original = InFlight.packed
-    monkeypatch.setattr(InFlight, "packed",
-                        lambda self, max_items=1000, max_bytes=0: original(self, max_items, 10**9))
+    monkeypatch.setattr(
+        InFlight,
+        "packed",
+        lambda self, max_items=1000, max_bytes=0: original(self, max_items, 10**9),
+    )
     with pytest.raises(AssertionError):
         run_machine()

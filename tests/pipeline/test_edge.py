@@ -40,7 +40,7 @@ from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import StageFunctionFailed
-from waymark.pipeline.state import Position
+from waymark.pipeline.state import CheckpointedStageState, Position
 from waymark.protocol import Limits
 
 
@@ -163,9 +163,7 @@ def test_a_record_of_the_bound_generation_that_is_not_a_pack_is_refused(
     assert consumer.cursor == Position(1, 0)  # not past it, nor past the good pack before it
 
 
-def test_a_retried_pack_write_in_one_generation_is_absorbed(
-    fleet: Fleet, tmp_path: Path
-) -> None:
+def test_a_retried_pack_write_in_one_generation_is_absorbed(fleet: Fleet, tmp_path: Path) -> None:
     # A write whose answer was lost is written again with the same packs, whose ids
     # the topic absorbs: the consumer reads each item once
     # (docs/semantics/pipeline.md §3.1).
@@ -661,3 +659,78 @@ def test_records_a_server_restart_lost_on_an_edge_are_written_again(
     finally:
         server.process.kill()
         server.process.wait()
+
+
+def test_a_consumer_checkpoint_never_falls_inside_a_pack(fleet: Fleet, tmp_path: Path) -> None:
+    # A pop takes whole packs, each item at its pack's position, so the stage's saved
+    # input position is a pack's seq: a restart reads a pack whole or not at all
+    # (docs/semantics/pipeline.md §3.4), and the sink gets each event once.
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("ck", "sink", 10**6),
+                   events=10, batch=5, clock=clock)  # fmt: skip
+
+    def consumer() -> Stage:
+        sink = Sink(fleet.sink.url, f"ck-{run}", connect=connect)
+        return Stage("sink", deliver, states=states, input=edge("ck", "sink", 10**6),
+                     batch=1, clock=clock, sink=sink)  # fmt: skip
+
+    source.start()
+    source.step()
+    source.step()  # two pushes of five events: two packs
+    source.drain()
+    assert source.output is not None
+    packs = [source.output.unacked.position(i) for i in (0, 5)]
+    first = consumer()
+    first.start()
+    assert first.step() == 5  # one item asked for: the whole first pack
+    first.drain()  # its save, after its sink write
+    saved = states.load("sink")
+    assert saved is not None and saved.input == packs[0]
+    first.close()
+    again = consumer()  # a restart from the checkpoint: the second pack whole
+    again.start()
+    assert again.step() == 5
+    with Client(fleet.sink.url) as client:
+        assert client.get_topic(f"ck-{run}").head_seq == 10
+    source.step()
+    assert source.finished()
+
+
+def test_a_replay_after_a_move_repacks_what_is_unacknowledged(fleet: Fleet, tmp_path: Path) -> None:
+    # Acknowledged packs are forgotten whole; after a move the rest is written again
+    # under the new generation, packed as pushed, with new ids; the consumer reads each
+    # unacknowledged item once more and the sink, by event id, holds each event once
+    # (docs/semantics/pipeline.md §3.4, §5.2).
+    producer, consumer = edges(fleet, tmp_path, ManualClock())
+    for lo in (0, 3, 6):
+        producer.push(items(lo, lo + 3))  # three packs
+    placed = producer.locator
+    assert placed is not None
+    got = consumer.pop(100)
+    assert got.event_ids() == [f"p:{n}" for n in range(9)]
+    states = StageStateStore(producer.writer.store)
+    state = states.claim(CheckpointedStageState(stage="c", input_edge=producer.name), "c/one")
+    state.input = got.position(3)  # the consumer's checkpoint: the first two packs
+    states.save(state)
+    producer.trim()
+    assert producer.unacked.event_ids() == ["p:6", "p:7", "p:8"]
+    dead = next(p for p in fleet.proxies if p.url == placed.server)
+    dead.down()
+    try:
+        producer.push(items(9, 10))  # fails, relocates, writes the third pack again
+        assert producer.generation().value == 2 and producer.stats.replayed == 3
+        assert producer.unacked.packs() == 2
+        replayed = consumer.pop(100) + consumer.pop(100)
+        assert consumer.generation().value == 2
+        assert replayed.event_ids() == ["p:6", "p:7", "p:8", "p:9"]
+        assert {replayed.position(i) for i in range(3)} == {Position(2, 1)}
+    finally:
+        dead.up()
+    sink = Sink(fleet.sink.url, f"replay-{uuid.uuid4().hex[:8]}", connect=client_factory())
+    sink.open()
+    sink.write(got)
+    sink.write(replayed)  # 6-8 a second time: absorbed by their ids
+    with Client(fleet.sink.url) as client:
+        records = client.diff(sink.topic, 0, limit=100).records
+    assert sorted(r.id for r in records) == sorted(f"p:{n}" for n in range(10))

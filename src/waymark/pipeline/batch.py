@@ -11,6 +11,7 @@ object of its own; one is cut out only where a stage's function must see it
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
@@ -415,9 +416,10 @@ class InFlight:
         objects joined by commas, for an append to the edge's topic under
         ``generation``: each pack's data holds its items' event ids, birth times and
         values (:class:`~waymark.protocol.EdgePack`), its meta the generation, and its
-        record id is its first event id, its item count and the generation, the same
-        for a retried write in one generation and different in the next
-        (docs/semantics/pipeline.md §3.1)."""
+        record id is its first event id, its item count, the CRC-32 of its event ids
+        and the generation: the same for a retried write of the pack in one generation,
+        different in the next, and for a pack of other events that starts with the
+        same one (docs/semantics/pipeline.md §3.1)."""
         end = len(self) if end is None else end
         if start >= end:
             return b""
@@ -427,13 +429,15 @@ class InFlight:
         data = _cut(part.data, part.ints[DATA_END])
         born = part.ints[BORN_MS].tolist()
         form = (b'{"data":{"events":[%%s],"born_ms":[%%s],"items":[%%s]},'
-                b'"meta":{"%s":"%d"},"id":%%s+%%d@%d"}'
+                b'"meta":{"%s":"%d"},"id":%%s+%%d.%%08x@%d"}'
                 % (GEN.encode(), generation, generation))  # fmt: skip
         bounds = [f - start for f in firsts]
         packs = []
         for lo, hi in zip(bounds, [*bounds[1:], end - start], strict=True):
-            packs.append(form % (b",".join(events[lo:hi]), ",".join(map(str, born[lo:hi])).encode(),
-                                 b",".join(data[lo:hi]), events[lo][:-1], hi - lo))  # fmt: skip
+            ids = events[lo:hi]
+            packs.append(form % (b",".join(ids), ",".join(map(str, born[lo:hi])).encode(),
+                                 b",".join(data[lo:hi]), ids[0][:-1], hi - lo,
+                                 zlib.crc32(b"".join(ids))))  # fmt: skip
         return b",".join(packs)
 
     def sink_records(self) -> bytes:

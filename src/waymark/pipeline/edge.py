@@ -50,7 +50,7 @@ from waymark.pipeline.locator import (
 from waymark.pipeline.state import Position, StageStateStore
 from waymark.protocol import EdgePack, EdgePage, EdgeRecord
 
-from .errors import PipelineError
+from .errors import EdgeMalformed, PipelineError
 
 Sleep = Callable[[float], None]
 Connect = Callable[[str], Client]
@@ -58,11 +58,6 @@ Connect = Callable[[str], Client]
 
 class EdgeUnavailable(PipelineError):
     """The edge could not be reached nor moved within the retry budget."""
-
-
-class EdgeMalformed(PipelineError):
-    """A record of the bound generation on an edge is not a pack: the edge's topic was
-    written by something other than its producers (docs/semantics/pipeline.md §3.1)."""
 
 
 class EdgeOwned(PipelineError):
@@ -561,9 +556,12 @@ class RelocatableQueueEdge:
                                     f"times and {n} items")  # fmt: skip
         self._per_pack = max(1.0, sum(counts) / len(counts))
         chain = itertools.chain.from_iterable
+        # each item at its pack's position, the generation the pack was written under
+        stamped = np.fromiter((r.meta.generation for r in records), np.int64, len(records))
         return InFlight.build(
             list(chain(pack.events for pack in packs)), list(chain(pack.items for pack in packs)),
-            born_ms=list(chain(pack.born_ms for pack in packs)), generation=generation,
+            born_ms=list(chain(pack.born_ms for pack in packs)),
+            generation=np.repeat(stamped, counts),
             seq=np.repeat(np.fromiter((r.seq for r in records), np.int64, len(records)), counts),
         )  # fmt: skip
 

@@ -368,6 +368,14 @@ class Stage:
         self.behind.submit(task)
         if taken == 0:
             self.drain()  # an idle step leaves nothing in the air
+            # Its settle may have learned of acknowledgements the save above did not
+            # cover: saved too, so that a stage reporting itself done has saved its final
+            # position (a rerun then produces nothing again; its repacked events would
+            # not be absorbed by the edge, docs/semantics/pipeline.md §3.1).
+            late = self._checkpoint(now=True)
+            if late is not None:
+                self.behind.submit(lambda: self.behind.checkpoint(late))
+                self.drain()
             self._release()
         return taken
 
