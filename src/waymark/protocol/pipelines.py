@@ -133,8 +133,8 @@ class PipelineList(Struct, frozen=True):
 
 
 # The meta key of a pack's generation on a pipeline edge, and the meta keys of an
-# item as a Spark stage reading the edge gives it as a row (docs/semantics/pipeline.md
-# §3.1, §7).
+# item as a Spark stage reading the edge gives it as a row
+# (docs/semantics/pipeline.md §3.1, docs/semantics/pipeline.md §7.4).
 EDGE_GEN = "wm.gen"
 EDGE_EVENT = "wm.event"
 EDGE_BORN = "wm.t0"
@@ -151,8 +151,8 @@ class EdgeMeta(Struct, frozen=True, gc=False):
 
 class EdgePack(Struct, kw_only=True, gc=False):
     """The data of a record on an edge: a pack of items, each an event id (its JSON
-    string), a birth time and a JSON value, in push order (docs/semantics/pipeline.md
-    §3.1)."""
+    string), a birth time and a JSON value, in push order
+    (docs/semantics/pipeline.md §3.1)."""
 
     events: list[msgspec.Raw]
     born_ms: list[int]
