@@ -72,7 +72,6 @@ def objects(batches: int, payloads: list[bytes]) -> float:
 
 def columns(batches: int, payloads: list[bytes]) -> float:
     unacked = InFlight.empty()
-    seq = 0
     began = time.perf_counter()
     for b in range(batches):
         lo = b * BATCH
@@ -81,8 +80,7 @@ def columns(batches: int, payloads: list[bytes]) -> float:
         start = len(unacked)
         unacked += new.packed()  # one pack a batch, as an edge holds it
         unacked.edge_packs(start, 1)
-        unacked.place(start, 1, [seq + 1])
-        seq += 1
+        unacked.place(start, 1, [b + 1])  # pack b at seq b + 1
         unacked = unacked.acknowledged(Position(1, b - LAG + 1))
         unacked.oldest_origin()
     return time.perf_counter() - began

@@ -287,7 +287,8 @@ def unpack(rows: pa.RecordBatch) -> pa.RecordBatch:
     names = rows.schema.names
     data = rows.column(names.index("data"))
     offsets = np.frombuffer(data.buffers()[1], np.int32, n + 1, data.offset * 4)  # type: ignore[call-overload]  # a pa.Buffer is a buffer
-    text = data.buffers()[2].to_pybytes()
+    buffer = data.buffers()[2]
+    text = buffer.to_pybytes() if buffer is not None else b""
     seqs = rows.column(names.index("seq")).to_pylist()
     bounds = offsets.tolist()
     try:
@@ -312,11 +313,8 @@ def unpack(rows: pa.RecordBatch) -> pa.RecordBatch:
     for generation, event, t0 in zip(generations, events, born, strict=True):
         values += (b"%d" % generation, event.encode(), b"%d" % t0)
     keys = [GEN.encode(), EDGE_EVENT.encode(), EDGE_BORN.encode()] * m
-    meta = pa.MapArray.from_arrays(
-        _ints(pa.int32(), np.arange(0, 3 * m + 1, 3, dtype=np.int32)),
-        _strings(keys),
-        _strings(values),
-    )
+    three = _ints(pa.int32(), np.arange(0, 3 * m + 1, 3, dtype=np.int32))  # 3 keys an item
+    meta = pa.MapArray.from_arrays(three, _strings(keys), _strings(values))  # type: ignore[call-overload]  # int32 offsets, as the map type's own
     at = _ints(pa.int64(), np.repeat(np.arange(n, dtype=np.int64), counts))
     columns = [rows.column(i).take(at) for i in range(len(names))]
     columns[names.index("meta")] = meta
