@@ -72,18 +72,16 @@ def objects(batches: int, payloads: list[bytes]) -> float:
 
 def columns(batches: int, payloads: list[bytes]) -> float:
     unacked = InFlight.empty()
-    seq = 0
     began = time.perf_counter()
     for b in range(batches):
         lo = b * BATCH
         new = InFlight.build([b'"produce:%d"' % n for n in range(lo, lo + BATCH)], payloads,
                              origin_seq=range(lo, lo + BATCH), born_ms=7)  # fmt: skip
         start = len(unacked)
-        unacked += new
-        unacked.edge_records(start, 1)
-        unacked.place(start, 1, range(seq + 1, seq + 1 + BATCH))
-        seq += BATCH
-        unacked = unacked.acknowledged(Position(1, (b - LAG + 1) * BATCH))
+        unacked += new.packed()  # one pack a batch, as an edge holds it
+        unacked.edge_packs(start, 1)
+        unacked.place(start, 1, [b + 1])  # pack b at seq b + 1
+        unacked = unacked.acknowledged(Position(1, b - LAG + 1))
         unacked.oldest_origin()
     return time.perf_counter() - began
 

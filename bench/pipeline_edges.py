@@ -15,7 +15,10 @@ data dirs. Runs, in this order, each on fresh topics:
   by the stages themselves: the processes' start-up (imports, ~1 s of CPU each) is
   left out, as the runner's is in the rows above; the source's start is shown apart.
 
-Ratios are events/s against the anchor, measured in the same run.
+Ratios are events/s against the anchor, measured in the same run. Each row also
+gives the CPU seconds each process spent on it (utime + stime, from ``/proc`` for the
+servers, ``getrusage`` for this process and the stage processes): less sensitive to
+the machine's load than the wall time, so the figure to compare between runs.
 Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000]``.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -54,6 +58,48 @@ def start(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     )  # fmt: skip
     assert process.stdout is not None
     return process, process.stdout.readline().split()[3]
+
+
+def cpu_s(pid: int) -> float:
+    """A live process's CPU seconds so far (utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds spent during a block: this process's, its reaped children's (the
+    stage processes) and each server's."""
+
+    def __init__(self, servers: dict[str, subprocess.Popen[str]]) -> None:
+        self.servers = servers
+        self.spent: dict[str, float] = {}
+
+    @staticmethod
+    def _own() -> tuple[float, float]:
+        own, kids = (resource.getrusage(who) for who in
+                     (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))  # fmt: skip
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    def __enter__(self) -> CpuMeter:
+        self._start = {n: cpu_s(p.pid) for n, p in self.servers.items() if p.poll() is None}
+        self._own_start = self._own()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        own, kids = self._own()
+        self.spent = {"bench": own - self._own_start[0]}
+        reaped = kids - self._own_start[1]  # stage processes, or a server killed and reaped
+        for name, start in self._start.items():
+            process = self.servers[name]
+            if process.poll() is None:
+                self.spent[name] = cpu_s(process.pid) - start
+            else:  # SIGKILLed in this run: what it spent since its start (imports included)
+                self.spent[f"{name} (killed)"], reaped = reaped, 0.0
+        if reaped:
+            self.spent["stages"] = reaped
+
+    def text(self) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in self.spent.items() if v >= 0.005)
 
 
 def count_sink(url: str, topic: str) -> tuple[int, int]:
@@ -197,10 +243,17 @@ def main() -> None:
         procs = {name: start(root / name) for name in ("a", "b", "c", "sink")}
         try:
             a, b, c, sink = (procs[n][1] for n in ("a", "b", "c", "sink"))
-            t_anchor = anchor(sink, events)
-            t_plain, _ = pipeline(root, a, b, sink, events, None)
-            t_fail, stats = pipeline(root, c, b, sink, events, procs["c"][0])
-            t_procs, t_start = processes(root, a, b, sink, events)
+            servers = {name: process for name, (process, _) in procs.items()}
+            meters = [CpuMeter(servers) for _ in range(4)]
+            # the checks after each run (reading the sink back) are inside its meter
+            with meters[0]:
+                t_anchor = anchor(sink, events)
+            with meters[1]:
+                t_plain, _ = pipeline(root, a, b, sink, events, None)
+            with meters[2]:
+                t_fail, stats = pipeline(root, c, b, sink, events, procs["c"][0])
+            with meters[3]:
+                t_procs, t_start = processes(root, a, b, sink, events)
         finally:
             for process, _ in procs.values():
                 if process.poll() is None:
@@ -221,6 +274,14 @@ def main() -> None:
                       f"{extra['recover_s']:.2f} s" if extra else "-",
                       f"{int(extra['replayed']):,}" if extra else "-")  # fmt: skip
     console.print(table)
+    cpu = Table(title="CPU seconds per process in each run (the checks after it included): "
+                "bench this process, a b c the edge servers, sink the sink server, stages "
+                "the stage processes (their start-up, about 1 s each, included)")  # fmt: skip
+    cpu.add_column("run")
+    cpu.add_column("CPU s")
+    for (name, _, _), meter in zip(rows, meters, strict=True):
+        cpu.add_row(name, meter.text())
+    console.print(cpu)
     console.print(f"one process per stage: the source's process took {t_start:.2f} s from "
                   "its start to its first report (left out above)")  # fmt: skip
 

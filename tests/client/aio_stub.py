@@ -90,6 +90,8 @@ def render() -> str:
         body=[ast.Expr(ast.Constant(ast.get_docstring(cls, clean=False))), *methods],
     )  # fmt: skip
     used = _used_names([stub_class])
+    if "T" in used:  # a generic call (diff_as): the stub declares T, so imports TypeVar
+        used.add("TypeVar")
     imports: list[str] = []
     seen: set[str] = set()
     for imp in _imports(api) + _imports(aio):

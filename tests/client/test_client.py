@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import msgspec
 import pytest
 
 from waymark.client import (
@@ -16,6 +17,7 @@ from waymark.client import (
     TombstoneEvent,
     TopicType,
 )
+from waymark.protocol import EdgeMeta, EdgePage
 
 
 def test_health_and_topic_lifecycle(client: Client, topic: str) -> None:
@@ -50,6 +52,24 @@ def test_append_diff_and_delete_are_typed(client: Client, topic: str) -> None:
     deleted = client.delete(topic, match=("tag", "Eq", "a"))
     assert (deleted.deleted, deleted.count) == (2, 1)
     assert [r.seq for r in client.diff(topic, 0).records] == [2]
+
+
+def test_diff_as_decodes_a_page_into_a_caller_type_leniently(client: Client, topic: str) -> None:
+    # A pipeline edge's page: meta values are strings, the type reads the generation as
+    # an int, other keys are ignored, the data is kept as its JSON
+    # (docs/semantics/pipeline.md §3.1).
+    client.append(topic, [
+        RecordIn.of({"n": 1}, meta={"wm.gen": "3", "wm.event": 'e"\\ü', "wm.t0": "17", "x": "y"}),
+        RecordIn.of(2),
+    ])  # fmt: skip
+    page = client.diff_as(topic, 0, EdgePage, limit=10)
+    first, second = page.records
+    assert (first.seq, first.meta.generation, bytes(first.data)) == (1, 3, b'{"n":1}')
+    assert (second.meta, bytes(second.data)) == (EdgeMeta(), b"2")  # no meta: generation 0
+    assert page.tombstone is None and page.next_from_seq == 2
+    client.append(topic, [RecordIn.of(3, meta={"wm.gen": "three"})])
+    with pytest.raises(msgspec.ValidationError, match=r"wm\.gen"):
+        client.diff_as(topic, 2, EdgePage)
 
 
 def test_refusals_raise_api_error_with_the_spec_code(client: Client, topic: str) -> None:

@@ -6,6 +6,7 @@ records"; docs/semantics/pipeline.md §3.4). Mutants of its guards are caught.""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import msgspec
@@ -23,7 +24,8 @@ from hypothesis.stateful import (
 
 from waymark.client import RecordIn
 from waymark.pipeline import InFlight, Position
-from waymark.pipeline.batch import BORN, EVENT, GEN, RECORD_OVERHEAD
+from waymark.pipeline.batch import GEN, ITEM_OVERHEAD, PACK, RECORD_OVERHEAD
+from waymark.protocol import EdgePack
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Rec:
     origin: Position
     born: int
     position: Position | None = None
+    first: bool = False  # starts a pack
 
 
 # Ids with quotes, backslashes, control characters, non-ASCII and the '/' and '@' the
@@ -62,9 +65,55 @@ def of(records: list[Rec]) -> InFlight:
 
 def contents(batch: InFlight) -> list[Rec]:
     return [
-        Rec(batch.event(i), batch.value(i), batch.origin(i), batch.born(i), batch.position(i))
+        Rec(batch.event(i), batch.value(i), batch.origin(i), batch.born(i), batch.position(i),
+            bool(batch.ints[PACK, i]))
         for i in range(len(batch))
-    ]
+    ]  # fmt: skip
+
+
+def packed_model(records: list[Rec], max_items: int, max_bytes: int) -> list[Rec]:
+    """``records`` cut into packs one item at a time: a pack ends at ``max_items``
+    items, or before the item whose id, data and overhead would pass ``max_bytes``
+    (docs/semantics/pipeline.md §3.1)."""
+    out, count, size = [], 0, 0
+    for r in records:
+        item = len(msgspec.json.encode(r.event)) + len(r.data) + ITEM_OVERHEAD
+        first = not out or count == max_items or size + item > max_bytes
+        count, size = (1, item) if first else (count + 1, size + item)
+        out.append(Rec(r.event, r.data, r.origin, r.born, r.position, first))
+    return out
+
+
+def pack_spans(model: list[Rec], start: int = 0) -> list[tuple[int, int]]:
+    """The ``(first, end)`` items of the model's packs from item ``start``."""
+    firsts = [i for i in range(start, len(model)) if model[i].first]
+    return list(zip(firsts, [*firsts[1:], len(model)], strict=False))  # one end more
+
+
+def edge_packs(body: bytes) -> list[tuple[RecordIn, EdgePack]]:
+    return [(r, msgspec.json.decode(bytes(r.data), type=EdgePack)) for r in decoded(body)]
+
+
+def expected_packs(model: list[Rec], start: int, generation: int) -> list[tuple]:
+    """Each pack from item ``start`` as its record id, meta and items."""
+    return [
+        (f"{model[lo].event}+{hi - lo}.{pack_crc(model[lo:hi]):08x}@{generation}",
+         {GEN: str(generation)},
+         [(m.event, m.born, m.data) for m in model[lo:hi]])
+        for lo, hi in pack_spans(model, start)
+    ]  # fmt: skip
+
+
+def pack_crc(items: list[Rec]) -> int:
+    return zlib.crc32(b"".join(msgspec.json.encode(m.event) for m in items))
+
+
+def as_sent(body: bytes) -> list[tuple]:
+    return [
+        (r.id, r.meta, [(msgspec.json.decode(bytes(e)), b, bytes(d))
+                        for e, b, d in zip(p.events, p.born_ms, p.items, strict=True)])
+        for r, p in edge_packs(body)
+    ]  # fmt: skip
 
 
 def decoded(body: bytes) -> list[RecordIn]:
@@ -84,34 +133,39 @@ class InFlightMachine(RuleBasedStateMachine):
         self.generation = 1
         self.next_seq = {1: 0}
 
-    @rule(new=st.lists(recs, max_size=6), fanout=st.integers(1, 3))
-    def push(self, new: list[Rec], fanout: int) -> None:
-        # a transform emitting ``fanout`` outputs per input: they share the origin
+    @rule(
+        new=st.lists(recs, max_size=6),
+        fanout=st.integers(1, 3),
+        max_items=st.integers(1, 4),
+        max_bytes=st.integers(1, 120),
+    )
+    def push(self, new: list[Rec], fanout: int, max_items: int, max_bytes: int) -> None:
+        # a transform emitting ``fanout`` outputs per input: they share the origin;
+        # the push cut into packs as a producer holds them
         outputs = [
             Rec(r.event if k == 0 else f"{r.event}/{k}", r.data, r.origin, r.born)
             for r in new
             for k in range(fanout)
         ]
-        self.batch = self.batch + of(outputs)
-        self.model += outputs
+        self.batch = self.batch + of(outputs).packed(max_items, max_bytes)
+        self.model += packed_model(outputs, max_items, max_bytes)
 
     @rule(data=st.data())
     def write(self, data: st.DataObject) -> None:
-        """A successful append of records ``start`` onwards to the bound placement."""
-        start = data.draw(st.integers(0, len(self.model)))
-        body = self.batch.edge_records(start, self.generation)
-        sent = decoded(body)
-        assert [(r.id, bytes(r.data), r.meta) for r in sent] == [
-            (f"{m.event}@{self.generation}", m.data,
-             {GEN: str(self.generation), EVENT: m.event, BORN: str(m.born)})
-            for m in self.model[start:]
-        ]  # fmt: skip
+        """A successful append of the packs from the ``k``-th one onwards to the bound
+        placement."""
+        spans = pack_spans(self.model)
+        k = data.draw(st.integers(0, len(spans)))
+        start = spans[k][0] if k < len(spans) else len(self.model)
+        body = self.batch.edge_packs(start, self.generation)
+        assert as_sent(body) == expected_packs(self.model, start, self.generation)
         first = self.next_seq[self.generation] + 1
-        seqs = list(range(first, first + len(sent)))
-        self.next_seq[self.generation] += len(sent)
+        seqs = list(range(first, first + len(spans) - k))
+        self.next_seq[self.generation] += len(seqs)
         self.batch.place(start, self.generation, seqs)
-        for m, seq in zip(self.model[start:], seqs, strict=True):
-            m.position = Position(self.generation, seq)
+        for (lo, hi), seq in zip(spans[k:], seqs, strict=True):
+            for m in self.model[lo:hi]:
+                m.position = Position(self.generation, seq)
 
     @rule()
     def move(self) -> None:
@@ -140,9 +194,15 @@ class InFlightMachine(RuleBasedStateMachine):
         assert self.batch.oldest_origin() == min((m.origin for m in self.model), default=None)
 
     @invariant()
+    def packs_stay_whole(self) -> None:
+        # acknowledged by the pack's seq, a pack is forgotten whole: what is held
+        # starts with a pack (docs/semantics/pipeline.md §3.4)
+        assert not self.model or self.model[0].first
+        assert self.batch.packs() == sum(m.first for m in self.model)
+
+    @invariant()
     def a_replay_writes_everything_in_push_order(self) -> None:
-        sent = decoded(self.batch.edge_records(0, 99))
-        assert [r.id for r in sent] == [f"{m.event}@99" for m in self.model]
+        assert as_sent(self.batch.edge_packs(0, 99)) == expected_packs(self.model, 0, 99)
         assert [RecordIn(msgspec.Raw(m.data), id=m.event) for m in self.model] == decoded(
             self.batch.sink_records()
         )
@@ -167,7 +227,8 @@ def test_an_empty_batch() -> None:
     empty = InFlight.empty()
     assert len(empty) == 0 and not empty
     assert empty.oldest_origin() is None and empty.written() == 0
-    assert empty.edge_records(0, 1) == b"" and empty.sink_records() == b""
+    assert empty.edge_packs(0, 1) == b"" and empty.sink_records() == b""
+    assert empty.packed().packs() == 0 and empty.write_end(0) == 0
     assert len(empty.acknowledged(Position(1, 10))) == 0
     assert contents(empty + InFlight.of([], [])) == []
     one = InFlight.of(["a"], [b"1"])
@@ -177,9 +238,9 @@ def test_an_empty_batch() -> None:
 
 
 def test_release_past_the_end_forgets_everything_written_and_keeps_the_rest() -> None:
-    batch = InFlight.of(["a", "b", "c"], [b"1", b"2", b"3"])
+    batch = InFlight.of(["a", "b", "c"], [b"1", b"2", b"3"]).packed(1)  # a pack each
     batch.place(0, 1, [1, 2, 3])
-    batch += InFlight.of(["d"], [b"4"])  # not written yet
+    batch += InFlight.of(["d"], [b"4"]).packed()  # not written yet
     left = batch.acknowledged(Position(1, 1000))
     assert left.event_ids() == ["d"] and left.position(0) is None
     assert left.value(0) == b"4"
@@ -192,7 +253,7 @@ def test_release_in_the_middle_of_one_origins_outputs_keeps_its_origin() -> None
     batch = InFlight.build(
         [b'"x"', b'"x/1"', b'"x/2"', b'"y"'], [b"1", b"2", b"3", b"4"],
         origin_gen=1, origin_seq=[7, 7, 7, 8],
-    )  # fmt: skip
+    ).packed(1)  # fmt: skip
     batch.place(0, 2, [4, 5, 6, 7])
     left = batch.acknowledged(Position(2, 5))
     assert left.event_ids() == ["x/2", "y"]
@@ -201,7 +262,7 @@ def test_release_in_the_middle_of_one_origins_outputs_keeps_its_origin() -> None
 
 
 def test_release_leaves_older_generations_and_unwritten_records_in_the_middle() -> None:
-    batch = InFlight.of(["a", "b", "c", "d"], [b"1", b"[2]", b'"3"', b"{}"])
+    batch = InFlight.of(["a", "b", "c", "d"], [b"1", b"[2]", b'"3"', b"{}"]).packed(1)
     batch.place(0, 1, [1, 2, 3, 4])
     batch.place(2, 2, [1, 2])  # c and d written again in generation 2
     left = batch.acknowledged(Position(2, 1))  # c: in the middle
@@ -219,9 +280,11 @@ def test_data_that_is_not_one_json_value_is_refused() -> None:
 
 
 def test_placing_the_wrong_number_of_seqs_is_refused() -> None:
-    batch = InFlight.of(["a", "b"], [b"1", b"2"])
-    with pytest.raises(ValueError, match="1 seqs for 2 records"):
+    batch = InFlight.of(["a", "b"], [b"1", b"2"]).packed(1)
+    with pytest.raises(ValueError, match="1 seqs for 2 packs"):
         batch.place(0, 1, [1])
+    with pytest.raises(ValueError, match="item 1 does not start a pack"):
+        InFlight.of(["a", "b"], [b"1", b"2"]).packed().place(1, 1, [1])
     with pytest.raises(ValueError, match="2 event ids for 1 data values"):
         InFlight.build([b'"a"', b'"b"'], [b"1"])
 
@@ -266,8 +329,12 @@ def check_outputs(records: list[Rec], data: st.DataObject, stage: str) -> None:
                                msgspec.json.encode(stage)[1:-1])  # fmt: skip
     assert contents(made) == model
     assert made.written() == 0  # not on the output edge yet
-    assert [(r.id, r.meta) for r in decoded(made.edge_records(0, 7))] == [
-        (f"{m.event}@7", {GEN: "7", EVENT: m.event, BORN: str(m.born)}) for m in model]  # fmt: skip
+    packed = made.packed()  # one pack: every item's id, birth and data, in order
+    assert (
+        as_sent(packed.edge_packs(0, 7)) == expected_packs(packed_model(model, 10**6, 10**9), 0, 7)
+        if model
+        else packed.edge_packs(0, 7) == b""
+    )
 
 
 def outputs_test(config: settings) -> None:
@@ -379,3 +446,58 @@ def test_chunks_fit_one_write_and_cover_everything_in_order(
         joined += piece
         start = end
     assert contents(joined) == contents(batch)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(recs, max_size=12),
+    st.integers(1, 4),
+    st.integers(1, 200),
+    st.integers(1, 3),
+    st.integers(1, 600),
+)
+def test_writes_carry_whole_packs_within_the_limits(
+    records: list[Rec], max_items: int, pack_bytes: int, max_packs: int, max_bytes: int
+) -> None:
+    # docs/semantics/pipeline.md §3.7: a write holds whole packs, at most max_packs of
+    # them, within max_bytes unless a single pack alone is larger; every pack once.
+    batch = of(records).packed(max_items, pack_bytes)
+    model = packed_model(records, max_items, pack_bytes)
+    assert contents(batch) == model
+    start, spans = 0, pack_spans(model)
+    ends = {hi for _, hi in spans}
+    while start < len(batch):
+        end = batch.write_end(start, max_packs, max_bytes)
+        packs = [(lo, hi) for lo, hi in spans if start <= lo < end]
+        assert end in ends and 1 <= len(packs) <= max_packs
+        piece = batch.between(start, end)
+        size = sum(2 * len(piece.event_json(i)) + len(piece.value(i)) + ITEM_OVERHEAD
+                   for i in range(len(piece))) + RECORD_OVERHEAD * len(packs)  # fmt: skip
+        assert size <= max_bytes or len(packs) == 1
+        start = end
+
+
+def test_a_pack_placed_item_by_item_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each item at a seq of its own: a checkpoint could then fall inside a pack
+    from waymark.pipeline.batch import GENERATION, SEQ
+
+    def per_item(self: InFlight, start: int, generation: int, seqs: list[int],
+                 end: int | None = None) -> None:  # fmt: skip
+        end = len(self) if end is None else end
+        self.ints[GENERATION, start:end] = generation
+        self.ints[SEQ, start:end] = np.arange(end - start) + (seqs[0] if seqs else 0)
+
+    monkeypatch.setattr(InFlight, "place", per_item)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_packs_cut_by_count_alone_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = InFlight.packed
+    monkeypatch.setattr(
+        InFlight,
+        "packed",
+        lambda self, max_items=1000, max_bytes=0: original(self, max_items, 10**9),
+    )
+    with pytest.raises(AssertionError):
+        run_machine()

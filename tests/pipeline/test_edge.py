@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from tests.conftest import start_server
 from tests.pipeline.conftest import FaultProxy, Fleet
 
-from waymark.client import Client, ConfigPatch, Durability
+from waymark.client import Client, ConfigPatch, Durability, RecordIn
 from waymark.clock import ManualClock
 from waymark.faults.processes import free_port
 from waymark.objstore import open_store
@@ -35,11 +35,12 @@ from waymark.pipeline import (
     output_event,
 )
 from waymark.pipeline.demo import deliver, produce
-from waymark.pipeline.edge import Connect
+from waymark.pipeline.edge import Connect, EdgeMalformed
 from waymark.pipeline.locator import HandoffRolledBack, handoff_key
 from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import StageFunctionFailed
+from waymark.pipeline.state import CheckpointedStageState, Position
 from waymark.protocol import Limits
 
 
@@ -119,6 +120,117 @@ def test_a_push_to_a_dead_server_relocates_and_the_consumer_follows(
         assert HandoffReader(producer.writer.store, producer.name).current() == producer.locator
     finally:
         dead.up()
+
+
+def test_a_consumer_takes_whole_packs_and_drops_a_record_without_a_generation(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A pack's items come back as the producer wrote them, the event id as its JSON and
+    # the birth time as an int, each item at its pack's position; a record with no
+    # generation is stale (docs/semantics/pipeline.md §1.3); a pack of the bound
+    # generation with a meta key of its own is taken; a pop takes whole packs.
+    producer, consumer, _ = pushed(fleet, tmp_path, 2)
+    placed = producer.locator
+    assert placed is not None
+    pack = {"events": ['q"\\ü', "r"], "born_ms": [7, 8], "items": [{"n": 10}, [1]]}
+    with Client(placed.server) as client:
+        client.append(placed.topic, [
+            RecordIn.of({"n": 9}),
+            RecordIn.of(pack, meta={"wm.gen": "1", "k": "v"}),
+        ])  # fmt: skip
+    got = consumer.pop(1)  # one item asked for: the whole first pack
+    assert got.event_ids() == ["p:0", "p:1"]
+    got = consumer.pop(4)  # two items a pack: two records, the stale one and a pack
+    assert got.event_ids() == ['q"\\ü', "r"]
+    assert got.values() == [b'{"n":10}', b"[1]"] and [got.born(i) for i in (0, 1)] == [7, 8]
+    assert consumer.stats.stale_dropped == 1
+    assert [got.position(i) for i in (0, 1)] == [Position(1, 3)] * 2
+    assert consumer.cursor == Position(1, 3)
+
+
+def test_a_record_of_the_bound_generation_that_is_not_a_pack_is_refused(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Bad input on the edge's own topic: a clear error naming the seq, never a record
+    # taken half-read or skipped (docs/semantics/pipeline.md §3.1).
+    producer, consumer, _ = pushed(fleet, tmp_path, 1)
+    placed = producer.locator
+    assert placed is not None
+    with Client(placed.server) as client:
+        client.append(placed.topic, [RecordIn.of({"n": 1}, meta={"wm.gen": "1"})])
+    with pytest.raises(EdgeMalformed, match=r"the record at seq 2 of generation 1 is not a pack"):
+        consumer.pop(100)
+    assert consumer.cursor == Position(1, 0)  # not past it, nor past the good pack before it
+
+
+def test_a_retried_pack_write_in_one_generation_is_absorbed(fleet: Fleet, tmp_path: Path) -> None:
+    # A write whose answer was lost is written again with the same packs, whose ids
+    # the topic absorbs: the consumer reads each item once
+    # (docs/semantics/pipeline.md §3.1).
+    producer, consumer = edges(fleet, tmp_path, ManualClock())
+    producer.push(items(0, 5))
+    placed = producer.locator
+    assert placed is not None
+    with Client(placed.server) as client:
+        twice = producer.unacked.edge_packs(0, placed.generation)
+        again = client.append(placed.topic, msgspec.json.decode(b"[" + twice + b"]",
+                                                                type=list[RecordIn]))  # fmt: skip
+        assert client.get_topic(placed.topic).assigned_head_seq == placed.start_seq + 1
+    assert list(again.seqs) == [placed.start_seq + 1]
+    # As if its answer was lost (a push that gave up): the next push writes the pack
+    # again, as it was cut, ahead of its own (docs/semantics/pipeline.md §3.3).
+    producer.unacked.place(0, 0, [0])
+    producer.push(items(5, 7))
+    got = consumer.pop(100) + consumer.pop(100)
+    assert got.event_ids() == [f"p:{n}" for n in range(7)]
+    assert not consumer.pop(100)
+
+
+def test_a_push_larger_than_a_pack_is_cut_into_packs_and_writes(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Packs stay within PACK_ITEMS items and PACK_BYTES, writes within the server's
+    # records per write (docs/semantics/pipeline.md §3.7); here all three shrunk.
+    monkeypatch.setattr(InFlight.packed, "__defaults__", (3, 100))
+    monkeypatch.setattr(InFlight.write_end, "__defaults__", (2, 1 << 20))
+    appends: list[int] = []
+    producer, consumer = edges(fleet, tmp_path, ManualClock())
+    real = producer.connect
+
+    wrapped: set[str] = set()
+
+    def counting(url: str) -> Client:
+        client = real(url)
+        if url in wrapped:
+            return client
+        wrapped.add(url)
+        original = client.append
+
+        def append(topic: str, body: object, **kwargs: object) -> object:
+            appends.append(body.count(b'"id":') if isinstance(body, bytes) else -1)
+            return original(topic, body, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(client, "append", append)
+        return client
+
+    producer.connect = counting
+    big = InFlight.of([f"p:{n}" for n in range(8)], [b'"%s"' % (b"x" * (30 if n == 4 else 1))
+                                                    for n in range(8)])  # fmt: skip
+    producer.push(big)
+    # 32 bytes an item as packed() counts them, item 4 61: items 0-2 (the limit of 3),
+    # 3-4 (5 would pass 100 bytes), 5-7
+    assert producer.unacked.packs() == 3
+    assert appends == [2, 1]  # two packs per write
+    placed = producer.locator
+    assert placed is not None
+    with Client(placed.server) as client:
+        assert client.get_topic(placed.topic).assigned_head_seq == placed.start_seq + 3
+    got = consumer.pop(1)  # one item asked for: the whole first pack
+    assert got.event_ids() == ["p:0", "p:1", "p:2"]
+    got = consumer.pop(5)  # then as many packs as hold about 5 items at 3 a pack
+    assert got.event_ids() == [f"p:{n}" for n in range(3, 8)]
+    assert [got.position(i).seq for i in range(5)] == [placed.start_seq + s  # type: ignore[union-attr]
+                                                      for s in (2, 2, 3, 3, 3)]  # fmt: skip
 
 
 def test_records_of_a_push_that_gave_up_are_written_by_the_next_one(
@@ -547,3 +659,78 @@ def test_records_a_server_restart_lost_on_an_edge_are_written_again(
     finally:
         server.process.kill()
         server.process.wait()
+
+
+def test_a_consumer_checkpoint_never_falls_inside_a_pack(fleet: Fleet, tmp_path: Path) -> None:
+    # A pop takes whole packs, each item at its pack's position, so the stage's saved
+    # input position is a pack's seq: a restart reads a pack whole or not at all
+    # (docs/semantics/pipeline.md §3.4), and the sink gets each event once.
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("ck", "sink", 10**6),
+                   events=10, batch=5, clock=clock)  # fmt: skip
+
+    def consumer() -> Stage:
+        sink = Sink(fleet.sink.url, f"ck-{run}", connect=connect)
+        return Stage("sink", deliver, states=states, input=edge("ck", "sink", 10**6),
+                     batch=1, clock=clock, sink=sink)  # fmt: skip
+
+    source.start()
+    source.step()
+    source.step()  # two pushes of five events: two packs
+    source.drain()
+    assert source.output is not None
+    packs = [source.output.unacked.position(i) for i in (0, 5)]
+    first = consumer()
+    first.start()
+    assert first.step() == 5  # one item asked for: the whole first pack
+    first.drain()  # its save, after its sink write
+    saved = states.load("sink")
+    assert saved is not None and saved.input == packs[0]
+    first.close()
+    again = consumer()  # a restart from the checkpoint: the second pack whole
+    again.start()
+    assert again.step() == 5
+    with Client(fleet.sink.url) as client:
+        assert client.get_topic(f"ck-{run}").head_seq == 10
+    source.step()
+    assert source.finished()
+
+
+def test_a_replay_after_a_move_repacks_what_is_unacknowledged(fleet: Fleet, tmp_path: Path) -> None:
+    # Acknowledged packs are forgotten whole; after a move the rest is written again
+    # under the new generation, packed as pushed, with new ids; the consumer reads each
+    # unacknowledged item once more and the sink, by event id, holds each event once
+    # (docs/semantics/pipeline.md §3.4, §5.2).
+    producer, consumer = edges(fleet, tmp_path, ManualClock())
+    for lo in (0, 3, 6):
+        producer.push(items(lo, lo + 3))  # three packs
+    placed = producer.locator
+    assert placed is not None
+    got = consumer.pop(100)
+    assert got.event_ids() == [f"p:{n}" for n in range(9)]
+    states = StageStateStore(producer.writer.store)
+    state = states.claim(CheckpointedStageState(stage="c", input_edge=producer.name), "c/one")
+    state.input = got.position(3)  # the consumer's checkpoint: the first two packs
+    states.save(state)
+    producer.trim()
+    assert producer.unacked.event_ids() == ["p:6", "p:7", "p:8"]
+    dead = next(p for p in fleet.proxies if p.url == placed.server)
+    dead.down()
+    try:
+        producer.push(items(9, 10))  # fails, relocates, writes the third pack again
+        assert producer.generation().value == 2 and producer.stats.replayed == 3
+        assert producer.unacked.packs() == 2
+        replayed = consumer.pop(100) + consumer.pop(100)
+        assert consumer.generation().value == 2
+        assert replayed.event_ids() == ["p:6", "p:7", "p:8", "p:9"]
+        assert {replayed.position(i) for i in range(3)} == {Position(2, 1)}
+    finally:
+        dead.up()
+    sink = Sink(fleet.sink.url, f"replay-{uuid.uuid4().hex[:8]}", connect=client_factory())
+    sink.open()
+    sink.write(got)
+    sink.write(replayed)  # 6-8 a second time: absorbed by their ids
+    with Client(fleet.sink.url) as client:
+        records = client.diff(sink.topic, 0, limit=100).records
+    assert sorted(r.data["n"] for r in records) == list(range(10))  # each event once

@@ -88,9 +88,10 @@ external = true
         sink.write(InFlight.of([r.event for r in rows], [r.data.encode() for r in rows]))
 
     def start() -> Any:
+        # 3 edge records a batch: packs of the producer's 100 events (the rows are items)
         stream = (
             spark.readStream.format("waymark").option("edge", edge).option("handoff", handoff)
-            .option("stage", "enrich").option("maxRecordsPerTrigger", 250).load()
+            .option("stage", "enrich").option("maxRecordsPerTrigger", 3).load()
         )  # fmt: skip
         value = F.from_json("data", "event_id INT, user STRING, amount INT")
         enriched = F.to_json(F.struct(
@@ -134,6 +135,8 @@ external = true
         # the zombie's record may be the edge's last: wait for the batch that drops it
         _wait(lambda: (r := load_report(store, "enrich")) is not None and r.stale_dropped > 0,
               60, "the stale record to be counted", query)  # fmt: skip
+        _wait(lambda: query.lastProgress is not None, 60, "the restarted query's progress",
+              query)  # fmt: skip
         progress = query.lastProgress
     finally:
         query.stop()

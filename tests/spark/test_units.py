@@ -356,6 +356,44 @@ def test_an_arrow_page_becomes_source_rows_like_a_row_by_row_build() -> None:
     assert to_rows("t.x", batch, hi=9).num_rows == 4
 
 
+def test_edge_packs_become_one_row_per_item_like_a_row_by_row_build() -> None:
+    """A Spark stage reading an edge gets one row per item of each pack, with the
+    columns a record of one item had: the pack's seq, time, node and tag, the item as
+    ``data`` and its generation, event id and birth time in ``meta``
+    (docs/semantics/pipeline.md §7); what is not a pack is refused, naming its seq."""
+    from waymark.log import pages
+    from waymark.pipeline import InFlight
+    from waymark.pipeline.edge import EdgeMalformed
+    from waymark.protocol.arrow import decode_page
+    from waymark.spark.edge import unpack
+    from waymark.spark.schema import ARROW_SCHEMA
+    from waymark.spark.source import to_rows
+
+    items = InFlight.of(["a", 'q"\\ü', "c"], [b'{"u":"\xc3\xa9"}', b"[1]", b"3"],
+                        born_ms=[5, 6, 7]).packed(2)  # fmt: skip
+    engine = Engine(clock=ManualClock(1_790_000_000_123))
+    body = items.edge_packs(0, 4)
+    engine.append("t.x", msgspec.json.decode(b"[" + body + b"]", type=list[RecordIn]))
+    page = decode_page(pages.render(engine.diff("t.x", 0, columns=True)))
+    [batch] = page.table.to_batches()
+    expected = pa.RecordBatch.from_pylist(
+        [
+            {"topic": "t.x", "seq": seq, "ts": 1_790_000_000_123_000, "node": None,
+             "tag": None, "meta": [("wm.gen", "4"), ("wm.event", e), ("wm.t0", str(t0))],
+             "data": d}
+            for seq, e, t0, d in [(1, "a", 5, '{"u":"é"}'), (1, 'q"\\ü', 6, "[1]"),
+                                  (2, "c", 7, "3")]
+        ],
+        schema=ARROW_SCHEMA,
+    )  # fmt: skip
+    assert unpack(to_rows("t.x", batch, hi=2)).equals(expected)
+    assert unpack(to_rows("t.x", batch, hi=2).slice(1)).equals(expected.slice(2))
+    engine.append("t.x", [RecordIn.of({"n": 1}, meta={"wm.gen": "4"})])
+    page = decode_page(pages.render(engine.diff("t.x", 2, columns=True)))
+    with pytest.raises(EdgeMalformed, match=r"seqs \[3, 3\] of an edge is not a pack"):
+        unpack(to_rows("t.x", page.table.to_batches()[0], hi=3))
+
+
 # --- the sink's writer id and options ---------------------------------------------------
 
 

@@ -4,7 +4,7 @@ and aio.py: do not edit by hand."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import msgspec
@@ -48,6 +48,8 @@ from ..protocol import (
 from ..protocol.arrow import ArrowPage, Table
 from .events import WatchEvent
 from .patience import Patience
+
+T = TypeVar("T")
 
 class AsyncClient:
     """A typed asyncio client for the /v0 API: every call of
@@ -115,6 +117,25 @@ class AsyncClient:
         wait_ms: int = 0,
     ) -> DiffResponse[msgspec.Raw]:
         """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
+        ...
+
+    async def diff_as(
+        self,
+        topic: str,
+        from_seq: int,
+        page: type[T],
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> T:
+        """:meth:`diff`, its JSON page decoded into ``page``: a msgspec Struct with the
+        answer's fields the caller needs (and its records' as a Struct of their own),
+        in one call with no dict per record. Decoded leniently: a meta value (always a
+        string) holding a number's text decodes into an int field; a value that does
+        not fit raises ``msgspec.ValidationError``. A pipeline edge's consumer reads
+        with :class:`~waymark.protocol.EdgePage`."""
         ...
 
     async def diff_arrow(

@@ -134,6 +134,25 @@ class Api:
         """:meth:`diff`, with each record's ``data`` left as the producer's JSON bytes."""
         return self._run(calls.diff(topic, from_seq, limit, node, epoch, wait_ms, raw=True))
 
+    def diff_as(
+        self,
+        topic: str,
+        from_seq: int,
+        page: type[T],
+        *,
+        limit: int = 1000,
+        node: str | Sequence[str] | None = None,
+        epoch: int | None = None,
+        wait_ms: int = 0,
+    ) -> T:
+        """:meth:`diff`, its JSON page decoded into ``page``: a msgspec Struct with the
+        answer's fields the caller needs (and its records' as a Struct of their own),
+        in one call with no dict per record. Decoded leniently: a meta value (always a
+        string) holding a number's text decodes into an int field; a value that does
+        not fit raises ``msgspec.ValidationError``. A pipeline edge's consumer reads
+        with :class:`~waymark.protocol.EdgePage`."""
+        return self._run(calls.diff_as(topic, from_seq, limit, node, epoch, wait_ms, page))
+
     def diff_arrow(
         self,
         topic: str,

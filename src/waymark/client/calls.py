@@ -202,6 +202,35 @@ def diff(
                 extra_wait_s=wait_ms / 1000, topic=topic)  # fmt: skip
 
 
+def diff_as(
+    topic: str,
+    from_seq: int,
+    limit: int,
+    node: str | Sequence[str] | None,
+    epoch: int | None,
+    wait_ms: int,
+    page: type[T],
+) -> Call[T]:
+    """A JSON diff page decoded into ``page``, leniently (see :func:`_lenient`)."""
+    nodes = node if node is None or isinstance(node, str) else list(node)
+    body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
+    parse = _LENIENT.get(page)
+    if parse is None:
+        parse = _LENIENT[page] = _lenient(page)
+    return call("diff", parse, _encode(body), extra_wait_s=wait_ms / 1000, topic=topic)
+
+
+# One parser per page type: a decoder is costly to build, and an edge reads page after page.
+_LENIENT: dict[Any, Callable[[Answer], Any]] = {}
+
+
+def _lenient(type_: Any) -> Callable[[Answer], Any]:
+    """A parser decoding into ``type_`` with msgspec's ``strict=False``: a string that
+    holds a number's text decodes into an int field (a meta value is always a string)."""
+    decoder = msgspec.json.Decoder(type_, strict=False)
+    return lambda response: decoder.decode(check(response).content)
+
+
 def _arrow_page(response: Answer) -> ArrowPage:
     # pyarrow loads here, on the first Arrow read: `import waymark.client` stays light.
     from ..protocol.arrow import decode_page

@@ -11,6 +11,7 @@ object of its own; one is cut out only where a stage's function must see it
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
 import msgspec
@@ -18,26 +19,33 @@ import numpy as np
 import numpy.typing as npt
 
 from waymark.pipeline.state import Position
-from waymark.protocol import Limits
+from waymark.protocol import EDGE_GEN, Limits
 
 # One append carries at most the server's max records per write, and a body well
-# under its max body size: ids count twice (the record id and wm.event), plus the
-# meta's keys (docs/semantics/pipeline.md §3.7).
+# under its max body size: ids count twice (the record id and, on an edge, in the
+# pack), plus a fixed overhead per record (docs/semantics/pipeline.md §3.7).
 WRITE_RECORDS = Limits().max_records_per_write
 WRITE_BYTES = Limits().max_body_bytes // 2
 RECORD_OVERHEAD = 128
 
-# Keys of a record's meta on an edge (docs/semantics/pipeline.md §3.1).
-GEN = "wm.gen"
-EVENT = "wm.event"
-BORN = "wm.t0"
+# An edge record is a pack of items (docs/semantics/pipeline.md §3.1): at most
+# PACK_ITEMS of them and PACK_BYTES of ids, data and birth times, a quarter of the
+# server's max record size, so a pack of items within limits is always accepted.
+PACK_ITEMS = 1000
+PACK_BYTES = Limits().max_record_bytes // 4
+ITEM_OVERHEAD = 24  # a birth time's digits and the separators
+
+# The meta key of a pack's generation (docs/semantics/pipeline.md §3.1).
+GEN = EDGE_GEN
 
 # The rows of the int64 table: the end offsets of the event ids and of the data, the
-# origin (the input position, ``(0, n)`` for a source's n-th event), the birth time and
-# the position on the edge; generation 0 there means not written yet (generations are
-# positive, docs/semantics/pipeline.md §1.1).
-EVENT_END, DATA_END, ORIGIN_GEN, ORIGIN_SEQ, BORN_MS, GENERATION, SEQ = range(7)
-_ROWS = 7
+# origin (the input position, ``(0, n)`` for a source's n-th event), the birth time,
+# the position on the edge (generation 0 there means not written yet: generations are
+# positive, docs/semantics/pipeline.md §1.1; every item of a pack has the pack's
+# position) and 1 where an item starts a pack (a producer's window is cut into packs
+# as it takes records, docs/semantics/pipeline.md §3.1).
+EVENT_END, DATA_END, ORIGIN_GEN, ORIGIN_SEQ, BORN_MS, GENERATION, SEQ, PACK = range(8)
+_ROWS = 8
 
 Ints = npt.NDArray[np.int64]
 IntColumn = int | Sequence[int] | Ints
@@ -57,7 +65,7 @@ class InFlight:
     def __init__(self, events: bytes, data: bytes, ints: Ints) -> None:
         self.events = events  # JSON strings, concatenated
         self.data = data  # JSON values, concatenated
-        self.ints = ints  # shape (7, n): the rows named above
+        self.ints = ints  # shape (8, n): the rows named above
 
     # --- building ---------------------------------------------------------------------
     @classmethod
@@ -88,6 +96,7 @@ class InFlight:
         ints[BORN_MS] = born_ms
         ints[GENERATION] = generation
         ints[SEQ] = seq
+        ints[PACK] = 0
         return cls(b"".join(events), b"".join(data), ints)
 
     @classmethod
@@ -331,34 +340,105 @@ class InFlight:
         gens, seqs = self.ints[GENERATION], self.ints[SEQ]
         return self.keep(~((gens == acked.generation) & (seqs <= acked.seq)))
 
+    # --- packs (docs/semantics/pipeline.md §3.1) ---------------------------------------
+    def packed(self, max_items: int = PACK_ITEMS, max_bytes: int = PACK_BYTES) -> InFlight:
+        """These records cut into packs, as a producer holds them: at most ``max_items``
+        each, whose ids, data and a fixed overhead per item stay within ``max_bytes``;
+        always at least one item (a larger one is a pack of its own)."""
+        n = len(self)
+        ints = self.ints.copy()
+        ints[PACK] = 0
+        if not n:
+            return InFlight(self.events, self.data, ints)
+        sizes = (self.ints[EVENT_END] + self.ints[DATA_END]
+                 + ITEM_OVERHEAD * np.arange(1, n + 1, dtype=np.int64))  # fmt: skip
+        if n <= max_items and int(sizes[-1]) <= max_bytes:  # the usual push: one pack
+            ints[PACK, 0] = 1
+            return InFlight(self.events, self.data, ints)
+        firsts, start = [], 0
+        while start < n:
+            firsts.append(start)
+            base = int(sizes[start - 1]) if start else 0
+            window = sizes[start : min(n, start + max_items)] - base
+            start += max(1, int(np.searchsorted(window, max_bytes, side="right")))
+        ints[PACK, firsts] = 1
+        return InFlight(self.events, self.data, ints)
+
+    def _firsts(self, start: int, end: int) -> Ints:
+        """The first items of the packs from item ``start`` (a pack's first) to ``end``."""
+        firsts = np.flatnonzero(self.ints[PACK, start:end]) + start
+        if start < end and (not len(firsts) or firsts[0] != start):
+            raise ValueError(f"item {start} does not start a pack")
+        return firsts
+
+    def packs(self, start: int = 0, end: int | None = None) -> int:
+        """How many packs items ``start`` to ``end`` hold."""
+        return int(np.count_nonzero(self.ints[PACK, start:end]))
+
+    def write_end(
+        self, start: int, max_packs: int = WRITE_RECORDS, max_bytes: int = WRITE_BYTES
+    ) -> int:
+        """Where one write of whole packs from item ``start`` ends: at most ``max_packs``
+        packs whose items' ids (twice: one is a pack's record id) and data, with a
+        fixed overhead per item and per pack, stay within ``max_bytes``; always at
+        least one pack (docs/semantics/pipeline.md §3.7)."""
+        n = len(self)
+        if start >= n:
+            return n
+        firsts = self._firsts(start, n)
+        ends = np.append(firsts[1:], n)[:max_packs]
+        e0 = int(self.ints[EVENT_END, start - 1]) if start else 0
+        d0 = int(self.ints[DATA_END, start - 1]) if start else 0
+        last = ends - 1
+        sizes = (2 * (self.ints[EVENT_END, last] - e0) + (self.ints[DATA_END, last] - d0)
+                 + ITEM_OVERHEAD * (ends - start)
+                 + RECORD_OVERHEAD * np.arange(1, len(ends) + 1))  # fmt: skip
+        fit = max(1, int(np.searchsorted(sizes, max_bytes, side="right")))
+        return int(ends[fit - 1])
+
     def place(
         self, start: int, generation: int, seqs: Sequence[int], end: int | None = None
     ) -> None:
-        """Record that records ``start`` to ``end`` (default: the last) were written as
-        ``seqs`` of ``generation``."""
+        """Record that the packs of items ``start`` to ``end`` (default: the last) were
+        written as ``seqs`` of ``generation``, one seq per pack: each item takes its
+        pack's position."""
         end = len(self) if end is None else end
-        if len(seqs) != end - start:
-            raise ValueError(f"{len(seqs)} seqs for {end - start} records")
+        firsts = self._firsts(start, end)
+        if len(seqs) != len(firsts):
+            raise ValueError(f"{len(seqs)} seqs for {len(firsts)} packs")
+        counts = np.diff(np.append(firsts, end))
         self.ints[GENERATION, start:end] = generation
-        self.ints[SEQ, start:end] = seqs
+        self.ints[SEQ, start:end] = np.repeat(np.asarray(seqs, np.int64), counts)
 
     # --- wire -----------------------------------------------------------------------
-    def edge_records(self, start: int, generation: int, end: int | None = None) -> bytes:
-        """Records ``start`` to ``end`` (default: the last) as RecordIn JSON objects
-        joined by commas, for an append to the edge's topic under ``generation``: the
-        meta carries the generation, event id and birth time, and the record id is the
-        event id and the generation (docs/semantics/pipeline.md §3.1)."""
-        part = self.between(start, len(self) if end is None else end)
-        gen, event_key, born_key = GEN.encode(), EVENT.encode(), BORN.encode()
-        # the generation goes in now; data, event id, birth time and id stem per record
-        form = (b'{"data":%%s,"meta":{"%s":"%d","%s":%%s,"%s":"%%d"},"id":%%s@%d"}'
-                % (gen, generation, event_key, born_key, generation))  # fmt: skip
+    def edge_packs(self, start: int, generation: int, end: int | None = None) -> bytes:
+        """The packs of items ``start`` to ``end`` (default: the last) as RecordIn JSON
+        objects joined by commas, for an append to the edge's topic under
+        ``generation``: each pack's data holds its items' event ids, birth times and
+        values (:class:`~waymark.protocol.EdgePack`), its meta the generation, and its
+        record id is its first event id, its item count, the CRC-32 of its event ids
+        and the generation: the same for a retried write of the pack in one generation,
+        different in the next, and for a pack of other events that starts with the
+        same one (docs/semantics/pipeline.md §3.1)."""
+        end = len(self) if end is None else end
+        if start >= end:
+            return b""
+        firsts = self._firsts(start, end).tolist()
+        part = self.between(start, end)
         events = _cut(part.events, part.ints[EVENT_END])
-        return b",".join([
-            form % (data, event, born, event[:-1])
-            for event, data, born in zip(events, _cut(part.data, part.ints[DATA_END]),
-                                         part.ints[BORN_MS].tolist(), strict=True)
-        ])  # fmt: skip
+        data = _cut(part.data, part.ints[DATA_END])
+        born = part.ints[BORN_MS].tolist()
+        form = (b'{"data":{"events":[%%s],"born_ms":[%%s],"items":[%%s]},'
+                b'"meta":{"%s":"%d"},"id":%%s+%%d.%%08x@%d"}'
+                % (GEN.encode(), generation, generation))  # fmt: skip
+        bounds = [f - start for f in firsts]
+        packs = []
+        for lo, hi in zip(bounds, [*bounds[1:], end - start], strict=True):
+            ids = events[lo:hi]
+            packs.append(form % (b",".join(ids), ",".join(map(str, born[lo:hi])).encode(),
+                                 b",".join(data[lo:hi]), ids[0][:-1], hi - lo,
+                                 zlib.crc32(b"".join(ids))))  # fmt: skip
+        return b",".join(packs)
 
     def sink_records(self) -> bytes:
         """The records as RecordIn JSON objects joined by commas, each with its event

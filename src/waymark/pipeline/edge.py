@@ -13,17 +13,19 @@ when the handoff record names a newer one; when it finds records gone from the t
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable, Sequence
 
 import msgspec
+import numpy as np
 
 from waymark.checkpoint.backoff import Backoff
-from waymark.client import ApiError, ErrorCode, Record, Tombstone, TransportError
+from waymark.client import ApiError, ErrorCode, Tombstone, TransportError
 from waymark.clock import Clock
 from waymark.objstore import ObjectStore
-from waymark.pipeline.batch import BORN, EVENT, GEN, InFlight
+from waymark.pipeline.batch import InFlight
 from waymark.pipeline.fence import FenceEpoch
 from waymark.pipeline.identity import PipelineIdentity
 from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
@@ -38,9 +40,11 @@ from waymark.pipeline.placement import (  # the placement's names, as this modul
     gone,
 )
 from waymark.pipeline.state import Position, StageStateStore
+from waymark.protocol import EdgePack, EdgePage, EdgeRecord
+
+from .errors import EdgeMalformed
 
 Sleep = Callable[[float], None]
-_encode = msgspec.json.encode
 
 __all__ = [
     "Connect",
@@ -95,6 +99,9 @@ class RelocatableQueueEdge(EdgePlacement):
         self._polled_ms: int | None = None
         self._probed_ms: int | None = None
         self._released = 0  # consumer: seqs at or below this are deleted from the topic
+        # consumer: items per pack, as last read (one until a pack is read: a first pop
+        # may take up to max_items packs, as a pop of single records did)
+        self._per_pack = 1.0
 
     # --- both sides ---------------------------------------------------------------
     def _disconnected(self, since_ms: int) -> None:
@@ -131,8 +138,10 @@ class RelocatableQueueEdge(EdgePlacement):
         self.send()
 
     def enqueue(self, records: InFlight) -> None:
-        """Hold ``records`` until acknowledged; :meth:`send` writes them."""
-        self.unacked += records
+        """Hold ``records`` until acknowledged, cut into packs; :meth:`send` writes them.
+        The cut is made once, here, so that every write of a pack carries the same items
+        (docs/semantics/pipeline.md §3.1)."""
+        self.unacked += records.packed()
 
     def send(self) -> None:
         """Write what is held and not yet written, as :meth:`push` does."""
@@ -150,13 +159,13 @@ class RelocatableQueueEdge(EdgePlacement):
             start = self.unacked.placed(locator.generation)
             if start == len(self.unacked):
                 return
-            # Each record's id is its event id and the generation: a retried write in one
-            # generation is absorbed, a replay into the next one is not
-            # (docs/semantics/pipeline.md §3.1).
-            # One write carries at most what the server takes; the loop writes the rest,
-            # each chunk placed as it lands (docs/semantics/pipeline.md §3.7).
-            end = self.unacked.chunk_end(start)
-            body = self.unacked.edge_records(start, locator.generation, end)
+            # Each pack's id is its first event id, its size and the generation: a
+            # retried write in one generation is absorbed, a replay into the next one is
+            # not (docs/semantics/pipeline.md §3.1).
+            # One write carries whole packs, at most what the server takes; the loop
+            # writes the rest, each placed as it lands (docs/semantics/pipeline.md §3.7).
+            end = self.unacked.write_end(start)
+            body = self.unacked.edge_packs(start, locator.generation, end)
             began = self.clock.now_ms()
             try:
                 answer = self.connect(locator.server).append(locator.topic, body, create=False)
@@ -309,9 +318,10 @@ class RelocatableQueueEdge(EdgePlacement):
         return stamped.is_stale(self.generation())
 
     def pop(self, max_items: int = 1000, *, wait_ms: int = 0) -> InFlight:
-        """Up to ``max_items`` records of the bound generation, in order, each with its
-        position on the edge (its generation the one it was written under); records of
-        older generations are dropped and counted (docs/semantics/pipeline.md §3.5)."""
+        """The items of whole packs of the bound generation, in order, each with its
+        pack's position on the edge (its generation the one it was written under):
+        about ``max_items`` of them, at least one pack. Records of older generations
+        are dropped and counted (docs/semantics/pipeline.md §3.5)."""
         if self.locator is None:
             self.resume(None)
             if self.locator is None:
@@ -321,9 +331,13 @@ class RelocatableQueueEdge(EdgePlacement):
         assert locator is not None and cursor is not None
         began = self.clock.now_ms()
         try:
-            page = self.connect(locator.server).diff_raw(
-                locator.topic, cursor.seq, limit=max_items, wait_ms=wait_ms
-            )
+            # one C call for the page, each record's meta as typed fields; as many packs
+            # as hold about max_items at the size of the last ones
+            # (docs/pipeline.md, "In-flight records")
+            page = self.connect(locator.server).diff_as(
+                locator.topic, cursor.seq, EdgePage, wait_ms=wait_ms,
+                limit=max(1, min(max_items, round(max_items / self._per_pack))),
+            )  # fmt: skip
         except (TransportError, ApiError) as error:
             if not gone(error):
                 raise
@@ -336,74 +350,63 @@ class RelocatableQueueEdge(EdgePlacement):
             self.lost(page.tombstone)
             return InFlight.empty()
         current = locator.epoch
-        bound = str(current.value)  # as the meta holds it
-        records = page.records
-        metas = [record.meta or _NO_META for record in records]
-        if [meta.get(GEN, "0") for meta in metas].count(bound) == len(metas):
-            # The common case, every record of the bound generation: taken column by
-            # column, with no step per record in Python (docs/pipeline.md, "In-flight records").
-            last = records[-1].seq if records else cursor.seq
-            self.cursor = Position(current.value, max(last, page.next_from_seq))
-            return _columns(records, metas, current.value)
-        out = _Accepted()
+        accepted: list[EdgeRecord] = []
         last = cursor.seq
-        for record, meta in zip(records, metas, strict=True):
-            gen = meta.get(GEN, "0")
-            written = current.value  # the generation the record was written under
-            if gen != bound:  # the common case, the bound generation, needs no comparing
-                stamped = FenceEpoch(int(gen))
-                written = stamped.value
-                if self.stale(stamped):
-                    self.stats.stale_dropped += 1
-                    last = record.seq
-                    continue
-                if current.is_stale(stamped):
-                    # a newer generation is written here: read it from its own start
-                    if not self.poll(force=True):
-                        break  # its handoff is not readable yet; read this again later
-                    return out.build()
-            out.add(meta, record.data, written, record.seq)
+        for record in page.records:
+            stamped = FenceEpoch(record.meta.generation)
+            if self.stale(stamped):
+                self.stats.stale_dropped += 1
+                last = record.seq
+                continue
+            if current.is_stale(stamped):
+                # a newer generation is written here: read it from its own start
+                taken = self._unpack(accepted, current.value)
+                if not self.poll(force=True):
+                    break  # its handoff is not readable yet; read this again later
+                return taken
+            accepted.append(record)
             last = record.seq
         else:
             last = max(last, page.next_from_seq)
+        taken = self._unpack(accepted, current.value)  # raises before the cursor moves
         self.cursor = Position(current.value, last)
-        return out.build()
+        return taken
+
+    def _unpack(self, records: list[EdgeRecord], generation: int) -> InFlight:
+        """The items of ``records``' packs, each with its pack's position: the packs'
+        data decoded in one call, the columns joined with no step per item in Python
+        (docs/pipeline.md, "In-flight records")."""
+        if not records:
+            return InFlight.empty()
+        try:
+            packs = _decode_packs(b"[%s]" % b",".join([record.data for record in records]))
+        except msgspec.ValidationError:
+            for record in records:  # which one: named in the error
+                try:
+                    _decode_pack(record.data)
+                except msgspec.ValidationError as error:
+                    raise EdgeMalformed(
+                        f"edge {self.name!r}: the record at seq {record.seq} of generation "
+                        f"{generation} is not a pack: {error}"
+                    ) from error
+            raise
+        counts = [len(pack.items) for pack in packs]
+        for record, pack, n in zip(records, packs, counts, strict=True):
+            if len(pack.events) != n or len(pack.born_ms) != n or not n:
+                raise EdgeMalformed(f"edge {self.name!r}: the pack at seq {record.seq} has "
+                                    f"{len(pack.events)} ids, {len(pack.born_ms)} birth "
+                                    f"times and {n} items")  # fmt: skip
+        self._per_pack = max(1.0, sum(counts) / len(counts))
+        chain = itertools.chain.from_iterable
+        # each item at its pack's position, the generation the pack was written under
+        stamped = np.fromiter((r.meta.generation for r in records), np.int64, len(records))
+        return InFlight.build(
+            list(chain(pack.events for pack in packs)), list(chain(pack.items for pack in packs)),
+            born_ms=list(chain(pack.born_ms for pack in packs)),
+            generation=np.repeat(stamped, counts),
+            seq=np.repeat(np.fromiter((r.seq for r in records), np.int64, len(records)), counts),
+        )  # fmt: skip
 
 
-_NO_META: dict[str, str] = {}
-
-
-def _columns(records: Sequence[Record[msgspec.Raw]], metas: list[dict[str, str]],
-             generation: int) -> InFlight:  # fmt: skip
-    """A page's records, all written under ``generation``, as an :class:`InFlight`."""
-    return InFlight.build(
-        list(map(_encode, [meta.get(EVENT, "") for meta in metas])),
-        list(map(bytes, [record.data for record in records])),
-        born_ms=list(map(int, [meta.get(BORN, "0") for meta in metas])),
-        generation=generation,
-        seq=[record.seq for record in records],
-    )
-
-
-class _Accepted:
-    """The columns of a pop's accepted records, filled one record at a time."""
-
-    __slots__ = ("born", "data", "events", "generations", "seqs")
-
-    def __init__(self) -> None:
-        self.events: list[bytes] = []
-        self.data: list[bytes] = []
-        self.generations: list[int] = []
-        self.seqs: list[int] = []
-        self.born: list[int] = []
-
-    def add(self, meta: dict[str, str], data: msgspec.Raw, generation: int, seq: int) -> None:
-        self.events.append(_encode(meta.get(EVENT, "")))
-        self.data.append(bytes(data))
-        self.generations.append(generation)
-        self.seqs.append(seq)
-        self.born.append(int(meta.get(BORN, "0")))
-
-    def build(self) -> InFlight:
-        return InFlight.build(self.events, self.data, born_ms=self.born,
-                              generation=self.generations, seq=self.seqs)  # fmt: skip
+_decode_packs = msgspec.json.Decoder(list[EdgePack]).decode
+_decode_pack = msgspec.json.Decoder(EdgePack).decode

@@ -12,3 +12,9 @@ from ..protocol.errors import WaymarkError
 
 class PipelineError(WaymarkError):
     """Base of every exception the pipeline package raises."""
+
+
+class EdgeMalformed(PipelineError):
+    """A record of the bound generation on an edge is not a pack: the edge's topic was
+    written by something other than its producers (docs/semantics/pipeline.md §3.1).
+    Raised by a stage's consumer and by a Spark stage reading the edge."""

@@ -65,8 +65,8 @@ class EdgeStats:
     relocations: int = 0  # placements this side published
     rebinds: int = 0  # newer placements this side adopted (its own included)
     fenced: int = 0  # publishes lost to a concurrent producer
-    replayed: int = 0  # records pushed again after a move
-    stale_dropped: int = 0  # records of older generations a consumer dropped
+    replayed: int = 0  # items pushed again after a move
+    stale_dropped: int = 0  # records (packs) of older generations a consumer dropped
     disconnects: int = 0
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
 

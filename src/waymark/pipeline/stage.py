@@ -16,12 +16,13 @@ import numpy as np
 from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
 from waymark.clock import Clock, SystemClock
-from waymark.pipeline.batch import EVENT, InFlight
+from waymark.pipeline.batch import InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
+from waymark.protocol import EDGE_EVENT
 
 from .errors import PipelineError
 
@@ -119,7 +120,7 @@ class Sink:
         """One poison event, as a dead-letter topic takes it: its input as ``data``, why
         in ``meta``, its event id as the record id (a second write is absorbed)."""
         eid = str(_decode(event))
-        record = RecordIn(msgspec.Raw(data), meta={EVENT: eid, **meta}, id=eid)
+        record = RecordIn(msgspec.Raw(data), meta={EDGE_EVENT: eid, **meta}, id=eid)
         self._retry(lambda: self.client.append(self.topic, [record]))
 
 
@@ -367,6 +368,14 @@ class Stage:
         self.behind.submit(task)
         if taken == 0:
             self.drain()  # an idle step leaves nothing in the air
+            # Its settle may have learned of acknowledgements the save above did not
+            # cover: saved too, so that a stage reporting itself done has saved its final
+            # position (a rerun then produces nothing again; its repacked events would
+            # not be absorbed by the edge, docs/semantics/pipeline.md §3.1).
+            late = self._checkpoint(now=True)
+            if late is not None:
+                self.behind.submit(lambda: self.behind.checkpoint(late))
+                self.drain()
             self._release()
         return taken
 

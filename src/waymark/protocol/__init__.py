@@ -17,7 +17,8 @@ client) never loads the engine. One module per concept:
 ``writers``    the exactly-once sink's open/stage/publish bodies
 ``changes``    change checkpoints (KeyChange, Checkpoint, CheckpointPage)
 ``reports``    fold and recovery client status reports and what the server serves back
-``pipelines``  a pipeline's status (``waymark pipeline status --json``, the console's)
+``pipelines``  a pipeline's status (``waymark pipeline status --json``, the console's);
+               a pipeline edge's page as its consumer reads it (EdgePage)
 ``scopes``     what a bearer token may do; the whoami body
 ``cursors``    the SSE ``<epoch>:<seq>`` event id
 ``limits``     the limits that are part of the contract
@@ -41,7 +42,14 @@ from .errors import Error, ErrorBody, ErrorCode, Refusal, WaymarkError
 from .limits import MAX_ARROW_DIFF_LIMIT, MAX_DIFF_LIMIT, MAX_WAIT_MS, TOPIC_NAME, Limits
 from .pages import ARROW_STREAM, PAGE_COLUMNS, PageColumn, PageInfo
 from .pipelines import (
+    EDGE_BORN,
+    EDGE_EVENT,
+    EDGE_GEN,
     LAG_HISTORY,
+    EdgeMeta,
+    EdgePack,
+    EdgePage,
+    EdgeRecord,
     LagSample,
     PipelineEdge,
     PipelineList,
@@ -115,6 +123,9 @@ from .writers import (
 
 __all__ = [
     "ARROW_STREAM",
+    "EDGE_BORN",
+    "EDGE_EVENT",
+    "EDGE_GEN",
     "ENDPOINT",
     "ENDPOINTS",
     "LAG_HISTORY",
@@ -143,6 +154,10 @@ __all__ = [
     "DiffResponse",
     "Discard",
     "Durability",
+    "EdgeMeta",
+    "EdgePack",
+    "EdgePage",
+    "EdgeRecord",
     "Endpoint",
     "Error",
     "ErrorBody",

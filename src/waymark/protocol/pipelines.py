@@ -3,6 +3,9 @@
 seconds (``POST /v0/pipelines``), and what the console's Pipelines page draws
 (docs/console.md). Like the fold and recovery client reports (docs/reports.md), it
 is a statement of the runner about the pipeline, kept newest per pipeline run.
+
+Also the shape of a record on a pipeline edge as its consumer reads it
+(:class:`EdgePage`, docs/semantics/pipeline.md §3.1).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .limits import NonNegative
+from .records import Tombstone
 from .reports import IntervalMs, ReporterName
 
 Name = Annotated[str, Meta(min_length=1, max_length=255)]
@@ -126,3 +130,48 @@ class PipelineList(Struct, frozen=True):
     """``GET /v0/pipelines``: every pipeline run that reported, by name then run."""
 
     pipelines: list[PipelineStatus]
+
+
+# The meta key of a pack's generation on a pipeline edge, and the meta keys of an
+# item as a Spark stage reading the edge gives it as a row
+# (docs/semantics/pipeline.md §3.1, docs/semantics/pipeline.md §7.5).
+EDGE_GEN = "wm.gen"
+EDGE_EVENT = "wm.event"
+EDGE_BORN = "wm.t0"
+
+
+class EdgeMeta(Struct, frozen=True, gc=False):
+    """A pack's meta on an edge, as its consumer takes it: the generation as an int
+    (the meta holds its decimal text: :class:`EdgePage` is decoded leniently). A
+    missing key reads as generation 0: such a record is stale
+    (docs/semantics/pipeline.md §1.3)."""
+
+    generation: int = msgspec.field(default=0, name=EDGE_GEN)
+
+
+class EdgePack(Struct, kw_only=True, gc=False):
+    """The data of a record on an edge: a pack of items, each an event id (its JSON
+    string), a birth time and a JSON value, in push order
+    (docs/semantics/pipeline.md §3.1)."""
+
+    events: list[msgspec.Raw]
+    born_ms: list[int]
+    items: list[msgspec.Raw]
+
+
+class EdgeRecord(Struct, kw_only=True, gc=False):
+    """A stored record of an edge's topic: what a consumer needs of a ``Record``."""
+
+    seq: int = msgspec.field(name="$seq")
+    meta: EdgeMeta = EdgeMeta()
+    data: msgspec.Raw
+
+
+class EdgePage(Struct, kw_only=True, gc=False):
+    """A diff page of an edge's topic (``POST /v0/topics/{topic}/diff``, JSON), with
+    only the fields a consumer reads: decoded in one call, with no dict per record's
+    meta (docs/pipeline.md, "In-flight records")."""
+
+    records: list[EdgeRecord]
+    tombstone: Tombstone | None = None
+    next_from_seq: int

@@ -11,16 +11,21 @@ these into Spark; ``tests/spark/test_edge_plan.py`` drives them with hypothesis.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
 
+import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from waymark.pipeline.errors import EdgeMalformed
 from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import STORE_BUDGET_S
 from waymark.pipeline.state import Position
+from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, EdgePack
 
 from .options import (
     EDGE,
@@ -37,7 +42,7 @@ from .options import (
     resolve,
 )
 
-GEN = "wm.gen"  # the meta key of a record's generation (docs/semantics/pipeline.md §3.1)
+GEN = EDGE_GEN  # the meta key of a pack's generation (docs/semantics/pipeline.md §3.1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,3 +275,66 @@ def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBa
         return batch, 0
     stale = pc.and_(inside, pc.less(stamp, pa.scalar(generation, pa.int64())))
     return batch.filter(keep), int(pc.sum(pc.cast(stale, pa.int64())).as_py() or 0)
+
+
+_decode_packs = msgspec.json.Decoder(list[EdgePack]).decode
+_decode_ids = msgspec.json.Decoder(list[str]).decode
+
+
+def unpack(rows: pa.RecordBatch) -> pa.RecordBatch:
+    """One row per item of each pack in ``rows`` (rows of the source's schema, each an
+    edge record): its pack's topic, seq, time, node and tag, its own JSON value as
+    ``data`` and as ``meta`` the pack's generation with its event id and birth time
+    (``wm.gen``, ``wm.event``, ``wm.t0``), the columns a row had when a record held one
+    item (docs/semantics/pipeline.md §7)."""
+    n = rows.num_rows
+    if not n:
+        return rows
+    names = rows.schema.names
+    data = rows.column(names.index("data"))
+    offsets = np.frombuffer(data.buffers()[1], np.int32, n + 1, data.offset * 4)  # type: ignore[call-overload]  # a pa.Buffer is a buffer
+    buffer = data.buffers()[2]
+    text = buffer.to_pybytes() if buffer is not None else b""
+    seqs = rows.column(names.index("seq")).to_pylist()
+    bounds = offsets.tolist()
+    try:
+        packs = _decode_packs(b"[%s]" % b",".join(
+            [text[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        ))  # fmt: skip
+    except msgspec.ValidationError as error:
+        raise EdgeMalformed(f"a record in seqs [{seqs[0]}, {seqs[-1]}] of an edge is not a "
+                            f"pack: {error}") from error  # fmt: skip
+    counts = [len(pack.items) for pack in packs]
+    for seq, pack, count in zip(seqs, packs, counts, strict=True):
+        if len(pack.events) != count or len(pack.born_ms) != count or not count:
+            raise EdgeMalformed(f"the edge record at seq {seq} has {len(pack.events)} ids, "
+                                f"{len(pack.born_ms)} birth times and {count} items")  # fmt: skip
+    chain = itertools.chain.from_iterable
+    items = list(chain(pack.items for pack in packs))
+    events = _decode_ids(b"[%s]" % b",".join(list(chain(pack.events for pack in packs))))
+    born = list(chain(pack.born_ms for pack in packs))
+    generations = np.repeat(np.asarray(stamps(rows).to_pylist(), np.int64), counts).tolist()
+    m = len(items)
+    values: list[bytes] = []
+    for generation, event, t0 in zip(generations, events, born, strict=True):
+        values += (b"%d" % generation, event.encode(), b"%d" % t0)
+    keys = [GEN.encode(), EDGE_EVENT.encode(), EDGE_BORN.encode()] * m
+    three = _ints(pa.int32(), np.arange(0, 3 * m + 1, 3, dtype=np.int32))  # 3 keys an item
+    meta = pa.MapArray.from_arrays(three, _strings(keys), _strings(values))  # type: ignore[call-overload]  # int32 offsets, as the map type's own
+    at = _ints(pa.int64(), np.repeat(np.arange(n, dtype=np.int64), counts))
+    columns = [rows.column(i).take(at) for i in range(len(names))]
+    columns[names.index("meta")] = meta
+    columns[names.index("data")] = _strings(items)
+    return pa.RecordBatch.from_arrays(columns, schema=rows.schema)
+
+
+def _ints(kind: pa.DataType, values: np.ndarray) -> pa.Array:
+    # from the buffer, not pa.array(): its first call imports pandas (~1 s a process)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])  # type: ignore[arg-type]  # an ndarray is a buffer
+
+
+def _strings(parts: list[bytes] | list[msgspec.Raw]) -> pa.Array:
+    ends = np.cumsum(np.fromiter(map(len, parts), np.int32, len(parts)), dtype=np.int32)
+    offsets = pa.py_buffer(np.concatenate([np.zeros(1, np.int32), ends]))  # type: ignore[arg-type]  # an ndarray is a buffer
+    return pa.Array.from_buffers(pa.string(), len(parts),
+                                 [None, offsets, pa.py_buffer(b"".join(parts))])  # fmt: skip

@@ -54,6 +54,7 @@ from .edge import (
     offsets_json,
     parse_offsets,
     span,
+    unpack,
 )
 from .source import WaymarkDataLoss, to_rows
 
@@ -314,8 +315,8 @@ def read_edge_range(partition: EdgePartition) -> Iterator[pa.RecordBatch]:
             for batch in page.table.to_batches():
                 kept, dropped = accept(batch, part.generation, part.hi)
                 stale += dropped
-                if kept.num_rows:
-                    yield to_rows(part.topic, kept, part.hi)
+                if kept.num_rows:  # one row per item of each pack (docs/semantics/pipeline.md §7)
+                    yield unpack(to_rows(part.topic, kept, part.hi))
             if page.next_from_seq <= cursor:
                 break
             cursor = page.next_from_seq
