@@ -65,7 +65,7 @@ from .queues import (
     RedriveBody,
     RedriveResponse,
 )
-from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
+from .records import PlainRecordIn, Record, RecordIn, TagRule, Tombstone, TombstoneReason
 from .reports import (
     FoldExport,
     FoldList,
@@ -173,6 +173,7 @@ __all__ = [
     "PipelineShard",
     "PipelineStage",
     "PipelineStatus",
+    "PlainRecordIn",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",
