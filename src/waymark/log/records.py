@@ -140,41 +140,59 @@ def plain_records(array: bytes, datas: list[msgspec.Raw], limits: Limits) -> Pla
     (what :func:`encode_batch` proves of each). ``array``: the records, a JSON array as
     sent, whose elements were decoded as objects with the one key ``data``; ``datas``:
     their data. None otherwise: :func:`encode_batch` then decides, and refuses what it
-    must with its error naming the record.
-
-    The stored bodies are cut from ``array`` itself: when it holds no whitespace and no
-    escape it is exactly ``[{"data":D},{"data":D},...]`` (its length says so), so the
-    bodies ``,"data":D}`` are the array with one byte less at each record's start."""
+    must with its error naming the record."""
     n = len(datas)
     if not n or len(array) > PLAIN_MAX_BYTES:
         return None
     lengths = np.fromiter(map(len, datas), np.int64, n)
-    if len(array) != int(lengths.sum()) + (PLAIN_EXTRA + 1) * n + 1:
-        return None  # whitespace between tokens, an escaped key
-    find = array.find
-    if find(b" ") >= 0 or find(b"\n") >= 0 or find(b"\r") >= 0 or find(b"\t") >= 0:
-        return None  # (in a string maybe: encode_batch tells)
-    if find(b"\\") >= 0 or int(lengths.max()) > limits.max_record_bytes:
+    if not (_bare(array, lengths) and _canonical(array) and _readable(array, lengths)):
         return None
+    if int(lengths.max()) > limits.max_record_bytes:
+        return None
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
+    bodies = _cut(array, bounds)
+    return None if bodies is None else PlainRecords(bodies, bounds)
+
+
+def _bare(array: bytes, lengths: np.ndarray) -> bool:
+    """Whether ``array`` is as short as ``[{"data":D},...]`` with these data can be: no
+    byte besides the data, the keys and the punctuation (no whitespace between tokens,
+    no escaped key, no key given twice)."""
+    return len(array) == int(lengths.sum()) + (PLAIN_EXTRA + 1) * len(lengths) + 1
+
+
+def _canonical(array: bytes) -> bool:
+    """No whitespace and no escape anywhere: the data is canonical as sent (a space in
+    a string is canonical too, but telling it apart is encode_batch's job)."""
+    find = array.find
+    return not (find(b" ") >= 0 or find(b"\\") >= 0 or find(b"\n") >= 0 or find(b"\r") >= 0
+                or find(b"\t") >= 0)  # fmt: skip
+
+
+def _readable(array: bytes, lengths: np.ndarray) -> bool:
+    """What :func:`_may_be_poison` proves, over text known to hold no escape: UTF-8, and
+    no number that may be infinite as a double (an exponent, or 309 integer digits —
+    which a value shorter than that cannot hold)."""
     if not array.isascii():
         try:
             array.decode()
         except UnicodeDecodeError:
-            return None
-    if int(lengths.max()) >= len(_INFINITE_DIGITS) or _has_exponent(array):
-        return None  # a number maybe infinite as a double: encode_batch parses
-    # ',' + '"data":D1},{"data":D2}' with each '},{"data":' one byte shorter
-    bodies = b"," + array[2:-1].replace(
-        _PLAIN_SEPARATOR, _PLAIN_SEPARATOR[:2] + _PLAIN_SEPARATOR[3:]
-    )
-    bounds = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
-    if len(bodies) != int(bounds[-1]):
-        return None  # a data value holding the separator: not cut at record starts alone
-    return PlainRecords(bodies, bounds)
+            return False
+    return int(lengths.max()) < len(_INFINITE_DIGITS) and not _has_exponent(array)
+
+
+def _cut(array: bytes, bounds: np.ndarray) -> bytes | None:
+    """The stored bodies ``,"data":D}`` of a bare array ``[{"data":D},{"data":D},...]``
+    (see :func:`_bare`): the array with one byte less at each record's start. None when
+    a data value holds the separator ``},{"data":`` itself, which would be cut too: the
+    bodies then come out shorter than ``bounds`` says."""
+    bodies = b"," + array[2:-1].replace(_PLAIN_SEPARATOR, _PLAIN_SEPARATOR_CUT)
+    return bodies if len(bodies) == int(bounds[-1]) else None
 
 
 _PLAIN_SEPARATOR = b'},{"data":'
+_PLAIN_SEPARATOR_CUT = b'},"data":'
 
 
 def _has_exponent(text: bytes) -> bool:
