@@ -47,8 +47,8 @@ _data = st.one_of(
     _json.map(lambda v: json.dumps(v).encode()),
     _json.map(lambda v: json.dumps(v, separators=(",", ":")).encode()),
     st.sampled_from([b"1e999", b"-1E400", b"9" * 309, b"1" * 250, b'"\\ud800"', b'"\xff"',
-                     b'"' + b"a" * 199 + b'"', b"12", b'{"data":1}']),  # fmt: skip
-)
+                     b'"' + b"a" * 199 + b'"', b"12", b'{"data":1}']),
+)  # fmt: skip
 
 
 def _record(data: bytes, shape: str) -> bytes:
@@ -87,7 +87,7 @@ def _staged(body: bytes, decode: object) -> object:
 
 
 def _one_by_one(body: bytes) -> object:
-    decoded = server_writers._stage.decode(body)
+    decoded = server_writers._stage.decode(body)  # noqa: SLF001 -- the record-by-record way
     return decoded, decoded.records
 
 
