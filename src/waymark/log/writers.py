@@ -75,9 +75,10 @@ class _Writer:
     ledger: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
     forgotten_upto: int = -1  # batches <= this left the ledger
     stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
-    # The plain chunks a publish's lay_out joined, and the join: its publish takes the
-    # same join (one copy of the batch, and the layout is adopted by identity).
-    gathered: tuple[list[PlainRecords], PlainRecords] | None = None
+    # The plain chunks a publish's lay_out joined (batch id, chunks, join): its publish
+    # takes the same join (one copy of the batch, and the layout adopted by identity).
+    # Dropped with the batch's stages (published or expired), so it never outlives them.
+    gathered: tuple[int, list[PlainRecords], PlainRecords] | None = None
 
 
 class LedgerEntry(msgspec.Struct, array_like=True):
@@ -303,11 +304,11 @@ class Writers:
             joined = state.gathered
             if (
                 joined is None
-                or len(joined[0]) != len(plain)
-                or not all(map(operator.is_, joined[0], plain))
+                or len(joined[1]) != len(plain)
+                or not all(map(operator.is_, joined[1], plain))
             ):
-                joined = state.gathered = (plain, PlainRecords.concat(plain))
-            return joined[1]
+                joined = state.gathered = (batch_id, plain, PlainRecords.concat(plain))
+            return joined[2]
         records: list[EncodedRecord] = []
         for chunk, run in gathered:  # (plain chunks among others: a rare batch)
             records.extend(chunk)
@@ -414,6 +415,9 @@ class Writers:
         cutoff = now - self.stage_ttl_ms
         for key in [k for k, p in state.stages.items() if p.created_ms < cutoff]:
             del state.stages[key]
+        joined = state.gathered
+        if joined is not None and not any(k[0] == joined[0] for k in state.stages):
+            state.gathered = None
 
 
 def _check_writer(writer: str) -> None:
