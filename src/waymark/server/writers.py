@@ -13,7 +13,7 @@ import msgspec
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.prebuilt import build
-from ..log.records import PlainRecords, plain_records
+from ..log.records import PLAIN_MAX_BYTES, PlainRecords, plain_records
 from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
@@ -128,12 +128,14 @@ def decode_stage(
     are read and checked in bulk, as :class:`PlainRecords` (docs/http-api.md, "Sink
     speed"); any other body — or one the bulk checks cannot prove — is decoded record
     by record, which refuses what is wrong with the error naming the record."""
-    try:
-        plain = _stage_raw.decode(raw)
-        array = bytes(plain.records)
-        records = plain_records(array, list(map(_data_of, _plain.decode(array))), limits)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        records = None
+    records = None
+    if len(raw) <= PLAIN_MAX_BYTES:  # (a larger one goes record by record, a slice at a time)
+        try:
+            plain = _stage_raw.decode(raw)
+            array = bytes(plain.records)
+            records = plain_records(array, list(map(_data_of, _plain.decode(array))), limits)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            records = None
     if records is not None:
         return plain, records
     body = _stage.decode(raw)
