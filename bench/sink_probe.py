@@ -38,7 +38,7 @@ from waymark.log.storage.restore import open_engine
 from waymark.log.storage.segment import write_segment
 from waymark.log.writers import PartKey
 from waymark.protocol import StageRequest
-from waymark.server.writers import _stage as stage_decoder
+from waymark.server.writers import decode_stage
 from waymark.spark.encoding import encode_batch, joined_values
 from waymark.spark.sink import CHUNK_RECORDS
 
@@ -85,9 +85,9 @@ def one_round(rows: int, batch_id: int, engine: object, store: object, epoch: in
             if prof and profile == "stage":
                 prof.enable()
             t0 = time.process_time()
-            request = stage_decoder.decode(body)
+            _, records = decode_stage(body, engine.limits)  # type: ignore[attr-defined]
             t1 = time.process_time()
-            engine.stage("out", "w", epoch, batch_id, PartKey(p, 0), request.records,  # type: ignore[attr-defined]
+            engine.stage("out", "w", epoch, batch_id, PartKey(p, 0), records,  # type: ignore[attr-defined]
                          chunk=chunk)  # fmt: skip
             t2 = time.process_time()
             if prof and profile == "stage":

@@ -10,17 +10,20 @@ from itertools import pairwise
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waymark.log import chunk as chunk_module
-from waymark.log.chunk import DELETED, LIVE, Chunk
+from waymark.log.changes import Changes
+from waymark.log.chunk import DELETED, LIVE, Chunk, binary_column
 from waymark.log.errors import TopicError
 from waymark.log.journal import BodyRun, records_frame_parts
+from waymark.log.origin import Published
 from waymark.log.prebuilt import bodies_array
-from waymark.log.records import EncodedRecord, encode_batch
+from waymark.log.records import EncodedRecord, PlainRecords, encode_batch
 from waymark.log.storage import frames
 from waymark.log.storage.segment import segment_frames
 from waymark.protocol import Limits, RecordIn
@@ -166,3 +169,58 @@ def test_a_segment_is_framed_as_its_records_one_by_one(
         _, offsets, lens = segment_frames(chunk, bytes(flags), chunk.buf)
         assert lens.tolist() == [0] * len(records)
         assert offsets.tolist() == [12 + 21 * i for i in range(len(records))]
+
+
+DATA = st.sampled_from([b'{"a":1}', b'[1,2.5,"x"]', b'"\\u00e9"', b"null", b'{"s":"a b"}',
+                        b'"\xc3\xa9"', b"0"])  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(DATA, min_size=1, max_size=700), st.integers(1, 10**12), st.data())
+def test_columnar_records_lay_out_and_frame_as_their_records_do(
+    datas: list[bytes], first_seq: int, data: st.DataObject
+) -> None:
+    """A sink's staged chunks of records that carry data alone stay columnar
+    (PlainRecords): sliced, joined, laid into chunks (whole or cut, with their bodies'
+    column or without) and framed, byte for byte as the same records one object each."""
+    encoded = [encode_batch([RecordIn(msgspec.Raw(d))], LIMITS)[0] for d in datas]
+    bounds = np.zeros(len(datas) + 1, np.int64)
+    np.cumsum([len(r.body) for r in encoded], out=bounds[1:])
+    whole = PlainRecords(b"".join(r.body for r in encoded), bounds)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(encoded) - 1)), max_size=4)))
+    pieces = [whole[a:b] for a, b in pairwise([0, *cuts, len(encoded)]) if b > a]
+    plain = PlainRecords.concat(pieces)
+    assert list(plain) == encoded and plain == whole and len(plain) == len(encoded)
+    assert [plain[i] for i in (0, -1)] == [encoded[0], encoded[-1]]
+    assert plain.data_bytes() == sum(r.size for r in encoded)
+    half = len(encoded) // 2
+    from_plain, from_records = Chunk(first_seq), Chunk(first_seq)
+    column = data.draw(st.booleans())  # the bodies' column given, as build gives it
+    for lo, hi in ((0, half), (half, len(encoded))):
+        if hi > lo:
+            window = plain[lo:hi]
+            laid = binary_column(window.bodies, window.bounds) if column else None
+            from_plain.extend(first_seq + lo, 7, window, laid)
+            from_records.extend(first_seq + lo, 7, encoded[lo:hi])
+    for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+        assert getattr(from_plain, field) == getattr(from_records, field), field
+    mark = Published("w", 3)
+    assert b"".join(records_frame_parts("t", 1, first_seq, 7, plain, mark, now=7)) == b"".join(
+        records_frame_parts("t", 1, first_seq, 7, encoded, mark, now=7)
+    )
+
+
+def test_a_columnar_append_notes_its_changes_as_its_records_do() -> None:
+    """Receipt recovery's changes (docs/semantics/recovery.md §1.2): a columnar append is
+    noted as its first and last record, merging to the same key range."""
+    encoded = [encode_batch([RecordIn(msgspec.Raw(b"%d" % i))], LIMITS)[0] for i in range(50)]
+    bounds = np.zeros(51, np.int64)
+    np.cumsum([len(r.body) for r in encoded], out=bounds[1:])
+    plain = PlainRecords(b"".join(r.body for r in encoded), bounds)
+    noted = []
+    for records in (encoded, plain):
+        changes = Changes()
+        changes.appended("t", 1, 10, records, None)
+        changes.appended("t", 1, 60, records[:1], None)
+        noted.append((changes.pending(), changes.take()))
+    assert noted[0] == noted[1]

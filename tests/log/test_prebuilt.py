@@ -12,11 +12,12 @@ from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.config import StorageConfig
 from waymark.log.prebuilt import build
-from waymark.log.records import encode_batch
+from waymark.log.records import PlainRecords, encode_batch, plain_records
 from waymark.log.storage import frames
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
 from waymark.log.writers import PartKey
+from waymark.protocol import Limits
 
 # More records than one chunk holds.
 RECORDS = [RecordIn(data=b'{"n":%d,"pad":"%b"}' % (i, b"x" * 64), tag=f"t{i % 3}")
@@ -208,4 +209,81 @@ def test_a_crash_between_stage_and_publish_and_after_it_publishes_once(
     assert (replay.first_seq, replay.count, replay.replayed) == (1, 20_000, True)
     assert engine.get_topic("out").head_seq == head
     assert [(r["$tag"], r["data"]) for r in _page(engine, "out")] == want
+    _shut(engine, store)
+
+
+def _plain(records: list[RecordIn]) -> PlainRecords:
+    """``records`` (data alone) as the server's bulk stage path keeps them."""
+    array = b"[" + b",".join(b'{"data":%b}' % r.data for r in records) + b"]"
+    plain = plain_records(array, [r.data for r in records], Limits())
+    assert plain is not None
+    return plain
+
+
+UNTAGGED = [RecordIn(data=r.data) for r in RECORDS]
+
+
+def test_a_columnar_publish_is_the_publish_of_its_records(tmp_path: Path) -> None:
+    """A sink batch staged as PlainRecords (no object per record) publishes, prebuilt or
+    not, the very frame, pages and ledger the same records staged one object each do,
+    and comes back so after a restart (docs/spark.md, "Sink speed")."""
+    journals, pages = [], []
+    for name, columnar, prebuilt in (("objects", False, False), ("columnar", True, False),
+                                     ("columnar-prebuilt", True, True)):  # fmt: skip
+        engine, store = _open(tmp_path / name, ManualClock(1_000))
+        epoch = engine.open_writer("sink")
+        for partition in range(2):
+            for chunk in range(3):
+                lo = (partition * 3 + chunk) * 3_000
+                part = UNTAGGED[lo : lo + 3_000]
+                engine.stage("out", "sink", epoch, 7, PartKey(partition, 0),
+                             _plain(part) if columnar else part, chunk=chunk)  # fmt: skip
+        parts = [(PartKey(0, 0), 3), (PartKey(1, 0), 3)]
+        built = None
+        if prebuilt:
+            layout = engine.lay_out_publish("out", "sink", epoch, 7, parts)
+            assert layout is not None and isinstance(layout.records, PlainRecords)
+            built = build(layout)
+        result = engine.publish("out", "sink", epoch, 7, parts, built)
+        assert (result.first_seq, result.count, result.replayed) == (1, 18_000, False)
+        if built is not None:  # adopted: the chunks are the ones built ahead
+            assert engine.kernel.existing("out").chunks[0] is built.chunks[0]
+        pages.append(_page(engine, "out"))
+        journals.append(_wal_frames(engine, store, "out"))
+    assert journals[0] == journals[1] == journals[2]
+    assert pages[0] == pages[1] == pages[2]
+    engine, store = _open(tmp_path / "columnar-prebuilt", ManualClock(2_000))
+    assert _page(engine, "out") == pages[0]
+    epoch = engine.open_writer("sink")
+    replay = engine.publish("out", "sink", epoch, 7, [(PartKey(0, 0), 3), (PartKey(1, 0), 3)])
+    assert (replay.first_seq, replay.count, replay.replayed) == (1, 18_000, True)
+    _shut(engine, store)
+
+
+def test_a_batch_mixing_columnar_and_tagged_chunks_keeps_its_order(tmp_path: Path) -> None:
+    """A part whose chunks are columnar and a part with tags publish in part order, each
+    record as staged; a columnar chunk staged again between the layout and the publish
+    (an HTTP retry with other rows) is what is published: the layout is not adopted."""
+    engine, store = _open(tmp_path, ManualClock(1_000))
+    epoch = engine.open_writer("sink")
+    engine.stage("out", "sink", epoch, 1, PartKey(0, 0), _plain(UNTAGGED[:2_000]))
+    engine.stage("out", "sink", epoch, 1, PartKey(1, 0), RECORDS[2_000:4_000])
+    engine.stage("out", "sink", epoch, 1, PartKey(1, 0), _plain(UNTAGGED[4_000:6_000]), chunk=1)
+    parts = [(PartKey(0, 0), 1), (PartKey(1, 0), 2)]
+    mixed = engine.lay_out_publish("out", "sink", epoch, 1, parts)
+    assert mixed is not None and not isinstance(mixed.records, PlainRecords)
+    result = engine.publish("out", "sink", epoch, 1, parts, build(mixed))
+    assert (result.first_seq, result.count) == (1, 6_000)
+    got = _page(engine, "out")
+    assert [r["data"]["n"] for r in got] == list(range(6_000))
+    assert [r.get("$tag") for r in got] == [None] * 2_000 + [
+        r.tag for r in RECORDS[2_000:4_000]
+    ] + [None] * 2_000
+    engine.stage("out", "sink", epoch, 2, PartKey(0, 0), _plain(UNTAGGED[:1_000]))
+    layout = engine.lay_out_publish("out", "sink", epoch, 2, [(PartKey(0, 0), 1)])
+    assert layout is not None
+    built = build(layout)
+    engine.stage("out", "sink", epoch, 2, PartKey(0, 0), _plain(UNTAGGED[1_000:2_000]))
+    engine.publish("out", "sink", epoch, 2, [(PartKey(0, 0), 1)], built)
+    assert [r["data"]["n"] for r in _page(engine, "out")[6_000:]] == list(range(1_000, 2_000))
     _shut(engine, store)

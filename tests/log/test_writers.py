@@ -9,6 +9,7 @@ import pytest
 from waymark.clock import ManualClock
 from waymark.log import Engine, ErrorCode, RecordIn, TopicError
 from waymark.log.config import EngineConfig
+from waymark.log.records import PlainRecords, plain_records
 from waymark.log.writers import DEFAULT_STAGE_TTL_MS, PartKey
 from waymark.protocol import Limits
 
@@ -68,3 +69,30 @@ def test_a_publish_and_an_expiry_give_the_bytes_back() -> None:
     clock.advance(DEFAULT_STAGE_TTL_MS + 1)  # batch 1 was never published: it expires
     e.writers.stage("t", "w", epoch, 2, PartKey(0, 0), [RECORD] * 4)
     assert e.writers.staged_parts("t", "w") == 1
+
+
+def _columnar(n: int) -> PlainRecords:
+    """``n`` copies of RECORD as the server's bulk stage path keeps them."""
+    array = b"[" + b",".join([b'{"data":%b}' % RECORD.data] * n) + b"]"
+    plain = plain_records(array, [RECORD.data] * n, Limits())
+    assert plain is not None
+    return plain
+
+
+def test_columnar_stages_are_held_to_the_limits_alike() -> None:
+    """A chunk staged columnar (PlainRecords) counts the same bytes as the records one
+    object each; a layout's join of the batch is dropped with the batch's stages, so a
+    publish that never comes (a client gone mid-request) holds nothing past them."""
+    e, clock = engine(per_writer=1000, total=10_000)
+    epoch = e.writers.open_writer("w")
+    e.writers.stage("t", "w", epoch, 0, PartKey(0, 0), [RECORD] * 3)
+    as_objects = e.writers.staged_bytes("w")
+    e.writers.stage("t", "w", epoch, 0, PartKey(0, 0), _columnar(3))  # a retry, columnar
+    assert e.writers.staged_bytes("w") == as_objects
+    refused(lambda: e.writers.stage("t", "w", epoch, 0, PartKey(1, 0), _columnar(8)))
+    assert e.writers.lay_out("t", "w", epoch, 0, [(PartKey(0, 0), 1)]) is not None
+    state = e.writers._writers["t", "w"]  # noqa: SLF001 -- the join a layout keeps
+    assert state.gathered is not None
+    clock.advance(DEFAULT_STAGE_TTL_MS + 1)  # its publish never came: the stages expire
+    e.writers.stage("t", "w", epoch, 1, PartKey(0, 0), [RECORD])
+    assert state.gathered is None

@@ -28,7 +28,7 @@ class FullDiskForSeals(FileIO):
     def __init__(self, fail: int) -> None:
         self.fail = fail
 
-    def replace_file(self, path: Path, data: bytes | bytearray) -> None:
+    def replace_file(self, path: Path, data: bytes | bytearray | memoryview) -> None:
         if self.fail:
             self.fail -= 1
             raise OSError(errno.ENOSPC, "No space left on device", str(path))

@@ -24,7 +24,7 @@ import msgspec
 from ..protocol import Covered, KeyChange, key_topic
 from .deletion import TagMatch
 from .journal import Commit
-from .records import EncodedRecord
+from .records import EncodedRecord, PlainRecords, Records
 from .topic import Topic
 
 # The internal topic the checkpoints are kept in: its seqs are the checkpoint ids, so
@@ -113,12 +113,18 @@ class Changes:
         topic: str,
         epoch: int,
         first_seq: int,
-        records: list[EncodedRecord],
+        records: Records,
         commit: Commit | None,
     ) -> None:
         """An append of ``records`` from ``first_seq`` on (docs/semantics/recovery.md §1.2)."""
         # One record's tag (a string: the collector never tracks it), or the batch itself,
         # whose tags are read at the interval.
+        if isinstance(records, PlainRecords):
+            # Untagged, all one key: noted as its first and its last record.
+            self._note(commit, topic, epoch, first_seq, None)
+            if len(records) > 1:
+                self._note(commit, topic, epoch, first_seq + len(records) - 1, None)
+            return
         tags = records[0].tag if len(records) == 1 else records
         self._note(commit, topic, epoch, first_seq, tags)
 

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .records import PlainRecords
+
 if TYPE_CHECKING:
     from .records import EncodedRecord
 
@@ -99,11 +101,18 @@ class Chunk:
         return CHUNK_RECORDS - n
 
     def extend(
-        self, first_seq: int, ts: int, records: Sequence[EncodedRecord], bodies: Any = None
+        self,
+        first_seq: int,
+        ts: int,
+        records: Sequence[EncodedRecord] | PlainRecords,
+        bodies: Any = None,
     ) -> None:
         """Append consecutive records: one buffer write and one extend per index array.
         ``bodies``: the records' bodies as a pyarrow ``large_binary`` array, when the
         caller holds them so (:func:`waymark.log.prebuilt.build`)."""
+        if isinstance(records, PlainRecords):  # a sink's publish: no node, no tag
+            self._extend_plain(first_seq, ts, records, bodies)
+            return
         # The commonest write, one record: skip the batch machinery's fixed cost.
         if len(records) == 1 and bodies is None:
             record = records[0]
@@ -138,6 +147,22 @@ class Chunk:
         else:
             self._extend_tags(tags)
         self.size.extend(map(_size_of, records))
+        self.dead.extend(bytes(n))
+        self.live += n
+
+    def _extend_plain(self, first_seq: int, ts: int, records: PlainRecords, bodies: Any) -> None:
+        """:meth:`extend` for records that carry data alone, each column in bulk."""
+        n = len(records)
+        if bodies is None:
+            bodies = binary_column(records.bodies, records.bounds)
+        bounds, data = _lay_out(first_seq, ts, records, bodies)
+        base = len(self.buf)
+        self.buf += data
+        self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
+        self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
+        self.node.frombytes(bytes(self.node.itemsize * n))
+        self.tag.frombytes(bytes(self.tag.itemsize * n))
+        self.size.frombytes(records.sizes().astype(f"u{self.size.itemsize}").tobytes())
         self.dead.extend(bytes(n))
         self.live += n
 
@@ -207,7 +232,7 @@ _SEQ = b'{"$seq":'
 
 
 def _lay_out(
-    first_seq: int, ts: int, records: Sequence[EncodedRecord], bodies: Any
+    first_seq: int, ts: int, records: Sequence[EncodedRecord] | PlainRecords, bodies: Any
 ) -> tuple[np.ndarray, memoryview]:
     """The records' bytes from ``first_seq`` on, each ``{"$seq":N,"$ts":T BODY,``, and
     their bounds (``n + 1`` offsets from 0): one pyarrow kernel call over the whole run

@@ -63,7 +63,7 @@ from .queue import (
     check_queue_config,
     leases_name,
 )
-from .records import EncodedRecord, check_topic_name, encode_batch
+from .records import EncodedRecord, PlainRecords, Records, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
 from .topic import Hole, Topic
@@ -301,7 +301,7 @@ class Engine:
     def append_encoded(
         self,
         name: str,
-        encoded: list[EncodedRecord],
+        encoded: Records,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
@@ -381,7 +381,7 @@ class Engine:
     def lay_out(
         self,
         name: str,
-        encoded: list[EncodedRecord],
+        encoded: Records,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
@@ -589,7 +589,7 @@ class Engine:
         epoch: int,
         batch_id: int,
         part: PartKey,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | PlainRecords,
         *,
         chunk: int = 0,
     ) -> bool:

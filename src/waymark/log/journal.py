@@ -25,7 +25,7 @@ from ..protocol import TopicConfig, TopicType
 from ..protocol.globs import escape
 from .deletion import TagMatch
 from .origin import Published
-from .records import EncodedRecord
+from .records import EncodedRecord, PlainRecords, Records
 from .storage.frames import Frame, FrameKind, encode, frame_parts
 
 
@@ -268,7 +268,7 @@ def records_frame_parts(
     epoch: int,
     first_seq: int,
     ts: int,
-    records: list[EncodedRecord],
+    records: Records,
     publish: Published | None = None,
     *,
     now: int | None = None,
@@ -277,6 +277,14 @@ def records_frame_parts(
     """:func:`records_frame` unjoined, as the WAL takes it (``frames.frame_parts``).
     ``runs``: the records' bodies already joined, in order (a sink's staged chunks,
     :mod:`waymark.log.prebuilt`): the same frame, without a step per record for them."""
+    extra = None if publish is None else RecordsExtra(publish)
+    if isinstance(records, PlainRecords):  # the same frame, from its columns
+        n = len(records)
+        header = RecordsHeader(
+            name, epoch, first_seq, ts, now, records.lengths().tolist(),
+            records.sizes().tolist(), [None] * n, [None] * n, None, extra,
+        )  # fmt: skip
+        return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", records.joined()])
     # Each list one C call over the records: a sink's publish holds a million of them.
     ids = list(map(_id_of, records))
     if runs is None:
@@ -290,7 +298,7 @@ def records_frame_parts(
         lengths, list(map(_size_of, records)),
         list(map(_node_of, records)), list(map(_tag_of, records)),
         ids if ids.count(None) != len(ids) else None,
-        None if publish is None else RecordsExtra(publish),
+        extra,
     )  # fmt: skip
     return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *bodies])
 

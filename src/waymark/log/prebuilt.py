@@ -22,7 +22,7 @@ import numpy as np
 from .chunk import CHUNK_RECORDS, Chunk, binary_column
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
-from .records import EncodedRecord
+from .records import Records
 from .topic import AppendPlan
 
 
@@ -35,7 +35,7 @@ class Layout:
     first_seq: int
     ts: int
     now: int
-    records: list[EncodedRecord]  # the fresh records, in order
+    records: Records  # the fresh records, in order
     fresh_bytes: int  # their data and meta bytes
     journaled: bool  # whether the append writes a records frame
     publish: Published | None = None  # a sink batch's mark, in the same frame
@@ -58,7 +58,7 @@ class Prebuilt:
             layout.epoch == epoch
             and layout.first_seq == plan.first_seq
             and layout.ts >= last_ts
-            and layout.records == plan.fresh  # the same objects: compared by identity
+            and layout.records == plan.fresh  # the same objects (plain: the same bytes)
         )
 
 

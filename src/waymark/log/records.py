@@ -13,12 +13,15 @@ those stored bytes, so neither a body's layout nor its escapes count against the
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Sequence
-from itertools import repeat
+from collections.abc import Iterator, Sequence
+from itertools import pairwise, repeat
 from operator import add, attrgetter
+from typing import overload
 
 import msgspec
+import numpy as np
 import orjson
 
 from ..protocol import TOPIC_NAME, ErrorCode, Limits, RecordIn
@@ -43,6 +46,167 @@ class EncodedRecord(msgspec.Struct, frozen=True, gc=False):
     tag: str | None
     id: str | None
 
+
+_PLAIN_HEAD = b',"data":'
+PLAIN_EXTRA = len(_PLAIN_HEAD) + 1  # a plain record's stored bytes besides its data
+
+
+class PlainRecords(Sequence[EncodedRecord]):
+    """Validated records that carry data alone (no node, tag, meta or id), held
+    columnar: their bodies (``,"data":D}`` each) joined in one buffer, cut at ``bounds``
+    (``n + 1`` offsets). What the exactly-once sink stages: its chunks are framed and laid
+    out at publish and in the seal with no Python object per record (docs/spark.md,
+    "Sink speed"). Indexing or iterating builds :class:`EncodedRecord` values, for the
+    rare consumer that needs them one by one."""
+
+    __slots__ = ("bodies", "bounds")
+
+    def __init__(self, bodies: bytes, bounds: np.ndarray) -> None:
+        self.bodies = bodies
+        self.bounds = bounds  # int64, into bodies; a slice shares both
+
+    @classmethod
+    def concat(cls, runs: Sequence[PlainRecords]) -> PlainRecords:
+        """The runs one after the other: one join of their bodies, their bounds shifted."""
+        if len(runs) == 1:
+            return runs[0]
+        lengths = np.concatenate([np.diff(run.bounds) for run in runs])
+        bounds = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        return cls(b"".join(run.joined() for run in runs), bounds)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> EncodedRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> PlainRecords: ...
+    def __getitem__(self, i: int | slice) -> EncodedRecord | PlainRecords:
+        n = len(self)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            if step != 1:
+                raise ValueError("plain records are sliced contiguously")
+            return PlainRecords(self.bodies, self.bounds[start : max(start, stop) + 1])
+        at = operator.index(i)
+        at += n if at < 0 else 0
+        if not 0 <= at < n:
+            raise IndexError(i)
+        lo, hi = int(self.bounds[at]), int(self.bounds[at + 1])
+        return EncodedRecord(self.bodies[lo:hi], hi - lo - PLAIN_EXTRA, None, None, None)
+
+    def __iter__(self) -> Iterator[EncodedRecord]:
+        bodies = self.bodies
+        for lo, hi in pairwise(self.bounds.tolist()):
+            yield EncodedRecord(bodies[lo:hi], hi - lo - PLAIN_EXTRA, None, None, None)
+
+    def __eq__(self, other: object) -> bool:
+        """The same records: the same bytes, cut the same way (a publish's layout is
+        adopted only for the records it was built from, :mod:`waymark.log.prebuilt`)."""
+        if not isinstance(other, PlainRecords):
+            return NotImplemented
+        return self is other or (
+            self.joined() == other.joined()
+            and np.array_equal(self.bounds - self.bounds[0], other.bounds - other.bounds[0])
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared by content
+
+    def joined(self) -> bytes:
+        """The bodies of these records, joined (the buffer itself when not a slice)."""
+        lo, hi = int(self.bounds[0]), int(self.bounds[-1])
+        return self.bodies if lo == 0 and hi == len(self.bodies) else self.bodies[lo:hi]
+
+    def lengths(self) -> np.ndarray:
+        """Each record's body length."""
+        return np.diff(self.bounds)
+
+    def sizes(self) -> np.ndarray:
+        """Each record's size (its data bytes: what caps and topic bytes count)."""
+        return self.lengths() - PLAIN_EXTRA
+
+    def data_bytes(self) -> int:
+        return int(self.bounds[-1] - self.bounds[0]) - PLAIN_EXTRA * len(self)
+
+
+Records = list[EncodedRecord] | PlainRecords
+"""An append's validated records: one object each, or columnar."""
+
+
+def plain_records(array: bytes, datas: list[msgspec.Raw], limits: Limits) -> PlainRecords | None:
+    """A write whose records carry data alone as :class:`PlainRecords`, when scans over
+    all its bytes at once prove every record readable, canonical and within the limits
+    (what :func:`encode_batch` proves of each). ``array``: the records, a JSON array as
+    sent, whose elements were decoded as objects with the one key ``data``; ``datas``:
+    their data. None otherwise: :func:`encode_batch` then decides, and refuses what it
+    must with its error naming the record."""
+    n = len(datas)
+    if not n or len(array) > PLAIN_MAX_BYTES:
+        return None
+    lengths = np.fromiter(map(len, datas), np.int64, n)
+    if not (_bare(array, lengths) and _canonical(array) and _readable(array, lengths)):
+        return None
+    if int(lengths.max()) > limits.max_record_bytes:
+        return None
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
+    bodies = _cut(array, bounds)
+    return None if bodies is None else PlainRecords(bodies, bounds)
+
+
+def _bare(array: bytes, lengths: np.ndarray) -> bool:
+    """Whether ``array`` is as short as ``[{"data":D},...]`` with these data can be: no
+    byte besides the data, the keys and the punctuation (no whitespace between tokens,
+    no escaped key, no key given twice)."""
+    return len(array) == int(lengths.sum()) + (PLAIN_EXTRA + 1) * len(lengths) + 1
+
+
+def _canonical(array: bytes) -> bool:
+    """No whitespace and no escape anywhere: the data is canonical as sent (a space in
+    a string is canonical too, but telling it apart is encode_batch's job)."""
+    find = array.find
+    return not (find(b" ") >= 0 or find(b"\\") >= 0 or find(b"\n") >= 0 or find(b"\r") >= 0
+                or find(b"\t") >= 0)  # fmt: skip
+
+
+def _readable(array: bytes, lengths: np.ndarray) -> bool:
+    """What :func:`_may_be_poison` proves, over text known to hold no escape: UTF-8, and
+    no number that may be infinite as a double (an exponent, or 309 integer digits —
+    which a value shorter than that cannot hold)."""
+    if not array.isascii():
+        try:
+            array.decode()
+        except UnicodeDecodeError:
+            return False
+    return int(lengths.max()) < len(_INFINITE_DIGITS) and not _has_exponent(array)
+
+
+def _cut(array: bytes, bounds: np.ndarray) -> bytes | None:
+    """The stored bodies ``,"data":D}`` of a bare array ``[{"data":D},{"data":D},...]``
+    (see :func:`_bare`): the array with one byte less at each record's start. None when
+    a data value holds the separator ``},{"data":`` itself, which would be cut too: the
+    bodies then come out shorter than ``bounds`` says."""
+    bodies = b"," + array[2:-1].replace(_PLAIN_SEPARATOR, _PLAIN_SEPARATOR_CUT)
+    return bodies if len(bodies) == int(bounds[-1]) else None
+
+
+_PLAIN_SEPARATOR = b'},{"data":'
+_PLAIN_SEPARATOR_CUT = b'},"data":'
+
+
+def _has_exponent(text: bytes) -> bool:
+    """Whether a digit is followed by an exponent letter anywhere in ``text``: the
+    "0e" test of :func:`_may_be_poison`, vectorised (a find of two bytes steps a byte at
+    a time). ``b | 0x20 == ord("e")`` holds for ``e`` and ``E`` alone."""
+    codes = np.frombuffer(text, np.uint8)
+    before = codes[np.flatnonzero((codes[1:] | 0x20) == ord("e"))]
+    return bool(((before - ord("0")) < 10).any())  # (uint8: below "0" wraps high)
+
+
+# Each check of plain_records is one C call over the write holding the GIL: a larger
+# write takes encode_batch's path, which checks a slice at a time (SLICE_BYTES).
+PLAIN_MAX_BYTES = 4 << 20
 
 # A write whose data is larger than this is checked a slice of records at a time: each
 # check is one C call over the bytes it is given, and holds the GIL throughout, so a

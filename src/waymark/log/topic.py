@@ -40,7 +40,7 @@ from .deletion import TagMatch
 from .errors import ErrorCode, TopicError
 from .journal import Commit, HeadFrame
 from .priority import effective_priority
-from .records import EncodedRecord
+from .records import EncodedRecord, PlainRecords, Records
 from .results import DiffResult, Span
 
 MAX_LOSS_RUNS = 1024
@@ -99,7 +99,7 @@ class AppendPlan(msgspec.Struct, gc=False):
 
     A Struct: every append builds one, and it is cheaper to build than a dataclass."""
 
-    fresh: list[EncodedRecord]  # records that will get new seqs, in order
+    fresh: Records  # records that will get new seqs, in order
     seqs: list[int]  # the seq each requested record resolves to
     first_seq: int
     ts: int
@@ -412,7 +412,7 @@ class Topic:
             self._evict_to_cap()
 
     # --- append -------------------------------------------------------------------
-    def plan_append(self, records: list[EncodedRecord], now: int) -> AppendPlan:
+    def plan_append(self, records: Records, now: int) -> AppendPlan:
         """Validate an append (dedupe, caps); raises before anything changes."""
         config = self.config
         if config.ttl_ms:
@@ -420,7 +420,11 @@ class Topic:
         first = self.next_seq
         # One record per write is the commonest shape: it skips the generators.
         single = records[0] if len(records) == 1 else None
-        if single is not None and (single.id is None or not config.idempotency_window_ms):
+        fresh: Records
+        if isinstance(records, PlainRecords):  # a sink's publish: no ids, sizes in bulk
+            fresh, seqs = records, list(range(first, first + len(records)))
+            fresh_bytes = records.data_bytes()
+        elif single is not None and (single.id is None or not config.idempotency_window_ms):
             fresh, seqs, fresh_bytes = records, [first], single.size
         else:
             ids = list(map(_id_of, records)) if config.idempotency_window_ms else None
@@ -501,15 +505,16 @@ class Topic:
         seq, ts = plan.first_seq, plan.ts
         n = len(fresh)
         config = self.config
-        tags = list(map(_tag_of, fresh))
-        if tags.count(None) != n:
+        plain = isinstance(fresh, PlainRecords)  # (no tags, no ids: no pass over them)
+        tags = [] if plain else list(map(_tag_of, fresh))
+        if not plain and tags.count(None) != n:
             for i, tag in enumerate(tags):
                 if tag is not None:
                     seqs = self.tag_index.get(tag)
                     if seqs is None:
                         seqs = self.tag_index[tag] = array("Q")
                     seqs.append(seq + i)
-        if config.idempotency_window_ms:
+        if config.idempotency_window_ms and not plain:
             ids = list(map(_id_of, fresh))
             if None not in ids:  # (each id once: plan_append dropped the repeats)
                 self._dedupe.update(zip(ids, zip(range(seq, seq + n), repeat(ts)), strict=True))

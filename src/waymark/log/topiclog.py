@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .kernel import Kernel
     from .origin import Origin, Published
     from .prebuilt import Layout, Prebuilt
-    from .records import EncodedRecord
+    from .records import Records
     from .results import AppendResult, DeleteResult, DiffResult
     from .topic import Hole
 
@@ -52,7 +52,7 @@ class TopicLog(Protocol):
     def append_encoded(
         self,
         name: str,
-        encoded: list[EncodedRecord],
+        encoded: Records,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,
@@ -63,7 +63,7 @@ class TopicLog(Protocol):
     def lay_out(
         self,
         name: str,
-        encoded: list[EncodedRecord],
+        encoded: Records,
         *,
         create: bool | None = None,
         config: ConfigPatch | None = None,

@@ -20,6 +20,7 @@ recreated topic starts with an empty ledger, like it starts with new seqs.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
 from .journal import BodyRun, WriterFrame
 from .origin import Published
-from .records import EncodedRecord, check_topic_name, encode_batch
+from .records import EncodedRecord, PlainRecords, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
     from .prebuilt import Layout, Prebuilt
@@ -54,14 +55,18 @@ class PartKey:
 @dataclass(slots=True)
 class _Part:
     created_ms: int
-    chunks: dict[int, list[EncodedRecord]] = field(default_factory=dict)
-    # chunk -> its records' bodies joined: the publish frames and lays these out with
-    # no step per record, on the driver's serial commit (docs/spark.md, sink speed)
+    # chunk -> its records: columnar when they carry data alone (the Spark sink's rows),
+    # so that the publish and the seal take them with no step per record (docs/spark.md,
+    # "Sink speed")
+    chunks: dict[int, list[EncodedRecord] | PlainRecords] = field(default_factory=dict)
+    # chunk -> a list chunk's bodies joined: the publish frames and lays these out with
+    # no step per record as well
     runs: dict[int, BodyRun] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)  # chunk -> its bodies' bytes
 
     @property
     def bytes(self) -> int:
-        return sum(len(run.bodies) for run in self.runs.values())
+        return sum(self.sizes.values())
 
 
 @dataclass(slots=True)
@@ -70,6 +75,10 @@ class _Writer:
     ledger: OrderedDict[int, tuple[int, int]] = field(default_factory=OrderedDict)
     forgotten_upto: int = -1  # batches <= this left the ledger
     stages: dict[tuple[int, PartKey], _Part] = field(default_factory=dict)
+    # The plain chunks a publish's lay_out joined (batch id, chunks, join): its publish
+    # takes the same join (one copy of the batch, and the layout adopted by identity).
+    # Dropped with the batch's stages (published or expired), so it never outlives them.
+    gathered: tuple[int, list[PlainRecords], PlainRecords] | None = None
 
 
 class LedgerEntry(msgspec.Struct, array_like=True):
@@ -127,14 +136,15 @@ class Writers:
         epoch: int,
         batch_id: int,
         part: PartKey,
-        records: Sequence[RecordIn],
+        records: Sequence[RecordIn] | PlainRecords,
         *,
         chunk: int = 0,
     ) -> bool:
         """Stage ``records`` as chunk ``chunk`` of one task attempt's output.
 
         Re-sending a chunk replaces it (an HTTP retry stores it once). Records are
-        validated against the limits now, so a publish cannot fail on a bad record.
+        validated against the limits now, so a publish cannot fail on a bad record
+        (:class:`PlainRecords` come validated: :func:`~waymark.log.records.plain_records`).
         Returns False, storing nothing, when the batch is already published: a
         replayed batch need not ship its rows again.
         """
@@ -142,18 +152,26 @@ class Writers:
         state = self._fenced(topic, writer, epoch)
         if batch_id in state.ledger or batch_id <= state.forgotten_upto:
             return False
-        encoded = encode_batch(records, self._engine.limits)
+        if isinstance(records, PlainRecords):
+            encoded: list[EncodedRecord] | PlainRecords = records
+            run = None
+            size = len(records.joined())
+        else:
+            encoded = encode_batch(records, self._engine.limits)
+            run = BodyRun.of(encoded)
+            size = len(run.bodies)
         now = self._engine.clock.now_ms()
         self._expire(state, now)
-        run = BodyRun.of(encoded)
-        size = len(run.bodies)
         existing = state.stages.get((batch_id, part))
-        had = existing.runs.get(chunk) if existing is not None else None
-        replaced = len(had.bodies) if had is not None else 0  # a retry
+        replaced = existing.sizes.get(chunk, 0) if existing is not None else 0  # a retry
         self._check_room(writer, size - replaced, now)
         staged = state.stages.setdefault((batch_id, part), _Part(now))
         staged.chunks[chunk] = encoded
-        staged.runs[chunk] = run
+        staged.sizes[chunk] = size
+        if run is None:
+            staged.runs.pop(chunk, None)
+        else:
+            staged.runs[chunk] = run
         return True
 
     def staged_bytes(self, writer: str | None = None) -> int:
@@ -213,7 +231,10 @@ class Writers:
                 {"writer": writer, "batch_id": batch_id, "forgotten_upto": state.forgotten_upto},
             )
         self._expire(state, self._engine.clock.now_ms())
-        records = self._gather(state, writer, batch_id, parts)
+        try:
+            records = self._gather(state, writer, batch_id, parts)
+        finally:
+            state.gathered = None
         if records:
             # The ledger entry travels in the append's own journal frame: one WAL frame.
             result = self._engine.append_encoded(
@@ -249,7 +270,8 @@ class Writers:
         records = self._gather(state, writer, batch_id, parts, runs)
         if not records:
             return None
-        return self._engine.lay_out(topic, records, publish=Published(writer, batch_id), runs=runs)
+        return self._engine.lay_out(topic, records, publish=Published(writer, batch_id),
+                                    runs=runs or None)  # fmt: skip
 
     def _gather(
         self,
@@ -258,10 +280,11 @@ class Writers:
         batch_id: int,
         parts: Sequence[tuple[PartKey, int]],
         runs: list[BodyRun] | None = None,
-    ) -> list[EncodedRecord]:
-        """The staged records of ``parts``, in order (and their bodies' runs into
-        ``runs``); refused if one is not fully staged."""
-        records: list[EncodedRecord] = []
+    ) -> list[EncodedRecord] | PlainRecords:
+        """The staged records of ``parts``, in order, refused if one is not fully
+        staged: as one :class:`PlainRecords` when every chunk is, else as a list (and
+        then their bodies' runs into ``runs``)."""
+        gathered: list[tuple[list[EncodedRecord] | PlainRecords, BodyRun | None]] = []
         for part, chunks in parts:
             _check_ids(batch_id, part, 0)
             staged = state.stages.get((batch_id, part))
@@ -275,10 +298,22 @@ class Writers:
                      "attempt": part.attempt, "missing_chunks": missing[:16]},
                 )  # fmt: skip
             assert staged is not None
-            for c in range(chunks):
-                records.extend(staged.chunks[c])
-                if runs is not None:
-                    runs.append(staged.runs[c])
+            gathered.extend((staged.chunks[c], staged.runs.get(c)) for c in range(chunks))
+        plain = [chunk for chunk, _ in gathered if isinstance(chunk, PlainRecords)]
+        if plain and len(plain) == len(gathered):
+            joined = state.gathered
+            if (
+                joined is None
+                or len(joined[1]) != len(plain)
+                or not all(map(operator.is_, joined[1], plain))
+            ):
+                joined = state.gathered = (batch_id, plain, PlainRecords.concat(plain))
+            return joined[2]
+        records: list[EncodedRecord] = []
+        for chunk, run in gathered:  # (plain chunks among others: a rare batch)
+            records.extend(chunk)
+            if runs is not None:
+                runs.append(run if run is not None else BodyRun.of(chunk))
         return records
 
     def staged_parts(self, topic: str, writer: str) -> int:
@@ -380,6 +415,9 @@ class Writers:
         cutoff = now - self.stage_ttl_ms
         for key in [k for k, p in state.stages.items() if p.created_ms < cutoff]:
             del state.stages[key]
+        joined = state.gathered
+        if joined is not None and not any(k[0] == joined[0] for k in state.stages):
+            state.gathered = None
 
 
 def _check_writer(writer: str) -> None:

@@ -73,7 +73,7 @@ from .queues import (
     RedriveBody,
     RedriveResponse,
 )
-from .records import Record, RecordIn, TagRule, Tombstone, TombstoneReason
+from .records import PlainRecordIn, Record, RecordIn, TagRule, Tombstone, TombstoneReason
 from .reports import (
     FoldExport,
     FoldList,
@@ -188,6 +188,7 @@ __all__ = [
     "PipelineShard",
     "PipelineStage",
     "PipelineStatus",
+    "PlainRecordIn",
     "PublishRequest",
     "PublishResponse",
     "QueryParam",

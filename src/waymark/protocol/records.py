@@ -65,6 +65,15 @@ class Record(Struct, Generic[T], kw_only=True, omit_defaults=True, gc=False):
     data: T
 
 
+class PlainRecordIn(Struct, forbid_unknown_fields=True, gc=False):
+    """A :class:`RecordIn` that carries ``data`` alone (``{"data":..}``), as the Spark
+    sink's rows mostly are: the same wire shape, read without the other fields, so a
+    server can stage a chunk of them without a step per record (docs/http-api.md).
+    A body with any other field is read as ``RecordIn``s."""
+
+    data: msgspec.Raw
+
+
 class TombstoneReason(StrEnum):
     """Why the records of a tombstone's gap are gone. The reason is informational; the
     range ``[gap_from, gap_to]`` is authoritative."""

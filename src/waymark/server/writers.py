@@ -4,15 +4,21 @@ bodies are :mod:`waymark.protocol.writers`."""
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
 
 import msgspec
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.prebuilt import build
+from ..log.records import PLAIN_MAX_BYTES, PlainRecords, plain_records
 from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
     OpenWriterResponse,
+    PlainRecordIn,
     PublishRequest,
     RecordIn,
     StageRequest,
@@ -26,14 +32,19 @@ from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
 _stage = BodyDecoder(StageRequest[list[RecordIn]], lambda body: refuse_server_meta(body.records))
+_stage_raw = msgspec.json.Decoder(StageRequest[msgspec.Raw])
+_plain = msgspec.json.Decoder(list[PlainRecordIn])
 _publish = BodyDecoder(PublishRequest)
 _encode = msgspec.json.encode
+_data_of = attrgetter("data")
 
 
 class WritersApi:
     def __init__(self, engine: Engine, limits: Limits, metrics: Metrics) -> None:
         self.engine = engine
         self.max_body = limits.max_body_bytes
+        self.limits = limits
+        self._decode_stage = functools.partial(decode_stage, limits=limits)
         self.metrics = metrics
 
     async def open_writer(self, request: Request) -> Response:
@@ -72,17 +83,17 @@ class WritersApi:
 
     async def stage(self, request: Request) -> Response:
         # Decoded on a worker thread when large, as an append is (docs/security.md, Limits).
-        body = await off_loop(await request.body_parts(self.max_body), _stage.decode)
+        body, records = await off_loop(await request.body_parts(self.max_body), self._decode_stage)
         accepted = self.engine.stage(
             request.params["topic"],
             body.writer,
             body.epoch,
             body.batch_id,
             PartKey(body.partition, body.attempt),
-            body.records,
+            records,
             chunk=body.chunk,
         )
-        staged = len(body.records) if accepted else 0
+        staged = len(records) if accepted else 0
         return Response(_encode(StageResponse(staged, accepted)))
 
     async def publish(self, request: Request) -> Response:
@@ -108,3 +119,24 @@ class WritersApi:
         commit = self.engine.commit_point(name)
         if commit is not None:
             await commit.wait()
+
+
+def decode_stage(
+    raw: bytes, limits: Limits
+) -> tuple[StageRequest[Any], Sequence[RecordIn] | PlainRecords]:
+    """A stage body and its records: records that carry data alone (the Spark sink's)
+    are read and checked in bulk, as :class:`PlainRecords` (docs/http-api.md, "Sink
+    speed"); any other body — or one the bulk checks cannot prove — is decoded record
+    by record, which refuses what is wrong with the error naming the record."""
+    records = None
+    if len(raw) <= PLAIN_MAX_BYTES:  # (a larger one goes record by record, a slice at a time)
+        try:
+            plain = _stage_raw.decode(raw)
+            array = bytes(plain.records)
+            records = plain_records(array, list(map(_data_of, _plain.decode(array))), limits)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            records = None
+    if records is not None:
+        return plain, records
+    body = _stage.decode(raw)
+    return body, body.records

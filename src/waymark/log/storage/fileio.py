@@ -26,7 +26,7 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def replace_file(self, path: Path, data: bytes | bytearray) -> None:
+    def replace_file(self, path: Path, data: bytes | bytearray | memoryview) -> None:
         """Make ``path`` hold ``data``, atomically: a temporary file is written and synced,
         then renamed over ``path``, and the directory synced so the rename survives too."""
         temporary = path.with_name(path.name + ".tmp")
