@@ -196,10 +196,7 @@ def diff(
     raw: bool = False,
 ) -> Call[DiffResponse[Any]]:
     """``raw``: records keep ``data`` as the producer's JSON bytes (``msgspec.Raw``)."""
-    nodes = node if node is None or isinstance(node, str) else list(node)
-    body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
-    return call("diff", _diff_raw if raw else _diff, _encode(body),
-                extra_wait_s=wait_ms / 1000, topic=topic)  # fmt: skip
+    return _diff_call(topic, from_seq, limit, node, epoch, wait_ms, _diff_raw if raw else _diff)
 
 
 def diff_as(
@@ -212,11 +209,23 @@ def diff_as(
     page: type[T],
 ) -> Call[T]:
     """A JSON diff page decoded into ``page``, leniently (see :func:`_lenient`)."""
-    nodes = node if node is None or isinstance(node, str) else list(node)
-    body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
     parse = _LENIENT.get(page)
     if parse is None:
         parse = _LENIENT[page] = _lenient(page)
+    return _diff_call(topic, from_seq, limit, node, epoch, wait_ms, parse)
+
+
+def _diff_call(
+    topic: str,
+    from_seq: int,
+    limit: int,
+    node: str | Sequence[str] | None,
+    epoch: int | None,
+    wait_ms: int,
+    parse: Callable[[Answer], T],
+) -> Call[T]:
+    nodes = node if node is None or isinstance(node, str) else list(node)
+    body = DiffRequest(from_seq, limit, nodes, epoch, wait_ms)
     return call("diff", parse, _encode(body), extra_wait_s=wait_ms / 1000, topic=topic)
 
 
