@@ -7,7 +7,8 @@ acknowledges, find the oldest origin. Both sides do the same work on the same by
 
 * anchor: one Python object per record (a slotted dataclass), a list as the window,
   ``RecordIn`` structs encoded by msgspec — the edge as it was before ``InFlight``;
-* waymark: ``waymark.pipeline.InFlight`` columns, the body joined from its buffers.
+* waymark: ``waymark.pipeline.InFlight`` columns, one per push, held in a
+  ``waymark.pipeline.window.Window`` as an edge holds them; the body joined from them.
 
 Run: ``.venv/bin/python bench/inflight.py [--batches 400]``.
 """
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from waymark.client import RecordIn
 from waymark.pipeline import InFlight, Position
+from waymark.pipeline.window import Window
 
 BATCH = 500
 LAG = 2  # batches between a write and its acknowledgement
@@ -71,7 +73,7 @@ def objects(batches: int, payloads: list[bytes]) -> float:
 
 
 def columns(batches: int, payloads: list[bytes]) -> float:
-    unacked = InFlight.empty()
+    unacked = Window()
     began = time.perf_counter()
     for b in range(batches):
         lo = b * BATCH
@@ -81,7 +83,7 @@ def columns(batches: int, payloads: list[bytes]) -> float:
         unacked += new.packed()  # one pack a batch, as an edge holds it
         unacked.edge_packs(start, 1)
         unacked.place(start, 1, [b + 1])  # pack b at seq b + 1
-        unacked = unacked.acknowledged(Position(1, b - LAG + 1))
+        unacked.forget(Position(1, b - LAG + 1))
         unacked.oldest_origin()
     return time.perf_counter() - began
 

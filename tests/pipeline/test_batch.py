@@ -25,6 +25,7 @@ from hypothesis.stateful import (
 from waymark.client import RecordIn
 from waymark.pipeline import InFlight, Position
 from waymark.pipeline.batch import GEN, ITEM_OVERHEAD, PACK, RECORD_OVERHEAD
+from waymark.pipeline.window import Window
 from waymark.protocol import EdgePack
 
 
@@ -94,13 +95,16 @@ def edge_packs(body: bytes) -> list[tuple[RecordIn, EdgePack]]:
     return [(r, msgspec.json.decode(bytes(r.data), type=EdgePack)) for r in decoded(body)]
 
 
-def expected_packs(model: list[Rec], start: int, generation: int) -> list[tuple]:
-    """Each pack from item ``start`` as its record id, meta and items."""
+def expected_packs(
+    model: list[Rec], start: int, generation: int, end: int | None = None
+) -> list[tuple]:
+    """Each pack from item ``start`` (to ``end``) as its record id, meta and items."""
     return [
         (f"{model[lo].event}+{hi - lo}.{pack_crc(model[lo:hi]):08x}@{generation}",
          {GEN: str(generation)},
          [(m.event, m.born, m.data) for m in model[lo:hi]])
         for lo, hi in pack_spans(model, start)
+        if end is None or lo < end
     ]  # fmt: skip
 
 
@@ -124,11 +128,14 @@ def decoded(body: bytes) -> list[RecordIn]:
 
 
 class InFlightMachine(RuleBasedStateMachine):
-    """A producer's window: pushes, writes to placements, acknowledgements."""
+    """A producer's window (a :class:`Window` of packed pushes, as an edge holds it):
+    pushes, writes of whole packs within drawn limits to placements, acknowledgements;
+    checked against one Python object per record and against the pushes joined into
+    one ``InFlight``."""
 
     @initialize()
     def start(self) -> None:
-        self.batch = InFlight.empty()
+        self.batch = Window()
         self.model: list[Rec] = []
         self.generation = 1
         self.next_seq = {1: 0}
@@ -147,23 +154,31 @@ class InFlightMachine(RuleBasedStateMachine):
             for r in new
             for k in range(fanout)
         ]
-        self.batch = self.batch + of(outputs).packed(max_items, max_bytes)
+        self.batch += of(outputs).packed(max_items, max_bytes)
         self.model += packed_model(outputs, max_items, max_bytes)
 
-    @rule(data=st.data())
-    def write(self, data: st.DataObject) -> None:
+    # limits that cut a write short, or none: everything from the k-th pack
+    @rule(
+        data=st.data(),
+        max_packs=st.integers(1, 4) | st.just(10**6),
+        max_bytes=st.integers(1, 400) | st.just(10**9),
+    )
+    def write(self, data: st.DataObject, max_packs: int, max_bytes: int) -> None:
         """A successful append of the packs from the ``k``-th one onwards to the bound
-        placement."""
+        placement, as many as one write carries (it may span pushes)."""
         spans = pack_spans(self.model)
         k = data.draw(st.integers(0, len(spans)))
         start = spans[k][0] if k < len(spans) else len(self.model)
-        body = self.batch.edge_packs(start, self.generation)
-        assert as_sent(body) == expected_packs(self.model, start, self.generation)
+        end = self.batch.write_end(start, max_packs, max_bytes)
+        assert end == self.batch.joined().write_end(start, max_packs, max_bytes)
+        body = self.batch.edge_packs(start, self.generation, end)
+        assert as_sent(body) == expected_packs(self.model, start, self.generation, end)
+        written = [span for span in spans[k:] if span[0] < end]
         first = self.next_seq[self.generation] + 1
-        seqs = list(range(first, first + len(spans) - k))
+        seqs = list(range(first, first + len(written)))
         self.next_seq[self.generation] += len(seqs)
-        self.batch.place(start, self.generation, seqs)
-        for (lo, hi), seq in zip(spans[k:], seqs, strict=True):
+        self.batch.place(start, self.generation, seqs, end)
+        for (lo, hi), seq in zip(written, seqs, strict=True):
             for m in self.model[lo:hi]:
                 m.position = Position(self.generation, seq)
 
@@ -177,7 +192,7 @@ class InFlightMachine(RuleBasedStateMachine):
         """The consumer's checkpoint: anywhere in a known generation, past the end too."""
         generation = data.draw(st.integers(1, self.generation))
         seq = data.draw(st.integers(0, self.next_seq[generation] + 2))
-        self.batch = self.batch.acknowledged(Position(generation, seq))
+        self.batch.forget(Position(generation, seq))
         self.model = [
             m for m in self.model
             if m.position is None or m.position.generation != generation or m.position.seq > seq
@@ -186,8 +201,16 @@ class InFlightMachine(RuleBasedStateMachine):
     @invariant()
     def same_records_in_push_order(self) -> None:
         assert len(self.batch) == len(self.model)
-        assert contents(self.batch) == self.model
+        assert contents(self.batch.joined()) == self.model
         assert self.batch.written() == sum(m.position is not None for m in self.model)
+
+    @invariant()
+    def the_written_prefix_is_where_each_generation_stops(self) -> None:
+        for generation in self.next_seq:
+            placed = next((i for i, m in enumerate(self.model)
+                           if m.position is None or m.position.generation != generation),
+                          len(self.model))  # fmt: skip
+            assert self.batch.placed(generation) == placed
 
     @invariant()
     def oldest_origin_is_the_least(self) -> None:
@@ -499,5 +522,48 @@ def test_packs_cut_by_count_alone_are_caught(monkeypatch: pytest.MonkeyPatch) ->
         "packed",
         lambda self, max_items=1000, max_bytes=0: original(self, max_items, 10**9),
     )
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+# --- mutants of the window's shortcuts: each broken, the machine fails ----------------
+def test_a_push_taken_as_all_written_after_a_partial_write_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the tag that lets placed() and forget() skip a push's columns, set on any write
+    original = Window.place
+
+    def trusting(self: Window, start: int, generation: int, seqs: list[int],
+                 end: int | None = None) -> None:  # fmt: skip
+        original(self, start, generation, seqs, end)
+        for push in self._pushes:
+            if push.records.written():
+                push.whole = generation
+
+    monkeypatch.setattr(Window, "place", trusting)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_a_push_forgotten_by_seq_in_another_generation_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a push all written under one generation dropped by its seqs alone, whatever the
+    # acknowledged generation (docs/semantics/pipeline.md §3.4)
+    original = Window.forget
+
+    def any_generation(self: Window, acked: Position) -> None:
+        for push in self._pushes:
+            if push.whole:
+                push.whole = acked.generation
+        original(self, acked)
+
+    monkeypatch.setattr(Window, "forget", any_generation)
+    with pytest.raises(AssertionError):
+        run_machine()
+
+
+def test_a_write_spanning_pushes_past_its_bytes_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(InFlight, "write_size", lambda self, start, end: 0)
     with pytest.raises(AssertionError):
         run_machine()

@@ -41,6 +41,7 @@ from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.stage import StageFunctionFailed
 from waymark.pipeline.state import CheckpointedStageState, Position
+from waymark.pipeline.window import Window
 from waymark.protocol import Limits
 
 
@@ -192,7 +193,7 @@ def test_a_push_larger_than_a_pack_is_cut_into_packs_and_writes(
     # Packs stay within PACK_ITEMS items and PACK_BYTES, writes within the server's
     # records per write (docs/semantics/pipeline.md §3.7); here all three shrunk.
     monkeypatch.setattr(InFlight.packed, "__defaults__", (3, 100))
-    monkeypatch.setattr(InFlight.write_end, "__defaults__", (2, 1 << 20))
+    monkeypatch.setattr(Window.write_end, "__defaults__", (2, 1 << 20))
     appends: list[int] = []
     producer, consumer = edges(fleet, tmp_path, ManualClock())
     real = producer.connect
@@ -680,7 +681,7 @@ def test_a_consumer_checkpoint_never_falls_inside_a_pack(fleet: Fleet, tmp_path:
     source.step()  # two pushes of five events: two packs
     source.drain()
     assert source.output is not None
-    packs = [source.output.unacked.position(i) for i in (0, 5)]
+    packs = [source.output.unacked.joined().position(i) for i in (0, 5)]
     first = consumer()
     first.start()
     assert first.step() == 5  # one item asked for: the whole first pack
@@ -714,7 +715,7 @@ def test_a_replay_after_a_move_repacks_what_is_unacknowledged(fleet: Fleet, tmp_
     state.input = got.position(3)  # the consumer's checkpoint: the first two packs
     states.save(state)
     producer.trim()
-    assert producer.unacked.event_ids() == ["p:6", "p:7", "p:8"]
+    assert producer.unacked.joined().event_ids() == ["p:6", "p:7", "p:8"]
     dead = next(p for p in fleet.proxies if p.url == placed.server)
     dead.down()
     try:

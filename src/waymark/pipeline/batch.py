@@ -396,6 +396,17 @@ class InFlight:
         fit = max(1, int(np.searchsorted(sizes, max_bytes, side="right")))
         return int(ends[fit - 1])
 
+    def write_size(self, start: int, end: int) -> int:
+        """The size :meth:`write_end` counts for the packs of items ``start`` to ``end``."""
+        if start >= end:
+            return 0
+        e0 = int(self.ints[EVENT_END, start - 1]) if start else 0
+        d0 = int(self.ints[DATA_END, start - 1]) if start else 0
+        ids = int(self.ints[EVENT_END, end - 1]) - e0
+        data = int(self.ints[DATA_END, end - 1]) - d0
+        items, packs = end - start, self.packs(start, end)
+        return 2 * ids + data + ITEM_OVERHEAD * items + RECORD_OVERHEAD * packs
+
     def place(
         self, start: int, generation: int, seqs: Sequence[int], end: int | None = None
     ) -> None:

@@ -1,9 +1,9 @@
 """A relocatable queue edge: a waymark topic on one of several servers that moves
 when its server dies (docs/semantics/pipeline.md §3).
 
-The producing side pushes records and keeps them, column by column in one
-:class:`~waymark.pipeline.batch.InFlight`, until the consuming stage's checkpoint
-acknowledges them; when the server under the edge is gone, or a newer
+The producing side pushes records and keeps them, column by column in a
+:class:`~waymark.pipeline.window.Window` of the pushes' ``InFlight`` records, until the
+consuming stage's checkpoint acknowledges them; when the server under the edge is gone, or a newer
 generation is published, it moves (relocates or adopts the newer placement) and
 pushes everything unacknowledged again. The consuming side reads the topic of
 the generation it is bound to, drops records of older generations, and rebinds
@@ -40,6 +40,7 @@ from waymark.pipeline.placement import (  # the placement's names, as this modul
     gone,
 )
 from waymark.pipeline.state import Position, StageStateStore
+from waymark.pipeline.window import Window
 from waymark.protocol import EdgePack, EdgePage, EdgeRecord
 
 from .errors import EdgeMalformed
@@ -93,7 +94,7 @@ class RelocatableQueueEdge(EdgePlacement):
         self.poll_interval_ms = poll_interval_ms
         self.rng = rng or random.Random()
         self.acks = StageStateStore(handoff)
-        self.unacked = InFlight.empty()  # producer: pushed, not yet acknowledged
+        self.unacked = Window()  # producer: pushed, not yet acknowledged
         self.cursor: Position | None = None  # consumer: last seq read in the bound generation
         self._down_since_ms: int | None = None
         self._polled_ms: int | None = None
@@ -242,7 +243,7 @@ class RelocatableQueueEdge(EdgePlacement):
         acked = state.input if state is not None else None
         if acked is None:
             return
-        self.unacked = self.unacked.acknowledged(acked)
+        self.unacked.forget(acked)
 
     def oldest_origin(self) -> Position | None:
         """The input position of the oldest unacknowledged record."""
