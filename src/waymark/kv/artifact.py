@@ -256,6 +256,12 @@ class MemoBackend(ArtifactBackend, Protocol):
 
     digest_memo: DigestMemo
 
+    def begin_reopen(self, data_dir: Path) -> Callable[[], WatchCursor]:
+        """Start the verifying reopen of the round copy at ``data_dir`` outside this
+        process (its open would hold the GIL): a call that waits for the cursor it
+        recovered, raising SnapshotError where it could not be had."""
+        ...
+
     def round_copy(self, data_dir: Path) -> None:
         """Like ``write_copy``, for a round's stage: verified, uploaded and discarded,
         never sealed, so it need not be durable."""
@@ -427,6 +433,11 @@ class StagedExport:
     reused: dict[str, str] | None = None
     """Set by :meth:`describe` when ``memo`` is: the files (by artifact path) whose
     digest it took from the memo, which :meth:`verify` hashes again."""
+    reopener: Callable[[Path], Callable[[], WatchCursor]] | None = None
+    """The live store's ``begin_reopen`` (a RocksDB round's stage): the verifying reopen
+    runs in another process, off this one's GIL (docs/semantics/kv.md §10.3)."""
+    reopening: Callable[[], WatchCursor] | None = None
+    """Set by :meth:`begin_reopen`: waits for the reopen under way."""
 
     @property
     def data(self) -> Path:
@@ -440,6 +451,11 @@ class StagedExport:
         """
         if self.prefixes:
             recovered = self._verify_linked()
+        elif self.reopener is not None:
+            self.begin_reopen()
+            assert self.reopening is not None
+            reopening, self.reopening = self.reopening, None
+            recovered = reopening()
         else:
             recovered = self.backend_class.recover_cursor(self.data)
         if recovered != self.cursor:
@@ -449,6 +465,12 @@ class StagedExport:
             )
         if self.memo is not None:
             self._recheck_reused(self.memo)
+
+    def begin_reopen(self) -> None:
+        """Start the reopen :meth:`verify` waits for, if the stage has a ``reopener`` and
+        none is under way: as soon as the stage exists, beside describe and the upload."""
+        if self.reopener is not None and self.reopening is None:
+            self.reopening = self.reopener(self.data)
 
     def _recheck_reused(self, memo: DigestMemo) -> None:
         """Hash again the files whose digest ``describe`` took from the memo; one that no
@@ -589,6 +611,7 @@ def stage_export(
             memo_backend = cast(MemoBackend, store)
             memo_backend.round_copy(staged.data)
             staged.memo = memo_backend.digest_memo
+            staged.reopener = memo_backend.begin_reopen
         else:
             store.write_copy(staged.data)
     except BaseException:

@@ -150,9 +150,10 @@ def publish_staged(
         # verification hashes again what describe took from it. Otherwise the whole
         # verification overlaps describe and the upload, or only the upload's wait.
         describe_first = staged.known is not None or staged.memo is not None
+        staged.begin_reopen()  # in another process: beside describe and the upload
         if describe_first:
             raw, manifest = staged.describe()
-        if not staged.backend_class.reopen_holds_gil:
+        if staged.reopener is not None or not staged.backend_class.reopen_holds_gil:
             start_verify()
         try:
             if not describe_first:

@@ -9,38 +9,30 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple, cast
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Rdict, WriteBatch, WriteOptions
 
 from waymark.kv.artifact import DigestMemo, ExportInfo, ExportManifest, export_store
-from waymark.kv.errors import SnapshotIoError
+from waymark.kv.errors import SnapshotError, SnapshotIoError
 from waymark.kv.stores.protocol import CURSOR_KEY, VER_LEN, decode_record
+from waymark.kv.stores.rocksdb_reopen import (
+    WRITE_BUFFER_BYTES as WRITE_BUFFER_BYTES,  # the fold store's, named here too
+)
+from waymark.kv.stores.rocksdb_reopen import (
+    ReopenFailed,
+    ReopenWorker,
+    recover_raw_cursor,
+    reopen_view,
+)
+from waymark.kv.stores.rocksdb_reopen import options as _options
 from waymark.kv.types import KvEntry, KvUpdate, Op, WatchCursor
 
-WRITE_BUFFER_BYTES = 4 << 20
-"""Memtable size per column family (RocksDB's default is 64 MiB). A sealed export's
-checkpoint flushes what the memtables hold, and a round's stage carries the WAL that
-holds it (replayed by the verification): with small memtables the fold's background
-flushes have written all but the last few MiB to SST files already (docs/kv.md,
-"Fold stores")."""
-
-
-def _options() -> Options:
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    opts.set_write_buffer_size(WRITE_BUFFER_BYTES)
-    # Every flush takes all column families. The ``meta`` family (one key, the
-    # cursor) never fills its memtable: flushed alone it would pin every WAL since
-    # the last checkpoint, which that checkpoint then deletes in the foreground
-    # (~50 ms of a round for a million keys), and flush in a job of its own there
-    # (docs/kv.md, "Fold stores").
-    opts.set_atomic_flush(True)
-    return opts
-
+REOPEN_VIEW = ".reopen"
+"""The directory, inside a round's stage (beside its ``data``), that the reopen worker
+opens: never part of the payload, removed with the stage."""
 
 _BACKGROUND_JOBS = ("rocksdb.num-running-flushes", "rocksdb.num-running-compactions")
 
@@ -68,6 +60,8 @@ class RocksDbStore:
     backend = "rocksdb"
     format_generation = FORMAT_GENERATION
     reopen_holds_gil = True  # rocksdict opens a DB without releasing the GIL
+    reopen_deadline_s = 120.0
+    """How long a round's reopen in the worker may take before the round fails."""
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = False) -> None:
         self.path = Path(path)
@@ -90,6 +84,9 @@ class RocksDbStore:
         # SST files are never changed once written: a round's stage links the same ones
         # again, and hashes only the new ones before its upload (docs/kv.md, "Replicas").
         self.digest_memo = DigestMemo(lambda rel: rel.endswith(".sst"))
+        # A round's verifying reopen runs in this worker, off the exporter's GIL; it is
+        # started by the first round (or ``start_reopen_worker``), stopped by ``close``.
+        self.reopen_worker = ReopenWorker(self.reopen_deadline_s)
 
     @property
     def cursor(self) -> WatchCursor:
@@ -182,21 +179,9 @@ class RocksDbStore:
     @classmethod
     def recover_cursor(cls, data_dir: Path) -> WatchCursor:
         try:
-            db = Rdict(
-                str(data_dir),
-                options=_options(),
-                column_families={"data": _options(), "meta": _options()},
-                access_type=AccessType.read_only(),
-            )
+            return WatchCursor(recover_raw_cursor(str(data_dir)))
         except Exception as e:
             raise SnapshotIoError(f"cannot open RocksDB copy at {data_dir}: {e}") from e
-        try:
-            meta = db.get_column_family("meta")
-            raw = meta.get(CURSOR_KEY)
-            meta.close()
-        finally:
-            db.close()
-        return WatchCursor(bytes(raw) if raw is not None else b"")
 
     @classmethod
     def path_in(cls, data_dir: Path) -> Path:
@@ -224,7 +209,40 @@ class RocksDbStore:
                 return
             yield k.decode()
 
+    def begin_reopen(self, data_dir: Path) -> Callable[[], WatchCursor]:
+        """Send the round copy at ``data_dir`` to the reopen worker (started again if it
+        died); the returned call waits for the cursor it recovers, with the worker's
+        deadline. The worker opens a view of hard links beside the copy, inside the
+        stage (removed with it), and never writes into the files being uploaded
+        (docs/kv.md, "Replicas")."""
+        view = data_dir.parent / REOPEN_VIEW
+        reopen_view(data_dir, view)
+        worker = self.reopen_worker
+        try:
+            ticket = worker.submit(view)
+        except ReopenFailed as e:
+            shutil.rmtree(view, ignore_errors=True)
+            raise SnapshotError(f"export of rocksdb fold failed verification: {e}") from e
+
+        def recovered() -> WatchCursor:
+            try:
+                return WatchCursor(worker.result(ticket))
+            except ReopenFailed as e:
+                raise SnapshotError(f"export of rocksdb fold failed verification: {e}") from e
+            except OSError as e:
+                raise SnapshotIoError(str(e)) from e
+            finally:
+                shutil.rmtree(view, ignore_errors=True)
+
+        return recovered
+
+    def start_reopen_worker(self) -> None:
+        """Start the worker of the rounds' verifying reopens now, so that the first
+        round does not wait for its start (an exporter calls it before its rounds)."""
+        self.reopen_worker.start()
+
     def close(self) -> None:
+        self.reopen_worker.close()
         # Column-family views share the engine: drop them so close releases the LOCK.
         self._data.close()
         del self._data, self._data_cf, self._meta_cf
