@@ -210,6 +210,8 @@ def main() -> None:
             for backend in args.backends.split(","):
                 console.print(f"{backend}: filling {args.keys:,} keys …")
                 store = open_store(spec(backend, root / backend / "live"))
+                if (start_worker := getattr(store, "start_reopen_worker", None)) is not None:
+                    start_worker()  # as an exporting fold node does before its rounds
                 fill(store, args.keys)
                 for n in range(args.rounds):
                     if n:  # what a periodic exporter finds: the fold moved since its last round
