@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import mmap
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -760,3 +761,108 @@ def test_a_round_copy_that_cannot_hard_link_is_a_checkpoint(
     assert manifest.rank == 400 and contents(node) == contents(store)
     node.close()
     store.close()
+
+
+def _tear_wal(data: Path, cut: int = 8) -> None:
+    """Fault injector: the stage's copied WAL loses its last ``cut`` bytes (a copy torn
+    in its last batch): a real reopen recovers the cursor before that batch."""
+    (wal,) = data.glob("*.log")
+    os.truncate(wal, wal.stat().st_size - cut)
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_rocksdb_round_verifies_in_its_reopen_worker_and_a_torn_copy_is_refused(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's verifying reopen runs in the store's worker process, off the
+    exporter's GIL, and still gates the swap: a stage whose copied WAL is torn
+    recovers an earlier cursor there and is never published (docs/semantics/kv.md
+    §10.3)."""
+
+    def in_process(cls: type[RocksDbStore], data_dir: Path) -> WatchCursor:
+        raise AssertionError("a round's reopen ran in the exporter's process")
+
+    monkeypatch.setattr(RocksDbStore, "recover_cursor", classmethod(in_process))
+    store = RocksDbStore(tmp_path / "rocks")
+    try:
+        fill(store, 200)
+        fill(store, 300, 200)
+        staged = stage_export(store, tmp_path / "torn", link=True)
+        _tear_wal(staged.data)
+        try:
+            with pytest.raises(SnapshotError, match="verification"):
+                publish_staged(transport, KEY, staged)
+        finally:
+            staged.discard()
+        assert store.reopen_worker.pid not in (None, os.getpid())
+        assert not transport.read_pointer(KEY).state.present
+
+        staged, outcome = rocks_round(transport, store, tmp_path, "whole")
+        assert outcome is PublishOutcome.Published
+        assert transport.read_pointer(KEY).state.rank == 300
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_reopen_worker_killed_or_hung_mid_verify_fails_the_round_and_the_next_one_works(
+    transport: ObjectStoreTransport, tmp_path: Path
+) -> None:
+    """A worker killed with the round's reopen asked of it, or one that does not answer
+    by its deadline (killed then), fails the round: nothing is published. The next
+    round starts another worker and publishes; closing the store stops it."""
+    store = RocksDbStore(tmp_path / "rocks")
+    worker = store.reopen_worker
+    try:
+        fill(store, 100)
+        for fault in ("killed", "hung"):
+            store.start_reopen_worker()  # a new one after the kill
+            pid = worker.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)  # it reads nothing until it is killed or resumed
+            asked = worker.asked
+            staged = stage_export(store, tmp_path / fault, link=True)
+            errors: list[BaseException] = []
+
+            def run(staged: StagedExport = staged) -> None:
+                try:
+                    publish_staged(transport, KEY, staged)
+                except BaseException as e:
+                    errors.append(e)
+
+            if fault == "hung":
+                worker.deadline_s = 0.3
+            thread = threading.Thread(target=run)
+            thread.start()
+            if fault == "killed":
+                _wait_for(lambda n=asked: worker.asked > n, "the reopen to be asked")
+                os.kill(pid, signal.SIGKILL)
+            thread.join(30)
+            staged.discard()
+            worker.deadline_s = RocksDbStore.reopen_deadline_s
+            assert not thread.is_alive()
+            (error,) = errors
+            assert isinstance(error, SnapshotError)
+            assert ("died" if fault == "killed" else "did not answer") in str(error)
+            assert not transport.read_pointer(KEY).state.present
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # killed and reaped, not left stopped
+
+        fill(store, 200, 100)
+        _, outcome = rocks_round(transport, store, tmp_path, "next")
+        assert outcome is PublishOutcome.Published
+        assert transport.read_pointer(KEY).state.rank == 200
+        last = worker.pid
+        assert last is not None and last != pid
+    finally:
+        store.close()
+    assert worker.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(last, 0)

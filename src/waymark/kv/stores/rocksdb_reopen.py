@@ -172,8 +172,17 @@ class ReopenWorker:
                     raise ReopenFailed(f"the RocksDB reopen worker died (exit status {code})")
                 self._buf += chunk
 
+    @property
+    def asked(self) -> int:
+        """How many reopens were asked of this worker and its predecessors."""
+        return self._next
+
     def close(self) -> None:
-        """Stop the worker (with the fold's store)."""
+        """Stop the worker (with the fold's store). Killed first, without the lock: a
+        round awaiting its answer then fails at once instead of holding the lock."""
+        proc = self._proc
+        if proc is not None:
+            proc.kill()
         with self._lock:
             self._stop()
 
