@@ -831,7 +831,7 @@ def test_a_reopen_worker_killed_or_hung_mid_verify_fails_the_round_and_the_next_
             staged = stage_export(store, tmp_path / fault, link=True)
             errors: list[BaseException] = []
 
-            def run(staged: StagedExport = staged) -> None:
+            def run(staged: StagedExport = staged, errors: list[BaseException] = errors) -> None:
                 try:
                     publish_staged(transport, KEY, staged)
                 except BaseException as e:
