@@ -783,8 +783,8 @@ def test_a_rocksdb_round_verifies_in_its_reopen_worker_and_a_torn_copy_is_refuse
 ) -> None:
     """A round's verifying reopen runs in the store's worker process, off the
     exporter's GIL, and still gates the swap: a stage whose copied WAL is torn
-    recovers an earlier cursor there and is never published (docs/semantics/kv.md
-    §10.3)."""
+    recovers an earlier cursor there and is never published
+    (docs/semantics/kv.md §10.3)."""
 
     def in_process(cls: type[RocksDbStore], data_dir: Path) -> WatchCursor:
         raise AssertionError("a round's reopen ran in the exporter's process")

@@ -177,8 +177,8 @@ class ArtifactBackend(Protocol):
     format_generation: int
     reopen_holds_gil: bool
     """Whether ``recover_cursor`` holds the GIL for the whole engine open (rocksdict's
-    does): an export round then verifies while its upload waits, not beside the
-    hashing, which it would stall (docs/kv.md, "Replicas")."""
+    does): a stage without a ``reopener`` then verifies while its upload waits, not
+    beside the hashing, which it would stall (docs/kv.md, "Replicas")."""
 
     @property
     def cursor(self) -> WatchCursor: ...

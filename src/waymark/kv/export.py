@@ -128,9 +128,11 @@ def publish_staged(
     checks the prefix the last round verified) and replays only the records
     appended since, concurrently with the upload. A backend whose reopen holds
     the GIL throughout (``reopen_holds_gil``: RocksDB's) would stall the hashing
-    and the tar stream beside it, so its verification starts once the payload's
-    last byte is handed to the store, and runs while the store syncs the file or
-    finishes its parts. A copy that fails it raises SnapshotError and the pointer
+    and the tar stream beside it: a round's stage of it reopens in the store's
+    worker process (``StagedExport.reopener``), asked before anything else; a
+    sealed stage's verification starts once the payload's last byte is handed to
+    the store, and runs while the store syncs the file or finishes its parts. A
+    copy that fails it raises SnapshotError and the pointer
     is not touched; its payload, if uploaded, is an orphan like that of any
     failed round, pruned later (docs/semantics/kv.md §10.3, §11.4). The staged
     copy is not fsynced: it is never sealed into a local artifact, and is
