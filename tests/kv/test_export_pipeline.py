@@ -33,6 +33,7 @@ from waymark.kv.artifact import ExportInfo, StagedExport, stage_export
 from waymark.kv.export import publish_staged
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
+from waymark.kv.stores import rocksdb_store
 from waymark.kv.stores.rocksdb_store import RocksDbStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
 from waymark.objstore import open_store as open_objstore
@@ -866,3 +867,50 @@ def test_a_reopen_worker_killed_or_hung_mid_verify_fails_the_round_and_the_next_
     assert worker.pid is None
     with pytest.raises(ProcessLookupError):
         os.kill(last, 0)
+
+
+def _reopen_writes_into_the_stage(tmp_path: Path, name: str) -> tuple[list[str], bool]:
+    """A round's stage described and verified (its reopen in the worker): the stage's
+    files whose bytes, size or mtime changed meanwhile, and whether the view is left."""
+    store = RocksDbStore(tmp_path / name)
+    try:
+        fill(store, 100)
+        staged = stage_export(store, tmp_path / f"{name}-round", link=True)
+        try:
+
+            def seen() -> dict[str, tuple[int, int, bytes]]:
+                return {
+                    p.name: (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+                    for p in staged.data.iterdir()
+                }
+
+            before = seen()
+            staged.describe()
+            staged.verify()
+            left = (staged.stage / rocksdb_store.REOPEN_VIEW).exists()
+            return sorted(n for n, v in seen().items() if before.get(n) != v), left
+        finally:
+            staged.discard()
+    finally:
+        store.close()
+
+
+def test_a_rocksdb_rounds_reopen_never_writes_into_the_files_being_uploaded(
+    tmp_path: Path,
+) -> None:
+    """The worker opens a view of hard links with rocksdict's config copied: its open
+    (read-only, yet rocksdict rewrites its config) leaves every staged file as it was,
+    while the upload may be reading it (docs/kv.md, "Replicas")."""
+    assert _reopen_writes_into_the_stage(tmp_path, "rocks") == ([], False)
+
+
+def test_mutant_reopen_of_the_stage_itself_rewrites_a_file_being_uploaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the view (the worker opens the stage's own files) rocksdict rewrites its
+    config in the stage, a file the upload may be reading at that moment."""
+    monkeypatch.setattr(
+        rocksdb_store, "reopen_view", lambda data, view: view.symlink_to(data.resolve())
+    )
+    changed, _ = _reopen_writes_into_the_stage(tmp_path, "rocks")
+    assert changed == ["rocksdict-config.json"]
