@@ -31,9 +31,9 @@ from waymark.kv import (
 from waymark.kv import export as export_module
 from waymark.kv.artifact import ExportInfo, StagedExport, stage_export
 from waymark.kv.export import publish_staged
+from waymark.kv.stores import rocksdb_store
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
-from waymark.kv.stores import rocksdb_store
 from waymark.kv.stores.rocksdb_store import RocksDbStore
 from waymark.kv.transport import ObjectStoreTransport, PublishOutcome, UploadedPayload
 from waymark.objstore import open_store as open_objstore
