@@ -914,3 +914,31 @@ def test_mutant_reopen_of_the_stage_itself_rewrites_a_file_being_uploaded(
     )
     changed, _ = _reopen_writes_into_the_stage(tmp_path, "rocks")
     assert changed == ["rocksdict-config.json"]
+
+
+@pytest.mark.parametrize("store_url", ["file"], indirect=True)
+def test_a_round_failing_before_its_verification_still_collects_the_reopen(
+    transport: ObjectStoreTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round that fails before its verification begins (here in describe) waits for
+    the reopen it asked for and removes its view: the worker opens nothing once the
+    stage is gone (an open of a missing path would make its directories again)."""
+
+    def failing(self: StagedExport) -> Any:
+        raise OSError("describe failed (fault injector)")
+
+    monkeypatch.setattr(StagedExport, "describe", failing)
+    store = RocksDbStore(tmp_path / "rocks")
+    try:
+        fill(store, 100)
+        staged = stage_export(store, tmp_path / "r", link=True)
+        try:
+            with pytest.raises(OSError, match="fault injector"):
+                publish_staged(transport, KEY, staged)
+            assert staged.reopening is None and store.reopen_worker.asked == 1
+            assert not (staged.stage / rocksdb_store.REOPEN_VIEW).exists()
+        finally:
+            staged.discard()
+        assert not transport.read_pointer(KEY).state.present
+    finally:
+        store.close()

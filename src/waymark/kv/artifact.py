@@ -25,6 +25,7 @@ This module is the manifest and the export, which every fold store uses for its
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -472,6 +473,16 @@ class StagedExport:
         if self.reopener is not None and self.reopening is None:
             self.reopening = self.reopener(self.data)
 
+    def abandon_reopen(self) -> None:
+        """Wait for a reopen under way that no verification will collect (the round
+        failed before its verification began), its outcome ignored: the worker then
+        opens nothing after the stage is removed (an open of a missing path makes
+        its directories)."""
+        if self.reopening is not None:
+            reopening, self.reopening = self.reopening, None
+            with contextlib.suppress(SnapshotError):
+                reopening()
+
     def _recheck_reused(self, memo: DigestMemo) -> None:
         """Hash again the files whose digest ``describe`` took from the memo; one that no
         longer has it fails the verification (and leaves the memo)."""
@@ -562,6 +573,7 @@ class StagedExport:
         _fsync(dest.parent)
 
     def discard(self) -> None:
+        self.abandon_reopen()
         shutil.rmtree(self.stage, ignore_errors=True)
 
 

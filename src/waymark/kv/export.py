@@ -177,6 +177,8 @@ def publish_staged(
         start_verify()  # a store that took the payload without draining the stream
         verify_gate(verifying[0])  # the only wait before the swap
     finally:
+        if not verifying:  # the round failed before its verification began
+            staged.abandon_reopen()
         pool.shutdown(wait=False)
     return manifest, transport.swap_pointer(uploaded, observed)
 
