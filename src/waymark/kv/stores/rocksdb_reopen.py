@@ -91,10 +91,6 @@ def reopen_view(data: Path, view: Path) -> None:
         shutil.copyfile(p, view / p.name)
 
 
-class ReopenFailed(Exception):
-    """The worker could not answer: it died, or missed the deadline (it is killed)."""
-
-
 class ReopenWorker:
     """The exporter's side of the worker: started once (and again after a failure),
     closed with the store. One answer is awaited at a time; an answer to an earlier
@@ -126,7 +122,8 @@ class ReopenWorker:
         return self._proc
 
     def submit(self, data_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-        """Ask for the cursor of the copy at ``data_dir``; a ticket for :meth:`result`."""
+        """Ask for the cursor of the copy at ``data_dir``; a ticket for :meth:`result`.
+        ChildProcessError where the worker is gone."""
         with self._lock:
             proc = self._ensure()
             self._next += 1
@@ -136,17 +133,20 @@ class ReopenWorker:
                 proc.stdin.flush()
             except OSError as e:
                 self._stop()
-                raise ReopenFailed(f"the RocksDB reopen worker is gone: {e}") from e
+                raise ChildProcessError(f"the RocksDB reopen worker is gone: {e}") from e
             return proc, self._next
 
     def result(self, ticket: tuple[subprocess.Popen[bytes], int]) -> bytes:
         """The raw cursor the worker recovered; OSError with its message where the copy
-        could not be opened; ReopenFailed where the worker died or missed the deadline."""
+        could not be opened; ChildProcessError where the worker died, TimeoutError where
+        it missed the deadline (it is killed then)."""
         proc, wanted = ticket
         deadline = time.monotonic() + self.deadline_s
         with self._lock:
             if proc is not self._proc:
-                raise ReopenFailed("the RocksDB reopen worker was restarted before it answered")
+                raise ChildProcessError(
+                    "the RocksDB reopen worker was restarted before it answered"
+                )
             assert proc.stdout is not None
             fd = proc.stdout.fileno()
             while True:
@@ -162,14 +162,14 @@ class ReopenWorker:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([fd], [], [], left)[0]:
                     self._stop()
-                    raise ReopenFailed(
+                    raise TimeoutError(
                         f"the RocksDB reopen worker did not answer within {self.deadline_s} s"
                     )
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     code = proc.wait()
                     self._stop()
-                    raise ReopenFailed(f"the RocksDB reopen worker died (exit status {code})")
+                    raise ChildProcessError(f"the RocksDB reopen worker died (exit status {code})")
                 self._buf += chunk
 
     @property

@@ -22,7 +22,6 @@ from waymark.kv.stores.rocksdb_reopen import (
     WRITE_BUFFER_BYTES as WRITE_BUFFER_BYTES,  # the fold store's, named here too
 )
 from waymark.kv.stores.rocksdb_reopen import (
-    ReopenFailed,
     ReopenWorker,
     recover_raw_cursor,
     reopen_view,
@@ -220,14 +219,14 @@ class RocksDbStore:
         worker = self.reopen_worker
         try:
             ticket = worker.submit(view)
-        except ReopenFailed as e:
+        except ChildProcessError as e:
             shutil.rmtree(view, ignore_errors=True)
             raise SnapshotError(f"export of rocksdb fold failed verification: {e}") from e
 
         def recovered() -> WatchCursor:
             try:
                 return WatchCursor(worker.result(ticket))
-            except ReopenFailed as e:
+            except (ChildProcessError, TimeoutError) as e:  # died, or killed at the deadline
                 raise SnapshotError(f"export of rocksdb fold failed verification: {e}") from e
             except OSError as e:
                 raise SnapshotIoError(str(e)) from e
