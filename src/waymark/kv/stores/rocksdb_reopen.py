@@ -5,7 +5,7 @@ included), so in the exporter's process it cannot overlap the upload's hashing
 and tar stream. A round sends its stage's path to this worker instead, which opens
 the copy read-only and answers the cursor it recovers; the exporter's GIL stays free.
 
-This file is also the worker's program: run as ``python -I rocksdb_reopen.py`` it
+This file is also the worker's program: run as ``python -P rocksdb_reopen.py`` it
 imports rocksdict and the standard library only (not the waymark package, whose
 imports take ~1 s). Requests and answers are lines on its stdin and stdout:
 ``ID<TAB>PATH`` and ``ID<TAB>ok<TAB>CURSOR_HEX`` or ``ID<TAB>err<TAB>MESSAGE``. It
@@ -117,7 +117,12 @@ class ReopenWorker:
         if self._proc is None or self._proc.poll() is not None:
             self._stop()
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                # -P: this file's directory (the stores' modules) is not put on
+                # sys.path; the rest of the exporter's environment (PYTHONPATH, the
+                # user's site) is kept, so rocksdict imports as it did here.
+                [sys.executable, "-P", __file__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
             )
         return self._proc
 
