@@ -187,3 +187,53 @@ async def until(done: Callable[[], bool], proc: subprocess.Popen[bytes], log: Pa
         assert proc.poll() is None, f"the fold exited: {log.read_text()[-2000:]}"
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         await asyncio.sleep(0.05)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie: it has exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_a_rocksdb_fold_verifies_its_rounds_in_a_worker_that_dies_with_it(
+    tmp_path: Path, bucket_name: str
+) -> None:
+    """``waymark fold --store rocksdb:... --export-to`` publishes, its rounds verified
+    by its reopen worker (a child process started before the first round); a
+    SIGKILLed fold leaves no worker running: it exits when its stdin closes
+    (docs/kv.md, "Replicas")."""
+    port = free_port()
+    path, log, objects = tmp_path / "fold", tmp_path / "fold.log", tmp_path / "objects"
+    with EmbeddedNats(tmp_path / "nats", port=port) as server:
+        async with Connection(NatsConnectionConfig(url=server.url, timeout=5.0)) as c:
+            kv = await c.store(bucket_name)
+            for i in range(50):
+                await kv.writer().put(f"k.{i}", b"v")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "waymark"), "fold", "--nats", server.url,
+                 "--bucket", bucket_name, "--store", f"rocksdb:{path}",
+                 "--export-to", objects.as_uri(), "--export-every-s", "0.2"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            await until(lambda: (objects / f"{bucket_name}.manifest.json").exists(), proc, log)
+            manifest = json.loads((objects / f"{bucket_name}.manifest.json").read_bytes())
+            assert manifest["backend"] == "rocksdb"
+            (worker,) = _children(proc.pid)
+            assert "rocksdb_reopen.py" in Path(f"/proc/{worker}/cmdline").read_text()
+        finally:
+            proc.kill()
+            proc.wait(10)
+        deadline = time.monotonic() + 30
+        while not _gone(worker):
+            assert time.monotonic() < deadline, "the reopen worker outlived its fold"
+            await asyncio.sleep(0.02)
