@@ -429,6 +429,24 @@ def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     assert transport.read_pointer(KEY).body == b"garbage"
 
 
+def test_a_pointer_restarted_after_corruption_is_never_swapped_to_a_pruned_payload(
+    transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Found by the model (a saved example): after a corrupt pointer the order starts
+    over, so a pointer published over it (rank 3) may rank below a payload a prune under
+    the earlier pointer (rank 10) removed; a stalled round of rank 5 passes the guard
+    against it and must still find its payload gone."""
+    slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
+    transport.upload(KEY, exported(tmp_path, "p10", 10))
+    transport.prune(KEY, grace_ms=3_600_000)  # stamps the retired payloads, deletes none
+    age_payloads(transport, clock, 0)
+    assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
+    transport.store.put(f"{KEY}.manifest.json", b"garbage")
+    assert transport.upload(KEY, exported(tmp_path, "p3", 3))[1] is PublishOutcome.Published
+    assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer
+    assert transport.read_pointer(KEY).state.rank == 3
+
+
 def test_a_recreated_buckets_generation_outranks_the_dead_ones_artifacts(
     transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
 ) -> None:

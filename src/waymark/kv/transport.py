@@ -336,7 +336,7 @@ class ObjectStoreTransport:
         """
         if not pointer_publish_allowed(observed.state, uploaded.manifest.order):
             return PublishOutcome.SupersededByNewer
-        if not self._still_fetchable(observed, uploaded):
+        if not self._still_fetchable(uploaded):
             return PublishOutcome.SupersededByNewer
         mode: PutMode
         if not self.atomic:
@@ -351,19 +351,19 @@ class ObjectStoreTransport:
             return None
         return PublishOutcome.Published
 
-    def _still_fetchable(self, observed: PointerObservation, uploaded: UploadedPayload) -> bool:
+    def _still_fetchable(self, uploaded: UploadedPayload) -> bool:
         """Whether the candidate's payload can still be named by the pointer
-        (docs/semantics/kv.md §11.2 step 3).
+        (docs/semantics/kv.md §11.2 step 3): it is looked up before every swap.
 
-        Under a parseable pointer the guards guarantee it: a payload is pruned
-        only below the pointer, and such a candidate is refused. An absent or
-        corrupt pointer orders nothing, and a prune under an earlier, newer
-        pointer may have deleted the candidate's payload, so it is looked up.
-        Pruning stops while the pointer is unparseable and any new pointer fails
-        the compare-and-swap, so the answer cannot go stale before the swap.
+        Under a pointer that never left the order, the guards would guarantee it: a
+        payload is pruned only below the pointer, and such a candidate is refused. But a
+        corrupt pointer orders nothing and the order starts over after it: a pointer
+        published over it may rank below payloads a prune under the earlier, newer
+        pointer removed, and a stalled round's candidate then passes the guard although
+        its payload is gone (found by tests/kv/test_model_pointer.py). A prune under the
+        current pointer deletes only below it, so the answer cannot go stale before the
+        swap.
         """
-        if observed.manifest is not None:
-            return True
         try:
             self.store.head(uploaded.payload_key)
         except ObjectNotFound:
