@@ -212,8 +212,7 @@ def main() -> None:
             for backend in args.backends.split(","):
                 console.print(f"{backend}: filling {args.keys:,} keys …")
                 store = open_store(spec(backend, root / backend / "live"))
-                if (start_worker := getattr(store, "start_reopen_worker", None)) is not None:
-                    start_worker()  # as an exporting fold node does before its rounds
+                store.start_rounds()  # as an exporting fold node does before its rounds
                 fill(store, args.keys)
                 for n in range(args.rounds):
                     if n:  # what a periodic exporter finds: the fold moved since its last round
@@ -224,8 +223,7 @@ def main() -> None:
                     twin = None
                     if args.twin and n == 0:
                         twin = open_store(spec(backend, root / backend / "twin"))
-                        if (start_twin := getattr(twin, "start_reopen_worker", None)) is not None:
-                            start_twin()
+                        twin.start_rounds()
                         fill(twin, args.keys)
                     try:
                         pairs = args.pairs if n else 1

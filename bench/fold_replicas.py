@@ -304,8 +304,7 @@ async def run(
             for b in backends:
                 console.print(f"{b}: exporter folds the bucket, exports, publishes …")
                 store = exporters[b] = open_store(spec(b, root / b / "exporter"))
-                if (start_worker := getattr(store, "start_reopen_worker", None)) is not None:
-                    start_worker()  # as an exporting fold node does before its rounds
+                store.start_rounds()  # as an exporting fold node does before its rounds
                 await fold_until(kv, store, exported_at)
                 rows[b].round = export_round(transport, f"{b}.round", store, root / b)
                 art = root / b / "artifact"

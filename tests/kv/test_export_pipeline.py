@@ -824,7 +824,7 @@ def test_a_reopen_worker_killed_or_hung_mid_verify_fails_the_round_and_the_next_
     try:
         fill(store, 100)
         for fault in ("killed", "hung"):
-            store.start_reopen_worker()  # a new one after the kill
+            store.start_rounds()  # a new one after the kill
             pid = worker.pid
             assert pid is not None
             os.kill(pid, signal.SIGSTOP)  # it reads nothing until it is killed or resumed

@@ -340,8 +340,7 @@ async def _export_rounds(
         requests, lambda: ExportInfo(node, clock.now_ms(), bucket, prefixes, generation)
     )
     workdir = exports_dir(Path(spec.partition(":")[2]).absolute())
-    if (start_worker := getattr(fold_store, "start_reopen_worker", None)) is not None:
-        start_worker()  # RocksDB verifies its rounds in a worker: started before them
+    fold_store.start_rounds()  # RocksDB verifies its rounds in a worker: started before them
     if abandoned := await asyncio.to_thread(transport.store.clean_abandoned_temp):
         console.print(
             f"removed {len(abandoned)} upload(s) a killed writer left in {replicas.export_to} "

@@ -915,6 +915,9 @@ class AppendLogStore:
         except OSError as e:
             raise SnapshotIoError(f"compaction of {self.path}: rename not synced: {e}") from e
 
+    def start_rounds(self) -> None:
+        """Nothing to ready: a round verifies in the exporter's process."""
+
     def export_to(
         self, dest: str | os.PathLike[str], info: ExportInfo | None = None
     ) -> ExportManifest:

@@ -87,6 +87,9 @@ class LmdbStore:
                         delete(u.key.encode(), db=data)
             txn.put(CURSOR_KEY, cursor.raw, db=self._meta)
 
+    def start_rounds(self) -> None:
+        """Nothing to ready: a round verifies in the exporter's process."""
+
     def export_to(
         self, dest: str | os.PathLike[str], info: ExportInfo | None = None
     ) -> ExportManifest:

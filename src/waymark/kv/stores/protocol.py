@@ -58,6 +58,11 @@ class SnapshotStore(Protocol):
 
     def close(self) -> None: ...
 
+    def start_rounds(self) -> None:
+        """Ready what export rounds need before the first, so it does not wait for it
+        (RocksDB starts the worker its rounds verify in; the other stores need nothing)."""
+        ...
+
     def export_to(
         self, dest: str | os.PathLike[str], info: ExportInfo | None = None
     ) -> ExportManifest:

@@ -84,7 +84,7 @@ class RocksDbStore:
         # again, and hashes only the new ones before its upload (docs/kv.md, "Replicas").
         self.digest_memo = DigestMemo(lambda rel: rel.endswith(".sst"))
         # A round's verifying reopen runs in this worker, off the exporter's GIL; it is
-        # started by the first round (or ``start_reopen_worker``), stopped by ``close``.
+        # started by the first round (or ``start_rounds``), stopped by ``close``.
         self.reopen_worker = ReopenWorker(self.reopen_deadline_s)
 
     @property
@@ -235,7 +235,7 @@ class RocksDbStore:
 
         return recovered
 
-    def start_reopen_worker(self) -> None:
+    def start_rounds(self) -> None:
         """Start the worker of the rounds' verifying reopens now, so that the first
         round does not wait for its start (an exporter calls it before its rounds)."""
         self.reopen_worker.start()
