@@ -190,3 +190,15 @@ def test_recovery_missed_passes_its_token_to_a_server_with_tokens(secured: Secur
     # with the token the server answers: the store is not there (a usage error, 2)
     answered = waymark(*args, WAYMARK_URL=secured.server.url, WAYMARK_TOKEN=secured.secret)
     assert answered.returncode == 2 and "no-such-receipts" in answered.stderr, answered.stderr
+
+
+def test_a_demo_whose_kill_could_never_land_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """200,000 events in batches of up to 250,000 (the default) is one batch: the driver
+    kill at 40% could never land mid-run. Refused at once, naming a setting that works,
+    instead of a 20 s run that fails with a pointer to a log already removed."""
+    result = waymark("demo", "--events", "200000", "--work-dir", str(tmp_path / "w"))
+    assert result.returncode == 2, result.stderr
+    assert "could not land mid-run" in result.stderr
+    assert "--max-per-trigger 40,000" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "w").exists()  # nothing started

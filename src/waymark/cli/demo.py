@@ -16,9 +16,11 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,12 +119,21 @@ def register(app: typer.Typer) -> None:
             console = Console(width=120)
         if master is not None and not master.startswith("spark://"):
             raise typer.BadParameter("--master is spark://HOST:PORT")
+        if kill_at and _kill_point(events, max_per_trigger, kill_at) >= events:
+            # Batches end at multiples of maxOffsetsPerTrigger at the most: none would end
+            # between the kill point and the last event, so the kill could never land.
+            raise typer.BadParameter(
+                f"with --max-per-trigger {max_per_trigger:,} no micro-batch of the "
+                f"{events:,} events ends past {kill_at:.0%} and before the last one, so the "
+                f"kill could not land mid-run: pass --max-per-trigger "
+                f"{max(1, events // 5):,} (or --kill-at 0)"
+            )
         settings = DemoOptions(events, users, producers, batch, max_per_trigger, kill_at,
                                store, seed, master)  # fmt: skip
-        with _work_dir(work_dir) as root:
+        with _work_dir(work_dir, console) as root:
             ok = Demo(settings, root, console).run()
-        if not ok:
-            raise typer.Exit(1)
+            if not ok:
+                raise typer.Exit(1)
 
 
 @dataclass(frozen=True)
@@ -138,14 +149,26 @@ class DemoOptions:
     master: str | None = None
 
 
+def _kill_point(events: int, max_per_trigger: int, kill_at: float) -> int:
+    """The first batch boundary at or past the kill fraction, if batches are full."""
+    return -(-math.ceil(kill_at * events) // max_per_trigger) * max_per_trigger
+
+
 @contextmanager
-def _work_dir(given: Path | None) -> Iterator[Path]:
+def _work_dir(given: Path | None, console: Console) -> Iterator[Path]:
+    """``given``, or a temporary directory removed once the demo passed: a failed run
+    keeps it, since the logs its failure points to are in it."""
     if given is not None:
         given.mkdir(parents=True, exist_ok=True)
         yield given
         return
-    with tempfile.TemporaryDirectory(prefix="waymark-demo-") as tmp:
-        yield Path(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix="waymark-demo-"))
+    try:
+        yield tmp
+    except BaseException:
+        console.print(f"kept {tmp} (server data, checkpoint, fold and logs) for a look")
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- the ground truth and the event stream ------------------------------------------------
@@ -270,8 +293,9 @@ class Demo:
                 finally:
                     self.job.kill()  # a no-op once it has exited; never leave a driver behind
             if not ok_job:
-                self.console.print(f"[red]the Spark job failed[/red]; its log: {self.job_log}")
-                self._tail_log()
+                if self.job.process.returncode:  # else _follow said what went wrong
+                    self.console.print(f"[red]the Spark job failed[/red]; its log: {self.job_log}")
+                    self._tail_log()
                 return False
             checks = self._verify(stream.truth)
         wall = time.perf_counter() - began
