@@ -34,6 +34,21 @@ def test_the_pipelines_page_draws_a_pipeline_run_and_its_relocation(
 ) -> None:  # fmt: skip
     edge_server = start_waymark()
     name, sink = fresh("clicks"), fresh("clicks-out")
+    # The source holds event EVENTS // 2 until the edge's server is killed, so a part
+    # always has events to write after the kill and moves (a source left to run could be
+    # done and acknowledged by the time the kill landed on a loaded machine: no move).
+    killed = tmp_path / "killed"
+    (tmp_path / "gated.py").write_text(f"""
+import time
+from pathlib import Path
+from waymark.pipeline import demo
+
+
+def produce(n):
+    while n >= {EVENTS // 2} and not Path({str(killed)!r}).exists():
+        time.sleep(0.01)
+    return demo.produce(n)
+""")
     spec = tmp_path / "clicks.toml"
     spec.write_text(f"""
 [pipeline]
@@ -47,7 +62,7 @@ candidates = ["{edge_server.url}", "{server.url}"]
 
 [[stage]]
 name = "produce"
-function = "waymark.pipeline.demo:produce"
+function = "gated:produce"
 events = {EVENTS}
 batch = 100
 output = "raw"
@@ -79,6 +94,7 @@ sink = {{ url = "{server.url}", topic = "{sink}" }}
                     pass
                 time.sleep(0.02)
         edge_server.stop(signal.SIGKILL)
+        killed.touch()
         expect(section.get_by_test_id("pipeline-graph")).to_be_visible(timeout=20_000)
         assert run.wait(90) == 0, log.read_text()[-3000:]
     finally:
