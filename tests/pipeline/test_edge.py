@@ -627,6 +627,35 @@ def test_a_stage_takes_no_input_while_an_output_holds_its_window(
     assert sorted(got) == list(range(50))
 
 
+def test_an_edges_capacity_holds_the_producer_back_in_items_not_packs(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Flow control": capacity counts items, as a user sets it in
+    # events; with packs of 500 a capacity of 1,500 holds the source at 1,500
+    # unacknowledged items (three packs), never 1,500 packs, and skips nothing
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, events=5000, batch=500, clock=clock,
+                   output=edge("src", "sink", 1500))  # fmt: skip
+    source.start()
+    assert [source.step() for _ in range(4)] == [500, 500, 500, 0]
+    assert source.held_back and len(source.outputs[0].unacked) == 1500
+    sink = Stage("sink", deliver, states=states, input=edge("src", "sink", 1500), clock=clock,
+                 batch=500, sink=Sink(fleet.sink.url, f"out-{run}", connect=connect))  # fmt: skip
+    sink.start()
+    most = 0
+    for _ in range(60):
+        source.step()
+        most = max(most, len(source.outputs[0].unacked))
+        sink.step()
+        if source.finished():
+            break
+    assert source.finished() and most <= 1500
+    with Client(fleet.sink.url) as client:
+        got = [r.data["event_id"] for r in client.diff(f"out-{run}", 0, limit=5000).records]
+    assert sorted(got) == list(range(5000))
+
+
 def test_records_a_server_restart_lost_on_an_edge_are_written_again(
     fleet: Fleet, tmp_path: Path
 ) -> None:
