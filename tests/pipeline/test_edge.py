@@ -149,6 +149,24 @@ def test_a_consumer_takes_whole_packs_and_drops_a_record_without_a_generation(
     assert consumer.cursor == Position(1, 3)
 
 
+def test_a_consumer_counts_the_items_of_the_stale_packs_it_drops(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # stale_dropped counts items, as a pack's meta gives them, not records: a producer
+    # that has not seen a move to the same server writes a pack of 5 stale items
+    # there, then follows and writes everything again (docs/semantics/pipeline.md §3.5)
+    zombie, consumer = edges(fleet, tmp_path, ManualClock(), fleet.urls[:1])
+    mover = RelocatableQueueEdge(zombie.name, fleet.urls[:1], zombie.writer.store,
+                                 consumer="c", identity=zombie.identity)  # fmt: skip
+    zombie.push(items(0, 4))
+    mover.open()
+    assert mover.relocate().generation == 2  # back onto the one server
+    zombie.push(items(4, 9))  # a pack of 5 under generation 1, then all 9 under 2
+    got = consumer.pop(100)
+    assert sorted(got.event_ids()) == sorted(f"p:{n}" for n in range(9))
+    assert consumer.stats.stale_dropped == 5
+
+
 def test_a_record_of_the_bound_generation_that_is_not_a_pack_is_refused(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -322,7 +322,7 @@ class RelocatableQueueEdge(EdgePlacement):
         """The items of whole packs of the bound generation, in order, each with its
         pack's position on the edge (its generation the one it was written under):
         about ``max_items`` of them, at least one pack. Records of older generations
-        are dropped and counted (docs/semantics/pipeline.md §3.5)."""
+        are dropped and their items counted (docs/semantics/pipeline.md §3.5)."""
         if self.locator is None:
             self.resume(None)
             if self.locator is None:
@@ -356,7 +356,7 @@ class RelocatableQueueEdge(EdgePlacement):
         for record in page.records:
             stamped = FenceEpoch(record.meta.generation)
             if self.stale(stamped):
-                self.stats.stale_dropped += 1
+                self.stats.stale_dropped += record.count()  # items, as the meta counts them
                 last = record.seq
                 continue
             if current.is_stale(stamped):

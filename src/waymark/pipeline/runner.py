@@ -615,7 +615,7 @@ class PipelineCollector(Collector):
             "rebinds": "Placements this stage bound to (its own and others').",
             "fenced": "Publishes this stage lost to a concurrent producer.",
             "replayed": "Items this stage wrote again after its output edge moved.",
-            "stale_dropped": "Records of an older generation this stage dropped.",
+            "stale_dropped": "Items of an older generation this stage dropped.",
             "disconnects": "Failed requests to an edge server.",
             "restarts": "Restarts of this stage from its checkpoint.",
             "dead_lettered": "Poison events this stage sent to the dead-letter topic.",

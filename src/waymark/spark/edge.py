@@ -25,7 +25,7 @@ from waymark.pipeline.errors import EdgeMalformed
 from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import STORE_BUDGET_S
 from waymark.pipeline.state import Position
-from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, EdgePack
+from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, EDGE_ITEMS, EdgePack
 
 from .options import (
     EDGE,
@@ -255,18 +255,20 @@ def after_failure(generation: int, published_generation: int, waited_s: float,
     return OnUnreachable.RETRY if waited_s < limit_s else OnUnreachable.FAIL
 
 
-def stamps(batch: pa.RecordBatch) -> pa.Array:
-    """Each row's generation from its ``meta`` (0 where it has none)."""
+def stamps(batch: pa.RecordBatch, key: str = GEN, missing: int = 0) -> pa.Array:
+    """Each row's generation from its ``meta`` (``missing`` where it has none); with
+    ``key`` another number the meta holds."""
     meta = batch.column(batch.schema.get_field_index("meta"))
-    found = pc.map_lookup(meta, pa.scalar(GEN, pa.string()), "first")
-    return pc.fill_null(pc.cast(found, pa.int64()), 0)
+    found = pc.map_lookup(meta, pa.scalar(key, pa.string()), "first")
+    return pc.fill_null(pc.cast(found, pa.int64()), missing)
 
 
 def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBatch, int]:
     """The rows of a page a read of ``generation`` up to seq ``hi`` accepts, and how
-    many it dropped as stale: rows of ``generation`` are kept, older ones are dropped
-    and counted (docs/semantics/pipeline.md §1.3), and newer ones — the edge moved
-    back to this server — are left to the read of their own placement."""
+    many items it dropped as stale: rows of ``generation`` are kept, older ones are
+    dropped and their items counted (docs/semantics/pipeline.md §1.3: a pack's meta
+    holds its count; one for a record without), and newer ones — the edge moved back
+    to this server — are left to the read of their own placement."""
     seqs = batch.column(batch.schema.get_field_index("seq"))
     inside = pc.less_equal(seqs, pa.scalar(hi, pa.int64()))
     stamp = stamps(batch)
@@ -274,7 +276,8 @@ def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBa
     if pc.all(keep).as_py():  # the usual page: every row of this generation, kept as is
         return batch, 0
     stale = pc.and_(inside, pc.less(stamp, pa.scalar(generation, pa.int64())))
-    return batch.filter(keep), int(pc.sum(pc.cast(stale, pa.int64())).as_py() or 0)
+    dropped = pc.sum(pc.filter(stamps(batch, EDGE_ITEMS, 1), stale)).as_py()
+    return batch.filter(keep), int(dropped or 0)
 
 
 _decode_packs = msgspec.json.Decoder(list[EdgePack]).decode
