@@ -639,7 +639,7 @@ class PipelineCollector(Collector):
         )  # fmt: skip
         lag = GaugeMetricFamily(
             "waymark_pipeline_edge_lag",
-            "Seqs on each edge's current placement past its consumer's checkpoint.",
+            "Items (events) on each edge's current placement past its consumer's checkpoint.",
             labels=["edge"],
         )  # fmt: skip
         for status in edge_statuses(runner.spec, runner.store.inner):
@@ -648,7 +648,7 @@ class PipelineCollector(Collector):
                                       status.locator.generation)  # fmt: skip
                 behind = edge_lag(runner.spec, runner.store.inner, status)
                 if behind is not None:
-                    lag.add_metric([status.edge], behind)
+                    lag.add_metric([status.edge], behind.items)
         yield generation
         yield lag
         yield runner.latency.family()

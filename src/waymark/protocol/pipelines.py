@@ -58,7 +58,12 @@ class PipelineEdge(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
     server: Name | None
     topic: Name | None
     consumer: Name  # the stage (or shard) reading it
-    lag: NonNegative | None  # seqs past the consumer's checkpoint; None: server silent
+    # Items (events) of the current generation past the consumer's checkpoint, as
+    # Kafka's consumer lag counts records; None: the server did not answer.
+    lag: NonNegative | None
+    # The same lag in edge records, the topic's log offsets: packs of items
+    # (docs/semantics/pipeline.md §3.1); None as above, or from an older runner.
+    lag_packs: NonNegative | None = None
 
 
 class PipelineStage(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
