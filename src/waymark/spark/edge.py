@@ -12,7 +12,7 @@ these into Spark; ``tests/spark/test_edge_plan.py`` drives them with hypothesis.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -189,13 +189,31 @@ def follow(start: EdgeOffset, published: QueueLocator | None) -> EdgeOffset:
     return start
 
 
-def advance(base: EdgeOffset, head: int | None, max_rows: int | None) -> EdgeOffset:
+PackAt = tuple[int, int, int]  # a record of an edge: its seq, generation and item count
+
+
+def advance(base: EdgeOffset, head: int | None, max_items: int | None = None,
+            packs: Sequence[PackAt] = ()) -> EdgeOffset:  # fmt: skip
     """The end of the next batch from ``base``: up to the placement's ``head`` (None
-    when its server does not answer: no new records), at most ``max_rows`` seqs."""
+    when its server does not answer: no new records). With ``max_items``
+    (``maxOffsetsPerTrigger``), whole packs holding at most that many items, at least
+    one pack, so every batch progresses: ``packs`` are the ``(seq, generation,
+    items)`` of the records after ``base`` in order, read up to ``head`` or one pack
+    past the limit. A record of another generation gives this batch no row (a stale
+    one is dropped, a newer one is its own placement's read) and counts none
+    (docs/spark.md, "A Spark stage of a pipeline")."""
     if base.generation == 0 or head is None or head <= base.seq:
         return base
-    take = head - base.seq if max_rows is None else min(head - base.seq, max_rows)
-    return replace(base, seq=base.seq + take)
+    end = head
+    if max_items is not None:
+        taken, last = 0, base.seq
+        for seq, generation, items in packs:
+            count = items if generation == base.generation else 0
+            if taken and taken + count > max_items:
+                end = min(head, last)
+                break
+            taken, last = taken + count, seq
+    return replace(base, seq=end)
 
 
 @dataclass(frozen=True, slots=True)
