@@ -9,6 +9,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -370,6 +371,10 @@ def test_the_runner_exports_pipeline_metrics(fleet: Fleet, tmp_path: Path) -> No
 
 
 def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
+    # The demo's source waits at the kill point until the kill landed, so the kill
+    # always finds events to write on raw and moves it however loaded the machine is;
+    # once half the events were made, everything could be written and acknowledged
+    # before the kill, and nothing moved (docs/pipeline.md, "The demo").
     waymark = str(Path(sys.executable).parent / "waymark")
     done = subprocess.run([waymark, "demo", "relocate", "--events", "3000", "--json"],
                           capture_output=True, text=True, timeout=240)  # fmt: skip
@@ -379,6 +384,35 @@ def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
     assert summary["killed"] and summary["relocations"] >= 1
     assert summary["generations"]["raw"] >= 2 and summary["time_to_recover_s"] > 0
     assert {"replayed", "wall_s"} <= summary.keys()
+
+
+def test_the_relocate_demo_fails_a_run_the_kill_did_not_move() -> None:
+    # docs/pipeline.md, "The demo": exit 0 needs the kill, a move of raw, and exactly once
+    from waymark.cli.relocate import passed
+
+    good = {"killed": True, "relocations": 1, "generations": {"raw": 2, "enriched": 1},
+            "lost": 0, "duplicated": 0}  # fmt: skip
+    assert passed(good)
+    unmoved = {"relocations": 0, "generations": {"raw": 1, "enriched": 1}}
+    for bad in ({"killed": False}, unmoved, {"generations": {"raw": 1, "enriched": 2}},
+                {"lost": 3}, {"duplicated": 1}):  # fmt: skip
+        assert not passed({**good, **bad}), bad
+
+
+def test_the_demo_source_holds_its_events_from_the_kill_point_until_released() -> None:
+    from waymark.pipeline.demo import HeldSource, produce
+
+    source = HeldSource()
+    source.hold(2)
+    assert source(1) == produce(1) and not source.reached.is_set()
+    later = threading.Thread(target=source, args=(2,))
+    later.start()
+    assert source.reached.wait(10)
+    later.join(0.05)
+    assert later.is_alive()  # held
+    source.release()
+    later.join(10)
+    assert not later.is_alive()
 
 
 def fan_out(event: dict[str, int]) -> list[dict[str, int]]:
