@@ -378,12 +378,13 @@ def test_a_runners_injected_clock_is_the_one_its_stages_run_on(
 def test_a_rerun_runs_every_shard_its_producers_have_new_events_for(
     tmp_path: Path, start_waymark: Callable[..., ServerProcess]
 ) -> None:
-    # A shard whose stored report says done is not run again (docs/semantics/pipeline.md
-    # §11.3). A rerun with a fresh handoff store is a new run (§8.1): its reports start
-    # empty, so every shard runs and delivers every event again under new ids. A rerun
-    # on the same store resumes: a shard done then may have nothing left, but a source
-    # given more events has events for it, and a shard skipped on its old report left
-    # the source waiting for acknowledgements that never came.
+    # A shard whose stored report says done is not run again, unless its producers
+    # have more (docs/semantics/pipeline.md §11.3). A rerun with a fresh handoff store
+    # is a new run (docs/semantics/pipeline.md §8.1): its reports start empty, so every
+    # shard runs and delivers every event again under new ids. A rerun on the same
+    # store resumes: a shard done then may have nothing left, but a source given more
+    # events has events for it, and a shard skipped on its old report left the source
+    # waiting for acknowledgements that never came.
     edge, sink = start_waymark(), start_waymark()
     spec = tmp_path / "pipeline.toml"
 
