@@ -320,6 +320,30 @@ def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
         assert client.get_topic(sink.input.topic).count <= 10  # type: ignore[union-attr]
 
 
+def test_acknowledged_packs_are_deleted_a_tenth_of_the_capacity_in_items_at_a_time(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Capacity counts items: with packs of 100 and a capacity of 1,000 the consumer
+    # deletes what it acknowledged every 100 items, one pack, not every 100 packs
+    # (10,000 items) (docs/semantics/pipeline.md §3.6).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("ten", "sink", 1000),
+                   events=2000, batch=100, clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge("ten", "sink", 1000), clock=clock,
+                 batch=100, sink=Sink(fleet.sink.url, f"ten-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(100):
+        if source.finished():
+            break
+        source.step()
+        sink.step()
+    assert source.finished()
+    with Client(fleet.urls[0]) as client:
+        assert client.get_topic(sink.input.topic).count <= 2  # type: ignore[union-attr]
+
+
 def test_retries_are_bounded_and_backed_off_on_the_injected_clock(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -276,13 +276,15 @@ class RelocatableQueueEdge(EdgePlacement):
 
     def release(self, acked: Position) -> None:
         """Delete what the consumer's checkpoint acknowledged from the bound topic, a
-        tenth of the capacity at a time, so a bounded edge never fills up with records
-        already read (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for
-        the next checkpoint."""
+        tenth of the capacity (items, at the size of the packs read last) at a time, so
+        a bounded edge never fills up with records already read
+        (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for the next
+        checkpoint."""
         locator = self.locator
         if locator is None or acked.generation != locator.generation:
             return
-        if acked.seq - self._released < max(1, min(self.capacity // 10, 10_000)):
+        moved = (acked.seq - self._released) * self._per_pack
+        if moved < max(1, min(self.capacity // 10, 10_000)):
             return
         try:
             self.connect(locator.server).delete(locator.topic, before_seq=acked.seq + 1)
