@@ -72,6 +72,21 @@ def test_diff_as_decodes_a_page_into_a_caller_type_leniently(client: Client, top
         client.diff_as(topic, 2, EdgePage)
 
 
+def test_an_edge_records_item_count_is_its_meta_s_else_its_packs(
+    client: Client, topic: str
+) -> None:
+    # What counts items on an edge (lag, stale drops, maxOffsetsPerTrigger) reads a
+    # pack's wm.n; a pack written before the key existed is counted from its data, a
+    # record that is not a pack as one (docs/semantics/pipeline.md §3.1).
+    pack = {"events": ["a", "b", "c"], "born_ms": [1, 2, 3], "items": [1, 2, 3]}
+    client.append(topic, [
+        RecordIn.of(pack, meta={"wm.gen": "1", "wm.n": "3"}),
+        RecordIn.of(pack, meta={"wm.gen": "1"}),
+        RecordIn.of({"n": 1}),
+    ])  # fmt: skip
+    assert [r.count() for r in client.diff_as(topic, 0, EdgePage).records] == [3, 3, 1]
+
+
 def test_refusals_raise_api_error_with_the_spec_code(client: Client, topic: str) -> None:
     with pytest.raises(ApiError) as caught:
         client.append(topic, [RecordIn.of(1, tag="t" * 300)])

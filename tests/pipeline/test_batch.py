@@ -26,7 +26,7 @@ from waymark.client import RecordIn
 from waymark.pipeline import InFlight, Position
 from waymark.pipeline.batch import GEN, ITEM_OVERHEAD, PACK, RECORD_OVERHEAD
 from waymark.pipeline.window import Window
-from waymark.protocol import EdgePack
+from waymark.protocol import EDGE_ITEMS, EdgePack
 
 
 @dataclass
@@ -98,10 +98,11 @@ def edge_packs(body: bytes) -> list[tuple[RecordIn, EdgePack]]:
 def expected_packs(
     model: list[Rec], start: int, generation: int, end: int | None = None
 ) -> list[tuple]:
-    """Each pack from item ``start`` (to ``end``) as its record id, meta and items."""
+    """Each pack from item ``start`` (to ``end``) as its record id, meta (its generation
+    and item count) and items."""
     return [
         (f"{model[lo].event}+{hi - lo}.{pack_crc(model[lo:hi]):08x}@{generation}",
-         {GEN: str(generation)},
+         {GEN: str(generation), EDGE_ITEMS: str(hi - lo)},
          [(m.event, m.born, m.data) for m in model[lo:hi]])
         for lo, hi in pack_spans(model, start)
         if end is None or lo < end

@@ -9,6 +9,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -147,6 +148,24 @@ def test_a_consumer_takes_whole_packs_and_drops_a_record_without_a_generation(
     assert consumer.stats.stale_dropped == 1
     assert [got.position(i) for i in (0, 1)] == [Position(1, 3)] * 2
     assert consumer.cursor == Position(1, 3)
+
+
+def test_a_consumer_counts_the_items_of_the_stale_packs_it_drops(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # stale_dropped counts items, as a pack's meta gives them, not records: a producer
+    # that has not seen a move to the same server writes a pack of 5 stale items
+    # there, then follows and writes everything again (docs/semantics/pipeline.md §3.5)
+    zombie, consumer = edges(fleet, tmp_path, ManualClock(), fleet.urls[:1])
+    mover = RelocatableQueueEdge(zombie.name, fleet.urls[:1], zombie.writer.store,
+                                 consumer="c", identity=zombie.identity)  # fmt: skip
+    zombie.push(items(0, 4))
+    mover.open()
+    assert mover.relocate().generation == 2  # back onto the one server
+    zombie.push(items(4, 9))  # a pack of 5 under generation 1, then all 9 under 2
+    got = consumer.pop(100)
+    assert sorted(got.event_ids()) == sorted(f"p:{n}" for n in range(9))
+    assert consumer.stats.stale_dropped == 5
 
 
 def test_a_record_of_the_bound_generation_that_is_not_a_pack_is_refused(
@@ -301,6 +320,30 @@ def test_a_bounded_edge_does_not_fill_up_with_acknowledged_records(
         assert client.get_topic(sink.input.topic).count <= 10  # type: ignore[union-attr]
 
 
+def test_acknowledged_packs_are_deleted_a_tenth_of_the_capacity_in_items_at_a_time(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Capacity counts items: with packs of 100 and a capacity of 1,000 the consumer
+    # deletes what it acknowledged every 100 items, one pack, not every 100 packs
+    # (10,000 items) (docs/semantics/pipeline.md §3.6).
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, output=edge("ten", "sink", 1000),
+                   events=2000, batch=100, clock=clock)  # fmt: skip
+    sink = Stage("sink", deliver, states=states, input=edge("ten", "sink", 1000), clock=clock,
+                 batch=100, sink=Sink(fleet.sink.url, f"ten-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(100):
+        if source.finished():
+            break
+        source.step()
+        sink.step()
+    assert source.finished()
+    with Client(fleet.urls[0]) as client:
+        assert client.get_topic(sink.input.topic).count <= 2  # type: ignore[union-attr]
+
+
 def test_retries_are_bounded_and_backed_off_on_the_injected_clock(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -352,6 +395,10 @@ def test_the_runner_exports_pipeline_metrics(fleet: Fleet, tmp_path: Path) -> No
 
 
 def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
+    # The demo's source waits at the kill point until the kill landed, so the kill
+    # always finds events to write on raw and moves it however loaded the machine is;
+    # once half the events were made, everything could be written and acknowledged
+    # before the kill, and nothing moved (docs/pipeline.md, "The demo").
     waymark = str(Path(sys.executable).parent / "waymark")
     done = subprocess.run([waymark, "demo", "relocate", "--events", "3000", "--json"],
                           capture_output=True, text=True, timeout=240)  # fmt: skip
@@ -361,6 +408,35 @@ def test_the_relocate_demo_reports_exactly_once_as_json() -> None:
     assert summary["killed"] and summary["relocations"] >= 1
     assert summary["generations"]["raw"] >= 2 and summary["time_to_recover_s"] > 0
     assert {"replayed", "wall_s"} <= summary.keys()
+
+
+def test_the_relocate_demo_fails_a_run_the_kill_did_not_move() -> None:
+    # docs/pipeline.md, "The demo": exit 0 needs the kill, a move of raw, and exactly once
+    from waymark.cli.relocate import passed
+
+    good = {"killed": True, "relocations": 1, "generations": {"raw": 2, "enriched": 1},
+            "lost": 0, "duplicated": 0}  # fmt: skip
+    assert passed(good)
+    unmoved = {"relocations": 0, "generations": {"raw": 1, "enriched": 1}}
+    for bad in ({"killed": False}, unmoved, {"generations": {"raw": 1, "enriched": 2}},
+                {"lost": 3}, {"duplicated": 1}):  # fmt: skip
+        assert not passed({**good, **bad}), bad
+
+
+def test_the_demo_source_holds_its_events_from_the_kill_point_until_released() -> None:
+    from waymark.pipeline.demo import HeldSource, produce
+
+    source = HeldSource()
+    source.hold(2)
+    assert source(1) == produce(1) and not source.reached.is_set()
+    later = threading.Thread(target=source, args=(2,))
+    later.start()
+    assert source.reached.wait(10)
+    later.join(0.05)
+    assert later.is_alive()  # held
+    source.release()
+    later.join(10)
+    assert not later.is_alive()
 
 
 def fan_out(event: dict[str, int]) -> list[dict[str, int]]:
@@ -625,6 +701,35 @@ def test_a_stage_takes_no_input_while_an_output_holds_its_window(
     with Client(fleet.sink.url) as client:
         got = [r.data["event_id"] for r in client.diff(f"out-{run}", 0, limit=100).records]
     assert sorted(got) == list(range(50))
+
+
+def test_an_edges_capacity_holds_the_producer_back_in_items_not_packs(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Flow control": capacity counts items, as a user sets it in
+    # events; with packs of 500 a capacity of 1,500 holds the source at 1,500
+    # unacknowledged items (three packs), never 1,500 packs, and skips nothing
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    source = Stage("produce", produce, states=states, events=5000, batch=500, clock=clock,
+                   output=edge("src", "sink", 1500))  # fmt: skip
+    source.start()
+    assert [source.step() for _ in range(4)] == [500, 500, 500, 0]
+    assert source.held_back and len(source.outputs[0].unacked) == 1500
+    sink = Stage("sink", deliver, states=states, input=edge("src", "sink", 1500), clock=clock,
+                 batch=500, sink=Sink(fleet.sink.url, f"out-{run}", connect=connect))  # fmt: skip
+    sink.start()
+    most = 0
+    for _ in range(60):
+        source.step()
+        most = max(most, len(source.outputs[0].unacked))
+        sink.step()
+        if source.finished():
+            break
+    assert source.finished() and most <= 1500
+    with Client(fleet.sink.url) as client:
+        got = [r.data["event_id"] for r in client.diff(f"out-{run}", 0, limit=5000).records]
+    assert sorted(got) == list(range(5000))
 
 
 def test_records_a_server_restart_lost_on_an_edge_are_written_again(

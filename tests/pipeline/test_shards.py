@@ -373,3 +373,32 @@ def test_a_runners_injected_clock_is_the_one_its_stages_run_on(
     store = open_store((tmp_path / "handoff").as_uri())
     report = load_report(store, "deliver.0")
     assert report is not None and report.updated_ms >= ahead - 60_000, report
+
+
+def test_a_rerun_runs_every_shard_its_producers_have_new_events_for(
+    tmp_path: Path, start_waymark: Callable[..., ServerProcess]
+) -> None:
+    # A shard whose stored report says done is not run again, unless its producers
+    # have more (docs/semantics/pipeline.md §11.3). A rerun with a fresh handoff store
+    # is a new run (docs/semantics/pipeline.md §8.1): its reports start empty, so every
+    # shard runs and delivers every event again under new ids. A rerun on the same
+    # store resumes: a shard done then may have nothing left, but a source given more
+    # events has events for it, and a shard skipped on its old report left the source
+    # waiting for acknowledgements that never came.
+    edge, sink = start_waymark(), start_waymark()
+    spec = tmp_path / "pipeline.toml"
+
+    def run(handoff: str, events: int, topic: str) -> None:
+        text = spec_text(tmp_path / handoff, edge.url, sink.url, instances=2, events=events)
+        spec.write_text(text.replace('topic = "out"', f'topic = "{topic}"'))
+        done = subprocess.run([WAYMARK, "pipeline", "run", str(spec), "--timeout-s", "30"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run("handoff-1", 300, "first")
+    run("handoff-2", 300, "second")  # the same spec as a new run: every event again
+    assert sink_events(sink.url, "first") == sink_events(sink.url, "second")
+    assert sorted(sink_events(sink.url, "second")) == list(range(300))
+    run("handoff-2", 600, "second")  # resumed with 300 events more: each once
+    seen = sink_events(sink.url, "second")
+    assert sorted(seen) == list(range(600)) and max(seen.values()) == 1

@@ -76,3 +76,39 @@ def test_the_edge_source_waits_out_a_handoff_store_outage(
     faults.down = True
     with pytest.raises(ObjectStoreError, match="injected outage"):
         impatient.initialOffset()
+
+
+def test_max_offsets_per_trigger_on_an_edge_counts_items_cut_at_whole_packs(
+    server: Any, tmp_path: Path
+) -> None:
+    """On an edge an offset is a pack of up to 1,000 items: ``maxOffsetsPerTrigger``
+    caps a micro-batch's items (rows), as Kafka's caps records, cutting at whole packs
+    and never below one pack, so every batch progresses (docs/spark.md, "A Spark stage
+    of a pipeline"). Counted per pack seq it would let 1,500 packs, 1,500,000 rows, in."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from waymark.spark.datasource import WaymarkDataSource
+    from waymark.spark.edge import parse_offsets
+
+    handoff = tmp_path.as_uri()
+    producer = RelocatableQueueEdge("e", [server.url], open_store(handoff), consumer="s")
+    for lo in range(0, 3000, 1000):  # three packs of 1,000 items
+        producer.push(InFlight.of([f"e:{n}" for n in range(lo, lo + 1000)],
+                                  [b"%d" % n for n in range(lo, lo + 1000)]))  # fmt: skip
+    stage = WaymarkDataSource({"edge": "e", "handoff": handoff, "stage": "s"}).streamReader(
+        None  # type: ignore[arg-type]
+    )
+    start = stage.initialOffset()
+
+    def rows(limit: Any) -> int:
+        end = stage.latestOffset(start, limit)
+        return sum(batch.num_rows for part in stage.partitions(start, end)
+                   for batch in stage.read(part))  # fmt: skip
+
+    assert rows(ReadMaxRows(1500)) == 1000  # one whole pack: a second makes 2,000
+    assert rows(ReadMaxRows(2000)) == 2000
+    assert rows(ReadMaxRows(10)) == 1000  # never below one pack
+    assert rows(ReadAllAvailable()) == 3000
+    assert parse_offsets("e", stage.latestOffset(start, ReadMaxRows(1500))).seq == (
+        parse_offsets("e", start).seq + 1
+    )

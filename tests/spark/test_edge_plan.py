@@ -166,7 +166,10 @@ class EdgeStageMachine(RuleBasedStateMachine):
         start = self.log[-1].end if self.log else E.initial(published, self.ack)
         base = E.follow(start, published)
         alive = base.generation and self.world.alive[base.server]
-        end = E.advance(base, self.world.head(base.server) if alive else None, max_rows)
+        # the records after base as the driver reads them to cut at items: one item each
+        packs = [(r[0], r[1], 1) for r in self.world.topics[base.server] if r[0] > base.seq
+                 ] if alive else []  # fmt: skip
+        end = E.advance(base, self.world.head(base.server) if alive else None, max_rows, packs)
         if end != start:
             seen = published.generation if published is not None else 0
             self.log.append(Batch(start, end, seen, E.span(start, end)))

@@ -394,6 +394,27 @@ def test_edge_packs_become_one_row_per_item_like_a_row_by_row_build() -> None:
         unpack(to_rows("t.x", page.table.to_batches()[0], hi=3))
 
 
+def test_a_read_counts_the_items_of_the_stale_packs_it_drops() -> None:
+    """Stale drops are counted in items, from each pack's meta, as a pipeline
+    consumer counts them (docs/semantics/pipeline.md §7.5); a stale record without a
+    count is one."""
+    from waymark.log import pages
+    from waymark.pipeline import InFlight
+    from waymark.protocol.arrow import decode_page
+    from waymark.spark.edge import accept
+
+    items = InFlight.of([f"e{n}" for n in range(5)], [b"%d" % n for n in range(5)],
+                        born_ms=[1] * 5).packed(3)  # fmt: skip
+    engine = Engine(clock=ManualClock(1_790_000_000_123))
+    for body in (items.edge_packs(0, 3), items.edge_packs(0, 4)):  # 3 + 2 stale, 3 + 2 kept
+        engine.append("t.x", msgspec.json.decode(b"[" + body + b"]", type=list[RecordIn]))
+    engine.append("t.x", [RecordIn.of({"n": 1}, meta={"wm.gen": "2"})])
+    [batch] = decode_page(pages.render(engine.diff("t.x", 0, columns=True))).table.to_batches()
+    kept, dropped = accept(batch, 4, hi=5)
+    assert kept.column(kept.schema.get_field_index("seq")).to_pylist() == [3, 4]
+    assert dropped == 6
+
+
 # --- the sink's writer id and options ---------------------------------------------------
 
 

@@ -58,15 +58,17 @@ def _tables(spec: PipelineSpec, store: ObjectStore) -> tuple[Table, Table]:
     identity = load_identity(store)
     run = f" (run {identity.run})" if identity is not None else ""
     edges = Table(title=f"pipeline {spec.name}{run}: edges")
-    for column in ("edge", "generation", "server", "topic", "consumer", "lag"):
-        edges.add_column(column, justify="right" if column in ("generation", "lag") else "left")
+    # lag in items (events), and the packs (edge records) holding them
+    numbers = ("generation", "lag", "lag packs")
+    for column in ("edge", "generation", "server", "topic", "consumer", *numbers[1:]):
+        edges.add_column(column, justify="right" if column in numbers else "left")
     for status in edge_statuses(spec, store):
         loc = status.locator
         lag = edge_lag(spec, store, status) if loc else None
         edges.add_row(status.edge, str(loc.generation) if loc else "-",
                       loc.server if loc else "(not placed)", loc.topic if loc else "-",
-                      status.consumer,
-                      "-" if lag is None else f"{lag:,}")  # fmt: skip
+                      status.consumer, "-" if lag is None else f"{lag.items:,}",
+                      "-" if lag is None else f"{lag.packs:,}")  # fmt: skip
     leases = shard_holders(spec, store)
     stages = Table(title="stages")
     for column in ("stage", "processed", "relocations", "rebinds", "replayed", "stale dropped",

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from waymark.pipeline.state import Position
-from waymark.protocol import EDGE_GEN, Limits
+from waymark.protocol import EDGE_GEN, EDGE_ITEMS, Limits
 
 # One append carries at most the server's max records per write, and a body well
 # under its max body size: ids count twice (the record id and, on an edge, in the
@@ -426,7 +426,8 @@ class InFlight:
         """The packs of items ``start`` to ``end`` (default: the last) as RecordIn JSON
         objects joined by commas, for an append to the edge's topic under
         ``generation``: each pack's data holds its items' event ids, birth times and
-        values (:class:`~waymark.protocol.EdgePack`), its meta the generation, and its
+        values (:class:`~waymark.protocol.EdgePack`), its meta the generation and the item
+        count, and its
         record id is its first event id, its item count, the CRC-32 of its event ids
         and the generation: the same for a retried write of the pack in one generation,
         different in the next, and for a pack of other events that starts with the
@@ -439,15 +440,16 @@ class InFlight:
         events = _cut(part.events, part.ints[EVENT_END])
         data = _cut(part.data, part.ints[DATA_END])
         born = part.ints[BORN_MS].tolist()
+        # the meta: the generation and the item count (docs/semantics/pipeline.md §3.1)
         form = (b'{"data":{"events":[%%s],"born_ms":[%%s],"items":[%%s]},'
-                b'"meta":{"%s":"%d"},"id":%%s+%%d.%%08x@%d"}'
-                % (GEN.encode(), generation, generation))  # fmt: skip
+                b'"meta":{"%s":"%d","%s":"%%d"},"id":%%s+%%d.%%08x@%d"}'
+                % (GEN.encode(), generation, EDGE_ITEMS.encode(), generation))  # fmt: skip
         bounds = [f - start for f in firsts]
         packs = []
         for lo, hi in zip(bounds, [*bounds[1:], end - start], strict=True):
             ids = events[lo:hi]
             packs.append(form % (b",".join(ids), ",".join(map(str, born[lo:hi])).encode(),
-                                 b",".join(data[lo:hi]), ids[0][:-1], hi - lo,
+                                 b",".join(data[lo:hi]), hi - lo, ids[0][:-1], hi - lo,
                                  zlib.crc32(b"".join(ids))))  # fmt: skip
         return b",".join(packs)
 

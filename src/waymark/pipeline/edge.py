@@ -276,13 +276,15 @@ class RelocatableQueueEdge(EdgePlacement):
 
     def release(self, acked: Position) -> None:
         """Delete what the consumer's checkpoint acknowledged from the bound topic, a
-        tenth of the capacity at a time, so a bounded edge never fills up with records
-        already read (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for
-        the next checkpoint."""
+        tenth of the capacity (items, at the size of the packs read last) at a time, so
+        a bounded edge never fills up with records already read
+        (docs/semantics/pipeline.md §3.6). Best effort: a failure waits for the next
+        checkpoint."""
         locator = self.locator
         if locator is None or acked.generation != locator.generation:
             return
-        if acked.seq - self._released < max(1, min(self.capacity // 10, 10_000)):
+        moved = (acked.seq - self._released) * self._per_pack
+        if moved < max(1, min(self.capacity // 10, 10_000)):
             return
         try:
             self.connect(locator.server).delete(locator.topic, before_seq=acked.seq + 1)
@@ -322,7 +324,7 @@ class RelocatableQueueEdge(EdgePlacement):
         """The items of whole packs of the bound generation, in order, each with its
         pack's position on the edge (its generation the one it was written under):
         about ``max_items`` of them, at least one pack. Records of older generations
-        are dropped and counted (docs/semantics/pipeline.md §3.5)."""
+        are dropped and their items counted (docs/semantics/pipeline.md §3.5)."""
         if self.locator is None:
             self.resume(None)
             if self.locator is None:
@@ -356,7 +358,7 @@ class RelocatableQueueEdge(EdgePlacement):
         for record in page.records:
             stamped = FenceEpoch(record.meta.generation)
             if self.stale(stamped):
-                self.stats.stale_dropped += 1
+                self.stats.stale_dropped += record.count()  # items, as the meta counts them
                 last = record.seq
                 continue
             if current.is_stale(stamped):

@@ -66,7 +66,7 @@ class EdgeStats:
     rebinds: int = 0  # newer placements this side adopted (its own included)
     fenced: int = 0  # publishes lost to a concurrent producer
     replayed: int = 0  # items pushed again after a move
-    stale_dropped: int = 0  # records (packs) of older generations a consumer dropped
+    stale_dropped: int = 0  # items of the older generations' packs a consumer dropped
     disconnects: int = 0
     recover_s: list[float] = field(default_factory=list)  # disconnect -> next success
 

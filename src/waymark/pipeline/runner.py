@@ -234,12 +234,22 @@ class PipelineRunner:
         self.latency = LatencyHistogram()
 
     # --- the loop ---------------------------------------------------------------------
-    def _upstream_done(self, stage: Stage) -> bool:
-        edge = self.spec.stages[stage.name].input
+    def _upstream_done(self, stage: str) -> bool:
+        """Whether every producer of the stage's input edge is done: one this runner
+        runs by its run here, since its stored report may be an earlier run's on this
+        handoff store (a rerun that resumes, docs/semantics/pipeline.md §11.3); another
+        by its stored report."""
+        edge = self.spec.stages[stage].input
         if edge is None:
             return True
-        reports = [load_report(self.store, p) for p in self.spec.producer_keys(edge)]
-        return all(r is not None and r.done for r in reports)
+        for key in self.spec.producer_keys(edge):
+            local = self.runs.get(key)
+            if local is not None:
+                if not local.done.is_set():
+                    return False
+            elif not ((r := load_report(self.store, key)) is not None and r.done):
+                return False
+        return True
 
     def _fold(self, run: StageRun, stage: Stage) -> None:
         """Add a stage instance's counters to the run's totals (at a restart or the end)."""
@@ -358,8 +368,11 @@ class PipelineRunner:
             log.warning("stage %s: the shard is another instance's now; standing by", run.name)
             run.holding = False
             self._drop(run)
+        # Done by whichever instance ran it, unless its producers have more for it: a
+        # rerun on this store with more events finds the report of the earlier run
+        # (docs/semantics/pipeline.md §11.3).
         report = load_report(self.store, run.name)
-        if report is not None and report.done:
+        if report is not None and report.done and self._upstream_done(run.stage_name):
             return None
         self._stop.wait(0.1)
         return False
@@ -457,7 +470,8 @@ class PipelineRunner:
             try:
                 # after an idle step, which leaves no writes in the air
                 finished = idle and (stage.finished() if stage.input is None else (
-                    not any(out.unacked for out in stage.outputs) and self._upstream_done(stage)
+                    not any(out.unacked for out in stage.outputs)
+                    and self._upstream_done(stage.name)
                 ))  # fmt: skip
                 if finished or report_due:
                     self._fold(run, stage)
@@ -615,7 +629,7 @@ class PipelineCollector(Collector):
             "rebinds": "Placements this stage bound to (its own and others').",
             "fenced": "Publishes this stage lost to a concurrent producer.",
             "replayed": "Items this stage wrote again after its output edge moved.",
-            "stale_dropped": "Records of an older generation this stage dropped.",
+            "stale_dropped": "Items of an older generation this stage dropped.",
             "disconnects": "Failed requests to an edge server.",
             "restarts": "Restarts of this stage from its checkpoint.",
             "dead_lettered": "Poison events this stage sent to the dead-letter topic.",
@@ -639,7 +653,7 @@ class PipelineCollector(Collector):
         )  # fmt: skip
         lag = GaugeMetricFamily(
             "waymark_pipeline_edge_lag",
-            "Seqs on each edge's current placement past its consumer's checkpoint.",
+            "Items (events) on each edge's current placement past its consumer's checkpoint.",
             labels=["edge"],
         )  # fmt: skip
         for status in edge_statuses(runner.spec, runner.store.inner):
@@ -648,7 +662,7 @@ class PipelineCollector(Collector):
                                       status.locator.generation)  # fmt: skip
                 behind = edge_lag(runner.spec, runner.store.inner, status)
                 if behind is not None:
-                    lag.add_metric([status.edge], behind)
+                    lag.add_metric([status.edge], behind.items)
         yield generation
         yield lag
         yield runner.latency.family()

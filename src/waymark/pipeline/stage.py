@@ -48,6 +48,15 @@ def _held(out: Output) -> int:
     return max(len(part.unacked) for part in parts)
 
 
+def _full(out: Output, coming: int) -> bool:
+    """Whether ``coming`` more items would take a part of ``out`` past the edge's
+    ``capacity``, which counts items, as a user sets it in events (docs/pipeline.md,
+    "Flow control"). An empty part takes a step's items whatever their number, so a
+    stage always progresses."""
+    parts = out.parts if isinstance(out, ShardedEdge) else [out]
+    return any(len(p.unacked) and len(p.unacked) + coming > p.capacity for p in parts)
+
+
 class SinkUnavailable(PipelineError):
     """The sink server refused or did not answer within the retry budget."""
 
@@ -199,6 +208,7 @@ class Stage:
         # (docs/pipeline.md, "Flow control").
         self.max_in_flight = max_in_flight
         self.held_back = False  # the last step took nothing: an output's window is full
+        self._coming = batch  # the items the next step may add to each output: the last's
         self._durable: Position | None = None  # an input position whose save landed
         self._landed_ms: list[int] = []  # latencies of the sink write that landed
         self.stats = StageStats()
@@ -329,8 +339,10 @@ class Stage:
         next.
         The saved position never passes a record whose outputs are not yet held by an
         output edge or written to the sink (docs/semantics/pipeline.md §4.5)."""
-        self.held_back = self.max_in_flight is not None and any(
-            _held(out) >= self.max_in_flight for out in self.outputs
+        self.held_back = any(
+            (self.max_in_flight is not None and _held(out) >= self.max_in_flight)
+            or _full(out, self._coming)
+            for out in self.outputs
         )
         if self.held_back:
             records = InFlight.empty()  # an idle step: it settles and saves
@@ -352,6 +364,8 @@ class Stage:
                 out.enqueue(self._branch(records, i))
         save = self._checkpoint(now=taken == 0)
         self.stats.processed += taken
+        if taken:
+            self._coming = len(records)
 
         def task() -> None:
             for out in self.outputs:

@@ -16,6 +16,7 @@ from waymark.pipeline.shard import part_name, read_lease
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.state import StageStateStore
 from waymark.protocol.pipelines import (
+    EdgePage,
     PipelineEdge,
     PipelinePlacement,
     PipelineReport,
@@ -37,23 +38,48 @@ def edge_statuses(spec: PipelineSpec, store: ObjectStore) -> list[EdgeStatus]:
             for p in spec.all_parts()]  # fmt: skip
 
 
-def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> int | None:
-    """Records on the edge's current placement its consumer has not acknowledged: the
-    topic's head past the consumer's checkpointed input position (or past the
-    placement's start when that is of another generation); None when the edge is not
-    placed or its server does not answer within a second."""
+@dataclass(frozen=True)
+class EdgeLag:
+    """What an edge's consumer has not acknowledged on its current placement: ``items``
+    (events, as Kafka's consumer lag counts records) in the ``packs`` (edge records)
+    of this generation past its checkpoint (docs/pipeline.md, "Running it")."""
+
+    items: int
+    packs: int
+
+
+LAG_PAGE = 200  # packs a page of the lag's read: a few MB at most (256 KiB a pack)
+
+
+def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> EdgeLag | None:
+    """The lag of the edge's current placement past its consumer's checkpointed input
+    position (or past the placement's start when that is of another generation): the
+    packs there are read to count their items, as the meta of each gives them; None
+    when the edge is not placed or its server does not answer within a second."""
     loc = status.locator
     if loc is None:
         return None
     state = StageStateStore(store).load(status.consumer or spec.consumers[status.edge])
     acked = state.input if state is not None else None
     done = acked.seq if acked is not None and acked.generation == loc.generation else loc.start_seq
+    items = packs = 0
     try:
         with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
             head = client.get_topic(loc.topic, touch=False).head_seq
+            at = done
+            while at < head:
+                page = client.diff_as(loc.topic, at, EdgePage, limit=min(LAG_PAGE, head - at))
+                # a tombstone: gone records are not the consumer's to read any more
+                mine = [r for r in page.records if r.seq <= head
+                        and r.meta.generation == loc.generation]  # fmt: skip
+                items += sum(r.count() for r in mine)
+                packs += len(mine)
+                if page.next_from_seq <= at:
+                    break
+                at = page.next_from_seq
     except (TransportError, ApiError):
         return None
-    return max(0, head - done)
+    return EdgeLag(items, packs)
 
 
 def shard_holders(spec: PipelineSpec, store: ObjectStore) -> dict[str, PipelineShard | None]:
@@ -78,10 +104,12 @@ def pipeline_status(spec: PipelineSpec, store: ObjectStore, *,
     placements: list[PipelinePlacement] = []
     for s in edge_statuses(spec, store):
         loc = s.locator
+        lag = edge_lag(spec, store, s)
         edges[s.edge] = PipelineEdge(
             edge=s.logical, generation=loc.generation if loc else 0,
             server=loc.server if loc else None, topic=loc.topic if loc else None,
-            consumer=s.consumer, lag=edge_lag(spec, store, s),
+            consumer=s.consumer, lag=lag.items if lag else None,
+            lag_packs=lag.packs if lag else None,
         )  # fmt: skip
         if loc is not None:
             placements += [PipelinePlacement(s.edge, p.generation, p.server, p.placed_ms)

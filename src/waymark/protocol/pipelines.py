@@ -58,7 +58,12 @@ class PipelineEdge(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
     server: Name | None
     topic: Name | None
     consumer: Name  # the stage (or shard) reading it
-    lag: NonNegative | None  # seqs past the consumer's checkpoint; None: server silent
+    # Items (events) of the current generation past the consumer's checkpoint, as
+    # Kafka's consumer lag counts records; None: the server did not answer.
+    lag: NonNegative | None
+    # The same lag in edge records, the topic's log offsets: packs of items
+    # (docs/semantics/pipeline.md §3.1); None as above, or from an older runner.
+    lag_packs: NonNegative | None = None
 
 
 class PipelineStage(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -132,10 +137,11 @@ class PipelineList(Struct, frozen=True):
     pipelines: list[PipelineStatus]
 
 
-# The meta key of a pack's generation on a pipeline edge, and the meta keys of an
-# item as a Spark stage reading the edge gives it as a row
+# The meta keys of a pack's generation and item count on a pipeline edge, and the
+# meta keys of an item as a Spark stage reading the edge gives it as a row
 # (docs/semantics/pipeline.md §3.1, docs/semantics/pipeline.md §7.5).
 EDGE_GEN = "wm.gen"
+EDGE_ITEMS = "wm.n"
 EDGE_EVENT = "wm.event"
 EDGE_BORN = "wm.t0"
 
@@ -144,9 +150,12 @@ class EdgeMeta(Struct, frozen=True, gc=False):
     """A pack's meta on an edge, as its consumer takes it: the generation as an int
     (the meta holds its decimal text: :class:`EdgePage` is decoded leniently). A
     missing key reads as generation 0: such a record is stale
-    (docs/semantics/pipeline.md §1.3)."""
+    (docs/semantics/pipeline.md §1.3). ``items``: how many items the pack holds, so
+    that what is counted in items (lag, stale drops, a Spark stage's admission) needs
+    no look into its data; 0 when a pack written before the key existed has none."""
 
     generation: int = msgspec.field(default=0, name=EDGE_GEN)
+    items: int = msgspec.field(default=0, name=EDGE_ITEMS)
 
 
 class EdgePack(Struct, kw_only=True, gc=False):
@@ -165,6 +174,24 @@ class EdgeRecord(Struct, kw_only=True, gc=False):
     seq: int = msgspec.field(name="$seq")
     meta: EdgeMeta = EdgeMeta()
     data: msgspec.Raw
+
+    def count(self) -> int:
+        """The items of the pack: its meta's count, else its data's (a pack written
+        before the count was in its meta); 1 for a record that is not a pack, as it
+        is taken for one record (docs/semantics/pipeline.md §3.1)."""
+        if self.meta.items:
+            return self.meta.items
+        try:
+            return len(_pack_events(self.data).events) or 1
+        except msgspec.DecodeError:
+            return 1
+
+
+class _PackEvents(Struct, gc=False):
+    events: list[msgspec.Raw]
+
+
+_pack_events = msgspec.json.Decoder(_PackEvents).decode
 
 
 class EdgePage(Struct, kw_only=True, gc=False):

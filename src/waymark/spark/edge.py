@@ -12,7 +12,7 @@ these into Spark; ``tests/spark/test_edge_plan.py`` drives them with hypothesis.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -25,7 +25,7 @@ from waymark.pipeline.errors import EdgeMalformed
 from waymark.pipeline.locator import HandoffRolledBack, QueueLocator
 from waymark.pipeline.patience import STORE_BUDGET_S
 from waymark.pipeline.state import Position
-from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, EdgePack
+from waymark.protocol import EDGE_BORN, EDGE_EVENT, EDGE_GEN, EDGE_ITEMS, EdgePack
 
 from .options import (
     EDGE,
@@ -189,13 +189,31 @@ def follow(start: EdgeOffset, published: QueueLocator | None) -> EdgeOffset:
     return start
 
 
-def advance(base: EdgeOffset, head: int | None, max_rows: int | None) -> EdgeOffset:
+PackAt = tuple[int, int, int]  # a record of an edge: its seq, generation and item count
+
+
+def advance(base: EdgeOffset, head: int | None, max_items: int | None = None,
+            packs: Sequence[PackAt] = ()) -> EdgeOffset:  # fmt: skip
     """The end of the next batch from ``base``: up to the placement's ``head`` (None
-    when its server does not answer: no new records), at most ``max_rows`` seqs."""
+    when its server does not answer: no new records). With ``max_items``
+    (``maxOffsetsPerTrigger``), whole packs holding at most that many items, at least
+    one pack, so every batch progresses: ``packs`` are the ``(seq, generation,
+    items)`` of the records after ``base`` in order, read up to ``head`` or one pack
+    past the limit. A record of another generation gives this batch no row (a stale
+    one is dropped, a newer one is its own placement's read) and counts none
+    (docs/spark.md, "A Spark stage of a pipeline")."""
     if base.generation == 0 or head is None or head <= base.seq:
         return base
-    take = head - base.seq if max_rows is None else min(head - base.seq, max_rows)
-    return replace(base, seq=base.seq + take)
+    end = head
+    if max_items is not None:
+        taken, last = 0, base.seq
+        for seq, generation, items in packs:
+            count = items if generation == base.generation else 0
+            if taken and taken + count > max_items:
+                end = min(head, last)
+                break
+            taken, last = taken + count, seq
+    return replace(base, seq=end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,18 +273,20 @@ def after_failure(generation: int, published_generation: int, waited_s: float,
     return OnUnreachable.RETRY if waited_s < limit_s else OnUnreachable.FAIL
 
 
-def stamps(batch: pa.RecordBatch) -> pa.Array:
-    """Each row's generation from its ``meta`` (0 where it has none)."""
+def stamps(batch: pa.RecordBatch, key: str = GEN, missing: int = 0) -> pa.Array:
+    """Each row's generation from its ``meta`` (``missing`` where it has none); with
+    ``key`` another number the meta holds."""
     meta = batch.column(batch.schema.get_field_index("meta"))
-    found = pc.map_lookup(meta, pa.scalar(GEN, pa.string()), "first")
-    return pc.fill_null(pc.cast(found, pa.int64()), 0)
+    found = pc.map_lookup(meta, pa.scalar(key, pa.string()), "first")
+    return pc.fill_null(pc.cast(found, pa.int64()), missing)
 
 
 def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBatch, int]:
     """The rows of a page a read of ``generation`` up to seq ``hi`` accepts, and how
-    many it dropped as stale: rows of ``generation`` are kept, older ones are dropped
-    and counted (docs/semantics/pipeline.md §1.3), and newer ones — the edge moved
-    back to this server — are left to the read of their own placement."""
+    many items it dropped as stale: rows of ``generation`` are kept, older ones are
+    dropped and their items counted (docs/semantics/pipeline.md §1.3: a pack's meta
+    holds its count; one for a record without), and newer ones — the edge moved back
+    to this server — are left to the read of their own placement."""
     seqs = batch.column(batch.schema.get_field_index("seq"))
     inside = pc.less_equal(seqs, pa.scalar(hi, pa.int64()))
     stamp = stamps(batch)
@@ -274,7 +294,8 @@ def accept(batch: pa.RecordBatch, generation: int, hi: int) -> tuple[pa.RecordBa
     if pc.all(keep).as_py():  # the usual page: every row of this generation, kept as is
         return batch, 0
     stale = pc.and_(inside, pc.less(stamp, pa.scalar(generation, pa.int64())))
-    return batch.filter(keep), int(pc.sum(pc.cast(stale, pa.int64())).as_py() or 0)
+    dropped = pc.sum(pc.filter(stamps(batch, EDGE_ITEMS, 1), stale)).as_py()
+    return batch.filter(keep), int(dropped or 0)
 
 
 _decode_packs = msgspec.json.Decoder(list[EdgePack]).decode

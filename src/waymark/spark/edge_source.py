@@ -37,13 +37,14 @@ from waymark.pipeline.placement import EdgePlacement, gone
 from waymark.pipeline.report import ReportFenced, StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
-from ..protocol import MAX_ARROW_DIFF_LIMIT
+from ..protocol import MAX_ARROW_DIFF_LIMIT, EdgePage
 from .connection import connect, token_option
 from .edge import (
     EdgeOffset,
     EdgeOptions,
     EdgeRange,
     OnUnreachable,
+    PackAt,
     accept,
     acknowledged,
     advance,
@@ -164,8 +165,39 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 head = min(head, target.seq)
             elif target.generation < base.generation:  # moved during availableNow
                 self._target = advance(base, head, None)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return offsets_json(self.edge.edge, advance(base, head, max_rows))
+        max_items = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        packs: list[PackAt] = []
+        if max_items is not None and head is not None and head > base.seq:
+            read = self._packs(base, head, max_items)
+            if read is None:
+                head = None  # its server went away: nothing new for now
+            packs = read or []
+        return offsets_json(self.edge.edge, advance(base, head, max_items, packs))
+
+    def _packs(self, base: EdgeOffset, head: int, max_items: int) -> list[PackAt] | None:
+        """``(seq, generation, items)`` of the records after ``base`` up to ``head``, or
+        one pack past ``max_items`` items of its generation, for :func:`advance` to cut
+        a batch at whole packs (docs/spark.md, "A Spark stage of a pipeline"). The
+        driver reads them, data too: the server has no read of metas alone. Pages start
+        small and double, since a pack may be 256 KiB. None when the server is gone."""
+        packs: list[PackAt] = []
+        at, taken, limit = base.seq, 0, 4
+        try:
+            while at < head and taken <= max_items:
+                page = self._client(base.server).diff_as(base.topic, at, EdgePage,
+                                                         limit=min(limit, head - at))  # fmt: skip
+                for r in page.records:
+                    if r.seq <= head:
+                        packs.append((r.seq, r.meta.generation, r.count()))
+                        taken += r.count() if r.meta.generation == base.generation else 0
+                if page.next_from_seq <= at:
+                    break
+                at, limit = page.next_from_seq, min(2 * limit, 512)
+        except (TransportError, ApiError) as error:
+            if not gone(error):
+                raise
+            return None
+        return packs
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         part = span(parse_offsets(self.edge.edge, start), parse_offsets(self.edge.edge, end))

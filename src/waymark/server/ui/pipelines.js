@@ -99,11 +99,12 @@ export function pipelineGraph(report) {
 
 function edgesTable(report) {
   return h("table", {},
-    h("thead", {}, h("tr", {}, ["edge", "generation", "server", "topic", "consumer", "lag"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["edge", "generation", "server", "topic", "consumer", "lag (items)", "lag (packs)"].map((c) => h("th", {}, c)))),
     h("tbody", {}, Object.entries(report.edges).map(([placed, e]) => h("tr", { "data-testid": "pipeline-edge-row", "data-edge": placed },
       h("td", {}, placed), h("td", { class: "num", "data-testid": "edge-generation" }, String(e.generation)),
       h("td", {}, e.server ?? "(not placed)"), h("td", {}, h("code", {}, e.topic ?? "—")),
-      h("td", {}, e.consumer), h("td", { class: "num" }, e.lag === null ? "—" : fmtInt(e.lag))))));
+      h("td", {}, e.consumer), h("td", { class: "num", "data-testid": "edge-lag" }, e.lag === null ? "—" : fmtInt(e.lag)),
+      h("td", { class: "num" }, e.lag_packs == null ? "—" : fmtInt(e.lag_packs))))));
 }
 
 function stagesTable(report) {
