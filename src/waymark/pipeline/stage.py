@@ -158,6 +158,7 @@ class Stage:
         dead_letter: Sink | None = None,
         poison: dict[bytes, tuple[int, str]] | None = None,
         checkpoint_interval_ms: int = 0,
+        save_every: int | None = None,
         behind: WriteBehind | None = None,
         key: str | None = None,
         max_in_flight: int | None = None,
@@ -192,6 +193,12 @@ class Stage:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self._saved: tuple[Position | None, int] | None = None  # what the last save held
         self._saved_ms: int | None = None
+        # Credit back to the producers: a busy stage saves once it took this many input
+        # records since its last save, even within the interval, so that a producer
+        # bounded by ``max_in_flight`` hears of them before its window fills
+        # (docs/pipeline.md, "Flow control"). None: by the interval alone.
+        self.save_every = save_every
+        self._unsaved = 0  # input records taken since the last save
         self.behind: WriteBehind = behind or Inline()
         # Credit-based flow control: at this many records unacknowledged on an output
         # edge the stage takes no new input until its consumer catches up (None: no
@@ -350,6 +357,7 @@ class Stage:
         for i, out in enumerate(self.outputs):
             if records:
                 out.enqueue(self._branch(records, i))
+        self._unsaved += taken
         save = self._checkpoint(now=taken == 0)
         self.stats.processed += taken
 
@@ -438,7 +446,8 @@ class Stage:
         clock_ms = self.clock.now_ms()
         since = None if self._saved_ms is None else clock_ms - self._saved_ms
         interval = self.checkpoint_interval_ms
-        due = since is None or since >= interval
+        credit = self.save_every is not None and self._unsaved >= self.save_every
+        due = since is None or since >= interval or credit
         # A save also tells a superseded instance that it is
         # (docs/semantics/pipeline.md §4.4): at least every
         # second even when nothing moved.
@@ -446,6 +455,7 @@ class Stage:
         if interval and not (moved and (now or due)) and not heartbeat:
             return None  # less often only replays more (docs/semantics/pipeline.md §4.1)
         self._saved, self._saved_ms = (state.input, state.source_offset), clock_ms
+        self._unsaved = 0
         snapshot = msgspec.structs.replace(state)  # the stage goes on changing its own
 
         def save() -> None:
