@@ -185,6 +185,23 @@ class InFlight:
             events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
         return InFlight.build(events, data, **self.origins_of(source))
 
+    def passed(self, at: npt.NDArray[np.intp] | None = None) -> InFlight:
+        """The records at indices ``at`` (increasing; None: all) each as the one output
+        of itself, as :meth:`outputs` would make them of their values unchanged: the
+        buffers kept (sliced for a selection), each record's position its origin."""
+        kept = self
+        if at is not None and len(at) < len(self):
+            mask = np.zeros(len(self), np.bool_)
+            mask[at] = True
+            kept = self.keep(mask)
+        ints = np.zeros((_ROWS, len(kept)), np.int64)
+        ints[EVENT_END] = kept.ints[EVENT_END]
+        ints[DATA_END] = kept.ints[DATA_END]
+        ints[ORIGIN_GEN] = kept.ints[GENERATION]
+        ints[ORIGIN_SEQ] = kept.ints[SEQ]
+        ints[BORN_MS] = kept.ints[BORN_MS]
+        return InFlight(kept.events, kept.data, ints)
+
     def event(self, i: int) -> str:
         return str(msgspec.json.decode(self.event_json(i)))
 

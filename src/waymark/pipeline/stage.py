@@ -19,6 +19,7 @@ from waymark.clock import Clock, SystemClock
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
+from waymark.pipeline.functions import RecordError, apply, is_batch
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
@@ -135,9 +136,11 @@ class Stage:
     """One stage of a pipeline, driven step by step by :meth:`step`.
 
     A source stage (``events`` set) calls ``function(n)`` for event n; another stage
-    calls ``function(value)`` for each input record and writes every value it yields.
-    Exactly one of ``output`` and ``sink`` is set. ``identity`` (default: the one kept
-    in the states' store) scopes a source's event ids. ``behind`` runs each batch's
+    calls ``function(value)`` for each input record and writes every value it yields,
+    or, for a :func:`~waymark.pipeline.functions.batch_function`, ``function(events)``
+    for each batch (docs/pipeline.md, "Batch functions"). Exactly one of ``output``
+    and ``sink`` is set. ``identity`` (default: the one kept in the states' store)
+    scopes a source's event ids. ``behind`` runs each batch's
     writes and checkpoint save (default: at once; the runner's overlap them with the
     next batch's read, docs/semantics/pipeline.md §4.5).
     """
@@ -171,6 +174,9 @@ class Stage:
         )  # fmt: skip
         if (not outputs) == (sink is None):
             raise ValueError(f"stage {name!r}: give output edges or a sink")
+        if input is None and is_batch(function):
+            raise ValueError(f"stage {name!r}: a source's function takes an event number, "
+                             "not a batch")  # fmt: skip
         self.name = name
         # Where its state is kept: the name, or ``<stage>.<k>`` for shard k
         # (docs/semantics/pipeline.md §11).
@@ -247,12 +253,10 @@ class Stage:
         self.stats.dead_lettered += 1
         return True
 
-    def _call(self, event: bytes, arg: Any) -> list[bytes]:
-        """The function's outputs for one event, encoded; any failure is the event's."""
+    def _call(self, event: bytes, n: int) -> bytes:
+        """A source's event ``n``, encoded; any failure is the event's."""
         try:
-            if self.input is None:
-                return [_encode(self.function(arg))]
-            return [_encode(out) for out in self.function(arg)]
+            return _encode(self.function(n))
         except Exception as error:  # the user's code: any failure is this event's
             raise StageFunctionFailed(self.name, event, error) from error
 
@@ -288,42 +292,29 @@ class Stage:
             if self._dead(event, b"%d" % n):
                 continue
             events.append(event)
-            data += self._call(event, n)
+            data.append(self._call(event, n))
             origins.append(n)
         return InFlight.build(events, data, origin_seq=origins, born_ms=born)
 
     def _transform(self, records: InFlight) -> InFlight:
-        """The function applied to each record: its outputs, each with its stable id
-        and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
-        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
+        """The function applied to the records (event by event, or to the batch for a
+        batch function): their outputs, each with its stable id and the record's
+        position as origin (docs/semantics/pipeline.md §5.1). Poison records are
+        dead-lettered first and the function sees the rest."""
         if self.poison:
-            return self._transform_each(records, stage)
-        args = list(map(_decode, records.values()))
-        data: list[bytes] = []
-        source: list[int] = []  # the input record of each output
-        function, i = self.function, 0
-        try:  # one guard for the batch: the loop's i names the record that failed
-            for i, arg in enumerate(args):
-                for out in function(arg):
-                    data.append(_encode(out))
-                    source.append(i)
-        except Exception as error:  # the user's code: any failure is this event's
-            raise StageFunctionFailed(self.name, records.event_json(i), error) from error
-        # each output's origin and birth are its input record's, taken as columns
-        return records.outputs(data, source, stage)
-
-    def _transform_each(self, records: InFlight, stage: bytes) -> InFlight:
-        """:meth:`_transform` record by record, dead-lettering the poison ones."""
-        data: list[bytes] = []
-        source: list[int] = []
-        for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
-                                               strict=True)):  # fmt: skip
-            if self._dead(event, value):
-                continue
-            for out in self._call(event, _decode(value)):
-                data.append(out)
-                source.append(i)
-        return records.outputs(data, source, stage)
+            keep = np.ones(len(records), np.bool_)
+            for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
+                                                   strict=True)):  # fmt: skip
+                keep[i] = not self._dead(event, value)
+            records = records.keep(keep)
+        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
+        try:
+            return apply(self.function, records, stage)
+        except RecordError as failed:  # the user's code: any failure is this event's
+            error = failed.__cause__
+            assert isinstance(error, BaseException)
+            raise StageFunctionFailed(self.name, records.event_json(failed.index),
+                                      error) from error  # fmt: skip
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage; the number of input records (or events)
