@@ -193,7 +193,7 @@ def test_a_selection_of_a_selection_taken_from_the_batch_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def flat(self: Events, indices: Any) -> Events:
-        return Events(self._records, np.fromiter(indices, np.intp))  # noqa: SLF001
+        return Events(self._records, np.fromiter(indices, np.intp))
 
     monkeypatch.setattr(Events, "select", flat)
     with pytest.raises(AssertionError):
