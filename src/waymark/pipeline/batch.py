@@ -455,7 +455,8 @@ class InFlight:
         part = self.between(start, end)
         events = _cut(part.events, part.ints[EVENT_END])
         data = _cut(part.data, part.ints[DATA_END])
-        born = part.ints[BORN_MS].tolist()
+        born = part.ints[BORN_MS]
+        event_ends = part.ints[EVENT_END].tolist()
         form = (b'{"data":{"events":[%%s],"born_ms":[%%s],"items":[%%s]},'
                 b'"meta":{"%s":"%d"},"id":%%s+%%d.%%08x@%d"}'
                 % (GEN.encode(), generation, generation))  # fmt: skip
@@ -463,9 +464,10 @@ class InFlight:
         packs = []
         for lo, hi in zip(bounds, [*bounds[1:], end - start], strict=True):
             ids = events[lo:hi]
-            packs.append(form % (b",".join(ids), ",".join(map(str, born[lo:hi])).encode(),
-                                 b",".join(data[lo:hi]), ids[0][:-1], hi - lo,
-                                 zlib.crc32(b"".join(ids))))  # fmt: skip
+            # the ids back to back are the buffer's span: its CRC with no join
+            span = part.events[event_ends[lo - 1] if lo else 0 : event_ends[hi - 1]]
+            packs.append(form % (b",".join(ids), _births(born[lo:hi]), b",".join(data[lo:hi]),
+                                 ids[0][:-1], hi - lo, zlib.crc32(span)))  # fmt: skip
         return b",".join(packs)
 
     def sink_records(self) -> bytes:
@@ -475,6 +477,15 @@ class InFlight:
         data = _cut(self.data, self.ints[DATA_END])
         pairs = zip(data, events, strict=True)
         return b",".join([b'{"data":%s,"id":%s}' % pair for pair in pairs])
+
+
+def _births(born: Ints) -> bytes:
+    """Birth times as a pack holds them, comma-separated: a step's items mostly share
+    one (a source's batch, the outputs of one pack), written with no step per item."""
+    first = int(born[0])
+    if bool((born == first).all()):
+        return ((b"%d," % first) * len(born))[:-1]
+    return ",".join(map(str, born.tolist())).encode()
 
 
 def _cut(buffer: bytes, ends: Ints) -> list[bytes]:
