@@ -22,6 +22,8 @@ import numpy.typing as npt
 
 from waymark.pipeline.batch import InFlight
 
+from .errors import PipelineError
+
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
@@ -83,7 +85,7 @@ class Events:
         return Events(self._records, at if self._at is None else self._at[at])
 
 
-class RecordError(Exception):
+class RecordError(PipelineError):
     """The function failed on record ``index`` of the batch (its error is the cause);
     the stage names the record's event in its ``StageFunctionFailed``."""
 
