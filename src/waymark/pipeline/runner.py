@@ -59,8 +59,9 @@ def idle_wait_ms(idle_ms: int) -> int:
 
 
 # A stage holds at most this many batches unacknowledged on an output edge before it
-# waits for its consumer (docs/pipeline.md, "Flow control"): enough to cover the
-# consumer's checkpoint interval at full speed.
+# waits for its consumer (docs/pipeline.md, "Flow control"); the consumer gives credit
+# back, a save, every 1/SAVE_EVERY_PART of that window it takes, so a producer at full
+# speed does not run dry while the save is on its way.
 IN_FLIGHT_BATCHES = 16
 SAVE_EVERY_PART = 2
 
