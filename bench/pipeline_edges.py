@@ -19,7 +19,7 @@ Ratios are events/s against the anchor, measured in the same run. Each row also
 gives the CPU seconds each process spent on it (utime + stime, from ``/proc`` for the
 servers, ``getrusage`` for this process and the stage processes): less sensitive to
 the machine's load than the wall time, so the figure to compare between runs.
-Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000]``.
+Run: ``.venv/bin/python bench/pipeline_edges.py [--events 50000] [--per-event-sink]``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ from waymark.pipeline.runner import PipelineRunner
 from waymark.pipeline.spec import PipelineSpec
 
 BATCH = 500
+# The sink stage's function: the demo's batch function, which writes each batch on as
+# it was read (docs/pipeline.md, "Batch functions"); --per-event-sink: the same mapping
+# event by event, each record decoded and encoded again.
+SINK_FUNCTION = "waymark.pipeline.demo:deliver"
 
 
 def start(data_dir: Path) -> tuple[subprocess.Popen[str], str]:
@@ -148,7 +152,7 @@ def spec_of(root: Path, a: str, b: str, sink: str, events: int) -> tuple[dict[st
              "output": f"raw{run}", "batch": BATCH},
             {"name": "transform", "function": "waymark.pipeline.demo:enrich",
              "input": f"raw{run}", "output": f"enr{run}", "batch": BATCH},
-            {"name": "sink", "function": "waymark.pipeline.demo:deliver", "input": f"enr{run}",
+            {"name": "sink", "function": SINK_FUNCTION, "input": f"enr{run}",
              "sink": {"url": sink, "topic": topic}, "batch": BATCH},
         ],
     }, topic  # fmt: skip
@@ -236,7 +240,16 @@ def processes(root: Path, a: str, b: str, sink: str, events: int) -> tuple[float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
-    events = parser.parse_args().events
+    parser.add_argument(
+        "--per-event-sink",
+        action="store_true",
+        help="the sink stage's function event by event (demo:deliver_each)",
+    )
+    args = parser.parse_args()
+    events = args.events
+    if args.per_event_sink:
+        global SINK_FUNCTION
+        SINK_FUNCTION = "waymark.pipeline.demo:deliver_each"
     console = Console(width=140)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -259,7 +272,7 @@ def main() -> None:
                 if process.poll() is None:
                     process.kill()
                     process.wait()
-    table = Table(title=f"{events:,} events, batches of {BATCH}, "
+    table = Table(title=f"{events:,} events, batches of {BATCH}, sink {SINK_FUNCTION}, "
                   f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     for column in ("run", "seconds", "events/s", "vs anchor", "relocations",
                    "time to recover", "replayed"):  # fmt: skip

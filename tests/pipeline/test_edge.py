@@ -603,6 +603,31 @@ def test_a_busy_stage_saves_its_checkpoint_at_most_every_interval(
     assert len(saved) - before == 2
 
 
+def test_a_busy_consumer_saves_once_it_took_save_every_records_within_the_interval(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # docs/pipeline.md, "Flow control": a consumer gives its producers credit back before
+    # their window fills: once it took save_every records since its last save it saves,
+    # though the interval has not passed (the clock stands still here)
+    clock = ManualClock()
+    states, run, edge, connect = one_server(fleet, tmp_path, clock)
+    sink_states = StageStateStore(states.store)
+    saved: list[Position | None] = []
+    save = sink_states.save
+    sink_states.save = lambda state: (saved.append(state.input), save(state))[1]  # type: ignore[method-assign]
+    source = Stage("produce", produce, states=states, output=edge("cr", "sink", 10**6),
+                   events=100, batch=5, clock=clock, checkpoint_interval_ms=200)  # fmt: skip
+    sink = Stage("sink", deliver, states=sink_states, input=edge("cr", "sink", 10**6),
+                 batch=5, clock=clock, checkpoint_interval_ms=200, save_every=10,
+                 sink=Sink(fleet.sink.url, f"cr-{run}", connect=connect))  # fmt: skip
+    source.start()
+    sink.start()
+    for _ in range(8):  # 40 records, no time passing: the first step's save, then one
+        source.step()  # every second step
+        assert sink.step() == 5
+    assert len(saved) == 4 and saved == sorted(saved)  # by the interval alone: 1
+
+
 def test_a_stage_writing_two_edges_sends_every_output_down_both(
     fleet: Fleet, tmp_path: Path
 ) -> None:

@@ -290,3 +290,48 @@ def test_an_idle_stage_waits_a_quarter_of_the_time_it_has_been_idle_within_bound
     waits = [idle_wait_ms(ms) for ms in range(0, 2_000, 5)]
     assert waits[0] == idle_wait_ms(40) == 10 and idle_wait_ms(200) == 50
     assert waits == sorted(waits) and max(waits) == idle_wait_ms(10**9) == 100
+
+
+def test_a_save_landing_is_told_to_the_runner_and_a_failed_one_is_not() -> None:
+    # docs/pipeline.md, "Flow control": the write-behind's save thread calls its hook
+    # after each save that landed; the runner wakes the stages waiting for
+    # acknowledgements on it
+    from waymark.pipeline.behind import Behind
+
+    landed = threading.Semaphore(0)
+    behind = Behind("test", landed.release)
+    done: list[int] = []
+    behind.submit(lambda: behind.checkpoint(lambda: done.append(1)))
+    behind.flush()
+    assert done == [1] and landed.acquire(timeout=10)
+
+    def failing() -> None:
+        raise OSError("disk full")
+
+    behind.submit(lambda: behind.checkpoint(failing))
+    with pytest.raises(OSError, match="disk full"):
+        behind.flush()
+    assert not landed.acquire(blocking=False)
+    behind.close()
+
+
+def test_a_stage_waiting_for_acknowledgements_wakes_on_a_save_and_misses_none(
+    tmp_path: Path,
+) -> None:
+    # A held-back or finished source waits for its consumer's save, not for a step of
+    # any stage (which made it step idle thousands of times a run); a save that landed
+    # after it looked (counted before its step) ends the wait at once.
+    runner = PipelineRunner(_dead_edge_spec(tmp_path))
+    seen = runner._saves  # noqa: SLF001 -- what a stage counts before its step
+    waited = threading.Event()
+
+    def wait() -> None:
+        runner._wait_for_save(seen, 60)  # noqa: SLF001
+        waited.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+    runner._saved()  # noqa: SLF001 -- a save landing (before or during the wait)
+    assert waited.wait(10)
+    waited.clear()
+    threading.Thread(target=wait, daemon=True).start()  # a save landed since it looked
+    assert waited.wait(10)

@@ -85,6 +85,11 @@ BAD = {
         spec_with("demo:produce", "demo:produc"),
         "[[stage]] 'produce': cannot load waymark.pipeline.demo:produc: AttributeError",
     ),
+    "a batch function as a source's": (
+        spec_with("demo:produce", "demo:deliver"),
+        "[[stage]] 'produce': waymark.pipeline.demo:deliver is a batch function; a source's "
+        "function takes an event number",
+    ),
     "a missing module": (
         spec_with("waymark.pipeline.demo:produce", "nowhere.at_all:produce"),
         "[[stage]] 'produce': cannot load nowhere.at_all:produce: ModuleNotFoundError",

@@ -47,6 +47,9 @@ from waymark.objstore.types import (
     PutMode,
 )
 
+PATHS_CACHED = 4096
+"""Keys whose paths a store keeps made (the cache starts over past this many)."""
+
 INTERNAL = ".objstore"
 """The root's reserved directory: the lock (and mtime counter) and temp files."""
 
@@ -120,10 +123,17 @@ class LocalObjectStore:
         atomic = cas_is_atomic(self.file_system)
         self.capabilities = Capabilities(conditional_put=atomic, conditional_delete=atomic)
         self._lock_path = self.root / INTERNAL / "lock"
+        self._paths: dict[str, Path] = {}  # key -> its file, as _path made it
 
     # -- keys and files -------------------------------------------------------
 
     def _path(self, key: str) -> Path:
+        # A pipeline's stages read the same few keys (states, handoff records) every
+        # step: each key's path is checked and built once (pathlib's joins cost more
+        # than the read), in a cache bounded for stores of many keys.
+        path = self._paths.get(key)
+        if path is not None:
+            return path
         parts = key.split("/")
         if (
             not key
@@ -132,7 +142,10 @@ class LocalObjectStore:
             or any(p in ("", ".", "..") for p in parts)
         ):
             raise InvalidKey(f"invalid object key {key!r}")
-        return self.root.joinpath(*parts)
+        if len(self._paths) >= PATHS_CACHED:
+            self._paths.clear()
+        path = self._paths[key] = self.root.joinpath(*parts)
+        return path
 
     def _meta(self, key: str, st: os.stat_result) -> ObjectMeta:
         return ObjectMeta(key, st.st_size, st.st_mtime_ns // 1_000_000, _etag(st))

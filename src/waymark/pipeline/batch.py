@@ -185,6 +185,23 @@ class InFlight:
             events.append(event if k == 0 else b'%s/%s:%d"' % (event[:-1], stage, k))
         return InFlight.build(events, data, **self.origins_of(source))
 
+    def passed(self, at: npt.NDArray[np.intp] | None = None) -> InFlight:
+        """The records at indices ``at`` (increasing; None: all) each as the one output
+        of itself, as :meth:`outputs` would make them of their values unchanged: the
+        buffers kept (sliced for a selection), each record's position its origin."""
+        kept = self
+        if at is not None and len(at) < len(self):
+            mask = np.zeros(len(self), np.bool_)
+            mask[at] = True
+            kept = self.keep(mask)
+        ints = np.zeros((_ROWS, len(kept)), np.int64)
+        ints[EVENT_END] = kept.ints[EVENT_END]
+        ints[DATA_END] = kept.ints[DATA_END]
+        ints[ORIGIN_GEN] = kept.ints[GENERATION]
+        ints[ORIGIN_SEQ] = kept.ints[SEQ]
+        ints[BORN_MS] = kept.ints[BORN_MS]
+        return InFlight(kept.events, kept.data, ints)
+
     def event(self, i: int) -> str:
         return str(msgspec.json.decode(self.event_json(i)))
 
@@ -437,9 +454,8 @@ class InFlight:
             return b""
         firsts = self._firsts(start, end).tolist()
         part = self.between(start, end)
-        events = _cut(part.events, part.ints[EVENT_END])
-        data = _cut(part.data, part.ints[DATA_END])
-        born = part.ints[BORN_MS].tolist()
+        event_ends, data_ends = part.ints[EVENT_END], part.ints[DATA_END]
+        born = part.ints[BORN_MS]
         # the meta: the generation and the item count (docs/semantics/pipeline.md §3.1)
         form = (b'{"data":{"events":[%%s],"born_ms":[%%s],"items":[%%s]},'
                 b'"meta":{"%s":"%d","%s":"%%d"},"id":%%s+%%d.%%08x@%d"}'
@@ -447,10 +463,13 @@ class InFlight:
         bounds = [f - start for f in firsts]
         packs = []
         for lo, hi in zip(bounds, [*bounds[1:], end - start], strict=True):
-            ids = events[lo:hi]
-            packs.append(form % (b",".join(ids), ",".join(map(str, born[lo:hi])).encode(),
-                                 b",".join(data[lo:hi]), hi - lo, ids[0][:-1], hi - lo,
-                                 zlib.crc32(b"".join(ids))))  # fmt: skip
+            e0 = int(event_ends[lo - 1]) if lo else 0
+            first = part.events[e0 : int(event_ends[lo])]
+            # the ids back to back are the buffer's span: its CRC with no join
+            ids = part.events[e0 : int(event_ends[hi - 1])]
+            packs.append(form % (_joined(part.events, event_ends, lo, hi), _births(born[lo:hi]),
+                                 _joined(part.data, data_ends, lo, hi), hi - lo, first[:-1],
+                                 hi - lo, zlib.crc32(ids)))  # fmt: skip
         return b",".join(packs)
 
     def sink_records(self) -> bytes:
@@ -460,6 +479,32 @@ class InFlight:
         data = _cut(self.data, self.ints[DATA_END])
         pairs = zip(data, events, strict=True)
         return b",".join([b'{"data":%s,"id":%s}' % pair for pair in pairs])
+
+
+def _joined(buffer: bytes, ends: Ints, lo: int, hi: int) -> bytes:
+    """Items ``lo`` to ``hi`` of ``buffer`` (ending at ``ends``) joined by commas, as a
+    JSON list's inside: one copy by numpy, no Python object per item."""
+    b0 = int(ends[lo - 1]) if lo else 0
+    size = int(ends[hi - 1]) - b0
+    n = hi - lo
+    if n == 1:
+        return buffer[b0 : b0 + size]
+    commas = ends[lo : hi - 1] - b0 + np.arange(n - 1)  # where each lands, shifted
+    out = np.empty(size + n - 1, np.uint8)
+    keep = np.ones(len(out), np.bool_)
+    keep[commas] = False
+    out[keep] = np.frombuffer(buffer, np.uint8, count=size, offset=b0)
+    out[commas] = ord(",")
+    return out.tobytes()
+
+
+def _births(born: Ints) -> bytes:
+    """Birth times as a pack holds them, comma-separated: a step's items mostly share
+    one (a source's batch, the outputs of one pack), written with no step per item."""
+    first = int(born[0])
+    if bool((born == first).all()):
+        return ((b"%d," % first) * len(born))[:-1]
+    return ",".join(map(str, born.tolist())).encode()
 
 
 def _cut(buffer: bytes, ends: Ints) -> list[bytes]:

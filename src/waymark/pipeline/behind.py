@@ -62,9 +62,11 @@ class Inline:
 class GroupCommit:
     """A thread that runs the newest save handed over, one at a time: while one runs,
     later ones wait, and only the last of them runs next. A save's error is kept
-    until :meth:`check` raises it."""
+    until :meth:`check` raises it; ``landed`` is called after each save that did not
+    raise (the runner wakes the stages waiting for acknowledgements)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, landed: Callable[[], None] | None = None) -> None:
+        self._landed = landed
         self._lock = threading.Condition()
         self._next: Task | None = None
         self._running = False
@@ -105,6 +107,8 @@ class GroupCommit:
             error: BaseException | None = None
             try:
                 save()
+                if self._landed is not None:
+                    self._landed()
             except BaseException as failed:  # raised again by check, in the stage's thread
                 error = failed
             with self._lock:
@@ -117,13 +121,13 @@ class GroupCommit:
 
 class Behind:
     """Each task runs on one daemon thread of its own while the stage goes on; its
-    saves on another (:class:`GroupCommit`)."""
+    saves on another (:class:`GroupCommit`), which calls ``landed`` after each."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, landed: Callable[[], None] | None = None) -> None:
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._outcomes: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         self._pending = False
-        self._saves = GroupCommit(f"{name}-saves")
+        self._saves = GroupCommit(f"{name}-saves", landed)
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from waymark.pipeline.functions import Events, batch_function
+
 
 def produce(n: int) -> dict[str, Any]:
     """Event ``n`` of the demo's stream."""
@@ -17,8 +19,16 @@ def enrich(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield {**event, "bucket": "big" if event["amount"] >= 7 else "small"}
 
 
-def deliver(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The sink stage writes each event as it comes."""
+@batch_function
+def deliver(events: Events) -> Events:
+    """The sink stage writes each event as it comes: the batch as it is, its records
+    never decoded (docs/pipeline.md, "Batch functions")."""
+    return events
+
+
+def deliver_each(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """:func:`deliver` event by event, decoded and encoded again (the benchmark's
+    ``--per-event-sink`` run)."""
     yield event
 
 

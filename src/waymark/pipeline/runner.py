@@ -59,9 +59,11 @@ def idle_wait_ms(idle_ms: int) -> int:
 
 
 # A stage holds at most this many batches unacknowledged on an output edge before it
-# waits for its consumer (docs/pipeline.md, "Flow control"): enough to cover the
-# consumer's checkpoint interval at full speed.
+# waits for its consumer (docs/pipeline.md, "Flow control"); the consumer gives credit
+# back, a save, every 1/SAVE_EVERY_PART of that window it takes, so a producer at full
+# speed does not run dry while the save is on its way.
 IN_FLIGHT_BATCHES = 16
+SAVE_EVERY_PART = 2
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -74,10 +76,12 @@ def build_stage(
     identity: PipelineIdentity,
     poison: dict[bytes, tuple[int, str]] | None = None,
     shard: int | None = None,
+    landed: Callable[[], None] | None = None,
 ) -> Stage:
     """A stage of ``spec`` (its shard ``shard`` when it has instances) as the runner
     starts it (and starts it again after a failure); ``poison``: the events it
-    dead-letters instead of calling its function on them."""
+    dead-letters instead of calling its function on them; ``landed``: called after
+    each of its checkpoint saves."""
     stage_spec = spec.stages[name]
     connect = client_factory()
 
@@ -97,6 +101,11 @@ def build_stage(
 
     source = spec.parts(stage_spec.input)[shard or 0] if stage_spec.input else None
     sink, dead = stage_spec.sink, spec.dead_letter
+    # Saved at least every half of the smallest window a producer of its input holds,
+    # so that a producer at full speed hears of acknowledgements before its window is
+    # full (docs/pipeline.md, "Flow control").
+    windows = [IN_FLIGHT_BATCHES * s.batch for s in spec.stages.values()
+               if stage_spec.input is not None and stage_spec.input in s.outputs]  # fmt: skip
     return Stage(
         name, stage_spec.load(), states=StageStateStore(store), clock=clock,
         input=edge(source) if source else None,
@@ -105,9 +114,11 @@ def build_stage(
         events=stage_spec.events, batch=stage_spec.batch, identity=identity,
         dead_letter=Sink(dead.url, dead.topic, connect=connect) if dead else None, poison=poison,
         checkpoint_interval_ms=spec.checkpoint_interval_ms,
+        save_every=min(windows) // SAVE_EVERY_PART if windows else None,
         max_in_flight=IN_FLIGHT_BATCHES * stage_spec.batch,
         # each batch's writes overlap the next one's read (docs/semantics/pipeline.md §4.5)
-        behind=Behind(f"stage-{name if shard is None else part_name(name, shard)}-writes"),
+        behind=Behind(f"stage-{name if shard is None else part_name(name, shard)}-writes",
+                      landed),
         key=part_name(name, shard) if shard is not None else None,
     )  # fmt: skip
 
@@ -227,7 +238,8 @@ class PipelineRunner:
             if self.report_to is not None else None
         )  # fmt: skip
         self._ended = threading.Condition()  # a stage finished or failed
-        self._progress = threading.Condition()  # a stage stepped
+        self._progress = threading.Condition()  # a stage's checkpoint save landed
+        self._saves = 0  # how many did, under _progress
         self._failed_over = False
         self.registry = CollectorRegistry()
         self.registry.register(PipelineCollector(self))
@@ -413,13 +425,15 @@ class PipelineRunner:
                         continue
                 if run.stage is None:
                     run.stage = build_stage(self.spec, run.stage_name, self.store, self.clock,
-                                            self.identity, run.poison, run.shard)  # fmt: skip
+                                            self.identity, run.poison, run.shard,
+                                            self._saved)  # fmt: skip
                     run.stage.start()
                     # its reports carry the incarnation it claimed: once a newer
                     # instance claims the stage, they are refused
                     # (docs/semantics/pipeline.md §4.7)
                     run.report.incarnation = run.stage.state.incarnation
                 stage = run.stage
+                saves = self._saves  # a save landing after this wakes the wait below
                 idle_ms = self.clock.now_ms() - busy_ms if idle else 0
                 taken = stage.step(wait_ms=idle_wait_ms(idle_ms) if stage.input is not None else 0)
                 idle = taken == 0
@@ -494,19 +508,29 @@ class PipelineRunner:
             if finished:
                 self._end(run)
                 return
-            with self._progress:
-                self._progress.notify_all()
             if idle and (stage.input is None or stage.held_back):
                 # Everything produced, or an output's window full: wait for the
-                # acknowledgements without spinning, woken by any step of this
-                # process's stages; a newly acknowledged record makes the next wait
-                # short again.
+                # acknowledgements without spinning, woken by a checkpoint save of
+                # any stage of this process (only a save acknowledges anything: being
+                # woken by every step made a held-back stage step idle thousands of
+                # times a run, docs/pipeline.md, "Flow control"); a newly acknowledged
+                # record makes the next wait short again.
                 unacked = sum(len(edge.unacked) for edge in physical_edges(stage))
                 if unacked != last_unacked:
                     busy_ms, last_unacked = now_ms, unacked
-                with self._progress:
-                    if not self._stop.is_set():
-                        self._progress.wait(idle_wait_ms(now_ms - busy_ms) / 1000)
+                self._wait_for_save(saves, idle_wait_ms(now_ms - busy_ms) / 1000)
+
+    def _wait_for_save(self, seen: int, timeout_s: float) -> None:
+        """Wait until a save lands after the ``seen``-th (or ``timeout_s`` passes)."""
+        with self._progress:
+            if not self._stop.is_set():
+                self._progress.wait_for(lambda: self._saves != seen, timeout_s)
+
+    def _saved(self) -> None:
+        """A stage's checkpoint save landed: wake the stages waiting for theirs."""
+        with self._progress:
+            self._saves += 1
+            self._progress.notify_all()
 
     def _watch_generations(self) -> None:
         readers = [HandoffReader(self.store.inner, p.name) for p in self.spec.all_parts()]

@@ -211,6 +211,11 @@ class StageSpec:
                             f"{type(error).__name__}: {error}{hint}") from error  # fmt: skip
         if not callable(function):
             raise SpecError(f"[[stage]] {self.name!r}: {self.function} is not callable")
+        from waymark.pipeline.functions import is_batch  # numpy: not at the CLI's start
+
+        if self.events is not None and is_batch(function):
+            raise SpecError(f"[[stage]] {self.name!r}: {self.function} is a batch function; "
+                            "a source's function takes an event number")  # fmt: skip
         return function  # type: ignore[no-any-return]
 
 

@@ -19,6 +19,7 @@ from waymark.clock import Clock, SystemClock
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
+from waymark.pipeline.functions import RecordError, apply, is_batch
 from waymark.pipeline.identity import PipelineIdentity, identity_of
 from waymark.pipeline.shard import ShardedEdge
 from waymark.pipeline.state import CheckpointedStageState, Position, StageStateStore
@@ -144,9 +145,11 @@ class Stage:
     """One stage of a pipeline, driven step by step by :meth:`step`.
 
     A source stage (``events`` set) calls ``function(n)`` for event n; another stage
-    calls ``function(value)`` for each input record and writes every value it yields.
-    Exactly one of ``output`` and ``sink`` is set. ``identity`` (default: the one kept
-    in the states' store) scopes a source's event ids. ``behind`` runs each batch's
+    calls ``function(value)`` for each input record and writes every value it yields,
+    or, for a :func:`~waymark.pipeline.functions.batch_function`, ``function(events)``
+    for each batch (docs/pipeline.md, "Batch functions"). Exactly one of ``output``
+    and ``sink`` is set. ``identity`` (default: the one kept in the states' store)
+    scopes a source's event ids. ``behind`` runs each batch's
     writes and checkpoint save (default: at once; the runner's overlap them with the
     next batch's read, docs/semantics/pipeline.md §4.5).
     """
@@ -167,6 +170,7 @@ class Stage:
         dead_letter: Sink | None = None,
         poison: dict[bytes, tuple[int, str]] | None = None,
         checkpoint_interval_ms: int = 0,
+        save_every: int | None = None,
         behind: WriteBehind | None = None,
         key: str | None = None,
         max_in_flight: int | None = None,
@@ -179,6 +183,9 @@ class Stage:
         )  # fmt: skip
         if (not outputs) == (sink is None):
             raise ValueError(f"stage {name!r}: give output edges or a sink")
+        if input is None and is_batch(function):
+            raise ValueError(f"stage {name!r}: a source's function takes an event number, "
+                             "not a batch")  # fmt: skip
         self.name = name
         # Where its state is kept: the name, or ``<stage>.<k>`` for shard k
         # (docs/semantics/pipeline.md §11).
@@ -201,6 +208,12 @@ class Stage:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self._saved: tuple[Position | None, int] | None = None  # what the last save held
         self._saved_ms: int | None = None
+        # Credit back to the producers: a busy stage saves once it took this many input
+        # records since its last save, even within the interval, so that a producer
+        # bounded by ``max_in_flight`` hears of them before its window fills
+        # (docs/pipeline.md, "Flow control"). None: by the interval alone.
+        self.save_every = save_every
+        self._unsaved = 0  # input records taken since the last save
         self.behind: WriteBehind = behind or Inline()
         # Credit-based flow control: at this many records unacknowledged on an output
         # edge the stage takes no new input until its consumer catches up (None: no
@@ -250,12 +263,10 @@ class Stage:
         self.stats.dead_lettered += 1
         return True
 
-    def _call(self, event: bytes, arg: Any) -> list[bytes]:
-        """The function's outputs for one event, encoded; any failure is the event's."""
+    def _call(self, event: bytes, n: int) -> bytes:
+        """A source's event ``n``, encoded; any failure is the event's."""
         try:
-            if self.input is None:
-                return [_encode(self.function(arg))]
-            return [_encode(out) for out in self.function(arg)]
+            return _encode(self.function(n))
         except Exception as error:  # the user's code: any failure is this event's
             raise StageFunctionFailed(self.name, event, error) from error
 
@@ -291,42 +302,29 @@ class Stage:
             if self._dead(event, b"%d" % n):
                 continue
             events.append(event)
-            data += self._call(event, n)
+            data.append(self._call(event, n))
             origins.append(n)
         return InFlight.build(events, data, origin_seq=origins, born_ms=born)
 
     def _transform(self, records: InFlight) -> InFlight:
-        """The function applied to each record: its outputs, each with its stable id
-        and the record's position as origin (docs/semantics/pipeline.md §5.1)."""
-        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
+        """The function applied to the records (event by event, or to the batch for a
+        batch function): their outputs, each with its stable id and the record's
+        position as origin (docs/semantics/pipeline.md §5.1). Poison records are
+        dead-lettered first and the function sees the rest."""
         if self.poison:
-            return self._transform_each(records, stage)
-        args = list(map(_decode, records.values()))
-        data: list[bytes] = []
-        source: list[int] = []  # the input record of each output
-        function, i = self.function, 0
-        try:  # one guard for the batch: the loop's i names the record that failed
-            for i, arg in enumerate(args):
-                for out in function(arg):
-                    data.append(_encode(out))
-                    source.append(i)
-        except Exception as error:  # the user's code: any failure is this event's
-            raise StageFunctionFailed(self.name, records.event_json(i), error) from error
-        # each output's origin and birth are its input record's, taken as columns
-        return records.outputs(data, source, stage)
-
-    def _transform_each(self, records: InFlight, stage: bytes) -> InFlight:
-        """:meth:`_transform` record by record, dead-lettering the poison ones."""
-        data: list[bytes] = []
-        source: list[int] = []
-        for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
-                                               strict=True)):  # fmt: skip
-            if self._dead(event, value):
-                continue
-            for out in self._call(event, _decode(value)):
-                data.append(out)
-                source.append(i)
-        return records.outputs(data, source, stage)
+            keep = np.ones(len(records), np.bool_)
+            for i, (event, value) in enumerate(zip(records.event_jsons(), records.values(),
+                                                   strict=True)):  # fmt: skip
+                keep[i] = not self._dead(event, value)
+            records = records.keep(keep)
+        stage = _encode(self.name)[1:-1]  # as it reads inside a JSON string
+        try:
+            return apply(self.function, records, stage)
+        except RecordError as failed:  # the user's code: any failure is this event's
+            error = failed.__cause__
+            assert isinstance(error, BaseException)
+            raise StageFunctionFailed(self.name, records.event_json(failed.index),
+                                      error) from error  # fmt: skip
 
     def step(self, *, wait_ms: int = 0) -> int:
         """Move one batch through the stage; the number of input records (or events)
@@ -362,6 +360,7 @@ class Stage:
         for i, out in enumerate(self.outputs):
             if records:
                 out.enqueue(self._branch(records, i))
+        self._unsaved += taken
         save = self._checkpoint(now=taken == 0)
         self.stats.processed += taken
         if taken:
@@ -452,7 +451,8 @@ class Stage:
         clock_ms = self.clock.now_ms()
         since = None if self._saved_ms is None else clock_ms - self._saved_ms
         interval = self.checkpoint_interval_ms
-        due = since is None or since >= interval
+        credit = self.save_every is not None and self._unsaved >= self.save_every
+        due = since is None or since >= interval or credit
         # A save also tells a superseded instance that it is
         # (docs/semantics/pipeline.md §4.4): at least every
         # second even when nothing moved.
@@ -460,6 +460,7 @@ class Stage:
         if interval and not (moved and (now or due)) and not heartbeat:
             return None  # less often only replays more (docs/semantics/pipeline.md §4.1)
         self._saved, self._saved_ms = (state.input, state.source_offset), clock_ms
+        self._unsaved = 0
         snapshot = msgspec.structs.replace(state)  # the stage goes on changing its own
 
         def save() -> None:
