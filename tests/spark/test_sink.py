@@ -172,6 +172,28 @@ def test_a_zombie_drivers_commit_is_fenced(
     assert topics.read(topic) == []
 
 
+def test_the_zombie_test_catches_a_commit_under_a_fresh_epoch(
+    spark: Any, server: Any, topics: Any, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutant: the commit's writer opens an epoch of its own and publishes under it
+    (the code before: every writer Spark built opened one)."""
+    monkeypatch.setattr(WaymarkStreamWriter, "_staged_epoch", lambda self, *_: self.epoch)
+    with pytest.raises(pytest.fail.Exception):
+        test_a_zombie_drivers_commit_is_fenced(spark, server, topics, topic)
+
+
+def test_a_commit_of_parts_staged_under_two_epochs_is_refused(server: Any, topic: str) -> None:
+    """One planned batch ships one writer to its tasks: parts of two epochs are not one
+    batch, and the commit publishes neither."""
+    schema = StructType([StructField("data", StringType())])
+    writer = WaymarkStreamWriter({"url": server.url, "topic": topic, "writerId": topic}, schema)
+    epoch = writer.epoch
+    parts = [StagedParts(0, 0, [(topic, 1, 1)], epoch=epoch - 1),
+             StagedParts(1, 0, [(topic, 1, 1)], epoch=epoch)]  # fmt: skip
+    with pytest.raises(ValueError, match="staged under epochs"):
+        writer.commit(parts, 0)
+
+
 def test_a_streaming_query_opens_one_epoch_a_micro_batch(
     spark: Any, server: Any, http: Any, topics: Any, run: Any, topic: str, tmp_path: Path
 ) -> None:

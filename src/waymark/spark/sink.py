@@ -189,10 +189,7 @@ class _TwoPhaseWriter:
     def _publish(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         parts: dict[str, list[StagedPart]] = {}
         staged = [m for m in messages if isinstance(m, StagedParts)]
-        epochs = {m.epoch for m in staged}
-        if len(epochs) > 1:  # one planned batch, one writer shipped to all its tasks
-            raise ValueError(f"batch {batch_id}'s tasks staged under epochs {sorted(epochs)}")
-        epoch = next(iter(epochs), 0)  # (no parts: nothing is published)
+        epoch = self._staged_epoch(staged, batch_id)
         for message in staged:
             for topic, chunks, _ in message.topics:
                 parts.setdefault(topic, []).append(
@@ -201,8 +198,6 @@ class _TwoPhaseWriter:
         with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             for topic in sorted(parts):
                 ordered = sorted(parts[topic], key=lambda p: p.partition)
-                # The epoch the parts were staged under, not one opened now: a zombie
-                # driver's commit is fenced like its tasks (docs/spark.md).
                 result = http.publish(topic, writer=self.writer, epoch=epoch,
                                       batch_id=batch_id, parts=ordered)  # fmt: skip
                 log.info(
@@ -211,6 +206,16 @@ class _TwoPhaseWriter:
                     result.first_seq + result.count - 1,
                     " (already published: replay)" if result.replayed else "",
                 )  # fmt: skip
+
+
+    def _staged_epoch(self, staged: list[StagedParts], batch_id: int) -> int:
+        """The epoch a commit publishes under: the one its tasks staged under, never one
+        opened now, so that a zombie driver's commit is fenced like its tasks
+        (docs/spark.md, "Exactly-once topic sink"); 0 when nothing was staged."""
+        epochs = {m.epoch for m in staged}
+        if len(epochs) > 1:  # one planned batch: one writer shipped to all its tasks
+            raise ValueError(f"batch {batch_id}'s tasks staged under epochs {sorted(epochs)}")
+        return next(iter(epochs), 0)
 
 
 class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
