@@ -32,18 +32,18 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyspark import cloudpickle  # noqa: E402
-import spark_pipeline  # noqa: E402
-from spark_pipeline import TOPIC, _NullSink, _PrebuiltSource, produce  # noqa: E402
+from pyspark import cloudpickle
 
-from waymark.cli.demo import Stream, _server  # noqa: E402
-from waymark.client import Client  # noqa: E402
-from waymark.spark.datasource import WaymarkDataSource  # noqa: E402
-from waymark.spark.demo_job import session  # noqa: E402
-from waymark.spark.partitions import ReadSettings, SeqRange  # noqa: E402
-from waymark.spark.schema import ARROW_SCHEMA  # noqa: E402
-from waymark.spark.sink import WaymarkStreamWriter  # noqa: E402
-from waymark.spark.source import PAGE, read_range  # noqa: E402
+import spark_pipeline
+from spark_pipeline import TOPIC, _NullSink, _PrebuiltSource, produce
+from waymark.cli.demo import Stream, _server
+from waymark.client import Client
+from waymark.spark.datasource import WaymarkDataSource
+from waymark.spark.demo_job import session
+from waymark.spark.partitions import ReadSettings, SeqRange
+from waymark.spark.schema import ARROW_SCHEMA
+from waymark.spark.sink import WaymarkStreamWriter
+from waymark.spark.source import PAGE, read_range
 
 cloudpickle.register_pickle_by_value(spark_pipeline)  # the workers lack bench/
 LOG = os.environ.get("WAYMARK_WALL_PROBE", "/tmp/waymark-wall-probe.jsonl")

@@ -162,9 +162,14 @@ def test_a_zombie_drivers_commit_is_fenced(
     batch = pa.record_batch([pa.array(['{"i": 1}', '{"i": 2}'])], names=["data"])
 
     def task(_: Any) -> list[StagedParts]:  # a real task: TaskContext names the attempt
-        return [planner._stage(iter([batch]), 0)]
+        return [planner.write(iter([batch]))]
 
-    staged = spark.sparkContext.parallelize([0], 1).mapPartitions(task).collect()
+    context = spark.sparkContext
+    context.setLocalProperty("streaming.sql.batchId", "0")  # as Spark sets it for batch 0
+    try:
+        staged = context.parallelize([0], 1).mapPartitions(task).collect()
+    finally:
+        context.setLocalProperty("streaming.sql.batchId", None)
     assert WaymarkStreamWriter(options, schema).epoch > planner.epoch  # a newer run plans
     with pytest.raises(ApiError) as fenced:
         WaymarkStreamWriter(options, schema).commit(staged, 0)  # the zombie's commit

@@ -207,7 +207,6 @@ class _TwoPhaseWriter:
                     " (already published: replay)" if result.replayed else "",
                 )  # fmt: skip
 
-
     def _staged_epoch(self, staged: list[StagedParts], batch_id: int) -> int:
         """The epoch a commit publishes under: the one its tasks staged under, never one
         opened now, so that a zombie driver's commit is fenced like its tasks
