@@ -18,8 +18,10 @@
 cluster up``; the prebuilt anchor's Arrow file is read by the executors, so the cluster
 shares this machine's disk); ``--only sink`` measures the sink and its two anchors
 alone, ``--pairs`` times alternated (the do-nothing Python sink, then the waymark sink),
-and prints each pair's ratio and their median, and the topic server's CPU seconds per
-batch of the waymark sink (its query's two batches, halved: stage, publish and seal).
+each query measured over ``--batches`` micro-batches after its warm-up (default 1; one
+batch a pair is a short sample on a shared machine), and prints each pair's ratio and
+their median, and the topic server's CPU seconds per batch of the waymark sink (its
+query's batches with the warm-up, averaged: stage, publish and seal).
 
 Not a test: it prints figures and ratios (a rich table), and the load average.
 """
@@ -182,9 +184,12 @@ def page_rates(url: str, rounds: int = 5) -> tuple[float, float]:
     return MAX_ARROW_DIFF_LIMIT / arrow_s, MAX_ARROW_DIFF_LIMIT / json_s
 
 
-def batch_rate(df: Any, checkpoint: str, sink: str = "noop", **options: str) -> float:
-    """Rows/s of the second micro-batch with data (the first warms the JVM and the
-    Python workers), from Spark's progress report."""
+def batch_rate(
+    df: Any, checkpoint: str, sink: str = "noop", batches: int = 1, **options: str
+) -> float:
+    """Rows/s of the ``batches`` micro-batches with data after the first (which warms
+    the JVM and the Python workers), from Spark's progress reports: their rows over
+    their summed ``triggerExecution``."""
     writer = df.writeStream.format(sink).option("checkpointLocation", checkpoint)
     for key, value in options.items():
         writer = writer.option(key, value)
@@ -193,11 +198,10 @@ def batch_rate(df: Any, checkpoint: str, sink: str = "noop", **options: str) -> 
     try:
         while time.monotonic() < deadline:
             done = [p for p in query.recentProgress if p["numInputRows"] > 0]
-            if len(done) >= 2:
-                measured = done[1]
-                return measured["numInputRows"] / (
-                    measured["durationMs"]["triggerExecution"] / 1000
-                )
+            if len(done) >= 1 + batches:
+                measured = done[1 : 1 + batches]
+                rows = sum(p["numInputRows"] for p in measured)
+                return rows / (sum(p["durationMs"]["triggerExecution"] for p in measured) / 1000)
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
             time.sleep(0.05)
@@ -230,17 +234,19 @@ def sink_pairs(spark: Any, console: Console, url: str, prebuilt: str, a: Any, lo
         return reader.option("perBatch", a.rows).load().select("data", "tag")
 
     with tempfile.TemporaryDirectory(prefix="waymark-bench-sink-") as tmp:
-        noop = batch_rate(rows_out(), f"{tmp}/n")
+        noop = batch_rate(rows_out(), f"{tmp}/n", batches=a.batches)
         pairs, server_s = [], []
         for i in range(a.pairs):
-            null = batch_rate(rows_out(), f"{tmp}/p{i}", "waymark_null")
+            null = batch_rate(rows_out(), f"{tmp}/p{i}", "waymark_null", a.batches)
             began = _server_cpu()
-            ours = batch_rate(rows_out(), f"{tmp}/w{i}", "waymark", url=url, topic=f"out{i}")
-            server_s.append((_server_cpu() - began) / 2)  # a warm-up batch and the measured
+            ours = batch_rate(rows_out(), f"{tmp}/w{i}", "waymark", a.batches, url=url,
+                              topic=f"out{i}")  # fmt: skip
+            server_s.append((_server_cpu() - began) / (1 + a.batches))  # with the warm-up
             pairs.append((null, ours))
     load_after = os.getloadavg()
     table = Table(
-        title=f"Spark sink, {a.rows:,} rows a batch, on {a.master or 'local[2]'} (load average "
+        title=f"Spark sink, {a.rows:,} rows a batch, {a.batches} measured a query, on "
+        f"{a.master or 'local[2]'} (load average "
         f"{load[0]:.1f} before, {load_after[0]:.1f} after); noop {noop:,.0f} rows/s",
         title_justify="left",
     )
@@ -292,6 +298,8 @@ def main() -> None:
     parser.add_argument("--master", default=None, help="spark://HOST:PORT (default local[2])")
     parser.add_argument("--only", choices=["all", "sink"], default="all")
     parser.add_argument("--pairs", type=int, default=3, help="with --only sink")
+    parser.add_argument("--batches", type=int, default=1,
+                        help="with --only sink: micro-batches measured a query")  # fmt: skip
     a = parser.parse_args()
     console = Console(width=140)
     load = os.getloadavg()

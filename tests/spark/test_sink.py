@@ -138,12 +138,85 @@ def test_stale_epoch_writer_is_fenced(server: Any, topics: Any, topic: str) -> N
     schema = StructType([StructField("data", StringType())])
     options = {"url": server.url, "topic": topic, "writerId": topic}
     zombie = WaymarkStreamWriter(options, schema)
+    old = zombie.epoch  # opened when first used (shipped to its tasks)
     current = WaymarkStreamWriter(options, schema)
-    assert current.epoch == zombie.epoch + 1
+    assert current.epoch == old + 1
     with pytest.raises(ApiError) as fenced:
-        zombie.commit([StagedParts(0, 0, [(topic, 1, 1)])], 0)
+        zombie.commit([StagedParts(0, 0, [(topic, 1, 1)], epoch=old)], 0)
     assert fenced.value.status == 409 and fenced.value.code == "fenced"
     assert topics.read(topic) == []
+
+
+def test_a_zombie_drivers_commit_is_fenced(
+    spark: Any, server: Any, topics: Any, topic: str
+) -> None:
+    """Spark builds a new sink writer in the driver for every commit (pyspark's
+    streaming sink runner). A zombie driver's tasks staged under its run's epoch; once a
+    newer run has planned a batch (opened the writer), the zombie's commit, through a
+    writer built afresh as Spark builds it, is refused 409 ``fenced`` and appends
+    nothing: the commit publishes under the epoch its tasks staged under, never a fresh
+    one (docs/spark.md, "Exactly-once topic sink")."""
+    schema = StructType([StructField("data", StringType())])
+    options = {"url": server.url, "topic": topic, "writerId": topic}
+    planner = WaymarkStreamWriter(options, schema)  # the zombie's planning, shipped to tasks
+    batch = pa.record_batch([pa.array(['{"i": 1}', '{"i": 2}'])], names=["data"])
+
+    def task(_: Any) -> list[StagedParts]:  # a real task: TaskContext names the attempt
+        return [planner.write(iter([batch]))]
+
+    context = spark.sparkContext
+    context.setLocalProperty("streaming.sql.batchId", "0")  # as Spark sets it for batch 0
+    try:
+        staged = context.parallelize([0], 1).mapPartitions(task).collect()
+    finally:
+        context.setLocalProperty("streaming.sql.batchId", None)
+    assert WaymarkStreamWriter(options, schema).epoch > planner.epoch  # a newer run plans
+    with pytest.raises(ApiError) as fenced:
+        WaymarkStreamWriter(options, schema).commit(staged, 0)  # the zombie's commit
+    assert fenced.value.status == 409 and fenced.value.code == "fenced"
+    assert topics.read(topic) == []
+
+
+def test_the_zombie_test_catches_a_commit_under_a_fresh_epoch(
+    spark: Any, server: Any, topics: Any, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutant: the commit's writer opens an epoch of its own and publishes under it
+    (the code before: every writer Spark built opened one)."""
+    monkeypatch.setattr(WaymarkStreamWriter, "_staged_epoch", lambda self, *_: self.epoch)
+    with pytest.raises(pytest.fail.Exception):
+        test_a_zombie_drivers_commit_is_fenced(spark, server, topics, topic)
+
+
+def test_a_commit_of_parts_staged_under_two_epochs_is_refused(server: Any, topic: str) -> None:
+    """One planned batch ships one writer to its tasks: parts of two epochs are not one
+    batch, and the commit publishes neither."""
+    schema = StructType([StructField("data", StringType())])
+    writer = WaymarkStreamWriter({"url": server.url, "topic": topic, "writerId": topic}, schema)
+    epoch = writer.epoch
+    parts = [StagedParts(0, 0, [(topic, 1, 1)], epoch=epoch - 1),
+             StagedParts(1, 0, [(topic, 1, 1)], epoch=epoch)]  # fmt: skip
+    with pytest.raises(ValueError, match="staged under epochs"):
+        writer.commit(parts, 0)
+
+
+def test_a_streaming_query_opens_one_epoch_a_micro_batch(
+    spark: Any, server: Any, http: Any, topics: Any, run: Any, topic: str, tmp_path: Path
+) -> None:
+    """Spark builds the sink's writer twice a micro-batch (planning, commit); only the
+    planning's opens an epoch, and the commit publishes under it: one writer open (one
+    journaled frame and its sync) a batch, not two."""
+    topics.write(topic, [{"i": i} for i in range(200)])
+    writer = (
+        _stream(spark, server, topic).select("data").writeStream.format("waymark")
+        .option("url", server.url).option("topic", f"{topic}-out").option("writerId", topic)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+    )  # fmt: skip
+    query = run(writer)
+    batches = len([p for p in query.recentProgress if p["numInputRows"] > 0])
+    assert batches == 2
+    assert [r["data"]["i"] for r in topics.read(f"{topic}-out")] == list(range(200))
+    states = {w["writer"]: w["epoch"] for w in http.get("/v0/writers").json()["writers"]}
+    assert states[topic] == batches
 
 
 def test_driver_sigkill_between_sink_commit_and_commit_log(

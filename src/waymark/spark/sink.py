@@ -2,18 +2,21 @@
 
 A two-phase commit over the log (:mod:`waymark.log.writers`):
 
-1. When the query (re)starts, the driver opens the writer: the server bumps the
-   writer's epoch, which fences every stage and publish of earlier runs (409
-   ``fenced``) — a zombie of a crashed run cannot add to the topic.
-2. Each task stages its rows under (writer, batch id, partition, attempt); staged
-   rows are invisible to readers. A failed attempt's rows are never published
-   and expire on the server.
+1. When the driver plans a micro-batch (Spark builds the sink's writer and ships it
+   to the tasks), the writer is opened: the server bumps the writer's epoch, which
+   fences every stage and publish of earlier runs (409 ``fenced``) — a zombie of a
+   crashed run cannot add to the topic.
+2. Each task stages its rows under (writer, batch id, partition, attempt) and that
+   epoch; staged rows are invisible to readers. A failed attempt's rows are never
+   published and expire on the server.
 3. The driver's ``commit(messages, batchId)`` publishes exactly the parts the
-   successful attempts reported, as one atomic append per topic (contiguous
-   seqs). Publishing a batch that was already published — Spark replays the last
-   batch after a crash between the sink commit and ``commits/N``, with the same
-   id and possibly another partitioning — returns the original seqs and appends
-   nothing.
+   successful attempts reported, under the epoch they staged under, as one atomic
+   append per topic (contiguous seqs). Spark builds another writer for the commit; it
+   opens no epoch of its own, which would let a zombie's commit through and fence the
+   live run instead (docs/spark.md, "Exactly-once topic sink"). Publishing a batch that
+   was already published — Spark replays the last batch after a crash between the sink
+   commit and ``commits/N``, with the same id and possibly another partitioning —
+   returns the original seqs and appends nothing.
 
 Options, as for Spark's Kafka sink: ``url`` (required), ``topic`` (unless a
 ``topic`` column names one per row) and the query's ``checkpointLocation``. The
@@ -67,11 +70,13 @@ CHUNK_RECORDS = 5_000  # records per stage request: bodies of a few MB
 
 @dataclass
 class StagedParts(WriterCommitMessage):
-    """What one successful task attempt staged: ``(topic, chunks, rows)`` per topic."""
+    """What one successful task attempt staged: ``(topic, chunks, rows)`` per topic, and
+    the writer epoch it staged under (the commit publishes under it)."""
 
     partition: int
     attempt: int
     topics: list[tuple[str, int, int]] = field(default_factory=list)
+    epoch: int = 0
 
 
 def writer_id(options: Mapping[str, str], *, streaming: bool = False) -> str:
@@ -150,16 +155,28 @@ class _TwoPhaseWriter:
         self.token, self.ca_file = token_option(options), options.get("caFile")
         self.budget_s = server_budget_s(options)
         self.writer = writer_id(options, streaming=self.streaming)
-        # Runs on the driver when the query starts: this run's epoch fences older runs.
-        with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
-            self.epoch = http.open_writer(self.writer).epoch
-        log.info("waymark sink writer %s opened at epoch %d", self.writer, self.epoch)
+        self._epoch: int | None = None  # opened when first needed: see epoch
+
+    @property
+    def epoch(self) -> int:
+        """This writer's epoch, opened on first use: when the driver ships the writer to
+        its tasks (pickling it, :meth:`__getstate__`). A writer Spark builds only to
+        commit never opens one: it publishes under the epoch its tasks staged under."""
+        if self._epoch is None:
+            with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
+                self._epoch = http.open_writer(self.writer).epoch
+            log.info("waymark sink writer %s opened at epoch %d", self.writer, self._epoch)
+        return self._epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.epoch  # noqa: B018 (the tasks stage under the epoch opened here, on the driver)
+        return self.__dict__.copy()
 
     # --- executors --------------------------------------------------------------------
     def _stage(self, iterator: Iterator[pa.RecordBatch], batch_id: int) -> StagedParts:
         context = TaskContext.get()
         assert context is not None, "write() runs in a Spark task"
-        message = StagedParts(context.partitionId(), context.attemptNumber())
+        message = StagedParts(context.partitionId(), context.attemptNumber(), epoch=self.epoch)
         with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in iterator:
@@ -171,9 +188,9 @@ class _TwoPhaseWriter:
     # --- driver -------------------------------------------------------------------------
     def _publish(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         parts: dict[str, list[StagedPart]] = {}
-        for message in messages:
-            if not isinstance(message, StagedParts):
-                continue
+        staged = [m for m in messages if isinstance(m, StagedParts)]
+        epoch = self._staged_epoch(staged, batch_id)
+        for message in staged:
             for topic, chunks, _ in message.topics:
                 parts.setdefault(topic, []).append(
                     StagedPart(message.partition, message.attempt, chunks)
@@ -181,7 +198,7 @@ class _TwoPhaseWriter:
         with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             for topic in sorted(parts):
                 ordered = sorted(parts[topic], key=lambda p: p.partition)
-                result = http.publish(topic, writer=self.writer, epoch=self.epoch,
+                result = http.publish(topic, writer=self.writer, epoch=epoch,
                                       batch_id=batch_id, parts=ordered)  # fmt: skip
                 log.info(
                     "waymark sink batch %d -> %s: seqs %d..%d%s",
@@ -189,6 +206,15 @@ class _TwoPhaseWriter:
                     result.first_seq + result.count - 1,
                     " (already published: replay)" if result.replayed else "",
                 )  # fmt: skip
+
+    def _staged_epoch(self, staged: list[StagedParts], batch_id: int) -> int:
+        """The epoch a commit publishes under: the one its tasks staged under, never one
+        opened now, so that a zombie driver's commit is fenced like its tasks
+        (docs/spark.md, "Exactly-once topic sink"); 0 when nothing was staged."""
+        epochs = {m.epoch for m in staged}
+        if len(epochs) > 1:  # one planned batch: one writer shipped to all its tasks
+            raise ValueError(f"batch {batch_id}'s tasks staged under epochs {sorted(epochs)}")
+        return next(iter(epochs), 0)
 
 
 class WaymarkStreamWriter(_TwoPhaseWriter, DataSourceStreamArrowWriter):
