@@ -202,10 +202,13 @@ def _cut(array: bytes, bounds: np.ndarray) -> bytes:
 def _has_exponent(text: bytes) -> bool:
     """Whether a digit is followed by an exponent letter anywhere in ``text``: the
     "0e" test of :func:`_may_be_poison`, vectorised (a find of two bytes steps a byte at
-    a time). ``b | 0x20 == ord("e")`` holds for ``e`` and ``E`` alone."""
+    a time): two masks over the text, and-ed in place (gathering the bytes before each
+    ``e`` cost half as much again: text has many). ``b | 0x20 == ord("e")`` holds for
+    ``e`` and ``E`` alone."""
     codes = np.frombuffer(text, np.uint8)
-    before = codes[np.flatnonzero((codes[1:] | 0x20) == ord("e"))]
-    return bool(((before - ord("0")) < 10).any())  # (uint8: below "0" wraps high)
+    exponent = (codes[1:] | 0x20) == ord("e")
+    exponent &= (codes[:-1] - ord("0")) < 10  # (uint8: below "0" wraps high)
+    return bool(exponent.any())
 
 
 # Each check of plain_records is one C call over the write holding the GIL: a larger
