@@ -188,13 +188,15 @@ def _cut(array: bytes, bounds: np.ndarray) -> bytes:
     (data may hold ``},{"data":`` itself): a bare array has exactly one layout for its
     data's lengths. One pyarrow kernel over the records, where a search-and-replace of
     the separator cost twice the CPU (docs/spark.md, "Sink speed")."""
-    import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
-
-    from .chunk import binary_column
+    import pyarrow as pa  # (as the chunk layout: the engine's import stays light)
+    import pyarrow.compute as pc
 
     # Record i as sent, with the byte before it ("[" or ","): it starts bounds[i] + i
-    # into the array, its body one byte shorter than it.
-    sent = binary_column(array, bounds + np.arange(len(bounds), dtype=np.int64))
+    # into the array, its body one byte shorter than it. (Built from buffers, as
+    # waymark.log.chunk's columns are: pa.array() imports pandas.)
+    starts = bounds + np.arange(len(bounds), dtype=np.int64)
+    buffers = [None, pa.py_buffer(starts.tobytes()), pa.py_buffer(array)]
+    sent = pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
     cut = pc.binary_replace_slice(sent, start=0, stop=2, replacement=b",")
     return cut.buffers()[2].slice(0, int(bounds[-1])).to_pybytes()
 
