@@ -198,7 +198,9 @@ def _cut(array: bytes, bounds: np.ndarray) -> bytes:
     buffers = [None, pa.py_buffer(starts.tobytes()), pa.py_buffer(array)]
     sent = pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
     cut = pc.binary_replace_slice(sent, start=0, stop=2, replacement=b",")
-    return cut.buffers()[2].slice(0, int(bounds[-1])).to_pybytes()
+    data = cut.buffers()[2]
+    assert data is not None  # (a binary array's, of at least one record)
+    return data.slice(0, int(bounds[-1])).to_pybytes()
 
 
 def _has_exponent(text: bytes) -> bool:
