@@ -183,7 +183,8 @@ def _readable(array: bytes, lengths: np.ndarray) -> bool:
 
 def _cut(array: bytes, bounds: np.ndarray) -> bytes:
     """The stored bodies ``,"data":D}`` of a bare array ``[{"data":D},{"data":D},...]``
-    (see :func:`_bare`): the array less each record's ``{`` and its closing ``]``. Cut
+    (see :func:`_bare`): the array with its ``[`` a comma, each record's ``{`` dropped
+    and its closing ``]`` too. Cut
     where ``bounds`` puts each record, never where its bytes look like a record's start
     (data may hold ``},{"data":`` itself): a bare array has exactly one layout for its
     data's lengths. One pyarrow kernel over the records, where a search-and-replace of
