@@ -61,7 +61,7 @@ def task_bodies(batch: pa.RecordBatch) -> list[bytes]:
     (records,) = encode_batch(batch, "out").values()
     bodies = []
     for at in range(0, len(records), CHUNK_RECORDS):
-        joined = joined_values(records.slice(at, CHUNK_RECORDS))[:-1]
+        joined = joined_values(records.slice(at, CHUNK_RECORDS), trim=1)
         request = StageRequest("w", 1, 0, 0, 0, msgspec.Raw(b"[" + joined + b"]"), 0)
         bodies.append(msgspec.json.encode(request))
     return bodies

@@ -97,12 +97,17 @@ def _bulk(body: bytes) -> object:
 
 # The key given twice, and data holding the separator the bulk path cuts at, just enough
 # of it for the array's length to come out as if it were bare: only the length check
-# (_bare) tells this from 21 plain records.
+# (_bare) and the array's head (where the first record's data is) tell this from 21
+# plain records.
 _TWICE = (b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,"records":[{"data":'
           b'0,"data":[' + b",".join([b'{"data":0}'] * 10) + b"]}]}")  # fmt: skip
+# The key given twice in a later record: only the length check tells where it is cut.
+_TWICE_LATER = (b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,"records":'
+                b'[{"data":1},{"data":2,"data":3},{"data":4}]}')  # fmt: skip
 
 
 @example(body=_TWICE)
+@example(body=_TWICE_LATER)
 @given(body=stage_bodies())
 @SETTINGS
 def test_a_stage_is_kept_in_bulk_as_record_by_record(body: bytes) -> None:
@@ -137,6 +142,7 @@ def test_each_broken_guard_is_caught(mutant: str, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(records_module, f"_{mutant}", lambda *_: True)
 
     @example(body=_TWICE)
+    @example(body=_TWICE_LATER)
     @given(body=stage_bodies())
     @MUTANT
     def same(body: bytes) -> None:

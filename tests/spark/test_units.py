@@ -258,6 +258,10 @@ def test_sink_data_column_encoding() -> None:
     # Two values in one string would shift the record's keys if concatenated blindly.
     with pytest.raises(ValueError, match="not valid JSON"):
         encode_data(pa.array(['1,"tag":"forged"']))
+    # A slice of a column (an Arrow batch cut by Spark) is checked over its own values.
+    assert encode_data(pa.array(["{nope", "1", "[2]"]).slice(1)).to_pylist() == [b"1", b"[2]"]
+    with pytest.raises(ValueError, match="row 0: the 'data' column is not valid JSON"):
+        encode_data(pa.array(["1", "{nope", "2"]).slice(1, 1))
 
 
 def _engine() -> tuple[Engine, ManualClock]:

@@ -54,7 +54,9 @@ def stage(
     """``records``: RecordIn values, or RecordIn JSON objects already encoded and joined by
     commas into one byte string, sent byte for byte (the Spark sink cuts them out of an
     Arrow column)."""
-    array = msgspec.Raw(b"[" + records + b"]") if isinstance(records, bytes) else list(records)
+    # (one copy of a chunk's bytes: ``b"[" + records + b"]"`` makes two)
+    array = msgspec.Raw(b"".join((b"[", records, b"]"))) if isinstance(records, bytes) else (
+        list(records))  # fmt: skip
     body = StageRequest(writer, epoch, batch_id, partition, attempt, array, chunk)
     return call("stage", _staged, _encode(body), topic=topic)
 

@@ -10,6 +10,7 @@ from operator import attrgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.prebuilt import build
@@ -32,8 +33,7 @@ from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
 _stage = BodyDecoder(StageRequest[list[RecordIn]], lambda body: refuse_server_meta(body.records))
-_stage_raw = msgspec.json.Decoder(StageRequest[msgspec.Raw])
-_plain = msgspec.json.Decoder(list[PlainRecordIn])
+_stage_plain = msgspec.json.Decoder(StageRequest[list[PlainRecordIn]])
 _publish = BodyDecoder(PublishRequest)
 _encode = msgspec.json.encode
 _data_of = attrgetter("data")
@@ -131,12 +131,44 @@ def decode_stage(
     records = None
     if len(raw) <= PLAIN_MAX_BYTES:  # (a larger one goes record by record, a slice at a time)
         try:
-            plain = _stage_raw.decode(raw)
-            array = bytes(plain.records)
-            records = plain_records(array, list(map(_data_of, _plain.decode(array))), limits)
+            plain = _stage_plain.decode(raw)
+            datas = list(map(_data_of, plain.records))
+            array = _records_array(raw, datas)
+            if array is not None:
+                records = plain_records(array, datas, limits)
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
             records = None
     if records is not None:
         return plain, records
     body = _stage.decode(raw)
     return body, body.records
+
+
+def _records_array(raw: bytes, datas: list[msgspec.Raw]) -> bytes | None:
+    """The records' JSON array as sent, cut out of ``raw`` from the ``[`` before the
+    first record's data to the ``]`` after the last's: one decode of the body finds
+    both, for a decoded ``Raw`` is a view of the body where its value lies (a second
+    decode of the body, to find the array, cost the stage ~15% of its CPU). None
+    unless the array starts ``[{"data":`` and ends ``}]`` there — a whitespace or an
+    escaped key in between is then told by :func:`plain_records`' checks — or if the
+    data are not views of ``raw`` (another decoder's behaviour): the record-by-record
+    way then decides."""
+    if not datas:
+        return None
+    base = _address(raw)
+    first = _address(datas[0]) - base
+    end = _address(datas[-1]) - base + len(datas[-1])
+    if not (len(_ARRAY_HEAD) <= first and end + len(_ARRAY_TAIL) <= len(raw)):
+        return None
+    if (raw[first - len(_ARRAY_HEAD) : first] != _ARRAY_HEAD
+            or raw[end : end + len(_ARRAY_TAIL)] != _ARRAY_TAIL):  # fmt: skip
+        return None
+    return raw[first - len(_ARRAY_HEAD) : end + len(_ARRAY_TAIL)]
+
+
+def _address(value: bytes | msgspec.Raw) -> int:
+    return int(np.frombuffer(value, np.uint8).ctypes.data)
+
+
+_ARRAY_HEAD = b'[{"data":'
+_ARRAY_TAIL = b"}]"

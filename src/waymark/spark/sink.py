@@ -323,7 +323,7 @@ class _Stager:
     def _flush(self, topic: str, records: pa.Array) -> None:
         chunk = self.chunks.get(topic, 0)
         if topic not in self.published:
-            joined = joined_values(records)[:-1]  # the last record's comma
+            joined = joined_values(records, trim=1)  # the last record's comma
             accepted = self.http.stage(topic, joined, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
