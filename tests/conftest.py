@@ -254,7 +254,7 @@ def group_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for ``pytest -n 4 --dist loadgroup`` (how ``./run test`` runs): a
+    """Groups for ``pytest -n 3 --dist loadgroup`` (how ``./run test`` runs): a
     module's tests stay on one worker, so its module fixtures (servers, nats-server)
     start once. The Spark tests are two groups, each on one worker with one Spark
     session (one group was the whole suite's critical path). The groups are handed out
