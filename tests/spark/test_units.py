@@ -262,6 +262,8 @@ def test_sink_data_column_encoding() -> None:
     assert encode_data(pa.array(["{nope", "1", "[2]"]).slice(1)).to_pylist() == [b"1", b"[2]"]
     with pytest.raises(ValueError, match="row 0: the 'data' column is not valid JSON"):
         encode_data(pa.array(["1", "{nope", "2"]).slice(1, 1))
+    # An empty batch (a partition with no rows) holds nothing to refuse.
+    assert encode_data(pa.array([], pa.string())).to_pylist() == []
 
 
 def _engine() -> tuple[Engine, ManualClock]:

@@ -75,16 +75,21 @@ def encode_data(column: pa.Array) -> pa.Array:
     return pa.array(encoded, _BINARY)
 
 
+def _span(values: pa.Array) -> tuple[pa.Buffer, int, int]:
+    """A non-empty binary array's data buffer and where its values lie in it."""
+    _, offsets_buffer, data = values.buffers()
+    assert offsets_buffer is not None and data is not None  # a non-empty binary array's
+    offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, values.offset * 4)  # type: ignore[call-overload]
+    return data, int(offsets[0]), int(offsets[-1])
+
+
 def joined_values(values: pa.Array, *, trim: int = 0) -> bytes:
     """The concatenated bytes of a binary array's values, less their last ``trim`` bytes
     (a last record's comma): one copy of a slice of its buffer."""
     if len(values) == 0:
         return b""
-    _, offsets_buffer, data = values.buffers()
-    assert offsets_buffer is not None and data is not None  # a non-empty binary array's
-    offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, values.offset * 4)  # type: ignore[call-overload]
-    lo, hi = int(offsets[0]), int(offsets[-1]) - trim
-    return data.slice(lo, hi - lo).to_pybytes()
+    data, lo, hi = _span(values)
+    return data.slice(lo, hi - trim - lo).to_pybytes()
 
 
 def _check_json(values: pa.Array) -> None:
@@ -93,10 +98,9 @@ def _check_json(values: pa.Array) -> None:
     failure looks closer. The array is built with one copy of the values: each copy of
     a batch's data cost the sink's task ~10 ms per 300k rows (docs/spark.md, "Sink
     speed")."""
-    commas = pc.binary_join_element_wise(values, b",", b"")  # type: ignore[call-overload]
-    _, offsets_buffer, data = commas.buffers()
-    offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, commas.offset * 4)  # type: ignore[call-overload]
-    lo, hi = int(offsets[0]), int(offsets[-1])
+    if len(values) == 0:
+        return
+    data, lo, hi = _span(pc.binary_join_element_wise(values, b",", b""))  # type: ignore[call-overload]
     array = bytearray(hi - lo + 1)  # "[" v0,v1,...vn "]": the last comma's place is "]"
     array[0], array[-1] = ord("["), ord("]")
     array[1:-1] = memoryview(data)[lo : hi - 1]
