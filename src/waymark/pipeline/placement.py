@@ -13,7 +13,7 @@ producer and the consumer on it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from waymark.client import (
@@ -36,6 +36,7 @@ from waymark.pipeline.locator import (
     Observed,
     QueueLocator,
 )
+from waymark.protocol import EdgePage, EdgeRecord
 
 from .errors import PipelineError
 
@@ -89,6 +90,23 @@ def gone(error: Exception) -> bool:
     if isinstance(error, TransportError):
         return True
     return isinstance(error, ApiError) and (error.status >= 500 or error.status == 404)
+
+
+def packs_after(client: Client, topic: str, after: int, head: int, *, page: int,
+                most: int | None = None) -> Iterator[EdgeRecord]:  # fmt: skip
+    """The records of an edge's ``topic`` after seq ``after`` up to ``head``, in order,
+    read ``page`` at a time (doubling up to ``most`` where given: a pack may be 256
+    KiB, so a reader that may stop early starts small). What a tombstone names is gone
+    and not the consumer's to read (docs/semantics/pipeline.md §3.1)."""
+    at = after
+    while at < head:
+        read = client.diff_as(topic, at, EdgePage, limit=min(page, head - at))
+        yield from (r for r in read.records if r.seq <= head)
+        if read.next_from_seq <= at:
+            return
+        at = read.next_from_seq
+        if most is not None:
+            page = min(2 * page, most)
 
 
 class EdgePlacement:

@@ -11,12 +11,12 @@ from waymark.client import ApiError, Client, TransportError
 from waymark.objstore import ObjectStore
 from waymark.pipeline.identity import load_identity
 from waymark.pipeline.locator import HandoffReader, QueueLocator
+from waymark.pipeline.placement import packs_after
 from waymark.pipeline.report import load_report
 from waymark.pipeline.shard import part_name, read_lease
 from waymark.pipeline.spec import PipelineSpec
 from waymark.pipeline.state import StageStateStore
 from waymark.protocol.pipelines import (
-    EdgePage,
     PipelineEdge,
     PipelinePlacement,
     PipelineReport,
@@ -66,17 +66,10 @@ def edge_lag(spec: PipelineSpec, store: ObjectStore, status: EdgeStatus) -> Edge
     try:
         with Client(loc.server, timeout=1.0, connect_timeout=1.0) as client:
             head = client.get_topic(loc.topic, touch=False).head_seq
-            at = done
-            while at < head:
-                page = client.diff_as(loc.topic, at, EdgePage, limit=min(LAG_PAGE, head - at))
-                # a tombstone: gone records are not the consumer's to read any more
-                mine = [r for r in page.records if r.seq <= head
-                        and r.meta.generation == loc.generation]  # fmt: skip
-                items += sum(r.count() for r in mine)
-                packs += len(mine)
-                if page.next_from_seq <= at:
-                    break
-                at = page.next_from_seq
+            for r in packs_after(client, loc.topic, done, head, page=LAG_PAGE):
+                if r.meta.generation == loc.generation:
+                    items += r.count()
+                    packs += 1
     except (TransportError, ApiError):
         return None
     return EdgeLag(items, packs)

@@ -33,11 +33,11 @@ from waymark.objstore import ObjectStore, ObjectStoreError, open_store
 from waymark.pipeline.identity import load_identity
 from waymark.pipeline.locator import HandoffReader, QueueLocator
 from waymark.pipeline.patience import PatientStore
-from waymark.pipeline.placement import EdgePlacement, gone
+from waymark.pipeline.placement import EdgePlacement, gone, packs_after
 from waymark.pipeline.report import ReportFenced, StageReport, load_report, publish_report
 from waymark.pipeline.state import CheckpointedStageState, StageStateStore
 
-from ..protocol import MAX_ARROW_DIFF_LIMIT, EdgePage
+from ..protocol import MAX_ARROW_DIFF_LIMIT
 from .connection import connect, token_option
 from .edge import (
     EdgeOffset,
@@ -181,18 +181,15 @@ class WaymarkEdgeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         driver reads them, data too: the server has no read of metas alone. Pages start
         small and double, since a pack may be 256 KiB. None when the server is gone."""
         packs: list[PackAt] = []
-        at, taken, limit = base.seq, 0, 4
+        taken = 0
         try:
-            while at < head and taken <= max_items:
-                page = self._client(base.server).diff_as(base.topic, at, EdgePage,
-                                                         limit=min(limit, head - at))  # fmt: skip
-                for r in page.records:
-                    if r.seq <= head:
-                        packs.append((r.seq, r.meta.generation, r.count()))
-                        taken += r.count() if r.meta.generation == base.generation else 0
-                if page.next_from_seq <= at:
-                    break
-                at, limit = page.next_from_seq, min(2 * limit, 512)
+            client = self._client(base.server)
+            for r in packs_after(client, base.topic, base.seq, head, page=4, most=512):
+                packs.append((r.seq, r.meta.generation, r.count()))
+                count = packs[-1][2] if r.meta.generation == base.generation else 0
+                if taken and taken + count > max_items:
+                    break  # the pack past the limit (advance's rule): advance cuts before it
+                taken += count
         except (TransportError, ApiError) as error:
             if not gone(error):
                 raise
