@@ -412,12 +412,11 @@ def test_a_pruner_whose_clock_is_behind_the_stamps_keeps_everything(
     assert len(transport.prune(KEY, grace_ms=0).deleted) == 1  # p3, below the pointer
 
 
-def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
+def stalled_round_pruned_under_a_corrupt_pointer(
     transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
-) -> None:
-    """Found by the model: corruption breaks the order prune relies on, so a publisher
-    that replaces a corrupt (or vanished) pointer first confirms its payload still exists."""
-    transport.upload(KEY, exported(tmp_path, "p3", 3))
+) -> UploadedPayload:
+    """A round of rank 5 uploaded and stalled before its swap, its payload pruned under
+    the pointer a round of rank 10 published, that pointer then corrupted."""
     slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
     transport.upload(KEY, exported(tmp_path, "p10", 10))
     # Was flaky on S3 (once a second boundary passed after the clock fixture): see age_payloads.
@@ -425,6 +424,16 @@ def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
     age_payloads(transport, clock, 0)
     assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
     transport.store.put(f"{KEY}.manifest.json", b"garbage")
+    return slow
+
+
+def test_a_corrupt_pointer_is_never_replaced_by_a_pruned_payload(
+    transport: ObjectStoreTransport, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Found by the model: corruption breaks the order prune relies on, so a publisher
+    that replaces a corrupt (or vanished) pointer first confirms its payload still exists."""
+    transport.upload(KEY, exported(tmp_path, "p3", 3))
+    slow = stalled_round_pruned_under_a_corrupt_pointer(transport, clock, tmp_path)
     assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer
     assert transport.read_pointer(KEY).body == b"garbage"
 
@@ -436,12 +445,7 @@ def test_a_pointer_restarted_after_corruption_is_never_swapped_to_a_pruned_paylo
     over, so a pointer published over it (rank 3) may rank below a payload a prune under
     the earlier pointer (rank 10) removed; a stalled round of rank 5 passes the guard
     against it and must still find its payload gone."""
-    slow = transport.upload_payload(KEY, exported(tmp_path, "p5", 5, node="slow"))
-    transport.upload(KEY, exported(tmp_path, "p10", 10))
-    transport.prune(KEY, grace_ms=3_600_000)  # stamps the retired payloads, deletes none
-    age_payloads(transport, clock, 0)
-    assert slow.payload_key in transport.prune(KEY, grace_ms=0).deleted  # 5 < 10
-    transport.store.put(f"{KEY}.manifest.json", b"garbage")
+    slow = stalled_round_pruned_under_a_corrupt_pointer(transport, clock, tmp_path)
     assert transport.upload(KEY, exported(tmp_path, "p3", 3))[1] is PublishOutcome.Published
     assert transport.swap_pointer(slow) is PublishOutcome.SupersededByNewer
     assert transport.read_pointer(KEY).state.rank == 3
