@@ -182,16 +182,12 @@ class EdgeRecord(Struct, kw_only=True, gc=False):
         if self.meta.items:
             return self.meta.items
         try:
-            return len(_pack_events(self.data).events) or 1
+            return len(_decode_pack(self.data).events) or 1
         except msgspec.DecodeError:
             return 1
 
 
-class _PackEvents(Struct, gc=False):
-    events: list[msgspec.Raw]
-
-
-_pack_events = msgspec.json.Decoder(_PackEvents).decode
+_decode_pack = msgspec.json.Decoder(EdgePack).decode
 
 
 class EdgePage(Struct, kw_only=True, gc=False):
