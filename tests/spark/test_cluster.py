@@ -1,7 +1,7 @@
 """On a Spark standalone cluster (1 master, 2 workers, started with ``waymark cluster up``
 as a user would): the demo with a driver SIGKILL, the exactly-once sink with a worker
-SIGKILLed mid-batch, and the cluster commands themselves (docs/spark.md, "Running on a
-cluster").
+SIGKILLed mid-batch, a Spark stage reading a relocatable edge whose handoff store is on
+S3, and the cluster commands themselves (docs/spark.md, "Running on a cluster").
 
 One cluster for the module; each driver is its own process (the other Spark tests hold
 a local SparkContext in the test process).
@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.objstore.s3 import MotoS3, moto_s3  # noqa: F401
+from tests.pipeline.test_processes import sink_events
 from tests.spark.test_security import token_new
 
 from waymark.client import Client
+from waymark.objstore import open_store
+from waymark.pipeline import HandoffReader
+from waymark.pipeline.report import load_report
 from waymark.protocol import RecordIn
 
 WAYMARK = str(Path(sys.executable).parent / "waymark")
@@ -191,3 +196,84 @@ def test_a_worker_sigkilled_mid_batch_reruns_its_tasks_on_the_other(
     after = status(cluster)
     assert after["alive_workers"] == 2
     assert [d["pid"] for d in after["daemons"] if d["role"] == "worker-2"] == [survivor["pid"]]
+
+
+def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
+    cluster: Path, work: Path, spawn_server: Any, moto_s3: MotoS3  # noqa: F811
+) -> None:
+    """The edge's handoff store on S3 (moto); the edge's server is SIGKILLed mid-run, the
+    edge moves, the driver follows it, and every event reaches the sink exactly once.
+    The executors get the ``AWS_*`` settings through ``spark.executorEnv``, as a user
+    hands them (a task reads the handoff only when it finds its server gone mid-range,
+    which this test does not force)."""
+    events = 3000
+    a, b, sink = (spawn_server(work / name) for name in ("a", "b", "sink"))
+    handoff = f"s3://{moto_s3.create_bucket()}/handoff"
+    spec = work / "pipeline.toml"
+    spec.write_text(f"""
+[pipeline]
+name = "cluster-stage"
+handoff = "{handoff}"
+
+[[edge]]
+name = "raw"
+candidates = ["{a.url}", "{b.url}"]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = {events}
+batch = 100
+output = "raw"
+
+[[stage]]
+name = "enrich"
+input = "raw"
+external = true
+""")
+    producer = subprocess.Popen(
+        [WAYMARK, "pipeline", "run", str(spec), "--stage", "produce"],
+        stdout=(work / "produce.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    executor_env = " ".join(
+        f"--conf spark.executorEnv.{key}={value}" for key, value in moto_s3.environment().items()
+    )
+    stop, log = work / "stop", work / "driver.log"
+    driver = subprocess.Popen(
+        [sys.executable, str(HERE / "cluster_edge_driver.py"), status(cluster)["master_url"],
+         "raw", handoff, sink.url, "enriched", str(work / "checkpoint"), str(stop)],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+        env={**os.environ, "PYTHONPATH": str(HERE.parents[1]),
+             "PYSPARK_SUBMIT_ARGS": f"{executor_env} pyspark-shell"},
+    )  # fmt: skip
+
+    def wait(predicate: Any, what: str, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            assert driver.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+
+    store = open_store(handoff)
+    try:
+        wait(lambda: sum(sink_events(sink.url, "enriched").values()) >= events // 4,
+             "a quarter of the events at the sink")  # fmt: skip
+        a.process.kill()  # SIGKILL the edge's server, mid-run
+        a.process.wait()
+        wait(lambda: (placed := HandoffReader(store, "raw").current()) is not None
+             and placed.generation >= 2, "the edge to move")  # fmt: skip
+        wait(lambda: producer.poll() is not None, "every event acknowledged to the producer")
+        assert producer.returncode == 0, (work / "produce.log").read_text()[-3000:]
+        wait(lambda: len(sink_events(sink.url, "enriched")) == events, "every event at the sink")
+        stop.touch()
+        assert driver.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        for process in (driver, producer):
+            if process.poll() is None:
+                process.kill()
+    seen = sink_events(sink.url, "enriched")
+    assert set(seen) == set(range(events)) and set(seen.values()) == {1}  # exactly once
+    moved = HandoffReader(store, "raw").current()
+    assert moved is not None and moved.generation >= 2 and moved.server == b.url
+    report = load_report(store, "enrich")
+    assert report is not None and report.rebinds >= 1
