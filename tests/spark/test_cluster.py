@@ -199,7 +199,10 @@ def test_a_worker_sigkilled_mid_batch_reruns_its_tasks_on_the_other(
 
 
 def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
-    cluster: Path, work: Path, spawn_server: Any, moto_s3: MotoS3  # noqa: F811
+    cluster: Path,
+    work: Path,
+    spawn_server: Any,
+    moto_s3: MotoS3,  # noqa: F811
 ) -> None:
     """The edge's handoff store on S3 (moto); the edge's server is SIGKILLed mid-run, the
     edge moves, the driver follows it, and every event reaches the sink exactly once.
