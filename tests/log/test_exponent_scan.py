@@ -21,7 +21,7 @@ from waymark.log.records import encode_batch, plain_records
 from waymark.protocol import ErrorCode, Limits, RecordIn
 
 LIMITS = Limits()
-SETTINGS = settings(max_examples=200, deadline=None, database=None, derandomize=True,
+SETTINGS = settings(max_examples=100, deadline=None, database=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 # A mutant only needs to be found, not shrunk: the hunt stops at the first failure.
 MUTANT = settings(SETTINGS, max_examples=400, phases=[Phase.explicit, Phase.generate])
