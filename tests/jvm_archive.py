@@ -51,7 +51,7 @@ def key() -> str | None:
 
 
 def start(directory: Path) -> subprocess.Popen[bytes] | None:
-    """Point ``JAVA_TOOL_OPTIONS`` at the archive in ``directory``; start making it if
+    """Point the JVMs (``handing``) at the archive in ``directory``; start making it if
     it is not there yet (the returned process). Nothing without Java or pyspark."""
     name = key()
     if name is None:
