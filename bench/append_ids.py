@@ -11,8 +11,11 @@ Not a test: it prints figures. Two ways, each a fresh topic per (shape, size):
   process's CPU (utime + stime from /proc) over the appends, so the client's own
   encoding is not counted.
 
-Shapes: ``id+meta`` (an id and three meta keys, as a pipeline edge writes), ``id``
-and ``none``. Each figure is the best of ``--repeat`` runs (docs/pipeline.md, figures).
+Shapes: ``id+meta`` (an id and three meta keys, as a pipeline edge writes), ``id``,
+``none``, and ``hex`` (an id, and data whose event id is 32 hex digits: most hold a
+digit before an ``e``, which the quick check of a write for infinite numbers must not
+take for an exponent). Each figure is the best of ``--repeat`` runs (docs/pipeline.md,
+figures); ``--shapes`` picks some.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from waymark.log.engine import Engine, EngineConfig
 from waymark.protocol import ConfigPatch, RecordIn
 
 WINDOW_MS = 7 * 24 * 3_600_000  # as a pipeline edge's topics have it
-SHAPES = ("id+meta", "id", "none")
+SHAPES = ("id+meta", "id", "none", "hex")
+_MIX = 0x9E3779B97F4A7C15F39CC0605CEDC835  # spreads n over 128 bits: a hex id per record
 console = Console()
 
 
@@ -46,7 +50,8 @@ def batches(shape: str, records: int, size: int, run: str) -> list[list[RecordIn
     for lo in range(0, records, size):
         batch = []
         for n in range(lo, min(records, lo + size)):
-            data = msgspec.Raw(b'{"event_id":%d,"user":"u-1842","n":7}' % n)
+            event = b'"%032x"' % (n * _MIX % (1 << 128)) if shape == "hex" else b"%d" % n
+            data = msgspec.Raw(b'{"event_id":%b,"user":"u-1842","n":7}' % event)
             ident = f"{run}/produce:{n}" if shape != "none" else None
             meta = (
                 {"wm.gen": "1", "wm.event": f"{run}/{n}", "wm.t0": str(1_790_000_000_000 + n)}
@@ -106,8 +111,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="500,2000,5000")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=("engine", "server"), default=None)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    shapes = args.shapes.split(",")
+    assert set(shapes) <= set(SHAPES), f"shapes are {', '.join(SHAPES)}"
     console.print(f"load average at start: {os.getloadavg()[0]:.1f}")
     server = Server() if args.only != "engine" else None
     ways: dict[str, Callable[[str, int, int], float]] = {}
@@ -120,11 +128,11 @@ def main() -> None:
             table = Table(title=f"{way}: CPU s per {args.records:,} records (best of "
                           f"{args.repeat}); µs per record")  # fmt: skip
             table.add_column("records per append", justify="right")
-            for shape in SHAPES:
+            for shape in shapes:
                 table.add_column(shape, justify="right")
             for size in sizes:
                 row = [f"{size:,}"]
-                for shape in SHAPES:
+                for shape in shapes:
                     best = min(measure(shape, args.records, size) for _ in range(args.repeat))
                     row.append(f"{best:.3f} s ({best / args.records * 1e6:.1f})")
                 table.add_row(*row)

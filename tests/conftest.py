@@ -22,12 +22,17 @@ import pytest
 from hypothesis import settings
 from hypothesis.internal.conjecture import providers as hypothesis_providers
 from hypothesis.stateful import RuleBasedStateMachine
+from tests import hypothesis_store
 from xdist.scheduler import LoadGroupScheduling
 
 # A mutant test expects the exception a broken property raises; when hypothesis finds
 # two distinct failures it would raise an ExceptionGroup of both instead. One, the
-# simplest, is enough for every test here.
-settings.register_profile("waymark", report_multiple_bugs=False)
+# simplest, is enough for every test here. The database adds the committed store of
+# failures (tests/hypothesis_store.py) to the local one: every run replays it, CI's too
+# (hypothesis' own CI profile has no database at all).
+settings.register_profile(
+    "waymark", report_multiple_bugs=False, database=hypothesis_store.database()
+)
 settings.load_profile("waymark")
 
 MachineT = TypeVar("MachineT", bound=RuleBasedStateMachine)
@@ -235,6 +240,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--store-durations", action="store_true",
         help=f"write each test's seconds into {DURATIONS.name} (its other entries stay)",
     )  # fmt: skip
+    parser.addoption(
+        "--promote-examples", action="store_true",
+        help="save the failures this run finds into tests/hypothesis-examples/ (committed, "
+             "replayed by every run) as well as .hypothesis/",
+    )  # fmt: skip
 
 
 def test_id(nodeid: str) -> str:
@@ -371,6 +381,10 @@ def runs_spark(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _measured, _archiving
+    if config.getoption("promote_examples"):  # in xdist's workers too: they run the tests
+        settings.register_profile(
+            "waymark", report_multiple_bugs=False, database=hypothesis_store.database(promote=True)
+        )
     if hasattr(config, "workerinput"):
         return  # xdist's workers inherit what the controller set up (the environment too)
     if config.getoption("store_durations"):

@@ -7,11 +7,13 @@ and executors); each spent ~11 s of CPU to start a session, ~5 s with the archiv
 The archive is made once per venv and JDK (the key below), by a small local session
 run with ``-XX:ArchiveClassesAtExit`` in a process of its own, in the background while
 xdist's workers collect: a JVM that starts before the archive is in place runs without
-it, as every JVM did before. ``JAVA_TOOL_OPTIONS`` hands it to every JVM the tests
-start, however deep (the cluster's workers pass their environment to their
-executors). A JVM whose classpath does not match the archive (Spark's launcher, or a
-venv of tests/pythons) ignores it: ``-Xshare:auto`` is the default, and the archive's
-warnings are off, since the JVM's log goes to stdout, which Spark's launcher reads.
+it, as every JVM did before. The environment hands it to every JVM the tests start,
+however deep, through the variables Spark reads (``handing`` below): not
+``JAVA_TOOL_OPTIONS``, for which every JVM prints "Picked up JAVA_TOOL_OPTIONS: ..." on
+its stderr (into the tests' output, a driver's log, each executor's). A JVM whose
+classpath does not match the archive (a venv of tests/pythons) ignores it:
+``-Xshare:auto`` is the default, and the archive's warnings are off, since the JVM's
+log goes to stdout, which Spark's launcher reads.
 
 A run shorter than the making (one Spark file in a fresh venv) waits for it at its end
 (tests/conftest.py), up to two minutes, so the next run has it.
@@ -24,10 +26,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 OPTIONS = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -47,16 +51,14 @@ def key() -> str | None:
 
 
 def start(directory: Path) -> subprocess.Popen[bytes] | None:
-    """Point ``JAVA_TOOL_OPTIONS`` at the archive in ``directory``; start making it if
+    """Point the JVMs (``handing``) at the archive in ``directory``; start making it if
     it is not there yet (the returned process). Nothing without Java or pyspark."""
     name = key()
     if name is None:
         return None
     archive = directory / f"spark-{name}.jsa"
-    own = f"-XX:SharedArchiveFile={archive} {OPTIONS}"
-    before = os.environ.get("JAVA_TOOL_OPTIONS")
     env = dict(os.environ)
-    os.environ["JAVA_TOOL_OPTIONS"] = f"{before} {own}" if before else own
+    os.environ.update(handing(f"-XX:SharedArchiveFile={archive} {OPTIONS}", os.environ))
     if archive.exists():
         return None
     directory.mkdir(parents=True, exist_ok=True)
@@ -68,6 +70,24 @@ def start(directory: Path) -> subprocess.Popen[bytes] | None:
         [sys.executable, __file__, str(archive)], env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def handing(options: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that hand JVM ``options`` to every JVM of Spark the tests start,
+    added to those ``environ`` has. PySpark's launcher adds PYSPARK_SUBMIT_ARGS to each
+    driver's spark-submit: the drivers' default options, and the executors' (a driver
+    gives them to a cluster's executors); the standalone daemons read
+    SPARK_MASTER_OPTS and SPARK_WORKER_OPTS (`waymark cluster` sets their shared
+    SPARK_DAEMON_JAVA_OPTS). Spark's launcher JVM gets none: its classpath is not the
+    archive's."""
+    confs = [f"spark.{role}.defaultJavaOptions={options}" for role in ("driver", "executor")]
+    submit = " ".join(f"--conf {shlex.quote(conf)}" for conf in confs)
+    handed = {
+        "PYSPARK_SUBMIT_ARGS": f"{submit} {environ.get('PYSPARK_SUBMIT_ARGS', 'pyspark-shell')}"
+    }
+    for name in ("SPARK_MASTER_OPTS", "SPARK_WORKER_OPTS"):
+        handed[name] = f"{environ[name]} {options}" if environ.get(name) else options
+    return handed
 
 
 def _alive(pid: int) -> bool:

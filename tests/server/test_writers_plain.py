@@ -61,13 +61,16 @@ def _record(data: bytes, shape: str) -> bytes:
     return b'{"data":' + data + b"}"
 
 
+def _stage_body(records: list[bytes]) -> bytes:
+    head = b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,"records":'
+    return head + b"[" + b",".join(records) + b"]}"
+
+
 @st.composite
 def stage_bodies(draw: st.DrawFn) -> bytes:
     datas = draw(st.lists(_data, min_size=1, max_size=12))
     shapes = ["plain"] * 6 + ["spaced", "tagged", "escaped key"]
-    records = [_record(d, draw(st.sampled_from(shapes))) for d in datas]
-    head = b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,"records":'
-    return head + b"[" + b",".join(records) + b"]}"
+    return _stage_body([_record(d, draw(st.sampled_from(shapes))) for d in datas])
 
 
 def _staged(body: bytes, decode: object) -> object:
@@ -106,8 +109,25 @@ _TWICE_LATER = (b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0
                 b'[{"data":1},{"data":2,"data":3},{"data":4}]}')  # fmt: skip
 
 
+# Hex ids (a digit before an "e" in a string: no exponent) beside numbers with one,
+# infinite or not, at the top, in arrays, as values of hex keys, after a record's string.
+_HEX_IDS = _stage_body(
+    [_record(d, "plain") for d in (b'{"id":"1e5f3a","n":7}', b'"9E"', b'{"1e5":"2e"}')]
+)
+_HEX_AND_EXPONENTS = [
+    _stage_body([_record(d, "plain") for d in datas])
+    for datas in ([b'"9e"', b"1e999"], [b'["1e5f",-1E400]'], [b'{"1e5":2E400}'],
+                  [b'{"id":"3e","n":1e5}', b'"0e"'])
+]  # fmt: skip
+
+
 @example(body=_TWICE)
 @example(body=_TWICE_LATER)
+@example(body=_HEX_IDS)
+@example(body=_HEX_AND_EXPONENTS[0])
+@example(body=_HEX_AND_EXPONENTS[1])
+@example(body=_HEX_AND_EXPONENTS[2])
+@example(body=_HEX_AND_EXPONENTS[3])
 @given(body=stage_bodies())
 @SETTINGS
 def test_a_stage_is_kept_in_bulk_as_record_by_record(body: bytes) -> None:
@@ -125,6 +145,12 @@ def test_the_sink_s_records_take_the_bulk_path() -> None:
     assert records.joined() == b"".join(b',"data":%b}' % d for d in datas)
     assert records.sizes().tolist() == list(map(len, datas))
     assert list(records[10:12]) == list(records)[10:12]
+
+
+def test_hex_ids_in_strings_take_the_bulk_path() -> None:
+    """A digit before an "e" inside a string is no exponent: nothing to parse."""
+    _, records = decode_stage(_HEX_IDS, LIMITS)
+    assert isinstance(records, PlainRecords)
 
 
 def _no_cut_check(array: bytes, bounds: np.ndarray) -> bytes | None:

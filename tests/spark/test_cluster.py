@@ -137,6 +137,13 @@ def test_demo_on_the_cluster_survives_a_driver_sigkill(cluster: Path, work: Path
     # applications: the killed driver's and the restarted one's.
     apps = {p.name for w in ("worker-1", "worker-2") for p in (cluster / w).glob("app-*")}
     assert len(apps) >= 2
+    # The class archive (tests/jvm_archive.py) reached the executors, and no JVM (the
+    # drivers, the daemons, the executors) printed "Picked up JAVA_TOOL_OPTIONS".
+    executors = list(cluster.glob("worker-*/app-*/*/stderr"))
+    assert executors and all("-XX:SharedArchiveFile=" in p.read_text() for p in executors)
+    logs = [*executors, *cluster.glob("*.log")]
+    assert [p for p in logs if "Picked up" in p.read_text(errors="replace")] == []
+    assert "Picked up" not in result.stderr
 
 
 @pytest.mark.timeout(600)

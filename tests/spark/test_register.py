@@ -25,6 +25,7 @@ def test_register_fails_at_once_if_the_worker_python_cannot_import_waymark(
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Picked up" not in done.stderr  # the class archive's options (tests/jvm_archive.py)
     results = {r["case"]: r for r in map(json.loads, done.stdout.splitlines())}
 
     named = results["PYSPARK_PYTHON without waymark"]

@@ -205,15 +205,24 @@ def _cut(array: bytes, bounds: np.ndarray) -> bytes:
 
 
 def _has_exponent(text: bytes) -> bool:
-    """Whether a digit is followed by an exponent letter anywhere in ``text``: the
-    "0e" test of :func:`_may_be_poison`, vectorised (a find of two bytes steps a byte at
-    a time): two masks over the text, and-ed in place (gathering the bytes before each
-    ``e`` cost half as much again: text has many). ``b | 0x20 == ord("e")`` holds for
-    ``e`` and ``E`` alone."""
+    """Whether a number in ``text`` (JSON values holding no backslash) may have an
+    exponent: a digit followed by an exponent letter outside every string. Two masks
+    over the text, and-ed in place (a find of two bytes steps a byte at a time;
+    gathering the bytes before each ``e`` cost half as much again: text has many).
+    ``b | 0x20 == ord("e")`` holds for ``e`` and ``E`` alone. A pair inside a string (a
+    hex id's ``"1e5f"``) is no exponent: with no backslash each quote opens or closes a
+    string, so a pair with an odd number of quotes before it is inside one (without
+    this, such ids cost every write holding them a full parse)."""
     codes = np.frombuffer(text, np.uint8)
     exponent = (codes[1:] | 0x20) == ord("e")
     exponent &= (codes[:-1] - ord("0")) < 10  # (uint8: below "0" wraps high)
-    return bool(exponent.any())
+    if not exponent.any():
+        return False
+    quotes = np.flatnonzero(codes == ord('"'))
+    if len(quotes) & 1:  # not JSON values: whatever it holds is told by the parse
+        return True
+    before = np.searchsorted(quotes, np.flatnonzero(exponent))  # the quotes before each
+    return not (before & 1).all()
 
 
 # Each check of plain_records is one C call over the write holding the GIL: a larger
@@ -380,7 +389,10 @@ def _may_be_poison(joined: bytes) -> bool:
     if joined.find(b"\\") >= 0:
         return True
     numbers = joined.translate(_DIGITS_AND_EXPONENTS)
-    return numbers.find(b"0e") >= 0 or numbers.find(_INFINITE_DIGITS) >= 0
+    if numbers.find(_INFINITE_DIGITS) >= 0:
+        return True
+    # A digit before an "e" is rarely an exponent: mostly a hex id in a string.
+    return numbers.find(b"0e") >= 0 and _has_exponent(joined)
 
 
 def _array(records: Sequence[RecordIn]) -> bytes:
