@@ -254,7 +254,8 @@ external = true
          "raw", handoff, sink.url, "enriched", str(work / "checkpoint"), str(stop)],
         stdout=subprocess.DEVNULL, stderr=log.open("wb"),
         env={**os.environ, "PYTHONPATH": str(HERE.parents[1]),
-             "PYSPARK_SUBMIT_ARGS": f"{executor_env} pyspark-shell"},
+             "PYSPARK_SUBMIT_ARGS": f"{executor_env} "
+             + os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")},
     )  # fmt: skip
 
     def wait(predicate: Any, what: str, timeout_s: float = 240) -> None:
