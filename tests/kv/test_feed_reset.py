@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,13 @@ from waymark.kv import (
     KvUpdate,
     NatsConnectionConfig,
     StoreConfig,
+    Timeout,
     WatchCursor,
     WatchError,
     WatchScope,
     watch_applied,
 )
+from waymark.kv import consumer as consumer_module
 from waymark.kv import watcher as watcher_module
 from waymark.kv.consumer import OrderedFeed
 from waymark.kv.server import EmbeddedNats
@@ -488,3 +491,80 @@ async def test_a_reset_that_finds_its_bucket_deleted_fails_the_fold_at_once(
         await asyncio.wait_for(task, 10)
     assert "retrying" not in caplog.text
     store.close()
+
+
+def failing_creates(
+    slept: list[float], sleep: Callable[[float], Awaitable[object]] | None = None
+) -> tuple[type[OrderedFeed], list[OrderedFeed]]:
+    """An OrderedFeed whose every consumer create after the first times out (fault
+    injector: a cluster that does not answer) and whose waits between a reset's attempts
+    are recorded in ``slept`` and, unless ``sleep`` waits, take no time."""
+    feeds: list[OrderedFeed] = []
+
+    async def no_wait(delay: float) -> None:
+        slept.append(delay)
+
+    class Failing(OrderedFeed):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["sleep"] = sleep or no_wait
+            kwargs["rng"] = random.Random(0)
+            super().__init__(*args, **kwargs)
+            feeds.append(self)
+
+        async def _create(self, policy: Any, start_seq: int | None) -> None:
+            if self._gen > 0:
+                raise Timeout("create consumer timed out (fault injector)")
+            await super()._create(policy, start_seq)
+
+    return Failing, feeds
+
+
+async def test_a_reset_gives_up_after_reset_attempts_with_watch_error(
+    nats_server: EmbeddedNats, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NatsConnectionConfig(reset_attempts=N): N attempts, the backoff's delays between
+    them (injected: no real sleep), then WatchError naming the last failure."""
+    slept: list[float] = []
+    failing, feeds = failing_creates(slept)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", failing)
+    config = NatsConnectionConfig(url=nats_server.url, timeout=5.0, reset_attempts=4)
+    async with Connection(config) as conn:
+        kv = await conn.store(bucket_name)
+        await kv.writer().put("a", b"1")
+        watch = await kv.watcher().watch_all()
+        assert [u.key for u in await watch.next_chunk() or []] == ["a"]
+        force_reset(feeds[0])
+        with pytest.raises(WatchError, match=r"create consumer timed out .*\(4 attempts\)"):
+            async with asyncio.timeout(10):
+                await watch.next_chunk()
+        await watch.stop()
+    backoff = consumer_module.RESET_BACKOFF
+    assert len(slept) == 3 and feeds[0].reset_retries == 3
+    for attempt, delay in enumerate(slept, 1):
+        assert backoff.ceiling(attempt) / 2 <= delay <= backoff.ceiling(attempt)
+    with pytest.raises(ValueError, match="reset_attempts"):
+        NatsConnectionConfig(reset_attempts=0)
+
+
+async def test_a_watch_stopped_while_its_reset_backs_off_stops_at_once(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unbounded retries (the default) must not hold up a stop: the wait between two
+    attempts is cancelled, and no attempt follows it."""
+    slept: list[float] = []
+    backing_off = asyncio.Event()
+
+    async def forever(delay: float) -> None:
+        slept.append(delay)
+        backing_off.set()
+        await asyncio.Event().wait()
+
+    failing, feeds = failing_creates(slept, forever)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", failing)
+    kv = await conn.store(bucket_name)
+    watch = await kv.watcher().watch_all()
+    force_reset(feeds[0])
+    await asyncio.wait_for(backing_off.wait(), 10)
+    await asyncio.wait_for(watch.stop(), 2)
+    assert await watch.next_chunk() is None  # stopped, not failed
+    assert len(slept) == 1
