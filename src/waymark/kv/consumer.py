@@ -415,7 +415,8 @@ class OrderedFeed:
                     if not transient(e):
                         raise
                     if self._reset_attempts is not None and attempt >= self._reset_attempts:
-                        raise WatchError(f"{e} ({attempt} attempts)") from e
+                        tries = f"{attempt} attempts" if attempt > 1 else "1 attempt"
+                        raise WatchError(f"{e} ({tries})") from e
                     delay = self._reset_backoff.delay(attempt, self._rng)
                     self.reset_retries += 1
                     log.warning(
