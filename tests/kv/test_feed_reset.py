@@ -461,8 +461,9 @@ async def test_a_reset_whose_consumer_create_times_out_retries_and_skips_nothing
         assert not task.done(), f"the fold stopped: {task.exception()!r}"
         assert applied == list(range(1, last + 1)), "every revision applied once, in order"
         assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
-        assert "re-created after 2 attempts" in caplog.text
-        assert len(feeds) == 1 and feeds[0].reset_retries == 1
+        # Two attempts, or more if one timed out again on a loaded machine.
+        assert "re-created after" in caplog.text
+        assert len(feeds) == 1 and feeds[0].reset_retries >= 1
         shutdown.set()
         await asyncio.wait_for(task, 10)
     store.close()
