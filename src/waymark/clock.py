@@ -1,16 +1,21 @@
-"""Injectable time, and the ids that go with it.
+"""Injectable time, the retry delays, and the ids that go with them.
 
 Every time decision in waymark (TTL, leases, priority decay, backoff) reads a
 :class:`Clock` instead of the wall clock, so tests drive time explicitly and
-never sleep. Likewise the engine draws the random ids it hands out (lease ids, the
-instance id) from an :class:`IdSource`, so a test can make them predictable.
+never sleep. :class:`Backoff` is the one retry-delay policy, here at the bottom of
+the layers so that every layer that retries (the shipper, the pipeline, the KV
+watch) uses the same one. Likewise the engine draws the random ids it hands out
+(lease ids, the instance id) from an :class:`IdSource`, so a test can make them
+predictable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -67,6 +72,34 @@ class ManualClock:
         if now_ms < self._now:
             raise ValueError("a clock never runs backwards")
         self._now = now_ms
+
+
+# 2**62 times any sane base is far above any cap; a larger exponent would only
+# risk a float overflow after thousands of failed attempts.
+_MAX_EXPONENT = 62
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with "equal jitter": the delay before retry
+    ``attempt`` (1 = the first retry) is between half and all of
+    ``min(cap_s, base_s * 2 ** (attempt - 1))``, never next to nothing."""
+
+    base_s: float = 0.1
+    cap_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base_s <= self.cap_s:
+            raise ValueError(f"backoff needs 0 < base ({self.base_s}) <= cap ({self.cap_s})")
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest delay before retry ``attempt``."""
+        exponent = min(max(attempt, 1) - 1, _MAX_EXPONENT)
+        return min(self.cap_s, self.base_s * 2**exponent)
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        ceiling = self.ceiling(attempt)
+        return ceiling / 2 + rng.random() * ceiling / 2
 
 
 class IdSource(Protocol):

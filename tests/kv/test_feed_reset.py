@@ -9,8 +9,13 @@ the moment the test chooses (a reader idle, the feed blocked on a full channel).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import os
+import random
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +27,18 @@ from waymark.kv import (
     Connection,
     CursorExpired,
     KvUpdate,
+    NatsConnectionConfig,
     StoreConfig,
+    Timeout,
     WatchCursor,
     WatchError,
     WatchScope,
     watch_applied,
 )
+from waymark.kv import consumer as consumer_module
 from waymark.kv import watcher as watcher_module
 from waymark.kv.consumer import OrderedFeed
+from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.append_log import AppendLogStore
 from waymark.kv.stores.protocol import SnapshotStore
 from waymark.kv.watcher import KvWatch, KvWatcher
@@ -37,6 +46,7 @@ from waymark.kv.watcher import KvWatch, KvWatcher
 pytestmark = pytest.mark.timeout(60)
 
 KEYS = 5_000
+_pause_buckets = itertools.count()
 
 
 def force_reset(feed: OrderedFeed) -> None:
@@ -380,3 +390,182 @@ async def test_a_cancellation_during_a_resync(
         with pytest.raises(WatchError, match="resync failed: a stray cancellation"):
             await asyncio.wait_for(task, 10)
     store.close()
+
+
+# --- a reset that cannot recreate its consumer at the first try (issue 27) -----------
+
+
+@pytest.fixture(scope="module")
+def pausable_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server of this module's own: a test SIGSTOPs it."""
+    with EmbeddedNats(tmp_path_factory.mktemp("nats-pause")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def paused(server: EmbeddedNats) -> Iterator[None]:
+    """SIGSTOP the server: connections stay open, nothing is answered; SIGCONT on exit."""
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
+async def test_a_reset_whose_consumer_create_times_out_retries_and_skips_nothing(
+    pausable_nats: EmbeddedNats,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 27: the server stops answering (SIGSTOP) under a running fold. Its feed
+    misses three heartbeats and resets; the reset's first attempt times out (its window
+    check's stream info, or its consumer create: the same path). The server
+    answers again once the test saw that attempt fail: the fold must not have stopped,
+    must resume after the last revision applied, and must say that it retried. Before
+    the fix the one failed attempt ended the fold with WatchError ("watch consumer lost
+    and could not be recreated: ... timed out")."""
+    config = NatsConnectionConfig(url=pausable_nats.url, timeout=1.0)
+    async with Connection(config) as conn:
+        kv = await conn.store(f"pause{next(_pause_buckets)}", StoreConfig(max_bytes=None))
+        await bulk_put(kv, [(f"a{i:03}", b"v") for i in range(50)])
+        recorded, feeds = recording_with_heartbeat(0.2)
+        monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+        applied: list[int] = []
+
+        def apply(batch: list[KvUpdate]) -> None:
+            applied.extend(u.revision or 0 for u in batch)
+
+        store = AppendLogStore(tmp_path / "fold.log")
+        shutdown = asyncio.Event()
+        task = asyncio.create_task(
+            watch_applied(
+                kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
+                shutdown=shutdown,
+            )
+        )  # fmt: skip
+        await wait_until(lambda: (store.cursor.as_u64() or 0) >= 50, "the fold to catch up")
+        with paused(pausable_nats):
+            await wait_until(
+                lambda: "re-creating it failed" in caplog.text or task.done(),
+                "a reset's attempt to fail",
+                15,
+            )
+        assert not task.done(), f"the fold stopped: {task.exception()!r}"
+        await bulk_put(kv, [(f"b{i:03}", b"w") for i in range(50)])
+        _, last = await kv.stream_bounds()
+        await wait_until(
+            lambda: (store.cursor.as_u64() or 0) >= last or task.done(), "the fold to go on", 15
+        )
+        assert not task.done(), f"the fold stopped: {task.exception()!r}"
+        assert applied == list(range(1, last + 1)), "every revision applied once, in order"
+        assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+        # Two attempts, or more if one timed out again on a loaded machine.
+        assert "re-created after" in caplog.text
+        assert len(feeds) == 1 and feeds[0].reset_retries >= 1
+        shutdown.set()
+        await asyncio.wait_for(task, 10)
+    store.close()
+
+
+async def test_a_reset_that_finds_its_bucket_deleted_fails_the_fold_at_once(
+    conn: Connection, bucket_name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not transient: the bucket's stream is gone. The reset does not wait for it to come
+    back; the fold fails loudly with WatchError, without a retry."""
+    kv = await conn.store(bucket_name)
+    last = (await kv.writer().put("a", b"1")).as_u64() or 0
+    store = AppendLogStore(tmp_path / "fold.log")
+    recorded, feeds = resetting_once(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(watcher_module, "OrderedFeed", recorded)
+        task = asyncio.create_task(
+            watch_applied(kv.watcher(), WatchScope.all(), store=store, reader=kv.reader())
+        )
+        await wait_until(
+            lambda: (store.cursor.as_u64() or 0) >= last or task.done(), "the fold to catch up"
+        )
+    await kv.js.delete_stream(kv.stream)
+    force_reset(feeds[0])
+    with pytest.raises(WatchError, match=r"could not be recreated: .*not found"):
+        await asyncio.wait_for(task, 10)
+    assert "retrying" not in caplog.text
+    store.close()
+
+
+def failing_creates(
+    slept: list[float], sleep: Callable[[float], Awaitable[object]] | None = None
+) -> tuple[type[OrderedFeed], list[OrderedFeed]]:
+    """An OrderedFeed whose every consumer create after the first times out (fault
+    injector: a cluster that does not answer) and whose waits between a reset's attempts
+    are recorded in ``slept`` and, unless ``sleep`` waits, take no time."""
+    feeds: list[OrderedFeed] = []
+
+    async def no_wait(delay: float) -> None:
+        slept.append(delay)
+
+    class Failing(OrderedFeed):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["sleep"] = sleep or no_wait
+            kwargs["rng"] = random.Random(0)
+            super().__init__(*args, **kwargs)
+            feeds.append(self)
+
+        async def _create(self, policy: Any, start_seq: int | None) -> None:
+            if self._gen > 0:
+                raise Timeout("create consumer timed out (fault injector)")
+            await super()._create(policy, start_seq)
+
+    return Failing, feeds
+
+
+async def test_a_reset_gives_up_after_reset_attempts_with_watch_error(
+    nats_server: EmbeddedNats, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NatsConnectionConfig(reset_attempts=N): N attempts, the backoff's delays between
+    them (injected: no real sleep), then WatchError naming the last failure."""
+    slept: list[float] = []
+    failing, feeds = failing_creates(slept)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", failing)
+    config = NatsConnectionConfig(url=nats_server.url, timeout=5.0, reset_attempts=4)
+    async with Connection(config) as conn:
+        kv = await conn.store(bucket_name)
+        await kv.writer().put("a", b"1")
+        watch = await kv.watcher().watch_all()
+        assert [u.key for u in await watch.next_chunk() or []] == ["a"]
+        force_reset(feeds[0])
+        with pytest.raises(WatchError, match=r"create consumer timed out .*\(4 attempts\)"):
+            async with asyncio.timeout(10):
+                await watch.next_chunk()
+        await watch.stop()
+    backoff = consumer_module.RESET_BACKOFF
+    assert len(slept) == 3 and feeds[0].reset_retries == 3
+    for attempt, delay in enumerate(slept, 1):
+        assert backoff.ceiling(attempt) / 2 <= delay <= backoff.ceiling(attempt)
+    with pytest.raises(ValueError, match="reset_attempts"):
+        NatsConnectionConfig(reset_attempts=0)
+
+
+async def test_a_watch_stopped_while_its_reset_backs_off_stops_at_once(
+    conn: Connection, bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unbounded retries (the default) must not hold up a stop: the wait between two
+    attempts is cancelled, and no attempt follows it."""
+    slept: list[float] = []
+    backing_off = asyncio.Event()
+
+    async def forever(delay: float) -> None:
+        slept.append(delay)
+        backing_off.set()
+        await asyncio.Event().wait()
+
+    failing, feeds = failing_creates(slept, forever)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", failing)
+    kv = await conn.store(bucket_name)
+    watch = await kv.watcher().watch_all()
+    force_reset(feeds[0])
+    await asyncio.wait_for(backing_off.wait(), 10)
+    await asyncio.wait_for(watch.stop(), 2)
+    assert await watch.next_chunk() is None  # stopped, not failed
+    assert len(slept) == 1

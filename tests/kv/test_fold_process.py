@@ -137,6 +137,19 @@ def test_fold_show_prints_cursor_then_json_lines(tmp_path: Path) -> None:
     assert [json.loads(x)["key"] for x in only_a.output.splitlines()[1:]] == ["a.text"]
 
 
+def test_nats_reset_attempts_takes_a_count_of_at_least_one(tmp_path: Path) -> None:
+    """The knob that bounds a watch's re-creation of a lost consumer (docs/kv.md, "On a
+    NATS cluster"); without it the fold retries until one attempt succeeds."""
+    result = CliRunner().invoke(
+        app,
+        ["fold", "--bucket", "b", "--store", f"lmdb:{tmp_path / 'fold'}",
+         "--nats-reset-attempts", "0"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "--nats-reset-attempts" in result.output
+    assert not (tmp_path / "fold").exists()
+
+
 async def test_a_fold_started_while_its_nats_servers_are_down_waits_for_one(
     tmp_path: Path, bucket_name: str
 ) -> None:

@@ -12,9 +12,14 @@ is in order) — and once quiet the fold holds every key whose last write the st
 still holds as that write left it; a key whose last write was evicted may be kept
 with a value it had (a listing said it was live; the fold keeps what it applied).
 A fold that failed (the live floor guard) is restarted from its store's cursor, as
-``waymark fold`` would be. Breaking the reset's resume point (delivered instead of
-handed over), dropping the chunk a reset finds in the channel, or letting a listing
-wait on messages removed under it must be caught.
+``waymark fold`` would be. A reset's consumer create may also fail transiently a few
+times (the fault injector ``fail_next_creates``: a timeout, sometimes after the server
+did create the consumer, its answer lost): the reset tries again after a backoff whose
+waits the machine injects (no real sleep), and such a failure never ends the fold.
+Breaking the reset's resume point (delivered instead of handed over), dropping the chunk
+a reset finds in the channel, letting a listing wait on messages removed under it,
+giving up on a transient failure, or retrying only the create from the first attempt's
+resume point must be caught.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +52,7 @@ from waymark.kv import (
     KvUpdate,
     NatsConnectionConfig,
     StoreConfig,
+    Timeout,
     WatchCursor,
     WatchError,
     WatchScope,
@@ -54,8 +61,11 @@ from waymark.kv import (
 from waymark.kv import consumer as consumer_module
 from waymark.kv import watcher as watcher_module
 from waymark.kv.consumer import OrderedFeed
+from waymark.kv.errors import CursorExpired
+from waymark.kv.guards import reset_resume_point
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.append_log import AppendLogStore
+from waymark.kv.transient import transient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,8 +88,12 @@ def force_reset(feed: OrderedFeed) -> None:
     feed._reset()
 
 
+INJECTED = "fault injector"  # in the message of every failure fail_next_creates injects
+
+
 class FeedResets(RuleBasedStateMachine):
     server: EmbeddedNats
+    create_faults_injected = True  # the rule fail_next_creates runs
 
     def __init__(self) -> None:
         super().__init__()
@@ -100,6 +114,9 @@ class FeedResets(RuleBasedStateMachine):
         self.hold_relist = False  # hold the reader as the next re-list starts
         self.overtaken = 0  # relist_overtaken runs
         self.stuck = False
+        self.create_faults = 0  # re-creations of a consumer still to fail (fail_next_creates)
+        self.answer_lost = False  # ... after the server created the consumer
+        self.backoffs: list[float] = []  # the delays a reset waited between attempts
         self.fold: asyncio.Task[WatchCursor] | None = None
         self.run(self._setup())
 
@@ -132,6 +149,9 @@ class FeedResets(RuleBasedStateMachine):
         class Recorded(OrderedFeed):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 kwargs["heartbeat"] = HEARTBEAT
+                feed = self
+                kwargs["sleep"] = lambda delay: machine._backoff_wait(feed, delay)
+                kwargs["rng"] = random.Random(0)
                 super().__init__(*args, **kwargs)
                 self.fold_run = fold_run
                 if self._spec.deliver_policy == api.DeliverPolicy.LAST_PER_SUBJECT:
@@ -147,6 +167,16 @@ class FeedResets(RuleBasedStateMachine):
                         machine.hold_relist = False
                         machine.release.clear()
                 machine.feeds.append(self)
+
+            async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
+                if self._gen == 0 or machine.create_faults == 0:  # the watch's start, or no fault
+                    await super()._create(policy, start_seq)
+                    return
+                machine.create_faults -= 1
+                if machine.answer_lost:  # the server creates it; its answer never comes
+                    await super()._create(policy, start_seq)
+                    self._consumer = None  # the client never learned its name
+                raise Timeout(f"create consumer timed out ({INJECTED})")
 
         async def apply(batch: list[KvUpdate]) -> None:
             await self.release.wait()
@@ -180,7 +210,24 @@ class FeedResets(RuleBasedStateMachine):
         if self.fold is not None and self.fold.done():
             error = self.fold.exception()
             assert isinstance(error, WatchError), f"the fold failed with {error!r}"
+            assert INJECTED not in str(error), (
+                f"a transient failure to recreate the consumer ended the fold: {error}"
+            )
             await self._start_fold()
+
+    async def _backoff_wait(self, feed: OrderedFeed, delay: float) -> None:
+        """A reset's wait between attempts: no real sleep, but what would happen meanwhile
+        does. A consumer the failed attempt left subscribed (the server created it, its
+        answer was lost) delivers whatever the stream holds past the feed's frontier."""
+        self.backoffs.append(delay)
+        assert 0 < delay <= consumer_module.RESET_BACKOFF.cap_s, f"a backoff of {delay} s"
+        _, last = await self.kv.stream_bounds()
+        sub = feed._sub
+        if sub is None or feed.frontier >= last:
+            return
+        deadline = time.monotonic() + 1.0
+        while sub.delivered == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     # --- rules ---------------------------------------------------------------------
 
@@ -254,6 +301,22 @@ class FeedResets(RuleBasedStateMachine):
 
         self.run(go())
 
+    @precondition(lambda self: self.create_faults_injected)
+    @rule(n=st.integers(min_value=1, max_value=3), answer_lost=st.booleans(), now=st.booleans())
+    def fail_next_creates(self, n: int, answer_lost: bool, now: bool) -> None:
+        """Fault injector: the next ``n`` consumer creates of resets time out, as on a
+        cluster electing a leader; with ``answer_lost`` the server created each consumer
+        and only its answer was lost. ``now``: a reset comes at once (else the next one
+        the machine or the feed's monitors cause meets them)."""
+        self.create_faults, self.answer_lost = n, answer_lost
+        if now:
+
+            async def go() -> None:
+                force_reset(self.feeds[-1])
+                await self._settle()
+
+            self.run(go())
+
     @rule(back=st.integers(min_value=0, max_value=60), past_reader=st.booleans())
     def evict_head(self, back: int, past_reader: bool) -> None:
         """Retention: everything below ``last - back`` is gone, or (``past_reader``)
@@ -308,6 +371,7 @@ class FeedResets(RuleBasedStateMachine):
             watcher_module.OrderedFeed = OrderedFeed  # type: ignore[misc]
 
     async def _quiesce(self) -> None:
+        self.create_faults = 0  # what the machine injected is over
         while True:
             await self._restart_failed_fold()
             _, last = await self.kv.stream_bounds()
@@ -376,7 +440,10 @@ class FeedResets(RuleBasedStateMachine):
 
 class FeedResetsOvertaken(FeedResets):
     """The same machine, with a rule that makes retention overtake a re-list. Its own
-    class: the rule writes megabytes, so it runs in a few examples of its own."""
+    class: the rule writes megabytes, so it runs in a few examples of its own, without
+    failing creates (they made its examples slower, and are the other class's part)."""
+
+    create_faults_injected = False
 
     @precondition(lambda self: self.overtaken < 1)
     @rule(n=st.integers(min_value=140, max_value=200))
@@ -514,4 +581,67 @@ def test_a_listing_waiting_on_removed_messages_is_caught(
     with pytest.raises(AssertionError, match=r"fold stuck at .* in a re-list"):
         run_state_machine_as_test(
             _machine(restartable_nats, FeedResetsOvertaken), settings=OVERTAKEN_SETTINGS
+        )
+
+
+async def _recreate_retrying_only_the_create(self: OrderedFeed) -> None:
+    """Mutant: the naive retry. The resume point is taken once, and only the consumer's
+    create is tried again; a failed attempt's consumer (which the server may have
+    created) is not abandoned, so what it delivers during the backoff is taken, and
+    then delivered again by the next attempt's consumer."""
+    try:
+        async with self._creating:
+            handing = self._handing
+            if handing is not None:
+                handing.cancel()
+                await asyncio.gather(handing, return_exceptions=True)
+            self._chunk = []
+            await self._drop_consumer()
+            after = self.frontier = reset_resume_point(self.frontier, self.handed)
+            if after:
+                await self._check_window(after)
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    if after == 0:
+                        await self._create(self._spec.deliver_policy, self._spec.start_seq)
+                    else:
+                        await self._create(api.DeliverPolicy.BY_START_SEQUENCE, after + 1)
+                    break
+                except Exception as e:
+                    if not transient(e):
+                        raise
+                    await self._sleep(self._reset_backoff.delay(attempt, self._rng))
+            self._last_activity = time.monotonic()
+    except CursorExpired as e:
+        await self.fail(e)
+    except Exception as e:
+        await self.fail(WatchError(f"watch consumer lost and could not be recreated: {e}"))
+    finally:
+        self._resetting = False
+
+
+@pytest.mark.parametrize(
+    ("mutant", "caught"),
+    [
+        ("gives_up_on_a_transient_failure", "a transient failure to recreate the consumer"),
+        ("retries_only_the_create", "once, in order"),
+    ],
+)
+def test_a_broken_retry_of_a_reset_is_caught(
+    mutant: str,
+    caught: str,
+    restartable_nats: EmbeddedNats,
+    monkeypatch: pytest.MonkeyPatch,
+    fixed_constants: None,
+) -> None:
+    if mutant == "gives_up_on_a_transient_failure":
+        monkeypatch.setattr(consumer_module, "transient", lambda error: False)
+    else:
+        monkeypatch.setattr(OrderedFeed, "_recreate", _recreate_retrying_only_the_create)
+    with pytest.raises(AssertionError, match=caught):
+        run_state_machine_as_test(
+            _machine(restartable_nats),
+            settings=settings(MACHINE_SETTINGS, max_examples=40),
         )

@@ -1,42 +1,19 @@
-"""Retry delays: capped exponential backoff with jitter, and how a collector's reply is read.
+"""Retry delays and how a collector's reply is read.
 
-Jitter keeps many shippers (or many in-flight batches of one shipper) that failed
-together from retrying together. "Equal jitter" is used rather than full jitter:
-a retry never comes back immediately, which would hammer a collector that just
-said it is overloaded.
+The delays are :class:`waymark.clock.Backoff` (capped exponential, "equal jitter"),
+shared with the KV layer's watch (docs/architecture.md): jitter keeps many shippers
+(or many in-flight batches of one shipper) that failed together from retrying
+together, and a retry never comes back immediately, which would hammer a collector
+that just said it is overloaded.
 """
 
 from __future__ import annotations
 
 import enum
-import random
-from dataclasses import dataclass
 
-# 2**62 times any sane base is far above any cap; a larger exponent would only
-# risk a float overflow after thousands of failed attempts.
-_MAX_EXPONENT = 62
+from waymark.clock import Backoff
 
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Delay before retry ``attempt`` (1 = the first retry): between half and all of
-    ``min(cap_s, base_s * 2 ** (attempt - 1))``."""
-
-    base_s: float = 0.1
-    cap_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not 0 < self.base_s <= self.cap_s:
-            raise ValueError(f"backoff needs 0 < base ({self.base_s}) <= cap ({self.cap_s})")
-
-    def ceiling(self, attempt: int) -> float:
-        """The largest delay before retry ``attempt``."""
-        exponent = min(max(attempt, 1) - 1, _MAX_EXPONENT)
-        return min(self.cap_s, self.base_s * 2**exponent)
-
-    def delay(self, attempt: int, rng: random.Random) -> float:
-        ceiling = self.ceiling(attempt)
-        return ceiling / 2 + rng.random() * ceiling / 2
+__all__ = ["Backoff", "Verdict", "verdict"]
 
 
 class Verdict(enum.Enum):

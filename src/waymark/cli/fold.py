@@ -81,6 +81,15 @@ def fold(
             "fails (and is retried) after this long.",
         ),
     ] = 30.0,
+    nats_reset_attempts: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Attempts the watch makes to recreate a lost consumer while they fail "
+            "transiently (a timeout, a cluster electing a leader) before the fold fails "
+            "(default: until one succeeds, as nats.go's ordered consumer).",
+        ),
+    ] = None,
     window_ms: Annotated[int, typer.Option(help="Batch window in milliseconds.")] = 10,
     batch_max: Annotated[int, typer.Option(help="Flush a batch at this many updates.")] = 1000,
     export_to: Annotated[
@@ -191,7 +200,7 @@ def fold(
                 bucket,
                 store,
                 _prefixes(prefix),
-                (creds, nats_timeout_s),
+                (creds, nats_timeout_s, nats_reset_attempts),
                 nats_dir,
                 window_ms / 1000,
                 batch_max,
@@ -471,7 +480,7 @@ async def _run(
     bucket: str,
     spec: str,
     prefixes: tuple[str, ...],
-    access: tuple[str | None, float],
+    access: tuple[str | None, float, int | None],
     nats_dir: Path | None,
     window: float,
     batch_max: int,
@@ -506,10 +515,12 @@ async def _run(
         url = server.url
         console.print(f"embedded nats-server at [bold]{url}[/bold]")
     nats_url = url
-    creds, timeout = access  # the .creds file, the request timeout
+    creds, timeout, reset_attempts = access  # the .creds file, the request timeout, ...
 
     def nats_config(url: str) -> NatsConnectionConfig:
-        return NatsConnectionConfig(url=url, creds_file=creds, timeout=timeout)
+        return NatsConnectionConfig(
+            url=url, creds_file=creds, timeout=timeout, reset_attempts=reset_attempts
+        )
 
     store_config = StoreConfig(max_bytes=None) if server else None
 

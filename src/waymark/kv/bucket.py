@@ -70,6 +70,7 @@ class KvStore:
         self.subject_prefix = f"$KV.{name}."
         self.js = js
         self.timeout = connection.config.timeout
+        self.reset_attempts = connection.config.reset_attempts
 
     @classmethod
     async def open(

@@ -32,6 +32,12 @@ class NatsConnectionConfig:
 
     Credentials priority: ``creds`` (base64 of a .creds file, for containers
     without a file mount) > ``creds_file`` > ``user:pass@`` in the URL > none.
+
+    ``reset_attempts``: how many times a watch tries to recreate a lost consumer
+    while the attempts fail transiently (a timeout, no responders, a cluster
+    electing a leader) before it fails with ``WatchError``; None, the default,
+    tries until it succeeds, as nats.go's ordered consumer does (docs/kv.md,
+    "On a NATS cluster").
     """
 
     url: str = "nats://127.0.0.1:4222"
@@ -39,6 +45,13 @@ class NatsConnectionConfig:
     creds_file: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     name: str = "waymark-kv"
+    reset_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.reset_attempts is not None and self.reset_attempts < 1:
+            raise ValueError(
+                f"reset_attempts must be at least 1 (or None), not {self.reset_attempts}"
+            )
 
 
 @dataclass(frozen=True)

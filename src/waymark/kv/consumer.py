@@ -12,8 +12,12 @@ received but not yet handed over (the chunk being built, a chunk blocked on a
 full channel) is dropped and delivered again, so every revision reaches the
 reader once and in order (docs/semantics/kv.md, "KvWatch resets"). A reset that
 finds the stream no longer holds the next revision fails with
-:class:`CursorExpired`, the resync path, never a silent skip. A listing
-(``scan``/``keys``) is not resumable that way: it fails with
+:class:`CursorExpired`, the resync path, never a silent skip. A reset that meets a
+transient failure (no answer in time, no responders, a cluster electing a leader)
+tries again after a backoff, each attempt from the last revision handed over, for
+as long as it takes unless told to give up after some attempts, as nats.go's
+ordered consumer does; any other failure fails the watch with :class:`WatchError`.
+A listing (``scan``/``keys``) is not resumable that way: it fails with
 :class:`ConsumerLost` and the reader starts over.
 """
 
@@ -22,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
+from waymark.clock import Backoff
 from waymark.kv.deadline import timed
 from waymark.kv.errors import CursorExpired, KvError, WatchError
 from waymark.kv.guards import (
@@ -40,7 +47,10 @@ from waymark.kv.guards import (
     resume_window_ok,
     resume_within_stream,
 )
+from waymark.kv.transient import transient
 from waymark.kv.types import UNKNOWN_VERSION, KvUpdate, Op, VersionToken
+
+log = logging.getLogger("waymark.kv")
 
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"
@@ -52,6 +62,8 @@ _MARKER_OPS = {"MaxAge": Op.PURGE, "Purge": Op.PURGE, "Remove": Op.DELETE}
 _UNKNOWN_MARKER_OP = Op.DELETE
 
 HEARTBEAT = 5.0
+RESET_BACKOFF = Backoff(0.5, 5.0)
+"""Delays between a reset's attempts: from 0.25-0.5 s up to 2.5-5 s, as the fold's start."""
 _PUT = Op.PUT
 
 
@@ -128,7 +140,10 @@ class OrderedFeed:
     ``floor_check(frontier, delivered)`` runs before a delivery that skipped
     stream sequences is processed; it raises to fail the feed. A feed that is
     not ``resumable`` (a listing) fails with :class:`ConsumerLost` where a
-    watch's feed recreates its consumer from the frontier.
+    watch's feed recreates its consumer from the frontier. A re-creation that fails
+    transiently is tried again after ``reset_backoff``'s delay (waited with
+    ``sleep``), up to ``reset_attempts`` attempts in all (None: until it succeeds or
+    the feed stops).
     """
 
     def __init__(
@@ -143,6 +158,10 @@ class OrderedFeed:
         frontier: int = 0,
         heartbeat: float = HEARTBEAT,
         resumable: bool = True,
+        reset_attempts: int | None = None,
+        reset_backoff: Backoff = RESET_BACKOFF,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         self._js = js
         self._nc: Client = js._nc  # the core client that owns the inbox subscriptions
@@ -153,6 +172,12 @@ class OrderedFeed:
         self._floor_check = floor_check
         self._heartbeat = heartbeat
         self._resumable = resumable
+        self._reset_attempts = reset_attempts
+        self._reset_backoff = reset_backoff
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._backing_off: asyncio.Future[object] | None = None  # a reset's wait between attempts
+        self.reset_retries = 0  # attempts of a reset that failed transiently and were retried
         self.frontier = frontier  # last stream sequence delivered
         self.handed = frontier  # last stream sequence handed over to the reader
         self._plen = len(spec.subject_prefix)
@@ -364,15 +389,72 @@ class OrderedFeed:
         t.add_done_callback(self._tasks.discard)
 
     async def _recreate(self) -> None:
+        """Recreate the consumer, again after a backoff while it fails transiently.
+
+        Every attempt starts over from what was handed over (a failed attempt hands
+        nothing over: its consumer, which the server may have created all the same,
+        is abandoned), so a retry never resumes past a revision the reader has not
+        had (docs/semantics/kv.md §4.4).
+        """
+        attempt = 0
         try:
-            async with self._creating:
-                await self._recreate_consumer()
+            while True:
+                attempt += 1
+                try:
+                    async with self._creating:
+                        try:
+                            await self._recreate_consumer()
+                        except Exception:
+                            await self._abandon_attempt()
+                            raise
+                except CursorExpired:
+                    raise
+                except Exception as e:
+                    if self._stopped:
+                        return  # stopped during the attempt: nothing left to recreate
+                    if not transient(e):
+                        raise
+                    if self._reset_attempts is not None and attempt >= self._reset_attempts:
+                        tries = f"{attempt} attempts" if attempt > 1 else "1 attempt"
+                        raise WatchError(f"{e} ({tries})") from e
+                    delay = self._reset_backoff.delay(attempt, self._rng)
+                    self.reset_retries += 1
+                    log.warning(
+                        "watch consumer on %s lost; re-creating it failed (%s); retrying in "
+                        "%.1f s from revision %d (attempt %d)",
+                        self._spec.stream, e, delay, self.handed + 1, attempt + 1,
+                    )  # fmt: skip
+                    if not await self._back_off(delay):
+                        return  # stopped meanwhile
+                    continue
+                if attempt > 1:
+                    log.warning(
+                        "watch consumer on %s re-created after %d attempts, from revision %d",
+                        self._spec.stream, attempt, self.frontier + 1,
+                    )  # fmt: skip
+                return
         except CursorExpired as e:
             await self.fail(e)
         except Exception as e:
             await self.fail(WatchError(f"watch consumer lost and could not be recreated: {e}"))
         finally:
             self._resetting = False
+
+    async def _abandon_attempt(self) -> None:
+        """Leave a failed attempt's consumer behind: its create may have reached the
+        server (the answer was what timed out), but nothing it delivers is taken."""
+        self._gen += 1
+        await self._drop_consumer()
+
+    async def _back_off(self, delay: float) -> bool:
+        """Wait ``delay`` seconds between attempts; False when the feed stopped meanwhile."""
+        wait = self._backing_off = asyncio.ensure_future(self._sleep(delay))
+        try:
+            await asyncio.wait([wait])  # a stop cancels ``wait``, not this task
+        finally:
+            self._backing_off = None
+            wait.cancel()
+        return not self._stopped
 
     async def _recreate_consumer(self) -> None:
         handing = self._handing
@@ -463,6 +545,8 @@ class OrderedFeed:
     def _halt(self) -> None:
         self._stopped = True
         self._gen += 1
+        if self._backing_off is not None:
+            self._backing_off.cancel()  # a reset between attempts gives up at once
         if self._monitor is not None and self._monitor is not asyncio.current_task():
             self._monitor.cancel()
 

@@ -77,6 +77,11 @@ class EmbeddedNats:
         self.stop()
         raise TimeoutError(f"nats-server did not listen on port {self.port} within {timeout}s")
 
+    @property
+    def pid(self) -> int | None:
+        """The running server's process id (for fault injection: SIGSTOP, SIGKILL)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()

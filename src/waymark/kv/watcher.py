@@ -182,6 +182,7 @@ class KvWatcher:
             floor_check=self._floor_check if guarded else None,
             frontier=frontier,
             heartbeat=heartbeat,
+            reset_attempts=s.reset_attempts,
         )
         await feed.start()
         watch = KvWatch(feed, queue)
