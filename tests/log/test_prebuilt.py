@@ -4,15 +4,28 @@ the same append, byte for byte, as one the engine lays out itself."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import msgspec
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
+from waymark.log import prebuilt as prebuilt_module
+from waymark.log.chunk import Chunk
 from waymark.log.config import StorageConfig
-from waymark.log.prebuilt import build
-from waymark.log.records import PlainRecords, encode_batch, plain_records
+from waymark.log.journal import BodyRun, records_frame_parts
+from waymark.log.origin import Published
+from waymark.log.prebuilt import Layout, build
+from waymark.log.records import EncodedRecord, PlainRecords, encode_batch, plain_records
 from waymark.log.storage import frames
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
@@ -287,3 +300,107 @@ def test_a_batch_mixing_columnar_and_tagged_chunks_keeps_its_order(tmp_path: Pat
     engine.publish("out", "sink", epoch, 2, [(PartKey(0, 0), 1)], built)
     assert [r["data"]["n"] for r in _page(engine, "out")[6_000:]] == list(range(1_000, 2_000))
     _shut(engine, store)
+
+
+# Built side by side (waymark.log.prebuilt._BUILDERS) over a batch's staged runs: the
+# chunk size is cut down so that a few hundred records cross many chunk boundaries and
+# run boundaries at every offset (CHUNK_RECORDS sizes nothing but the windows build
+# cuts; the chunks' bytes do not depend on it).
+_SIDE_BY_SIDE = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+_MUTANT = settings(_SIDE_BY_SIDE, max_examples=200, phases=[Phase.explicit, Phase.generate])
+
+
+def _records_of(datas: list[bytes]) -> list[EncodedRecord]:
+    return [encode_batch([RecordIn(msgspec.Raw(d))], Limits())[0] for d in datas]
+
+
+def _side_by_side(datas: list[bytes], cuts: list[int], window: int, first: int,
+                  columnar: bool) -> None:  # fmt: skip
+    """``build`` of the records staged in runs cut at ``cuts`` makes the chunks and the
+    frame the one-record paths make, window by window, byte for byte."""
+    encoded = _records_of(datas)
+    bounds = [0, *sorted(c for c in set(cuts) if 0 < c < len(encoded)), len(encoded)]
+    staged = [_plain([RecordIn(msgspec.Raw(d)) for d in datas[a:b]]) for a, b in pairwise(bounds)]
+    records: list[EncodedRecord] | PlainRecords = encoded
+    runs = None
+    if columnar:
+        records = PlainRecords.concat(staged)
+    else:
+        runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
+    size = sum(len(d) for d in datas)
+    mark = Published("w", 3)
+    layout = Layout("t", 1, first, 7, 7, records, size, True, mark, runs)
+    with patch.object(prebuilt_module, "CHUNK_RECORDS", window):
+        built = build(layout)
+    expected = []
+    for lo in range(0, len(encoded), window):
+        chunk = Chunk(first + lo)
+        for i, record in enumerate(encoded[lo : lo + window]):  # one record at a time
+            chunk.extend(first + lo + i, 7, [record])
+        expected.append(chunk)
+    assert len(built.chunks) == len(expected)
+    for got, want in zip(built.chunks, expected, strict=True):
+        assert got.base_seq == want.base_seq
+        for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+            assert getattr(got, field) == getattr(want, field), field
+    assert built.frame is not None
+    assert b"".join(built.frame) == b"".join(records_frame_parts("t", 1, first, 7, encoded, mark,
+                                                                 now=7))  # fmt: skip
+    if columnar:  # the batch was never joined whole: its parts are still the staged runs'
+        assert all(map(operator.is_, records.parts(), [run.bodies for run in staged]))
+
+
+_DATAS = st.lists(st.sampled_from([b"1", b'"x"', b'{"a":[1,2]}', b"null", b'"' + b"y" * 40 + b'"']),
+                  min_size=1, max_size=300)  # fmt: skip
+
+
+@_SIDE_BY_SIDE
+@given(_DATAS, st.lists(st.integers(0, 300), max_size=6), st.integers(1, 40),
+       st.integers(1, 10**12), st.booleans())  # fmt: skip
+def test_a_publish_built_side_by_side_is_built_as_one_record_at_a_time(
+    datas: list[bytes], cuts: list[int], window: int, first: int, columnar: bool
+) -> None:
+    """A publish's chunks and frame, built on two threads from its staged runs
+    (columnar, or one object each with their bodies' runs), are byte for byte what the
+    one-record paths make, whatever the run and chunk boundaries (docs/spark.md, "Sink
+    speed")."""
+    _side_by_side(datas, cuts, window, first, columnar)
+
+
+class _Swapping:
+    """A fault injector standing in for the build's pool: it runs each job when its
+    result is asked for, and hands back the second and third jobs' results swapped (a
+    build gathering its chunks as they finish, not in order)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Callable[[], Any]] = []
+
+    def submit(self, job: Callable[[], Any]) -> _Swapped:
+        self.jobs.append(job)
+        return _Swapped(self, len(self.jobs) - 1)
+
+
+@dataclass
+class _Swapped:
+    pool: _Swapping
+    index: int
+
+    def result(self) -> Any:
+        swapped = {1: 2, 2: 1} if len(self.pool.jobs) > 2 else {}
+        return self.pool.jobs[swapped.get(self.index, self.index)]()
+
+
+def test_a_misordered_side_by_side_build_is_caught() -> None:
+    """The mutant: a build handing back two of its chunks swapped fails the property
+    above."""
+
+    @given(_DATAS, st.lists(st.integers(0, 300), max_size=6), st.integers(1, 40),
+           st.integers(1, 10**12), st.booleans())  # fmt: skip
+    @_MUTANT
+    def same(datas: list[bytes], cuts: list[int], window: int, first: int,
+             columnar: bool) -> None:  # fmt: skip
+        with patch.object(prebuilt_module, "_BUILDERS", _Swapping()):
+            _side_by_side(datas, cuts, window, first, columnar)
+
+    with pytest.raises(AssertionError):
+        same()

@@ -284,7 +284,8 @@ def records_frame_parts(
             name, epoch, first_seq, ts, now, records.lengths().tolist(),
             records.sizes().tolist(), [None] * n, [None] * n, None, extra,
         )  # fmt: skip
-        return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", records.joined()])
+        # (a publish's staged chunks as they are: no join of the batch's bodies)
+        return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *records.parts()])
     # Each list one C call over the records: a sink's publish holds a million of them.
     ids = list(map(_id_of, records))
     if runs is None:
