@@ -5,8 +5,6 @@ the same append, byte for byte, as one the engine lays out itself."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -302,23 +300,21 @@ def test_a_batch_mixing_columnar_and_tagged_chunks_keeps_its_order(tmp_path: Pat
     _shut(engine, store)
 
 
-# Built side by side (waymark.log.prebuilt._BUILDERS) over a batch's staged runs: the
-# chunk size is cut down so that a few hundred records cross many chunk boundaries and
-# run boundaries at every offset (CHUNK_RECORDS sizes nothing but the windows build
-# cuts; the chunks' bytes do not depend on it).
-_SIDE_BY_SIDE = settings(max_examples=60, deadline=None, database=None, derandomize=True)
-_MUTANT = settings(_SIDE_BY_SIDE, max_examples=200, phases=[Phase.explicit, Phase.generate])
+# A publish built from its staged runs: the chunk size is cut down so that a few hundred
+# records cross many chunk boundaries and run boundaries at every offset (CHUNK_RECORDS
+# sizes nothing but the windows build cuts; the chunks' bytes do not depend on it).
+_RUNS = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+_MUTANT = settings(_RUNS, max_examples=200, phases=[Phase.explicit, Phase.generate])
+_DATAS = st.lists(st.sampled_from([b"1", b'"x"', b'{"a":[1,2]}', b"null", b'"' + b"y" * 40 + b'"']),
+                  min_size=1, max_size=300)  # fmt: skip
+_CUTS = st.lists(st.integers(0, 300), max_size=6)
 
 
-def _records_of(datas: list[bytes]) -> list[EncodedRecord]:
-    return [encode_batch([RecordIn(msgspec.Raw(d))], Limits())[0] for d in datas]
-
-
-def _side_by_side(datas: list[bytes], cuts: list[int], window: int, first: int,
-                  columnar: bool) -> None:  # fmt: skip
+def _from_runs(datas: list[bytes], cuts: list[int], window: int, first: int,
+               columnar: bool) -> None:  # fmt: skip
     """``build`` of the records staged in runs cut at ``cuts`` makes the chunks and the
     frame the one-record paths make, window by window, byte for byte."""
-    encoded = _records_of(datas)
+    encoded = [encode_batch([RecordIn(msgspec.Raw(d))], Limits())[0] for d in datas]
     bounds = [0, *sorted(c for c in set(cuts) if 0 < c < len(encoded)), len(encoded)]
     staged = [_plain([RecordIn(msgspec.Raw(d)) for d in datas[a:b]]) for a, b in pairwise(bounds)]
     records: list[EncodedRecord] | PlainRecords = encoded
@@ -327,9 +323,8 @@ def _side_by_side(datas: list[bytes], cuts: list[int], window: int, first: int,
         records = PlainRecords.concat(staged)
     else:
         runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
-    size = sum(len(d) for d in datas)
     mark = Published("w", 3)
-    layout = Layout("t", 1, first, 7, 7, records, size, True, mark, runs)
+    layout = Layout("t", 1, first, 7, 7, records, sum(map(len, datas)), True, mark, runs)
     with patch.object(prebuilt_module, "CHUNK_RECORDS", window):
         built = build(layout)
     expected = []
@@ -346,61 +341,51 @@ def _side_by_side(datas: list[bytes], cuts: list[int], window: int, first: int,
     assert built.frame is not None
     assert b"".join(built.frame) == b"".join(records_frame_parts("t", 1, first, 7, encoded, mark,
                                                                  now=7))  # fmt: skip
-    if columnar:  # the batch was never joined whole: its parts are still the staged runs'
+    if isinstance(records, PlainRecords):  # never joined whole: its parts are the runs'
         assert all(map(operator.is_, records.parts(), [run.bodies for run in staged]))
 
 
-_DATAS = st.lists(st.sampled_from([b"1", b'"x"', b'{"a":[1,2]}', b"null", b'"' + b"y" * 40 + b'"']),
-                  min_size=1, max_size=300)  # fmt: skip
-
-
-@_SIDE_BY_SIDE
-@given(_DATAS, st.lists(st.integers(0, 300), max_size=6), st.integers(1, 40),
-       st.integers(1, 10**12), st.booleans())  # fmt: skip
-def test_a_publish_built_side_by_side_is_built_as_one_record_at_a_time(
+@_RUNS
+@given(_DATAS, _CUTS, st.integers(1, 40), st.integers(1, 10**12), st.booleans())
+def test_a_publish_built_from_its_staged_runs_is_built_as_one_record_at_a_time(
     datas: list[bytes], cuts: list[int], window: int, first: int, columnar: bool
 ) -> None:
-    """A publish's chunks and frame, built on two threads from its staged runs
-    (columnar, or one object each with their bodies' runs), are byte for byte what the
-    one-record paths make, whatever the run and chunk boundaries (docs/spark.md, "Sink
-    speed")."""
-    _side_by_side(datas, cuts, window, first, columnar)
+    """A publish's chunks and frame, built from its staged runs (columnar and never
+    joined whole, or one object each with their bodies' runs), are byte for byte what
+    the one-record paths make, whatever the run and chunk boundaries (docs/spark.md,
+    "Sink speed")."""
+    _from_runs(datas, cuts, window, first, columnar)
 
 
-class _Swapping:
-    """A fault injector standing in for the build's pool: it runs each job when its
-    result is asked for, and hands back the second and third jobs' results swapped (a
-    build gathering its chunks as they finish, not in order)."""
-
-    def __init__(self) -> None:
-        self.jobs: list[Callable[[], Any]] = []
-
-    def submit(self, job: Callable[[], Any]) -> _Swapped:
-        self.jobs.append(job)
-        return _Swapped(self, len(self.jobs) - 1)
+def _reversed_parts(self: PlainRecords) -> list[bytes]:
+    return list(reversed(_PARTS(self)))
 
 
-@dataclass
-class _Swapped:
-    pool: _Swapping
-    index: int
+def _reversed_column(self: PlainRecords) -> Any:
+    import pyarrow as pa
 
-    def result(self) -> Any:
-        swapped = {1: 2, 2: 1} if len(self.pool.jobs) > 2 else {}
-        return self.pool.jobs[swapped.get(self.index, self.index)]()
+    column = _COLUMN(self)
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array(list(reversed(column.chunks)), column.type)
+    return column
 
 
-def test_a_misordered_side_by_side_build_is_caught() -> None:
-    """The mutant: a build handing back two of its chunks swapped fails the property
-    above."""
+_PARTS, _COLUMN = PlainRecords.parts, PlainRecords.column
 
-    @given(_DATAS, st.lists(st.integers(0, 300), max_size=6), st.integers(1, 40),
-           st.integers(1, 10**12), st.booleans())  # fmt: skip
+
+@pytest.mark.parametrize("mutant", ["parts", "column"])
+def test_a_batch_laid_out_from_misordered_runs_is_caught(
+    mutant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutants: a batch's staged runs handed to its frame (parts) or to its chunks
+    (column) out of order fail the property above."""
+    fake = _reversed_parts if mutant == "parts" else _reversed_column
+    monkeypatch.setattr(PlainRecords, mutant, fake)
+
+    @given(_DATAS, _CUTS, st.integers(1, 40), st.integers(1, 10**12))
     @_MUTANT
-    def same(datas: list[bytes], cuts: list[int], window: int, first: int,
-             columnar: bool) -> None:  # fmt: skip
-        with patch.object(prebuilt_module, "_BUILDERS", _Swapping()):
-            _side_by_side(datas, cuts, window, first, columnar)
+    def same(datas: list[bytes], cuts: list[int], window: int, first: int) -> None:
+        _from_runs(datas, cuts, window, first, True)
 
     with pytest.raises(AssertionError):
         same()

@@ -14,10 +14,7 @@ same bytes either way (:func:`~waymark.log.journal.records_frame_parts`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,7 +22,7 @@ import numpy as np
 from .chunk import CHUNK_RECORDS, Chunk
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
-from .records import EncodedRecord, PlainRecords, Records, binary_column
+from .records import PlainRecords, Records, binary_column
 from .topic import AppendPlan
 
 
@@ -65,77 +62,38 @@ class Prebuilt:
         )
 
 
-# A publish's chunks and its journal frame are independent of each other and most of
-# their work (pyarrow joins and casts, xxhash, large copies) releases the GIL: built on
-# two threads side by side, a sink's serial commit waits about half as long
-# (docs/spark.md, "Sink speed"). One pool for the process, as many threads as the
-# machine the project targets has cores.
-_BUILDERS = ThreadPoolExecutor(2, thread_name_prefix="waymark-build")
-
-
 def build(layout: Layout) -> Prebuilt:
     """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
     no engine state, so it runs on a worker thread; each of its copies is one chunk's
     bytes at most and its pyarrow kernels release the GIL, so the event loop is not held
-    up for the whole batch. The chunks and the frame are built by ``_BUILDERS``, each
-    job one chunk or the frame, and gathered in order: the same bytes as one by one."""
-    jobs = _chunk_jobs(layout)
-    if layout.journaled:
-        jobs.insert(0, partial(_frame, layout))  # (the longest job: started first)
-    if len(jobs) == 1:
-        results = [jobs[0]()]
-    else:
-        results = [future.result() for future in [_BUILDERS.submit(job) for job in jobs]]
-    frame = results.pop(0) if layout.journaled else None
-    return Prebuilt(layout, results, frame)
+    up for the whole batch. A sink's batch is laid out from its staged chunks' own
+    buffers, never joined whole (:meth:`PlainRecords.column`, :meth:`PlainRecords.parts`).
 
-
-def _chunk_jobs(layout: Layout) -> list[Callable[[], Any]]:
-    """One job per new chunk of the layout, each making that chunk."""
+    One thread: its chunks built side by side on two (a pool) took the same CPU or more
+    and, on two cores busy with other work, more wall time, not less — a chunk's copy
+    into its fresh buffer holds the GIL (docs/spark.md, "Sink speed")."""
     records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
-    starts = range(0, len(records), CHUNK_RECORDS)
+    plain = isinstance(records, PlainRecords)
     if isinstance(records, PlainRecords):  # a sink's batch: its staged chunks' buffers
-        column, sizes = records.column(), records.sizes()
-        return [
-            partial(
-                _plain_chunk,
-                first + lo,
-                ts,
-                sizes[lo : lo + CHUNK_RECORDS],
-                column.slice(lo, CHUNK_RECORDS),
-            )
-            for lo in starts
-        ]
-    bodies = None if runs is None else bodies_array(runs)
-    return [
-        partial(
-            _chunk,
-            first + lo,
-            ts,
-            records[lo : lo + CHUNK_RECORDS],
-            None if bodies is None else bodies.slice(lo, CHUNK_RECORDS),
-        )
-        for lo in starts
-    ]
-
-
-def _plain_chunk(seq: int, ts: int, sizes: np.ndarray, bodies: Any) -> Chunk:
-    chunk = Chunk(seq)
-    chunk.extend_plain(seq, ts, sizes, bodies)
-    return chunk
-
-
-def _chunk(seq: int, ts: int, records: list[EncodedRecord], bodies: Any) -> Chunk:
-    chunk = Chunk(seq)
-    chunk.extend(seq, ts, records, bodies)
-    return chunk
-
-
-def _frame(layout: Layout) -> list[bytes]:
-    return records_frame_parts(
-        layout.name, layout.epoch, layout.first_seq, layout.ts, layout.records, layout.publish,
-        now=layout.now, runs=layout.runs,
-    )  # fmt: skip
+        bodies, sizes = records.column(), records.sizes()
+    else:
+        bodies = None if runs is None else bodies_array(runs)
+    chunks = []
+    for lo in range(0, len(records), CHUNK_RECORDS):
+        chunk = Chunk(first + lo)
+        laid = None if bodies is None else bodies.slice(lo, CHUNK_RECORDS)  # (one chunk's)
+        if plain:
+            chunk.extend_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
+        else:
+            chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS], laid)
+        chunks.append(chunk)
+    frame = None
+    if layout.journaled:
+        frame = records_frame_parts(
+            layout.name, layout.epoch, first, ts, records, layout.publish, now=layout.now,
+            runs=runs,
+        )  # fmt: skip
+    return Prebuilt(layout, chunks, frame)
 
 
 def bodies_array(runs: list[BodyRun]) -> Any:
