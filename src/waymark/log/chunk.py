@@ -157,8 +157,8 @@ class Chunk:
     def extend_plain(self, first_seq: int, ts: int, sizes: np.ndarray, bodies: Any) -> None:
         """:meth:`extend` for records that carry data alone, each column in bulk:
         ``sizes``, each record's (:meth:`PlainRecords.sizes`), and ``bodies``, their
-        bodies as a pyarrow ``large_binary`` array. Touches this chunk alone, so a
-        publish's chunks are built side by side (:func:`waymark.log.prebuilt.build`)."""
+        bodies as a pyarrow ``large_binary`` array (a publish's staged chunks, as
+        :func:`waymark.log.prebuilt.build` hands them, without their records)."""
         n = len(sizes)
         bounds, data = _lay_out(first_seq, ts, bodies)
         base = len(self.buf)

@@ -73,7 +73,6 @@ def build(layout: Layout) -> Prebuilt:
     and, on two cores busy with other work, more wall time, not less — a chunk's copy
     into its fresh buffer holds the GIL (docs/spark.md, "Sink speed")."""
     records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
-    plain = isinstance(records, PlainRecords)
     if isinstance(records, PlainRecords):  # a sink's batch: its staged chunks' buffers
         bodies, sizes = records.column(), records.sizes()
     else:
@@ -82,7 +81,7 @@ def build(layout: Layout) -> Prebuilt:
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
         laid = None if bodies is None else bodies.slice(lo, CHUNK_RECORDS)  # (one chunk's)
-        if plain:
+        if isinstance(records, PlainRecords):
             chunk.extend_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
         else:
             chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS], laid)
