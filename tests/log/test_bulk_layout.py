@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from waymark.log import chunk as chunk_module
 from waymark.log.changes import Changes
-from waymark.log.chunk import DELETED, LIVE, Chunk, binary_column
+from waymark.log.chunk import DELETED, LIVE, Chunk
 from waymark.log.errors import TopicError
 from waymark.log.journal import BodyRun, records_frame_parts
 from waymark.log.origin import Published
 from waymark.log.prebuilt import bodies_array
-from waymark.log.records import EncodedRecord, PlainRecords, encode_batch
+from waymark.log.records import EncodedRecord, PlainRecords, binary_column, encode_batch
 from waymark.log.storage import frames
 from waymark.log.storage.segment import segment_frames
 from waymark.protocol import Limits, RecordIn

@@ -4,15 +4,26 @@ the same append, byte for byte, as one the engine lays out itself."""
 
 from __future__ import annotations
 
+import operator
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import msgspec
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
+from waymark.log import prebuilt as prebuilt_module
+from waymark.log.chunk import Chunk
 from waymark.log.config import StorageConfig
-from waymark.log.prebuilt import build
-from waymark.log.records import PlainRecords, encode_batch, plain_records
+from waymark.log.journal import BodyRun, records_frame_parts
+from waymark.log.origin import Published
+from waymark.log.prebuilt import Layout, build
+from waymark.log.records import EncodedRecord, PlainRecords, encode_batch, plain_records
 from waymark.log.storage import frames
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
@@ -287,3 +298,94 @@ def test_a_batch_mixing_columnar_and_tagged_chunks_keeps_its_order(tmp_path: Pat
     engine.publish("out", "sink", epoch, 2, [(PartKey(0, 0), 1)], built)
     assert [r["data"]["n"] for r in _page(engine, "out")[6_000:]] == list(range(1_000, 2_000))
     _shut(engine, store)
+
+
+# A publish built from its staged runs: the chunk size is cut down so that a few hundred
+# records cross many chunk boundaries and run boundaries at every offset (CHUNK_RECORDS
+# sizes nothing but the windows build cuts; the chunks' bytes do not depend on it).
+_RUNS = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+_MUTANT = settings(_RUNS, max_examples=200, phases=[Phase.explicit, Phase.generate])
+_DATAS = st.lists(st.sampled_from([b"1", b'"x"', b'{"a":[1,2]}', b"null", b'"' + b"y" * 40 + b'"']),
+                  min_size=1, max_size=300)  # fmt: skip
+_CUTS = st.lists(st.integers(0, 300), max_size=6)
+
+
+def _from_runs(datas: list[bytes], cuts: list[int], window: int, first: int,
+               columnar: bool) -> None:  # fmt: skip
+    """``build`` of the records staged in runs cut at ``cuts`` makes the chunks and the
+    frame the one-record paths make, window by window, byte for byte."""
+    encoded = [encode_batch([RecordIn(msgspec.Raw(d))], Limits())[0] for d in datas]
+    bounds = [0, *sorted(c for c in set(cuts) if 0 < c < len(encoded)), len(encoded)]
+    staged = [_plain([RecordIn(msgspec.Raw(d)) for d in datas[a:b]]) for a, b in pairwise(bounds)]
+    records: list[EncodedRecord] | PlainRecords = encoded
+    runs = None
+    if columnar:
+        records = PlainRecords.concat(staged)
+    else:
+        runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
+    mark = Published("w", 3)
+    layout = Layout("t", 1, first, 7, 7, records, sum(map(len, datas)), True, mark, runs)
+    with patch.object(prebuilt_module, "CHUNK_RECORDS", window):
+        built = build(layout)
+    expected = []
+    for lo in range(0, len(encoded), window):
+        chunk = Chunk(first + lo)
+        for i, record in enumerate(encoded[lo : lo + window]):  # one record at a time
+            chunk.extend(first + lo + i, 7, [record])
+        expected.append(chunk)
+    assert len(built.chunks) == len(expected)
+    for got, want in zip(built.chunks, expected, strict=True):
+        assert got.base_seq == want.base_seq
+        for field in ("buf", "ends", "ts", "node", "tag", "size", "dead", "live"):
+            assert getattr(got, field) == getattr(want, field), field
+    assert built.frame is not None
+    assert b"".join(built.frame) == b"".join(records_frame_parts("t", 1, first, 7, encoded, mark,
+                                                                 now=7))  # fmt: skip
+    if isinstance(records, PlainRecords):  # never joined whole: its parts are the runs'
+        assert all(map(operator.is_, records.parts(), [run.bodies for run in staged]))
+
+
+@_RUNS
+@given(_DATAS, _CUTS, st.integers(1, 40), st.integers(1, 10**12), st.booleans())
+def test_a_publish_built_from_its_staged_runs_is_built_as_one_record_at_a_time(
+    datas: list[bytes], cuts: list[int], window: int, first: int, columnar: bool
+) -> None:
+    """A publish's chunks and frame, built from its staged runs (columnar and never
+    joined whole, or one object each with their bodies' runs), are byte for byte what
+    the one-record paths make, whatever the run and chunk boundaries (docs/spark.md,
+    "Sink speed")."""
+    _from_runs(datas, cuts, window, first, columnar)
+
+
+def _reversed_parts(self: PlainRecords) -> list[bytes]:
+    return list(reversed(_PARTS(self)))
+
+
+def _reversed_column(self: PlainRecords) -> Any:
+    import pyarrow as pa
+
+    column = _COLUMN(self)
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array(list(reversed(column.chunks)), column.type)
+    return column
+
+
+_PARTS, _COLUMN = PlainRecords.parts, PlainRecords.column
+
+
+@pytest.mark.parametrize("mutant", ["parts", "column"])
+def test_a_batch_laid_out_from_misordered_runs_is_caught(
+    mutant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutants: a batch's staged runs handed to its frame (parts) or to its chunks
+    (column) out of order fail the property above."""
+    fake = _reversed_parts if mutant == "parts" else _reversed_column
+    monkeypatch.setattr(PlainRecords, mutant, fake)
+
+    @given(_DATAS, _CUTS, st.integers(1, 40), st.integers(1, 10**12))
+    @_MUTANT
+    def same(datas: list[bytes], cuts: list[int], window: int, first: int) -> None:
+        _from_runs(datas, cuts, window, first, True)
+
+    with pytest.raises(AssertionError):
+        same()

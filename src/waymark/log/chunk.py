@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate, repeat
 from operator import add, attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .records import PlainRecords
+from .records import PlainRecords, binary_column
 
 if TYPE_CHECKING:
     from .records import EncodedRecord
@@ -111,7 +112,8 @@ class Chunk:
         ``bodies``: the records' bodies as a pyarrow ``large_binary`` array, when the
         caller holds them so (:func:`waymark.log.prebuilt.build`)."""
         if isinstance(records, PlainRecords):  # a sink's publish: no node, no tag
-            self._extend_plain(first_seq, ts, records, bodies)
+            column = records.column() if bodies is None else bodies
+            self.extend_plain(first_seq, ts, records.sizes(), column)
             return
         # The commonest write, one record: skip the batch machinery's fixed cost.
         if len(records) == 1 and bodies is None:
@@ -131,7 +133,9 @@ class Chunk:
         if bodies is None and n < ARROW_FROM:
             self._extend_groups(first_seq, ts, records)
         else:
-            bounds, data = _lay_out(first_seq, ts, records, bodies)
+            bounds, data = _lay_out(
+                first_seq, ts, _column_of(records) if bodies is None else bodies
+            )
             base = len(self.buf)
             self.buf += data
             self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
@@ -150,19 +154,20 @@ class Chunk:
         self.dead.extend(bytes(n))
         self.live += n
 
-    def _extend_plain(self, first_seq: int, ts: int, records: PlainRecords, bodies: Any) -> None:
-        """:meth:`extend` for records that carry data alone, each column in bulk."""
-        n = len(records)
-        if bodies is None:
-            bodies = binary_column(records.bodies, records.bounds)
-        bounds, data = _lay_out(first_seq, ts, records, bodies)
+    def extend_plain(self, first_seq: int, ts: int, sizes: np.ndarray, bodies: Any) -> None:
+        """:meth:`extend` for records that carry data alone, each column in bulk:
+        ``sizes``, each record's (:meth:`PlainRecords.sizes`), and ``bodies``, their
+        bodies as a pyarrow ``large_binary`` array (a publish's staged chunks, as
+        :func:`waymark.log.prebuilt.build` hands them, without their records)."""
+        n = len(sizes)
+        bounds, data = _lay_out(first_seq, ts, bodies)
         base = len(self.buf)
         self.buf += data
         self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
         self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
         self.node.frombytes(bytes(self.node.itemsize * n))
         self.tag.frombytes(bytes(self.tag.itemsize * n))
-        self.size.frombytes(records.sizes().astype(f"u{self.size.itemsize}").tobytes())
+        self.size.frombytes(sizes.astype(f"u{self.size.itemsize}").tobytes())
         self.dead.extend(bytes(n))
         self.live += n
 
@@ -231,22 +236,19 @@ class Chunk:
 _SEQ = b'{"$seq":'
 
 
-def _lay_out(
-    first_seq: int, ts: int, records: Sequence[EncodedRecord] | PlainRecords, bodies: Any
-) -> tuple[np.ndarray, memoryview]:
-    """The records' bytes from ``first_seq`` on, each ``{"$seq":N,"$ts":T BODY,``, and
-    their bounds (``n + 1`` offsets from 0): one pyarrow kernel call over the whole run
-    (a sink's publish holds a million records) where a Python step per record cost
-    ~0.6 µs; the element-wise join releases the GIL (docs/security.md, Limits)."""
+def _lay_out(first_seq: int, ts: int, bodies: Any) -> tuple[np.ndarray, memoryview]:
+    """The bytes of the records from ``first_seq`` on whose bodies are ``bodies`` (a
+    pyarrow ``large_binary`` array, or a chunked one: a publish's staged runs), each
+    ``{"$seq":N,"$ts":T BODY,``, and their bounds (``n + 1`` offsets from 0): one pyarrow
+    kernel call over the whole run (a sink's publish holds a million records) where a
+    Python step per record cost ~0.6 µs; the element-wise join releases the GIL
+    (docs/security.md, Limits)."""
     import pyarrow as pa  # here: the engine's import does not pay for pyarrow
     import pyarrow.compute as pc
 
-    n = len(records)
-    if bodies is None:
-        texts = list(map(_body_of, records))
-        bounds = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, texts), np.int64, n), out=bounds[1:])
-        bodies = binary_column(b"".join(texts), bounds)
+    if isinstance(bodies, pa.ChunkedArray):  # (one chunk's window of the runs: joined)
+        bodies = bodies.combine_chunks()
+    n = len(bodies)
     seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
     digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(seqs.tobytes())]),
                      pa.string()).cast(pa.large_binary())  # fmt: skip
@@ -259,19 +261,18 @@ def _lay_out(
     return ends - ends[0], memoryview(data)[int(ends[0]) : int(ends[-1])]
 
 
-# Arrays are built from buffers, never with pa.array() or pa.scalar(): their first call
-# imports pandas, seconds in a busy server (as waymark.log.pages builds its pages).
-def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
-    """A pyarrow ``large_binary`` array of ``data`` cut at ``bounds`` (``n + 1`` int64
-    offsets), over ``data``'s own buffer."""
-    import pyarrow as pa
-
-    buffers = [None, pa.py_buffer(bounds.astype(np.int64).tobytes()), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
+def _column_of(records: Sequence[EncodedRecord]) -> Any:
+    """The records' bodies as a pyarrow ``large_binary`` array (one join of them)."""
+    texts = list(map(_body_of, records))
+    bounds = np.zeros(len(texts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=bounds[1:])
+    return binary_column(b"".join(texts), bounds)
 
 
+@lru_cache(maxsize=16)
 def constant_column(value: bytes, n: int) -> Any:
-    """``n`` times ``value``, a ``large_binary`` array (an element-wise join's constant)."""
+    """``n`` times ``value``, a ``large_binary`` array (an element-wise join's constant).
+    Kept: a publish's chunks all take the same few (arrays are immutable)."""
     return binary_column(value * n, np.arange(n + 1, dtype=np.int64) * len(value))
 
 

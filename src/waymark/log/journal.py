@@ -19,6 +19,7 @@ from operator import attrgetter
 from typing import Any, ClassVar, Protocol
 
 import msgspec
+import numpy as np
 from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
@@ -279,12 +280,16 @@ def records_frame_parts(
     :mod:`waymark.log.prebuilt`): the same frame, without a step per record for them."""
     extra = None if publish is None else RecordsExtra(publish)
     if isinstance(records, PlainRecords):  # the same frame, from its columns
-        n = len(records)
+        # Its lists as the JSON text msgspec writes for them, in place (a Raw is written
+        # as it is, whatever the field's type): the four lists of a 300,000-record
+        # publish built and encoded cost ~25 ms, the pyarrow kernels and repeat ~15 ms.
+        nulls: Any = _json_nulls(len(records))
         header = RecordsHeader(
-            name, epoch, first_seq, ts, now, records.lengths().tolist(),
-            records.sizes().tolist(), [None] * n, [None] * n, None, extra,
+            name, epoch, first_seq, ts, now, _json_ints(records.lengths()),
+            _json_ints(records.sizes()), nulls, nulls, None, extra,
         )  # fmt: skip
-        return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", records.joined()])
+        # (a publish's staged chunks as they are: no join of the batch's bodies)
+        return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *records.parts()])
     # Each list one C call over the records: a sink's publish holds a million of them.
     ids = list(map(_id_of, records))
     if runs is None:
@@ -301,6 +306,27 @@ def records_frame_parts(
         extra,
     )  # fmt: skip
     return frame_parts(FrameKind.RECORDS, [_encoder.encode(header) + b"\n", *bodies])
+
+
+def _json_ints(values: np.ndarray) -> Any:
+    """``values`` (ints) as the JSON array msgspec writes for their list, ``[1,2,3]``:
+    one cast of their digits and one join, both pyarrow kernels over the array."""
+    import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
+    import pyarrow.compute as pc
+
+    n = len(values)
+    data = pa.py_buffer(values.astype(np.int64).tobytes())
+    offsets = pa.py_buffer(np.array([0, n], np.int32).tobytes())
+    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, data]), pa.string())
+    listed = pa.Array.from_buffers(pa.list_(pa.string()), 1, [None, offsets], children=[digits])
+    joined: Any = pc.binary_join(listed, ",")
+    text = joined[0].as_buffer()
+    return msgspec.Raw(b"[" + (b"" if text is None else text.to_pybytes()) + b"]")
+
+
+def _json_nulls(n: int) -> Any:
+    """``[null,null,...]``, ``n`` of them: msgspec's text for ``[None] * n``."""
+    return msgspec.Raw(b"[" + b"null," * (n - 1) + b"null]" if n else b"[]")
 
 
 @dataclass(frozen=True, slots=True)

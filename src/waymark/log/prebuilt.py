@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .chunk import CHUNK_RECORDS, Chunk, binary_column
+from .chunk import CHUNK_RECORDS, Chunk
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
-from .records import Records
+from .records import PlainRecords, Records, binary_column
 from .topic import AppendPlan
 
 
@@ -66,16 +66,25 @@ def build(layout: Layout) -> Prebuilt:
     """Lay ``layout``'s records out as new chunks and its journal frame. Pure and touches
     no engine state, so it runs on a worker thread; each of its copies is one chunk's
     bytes at most and its pyarrow kernels release the GIL, so the event loop is not held
-    up for the whole batch."""
+    up for the whole batch. A sink's batch is laid out from its staged chunks' own
+    buffers, never joined whole (:meth:`PlainRecords.column`, :meth:`PlainRecords.parts`).
+
+    One thread: its chunks built side by side on two (a pool) took the same CPU or more
+    and, on two cores busy with other work, more wall time, not less — a chunk's copy
+    into its fresh buffer holds the GIL (docs/spark.md, "Sink speed")."""
     records, first, ts, runs = layout.records, layout.first_seq, layout.ts, layout.runs
-    bodies = None if runs is None else bodies_array(runs)
+    if isinstance(records, PlainRecords):  # a sink's batch: its staged chunks' buffers
+        bodies, sizes = records.column(), records.sizes()
+    else:
+        bodies = None if runs is None else bodies_array(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
         chunk = Chunk(first + lo)
-        window = records[lo : lo + CHUNK_RECORDS]
-        # (a window of the runs, joined: one chunk's bodies, not the batch's)
-        laid = None if bodies is None else bodies.slice(lo, len(window)).combine_chunks()
-        chunk.extend(first + lo, ts, window, laid)
+        laid = None if bodies is None else bodies.slice(lo, CHUNK_RECORDS)  # (one chunk's)
+        if isinstance(records, PlainRecords):
+            chunk.extend_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
+        else:
+            chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS], laid)
         chunks.append(chunk)
     frame = None
     if layout.journaled:

@@ -619,7 +619,7 @@ class Queues:
             return Redriven([])
         result = self.engine.append(name, records)
         self.engine.delete_seqs(target, moved)
-        return Redriven(result.seqs, result.commit, result.must_sync)
+        return Redriven(list(result.seqs), result.commit, result.must_sync)
 
     # --- internals ----------------------------------------------------------------------
     def _queue(self, name: str) -> Topic:

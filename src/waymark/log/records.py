@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from itertools import pairwise, repeat
 from operator import add, attrgetter
-from typing import overload
+from typing import Any, overload
 
 import msgspec
 import numpy as np
@@ -57,23 +57,59 @@ class PlainRecords(Sequence[EncodedRecord]):
     (``n + 1`` offsets). What the exactly-once sink stages: its chunks are framed and laid
     out at publish and in the seal with no Python object per record (docs/spark.md,
     "Sink speed"). Indexing or iterating builds :class:`EncodedRecord` values, for the
-    rare consumer that needs them one by one."""
+    rare consumer that needs them one by one.
 
-    __slots__ = ("bodies", "bounds")
+    A publish's batch is its staged chunks :meth:`concat`-ed, which joins nothing: its
+    chunks and its journal frame are made from the chunks' own buffers (:meth:`column`,
+    :meth:`parts`), and ``bodies`` joins them only when something asks for the batch as
+    one buffer (a publish laid out on the event loop, a record taken one by one)."""
 
-    def __init__(self, bodies: bytes, bounds: np.ndarray) -> None:
-        self.bodies = bodies
+    __slots__ = ("_bodies", "bounds")
+
+    def __init__(self, bodies: bytes | _Concat, bounds: np.ndarray) -> None:
+        self._bodies = bodies
         self.bounds = bounds  # int64, into bodies; a slice shares both
 
     @classmethod
     def concat(cls, runs: Sequence[PlainRecords]) -> PlainRecords:
-        """The runs one after the other: one join of their bodies, their bounds shifted."""
+        """The runs one after the other: their bounds shifted, their bodies left where
+        they are until :attr:`bodies` is asked for."""
         if len(runs) == 1:
             return runs[0]
         lengths = np.concatenate([np.diff(run.bounds) for run in runs])
         bounds = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=bounds[1:])
-        return cls(b"".join(run.joined() for run in runs), bounds)
+        return cls(_Concat(list(runs)), bounds)
+
+    @property
+    def bodies(self) -> bytes:
+        """The buffer ``bounds`` cut (a concat's runs joined, once, on first use)."""
+        bodies = self._bodies
+        return bodies.joined() if isinstance(bodies, _Concat) else bodies
+
+    def _whole_concat(self) -> _Concat | None:
+        """The runs, when these records are a concat not joined yet, all of it."""
+        bodies = self._bodies
+        if not isinstance(bodies, _Concat) or bodies.done is not None:
+            return None
+        return bodies if self.bounds[0] == 0 and len(self) == bodies.count else None
+
+    def column(self) -> Any:
+        """The bodies as a pyarrow ``large_binary`` array (chunked, for a concat) over
+        the buffers that hold them: no copy, no step per record."""
+        import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
+
+        runs = self._whole_concat()
+        if runs is None:
+            return binary_column(self.bodies, self.bounds)
+        return pa.chunked_array([run.column() for run in runs.runs], pa.large_binary())
+
+    def parts(self) -> list[bytes]:
+        """The bodies joined, as consecutive buffers (a concat's runs, unjoined)."""
+        runs = self._whole_concat()
+        if runs is None:
+            return [self.joined()]
+        return [part for run in runs.runs for part in run.parts()]
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -128,6 +164,34 @@ class PlainRecords(Sequence[EncodedRecord]):
 
     def data_bytes(self) -> int:
         return int(self.bounds[-1] - self.bounds[0]) - PLAIN_EXTRA * len(self)
+
+
+class _Concat:
+    """Runs of :class:`PlainRecords` one after the other, joined on first need: shared
+    by a concat and its slices, so the batch is joined once at most."""
+
+    __slots__ = ("count", "done", "runs")
+
+    def __init__(self, runs: list[PlainRecords]) -> None:
+        self.runs = runs
+        self.count = sum(map(len, runs))
+        self.done: bytes | None = None
+
+    def joined(self) -> bytes:
+        if self.done is None:
+            self.done = b"".join(part for run in self.runs for part in run.parts())
+        return self.done
+
+
+# Arrays are built from buffers, never with pa.array() or pa.scalar(): their first call
+# imports pandas, seconds in a busy server (as waymark.log.pages builds its pages).
+def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
+    """A pyarrow ``large_binary`` array of ``data`` cut at ``bounds`` (``n + 1`` int64
+    offsets), over ``data``'s own buffer."""
+    import pyarrow as pa
+
+    buffers = [None, pa.py_buffer(bounds.astype(np.int64).tobytes()), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
 
 
 Records = list[EncodedRecord] | PlainRecords

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 class AppendResult(msgspec.Struct, frozen=True):
     # A Struct, not a frozen dataclass: every append builds one, and a frozen
     # dataclass's __init__ costs ~1 µs (one object.__setattr__ per field).
-    seqs: list[int]
+    seqs: list[int] | range  # (a range for a columnar append: a sink's publish)
     head_seq: int
     durability: Durability
     created: bool  # the write lazily created the topic
@@ -41,7 +41,7 @@ class AppendResult(msgspec.Struct, frozen=True):
         how long the ack waited for the sync (docs/semantics/topics.md §2.2; the fsync
         class only, 0 for the others)."""
         return {
-            "seqs": self.seqs,
+            "seqs": self.seqs if isinstance(self.seqs, list) else list(self.seqs),
             "head_seq": self.head_seq,
             "durability": str(self.durability),
             "fsync_ms": fsync_ms,

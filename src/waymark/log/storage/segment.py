@@ -28,7 +28,8 @@ import orjson
 import xxhash
 
 from ...protocol.errors import WaymarkError
-from ..chunk import DELETED, Chunk, Names, binary_column, constant_column
+from ..chunk import DELETED, Chunk, Names, constant_column
+from ..records import binary_column
 from .fileio import FileIO
 
 DATA = ".data"
