@@ -60,6 +60,10 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.acknowledged_lost(obs.acked, read, SOURCE).ok
     moved = {**obs.read, one: obs.read[one] + 1}  # read back, at another seq
     assert not checkers.acknowledged_lost(obs.acked, moved, SOURCE).ok
+    # A retry stored a second time (its id read twice), which reading back at the
+    # acknowledged seq cannot see.
+    assert checkers.stored_once(obs.ids).ok
+    assert not checkers.stored_once({**obs.ids, SOURCE: [*obs.ids[SOURCE], one]}).ok
     copied = dict(obs.copied)
     del copied[one]
     assert not checkers.forwarded(obs.acked, copied, "copy").ok

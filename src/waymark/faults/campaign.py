@@ -88,6 +88,7 @@ class Observations:
     processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
     # What the checkers read at the end, kept so a test can plant a violation in it.
     read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
+    ids: dict[str, list[str]] = field(default_factory=dict)  # topic: every id read, seq order
     ttl_read: dict[str, int] = field(default_factory=dict)  # TTL topic: record id -> seq
     ttl_gaps: list[Gap] = field(default_factory=list)  # the tombstones met reading it
     stamps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # topic: (seq, $ts)
@@ -586,6 +587,7 @@ def _check(
         obs.read = read = {rid: seq for rid, seq, _ in source}
         expiring = _read_topic(client, TTL, obs.ttl_gaps, obs.stamps[TTL])
         obs.ttl_read = {rid: seq for rid, seq, _ in expiring}
+        obs.ids = {SOURCE: [rid for rid, _, _ in source], TTL: [rid for rid, _, _ in expiring]}
         for _, seq, tag in source:
             key = f"{SOURCE}/{tag}"
             obs.newest[key] = max(obs.newest.get(key, 0), seq)
@@ -624,6 +626,7 @@ def _check(
     )
     return [
         checkers.acknowledged_lost(obs.acked, read, SOURCE),
+        checkers.stored_once(obs.ids),
         checkers.forwarded(obs.acked, copied, ROUTER),
         # The router's dest is a `disk` topic: a server crash may lose its newest copies,
         # announced (docs/durability.md) and forwarded again; the fsync source loses none.
