@@ -49,6 +49,9 @@ QUEUE, LEASE_MS = "jobs", 5_000  # a queue whose leases a clock jump ahead expir
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
+# ... and every ONCE-th write is a key of its own, never overwritten: a revision the fold
+# skipped mid-run stays visible at the end there, where a cycled key's next write hides it.
+ONCE = 50
 
 
 @dataclass
@@ -500,7 +503,8 @@ def _write_bucket(
             i = 0
             while not stop.is_set():
                 try:
-                    await writer.put(f"k.{i % KEYS:04}", b"v%d" % i)
+                    key = f"once.{i:09}" if i % ONCE == 0 else f"k.{i % KEYS:04}"
+                    await writer.put(key, b"v%d" % i)
                 except Exception as e:
                     obs.errors.append((now(), f"nats writer: {type(e).__name__}"))
                     await asyncio.sleep(0.05)

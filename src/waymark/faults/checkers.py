@@ -107,8 +107,7 @@ def fold_equals_bucket(
     return CheckResult(
         "the fold equals its bucket",
         not differ and bool(bucket),
-        f"{len(differ)} key(s) differ of {len(bucket)} in the bucket"
-        + ("" if bucket else NOTHING),
+        f"{len(differ)} key(s) differ of {len(bucket)} in the bucket" + ("" if bucket else NOTHING),
         differ[:5],
     )
 
