@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import subprocess
 import sys
 import threading
@@ -116,6 +117,7 @@ class Observations:
     spark_expected: dict[str, int] = field(default_factory=dict)  # input: user -> records
     spark_restarts: int = 0  # the supervisor's, after the driver exited by itself
     spark_kills_inside: int = 0  # spark-kills that landed inside a micro-batch
+    spark_replays: int = 0  # batches its sinks met as already taken (the job's log)
 
 
 @dataclass
@@ -319,9 +321,19 @@ def run_campaign(
         aim = None
         if supervisor is not None:  # a spark-kill waits for a micro-batch to land inside
             job = supervisor.job
+            kills = itertools.count()
 
             def aim() -> int | None:
-                return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
+                # Every other one waits on for the batch's rows to be published, so that
+                # the restarted query replays a batch the sink already took.
+                if next(kills) % 2 == 0:
+                    return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
+                with Client(direct, timeout=2) as client:
+
+                    def head() -> int:
+                        return client.get_topic(spark_query.OUTPUT, touch=False).head_seq
+
+                    return spark_query.aim_after_publish(workdir, head, SPARK_AIM_S, job.started_at)
 
         for fault in schedule:
             _sleep_until(started + fault.at_s)
@@ -647,7 +659,11 @@ def _check(
     ] + (
         [
             checkers.spark_exactly_once(
-                obs.spark_expected, obs.spark_rows, obs.spark_restarts, obs.spark_kills_inside
+                obs.spark_expected,
+                obs.spark_rows,
+                obs.spark_restarts,
+                obs.spark_kills_inside,
+                obs.spark_replays,
             ),
             checkers.spark_fold_equals(obs.spark_expected, obs.spark_fold),
         ]
@@ -676,6 +692,7 @@ def _spark_check(
         obs.spark_rows = spark_query.published(client)
     obs.spark_fold = spark_query.folded(workdir)
     obs.spark_expected = spark_query.expected(obs.read)
+    obs.spark_replays = spark_query.replays(workdir)
 
 
 def _queue_check(url: str, worked: threading.Event, obs: Observations) -> None:
