@@ -63,6 +63,7 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     # A retry stored a second time (its id read twice), which reading back at the
     # acknowledged seq cannot see.
     assert checkers.stored_once(obs.ids).ok
+    assert len(obs.ids[SOURCE]) >= len(obs.acked) and obs.ids[TTL]  # it read both topics
     assert not checkers.stored_once({**obs.ids, SOURCE: [*obs.ids[SOURCE], one]}).ok
     copied = dict(obs.copied)
     del copied[one]
