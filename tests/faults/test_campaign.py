@@ -60,6 +60,11 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.acknowledged_lost(obs.acked, read, SOURCE).ok
     moved = {**obs.read, one: obs.read[one] + 1}  # read back, at another seq
     assert not checkers.acknowledged_lost(obs.acked, moved, SOURCE).ok
+    # A retry stored a second time (its id read twice), which reading back at the
+    # acknowledged seq cannot see.
+    assert checkers.stored_once(obs.ids).ok
+    assert len(obs.ids[SOURCE]) >= len(obs.acked) and obs.ids[TTL]  # it read both topics
+    assert not checkers.stored_once({**obs.ids, SOURCE: [*obs.ids[SOURCE], one]}).ok
     copied = dict(obs.copied)
     del copied[one]
     assert not checkers.forwarded(obs.acked, copied, "copy").ok
@@ -71,6 +76,12 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     value, rev = obs.fold[key]
     assert not checkers.fold_equals_bucket({**obs.fold, key: (value, rev - 1)}, obs.bucket).ok
     assert not checkers.fold_equals_bucket({**obs.fold, "k.extra": (b"x", 1)}, obs.bucket).ok
+    # A revision skipped mid-run: on a cycled key the next write hides it by the end, on
+    # a key written once it stays missing.
+    once = [k for k in obs.bucket if k.startswith("once.")]
+    assert once
+    skipped = {k: v for k, v in obs.fold.items() if k != once[len(once) // 2]}
+    assert not checkers.fold_equals_bucket(skipped, obs.bucket).ok
     t, rank = obs.pointer[-1]
     assert not checkers.pointer_monotonic([*obs.pointer, (t + 1, rank - 1)]).ok
     # A pointer that never moved checked nothing: that is a failure, not a pass.
@@ -172,3 +183,44 @@ def test_a_spark_kill_is_aimed_inside_a_planned_micro_batch(tmp_path: Path) -> N
     assert spark.aim_inside_batch(tmp_path, 0.05) is None
     summary = checkers.spark_exactly_once({"u0": 1}, [(0, "u0", 1)], 1, 1).summary
     assert "1 kill(s) inside a micro-batch" in summary
+
+
+def test_every_other_spark_kill_waits_for_the_batch_to_be_published(tmp_path: Path) -> None:
+    """A kill inside a batch but before its sink published leaves nothing for the
+    exactly-once sink to refuse on the replay: every other ``spark-kill`` waits on until
+    the sink's topic head moved (the rows are out, Spark has not committed), and the
+    job's log counts the replays the sinks met as already taken (docs/faults.md)."""
+    checkpoint = tmp_path / "spark-checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "offsets" / "4").write_text("v1")
+    heads = iter([10, 10, 10, 12])  # the publish lands at the fourth look
+    assert spark.aim_after_publish(tmp_path, lambda: next(heads), 5.0) == 4
+    assert next(heads, None) is None  # it waited for the publish, no longer
+    # Spark committed the batch before its rows showed (a batch with no rows, or the
+    # window missed): no wait past the commit, and the kill is not inside a batch.
+    (checkpoint / "commits" / "4").write_text("v1")
+    (checkpoint / "offsets" / "5").write_text("v1")
+    looks = []
+
+    def committing() -> int:
+        looks.append(1)
+        if len(looks) == 2:
+            (checkpoint / "commits" / "5").write_text("v1")
+        return 10
+
+    assert spark.aim_after_publish(tmp_path, committing, 5.0) is None
+    assert len(looks) == 2
+    (checkpoint / "offsets" / "6").write_text("v1")
+    (checkpoint / "commits" / "6").write_text("v1")
+    assert spark.replays(tmp_path) == 0
+    (tmp_path / "spark.log").write_text(
+        "--- start 2: ...\n"
+        '{"event": "batch", "batch": 4, "seq": 9, "steps": {"topic_replayed": true, '
+        '"fold_skipped": true}}\n'
+        '{"event": "batch", "batch": 5, "seq": 12, "steps": {"topic_replayed": false, '
+        '"fold_skipped": false}}\n'
+    )
+    assert spark.replays(tmp_path) == 1
+    summary = checkers.spark_exactly_once({"u0": 1}, [(0, "u0", 1)], 1, 1, 1).summary
+    assert "1 replayed batch(es) the sinks had already taken" in summary

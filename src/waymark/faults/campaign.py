@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import subprocess
 import sys
 import threading
@@ -49,6 +50,9 @@ QUEUE, LEASE_MS = "jobs", 5_000  # a queue whose leases a clock jump ahead expir
 TAGS = 16  # records are tagged k0..k15: the recovery keys events/k0..events/k15
 PRODUCERS = 2
 KEYS = 200  # the NATS writer cycles over this many keys, so the fold overwrites
+# ... and every ONCE-th write is a key of its own, never overwritten: a revision the fold
+# skipped mid-run stays visible at the end there, where a cycled key's next write hides it.
+ONCE = 50
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Observations:
     processed: list[tuple[float, int]] = field(default_factory=list)  # (t, consumer log size)
     # What the checkers read at the end, kept so a test can plant a violation in it.
     read: dict[str, int] = field(default_factory=dict)  # source: record id -> seq
+    ids: dict[str, list[str]] = field(default_factory=dict)  # topic: every id read, seq order
     ttl_read: dict[str, int] = field(default_factory=dict)  # TTL topic: record id -> seq
     ttl_gaps: list[Gap] = field(default_factory=list)  # the tombstones met reading it
     stamps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # topic: (seq, $ts)
@@ -112,6 +117,7 @@ class Observations:
     spark_expected: dict[str, int] = field(default_factory=dict)  # input: user -> records
     spark_restarts: int = 0  # the supervisor's, after the driver exited by itself
     spark_kills_inside: int = 0  # spark-kills that landed inside a micro-batch
+    spark_replays: int = 0  # batches its sinks met as already taken (the job's log)
 
 
 @dataclass
@@ -315,9 +321,19 @@ def run_campaign(
         aim = None
         if supervisor is not None:  # a spark-kill waits for a micro-batch to land inside
             job = supervisor.job
+            kills = itertools.count()
 
             def aim() -> int | None:
-                return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
+                # Every other one waits on for the batch's rows to be published, so that
+                # the restarted query replays a batch the sink already took.
+                if next(kills) % 2 == 0:
+                    return spark_query.aim_inside_batch(workdir, SPARK_AIM_S, job.started_at)
+                with Client(direct, timeout=2) as client:
+
+                    def head() -> int:
+                        return client.get_topic(spark_query.OUTPUT, touch=False).head_seq
+
+                    return spark_query.aim_after_publish(workdir, head, SPARK_AIM_S, job.started_at)
 
         for fault in schedule:
             _sleep_until(started + fault.at_s)
@@ -499,7 +515,8 @@ def _write_bucket(
             i = 0
             while not stop.is_set():
                 try:
-                    await writer.put(f"k.{i % KEYS:04}", b"v%d" % i)
+                    key = f"once.{i:09}" if i % ONCE == 0 else f"k.{i % KEYS:04}"
+                    await writer.put(key, b"v%d" % i)
                 except Exception as e:
                     obs.errors.append((now(), f"nats writer: {type(e).__name__}"))
                     await asyncio.sleep(0.05)
@@ -586,6 +603,7 @@ def _check(
         obs.read = read = {rid: seq for rid, seq, _ in source}
         expiring = _read_topic(client, TTL, obs.ttl_gaps, obs.stamps[TTL])
         obs.ttl_read = {rid: seq for rid, seq, _ in expiring}
+        obs.ids = {SOURCE: [rid for rid, _, _ in source], TTL: [rid for rid, _, _ in expiring]}
         for _, seq, tag in source:
             key = f"{SOURCE}/{tag}"
             obs.newest[key] = max(obs.newest.get(key, 0), seq)
@@ -624,6 +642,7 @@ def _check(
     )
     return [
         checkers.acknowledged_lost(obs.acked, read, SOURCE),
+        checkers.stored_once(obs.ids),
         checkers.forwarded(obs.acked, copied, ROUTER),
         # The router's dest is a `disk` topic: a server crash may lose its newest copies,
         # announced (docs/durability.md) and forwarded again; the fsync source loses none.
@@ -640,7 +659,11 @@ def _check(
     ] + (
         [
             checkers.spark_exactly_once(
-                obs.spark_expected, obs.spark_rows, obs.spark_restarts, obs.spark_kills_inside
+                obs.spark_expected,
+                obs.spark_rows,
+                obs.spark_restarts,
+                obs.spark_kills_inside,
+                obs.spark_replays,
             ),
             checkers.spark_fold_equals(obs.spark_expected, obs.spark_fold),
         ]
@@ -669,6 +692,7 @@ def _spark_check(
         obs.spark_rows = spark_query.published(client)
     obs.spark_fold = spark_query.folded(workdir)
     obs.spark_expected = spark_query.expected(obs.read)
+    obs.spark_replays = spark_query.replays(workdir)
 
 
 def _queue_check(url: str, worked: threading.Event, obs: Observations) -> None:

@@ -13,7 +13,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,42 @@ def aim_inside_batch(workdir: Path, timeout_s: float, since: float = 0.0) -> int
     while (batch := in_flight(workdir, since)) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     return batch
+
+
+def aim_after_publish(
+    workdir: Path, head: Callable[[], int], timeout_s: float, since: float = 0.0
+) -> int | None:
+    """As :func:`aim_inside_batch`, then wait on until the exactly-once sink published
+    that batch (``head()``, its topic's head, moved) while Spark has not committed it:
+    a kill then leaves a batch whose rows are out, which the restarted query replays
+    into the sink, and the sink must answer "already published" rather than publish it
+    twice. The window is the fold sink's write and Spark's commit (milliseconds), so a
+    kill often misses it (None: Spark committed the batch first); the job's log says
+    which replays the sinks met (:func:`replays`)."""
+    deadline = time.monotonic() + timeout_s
+    batch = aim_inside_batch(workdir, timeout_s, since)
+    if batch is None:
+        return None
+    commit = workdir / "spark-checkpoint" / "commits" / str(batch)
+    with contextlib.suppress(Exception):  # the server answering slowly: kill as it is
+        before = head()
+        while head() == before and not commit.exists() and time.monotonic() < deadline:
+            pass  # (no sleep: the window is a few milliseconds)
+    return None if commit.exists() else batch  # committed meanwhile: not inside it
+
+
+def replays(workdir: Path) -> int:
+    """How many micro-batches the job reported its sinks met as already taken (the
+    topic sink's "already published", the fold sink's skip): the exactly-once path a
+    kill after the publish makes the restarted query take."""
+    n = 0
+    with contextlib.suppress(FileNotFoundError):
+        for line in (workdir / "spark.log").read_text(errors="replace").splitlines():
+            if line.startswith('{"event": "batch"'):
+                with contextlib.suppress(ValueError, KeyError):
+                    steps = json.loads(line)["steps"]
+                    n += bool(steps["topic_replayed"] or steps["fold_skipped"])
+    return n
 
 
 def reported_through(workdir: Path) -> int:
