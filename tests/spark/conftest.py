@@ -56,6 +56,37 @@ def start_server(data_dir: Path) -> Server:
     raise RuntimeError("waymark serve did not report its listening address")
 
 
+def external_stage_spec(
+    path: Path, name: str, handoff: str, edge: str, candidates: list[str], events: int
+) -> Path:
+    """A pipeline spec at ``path``: a ``produce`` stage (the demo's, ``events`` in
+    batches of 100) writing the relocatable ``edge`` on ``candidates``, read by the
+    external stage ``enrich`` (a Spark query; docs/spark.md, "A Spark stage of a
+    pipeline")."""
+    path.write_text(f"""
+[pipeline]
+name = "{name}"
+handoff = "{handoff}"
+
+[[edge]]
+name = "{edge}"
+candidates = [{", ".join(f'"{url}"' for url in candidates)}]
+
+[[stage]]
+name = "produce"
+function = "waymark.pipeline.demo:produce"
+events = {events}
+batch = 100
+output = "{edge}"
+
+[[stage]]
+name = "enrich"
+input = "{edge}"
+external = true
+""")
+    return path
+
+
 def spark_session(app_name: str) -> Any:
     """A local[2] session whose tasks get one retry (local[N,F]: F attempts per task)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers import waymark from this venv

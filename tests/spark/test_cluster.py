@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from tests.objstore.s3 import MotoS3, moto_s3  # noqa: F401
 from tests.pipeline.test_processes import sink_events
+from tests.spark.conftest import external_stage_spec
 from tests.spark.test_security import token_new
 
 from waymark.client import Client
@@ -219,28 +220,8 @@ def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
     events = 3000
     a, b, sink = (spawn_server(work / name) for name in ("a", "b", "sink"))
     handoff = f"s3://{moto_s3.create_bucket()}/handoff"
-    spec = work / "pipeline.toml"
-    spec.write_text(f"""
-[pipeline]
-name = "cluster-stage"
-handoff = "{handoff}"
-
-[[edge]]
-name = "raw"
-candidates = ["{a.url}", "{b.url}"]
-
-[[stage]]
-name = "produce"
-function = "waymark.pipeline.demo:produce"
-events = {events}
-batch = 100
-output = "raw"
-
-[[stage]]
-name = "enrich"
-input = "raw"
-external = true
-""")
+    spec = external_stage_spec(work / "pipeline.toml", "cluster-stage", handoff, "raw",
+                               [a.url, b.url], events)  # fmt: skip
     producer = subprocess.Popen(
         [WAYMARK, "pipeline", "run", str(spec), "--stage", "produce"],
         stdout=(work / "produce.log").open("wb"), stderr=subprocess.STDOUT,

@@ -25,7 +25,7 @@ from waymark.objstore import open_store
 from waymark.pipeline import HandoffReader, InFlight, Position, Sink, client_factory
 from waymark.pipeline.report import load_report
 
-from .conftest import start_server
+from .conftest import external_stage_spec, start_server
 
 EVENTS = 3000
 WAYMARK = str(Path(sys.executable).parent / "waymark")
@@ -52,28 +52,8 @@ def test_a_spark_stage_survives_the_relocation_of_its_input_edge(
     run = uuid.uuid4().hex[:8]
     edge, sink_topic = f"raw{run}", f"enriched-{run}"
     handoff = (tmp_path / "handoff").as_uri()
-    spec = tmp_path / "pipeline.toml"
-    spec.write_text(f"""
-[pipeline]
-name = "spark-stage"
-handoff = "{handoff}"
-
-[[edge]]
-name = "{edge}"
-candidates = ["{a.url}", "{b.url}"]
-
-[[stage]]
-name = "produce"
-function = "waymark.pipeline.demo:produce"
-events = {EVENTS}
-batch = 100
-output = "{edge}"
-
-[[stage]]
-name = "enrich"
-input = "{edge}"
-external = true
-""")
+    spec = external_stage_spec(tmp_path / "pipeline.toml", "spark-stage", handoff, edge,
+                               [a.url, b.url], EVENTS)  # fmt: skip
     log = tmp_path / "produce.log"
     with log.open("wb") as out:
         producer = subprocess.Popen(
