@@ -33,7 +33,7 @@ def deliver(batch: Any, _batch_id: int) -> None:
 spark = session("waymark-cluster-edge-test", master=master)
 stream = (
     spark.readStream.format("waymark").option("edge", edge).option("handoff", handoff)
-    .option("stage", "enrich").option("maxRecordsPerTrigger", 3).load()
+    .option("stage", "enrich").option("maxRecordsPerTrigger", 5).load()
 )  # fmt: skip
 query = (
     stream.selectExpr("meta['wm.event'] as event", "data")

@@ -217,7 +217,7 @@ def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
     The executors get the ``AWS_*`` settings through ``spark.executorEnv``, as a user
     hands them (a task reads the handoff only when it finds its server gone mid-range,
     which this test does not force)."""
-    events = 3000
+    events = 1500  # in packs of 100, read 5 packs a micro-batch (each a cluster job)
     a, b, sink = (spawn_server(work / name) for name in ("a", "b", "sink"))
     handoff = f"s3://{moto_s3.create_bucket()}/handoff"
     spec = external_stage_spec(work / "pipeline.toml", "cluster-stage", handoff, "raw",
