@@ -69,10 +69,11 @@ PROBES = [
     ("pipeline/edge.py", "from waymark.server.app import App",
      ["layers", "server is imported by the CLI only"],
      "waymark.pipeline.edge -> waymark.server.app"),
-    # The Spark stage uses the pipeline's locator, state and report only: its edge
-    # reaches waymark.checkpoint, which Spark must not, even through another module.
-    ("spark/edge.py", "from waymark.pipeline.edge import Sleep",
-     ["spark and checkpoint are independent"], "waymark.spark.edge -> waymark.pipeline.edge"),
+    # The shipper is the CLI's alone; Spark must not reach it even through a pipeline
+    # module it uses (the patient store).
+    ("pipeline/patience.py", "from waymark.checkpoint.backoff import Verdict",
+     ["checkpoint is imported by the CLI only", "spark and checkpoint are independent"],
+     "waymark.pipeline.patience -> waymark.checkpoint.backoff"),
     # objstore has its contract: it sits below the client.
     ("objstore/local.py", "from waymark.client import Client",
      ["layers", "client is imported by the client-side packages"],
@@ -243,8 +244,8 @@ def test_the_cycle_finder_reports_a_cycle() -> None:
 
 def test_spark_does_not_load_checkpoint_at_run_time() -> None:
     # The contracts read import statements; a package's __init__ runs on every import of
-    # one of its modules. Spark's one allowed way into checkpoint is the patient store's
-    # Backoff (docs/architecture.md, "Enforcing the layers"): nothing else may load.
+    # one of its modules. Spark reaches nothing of checkpoint (its patient store's Backoff
+    # is waymark.clock's; docs/architecture.md, "Enforcing the layers").
     probe = (
         "import sys, waymark.spark.edge, waymark.spark.edge_source, waymark.spark.source\n"
         "print(sorted(m for m in sys.modules if m.startswith('waymark.checkpoint')))\n"
@@ -252,6 +253,6 @@ def test_spark_does_not_load_checkpoint_at_run_time() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     checkpoint, pipeline = out.stdout.strip().splitlines()
-    assert checkpoint == str(["waymark.checkpoint", "waymark.checkpoint.backoff"])
+    assert checkpoint == str([])
     allowed = {"locator", "state", "report", "patience", "placement", "identity", "errors", "fence"}
     assert {m.split(".")[2] for m in ast.literal_eval(pipeline)} <= allowed

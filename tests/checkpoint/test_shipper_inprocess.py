@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import readable
 
 from waymark.checkpoint import CheckpointStore
-from waymark.checkpoint.backoff import Backoff, Verdict, verdict
+from waymark.checkpoint.backoff import Verdict, verdict
 from waymark.checkpoint.shipper import RetriesExhausted, ShipConfig, Shipper
-from waymark.clock import ManualClock
+from waymark.clock import Backoff, ManualClock
 
 from .collector_harness import (
     CollectorProcess,

@@ -1,19 +1,13 @@
-"""Retry delays and how a collector's reply is read.
+"""How a collector's reply is read: ack, retry later, or reject.
 
-The delays are :class:`waymark.clock.Backoff` (capped exponential, "equal jitter"),
-shared with the KV layer's watch (docs/architecture.md): jitter keeps many shippers
-(or many in-flight batches of one shipper) that failed together from retrying
-together, and a retry never comes back immediately, which would hammer a collector
-that just said it is overloaded.
+The delays between retries are :class:`waymark.clock.Backoff` ("equal jitter", so a
+retry never comes back immediately, which would hammer a collector that just said
+it is overloaded), the one retry-delay policy of every layer that retries.
 """
 
 from __future__ import annotations
 
 import enum
-
-from waymark.clock import Backoff
-
-__all__ = ["Backoff", "Verdict", "verdict"]
 
 
 class Verdict(enum.Enum):

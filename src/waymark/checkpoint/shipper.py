@@ -33,7 +33,7 @@ import httpx
 import msgspec
 import orjson
 
-from waymark.checkpoint.backoff import Backoff, Verdict, verdict
+from waymark.checkpoint.backoff import Verdict, verdict
 from waymark.checkpoint.errors import CheckpointError
 from waymark.checkpoint.shipstats import ShipStats, append_gap, write_status
 from waymark.checkpoint.store import CheckpointStore
@@ -48,7 +48,7 @@ from waymark.client import (
     Tombstone,
     TransportError,
 )
-from waymark.clock import Clock, SystemClock
+from waymark.clock import Backoff, Clock, SystemClock
 from waymark.protocol import MAX_DIFF_LIMIT
 
 log = logging.getLogger("waymark.ship")

@@ -16,7 +16,7 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from waymark.checkpoint.backoff import Backoff
+from waymark.clock import Backoff
 from waymark.kv.errors import KvConnectionError, Timeout
 
 if TYPE_CHECKING:

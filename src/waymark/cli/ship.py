@@ -93,9 +93,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.logging import RichHandler
 
-        from waymark.checkpoint.backoff import Backoff
         from waymark.checkpoint.shipper import ShipConfig, Shipper
         from waymark.checkpoint.shipstats import serve_metrics
+        from waymark.clock import Backoff
 
         console = Console(stderr=True)
         live = console.is_terminal if progress is None else progress

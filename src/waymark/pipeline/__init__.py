@@ -9,8 +9,7 @@ move causes are absorbed. The semantics are docs/semantics/pipeline.md.
 
 The names below are imported when first asked for: a Spark stage imports only the
 locator and the state of a pipeline, and must not load the edge and the stage
-(and through them :mod:`waymark.checkpoint`) on Spark's workers
-(docs/architecture.md, "Enforcing the layers").
+on Spark's workers (docs/architecture.md, "Enforcing the layers").
 """
 
 from __future__ import annotations

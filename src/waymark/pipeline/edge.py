@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 import msgspec
 import numpy as np
 
-from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, ErrorCode, Tombstone, TransportError
-from waymark.clock import Clock
+from waymark.clock import Backoff, Clock
 from waymark.objstore import ObjectStore
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.fence import FenceEpoch

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from waymark.checkpoint.backoff import Backoff
-from waymark.clock import Clock, SystemClock
+from waymark.clock import Backoff, Clock, SystemClock
 from waymark.objstore import (
     OVERWRITE,
     PART_SIZE,

@@ -9,7 +9,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from waymark.checkpoint.backoff import Backoff
+from waymark.clock import Backoff
 
 
 @dataclass(frozen=True)

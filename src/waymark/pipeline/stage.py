@@ -13,9 +13,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from waymark.checkpoint.backoff import Backoff
 from waymark.client import ApiError, Client, ConfigPatch, RecordIn, TransportError
-from waymark.clock import Clock, SystemClock
+from waymark.clock import Backoff, Clock, SystemClock
 from waymark.pipeline.batch import InFlight
 from waymark.pipeline.behind import Inline, WriteBehind
 from waymark.pipeline.edge import Connect, RelocatableQueueEdge, Sleep
