@@ -8,6 +8,7 @@ see them fail: a checker that cannot fail proves nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -39,15 +40,29 @@ class Gap:
 NOTHING = " (nothing to check: a checker that checked nothing fails)"
 
 
+def _checked(
+    name: str,
+    ok: bool,
+    summary: str,
+    examples: list[Any],
+    *,
+    checked: bool,
+    nothing: str = NOTHING,
+) -> CheckResult:
+    """A checker's verdict: it passes only if it ``checked`` something (a checker fed
+    nothing would pass whatever happened) and found nothing wrong."""
+    return CheckResult(name, ok and checked, summary + ("" if checked else nothing), examples)
+
+
 def acknowledged_lost(acked: Mapping[str, int], read: Mapping[str, int], topic: str) -> CheckResult:
     """Every record a producer was told is stored (id -> seq) is read back at that seq."""
     lost = [(rid, seq) for rid, seq in acked.items() if read.get(rid) != seq]
-    return CheckResult(
+    return _checked(
         f"acknowledged records lost ({topic})",
-        not lost and bool(acked),
-        f"{len(lost)} of {len(acked)} acknowledged records not read back at their seq"
-        + ("" if acked else NOTHING),
+        not lost,
+        f"{len(lost)} of {len(acked)} acknowledged records not read back at their seq",
         lost[:5],
+        checked=bool(acked),
     )
 
 
@@ -57,19 +72,17 @@ def stored_once(ids: Mapping[str, Sequence[str]]) -> CheckResult:
     rather than storing it again (docs/semantics/topics.md §4.1). ``ids``: topic -> the
     id of every record read, in seq order. (Reading back at the acknowledged seq, the
     check above, cannot see a second copy: it looks up one seq per id.)"""
-    twice: list[tuple[str, str, int]] = []
-    for topic, seen in ids.items():
-        counts: dict[str, int] = {}
-        for rid in seen:
-            counts[rid] = counts.get(rid, 0) + 1
-        twice += [(topic, rid, n) for rid, n in counts.items() if n > 1]
+    twice = [
+        (topic, rid, n) for topic, seen in ids.items()
+        for rid, n in Counter(seen).items() if n > 1
+    ]  # fmt: skip
     n = sum(len(seen) for seen in ids.values())
-    return CheckResult(
+    return _checked(
         "each record stored once (idempotent ids)",
-        not twice and n > 0,
-        f"{len(twice)} id(s) stored more than once among {n} records of {len(ids)} topic(s)"
-        + ("" if n else NOTHING),
+        not twice,
+        f"{len(twice)} id(s) stored more than once among {n} records of {len(ids)} topic(s)",
         twice[:5],
+        checked=n > 0,
     )
 
 
@@ -78,12 +91,13 @@ def forwarded(acked: Iterable[str], copies: Mapping[str, int], router: str) -> C
     acked = list(acked)
     missing = [rid for rid in acked if copies.get(rid, 0) < 1]
     extra = sum(n - 1 for n in copies.values() if n > 1)
-    return CheckResult(
+    return _checked(
         f"router {router} forwarded every acknowledged record",
-        not missing and bool(acked),
+        not missing,
         f"{len(missing)} missing from the destination; {extra} duplicate copies "
-        "(allowed: at least once)" + ("" if acked else NOTHING),
+        "(allowed: at least once)",
         missing[:5],
+        checked=bool(acked),
     )
 
 
@@ -104,11 +118,12 @@ def fold_equals_bucket(
 ) -> CheckResult:
     """The fold holds each key of the bucket at the bucket's value and revision."""
     differ = sorted(k for k in fold.keys() | bucket.keys() if fold.get(k) != bucket.get(k))
-    return CheckResult(
+    return _checked(
         "the fold equals its bucket",
-        not differ and bool(bucket),
-        f"{len(differ)} key(s) differ of {len(bucket)} in the bucket" + ("" if bucket else NOTHING),
+        not differ,
+        f"{len(differ)} key(s) differ of {len(bucket)} in the bucket",
         differ[:5],
+        checked=bool(bucket),
     )
 
 
@@ -116,12 +131,13 @@ def pointer_monotonic(observed: Sequence[tuple[float, int]]) -> CheckResult:
     """The artifact pointer's cursor, sampled over the run, never moved backwards."""
     back = [(t, before, now) for (_, before), (t, now) in pairwise(observed) if now < before]
     moves = sum(1 for (_, a), (_, b) in pairwise(observed) if b > a)
-    return CheckResult(
+    return _checked(
         "the replica pointer never moved backwards",
-        not back and moves > 0,
-        f"{len(observed)} samples, {moves} moves forward, {len(back)} backwards"
-        + ("" if moves else " (it never moved: nothing was checked)"),
+        not back,
+        f"{len(observed)} samples, {moves} moves forward, {len(back)} backwards",
         back[:5],
+        checked=moves > 0,
+        nothing=" (it never moved: nothing was checked)",
     )
 
 
@@ -141,13 +157,14 @@ def recovery_covers(
     unreceipted = sum(1 for key, v in newest.items() if receipted.get(key, 0) < v)
     # No change left unreceipted leaves the query nothing to name: it checked nothing
     # (the campaign stops its consumer before the end so that some are).
-    return CheckResult(
+    return _checked(
         "`recovery missed` covers every change not receipted",
-        not not_named and not window_lost and unreceipted > 0,
+        not not_named and not window_lost,
         f"{unreceipted} of {len(newest)} keys with a change not receipted, "
         f"{len(not_named)} of them not named; {len(missed)} named; "
-        f"{len(window_lost)} window loss(es)" + ("" if unreceipted else NOTHING),
+        f"{len(window_lost)} window loss(es)",
         [*not_named[:5], *window_lost[:2]],
+        checked=unreceipted > 0,
     )
 
 
@@ -160,16 +177,16 @@ def pipeline_exactly_once(
     missing = [n for n in range(events) if counts.get(n, 0) == 0]
     twice = [n for n, c in counts.items() if c > 1]
     unknown = [n for n in counts if not 0 <= n < events]
-    ok = finished and not missing and not twice and not unknown and events > 0
-    return CheckResult(
+    return _checked(
         "every pipeline event exactly once at the sink",
-        ok,
+        finished and not missing and not twice and not unknown,
         f"{len(missing)} of {events} events missing, {len(twice)} more than once, "
         f"{len(unknown)} unknown; the pipeline {'finished' if finished else 'did not finish'}; "
-        f"{relocations} edge relocation(s)" + ("" if events else NOTHING),
+        f"{relocations} edge relocation(s)",
         [("missing", n) for n in missing[:3]]
         + [("twice", n) for n in twice[:3]]
         + [("unknown", n) for n in unknown[:3]],
+        checked=events > 0,
     )
 
 
@@ -187,12 +204,13 @@ def expired_announced(
     silent = [(rid, seq) for rid, seq in acked.items()
               if read.get(rid) != seq and not announced(seq)]  # fmt: skip
     gone = sum(1 for rid, seq in acked.items() if read.get(rid) != seq)
-    return CheckResult(
+    return _checked(
         f"every expired record announced ({topic})",
-        not silent and bool(acked),
+        not silent,
         f"{len(silent)} of {len(acked)} acknowledged records gone without a tombstone; "
-        f"{gone} gone in all, {len(covered)} tombstone(s)" + ("" if acked else NOTHING),
+        f"{gone} gone in all, {len(covered)} tombstone(s)",
         silent[:5],
+        checked=bool(acked),
     )
 
 
@@ -206,12 +224,12 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Che
         if b[1] < a[1]
     ]
     n = sum(len(p) for p in stamps.values())
-    return CheckResult(
+    return _checked(
         "record timestamps never decrease along seqs",
-        not back and n > 1,
-        f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)"
-        + ("" if n > 1 else NOTHING),
+        not back,
+        f"{len(back)} decrease(s) among {n} records of {len(stamps)} topic(s)",
         back[:5],
+        checked=n > 1,
     )
 
 
@@ -225,12 +243,13 @@ def queue_done(
     jobs = list(jobs)
     never = [rid for rid in jobs if rid not in acked]
     again = sum(n - 1 for n in delivered.values() if n > 1)
-    return CheckResult(
+    return _checked(
         "every queued job processed",
-        not never and not remaining and bool(jobs),
+        not never and not remaining,
         f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "
-        f"{again} delivered again (allowed: at least once)" + ("" if jobs else NOTHING),
+        f"{again} delivered again (allowed: at least once)",
         [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
+        checked=bool(jobs),
     )
 
 
@@ -255,16 +274,17 @@ def spark_exactly_once(
     for _, user, events in rows:
         sums[user] = sums.get(user, 0) + events
     off = sorted(u for u in expected.keys() | sums.keys() if sums.get(u, 0) != expected.get(u, 0))
-    return CheckResult(
+    return _checked(
         "duplicates at the Spark exactly-once sink",
-        not twice and not off and bool(expected),
+        not twice and not off,
         f"{len(rows)} rows over {len({b for b, _, _ in rows})} batches; {len(twice)} published "
         f"twice; {len(off)} of {len(expected)} users whose deltas do not add up to their "
         f"{sum(expected.values())} input records; {restarts} driver restart(s) after a failure; "
         f"{kills_inside} kill(s) inside a micro-batch; {replays} replayed batch(es) the "
-        "sinks had already taken" + ("" if expected else NOTHING),
+        "sinks had already taken",
         [("twice", list(k)) for k in twice[:3]]
         + [("user", u, sums.get(u, 0), expected.get(u, 0)) for u in off[:3]],
+        checked=bool(expected),
     )
 
 
@@ -272,10 +292,10 @@ def spark_fold_equals(expected: Mapping[str, int], folded: Mapping[str, int]) ->
     """The Spark query's fold sink: each user's total equals that user's records in the
     input (a replayed batch skipped, never added twice)."""
     off = sorted(u for u in expected.keys() | folded.keys() if folded.get(u) != expected.get(u))
-    return CheckResult(
+    return _checked(
         "the Spark fold sink equals its input",
-        not off and bool(expected),
-        f"{len(off)} of {len(expected)} users' totals differ from the input"
-        + ("" if expected else NOTHING),
+        not off,
+        f"{len(off)} of {len(expected)} users' totals differ from the input",
         [(u, folded.get(u), expected.get(u)) for u in off[:5]],
+        checked=bool(expected),
     )
