@@ -384,11 +384,14 @@ async def slow_tls(target: Target, n: int, seconds: float) -> Tally:
 
 
 async def upgrade_flood(target: Target, n: int, seconds: float) -> Tally:
-    """Requests to upgrade to WebSocket, 50 at a time; each must be refused and closed,
-    and leave no connection counted (it once leaked one slot each)."""
+    """Requests to upgrade to WebSocket, 20 at a time; each must be refused and closed,
+    and leave no connection counted (it once leaked one slot each). Each waits up to
+    30 s for the server to answer and close: the server is judged on what it does, not
+    on how fast a loaded machine runs it (at 5 s, 18 of 160 in a loaded CI run read
+    nothing yet)."""
     tally = Tally()
     before = await asyncio.to_thread(target.metric, "waymark_connections")
-    gate = asyncio.Semaphore(50)
+    gate = asyncio.Semaphore(20)
 
     async def one(i: int) -> None:
         async with gate:
@@ -400,7 +403,7 @@ async def upgrade_flood(target: Target, n: int, seconds: float) -> Tally:
             writer.write(b"GET /v0/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\n"
                          b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                          b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")  # fmt: skip
-            answer = await _read_until_closed(reader, 5)
+            answer = await _read_until_closed(reader, 30)
             tally.answered(answer)
             if answer.startswith(b"HTTP/1.1 400") and reader.at_eof():
                 tally.cut += 1
