@@ -38,7 +38,12 @@ HERE = Path(__file__).parent
 
 
 def waymark(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([WAYMARK, *args], capture_output=True, text=True, timeout=timeout)
+    """Run the CLI without the test process's ``AWS_*`` settings (tests/objstore/s3.py
+    puts moto's there): the cluster's workers stand for other machines, whose executors
+    get S3 settings only as a user hands them, through ``spark.executorEnv``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return subprocess.run([WAYMARK, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)  # fmt: skip
 
 
 def status(directory: Path) -> dict[str, Any]:
@@ -212,20 +217,56 @@ def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
     spawn_server: Any,
     moto_s3: MotoS3,  # noqa: F811
 ) -> None:
-    """The edge's handoff store on S3 (moto); the edge's server is SIGKILLed mid-run, the
-    edge moves, the driver follows it, and every event reaches the sink exactly once.
-    The executors get the ``AWS_*`` settings through ``spark.executorEnv``, as a user
-    hands them (a task reads the handoff only when it finds its server gone mid-range,
-    which this test does not force)."""
+    """The edge's handoff store on S3 (moto), reached by the executors as well as the
+    driver: the ``AWS_*`` settings reach the executors through ``spark.executorEnv``, as
+    a user hands them. Two moves of the edge, each by another side:
+
+    1. by a task, on an executor: a restart of the edge's server loses records the
+       stage has not read (the edge topic is ``ephemeral`` there, so the restart loses
+       them all, deterministically). The first batch's task meets the ``lost``
+       tombstone and moves the edge with a conditional write to S3 from the executor
+       (docs/semantics/pipeline.md §7.4); the producer writes them again there.
+    2. by the producer: the edge's server is SIGKILLed mid-run, the edge moves to the
+       other server, and the driver follows it between micro-batches.
+
+    Every event reaches the sink exactly once."""
+    from waymark.client import ConfigPatch, Durability
+    from waymark.faults.processes import free_port
+    from waymark.pipeline.identity import establish
+
     events = 1500  # in packs of 100, read 5 packs a micro-batch (each a cluster job)
-    a, b, sink = (spawn_server(work / name) for name in ("a", "b", "sink"))
+    port = free_port()
+    a, b, sink = (spawn_server(work / "a", "--port", str(port)),
+                  *(spawn_server(work / name) for name in ("b", "sink")))  # fmt: skip
     handoff = f"s3://{moto_s3.create_bucket()}/handoff"
+    store = open_store(handoff)
+    edge_topic = establish(store, "cluster-stage").edge_topic("raw")
+    with Client(a.url) as client:  # the producer claims it as it is: ephemeral
+        client.put_topic(edge_topic, ConfigPatch(durability=Durability.EPHEMERAL))
     spec = external_stage_spec(work / "pipeline.toml", "cluster-stage", handoff, "raw",
                                [a.url, b.url], events)  # fmt: skip
     producer = subprocess.Popen(
         [WAYMARK, "pipeline", "run", str(spec), "--stage", "produce"],
         stdout=(work / "produce.log").open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
+
+    def head() -> int:
+        with Client(a.url) as client:
+            return client.get_topic(edge_topic).head_seq
+
+    deadline = time.monotonic() + 120
+    while head() < 3:  # three packs of 100 events on the edge, none read: no stage yet
+        assert time.monotonic() < deadline, "the producer wrote nothing to the edge"
+        assert producer.poll() is None, (work / "produce.log").read_text()[-3000:]
+        time.sleep(0.1)
+    # A clean restart, the ephemeral topic keeping none of them; the producer paused
+    # meanwhile, else it finds the server gone and moves the edge itself.
+    producer.send_signal(signal.SIGSTOP)
+    a.process.terminate()
+    a.process.wait(30)
+    a = spawn_server(work / "a", "--port", str(port))
+    producer.send_signal(signal.SIGCONT)
+    assert HandoffReader(store, "raw").current().generation == 1  # type: ignore[union-attr]
     executor_env = " ".join(
         f"--conf spark.executorEnv.{key}={value}" for key, value in moto_s3.environment().items()
     )
@@ -246,14 +287,16 @@ def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
             assert driver.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
 
-    store = open_store(handoff)
     try:
         wait(lambda: sum(sink_events(sink.url, "enriched").values()) >= events // 4,
              "a quarter of the events at the sink")  # fmt: skip
+        moved_by_task = HandoffReader(store, "raw").current()
+        assert moved_by_task is not None
+        assert (moved_by_task.generation, moved_by_task.server) == (2, a.url)
         a.process.kill()  # SIGKILL the edge's server, mid-run
         a.process.wait()
         wait(lambda: (placed := HandoffReader(store, "raw").current()) is not None
-             and placed.generation >= 2, "the edge to move")  # fmt: skip
+             and placed.generation >= 3, "the edge to move")  # fmt: skip
         wait(lambda: producer.poll() is not None, "every event acknowledged to the producer")
         assert producer.returncode == 0, (work / "produce.log").read_text()[-3000:]
         wait(lambda: len(sink_events(sink.url, "enriched")) == events, "every event at the sink")
@@ -266,6 +309,9 @@ def test_a_spark_stage_on_the_cluster_survives_the_relocation_of_its_edge_on_s3(
     seen = sink_events(sink.url, "enriched")
     assert set(seen) == set(range(events)) and set(seen.values()) == {1}  # exactly once
     moved = HandoffReader(store, "raw").current()
-    assert moved is not None and moved.generation >= 2 and moved.server == b.url
+    assert moved is not None and moved.generation >= 3 and moved.server == b.url
     report = load_report(store, "enrich")
     assert report is not None and report.rebinds >= 1
+    # The first move was a task's, on an executor of the cluster (its log says so).
+    executors = [p.read_text(errors="replace") for p in cluster.glob("worker-*/app-*/*/stderr")]
+    assert any(f"are gone from {a.url}" in text for text in executors)
