@@ -365,6 +365,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 _measured: dict[str, float] | None = None
 
 
+SPARK_SOCKET_TIMEOUT = "120s"  # what waymark.spark.demo_job.session sets for users too
+
 # The process making the JVMs' class archive (tests/jvm_archive.py), while it runs.
 _archiving: subprocess.Popen[bytes] | None = None
 
@@ -387,6 +389,14 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     if hasattr(config, "workerinput"):
         return  # xdist's workers inherit what the controller set up (the environment too)
+    # Every Spark driver the tests start, however deep (PySpark's launcher reads this):
+    # its Python side waits up to 120 s, not 15, for the JVM's socket (a collect, an
+    # Arrow batch). A CI run on a machine three times slower than this one failed with
+    # CANNOT_OPEN_SOCKET at 15 s.
+    os.environ["PYSPARK_SUBMIT_ARGS"] = (
+        f"--conf spark.python.authenticate.socketTimeout={SPARK_SOCKET_TIMEOUT} "
+        + os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    )
     if config.getoption("store_durations"):
         _measured = {}
     if getattr(config, "cache", None) is not None and runs_spark(config):

@@ -87,6 +87,9 @@ def session(app_name: str = "waymark-demo", cores: int = 2, master: str | None =
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.driver.memory", "2g")
+        # The driver's Python side waits this long for the JVM's socket (a collect, an
+        # Arrow batch); Spark's 15 s ran out on a loaded 2-core machine.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         # Arrow batches Spark hands a Python sink: fewer, larger ones (default 10k rows;
         # docs/spark.md, "Exactly-once topic sink").
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "50000")
