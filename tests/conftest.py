@@ -391,8 +391,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # xdist's workers inherit what the controller set up (the environment too)
     # Every Spark driver the tests start, however deep (PySpark's launcher reads this):
     # its Python side waits up to 120 s, not 15, for the JVM's socket (a collect, an
-    # Arrow batch). A CI run on a machine three times slower than this one failed with
-    # CANNOT_OPEN_SOCKET at 15 s.
+    # Arrow batch): a run at load 13 failed with CANNOT_OPEN_SOCKET at 15 s.
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f"--conf spark.python.authenticate.socketTimeout={SPARK_SOCKET_TIMEOUT} "
         + os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
