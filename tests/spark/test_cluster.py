@@ -127,6 +127,50 @@ def test_up_reports_two_alive_workers_each_with_its_own_work_dir(cluster: Path) 
     assert [d["pid"] for d in status(cluster)["daemons"]] == [d["pid"] for d in state["daemons"]]
 
 
+def test_two_ups_at_once_start_one_cluster_and_down_leaves_nothing(root: Path) -> None:
+    """Two ``waymark cluster up`` on one directory at once (two terminals, a script run
+    twice): one master and one worker, which both report, and ``down`` stops every
+    JVM. Without the directory's lock each started a master of its own."""
+    directory = root / "twice"
+    command = [WAYMARK, "cluster", "up", "--workers", "1", "--dir", str(directory)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env) for _ in range(2)]  # fmt: skip
+    pids: set[int] = set()
+    try:
+        for process in both:
+            out, err = process.communicate(timeout=180)
+            assert process.returncode == 0, out + err
+        state = status(directory)
+        assert state["alive_workers"] == 1 and len(state["daemons"]) == 2
+        pids = {d["pid"] for d in state["daemons"]}
+        # Every Spark daemon with this directory in its command line is one of those.
+        started = {
+            int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _daemon_of(int(p.name), directory)
+        }  # fmt: skip
+        assert started == pids
+    finally:
+        down = waymark("cluster", "down", "--dir", str(directory))
+        left = [p for p in pids if group_alive(p)]
+        for pgid in left:
+            os.killpg(pgid, signal.SIGKILL)
+    assert down.returncode == 0, down.stderr
+    assert left == []
+    assert not [p for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _daemon_of(int(p.name), directory)]  # fmt: skip
+
+
+def _daemon_of(pid: int, directory: Path) -> bool:
+    """Whether ``pid`` is a live Spark master or worker started for ``directory``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return b"org.apache.spark.deploy." in cmdline and cwd.startswith(str(directory))
+
+
 @pytest.mark.timeout(600)  # two driver starts and their executors on a shared machine
 def test_demo_on_the_cluster_survives_a_driver_sigkill(cluster: Path, work: Path) -> None:
     master = status(cluster)["master_url"]

@@ -16,6 +16,7 @@ Nothing here imports pyspark: the wheel is only located.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import httpx
 from ..protocol.errors import WaymarkError
 
 STATE_FILE = "cluster.json"
+LOCK_FILE = "cluster.lock"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # Master and worker daemons are small: their heap is not the executors' memory.
@@ -119,6 +122,12 @@ def up(
     reports every worker ALIVE, or raise :class:`ClusterError` at ``timeout``."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
+    with _exclusive(directory):
+        return _up(directory, workers, cores, memory, host, python, timeout)
+
+
+def _up(directory: Path, workers: int, cores: int, memory: str, host: str,
+        python: str | None, timeout: float) -> Cluster:  # fmt: skip
     deadline = time.monotonic() + timeout
     cluster = Cluster.load(directory)
     if cluster is not None and not cluster.master.alive():
@@ -145,13 +154,28 @@ def up(
 def down(directory: Path, timeout: float = 30.0) -> list[Daemon]:
     """Stop the cluster's workers, then its master (SIGTERM to each process group,
     SIGKILL after ``timeout``); remove the state file. Returns what was running."""
-    cluster = Cluster.load(directory.resolve())
-    if cluster is None:
+    directory = directory.resolve()
+    if not directory.is_dir():
         return []
-    running = [d for d in [*cluster.workers, cluster.master] if d.alive()]
-    _stop_all(cluster, timeout)
-    (Path(cluster.directory) / STATE_FILE).unlink(missing_ok=True)
-    return running
+    with _exclusive(directory):
+        cluster = Cluster.load(directory)
+        if cluster is None:
+            return []
+        running = [d for d in [*cluster.workers, cluster.master] if d.alive()]
+        _stop_all(cluster, timeout)
+        (directory / STATE_FILE).unlink(missing_ok=True)
+        return running
+
+
+@contextlib.contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    """One ``up`` or ``down`` at a time on a cluster directory: two at once would each
+    find no master and start one, and the state file would keep only the last, leaving
+    the other's JVMs where no ``down`` finds them. The lock goes with the process
+    holding it, however it ends."""
+    with (directory / LOCK_FILE).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def status(directory: Path) -> dict[str, Any]:
