@@ -91,7 +91,7 @@ class Observations:
     remaining: list[str] = field(default_factory=list)  # job ids left in the queue at the end
     acks: list[tuple[float, float]] = field(default_factory=list)  # (t, latency s)
     errors: list[tuple[float, str]] = field(default_factory=list)  # (t, what failed)
-    nats_acks: list[float] = field(default_factory=list)
+    nats_acks: list[tuple[float, int]] = field(default_factory=list)  # (t, revision told)
     # NATS key -> (value, revision) of its last acknowledged write (the writer is alone).
     nats_written: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     pointer: list[tuple[float, int]] = field(default_factory=list)  # (t, cursor named)
@@ -491,10 +491,10 @@ def _apply(
 
 
 def _samples(a: Applied, obs: Observations) -> list[tuple[float, int]] | None:
-    """What shows progress after ``a``: the pointer for the fold, S3 and nats-server (the
-    fold folded and exported again), the processed log for the consumer, the pipeline's
-    sink for the edge server and the runner, ``spark-out`` for Spark; None: an
-    acknowledged append."""
+    """What shows progress after ``a``: the pointer for the fold, S3 and nats-server
+    (past the first revision written after the lift: the fold read again, exported), the
+    processed log for the consumer, the pipeline's sink for the edge server and the
+    runner, ``spark-out`` for Spark; None: an acknowledged append."""
     return {"fold": obs.pointer, "s3": obs.pointer, "nats": obs.pointer,
             "consumer": obs.processed, "edge": obs.sink_head, "pipeline": obs.sink_head,
             "spark": obs.spark_head}.get(a.fault.kind.value.partition("-")[0])  # fmt: skip
@@ -516,9 +516,14 @@ def _recovery(a: Applied, obs: Observations) -> float | None:
     edge server and the runner, once the pipeline delivered every event, the lift's end
     (no sink growth is left to wait for)."""
     samples = _samples(a, obs)
-    if samples is not None:
+    if samples is obs.pointer:  # a revision written after the lift, folded and exported
+        written = min((r for t, r in obs.nats_acks if t > a.lifted_s), default=None)
+        after: Iterator[float] = (
+            t for t, r in samples if t > a.lifted_s and written is not None and r >= written
+        )
+    elif samples is not None:
         at_lift = max((r for t, r in samples if t <= a.lifted_s), default=0)
-        after: Iterator[float] = (t for t, r in samples if t > a.lifted_s and r > at_lift)
+        after = (t for t, r in samples if t > a.lifted_s and r > at_lift)
         if samples is obs.sink_head and at_lift >= obs.events:  # nothing left
             after = iter([a.ready_s])
     else:
@@ -579,8 +584,9 @@ def _write_bucket(
                     obs.errors.append((now(), f"nats writer: {type(e).__name__}"))
                     await asyncio.sleep(0.05)
                     continue
-                obs.nats_acks.append(now())
-                obs.nats_written[key] = (b"v%d" % i, version.as_u64() or 0)
+                revision = version.as_u64() or 0
+                obs.nats_acks.append((now(), revision))
+                obs.nats_written[key] = (b"v%d" % i, revision)
                 i += 1
                 await asyncio.sleep(0.002)
 

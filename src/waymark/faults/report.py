@@ -80,7 +80,7 @@ def timeline(result: CampaignResult, bin_s: float = 1.0) -> list[dict[str, Any]]
     nats = [0] * n
     for t, latency in result.observations.acks:
         acks[min(int(t / bin_s), n - 1)].append(latency * 1000)
-    for t in result.observations.nats_acks:
+    for t, _ in result.observations.nats_acks:
         nats[min(int(t / bin_s), n - 1)] += 1
     return [
         {"t": round(i * bin_s, 3), "appends_per_s": len(a) / bin_s,
