@@ -282,11 +282,16 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Che
 
 
 def queue_done(
-    jobs: Iterable[str], delivered: Mapping[str, int], done: Iterable[str], remaining: Sequence[str]
+    jobs: Iterable[str],
+    delivered: Mapping[str, int],
+    done: Iterable[str],
+    remaining: Sequence[str],
+    drain_s: float | None = None,
 ) -> CheckResult:
     """Every job put into the queue was given to the worker and acknowledged by it at
     least once (at least once: leases a clock jump or a crash took back give a job
-    again), and none is left in the queue at the end."""
+    again), and none is left in the queue at the end. (``drain_s``, how long the queue
+    took to drain once the check began, is evidence, not a condition.)"""
     acked = set(done)
     jobs = list(jobs)
     never = [rid for rid in jobs if rid not in acked]
@@ -295,7 +300,8 @@ def queue_done(
         "every queued job processed",
         not never and not remaining,
         f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "
-        f"{again} delivered again (allowed: at least once)",
+        f"{again} delivered again (allowed: at least once)"
+        + ("" if drain_s is None else f"; the queue drained {drain_s:.1f} s into the check"),
         [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
         checked=bool(jobs),
     )
