@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,25 +25,36 @@ pytestmark = pytest.mark.timeout(300)
 # (docs/faults.md, "In the test suite"). Every kind: the full disk is left out by the
 # campaign itself where a tmpfs cannot be mounted (no root), S3's pause without --s3.
 SECONDS = 60.0
+# A seed whose schedule, with the full disk or without, has each of these while the
+# pipeline runs (its source sends for 36 s): each fires and is lifted in the suite.
+SEED = 2581
+FIRED = {FaultKind.EDGE_PAUSE, FaultKind.PIPELINE_KILL, FaultKind.PIPELINE_PAUSE,
+         FaultKind.NATS_KILL, FaultKind.NATS_PAUSE}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CampaignResult]:
-    yield run_campaign(SECONDS, 7, tmp_path_factory.mktemp("campaign"))
+    yield run_campaign(SECONDS, SEED, tmp_path_factory.mktemp("campaign"))
 
 
 def test_a_seeded_campaign_passes_every_checker_and_each_fails_on_a_planted_violation(
     campaign: CampaignResult, tmp_path: Path
 ) -> None:
-    assert [v.name for v in campaign.verdicts if not v.ok] == [], campaign.verdicts
+    # Each failed verdict with its summary and examples (the whole list's repr is cut).
+    assert [(v.name, v.summary, v.examples) for v in campaign.verdicts if not v.ok] == []
     assert len(campaign.applied) >= 2
     assert all(a.recovered_s is not None for a in campaign.applied), campaign.applied
+    # Each of these fired (none found its process exited), was lifted, and recovered.
+    fired = {a.fault.kind for a in campaign.applied if not a.noop and a.lifted_s > a.injected_s}
+    assert fired >= FIRED, campaign.applied
     obs = campaign.observations
     assert len(obs.acked) > 100 and len(obs.bucket) > 0
     page = report.write(campaign, tmp_path)
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["ok"] and data["seed"] == 7
+    assert data["ok"] and data["seed"] == SEED
     assert obs.events > 0 and len(obs.sink) == obs.events  # the pipeline ran, and finished
+    # The runner killed mid-run was run again on its store, and that run finished.
+    assert obs.pipeline_exits[0] == -signal.SIGKILL and obs.pipeline_exits[-1] == 0
     assert sum(k["count"] for k in data["per_kind"].values()) == len(campaign.applied)
     html = page.read_text()
     assert html.count("<svg") == 3 and "<script" not in html
@@ -72,6 +84,14 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.gaps_announced(silent, allowed_topics=[COPIES]).ok
     on_fsync = [*obs.gaps, Gap(SOURCE, 1, 2, "lost")]
     assert not checkers.gaps_announced(on_fsync, allowed_topics=[COPIES]).ok
+    # nats-server SIGKILLed: an acknowledged write gone from the bucket, or the key at an
+    # older revision than the writer was told.
+    assert checkers.nats_writes_kept(obs.nats_written, obs.bucket).ok
+    key, (value, rev) = next(iter(obs.nats_written.items()))
+    without = {k: v for k, v in obs.bucket.items() if k != key}
+    assert not checkers.nats_writes_kept(obs.nats_written, without).ok
+    behind = {**obs.bucket, key: (value, rev - 1)}
+    assert not checkers.nats_writes_kept(obs.nats_written, behind).ok
     key = next(iter(obs.fold))
     value, rev = obs.fold[key]
     assert not checkers.fold_equals_bucket({**obs.fold, key: (value, rev - 1)}, obs.bucket).ok
@@ -110,16 +130,23 @@ def each_checker_fails_on_a_violation_planted_in(campaign: CampaignResult) -> No
     assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done - {job}, []).ok
     assert not checkers.queue_done(obs.jobs, obs.delivered, obs.done, [job]).ok
     # The pipeline: an event missing at the sink, one delivered twice, one it never
-    # sent, or a pipeline that did not finish.
-    sink = dict(obs.sink)
-    assert checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    # sent, a pipeline that did not finish (still running, or failed), or a runner run
+    # again after it had finished by itself.
+    sink, exits, relocs = dict(obs.sink), obs.pipeline_exits, obs.relocations
+    assert checkers.pipeline_exactly_once(obs.events, sink, exits, relocs).ok
     del sink[obs.events - 1]
-    assert not checkers.pipeline_exactly_once(obs.events, sink, True, obs.relocations).ok
+    assert not checkers.pipeline_exactly_once(obs.events, sink, exits, relocs).ok
     twice = {**obs.sink, 0: 2}
-    assert not checkers.pipeline_exactly_once(obs.events, twice, True, obs.relocations).ok
+    assert not checkers.pipeline_exactly_once(obs.events, twice, exits, relocs).ok
     unknown = {**obs.sink, obs.events: 1}
-    assert not checkers.pipeline_exactly_once(obs.events, unknown, True, obs.relocations).ok
-    assert not checkers.pipeline_exactly_once(obs.events, obs.sink, False, obs.relocations).ok
+    assert not checkers.pipeline_exactly_once(obs.events, unknown, exits, relocs).ok
+    for ended in ([*exits[:-1], None], [*exits[:-1], 1], [0, *exits]):
+        assert not checkers.pipeline_exactly_once(obs.events, obs.sink, ended, relocs).ok
+    # A fault never followed by progress of what it hit.
+    done = [(str(a.fault.kind), a.injected_s, a.recovered_s) for a in campaign.applied]
+    assert checkers.faults_recovered(done, 0).ok
+    kind, at, _ = done[-1]
+    assert not checkers.faults_recovered([*done[:-1], (kind, at, None)], 0).ok
 
 
 def test_the_schedule_is_seeded_and_leaves_time_to_settle() -> None:

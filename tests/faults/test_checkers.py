@@ -26,7 +26,9 @@ def test_each_checker_fails_when_it_had_nothing_to_check() -> None:
         checkers.expired_announced({}, {}, [], "expiring"),
         checkers.timestamps_monotonic({"events": []}),
         checkers.queue_done([], {}, set(), []),
-        checkers.pipeline_exactly_once(0, {}, True, 0),
+        checkers.pipeline_exactly_once(0, {}, [0], 0),
+        checkers.nats_writes_kept({}, {}),
+        checkers.faults_recovered([], 2),
         checkers.spark_exactly_once({}, [], 0),
         checkers.spark_fold_equals({}, {}),
     ]
@@ -39,7 +41,9 @@ def test_each_checker_fails_when_it_had_nothing_to_check() -> None:
     assert checkers.stored_once({"events": ["p0-0", "p0-1"]}).ok
     assert checkers.recovery_covers({"events/k0": 5}, {"events/k0": 4}, {"events/k0": 5}).ok
     assert checkers.timestamps_monotonic({"events": [(1, 10), (2, 10)]}).ok
-    assert checkers.pipeline_exactly_once(1, {0: 1}, True, 0).ok
+    assert checkers.pipeline_exactly_once(1, {0: 1}, [0], 0).ok
+    assert checkers.nats_writes_kept({"k": (b"v", 3)}, {"k": (b"w", 4)}).ok
+    assert checkers.faults_recovered([("nats-kill", 1.0, 0.5)], 0).ok
 
 
 def test_a_retry_stored_twice_is_caught_where_reading_back_at_its_seq_is_blind(

@@ -569,3 +569,66 @@ async def test_a_watch_stopped_while_its_reset_backs_off_stops_at_once(
     await asyncio.wait_for(watch.stop(), 2)
     assert await watch.next_chunk() is None  # stopped, not failed
     assert len(slept) == 1
+
+
+# --- a nats-server restarted under a fold (the fault campaign's nats-kill) ------------
+
+
+async def test_a_fold_whose_nats_server_restarts_goes_on_at_the_reconnect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-server SIGKILLed and started again on its store directory and port (the
+    campaign's ``nats-kill``, docs/faults.md) keeps the bucket but forgets every consumer:
+    a feed's is kept in memory. The client reconnects by itself; the feed must then
+    recreate its consumer strictly after the last revision it delivered, not wait for
+    three missed heartbeats (15 s by default; 180 s here, so only the reconnect can
+    wake it). Before the fix the fold sat idle until the heartbeats said so: the
+    campaign saw it export nothing for 15 s after each restart."""
+    server = EmbeddedNats(tmp_path / "nats").start()
+    try:
+        async with Connection(NatsConnectionConfig(url=server.url, timeout=2.0)) as conn:
+            kv = await conn.store("restarted", StoreConfig(max_bytes=None))
+            await bulk_put(kv, [(f"a{i:03}", b"v") for i in range(50)])
+            recorded, feeds = recording_with_heartbeat(60.0)
+            monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+            applied: list[int] = []
+
+            def apply(batch: list[KvUpdate]) -> None:
+                applied.extend(u.revision or 0 for u in batch)
+
+            store = AppendLogStore(tmp_path / "fold.log")
+            shutdown = asyncio.Event()
+            task = asyncio.create_task(
+                watch_applied(
+                    kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
+                    shutdown=shutdown,
+                )
+            )  # fmt: skip
+            await wait_until(lambda: (store.cursor.as_u64() or 0) >= 50, "the fold to catch up")
+            server.stop()  # SIGKILL
+            server.start()
+            for i in range(50):  # each written once the client is back
+                key = f"b{i:03}"
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        await kv.writer().put(key, b"w")
+                        break
+                    except Exception:
+                        assert time.monotonic() < deadline, f"{key} not written within 30 s"
+                        await asyncio.sleep(0.1)
+            _, last = await kv.stream_bounds()
+            await wait_until(
+                lambda: (store.cursor.as_u64() or 0) >= last or task.done(),
+                "the fold to go on after the restart",
+                30,
+            )
+            assert not task.done(), f"the fold stopped: {task.exception()!r}"
+            assert applied == list(range(1, last + 1)), "every revision applied once, in order"
+            assert fold_state(store) == {e.key: e.value for e in await kv.reader().scan()}
+            assert len(feeds) == 1
+            shutdown.set()
+            await asyncio.wait_for(task, 10)
+        store.close()
+    finally:
+        server.stop()

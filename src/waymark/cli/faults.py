@@ -31,7 +31,8 @@ def run(
             "--kind",
             help="Only these fault kinds (repeatable): server-kill, server-pause, fold-kill, "
             "fold-pause, consumer-kill, consumer-pause, net-cut, net-latency, s3-pause, disk-full, "
-            "edge-kill, clock-jump, spark-kill, spark-pause. Default: all.",
+            "edge-kill, clock-jump, edge-pause, pipeline-kill, pipeline-pause, nats-kill, "
+            "nats-pause, spark-kill, spark-pause. Default: all.",
         ),
     ] = None,
     s3: Annotated[
@@ -104,10 +105,10 @@ def run(
             table.add_row(v.name, "[green]PASS[/green]" if v.ok else "[red]FAIL[/red]", v.summary)
         Console().print(table)
         per_kind = Table("fault kind", "count", "recover p50 (s)", "p99 (s)", "not recovered",
-                         "violations (run)")  # fmt: skip
+                         "no-ops", "violations (run)")  # fmt: skip
         for name, s in reports.per_kind(result).items():
             per_kind.add_row(name, str(s["count"]), str(s["recover_p50_s"]),
-                             str(s["recover_p99_s"]), str(s["not_recovered"]),
+                             str(s["recover_p99_s"]), str(s["not_recovered"]), str(s["noops"]),
                              str(s["violations"]))  # fmt: skip
         Console().print(per_kind)
         console.print(f"report: {page}")

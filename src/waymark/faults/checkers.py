@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from signal import SIGKILL
 from typing import Any
 
 
@@ -169,24 +170,71 @@ def recovery_covers(
 
 
 def pipeline_exactly_once(
-    events: int, counts: Mapping[int, int], finished: bool, relocations: int
+    events: int, counts: Mapping[int, int], exits: Sequence[int | None], relocations: int
 ) -> CheckResult:
     """Every event ``0 .. events - 1`` of the relocatable pipeline is at its sink exactly
-    once, none else, and the pipeline finished. (How often its edges moved is evidence,
-    not a condition: the schedule decides whether a kill lands under an edge.)"""
+    once, none else, and the pipeline finished. ``exits``: each runner's exit status in
+    order, None for one still running at the check; the last must have finished (0) and
+    every earlier one must have been SIGKILLed (a runner that finished, or failed, was
+    never run again: its run must count as it ended). (How often its edges moved and the
+    runner was run again are evidence, not conditions: the schedule decides.)"""
     missing = [n for n in range(events) if counts.get(n, 0) == 0]
     twice = [n for n, c in counts.items() if c > 1]
     unknown = [n for n in counts if not 0 <= n < events]
+    finished = bool(exits) and exits[-1] == 0
+    rerun = [(i, code) for i, code in enumerate(exits[:-1]) if code != -SIGKILL]
     return _checked(
         "every pipeline event exactly once at the sink",
-        finished and not missing and not twice and not unknown,
+        finished and not missing and not twice and not unknown and not rerun,
         f"{len(missing)} of {events} events missing, {len(twice)} more than once, "
-        f"{len(unknown)} unknown; the pipeline {'finished' if finished else 'did not finish'}; "
-        f"{relocations} edge relocation(s)",
+        f"{len(unknown)} unknown; the pipeline {'finished' if finished else 'did not finish'} "
+        f"(exit status {exits[-1] if exits else None}) after {len(exits)} run(s), "
+        f"{len(rerun)} run again after exiting by itself; {relocations} edge relocation(s)",
         [("missing", n) for n in missing[:3]]
         + [("twice", n) for n in twice[:3]]
-        + [("unknown", n) for n in unknown[:3]],
+        + [("unknown", n) for n in unknown[:3]]
+        + [("rerun", i, code) for i, code in rerun[:3]],
         checked=events > 0,
+    )
+
+
+def nats_writes_kept(
+    written: Mapping[str, tuple[bytes, int]], bucket: Mapping[str, tuple[bytes, int]]
+) -> CheckResult:
+    """Every NATS write acknowledged to the writer (its last per key: the writer is the
+    bucket's only one) is in the bucket at the end: the key at that revision with that
+    value, or at a later revision (a write whose answer was lost, tried again). A
+    nats-server SIGKILLed keeps what it acknowledged: the page cache outlives it."""
+
+    def kept(key: str, value: bytes, rev: int) -> bool:
+        got_value, got_rev = bucket.get(key, (b"", 0))
+        return got_rev > rev or (got_rev == rev and got_value == value)
+
+    lost = sorted(key for key, (value, rev) in written.items() if not kept(key, value, rev))
+    return _checked(
+        "acknowledged NATS writes kept",
+        not lost,
+        f"{len(lost)} of {len(written)} keys' last acknowledged write missing from the bucket",
+        [(key, written[key][1], bucket.get(key, (b"", None))[1]) for key in lost[:5]],
+        checked=bool(written),
+    )
+
+
+def faults_recovered(
+    recovered: Sequence[tuple[str, float, float | None]], noops: int
+) -> CheckResult:
+    """Every fault that did something (``(kind, injected_s, seconds to recover)``) was
+    followed by progress of the part it hit: the campaign waited for it at the end
+    (docs/faults.md, "Checkers"), so None means it never came back. ``noops``: faults
+    that found their target exited (a pipeline runner that had finished)."""
+    never = [(kind, round(at, 2)) for kind, at, after in recovered if after is None]
+    return _checked(
+        "every fault recovered",
+        not never,
+        f"{len(never)} of {len(recovered)} fault(s) never followed by progress; "
+        f"{noops} found their target exited (nothing to do)",
+        never[:5],
+        checked=bool(recovered),
     )
 
 
@@ -234,11 +282,16 @@ def timestamps_monotonic(stamps: Mapping[str, Sequence[tuple[int, int]]]) -> Che
 
 
 def queue_done(
-    jobs: Iterable[str], delivered: Mapping[str, int], done: Iterable[str], remaining: Sequence[str]
+    jobs: Iterable[str],
+    delivered: Mapping[str, int],
+    done: Iterable[str],
+    remaining: Sequence[str],
+    drain_s: float | None = None,
 ) -> CheckResult:
     """Every job put into the queue was given to the worker and acknowledged by it at
     least once (at least once: leases a clock jump or a crash took back give a job
-    again), and none is left in the queue at the end."""
+    again), and none is left in the queue at the end. (``drain_s``, how long the queue
+    took to drain once the check began, is evidence, not a condition.)"""
     acked = set(done)
     jobs = list(jobs)
     never = [rid for rid in jobs if rid not in acked]
@@ -247,7 +300,8 @@ def queue_done(
         "every queued job processed",
         not never and not remaining,
         f"{len(never)} job(s) never processed, {len(remaining)} left in the queue; "
-        f"{again} delivered again (allowed: at least once)",
+        f"{again} delivered again (allowed: at least once)"
+        + ("" if drain_s is None else f"; the queue drained {drain_s:.1f} s into the check"),
         [("never", rid) for rid in never[:3]] + [("left", rid) for rid in remaining[:3]],
         checked=bool(jobs),
     )

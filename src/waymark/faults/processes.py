@@ -63,6 +63,7 @@ class Managed:
         self.ready = ready
         self.group = group
         self.proc: subprocess.Popen[bytes] | None = None
+        self.exits: list[int] = []  # the exit status of each run before the current one
         self.starts = 0
         self.killed = False  # by kill(), since its last start
         self.started_at = 0.0  # wall-clock time of its last start (files it wrote since)
@@ -93,6 +94,8 @@ class Managed:
             return True
 
     def _launch(self) -> None:
+        if self.proc is not None:
+            self.exits.append(self.proc.wait())
         self.starts += 1
         self.killed = False
         self.started_at = time.time()
@@ -119,16 +122,23 @@ class Managed:
 
             wait_for(f"{self.name} ready", up, timeout)
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
+        """SIGKILL it; whether that ended it (False: it had exited by itself, before or
+        as the signal came, and its exit status says how)."""
         with self._lock:
             self.killed = True
-            if self.proc is not None and self.proc.poll() is None:
-                self._signal(signal.SIGCONT)  # a paused process dies as well
-                self._signal(signal.SIGKILL)
-                self.proc.wait()
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            self._signal(signal.SIGCONT)  # a paused process dies as well
+            self._signal(signal.SIGKILL)
+            return self.proc.wait() == -signal.SIGKILL
 
-    def pause(self) -> None:
+    def pause(self) -> bool:
+        """SIGSTOP it; whether it was running (an exited one is not signalled)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
         self._signal(signal.SIGSTOP)
+        return True
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)

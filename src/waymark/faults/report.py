@@ -30,6 +30,11 @@ COLOURS = {
     FaultKind.DISK_FULL: "#7f7f7f",
     FaultKind.EDGE_KILL: "#aec7e8",
     FaultKind.CLOCK_JUMP: "#98df8a",
+    FaultKind.EDGE_PAUSE: "#6b6ecf",
+    FaultKind.PIPELINE_KILL: "#e7ba52",
+    FaultKind.PIPELINE_PAUSE: "#ad494a",
+    FaultKind.NATS_KILL: "#393b79",
+    FaultKind.NATS_PAUSE: "#8ca252",
     FaultKind.SPARK_KILL: "#ff9896",
     FaultKind.SPARK_PAUSE: "#c5b0d5",
 }
@@ -45,20 +50,23 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def per_kind(result: CampaignResult) -> dict[str, dict[str, Any]]:
     """Per fault kind: count, time to recover p50/p99 (seconds), faults never recovered
-    from, and the violations (the campaign's, as faults overlap none of them alone)."""
+    from, those that found their target exited (did nothing), and the violations (the
+    campaign's, as faults overlap none of them alone)."""
     violations = sum(1 for v in result.verdicts if not v.ok)
     out: dict[str, dict[str, Any]] = {}
     for kind in FaultKind:
         mine = [a for a in result.applied if a.fault.kind is kind]
         if not mine:
             continue
-        times = [a.recovered_s for a in mine if a.recovered_s is not None]
+        noops = sum(1 for a in mine if a.noop)
+        times = [a.recovered_s for a in mine if a.recovered_s is not None and not a.noop]
         p50, p99 = percentile(times, 50), percentile(times, 99)
         out[str(kind)] = {
             "count": len(mine),
             "recover_p50_s": None if p50 is None else round(p50, 3),
             "recover_p99_s": None if p99 is None else round(p99, 3),
-            "not_recovered": len(mine) - len(times),
+            "not_recovered": len(mine) - noops - len(times),
+            "noops": noops,
             "violations": violations,
         }
     return out
@@ -72,7 +80,7 @@ def timeline(result: CampaignResult, bin_s: float = 1.0) -> list[dict[str, Any]]
     nats = [0] * n
     for t, latency in result.observations.acks:
         acks[min(int(t / bin_s), n - 1)].append(latency * 1000)
-    for t in result.observations.nats_acks:
+    for t, _ in result.observations.nats_acks:
         nats[min(int(t / bin_s), n - 1)] += 1
     return [
         {"t": round(i * bin_s, 3), "appends_per_s": len(a) / bin_s,
@@ -151,12 +159,13 @@ def render(data: dict[str, Any]) -> str:
     kinds = "".join(
         f'<tr><td><span style="color:{COLOURS[FaultKind(k)]}">■</span> {esc(k)}</td>'
         f"<td>{s['count']}</td><td>{s['recover_p50_s']}</td><td>{s['recover_p99_s']}</td>"
-        f"<td>{s['not_recovered']}</td><td>{s['violations']}</td></tr>"
+        f"<td>{s['not_recovered']}</td><td>{s['noops']}</td><td>{s['violations']}</td></tr>"
         for k, s in data["per_kind"].items()
     )
     schedule = "".join(
         f"<tr><td>{f['injected_s']}</td><td>{esc(f['kind'])}</td><td>{f['duration_s']}</td>"
-        f"<td>{f['latency_ms'] or f.get('jump_ms') or ''}</td><td>{f['recovered_s']}</td></tr>"
+        f"<td>{f['latency_ms'] or f.get('jump_ms') or ''}</td>"
+        f"<td>{esc(f['noop'] or '') or f['recovered_s']}</td></tr>"
         for f in data["schedule"]
     )
     verdict = "every checker passed" if data["ok"] else "VIOLATIONS FOUND"
@@ -172,15 +181,15 @@ def render(data: dict[str, Any]) -> str:
         "<h2>Checkers</h2>",
         _table(["", "checker", "result", "examples"], verdicts),
         "<h2>Time to recover per fault kind (seconds from the lift to the first progress)</h2>",
-        _table(["kind", "count", "p50", "p99", "not recovered", "violations (whole run)"],
-               kinds),
+        _table(["kind", "count", "p50", "p99", "not recovered", "no-ops",
+                "violations (whole run)"], kinds),
         "<h2>Over time</h2>",
         _plot(data, "appends_per_s", "acknowledged appends per second"),
         _plot(data, "latency_max_ms", "append latency, max per second (ms)"),
         _plot(data, "nats_writes_per_s", "NATS bucket writes per second"),
         "<h2>Schedule</h2>",
         _table(["injected (s)", "kind", "duration (s)", "latency or jump (ms)",
-                "recovered after (s)"],
+                "recovered after (s), or why it did nothing"],
                schedule),
         "</body></html>\n",
     ])  # fmt: skip

@@ -24,6 +24,11 @@ class FaultKind(enum.StrEnum):
     DISK_FULL = "disk-full"  # the server's data directory (a tmpfs) filled up, then freed
     EDGE_KILL = "edge-kill"  # SIGKILL the pipeline's second edge server, start it again
     CLOCK_JUMP = "clock-jump"  # the injected clocks jump ahead, and back at the lift
+    EDGE_PAUSE = "edge-pause"  # SIGSTOP / SIGCONT the pipeline's second edge server
+    PIPELINE_KILL = "pipeline-kill"  # SIGKILL `waymark pipeline run`, run it again on its store
+    PIPELINE_PAUSE = "pipeline-pause"  # SIGSTOP / SIGCONT it
+    NATS_KILL = "nats-kill"  # SIGKILL nats-server, start it again on its store dir and port
+    NATS_PAUSE = "nats-pause"  # SIGSTOP / SIGCONT it
     # With --spark only (last: a campaign without them draws the schedule it always did)
     SPARK_KILL = "spark-kill"  # SIGKILL the Spark driver's process group, restart it
     SPARK_PAUSE = "spark-pause"  # SIGSTOP / SIGCONT it

@@ -62,6 +62,7 @@ _MARKER_OPS = {"MaxAge": Op.PURGE, "Purge": Op.PURGE, "Remove": Op.DELETE}
 _UNKNOWN_MARKER_OP = Op.DELETE
 
 HEARTBEAT = 5.0
+RECONNECT_CHECK = 0.25  # how often the heartbeat monitor looks for a client reconnect
 RESET_BACKOFF = Backoff(0.5, 5.0)
 """Delays between a reset's attempts: from 0.25-0.5 s up to 2.5-5 s, as the fold's start."""
 _PUT = Op.PUT
@@ -491,9 +492,24 @@ class OrderedFeed:
     async def _watch_heartbeats(self) -> None:
         # Arrivals, not processing, prove the consumer alive: a loop that is
         # merely backpressuring us must not look like a dead consumer.
+        # A reconnect is looked for more often: the server the client reconnected to
+        # may not have the consumer (a restarted one forgot it, it is kept in memory),
+        # and three missed heartbeats would leave the feed idle for 15 s meanwhile
+        # (docs/kv.md, "On a NATS cluster"). Recreating it is always safe: a reset
+        # resumes strictly after what was delivered.
         seen = -1
+        reconnects = self._nc.stats["reconnects"]
+        beat = time.monotonic() + self._heartbeat
         while not self._stopped:
-            await asyncio.sleep(self._heartbeat)
+            await asyncio.sleep(min(self._heartbeat, RECONNECT_CHECK))
+            if self._nc.stats["reconnects"] != reconnects:
+                reconnects = self._nc.stats["reconnects"]
+                self._reset()
+                seen = -1
+                continue
+            if time.monotonic() < beat:
+                continue
+            beat = time.monotonic() + self._heartbeat
             arrived = self._sub.delivered if self._sub is not None else seen
             if arrived != seen:
                 seen = arrived
