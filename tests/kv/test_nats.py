@@ -37,7 +37,7 @@ from waymark.kv import (
 from waymark.kv import bucket as bucket_module
 from waymark.kv import consumer as consumer_module
 from waymark.kv.consumer import OrderedFeed
-from waymark.kv.deadline import timed
+from waymark.kv.deadline import cancel_and_wait, timed
 from waymark.kv.server import EmbeddedNats
 from waymark.kv.stores.protocol import SnapshotStore
 
@@ -418,6 +418,54 @@ async def test_export_request_runs_between_flushes_at_the_stored_cursor(
 async def test_every_operation_is_bounded_by_a_timeout() -> None:
     with pytest.raises(Timeout):
         await timed(asyncio.sleep(10), 0.05, "sleep")
+
+
+async def test_cancel_and_wait_ends_a_task_that_swallowed_its_first_cancel() -> None:
+    """What ``waymark fold`` does with its exporter and reporter when it stops: a task
+    that swallows one cancel (as nats-py's own ``wait_for`` can) is cancelled again
+    until it ends, where one cancel and an await waited for it forever."""
+    swallowed = 0
+
+    async def stubborn() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(task), 10)
+    assert task.cancelled() and swallowed == 1
+
+
+async def test_a_cancel_that_meets_the_answer_is_not_swallowed() -> None:
+    """The answer arrives, then the task awaiting it is cancelled before it has run
+    again (a fold told to stop while its export round's request completes), one to
+    three loop steps later. A cancel of a task not yet done must win: Python 3.11's
+    ``asyncio.wait_for`` returned the answer instead, the task went on as if never
+    cancelled, and a ``waymark fold`` given SIGTERM waited for it forever."""
+    loop = asyncio.get_running_loop()
+    for steps in range(4):
+        answer: asyncio.Future[int] = loop.create_future()
+
+        async def request(answer: asyncio.Future[int] = answer) -> int:
+            return await answer
+
+        task = asyncio.create_task(timed(request(), 10, "request"))
+        await asyncio.sleep(0)  # it waits for the answer
+        answer.set_result(1)
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        if task.cancel():  # not done yet: the cancel wins
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            assert await task == 1, steps
 
 
 class Progress:

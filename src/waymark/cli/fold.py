@@ -488,7 +488,6 @@ async def _run(
     reporting: Reporting | None,
 ) -> None:
     import asyncio
-    import contextlib
     import signal
     import time
 
@@ -506,6 +505,7 @@ async def _run(
         open_store,
         watch_applied,
     )
+    from waymark.kv.deadline import cancel_and_wait
     from waymark.kv.server import EmbeddedNats
 
     console = Console(stderr=True, soft_wrap=True)
@@ -584,9 +584,7 @@ async def _run(
                     try:
                         bootstrapped = await bootstrap()
                     finally:
-                        during.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await during
+                        await cancel_and_wait(during)
                 finally:
                     await c.shutdown()
     except BaseException as exc:
@@ -665,9 +663,7 @@ async def _run(
     finally:
         for task in (exporter, reports):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         if reporter is not None:  # the console's final report (docs/reports.md)
             await reporter.final("failed" if failure else "stopped", applied, failure)
         if report_client is not None:

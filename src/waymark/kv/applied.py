@@ -14,6 +14,7 @@ models in tests/kv drive the same class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import weakref
@@ -24,6 +25,7 @@ from typing import Any, Generic, TypeVar
 from waymark.clock import Clock, SystemClock
 from waymark.kv.bucket import KvReader
 from waymark.kv.consumer import END, Failed
+from waymark.kv.deadline import cancel_and_wait
 from waymark.kv.errors import CursorExpired, WatchError
 from waymark.kv.guards import fallback_may_start
 from waymark.kv.stores.protocol import SnapshotStore, stale_keys
@@ -440,8 +442,8 @@ async def watch_applied(
                 # Taken off the queue in the round that returned: answer it too.
                 _answer(taken.result().reply, error=WatchError(f"the fold stopped: {stopped}"))
             _close_export_queue(export_requests, stopped)
-        watch_task.cancel()
-        await asyncio.gather(watch_task, return_exceptions=True)
+        with contextlib.suppress(Exception):  # it hands its failures over on ``data``
+            await cancel_and_wait(watch_task)
 
 
 async def _resync(

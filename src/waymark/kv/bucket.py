@@ -233,8 +233,9 @@ class KvReader:
             # once that many arrived the point-in-time listing is complete.
             remaining = feed.initial_pending
             while remaining > 0:
-                try:
-                    item = await asyncio.wait_for(queue.get(), s.timeout)
+                try:  # not wait_for: it can swallow a cancel (deadline.timed)
+                    async with asyncio.timeout(s.timeout):
+                        item = await queue.get()
                 except TimeoutError:
                     raise Timeout(f"scan stalled for {s.timeout:g}s") from None
                 if isinstance(item, Failed):
