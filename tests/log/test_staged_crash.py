@@ -1,8 +1,9 @@
 """Crash tests of a sink's journaled stages (docs/durability.md, "Staged chunks"): a
 real server on one data directory, SIGKILLed again and again at one of three moments —
 after a batch is staged and before its publish is sent, while its publish is in flight,
-and after its publish is acknowledged. Half the runs seal every 50 ms, so seals (WAL
-rotations and trims) land between a batch's stages and its publish, and after it.
+and after its publish is acknowledged. In half the runs a whole seal (a WAL rotation,
+then the trim of the older files) lands between the last batch's stages and its
+publish: that publish must not name stage frames the trim removed.
 
 After every restart the topic holds each published batch once, whole, at the seqs its
 publish answered; nothing of a batch whose publish was never sent; a batch whose publish
@@ -18,6 +19,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,14 @@ def open_writer(client: httpx.Client) -> int:
     return int(response.json()["epoch"])
 
 
+def seals(client: httpx.Client) -> int:
+    """Seals the server completed (each rotated the WAL when it began, then trimmed it)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("waymark_seals_total "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no waymark_seals_total in /metrics")
+
+
 def batches_present(present: dict[int, bytes]) -> dict[int, list[int]]:
     """batch -> the seqs holding its rows, in seq order."""
     found: dict[int, list[int]] = {}
@@ -112,7 +122,7 @@ def test_sigkill_around_journaled_stages(tmp_path: Path,
     batch = 0
     for cycle in range(CYCLES):
         sealing = cycle % 2 == 1
-        server = spawn_server(data_dir, *(("--seal-interval-s", "0.05") if sealing else ()))
+        server = spawn_server(data_dir, *(("--seal-interval-s", "0.3") if sealing else ()))
         with httpx.Client(base_url=server.url, timeout=30) as client:
             if not cycle:  # (fsync: a restart moves past the seq ceiling without a gap)
                 response = client.put(f"/v0/topics/{TOPIC}", json={"durability": "fsync"})
@@ -153,6 +163,12 @@ def test_sigkill_around_journaled_stages(tmp_path: Path,
                 published[batch] = head = answer.json()["first_seq"]
             batch += 1
             stage(client, epoch, batch)
+            if sealing:  # a whole seal between the stages and the publish: their file trimmed
+                after_stages = seals(client)
+                deadline = time.monotonic() + 60
+                while seals(client) < after_stages + 2:
+                    assert time.monotonic() < deadline, "no seal came"
+                    time.sleep(0.01)
             moment = ("staged", "in flight", "acked")[cycle % 3]
             if moment == "staged":
                 never_sent.add(batch)
