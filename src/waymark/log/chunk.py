@@ -67,8 +67,7 @@ class Chunk:
 
     def __init__(self, base_seq: int) -> None:
         self.base_seq = base_seq
-        # (a full chunk laid out at once keeps its layout's buffer: see extend_plain)
-        self.buf: bytearray | memoryview = bytearray()
+        self.buf = bytearray()
         self.ends = array("Q")  # end offset of record i in buf (its start is ends[i-1])
         self.ts = array("Q")
         self.node = array("I")  # id in node_names, 0 = no node
@@ -119,7 +118,7 @@ class Chunk:
         # The commonest write, one record: skip the batch machinery's fixed cost.
         if len(records) == 1 and bodies is None:
             record = records[0]
-            buf = self._growing()
+            buf = self.buf
             buf += b'{"$seq":%d,"$ts":%d%b,' % (first_seq, ts, record.body)
             self.ends.append(len(buf))
             self.ts.append(ts)
@@ -137,9 +136,8 @@ class Chunk:
             bounds, data = _lay_out(
                 first_seq, ts, _column_of(records) if bodies is None else bodies
             )
-            buf = self._growing()
-            base = len(buf)
-            buf += data
+            base = len(self.buf)
+            self.buf += data
             self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
         self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
         nodes = list(map(_node_of, records))
@@ -164,15 +162,7 @@ class Chunk:
         n = len(sizes)
         bounds, data = _lay_out(first_seq, ts, bodies)
         base = len(self.buf)
-        if not base and n == CHUNK_RECORDS:
-            # A whole chunk laid out at once (a publish's, built ahead) keeps the layout's
-            # bytes as they are: full, it never takes another record (no room), and their
-            # copy into a fresh bytearray was a fifth of the publish's build, on the commit
-            # a sink waits for (docs/spark.md, issue #27).
-            self.buf = data
-        else:
-            buf = self._growing()
-            buf += data
+        self.buf += data
         self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
         self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
         self.node.frombytes(bytes(self.node.itemsize * n))
@@ -185,7 +175,7 @@ class Chunk:
         """The bytes and end offsets of a run too short for :func:`_lay_out`'s fixed cost
         (~0.15 ms of pyarrow calls): a group of records at a time, each step one C call
         over the group."""
-        buf, ends, n = self._growing(), self.ends, len(records)
+        buf, ends, n = self.buf, self.ends, len(records)
         mid = b',"$ts":%d' % ts
         fixed = len(_SEQ) + len(mid) + 1  # the bytes of a record besides its seq and body
         for lo in range(0, n, _GROUP):
@@ -212,21 +202,13 @@ class Chunk:
     def extend_deleted(self, seq: int, ts: int) -> None:
         """A slot born deleted: a seq that holds no record, silent to every reader like a
         deleted one (a deletion's own seq, docs/semantics/topics.md §7.1)."""
-        buf = self._growing()
-        buf += b'{"$seq":%d,"$ts":%d,"data":null},' % (seq, ts)
-        self.ends.append(len(buf))
+        self.buf += b'{"$seq":%d,"$ts":%d,"data":null},' % (seq, ts)
+        self.ends.append(len(self.buf))
         self.ts.append(ts)
         self.node.append(0)
         self.tag.append(0)
         self.size.append(4)  # a record like any other, its data null, were it ever read
         self.dead.append(DELETED)
-
-    def _growing(self) -> bytearray:
-        """The buffer a record is appended to: a chunk that takes records has room, so it
-        never holds a whole chunk's laid out bytes (:meth:`extend_plain`)."""
-        buf = self.buf
-        assert isinstance(buf, bytearray), "a full chunk takes no more records"
-        return buf
 
     def start(self, i: int) -> int:
         return self.ends[i - 1] if i else 0
@@ -276,7 +258,7 @@ def _lay_out(first_seq: int, ts: int, bodies: Any) -> tuple[np.ndarray, memoryvi
     )  # fmt: skip
     _, offsets, data = joined.buffers()
     ends = np.frombuffer(offsets, np.int64, n + 1, joined.offset * 8)  # type: ignore[call-overload]
-    return ends - ends[0], memoryview(data).cast("B")[int(ends[0]) : int(ends[-1])]
+    return ends - ends[0], memoryview(data)[int(ends[0]) : int(ends[-1])]
 
 
 def _column_of(records: Sequence[EncodedRecord]) -> Any:

@@ -185,7 +185,7 @@ class _Concat:
 
 # Arrays are built from buffers, never with pa.array() or pa.scalar(): their first call
 # imports pandas, seconds in a busy server (as waymark.log.pages builds its pages).
-def binary_column(data: bytes | bytearray | memoryview, bounds: np.ndarray) -> Any:
+def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
     """A pyarrow ``large_binary`` array of ``data`` cut at ``bounds`` (``n + 1`` int64
     offsets), over ``data``'s own buffer."""
     import pyarrow as pa

@@ -41,7 +41,7 @@ class NewSegment:
     dead: bytes  # the deleted marks when the seal began
     # Its payload when the seal began: a delete may free the chunk's before the write
     # (Chunk.release_payloads), and the segment must hold what ``dead`` calls live.
-    buf: bytes | bytearray | memoryview
+    buf: bytes | bytearray
     topic: str
     epoch: int
     sealed: SealedChunk | None = None  # the chunk mapped from its segment, once written

@@ -56,7 +56,7 @@ def segment_paths(directory: Path, base_seq: int) -> tuple[Path, Path]:
 
 
 def write_segment(
-    directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | bytearray | memoryview
+    directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | bytearray
 ) -> None:
     """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot
     and ``buf`` its payload, both taken when the seal began (see :func:`segment_frames`)."""
@@ -73,7 +73,7 @@ def write_segment(
 
 
 def segment_frames(
-    chunk: Chunk, dead: bytes, buf: bytes | bytearray | memoryview
+    chunk: Chunk, dead: bytes, buf: bytes | bytearray
 ) -> tuple[memoryview, np.ndarray, np.ndarray]:
     """``chunk``'s ``.data`` bytes, and each record's JSON offset and length in them;
     ``buf``: the chunk's payload when the seal began.
