@@ -6,8 +6,10 @@ One process, a real engine on a temporary data dir (the server's own steps, call
 its routes call them, without HTTP): the task side (an Arrow batch of click events ->
 RecordIn JSON with ``waymark.spark.encoding``, cut into the sink's stage chunks, each
 encoded as the client sends it), the server's stage (decode of the request body, then
-``Engine.stage``) and its publish (``lay_out_publish`` + ``build`` on what would be a
-worker thread, then ``Engine.publish`` on the event loop, then the WAL's sync) and the
+``Engine.stage``, which hands the chunk's stage frame to the WAL: docs/durability.md,
+"Staged chunks") and its publish (``lay_out_publish`` + ``build`` on what would be a
+worker thread, then ``Engine.publish`` on the event loop, then the WAL's sync of its
+frame, which names the staged chunks, and of any stage frame still queued) and the
 next seal's segments of the batch's chunks (a background thread of the server). Prints
 CPU seconds per step, the best of ``--rounds``, and µs per record. ``--profile STEP``
 prints a cProfile of one step (stage or publish) instead.

@@ -65,6 +65,9 @@ class OrderedJournal:
     def sync_ms(self, topic: str) -> int:
         return 0
 
+    def file(self, topic: str) -> int:
+        return 0
+
     def sync(self, upto: int) -> None:
         self.synced = max(self.synced, min(upto, self.submitted))
 

@@ -24,6 +24,7 @@ from waymark.log.journal import BodyRun, records_frame_parts
 from waymark.log.origin import Published
 from waymark.log.prebuilt import Layout, build
 from waymark.log.records import EncodedRecord, PlainRecords, encode_batch, plain_records
+from waymark.log.staged import resolve
 from waymark.log.storage import frames
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.store import Store
@@ -57,12 +58,23 @@ def _page(engine: Engine, topic: str) -> list[dict]:
 
 
 def _wal_frames(engine: Engine, store: Store, topic: str) -> list[bytes]:
-    """The records frames of ``topic``'s WAL shard, once the engine is shut."""
+    """The records frames of ``topic``'s WAL shard, once the engine is shut, as recovery
+    reads them: a publish naming its stage frames as the records frame it stands for."""
     assert engine.journal is not None
     path = engine.journal.shard_of(topic).path  # type: ignore[attr-defined]
     _shut(engine, store)
-    found, _ = frames.read_file(path)
-    return [bytes(f.payload) for f in found if f.kind is frames.FrameKind.RECORDS]
+    data = path.read_bytes()
+    found, _ = frames.scan(data, path)
+    return [bytes(f.payload) for _, f in resolve(path, data, found)
+            if f.kind is frames.FrameKind.RECORDS]  # fmt: skip
+
+
+def _wal_kinds(engine: Engine, topic: str) -> list[frames.FrameKind]:
+    """The kinds of the frames in ``topic``'s WAL shard so far, as written."""
+    assert engine.journal is not None
+    engine.journal.sync_blocking()  # type: ignore[attr-defined]
+    path = engine.journal.shard_of(topic).path  # type: ignore[attr-defined]
+    return [f.kind for f in frames.read_file(path)[0]]
 
 
 def test_an_adopted_prebuilt_append_is_the_append_it_replaces(tmp_path: Path) -> None:
@@ -259,6 +271,15 @@ def test_a_columnar_publish_is_the_publish_of_its_records(tmp_path: Path) -> Non
         assert (result.first_seq, result.count, result.replayed) == (1, 18_000, False)
         if built is not None:  # adopted: the chunks are the ones built ahead
             assert engine.kernel.existing("out").chunks[0] is built.chunks[0]
+            assert built.frame is None  # (the publish names its stages: no frame to build)
+        # Columnar chunks are journaled as they are staged; the publish names them.
+        kinds = _wal_kinds(engine, "out")
+        stage, publish = frames.FrameKind.STAGE, frames.FrameKind.PUBLISH
+        if columnar:
+            assert kinds.count(stage) == 6 and kinds[-1] is publish
+            assert frames.FrameKind.RECORDS not in kinds
+        else:
+            assert kinds[-1] is frames.FrameKind.RECORDS and stage not in kinds
         pages.append(_page(engine, "out"))
         journals.append(_wal_frames(engine, store, "out"))
     assert journals[0] == journals[1] == journals[2]

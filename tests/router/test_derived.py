@@ -178,6 +178,9 @@ class HeldJournal:
     def sync_ms(self, topic: str) -> int:
         return 0
 
+    def file(self, topic: str) -> int:
+        return 0
+
     def sync(self, topic: str) -> None:
         self.commits[topic].durable = True
 

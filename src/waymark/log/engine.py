@@ -47,11 +47,12 @@ from .journal import (
     DropFrame,
     HeadFrame,
     Journal,
+    PublishFrame,
     TopicFrame,
     records_frame_parts,
 )
 from .kernel import Kernel, Listener
-from .origin import Derived, Origin, Published
+from .origin import Derived, Origin, Published, StagedChunks
 from .prebuilt import Layout, Prebuilt
 from .priority import effective_priority
 from .queue import (
@@ -307,6 +308,7 @@ class Engine:
         config: ConfigPatch | None = None,
         origin: Origin | None = None,
         prebuilt: Prebuilt | None = None,
+        staged: StagedChunks | None = None,
     ) -> AppendResult:
         """The atomic append of already validated records (see :meth:`append`).
 
@@ -320,6 +322,9 @@ class Engine:
 
         ``prebuilt``: this append's chunks and frame, built off the event loop from
         :meth:`lay_out` (:mod:`waymark.log.prebuilt`); adopted only if they still fit.
+        ``staged``: a published batch's chunks as their stage frames journaled them; if
+        those still lie in the WAL file this append's frame goes to, the frame names
+        them instead of holding the records (docs/durability.md, "Staged chunks").
         """
         derived_from = origin.source if type(origin) is Derived else None
         kernel = self.kernel
@@ -350,7 +355,16 @@ class Engine:
                     # fsync-gated, so its ceiling is best effort.
                     must_sync = must_sync or durability is Durability.DISK
                 if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                    frame = prebuilt.frame if prebuilt is not None else None
+                    frame: bytes | list[bytes] | None = None
+                    by_reference = _by_reference(journal, name, plan.fresh, encoded, staged)
+                    if type(origin) is Published and staged is not None and by_reference:
+                        frame = PublishFrame(
+                            name, topic.epoch, plan.first_seq, plan.ts,
+                            now if prebuilt is None else prebuilt.layout.now,
+                            origin.writer, origin.batch_id, staged.chunks,
+                        ).encode()  # fmt: skip
+                    elif prebuilt is not None:
+                        frame = prebuilt.frame
                     if frame is None:
                         frame = records_frame_parts(
                             name,
@@ -387,12 +401,15 @@ class Engine:
         config: ConfigPatch | None = None,
         publish: Published | None = None,
         runs: list[BodyRun] | None = None,
+        staged: StagedChunks | None = None,
     ) -> Layout:
         """Where :meth:`append_encoded` would put ``encoded`` now, changing nothing but
         what any append would (TTL expiry): its topic instance, first seq and ts. The
         server builds the append's bytes from it on a worker thread
         (:mod:`waymark.log.prebuilt`). Refuses what the append would refuse.
-        ``runs``: ``encoded``'s bodies already joined, in order (a sink's staged chunks)."""
+        ``runs``: ``encoded``'s bodies already joined, in order (a sink's staged chunks);
+        ``staged``: their stage frames (no records frame is built for a publish that will
+        name them, see :meth:`append_encoded`)."""
         kernel = self.kernel
         if kernel.replaying is not None:
             kernel.replaying.finish(name)
@@ -401,8 +418,15 @@ class Engine:
         if topic is None:  # a throwaway: the append makes the topic it creates
             topic = self._new_topic(name, create, config, now)
         plan = topic.plan_append(encoded, now)
-        journaled = kernel.journal is not None and topic.config.durability is not (
-            Durability.EPHEMERAL
+        journal = kernel.journal
+        # (a publish that will name its stage frames builds no records frame)
+        by_reference = journal is not None and _by_reference(
+            journal, name, plan.fresh, encoded, staged
+        )
+        journaled = (
+            journal is not None
+            and topic.config.durability is not Durability.EPHEMERAL
+            and not (publish is not None and by_reference)
         )
         if plan.fresh is not encoded:  # repeats of ids dropped: the runs hold them too
             runs = None
@@ -846,3 +870,14 @@ class Engine:
         commit = self.kernel.write(frame.name, frame.encode())
         self._ahead[frame.name] = frame.epoch
         return commit
+
+
+def _by_reference(
+    journal: Journal, name: str, fresh: Records, encoded: Records, staged: StagedChunks | None
+) -> bool:
+    """Whether a publish of ``encoded`` writes a frame naming its staged chunks' stage
+    frames instead of its records: all of them are fresh (none dropped as a repeat) and
+    their stage frames lie in the WAL file the publish's frame goes to. One in an older
+    file may be trimmed by a seal (which holds the publish's records only if it began
+    after it), so that publish writes its records (docs/durability.md, "Staged chunks")."""
+    return staged is not None and fresh is encoded and staged.file == journal.file(name)

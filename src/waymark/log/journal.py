@@ -55,6 +55,11 @@ class Journal(Protocol):
         """The commit of the last frame written for ``topic``'s shard."""
         ...
 
+    def file(self, topic: str) -> int:
+        """The file of ``topic``'s shard that its next frame goes to: frames written for
+        it until this changes are in one file, which no seal trims meanwhile."""
+        ...
+
     def sync_ms(self, topic: str) -> int:
         """How long making ``topic``'s frames durable takes lately, in ms (the fsync_ms of
         docs/semantics/topics.md §2.2)."""
@@ -247,6 +252,55 @@ class RecordsExtra(Struct, omit_defaults=True):
     is null. A new mark is a field here, last, with a default."""
 
     publish: Published | None = None
+
+
+class StageHeader(Struct):
+    """The JSON line that opens a stage frame (a sink's staged chunk, journaled as it is
+    staged: docs/durability.md, "Staged chunks"); the chunk's stored bodies follow it,
+    ``lens`` long each. It is no mutation: only a later :class:`PublishFrame` in the same
+    WAL file makes its records part of the topic."""
+
+    name: str
+    writer: str
+    batch_id: int
+    partition: int
+    attempt: int
+    chunk: int
+    lens: list[int]
+
+    def key(self) -> StageKey:
+        return (self.name, self.writer, self.batch_id, self.partition, self.attempt, self.chunk)
+
+
+StageKey = tuple[str, str, int, int, int, int]
+"""A staged chunk: (topic, writer, batch id, partition, attempt, chunk). Staging a key
+again replaces it, so the latest stage frame of a key is the one a publish names."""
+
+
+def stage_frame_parts(key: StageKey, records: PlainRecords) -> list[bytes]:
+    """The stage frame of staged chunk ``key``: its header, then its bodies as they are
+    (one buffer, not joined again)."""
+    header = StageHeader(*key, records.lengths().tolist())
+    return frame_parts(FrameKind.STAGE, [_encoder.encode(header) + b"\n", records.joined()],
+                       join=False)  # fmt: skip
+
+
+class PublishFrame(_Json):
+    """A sink's publish whose records its stage frames hold, earlier in the same WAL file
+    (docs/durability.md, "Staged chunks"): the atomic append of those chunks, in
+    ``chunks`` order (each ``[partition, attempt, chunk]`` of ``writer``'s batch
+    ``batch_id``) at seqs from ``first_seq``, with its publish mark. Recovery turns it
+    into the records frame it stands for (:mod:`waymark.log.staged`)."""
+
+    KIND = FrameKind.PUBLISH
+    name: str
+    epoch: int
+    first_seq: int
+    ts: int
+    now: int
+    writer: str
+    batch_id: int
+    chunks: list[tuple[int, int, int]]
 
 
 def records_frame(

@@ -32,3 +32,13 @@ class Derived(msgspec.Struct, frozen=True, gc=False):
 
 
 Origin = Published | Derived
+
+
+class StagedChunks(msgspec.Struct, frozen=True, gc=False):
+    """A sink batch's records as the stage frames that journaled them while they were
+    staged: chunks ``(partition, attempt, chunk)`` of the :class:`Published` batch, in
+    its order, all in WAL file ``file`` of the topic's shard. The publish may then write
+    a frame naming them instead of its records (docs/durability.md, "Staged chunks")."""
+
+    chunks: list[tuple[int, int, int]]
+    file: int

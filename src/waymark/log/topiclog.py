@@ -14,11 +14,19 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..clock import Clock, IdSource
-    from ..protocol import ConfigPatch, DeleteResponse, Limits, RecordIn, TopicState, TopicType
+    from ..protocol import (
+        ConfigPatch,
+        DeleteResponse,
+        Limits,
+        RecordIn,
+        TopicConfig,
+        TopicState,
+        TopicType,
+    )
     from .deletion import TagMatch
     from .journal import BodyRun, Commit, Journal
     from .kernel import Kernel
-    from .origin import Origin, Published
+    from .origin import Origin, Published, StagedChunks
     from .prebuilt import Layout, Prebuilt
     from .records import Records
     from .results import AppendResult, DeleteResult, DiffResult
@@ -31,6 +39,7 @@ class TopicLog(Protocol):
     clock: Clock
     ids: IdSource  # lease ids
     limits: Limits
+    defaults: TopicConfig  # what a topic an append creates is configured with
     kernel: Kernel
 
     @property
@@ -58,6 +67,7 @@ class TopicLog(Protocol):
         config: ConfigPatch | None = None,
         origin: Origin | None = None,
         prebuilt: Prebuilt | None = None,
+        staged: StagedChunks | None = None,
     ) -> AppendResult: ...
 
     def lay_out(
@@ -69,6 +79,7 @@ class TopicLog(Protocol):
         config: ConfigPatch | None = None,
         publish: Published | None = None,
         runs: list[BodyRun] | None = None,
+        staged: StagedChunks | None = None,
     ) -> Layout: ...
 
     def skip_derived(self, name: str, n: int, reason: str) -> Hole: ...

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..protocol import PublishResponse, RecordIn, WriterState, WriterTopic
+from ..protocol import Durability, PublishResponse, RecordIn, WriterState, WriterTopic
 from .errors import ErrorCode, TopicError
-from .journal import BodyRun, WriterFrame
-from .origin import Published
+from .journal import BodyRun, StageKey, WriterFrame, stage_frame_parts
+from .origin import Published, StagedChunks
 from .records import EncodedRecord, PlainRecords, check_topic_name, encode_batch
 
 if TYPE_CHECKING:
@@ -63,6 +63,10 @@ class _Part:
     # no step per record as well
     runs: dict[int, BodyRun] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)  # chunk -> its bodies' bytes
+    # chunk -> the WAL file its stage frame went to, for a plain chunk journaled as it
+    # was staged: its publish may then name it rather than write its records again
+    # (docs/durability.md, "Staged chunks")
+    files: dict[int, int] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -165,14 +169,47 @@ class Writers:
         existing = state.stages.get((batch_id, part))
         replaced = existing.sizes.get(chunk, 0) if existing is not None else 0  # a retry
         self._check_room(writer, size - replaced, now)
+        file = None
+        if isinstance(encoded, PlainRecords):
+            file = self._journal_stage((topic, writer, batch_id, part.partition, part.attempt,
+                                        chunk), encoded)  # fmt: skip
         staged = state.stages.setdefault((batch_id, part), _Part(now))
         staged.chunks[chunk] = encoded
         staged.sizes[chunk] = size
+        if file is None:
+            staged.files.pop(chunk, None)
+        else:
+            staged.files[chunk] = file
         if run is None:
             staged.runs.pop(chunk, None)
         else:
             staged.runs[chunk] = run
         return True
+
+    def _journal_stage(self, key: StageKey, records: PlainRecords) -> int | None:
+        """Write a plain chunk's stage frame to its topic's WAL shard now, while the
+        tasks still run, so that its publish writes and syncs a small frame naming it
+        rather than the batch's records (docs/durability.md, "Staged chunks"). Returns
+        the WAL file it went to; None when it was not journaled: no journal, a topic
+        whose records never reach the WAL, or a shard that refuses writes now (the
+        publish then writes the records itself, and meets the refusal if it lasts). Not
+        waited for: the publish's own sync, later in the same shard, covers it."""
+        kernel = self._engine.kernel
+        journal = kernel.journal
+        if journal is None:
+            return None
+        topic = kernel.get(key[0])
+        config = topic.config if topic is not None else self._engine.defaults
+        if config.durability is Durability.EPHEMERAL:
+            return None
+        try:
+            with journal.admit(key[0]):
+                journal.write(key[0], stage_frame_parts(key, records))
+        except TopicError as refused:
+            if refused.code is not ErrorCode.STORAGE_UNAVAILABLE:
+                raise
+            return None
+        return journal.file(key[0])
 
     def staged_bytes(self, writer: str | None = None) -> int:
         """Bytes staged and unpublished, by ``writer`` or by every writer."""
@@ -238,8 +275,9 @@ class Writers:
         if records:
             # The ledger entry travels in the append's own journal frame: one WAL frame.
             result = self._engine.append_encoded(
-                topic, records, origin=Published(writer, batch_id), prebuilt=prebuilt
-            )
+                topic, records, origin=Published(writer, batch_id), prebuilt=prebuilt,
+                staged=_staged_chunks(state, batch_id, parts),
+            )  # fmt: skip
             first, count = result.seqs[0], len(result.seqs)
             head = result.head_seq
             self._instance[topic] = self._engine.kernel.existing(topic, replay=False).epoch
@@ -271,7 +309,8 @@ class Writers:
         if not records:
             return None
         return self._engine.lay_out(topic, records, publish=Published(writer, batch_id),
-                                    runs=runs or None)  # fmt: skip
+                                    runs=runs or None,
+                                    staged=_staged_chunks(state, batch_id, parts))  # fmt: skip
 
     def _gather(
         self,
@@ -418,6 +457,23 @@ class Writers:
         joined = state.gathered
         if joined is not None and not any(k[0] == joined[0] for k in state.stages):
             state.gathered = None
+
+
+def _staged_chunks(
+    state: _Writer, batch_id: int, parts: Sequence[tuple[PartKey, int]]
+) -> StagedChunks | None:
+    """The stage frames of a gathered batch's chunks, when every one was journaled as
+    it was staged and all went to one WAL file; else None."""
+    chunks, files = [], set()
+    for part, count in parts:
+        staged = state.stages[(batch_id, part)]  # (gathered: every chunk is there)
+        for chunk in range(count):
+            file = staged.files.get(chunk)
+            if file is None:
+                return None
+            files.add(file)
+            chunks.append((part.partition, part.attempt, chunk))
+    return StagedChunks(chunks, files.pop()) if len(files) == 1 else None
 
 
 def _check_writer(writer: str) -> None:

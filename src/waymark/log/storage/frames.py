@@ -22,6 +22,7 @@ from ...protocol.errors import WaymarkError
 _LEN = struct.Struct("<I")
 _SUM = struct.Struct("<Q")
 OVERHEAD = _LEN.size + 1 + _SUM.size
+PAYLOAD_AT = _LEN.size + 1  # a frame's payload starts this far into it
 # No writer produces a larger frame (the journal refuses one), so a larger length is damage.
 MAX_FRAME_BYTES = 1 << 30
 
@@ -35,6 +36,8 @@ class FrameKind(IntEnum):
     CATALOG = 6  # a seal: every topic's state, its segments, where the WAL resumes
     WRITER = 7  # a sink writer's new epoch (fences its older runs)
     ROUTER = 8  # create or delete a router (a control frame, docs/semantics/topics.md §8.6)
+    STAGE = 9  # a sink's staged chunk, journaled as it is staged (invisible until published)
+    PUBLISH = 10  # a sink's publish of chunks STAGE frames earlier in its WAL file hold
 
 
 class CorruptFrame(WaymarkError):
@@ -55,18 +58,19 @@ def encode(kind: FrameKind, payload: bytes) -> bytes:
 JOIN_BELOW = 1 << 20
 
 
-def frame_parts(kind: FrameKind, parts: list[bytes]) -> list[bytes]:
+def frame_parts(kind: FrameKind, parts: list[bytes], *, join: bool = True) -> list[bytes]:
     """The frame of the payload ``b"".join(parts)``, as parts to write one after the
     other: a 50 MB append is framed on the event loop, and joining (three copies, as
     :func:`encode` makes) held it for a tenth of a second. The WAL's writer thread
     joins them, with the GIL released (docs/security.md, Limits). A small payload is
-    joined here: one digest update instead of one per record, and one write part."""
+    joined here: one digest update instead of one per record, and one write part;
+    ``join=False`` leaves a few large parts as they are (a sink's staged chunk)."""
     head = bytes((kind,))
     sizes = list(map(len, parts))
     length = 1 + sum(sizes)
-    if length <= JOIN_BELOW and len(parts) > 1:
+    if join and length <= JOIN_BELOW and len(parts) > 1:
         parts = [b"".join(parts)]
-    elif len(parts) > 2 * length // JOIN_BELOW:  # many small parts (a sink's publish)
+    elif join and len(parts) > 2 * length // JOIN_BELOW:  # many small parts (a sink's publish)
         parts = _runs(parts, sizes)
     digest = xxhash.xxh3_64(head)
     for part in parts:

@@ -16,6 +16,7 @@ from ..config import EngineConfig, StorageConfig
 from ..engine import Engine
 from ..gradual import GradualReplay
 from ..replay import apply_frame, finish
+from ..staged import resolve
 from .catalog import Catalog, read_catalog
 from .fileio import FileIO
 from .seal import TOPICS, Sealer, remove_unreferenced
@@ -84,8 +85,9 @@ def open_engine(
             # A torn final write: cut it so new frames follow the last whole one.
             os.truncate(path, end)
             torn += size - end
-        for frame in frames:
-            if not gradual.set_aside(data, frame):
+        # (a sink's stage frames only count once a publish frame names them)
+        for held, frame in resolve(path, data, frames):
+            if not gradual.set_aside(held, frame):
                 apply_frame(engine, frame)
         count += len(frames)
     gradual.settle()

@@ -453,6 +453,10 @@ class Wal:
         shard = self.shard_of(topic)
         return WalCommit(shard, shard.submitted)
 
+    def file(self, topic: str) -> int:
+        """The file ``topic``'s next frame goes to (only :meth:`rotate` moves it on)."""
+        return self.shard_of(topic).index
+
     def sync_ms(self, topic: str) -> int:
         """How long a group commit of ``topic``'s shard takes lately, in whole ms."""
         return round(self.shard_of(topic).sync_ms)
