@@ -310,6 +310,31 @@ def recording_with_heartbeat(heartbeat: float) -> tuple[type[OrderedFeed], list[
     return Recorded, feeds
 
 
+async def caught_up_fold(
+    kv: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heartbeat: float
+) -> tuple[list[int], AppendLogStore, asyncio.Event, asyncio.Task[Any], list[OrderedFeed]]:
+    """A fold of ``kv`` after 50 puts, its feeds recorded with ``heartbeat``, once it
+    applied them: the revisions it applied, its store, its shutdown, its task, its feeds."""
+    await bulk_put(kv, [(f"a{i:03}", b"v") for i in range(50)])
+    recorded, feeds = recording_with_heartbeat(heartbeat)
+    monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
+    applied: list[int] = []
+
+    def apply(batch: list[KvUpdate]) -> None:
+        applied.extend(u.revision or 0 for u in batch)
+
+    store = AppendLogStore(tmp_path / "fold.log")
+    shutdown = asyncio.Event()
+    task = asyncio.create_task(
+        watch_applied(
+            kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
+            shutdown=shutdown,
+        )
+    )  # fmt: skip
+    await wait_until(lambda: (store.cursor.as_u64() or 0) >= 50, "the fold to catch up")
+    return applied, store, shutdown, task, feeds
+
+
 async def test_a_state_sync_listing_whose_messages_are_purged_under_it_resyncs_at_once(
     conn: Connection,
     bucket_name: str,
@@ -429,23 +454,9 @@ async def test_a_reset_whose_consumer_create_times_out_retries_and_skips_nothing
     config = NatsConnectionConfig(url=pausable_nats.url, timeout=1.0)
     async with Connection(config) as conn:
         kv = await conn.store(f"pause{next(_pause_buckets)}", StoreConfig(max_bytes=None))
-        await bulk_put(kv, [(f"a{i:03}", b"v") for i in range(50)])
-        recorded, feeds = recording_with_heartbeat(0.2)
-        monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
-        applied: list[int] = []
-
-        def apply(batch: list[KvUpdate]) -> None:
-            applied.extend(u.revision or 0 for u in batch)
-
-        store = AppendLogStore(tmp_path / "fold.log")
-        shutdown = asyncio.Event()
-        task = asyncio.create_task(
-            watch_applied(
-                kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
-                shutdown=shutdown,
-            )
-        )  # fmt: skip
-        await wait_until(lambda: (store.cursor.as_u64() or 0) >= 50, "the fold to catch up")
+        applied, store, shutdown, task, feeds = await caught_up_fold(
+            kv, tmp_path, monkeypatch, heartbeat=0.2
+        )
         with paused(pausable_nats):
             await wait_until(
                 lambda: "re-creating it failed" in caplog.text or task.done(),
@@ -588,23 +599,9 @@ async def test_a_fold_whose_nats_server_restarts_goes_on_at_the_reconnect(
     try:
         async with Connection(NatsConnectionConfig(url=server.url, timeout=2.0)) as conn:
             kv = await conn.store("restarted", StoreConfig(max_bytes=None))
-            await bulk_put(kv, [(f"a{i:03}", b"v") for i in range(50)])
-            recorded, feeds = recording_with_heartbeat(60.0)
-            monkeypatch.setattr(watcher_module, "OrderedFeed", recorded)
-            applied: list[int] = []
-
-            def apply(batch: list[KvUpdate]) -> None:
-                applied.extend(u.revision or 0 for u in batch)
-
-            store = AppendLogStore(tmp_path / "fold.log")
-            shutdown = asyncio.Event()
-            task = asyncio.create_task(
-                watch_applied(
-                    kv.watcher(), WatchScope.all(), apply, store=store, reader=kv.reader(),
-                    shutdown=shutdown,
-                )
-            )  # fmt: skip
-            await wait_until(lambda: (store.cursor.as_u64() or 0) >= 50, "the fold to catch up")
+            applied, store, shutdown, task, feeds = await caught_up_fold(
+                kv, tmp_path, monkeypatch, heartbeat=60.0
+            )
             server.stop()  # SIGKILL
             server.start()
             for i in range(50):  # each written once the client is back
