@@ -71,9 +71,9 @@ PROBES = [
      "waymark.pipeline.edge -> waymark.server.app"),
     # The shipper is the CLI's alone; Spark must not reach it even through a pipeline
     # module it uses (the patient store).
-    ("pipeline/patience.py", "from waymark.checkpoint.backoff import Verdict",
+    ("pipeline/patience.py", "from waymark.checkpoint.verdict import Verdict",
      ["checkpoint is imported by the CLI only", "spark and checkpoint are independent"],
-     "waymark.pipeline.patience -> waymark.checkpoint.backoff"),
+     "waymark.pipeline.patience -> waymark.checkpoint.verdict"),
     # objstore has its contract: it sits below the client.
     ("objstore/local.py", "from waymark.client import Client",
      ["layers", "client is imported by the client-side packages"],

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import readable
 
 from waymark.checkpoint import CheckpointStore
-from waymark.checkpoint.backoff import Verdict, verdict
+from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.checkpoint.shipper import RetriesExhausted, ShipConfig, Shipper
 from waymark.clock import Backoff, ManualClock
 

@@ -33,7 +33,7 @@ import httpx
 import msgspec
 import orjson
 
-from waymark.checkpoint.backoff import Verdict, verdict
+from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.checkpoint.errors import CheckpointError
 from waymark.checkpoint.shipstats import ShipStats, append_gap, write_status
 from waymark.checkpoint.store import CheckpointStore
