@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import readable
 
 from waymark.checkpoint import CheckpointStore
-from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.checkpoint.shipper import RetriesExhausted, ShipConfig, Shipper
+from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.clock import Backoff, ManualClock
 
 from .collector_harness import (

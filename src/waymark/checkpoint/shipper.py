@@ -33,12 +33,12 @@ import httpx
 import msgspec
 import orjson
 
-from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.checkpoint.errors import CheckpointError
 from waymark.checkpoint.shipstats import ShipStats, append_gap, write_status
 from waymark.checkpoint.store import CheckpointStore
 from waymark.checkpoint.tickets import QueuedTicket, SendingTicket
 from waymark.checkpoint.tracker import Tracker
+from waymark.checkpoint.verdict import Verdict, verdict
 from waymark.client import (
     ApiError,
     AsyncClient,
