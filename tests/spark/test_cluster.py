@@ -37,13 +37,17 @@ WAYMARK = str(Path(sys.executable).parent / "waymark")
 HERE = Path(__file__).parent
 
 
+def without_s3() -> dict[str, str]:
+    """The environment without the test process's ``AWS_*`` settings (tests/objstore/s3.py
+    puts moto's there), for the cluster's daemons: the workers stand for other machines,
+    whose executors get S3 settings only as a user hands them, through
+    ``spark.executorEnv``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+
 def waymark(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Run the CLI without the test process's ``AWS_*`` settings (tests/objstore/s3.py
-    puts moto's there): the cluster's workers stand for other machines, whose executors
-    get S3 settings only as a user hands them, through ``spark.executorEnv``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     return subprocess.run([WAYMARK, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)  # fmt: skip
+                          env=without_s3())  # fmt: skip
 
 
 def status(directory: Path) -> dict[str, Any]:
@@ -133,9 +137,8 @@ def test_two_ups_at_once_start_one_cluster_and_down_leaves_nothing(root: Path) -
     JVM. Without the directory's lock each started a master of its own."""
     directory = root / "twice"
     command = [WAYMARK, "cluster", "up", "--workers", "1", "--dir", str(directory)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=env) for _ in range(2)]  # fmt: skip
+                             text=True, env=without_s3()) for _ in range(2)]  # fmt: skip
     pids: set[int] = set()
     try:
         for process in both:
