@@ -24,6 +24,7 @@ from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
 from ..protocol.globs import escape
+from .chunk import constant_column
 from .deletion import TagMatch
 from .origin import Published
 from .records import EncodedRecord, PlainRecords, Records
@@ -364,18 +365,27 @@ def records_frame_parts(
 
 def _json_ints(values: np.ndarray) -> Any:
     """``values`` (ints) as the JSON array msgspec writes for their list, ``[1,2,3]``:
-    one cast of their digits and one join, both pyarrow kernels over the array."""
+    one cast of their digits and one element-wise join with a comma column, both
+    pyarrow kernels over the array. Every argument is an array: a Python scalar
+    argument (``pc.binary_join(x, ",")``) makes pyarrow import pandas on its first use,
+    which stalled the event loop ~1.5 s at a server's first publish that could not name
+    its stage frames (docs/spark.md, "Sink speed")."""
     import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
     import pyarrow.compute as pc
 
     n = len(values)
+    if not n:
+        return msgspec.Raw(b"[]")
     data = pa.py_buffer(values.astype(np.int64).tobytes())
-    offsets = pa.py_buffer(np.array([0, n], np.int32).tobytes())
     digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, data]), pa.string())
-    listed = pa.Array.from_buffers(pa.list_(pa.string()), 1, [None, offsets], children=[digits])
-    joined: Any = pc.binary_join(listed, ",")
-    text = joined[0].as_buffer()
-    return msgspec.Raw(b"[" + (b"" if text is None else text.to_pybytes()) + b"]")
+    digits = digits.cast(pa.large_binary())
+    joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
+        digits, constant_column(b",", n), constant_column(b"", n)
+    )
+    _, offsets, text = joined.buffers()
+    bounds = np.frombuffer(offsets, np.int64, n + 1, joined.offset * 8)  # type: ignore[call-overload]
+    body = memoryview(text)[int(bounds[0]) : int(bounds[-1]) - 1]  # (the last comma)
+    return msgspec.Raw(b"[" + bytes(body) + b"]")
 
 
 def _json_nulls(n: int) -> Any:
