@@ -269,7 +269,7 @@ def test_catches_meta_left_out_of_an_arrow_page(
 def test_rendering_a_page_does_not_import_pandas() -> None:
     """pa.array(), pa.scalar() and to_numpy() import pandas on first use: seconds in a
     busy server's first Arrow answer. The page is built from buffers instead, and so are
-    the engine's bulk layouts (a publish's chunks, a seal's segment frames)."""
+    the engine's bulk layouts (a publish's chunks, a seal's segment data)."""
     import subprocess
     import sys
 
@@ -282,15 +282,15 @@ def test_rendering_a_page_does_not_import_pandas() -> None:
         "e.delete('t', before_seq=2)\n"
         "e.append('t', [RecordIn.of(3, node='m'), RecordIn.of(4, meta={'c': 'd'})])\n"
         "render(e.diff('t', 0, columns=True, nodes=frozenset({'m'})))\n"
-        # a sink's publish laid out from its staged runs, and a seal's segment frames
+        # a sink's publish laid out from its staged runs, and a seal's segment data
         "from waymark.log.prebuilt import build\n"
-        "from waymark.log.storage.segment import segment_frames\n"
+        "from waymark.log.storage.segment import segment_data\n"
         "from waymark.log.writers import PartKey\n"
         "w, parts = e.open_writer('s'), [(PartKey(0, 0), 1)]\n"
         "e.stage('p', 's', w, 0, PartKey(0, 0), [RecordIn.of(5), RecordIn.of(6)])\n"
         "e.publish('p', 's', w, 0, parts, build(e.lay_out_publish('p', 's', w, 0, parts)))\n"
         "c = e.kernel.existing('p').chunks[0]\n"
-        "segment_frames(c, bytes(2), c.buf)\n"
+        "segment_data(c, bytes(2), c.buf)\n"
         "print('pandas' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -302,17 +302,15 @@ def test_catches_sealed_records_cut_from_the_wrong_frame_bytes(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The mutant: a segment's records located as if their frames were back to back
-    (no frame head and checksum between them)."""
+    """The mutant: a segment's records cut a byte off where they lie (each one's first
+    byte taken for its predecessor's separator)."""
     real = SealedChunk.records
 
-    def back_to_back(self, i, j):
+    def cut_short(self, i, j):
         buf, starts, ends = real(self, i, j)
-        lengths = ends - starts
-        ends = starts[0] + lengths.cumsum()
-        return buf, ends - lengths, ends
+        return buf, starts + 1, ends
 
-    monkeypatch.setattr(SealedChunk, "records", back_to_back)
+    monkeypatch.setattr(SealedChunk, "records", cut_short)
     # A disagreement, or a record that no longer decodes (several at once: a group).
     broken = (AssertionError, msgspec.ValidationError, msgspec.DecodeError, ExceptionGroup)
     with pytest.raises(broken):

@@ -4,7 +4,6 @@ byte for byte as it would alone, through the one-record paths."""
 
 from __future__ import annotations
 
-import struct
 from array import array
 from itertools import pairwise
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
-import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +23,7 @@ from waymark.log.origin import Published
 from waymark.log.prebuilt import bodies_array
 from waymark.log.records import EncodedRecord, PlainRecords, binary_column, encode_batch
 from waymark.log.storage import frames
-from waymark.log.storage.segment import segment_frames
+from waymark.log.storage.segment import segment_data
 from waymark.protocol import Limits, RecordIn
 
 LIMITS = Limits()
@@ -129,46 +127,44 @@ def test_staged_runs_lay_out_and_frame_as_their_records_do(
     )
 
 
-def _frames_one_by_one(chunk: Chunk, dead: bytes) -> tuple[bytes, bytes, bytes]:
-    """A segment's ``.data`` frames built a record at a time, as docs/durability.md
-    describes them: ``u32 len | u64 seq | JSON | u64 xxh3(seq + JSON) | u8 flag``."""
-    frames, offsets, lens, start, position = [], array("Q"), array("I"), 0, 0
+def _data_one_by_one(chunk: Chunk, dead: bytes) -> tuple[bytes, bytes, bytes]:
+    """A segment's ``.data`` built a record at a time, as docs/durability.md describes
+    it: each record's wire JSON in turn, then a flag byte per record (``0xD5``
+    deleted), with each record's offset and length."""
+    records, flags, offsets, lens, start = [], [], array("Q"), array("I"), 0
     for i, end in enumerate(chunk.ends):
-        body = struct.pack("<Q", chunk.base_seq + i) + chunk.buf[start:end]
-        flag = b"\xd5" if dead[i] == DELETED else b"\x00"
-        frames.append(struct.pack("<I", len(body) + 9) + body
-                      + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + flag)  # fmt: skip
-        offsets.append(position + 12)
+        offsets.append(sum(map(len, records)))
+        records.append(bytes(chunk.buf[start:end]))
         lens.append(end - start)
-        position += len(frames[-1])
+        flags.append(b"\xd5" if dead[i] == DELETED else b"\x00")
         start = end
-    return b"".join(frames), offsets.tobytes(), lens.tobytes()
+    return b"".join(records + flags), offsets.tobytes(), lens.tobytes()
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(RECORD, min_size=0, max_size=700), st.integers(1, 10**12), st.data())
-def test_a_segment_is_framed_as_its_records_one_by_one(
+def test_a_segment_holds_its_records_as_one_by_one(
     records: list[RecordIn], first_seq: int, data: st.DataObject
 ) -> None:
-    """A seal frames a chunk's records for its segment in one step over the chunk."""
+    """A seal lays a chunk's records out for its segment in one step over the chunk."""
     chunk = Chunk(first_seq)
     if records:
         chunk.extend(first_seq, 1_700_000_000_123, [encode_batch([r], LIMITS)[0] for r in records])
     flags = data.draw(st.lists(st.sampled_from([LIVE, DELETED]), min_size=len(records),
                                max_size=len(records)))  # fmt: skip
-    want, want_offsets, want_lens = _frames_one_by_one(chunk, bytes(flags))
+    want, want_offsets, want_lens = _data_one_by_one(chunk, bytes(flags))
     began = chunk.buf  # the payload the seal takes when it begins
     released = data.draw(st.booleans())
     if released:  # a delete then frees the wholly deleted payload before the write
         chunk.release_payloads()
     # The segment holds the records the seal began with, whatever was freed since.
-    framed, offsets, lens = segment_frames(chunk, bytes(flags), began)
-    assert bytes(framed) == want
+    laid, flagged, offsets, lens = segment_data(chunk, bytes(flags), began)
+    assert bytes(laid) + flagged == want
     assert (offsets.tobytes(), lens.tobytes()) == (want_offsets, want_lens)
-    if released:  # the freed buffer frames as empty records: never a read past its end
-        _, offsets, lens = segment_frames(chunk, bytes(flags), chunk.buf)
-        assert lens.tolist() == [0] * len(records)
-        assert offsets.tolist() == [12 + 21 * i for i in range(len(records))]
+    if released:  # the freed buffer lays out as empty records: never a read past its end
+        laid, _, offsets, lens = segment_data(chunk, bytes(flags), chunk.buf)
+        assert (bytes(laid), lens.tolist(), offsets.tolist()) == (b"", [0] * len(records),
+                                                                  [0] * len(records))  # fmt: skip
 
 
 DATA = st.sampled_from([b'{"a":1}', b'[1,2.5,"x"]', b'"\\u00e9"', b"null", b'{"s":"a b"}',

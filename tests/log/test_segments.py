@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import orjson
 import pytest
 import xxhash
@@ -57,26 +58,23 @@ def everything(engine: Engine, topic: str) -> tuple[list[dict], list[dict]]:
 
 
 def data_frames(path: Path) -> list[tuple[int, dict, int, int]]:
-    """(seq, record, flag byte, the flag's file offset) of every frame of a ``.data``
-    file, parsed here from the layout docs/durability.md documents —
-    ``u32 length | u64 seq | wire JSON | u64 XXH3 | u8 delete flag``, the length counting
-    everything after itself — so a wrong offset helper in the code cannot hide a wrong
-    layout on disk."""
+    """(seq, record, flag byte, the flag's file offset) of every record of a ``.data``
+    file, parsed here from the layout docs/durability.md documents — the records' wire
+    JSON one after the other, each with its comma, then a delete flag byte per record;
+    the record count and the records' XXH3 in the ``.idx`` — so a wrong offset helper in
+    the code cannot hide a wrong layout on disk."""
     raw = path.read_bytes()
-    frames, offset = [], 0
-    while offset < len(raw):
-        (length,) = struct.unpack_from("<I", raw, offset)
-        body = raw[offset + 4 : offset + 4 + length - 9]  # seq + JSON: what the sum covers
-        (checksum,) = struct.unpack_from("<Q", raw, offset + 4 + length - 9)
-        assert checksum == xxhash.xxh3_64_intdigest(body), f"bad checksum at {offset}"
-        (seq,) = struct.unpack_from("<Q", body)
-        record = orjson.loads(body[8:].removesuffix(b","))
-        assert record["$seq"] == seq
-        flag_at = offset + 4 + length - 1
-        frames.append((seq, record, raw[flag_at], flag_at))
-        offset += 4 + length
-    assert offset == len(raw), "the last frame runs past the end of the file"
-    return frames
+    idx = path.with_suffix(".idx").read_bytes()
+    magic, version, _, n = struct.unpack_from("<4sIQI", idx)
+    assert (magic, version) == (b"WMIX", 2)
+    records = raw[: len(raw) - n]
+    (checksum,) = struct.unpack_from("<Q", idx, len(idx) - 16)  # then the index's own
+    assert checksum == xxhash.xxh3_64_intdigest(records), "the records' checksum is wrong"
+    assert records.endswith(b",") or not n
+    parsed = orjson.loads(b"[" + records[:-1] + b"]") if n else []
+    assert len(parsed) == n, "the records and the flags do not add up"
+    flags_at = len(raw) - n
+    return [(r["$seq"], r, raw[flags_at + i], flags_at + i) for i, r in enumerate(parsed)]
 
 
 def segment_files(data_dir: Path) -> list[Path]:
@@ -290,3 +288,62 @@ def test_the_cold_tier_takes_older_segments_and_reads_stay_the_same(tmp_path: Pa
     crash(store)
     with pytest.raises(SegmentError, match="cold"):
         open_engine(StorageConfig(data))  # without its cold tier the topic cannot be whole
+
+
+def as_format_1(data_path: Path) -> None:
+    """Rewrite a segment as format 1 wrote it (docs/durability.md): a frame per record,
+    ``u32 length | u64 seq | wire JSON | u64 XXH3(seq + JSON) | u8 delete flag``, and an
+    index of version 1 whose offsets point at each JSON, with no records' checksum."""
+    idx_path = data_path.with_suffix(".idx")
+    idx, raw = idx_path.read_bytes(), data_path.read_bytes()
+    _, _, base, n = struct.unpack_from("<4sIQI", idx)
+    offsets = np.frombuffer(idx, np.uint64, n, 20).tolist()
+    lens = np.frombuffer(idx, np.uint32, n, 20 + 8 * n)
+    flags = raw[len(raw) - n :]
+    frames, at = [], []
+    for i, (offset, length) in enumerate(zip(offsets, lens.tolist(), strict=True)):
+        body = struct.pack("<Q", base + i) + raw[offset : offset + length]
+        at.append(sum(map(len, frames)) + 12)
+        tail = struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + flags[i : i + 1]
+        frames.append(struct.pack("<I", len(body) + 9) + body + tail)
+    rest = idx[20 + 12 * n : -16]  # ts, sizes, nodes, tags and the name tables
+    old = struct.pack("<4sIQI", b"WMIX", 1, base, n) + np.array(at, np.uint64).tobytes()
+    old += lens.tobytes() + rest
+    idx_path.write_bytes(old + struct.pack("<Q", xxhash.xxh3_64_intdigest(old)))
+    data_path.write_bytes(b"".join(frames))
+
+
+def format_1_flags(data_path: Path) -> list[int]:
+    raw, flags, offset = data_path.read_bytes(), [], 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<I", raw, offset)
+        flags.append(raw[offset + 4 + length - 1])
+        offset += 4 + length
+    return flags
+
+
+def test_a_data_directory_of_format_1_segments_is_read_and_deleted_from(tmp_path: Path) -> None:
+    """Segments sealed before format 2 stay readable; a delete flips their flags where
+    format 1 keeps them, and new seals write format 2 beside them."""
+    engine, store = reopen(tmp_path)
+    for i in range(20):
+        engine.append("t", [RecordIn.of(i, tag=f"k{i % 2}")])
+    store.seal(engine)  # two segments of ten
+    crash(store)
+    old = sorted((tmp_path / TOPICS).glob("*/*.data"))
+    for data in old:
+        as_format_1(data)
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in everything(engine, "t")[0]] == list(range(20))
+    engine.delete("t", match=TagMatch.parse("k0"))
+    for i in range(20, 25):
+        engine.append("t", [RecordIn.of(i)])
+    store.seal(engine)
+    crash(store)
+    assert [format_1_flags(data) for data in old] == [[0xD5, 0] * 5] * 2
+    versions = [struct.unpack_from("<4sIQI", idx.read_bytes())[1]
+                for idx in sorted((tmp_path / TOPICS).glob("*/*.idx"))]  # fmt: skip
+    assert versions == [1, 1, 2]
+    engine, store = reopen(tmp_path)
+    assert [r["data"] for r in everything(engine, "t")[0]] == [*range(1, 20, 2), *range(20, 25)]
+    crash(store)

@@ -7,7 +7,10 @@ fills up or fails substitute a fault injector with the same methods.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+Buffer = bytes | bytearray | memoryview
 
 
 class FileIO:
@@ -26,15 +29,17 @@ class FileIO:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def replace_file(self, path: Path, data: bytes | bytearray | memoryview) -> None:
-        """Make ``path`` hold ``data``, atomically: a temporary file is written and synced,
-        then renamed over ``path``, and the directory synced so the rename survives too."""
+    def replace_file(self, path: Path, data: Buffer | Sequence[Buffer]) -> None:
+        """Make ``path`` hold ``data`` (one buffer, or several one after the other),
+        atomically: a temporary file is written and synced, then renamed over ``path``,
+        and the directory synced so the rename survives too."""
         temporary = path.with_name(path.name + ".tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[self.write(fd, view) :]
+            for part in [data] if isinstance(data, Buffer) else data:
+                view = memoryview(part)
+                while view:
+                    view = view[self.write(fd, view) :]
             self.fdatasync(fd)
         finally:
             os.close(fd)

@@ -1,17 +1,24 @@
 """Segments: a sealed chunk on disk as a ``.data`` + ``.idx`` pair, read through mmap.
 
-``.data`` holds one frame per record::
+``.data`` (format 2) holds the chunk's records exactly as its buffer laid them out —
+each one's wire JSON and a comma, one after the other — then one delete flag byte per
+record::
 
-    u32 frame_len | u64 seq | wire JSON + "," | u64 xxh3(seq + JSON) | u8 delete flag
+    record 0 | record 1 | ... | record n-1 | flag 0 | flag 1 | ... | flag n-1
 
-``frame_len`` counts everything after itself, flag included; the flag sits outside
-the checksum. Deleting a sealed record flips that one byte to exactly ``0xD5``; any
-other value reads live, so a torn one-byte write can never resurrect or hide a record.
+Deleting a sealed record flips its flag to exactly ``0xD5``; any other value reads
+live, so a torn one-byte write can never resurrect or hide a record.
 
-``.idx`` holds the chunk's per-record arrays (JSON offset and length, ts, size, node
-and tag ids) plus its name tables, checksummed as a whole. Both files are written
-under temporary names, fsynced and renamed; the catalog names a segment only once
-it is complete, so a crash mid-seal leaves an orphan that recovery removes.
+``.idx`` holds the chunk's per-record arrays (record offset and length, ts, size, node
+and tag ids), its name tables and the XXH3 of the records' bytes, checksummed as a
+whole. Both files are written under temporary names, fsynced and renamed; the catalog
+names a segment only once it is complete, so a crash mid-seal leaves an orphan that
+recovery removes.
+
+Format 1 (read, never written): one frame per record, ``u32 frame_len | u64 seq | wire
+JSON + "," | u64 xxh3(seq + JSON) | u8 delete flag``. Its framing cost a seal a pyarrow
+join and a checksum call per record, ~40% of a seal's CPU (docs/durability.md,
+"Segments and seals").
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +34,18 @@ import orjson
 import xxhash
 
 from ...protocol.errors import WaymarkError
-from ..chunk import DELETED, Chunk, Names, constant_column
-from ..records import binary_column
+from ..chunk import DELETED, Chunk, Names
 from .fileio import FileIO
 
 DATA = ".data"
 IDX = ".idx"
 DELETED_FLAG = 0xD5
 _IDX_MAGIC = b"WMIX"
-_IDX_VERSION = 1
+_IDX_VERSION = 2  # what a seal writes
+_READS = (1, 2)  # what recovery maps
 _IDX_HEAD = struct.Struct("<4sIQI")
 _LEN = struct.Struct("<I")
-_SEQ = struct.Struct("<Q")
 _SUM = struct.Struct("<Q")
-_HEAD = np.dtype([("frame_len", "<u4"), ("seq", "<u8")])  # a frame's head, packed
 _ARRAYS = (("offsets", np.uint64), ("lens", np.uint32), ("ts", np.uint64),
            ("size", np.uint32), ("node", np.uint32), ("tag", np.uint32))  # fmt: skip
 
@@ -59,77 +63,52 @@ def write_segment(
     directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | bytearray
 ) -> None:
     """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot
-    and ``buf`` its payload, both taken when the seal began (see :func:`segment_frames`)."""
+    and ``buf`` its payload, both taken when the seal began (see :func:`segment_data`)."""
     data_path, idx_path = segment_paths(directory, chunk.base_seq)
-    data, offsets, lens = segment_frames(chunk, dead, buf)
+    records, flags, offsets, lens = segment_data(chunk, dead, buf)
     tables = orjson.dumps({"nodes": chunk.node_names.names[1:], "tags": chunk.tag_names.names[1:]})
     head = _IDX_HEAD.pack(_IDX_MAGIC, _IDX_VERSION, chunk.base_seq, chunk.n)
     arrays = [offsets.tobytes(), lens.tobytes(), chunk.ts.tobytes(), chunk.size.tobytes(),
               chunk.node.tobytes(), chunk.tag.tobytes()]  # fmt: skip
-    idx = b"".join([head, *arrays, _LEN.pack(len(tables)), tables])
+    idx = b"".join([head, *arrays, _LEN.pack(len(tables)), tables,
+                    _SUM.pack(xxhash.xxh3_64_intdigest(records))])  # fmt: skip
     idx += _SUM.pack(xxhash.xxh3_64_intdigest(idx))
-    fileio.replace_file(data_path, data)
+    fileio.replace_file(data_path, [records, flags])
     fileio.replace_file(idx_path, idx)
 
 
-def segment_frames(
+def segment_data(
     chunk: Chunk, dead: bytes, buf: bytes | bytearray
-) -> tuple[memoryview, np.ndarray, np.ndarray]:
-    """``chunk``'s ``.data`` bytes, and each record's JSON offset and length in them;
-    ``buf``: the chunk's payload when the seal began.
+) -> tuple[memoryview, bytes, np.ndarray, np.ndarray]:
+    """A segment's ``.data`` — its records as ``buf`` holds them, then their flags —
+    and each record's offset and length in it; ``buf``: the chunk's payload when the
+    seal began. No step per record: the records are ``buf`` itself.
 
-    Laid out by two pyarrow element-wise joins: each record's seq and JSON (a view of
-    the chunk's buffer), whose checksums are then computed a record at a time, and the
-    frames around those, their checksums already in their tails: a seal of a sink's
-    batch seals a few hundred thousand records, and a Python step per frame cost
-    ~1.2 µs each (docs/durability.md)."""
-    import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
-
-    # The payload the seal began with, not chunk.buf now: a delete on the engine thread
-    # may meanwhile free a wholly deleted chunk's payload (Chunk.release_payloads rebinds
-    # buf to an empty one), and the segment must still hold the records its flags
-    # snapshot calls live, for a crash may lose the delete's frame (docs/durability.md,
-    # "Segments and seals"). Bounds past the buffer read as empty records, never past it.
+    The payload the seal began with, not chunk.buf now: a delete on the engine thread
+    may meanwhile free a wholly deleted chunk's payload (Chunk.release_payloads rebinds
+    buf to an empty one), and the segment must still hold the records its flags
+    snapshot calls live, for a crash may lose the delete's frame (docs/durability.md,
+    "Segments and seals"). Bounds past the buffer read as empty records, never past it.
+    """
     n = chunk.n
-    if not n:
-        return memoryview(b""), np.zeros(0, np.uint64), np.zeros(0, np.uint32)
     ends = np.frombuffer(chunk.ends, np.uint64, n).astype(np.int64)  # type: ignore[call-overload]
     bounds = np.zeros(n + 1, np.int64)
     bounds[1:] = np.minimum(ends, len(buf))
-    lens = np.diff(bounds)
-    step = np.arange(n + 1, dtype=np.int64)
-    seqs = np.arange(chunk.base_seq, chunk.base_seq + n, dtype="<u8")
-    # First each record's seq and JSON, what its checksum covers, one digest call each
-    # (a list comprehension: a third quicker than slice objects mapped through
-    # __getitem__); then the frames around them, their checksums in place.
-    covered = pc.binary_join_element_wise(  # type: ignore[call-overload]
-        binary_column(seqs.tobytes(), step * _SEQ.size), binary_column(buf, bounds),
-        constant_column(b"", n),
-    )  # fmt: skip
-    _, offsets, data = covered.buffers()
-    view = memoryview(data)
-    edges = np.frombuffer(offsets, np.int64, n + 1, covered.offset * 8).tolist()  # type: ignore[call-overload]
-    digest = xxhash.xxh3_64_intdigest
-    tails = np.zeros(n, np.dtype([("sum", "<u8"), ("flag", "u1")]))
-    tails["sum"] = [digest(view[lo:hi]) for lo, hi in pairwise(edges)]
-    view.release()
-    tails["flag"] = np.where(np.frombuffer(dead, np.uint8, n) == DELETED, DELETED_FLAG, 0)
-    frame_lens = (lens + _SEQ.size + _SUM.size + 1).astype("<u4")
-    joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
-        binary_column(frame_lens.tobytes(), step * _LEN.size), covered,
-        binary_column(tails.tobytes(), step * tails.itemsize), constant_column(b"", n),
-    )  # fmt: skip
-    total = int(bounds[-1]) + n * (_HEAD.itemsize + tails.itemsize)
-    out = memoryview(joined.buffers()[2])[:total]
-    starts = bounds[:-1] + np.arange(n, dtype=np.int64) * (_HEAD.itemsize + tails.itemsize)
-    return out, (starts + _HEAD.itemsize).astype(np.uint64), lens.astype(np.uint32)
+    flags = np.where(np.frombuffer(dead, np.uint8, n) == DELETED, DELETED_FLAG, 0)
+    return (
+        memoryview(buf)[: int(bounds[-1])],
+        flags.astype(np.uint8).tobytes(),
+        bounds[:-1].astype(np.uint64),
+        np.diff(bounds).astype(np.uint32),
+    )
 
 
 class SealedChunk(Chunk):
     """A chunk whose records live in a segment: reads go through mmap, so a topic much
     larger than memory costs only its per-record deleted flags in RAM."""
 
-    __slots__ = ("_data", "_idx", "data_path", "disk_dead", "idx_path", "lens", "offsets")
+    __slots__ = ("_data", "_flags_at", "_idx", "data_path", "data_sum", "disk_dead", "idx_path",
+                 "lens", "offsets", "version")  # fmt: skip
 
     # numpy views of the mapped index stand in for Chunk's arrays (None while remapping).
     offsets: Any
@@ -142,14 +121,21 @@ class SealedChunk(Chunk):
 
     def __init__(self, data_path: Path, idx_path: Path, dead: bytes | None = None) -> None:
         """Map a segment. ``dead``, when the caller knows the flags (it just wrote them),
-        spares reading them back, which would touch every page of ``.data``."""
+        spares reading them back (in format 1, every page of ``.data``)."""
         super().__init__(0)
         self.data_path = data_path
         self.idx_path = idx_path
         self._map_index()
         self.sealed = True
         self._data = _map(data_path)
-        if self.n and int(self.offsets[-1]) + int(self.lens[-1]) + 9 != len(self._data):
+        end = int(self.offsets[-1]) + int(self.lens[-1]) if self.n else 0
+        if self.version == 2:  # the flags follow the records
+            self._flags_at: int | None = end
+            size = end + self.n
+        else:  # each flag ends its record's frame, after the frame's checksum
+            self._flags_at = None
+            size = end + _SUM.size + 1
+        if self.n and len(self._data) != size:
             raise SegmentError(f"{data_path}: size does not match its index")
         if dead is None:
             self.dead = self.read_flags()
@@ -167,8 +153,9 @@ class SealedChunk(Chunk):
         ):
             raise SegmentError(f"{self.idx_path}: index checksum mismatch")
         magic, version, base_seq, count = _IDX_HEAD.unpack_from(raw, 0)
-        if magic != _IDX_MAGIC or version != _IDX_VERSION:
+        if magic != _IDX_MAGIC or version not in _READS:
             raise SegmentError(f"{self.idx_path}: not a waymark segment index (version {version})")
+        self.version = version
         self.base_seq = base_seq
         offset = _IDX_HEAD.size
         views = {}
@@ -177,6 +164,10 @@ class SealedChunk(Chunk):
             offset += count * np.dtype(dtype).itemsize
         (table_len,) = _LEN.unpack_from(raw, offset)
         tables = orjson.loads(raw[offset + 4 : offset + 4 + table_len])
+        # The records' XXH3 (format 2), for an offline check: verifying it here would
+        # read every page of every segment at each start.
+        at = offset + 4 + table_len
+        self.data_sum = _SUM.unpack_from(raw, at)[0] if version == 2 else None
         self.offsets, self.lens = views["offsets"], views["lens"]
         self.ts, self.size = views["ts"], views["size"]
         self.node, self.tag = views["node"], views["tag"]
@@ -194,12 +185,15 @@ class SealedChunk(Chunk):
     def read_flags(self) -> bytearray:
         """The on-disk delete flags, as the in-memory ``dead`` marks (only 0xD5 deletes)."""
         data = np.frombuffer(self._data, np.uint8)
-        flags = data[(self.offsets + self.lens + 8).astype(np.int64)] if self.n else data[:0]
+        if self._flags_at is not None:  # format 2: n bytes after the records
+            flags = data[self._flags_at : self._flags_at + self.n]
+        else:
+            flags = data[self.flag_offsets(np.arange(self.n))] if self.n else data[:0]
         return bytearray((flags == DELETED_FLAG).astype(np.uint8).tobytes())
 
     def _remap_data(self) -> None:
-        # Reading the flags touched every page; a fresh mapping leaves them to the page
-        # cache instead of this process's resident set.
+        # Reading the flags touched their pages (every page, in format 1); a fresh mapping
+        # leaves them to the page cache instead of this process's resident set.
         self._data.close()
         self._data = _map(self.data_path)
 
@@ -223,6 +217,9 @@ class SealedChunk(Chunk):
         """Nothing to free: the payloads were never in memory."""
 
     def flag_offsets(self, indexes: np.ndarray) -> np.ndarray:
+        """Where the delete flags of records ``indexes`` lie in ``.data``."""
+        if self._flags_at is not None:
+            return np.asarray(indexes, np.int64) + self._flags_at
         return (self.offsets[indexes] + self.lens[indexes] + 8).astype(np.int64)
 
 
