@@ -377,8 +377,8 @@ def _json_ints(values: np.ndarray) -> Any:
     if not n:
         return msgspec.Raw(b"[]")
     data = pa.py_buffer(values.astype(np.int64).tobytes())
-    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, data]), pa.string())
-    digits = digits.cast(pa.large_binary())
+    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, data]),
+                     pa.string()).cast(pa.large_binary())  # fmt: skip
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
         digits, constant_column(b",", n), constant_column(b"", n)
     )
