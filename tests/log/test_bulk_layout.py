@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from waymark.log import chunk as chunk_module
 from waymark.log.changes import Changes
-from waymark.log.chunk import DELETED, LIVE, Chunk
+from waymark.log.chunk import DELETED, LIVE, Chunk, PendingChunk
 from waymark.log.errors import TopicError
 from waymark.log.journal import BodyRun, records_frame_parts
 from waymark.log.origin import Published
@@ -204,6 +204,41 @@ def test_columnar_records_lay_out_and_frame_as_their_records_do(
     assert b"".join(records_frame_parts("t", 1, first_seq, 7, plain, mark, now=7)) == b"".join(
         records_frame_parts("t", 1, first_seq, 7, encoded, mark, now=7)
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(DATA, min_size=1, max_size=60),
+       st.integers(1, 10**12) | st.sampled_from([1, 5, 95, 999_990, 10**9 - 30]),
+       st.data())  # fmt: skip
+def test_a_publish_s_full_chunk_laid_out_later_is_the_chunk_laid_out_now(
+    datas: list[bytes], first_seq: int, data: st.DataObject
+) -> None:
+    """A full chunk of a sink's publish (PendingChunk) has the index arrays a chunk laid
+    out at once has, ``ends`` too (from the seqs' digit counts, across a power of ten),
+    and the same bytes when first read or sealed — also after its payload is freed, for
+    the seal that began before."""
+    encoded = [encode_batch([RecordIn(msgspec.Raw(d))], LIMITS)[0] for d in datas]
+    bounds = np.zeros(len(datas) + 1, np.int64)
+    np.cumsum([len(r.body) for r in encoded], out=bounds[1:])
+    plain = PlainRecords(b"".join(r.body for r in encoded), bounds)
+    now = Chunk(first_seq)
+    now.extend_plain(first_seq, 1_700_000_000_123, plain.sizes(), plain.column())
+    later = PendingChunk(first_seq, 1_700_000_000_123, plain.sizes(), plain.column())
+    for field in ("ends", "ts", "node", "tag", "size", "dead", "live", "n", "last_seq"):
+        assert getattr(later, field) == getattr(now, field), field
+    assert (later.room(), later.room_at(later.last_seq + 1)) == (0, 0)  # never appended to
+    payload = later.payload()  # what a seal that begins now takes
+    if data.draw(st.booleans()):  # read first (a reader on the event loop)
+        assert later.records(0, later.n)[0] == bytes(now.buf)
+        assert later.slice(0, 1) == now.slice(0, 1)
+    if data.draw(st.booleans()):  # a delete frees the payload before the seal writes
+        later.release_payloads()
+        assert later.buf == bytearray()
+    laid, _, offsets, lens = segment_data(later, bytes(later.n), payload)
+    assert (bytes(laid), offsets.tolist(), lens.tolist()) == (
+        bytes(now.buf), [now.start(i) for i in range(now.n)],
+        [now.ends[i] - now.start(i) for i in range(now.n)],
+    )  # fmt: skip
 
 
 def test_a_columnar_append_notes_its_changes_as_its_records_do() -> None:

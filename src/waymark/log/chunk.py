@@ -10,6 +10,7 @@ physical reclaim (the in-memory analogue of a segment, docs/semantics/topics.md 
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .records import PlainRecords, binary_column
+from .records import PLAIN_EXTRA, PlainRecords, binary_column
 
 if TYPE_CHECKING:
     from .records import EncodedRecord
@@ -231,6 +232,100 @@ class Chunk:
         """Free the bytes of a sealed chunk whose every slot is dead
         (docs/semantics/topics.md §7.1)."""
         self.buf = bytearray()
+
+    def payload(self) -> Payload:
+        """What a seal writes for this chunk, taken when it begins (its records' bytes,
+        or how to lay them out): a delete may free the chunk's own meanwhile."""
+        return self.buf
+
+
+class LaidLater:
+    """A full chunk's records laid out (:func:`_lay_out`) when first needed, once, on
+    whichever thread asks first; then kept."""
+
+    __slots__ = ("_bodies", "_first_seq", "_laid", "_lock", "_ts")
+
+    def __init__(self, first_seq: int, ts: int, bodies: Any) -> None:
+        self._first_seq, self._ts, self._bodies = first_seq, ts, bodies
+        self._laid: memoryview | None = None
+        self._lock = threading.Lock()
+
+    def laid(self) -> memoryview:
+        with self._lock:
+            if self._laid is None:
+                self._laid = _lay_out(self._first_seq, self._ts, self._bodies)[1]
+                self._bodies = None
+            return self._laid
+
+
+Payload = bytearray | memoryview | LaidLater
+
+_BUF: Any = Chunk.__dict__["buf"]  # the slot PendingChunk's property stands in front of
+_POWERS = 10 ** np.arange(1, 19, dtype=np.int64)  # a seq's digit count: 1 + those <= it
+
+
+class PendingChunk(Chunk):
+    """A full chunk of a sink's publish whose bytes are laid out when first read: by a
+    reader on the event loop (one chunk, a few ms) or by the seal on its worker thread.
+    A publish adopts its chunks at once and answers without laying the batch out,
+    which cost its commit ~60-80 ms on the critical path of every Spark micro-batch
+    (docs/spark.md, "Sink speed"). Its index arrays are made at once: ``ends`` from the
+    records' lengths and their seqs' digit counts, the very bounds the layout makes."""
+
+    __slots__ = ("_later",)
+
+    def __init__(self, first_seq: int, ts: int, sizes: np.ndarray, bodies: Any) -> None:
+        super().__init__(first_seq)
+        n = len(sizes)
+        self._later: LaidLater | None = LaidLater(first_seq, ts, bodies)
+        seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
+        digits = 1 + np.searchsorted(_POWERS, seqs, side="right")
+        fixed = len(_SEQ) + len(b',"$ts":%d' % ts) + PLAIN_EXTRA + 1  # (and the comma)
+        ends = np.cumsum(sizes.astype(np.int64) + digits + fixed)
+        self.ends.frombytes(ends.astype(np.uint64).tobytes())
+        self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
+        self.node.frombytes(bytes(self.node.itemsize * n))
+        self.tag.frombytes(bytes(self.tag.itemsize * n))
+        self.size.frombytes(sizes.astype(f"u{self.size.itemsize}").tobytes())
+        self.dead.extend(bytes(n))
+        self.live = n
+
+    @property  # type: ignore[override]
+    def buf(self) -> bytearray | memoryview:
+        later = self._later
+        if later is not None:
+            _BUF.__set__(self, later.laid())
+            self._later = None
+        return _BUF.__get__(self)  # type: ignore[no-any-return]
+
+    @buf.setter
+    def buf(self, value: bytearray | memoryview) -> None:
+        _BUF.__set__(self, value)
+
+    def room(self) -> int:
+        return 0  # full (and sizing it would lay it out)
+
+    def room_at(self, seq: int) -> int:
+        return 0
+
+    def release_payloads(self) -> None:
+        self._later = None
+        super().release_payloads()
+
+    def payload(self) -> Payload:
+        later = self._later
+        return self.buf if later is None else later
+
+
+def lay_out_plain(first_seq: int, ts: int, sizes: np.ndarray, bodies: Any) -> Chunk:
+    """A new chunk holding a publish's records from ``first_seq`` on (``sizes`` and
+    ``bodies``, as :meth:`Chunk.extend_plain` takes them): laid out later when they fill
+    it (:class:`PendingChunk`), else now."""
+    if len(sizes) == CHUNK_RECORDS:
+        return PendingChunk(first_seq, ts, sizes, bodies)
+    chunk = Chunk(first_seq)
+    chunk.extend_plain(first_seq, ts, sizes, bodies)
+    return chunk
 
 
 _SEQ = b'{"$seq":'

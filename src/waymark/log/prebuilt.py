@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .chunk import CHUNK_RECORDS, Chunk
+from .chunk import CHUNK_RECORDS, Chunk, lay_out_plain
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import PlainRecords, Records, binary_column
@@ -79,11 +79,11 @@ def build(layout: Layout) -> Prebuilt:
         bodies = None if runs is None else bodies_array(runs)
     chunks = []
     for lo in range(0, len(records), CHUNK_RECORDS):
-        chunk = Chunk(first + lo)
         laid = None if bodies is None else bodies.slice(lo, CHUNK_RECORDS)  # (one chunk's)
-        if isinstance(records, PlainRecords):
-            chunk.extend_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
+        if isinstance(records, PlainRecords):  # (a full one is laid out when first read)
+            chunk = lay_out_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
         else:
+            chunk = Chunk(first + lo)
             chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS], laid)
         chunks.append(chunk)
     frame = None

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgspec
 
 from ...protocol import Durability
-from ..chunk import Chunk
+from ..chunk import Chunk, Payload
 from ..engine import Engine
 from .catalog import Catalog, topic_dir_name, topic_entry, write_catalog
 from .fileio import FileIO
@@ -40,8 +40,9 @@ class NewSegment:
     chunk: Chunk
     dead: bytes  # the deleted marks when the seal began
     # Its payload when the seal began: a delete may free the chunk's before the write
-    # (Chunk.release_payloads), and the segment must hold what ``dead`` calls live.
-    buf: bytes | bytearray
+    # (Chunk.release_payloads), and the segment must hold what ``dead`` calls live. A
+    # publish's chunk not laid out yet is laid out by the write, off the event loop.
+    buf: Payload
     topic: str
     epoch: int
     sealed: SealedChunk | None = None  # the chunk mapped from its segment, once written
@@ -118,7 +119,7 @@ class Sealer:
                         plan.to_cold.append((chunk, cold))
                         home = cold
                 else:
-                    plan.new.append(NewSegment(directory, chunk, dead, chunk.buf, topic.name,
+                    plan.new.append(NewSegment(directory, chunk, dead, chunk.payload(), topic.name,
                                                topic.epoch))  # fmt: skip
                 segments.append(chunk.base_seq)
                 if home == cold:

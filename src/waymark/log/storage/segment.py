@@ -34,7 +34,7 @@ import orjson
 import xxhash
 
 from ...protocol.errors import WaymarkError
-from ..chunk import DELETED, Chunk, Names
+from ..chunk import DELETED, Chunk, LaidLater, Names, Payload
 from .fileio import FileIO
 
 DATA = ".data"
@@ -60,7 +60,7 @@ def segment_paths(directory: Path, base_seq: int) -> tuple[Path, Path]:
 
 
 def write_segment(
-    directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | bytearray
+    directory: Path, chunk: Chunk, dead: bytes, fileio: FileIO, buf: bytes | Payload
 ) -> None:
     """Write ``chunk`` (sealed, so immutable) as a segment; ``dead`` is its flag snapshot
     and ``buf`` its payload, both taken when the seal began (see :func:`segment_data`)."""
@@ -78,7 +78,7 @@ def write_segment(
 
 
 def segment_data(
-    chunk: Chunk, dead: bytes, buf: bytes | bytearray
+    chunk: Chunk, dead: bytes, buf: bytes | Payload
 ) -> tuple[memoryview, bytes, np.ndarray, np.ndarray]:
     """A segment's ``.data`` — its records as ``buf`` holds them, then their flags —
     and each record's offset and length in it; ``buf``: the chunk's payload when the
@@ -90,6 +90,8 @@ def segment_data(
     snapshot calls live, for a crash may lose the delete's frame (docs/durability.md,
     "Segments and seals"). Bounds past the buffer read as empty records, never past it.
     """
+    if isinstance(buf, LaidLater):  # a publish's chunk, laid out now (off the event loop)
+        buf = buf.laid()
     n = chunk.n
     ends = np.frombuffer(chunk.ends, np.uint64, n).astype(np.int64)  # type: ignore[call-overload]
     bounds = np.zeros(n + 1, np.int64)
