@@ -302,15 +302,15 @@ def test_catches_sealed_records_cut_from_the_wrong_frame_bytes(
     tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The mutant: a segment's records cut a byte off where they lie (each one's first
-    byte taken for its predecessor's separator)."""
+    """The mutant: a segment's records located one byte after where they lie (an
+    offset off by one, as a separator counted twice would put them)."""
     real = SealedChunk.records
 
-    def cut_short(self, i, j):
+    def one_off(self, i, j):
         buf, starts, ends = real(self, i, j)
-        return buf, starts + 1, ends
+        return buf, starts + 1, ends + 1
 
-    monkeypatch.setattr(SealedChunk, "records", cut_short)
+    monkeypatch.setattr(SealedChunk, "records", one_off)
     # A disagreement, or a record that no longer decodes (several at once: a group).
     broken = (AssertionError, msgspec.ValidationError, msgspec.DecodeError, ExceptionGroup)
     with pytest.raises(broken):
