@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
+from waymark.log import chunk as chunk_module
 from waymark.log import prebuilt as prebuilt_module
-from waymark.log.chunk import Chunk
+from waymark.log.chunk import Chunk, PendingChunk
 from waymark.log.config import StorageConfig
 from waymark.log.journal import BodyRun, records_frame_parts
 from waymark.log.origin import Published
@@ -346,8 +347,13 @@ def _from_runs(datas: list[bytes], cuts: list[int], window: int, first: int,
         runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
     mark = Published("w", 3)
     layout = Layout("t", 1, first, 7, 7, records, sum(map(len, datas)), True, mark, runs)
-    with patch.object(prebuilt_module, "CHUNK_RECORDS", window):
+    # (the chunk module's size too: a columnar publish's full windows are then pending
+    # chunks, laid out when first read — here, by the comparison below)
+    with patch.object(prebuilt_module, "CHUNK_RECORDS", window), \
+            patch.object(chunk_module, "CHUNK_RECORDS", window):  # fmt: skip
         built = build(layout)
+    pending = [isinstance(c, PendingChunk) for c in built.chunks]
+    assert pending == [columnar and c.n == window for c in built.chunks]
     expected = []
     for lo in range(0, len(encoded), window):
         chunk = Chunk(first + lo)
