@@ -37,14 +37,18 @@ from waymark.log import journal as journal_module
 from waymark.log import topic as topic_module
 from waymark.log.chunk import Chunk
 from waymark.log.config import StorageConfig
+from waymark.log.prebuilt import build
+from waymark.log.records import plain_records
 from waymark.log.storage import catalog as catalog_module
 from waymark.log.storage import seal as seal_module
 from waymark.log.storage.catalog import TopicEntry
 from waymark.log.storage.restore import open_engine
 from waymark.log.topic import Topic
-from waymark.protocol import DiffResponse
+from waymark.log.writers import PartKey
+from waymark.protocol import DiffResponse, Limits
 
 TOPIC = "t"
+WRITER = "sink"
 DIFF_PAGE = msgspec.json.Decoder(DiffResponse)
 RAW_DIFF_PAGE = msgspec.json.Decoder(DiffResponse[msgspec.Raw])
 TAGS = ["a", "ab", "b", None]
@@ -424,6 +428,41 @@ class DurableNoSilentLoss(NoSilentLoss):
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+class SinkNoSilentLoss(DurableNoSilentLoss):
+    """The durable machine with an exactly-once sink's batches among the appends: their
+    full chunks are pending chunks (laid out when first read or sealed) in a topic that
+    is read, deleted from, evicted, sealed and restarted around them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writer_epoch, self.batch = self.engine.open_writer(WRITER), 0
+
+    @rule(datas=st.lists(st.integers(0, 10**6), min_size=1, max_size=9), laid=st.booleans())
+    def publish(self, datas: list[int], laid: bool) -> None:
+        """An exactly-once sink's batch: staged columnar, as the server's bulk stage path
+        keeps data-only records, then published as one append — laid out ahead as the
+        server does for a large one (its full chunks then pending chunks, laid out when
+        first read or sealed) or by the engine itself."""
+        now = self.clock.now_ms()
+        m = self.model
+        m.expire(now)
+        self.batch += 1
+        array = b"[" + b",".join(b'{"data":%d}' % d for d in datas) + b"]"
+        plain = plain_records(array, [msgspec.Raw(b"%d" % d) for d in datas], Limits())
+        assert plain is not None
+        part, epoch = PartKey(0, 0), self.writer_epoch
+        assert self.engine.stage(TOPIC, WRITER, epoch, self.batch, part, plain)
+        parts = [(part, 1)]
+        layout = self.engine.lay_out_publish(TOPIC, WRITER, epoch, self.batch, parts)
+        prebuilt = build(layout) if laid and layout is not None else None
+        result = self.engine.publish(TOPIC, WRITER, epoch, self.batch, parts, prebuilt)
+        assert (result.first_seq, result.count) == (m.next_seq, len(datas))
+        for i, data in enumerate(datas):
+            m.records[m.next_seq + i] = ModelRecord(m.next_seq + i, now, None, None, data)
+        m.next_seq += len(datas)
+        m.evict()
+
+
 DURABLE_SETTINGS = settings(SETTINGS, max_examples=120)
 
 
@@ -478,3 +517,7 @@ def test_catches_ceilings_that_stay_ahead_of_an_idle_topic(
     monkeypatch.setattr(Engine, "trim_ceilings", lambda self: 0)
     with pytest.raises(AssertionError, match=LOST_TOO_MUCH):
         run_state_machine_as_test(DurableNoSilentLoss, settings=MUTATION_SETTINGS)
+
+
+def test_no_silent_loss_with_sink_batches(small_chunks: None) -> None:
+    run_state_machine_as_test(SinkNoSilentLoss, settings=settings(SETTINGS, max_examples=60))

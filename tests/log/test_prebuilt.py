@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from waymark.clock import ManualClock
 from waymark.log import ConfigPatch, Durability, Engine, ErrorCode, RecordIn, TopicError
 from waymark.log import chunk as chunk_module
-from waymark.log import prebuilt as prebuilt_module
 from waymark.log.chunk import Chunk, PendingChunk
 from waymark.log.config import StorageConfig
 from waymark.log.journal import BodyRun, records_frame_parts
@@ -324,7 +323,7 @@ def test_a_batch_mixing_columnar_and_tagged_chunks_keeps_its_order(tmp_path: Pat
 
 # A publish built from its staged runs: the chunk size is cut down so that a few hundred
 # records cross many chunk boundaries and run boundaries at every offset (CHUNK_RECORDS
-# sizes nothing but the windows build cuts; the chunks' bytes do not depend on it).
+# sizes the windows build cuts, and which are full; the chunks' bytes do not depend on it).
 _RUNS = settings(max_examples=60, deadline=None, database=None, derandomize=True)
 _MUTANT = settings(_RUNS, max_examples=200, phases=[Phase.explicit, Phase.generate])
 _DATAS = st.lists(st.sampled_from([b"1", b'"x"', b'{"a":[1,2]}', b"null", b'"' + b"y" * 40 + b'"']),
@@ -347,10 +346,9 @@ def _from_runs(datas: list[bytes], cuts: list[int], window: int, first: int,
         runs = [BodyRun.of(encoded[a:b]) for a, b in pairwise(bounds)]
     mark = Published("w", 3)
     layout = Layout("t", 1, first, 7, 7, records, sum(map(len, datas)), True, mark, runs)
-    # (the chunk module's size too: a columnar publish's full windows are then pending
-    # chunks, laid out when first read — here, by the comparison below)
-    with patch.object(prebuilt_module, "CHUNK_RECORDS", window), \
-            patch.object(chunk_module, "CHUNK_RECORDS", window):  # fmt: skip
+    # (a columnar publish's full windows are pending chunks, laid out when first read —
+    # here, by the comparison below)
+    with patch.object(chunk_module, "CHUNK_RECORDS", window):
         built = build(layout)
     pending = [isinstance(c, PendingChunk) for c in built.chunks]
     assert pending == [columnar and c.n == window for c in built.chunks]

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .chunk import CHUNK_RECORDS, Chunk, lay_out_plain
+from . import chunk as chunk_module
+from .chunk import Chunk, lay_out_plain
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import PlainRecords, Records, binary_column
@@ -78,13 +79,14 @@ def build(layout: Layout) -> Prebuilt:
     else:
         bodies = None if runs is None else bodies_array(runs)
     chunks = []
-    for lo in range(0, len(records), CHUNK_RECORDS):
-        laid = None if bodies is None else bodies.slice(lo, CHUNK_RECORDS)  # (one chunk's)
+    size = chunk_module.CHUNK_RECORDS  # (read now: tests shrink it to cross many chunks)
+    for lo in range(0, len(records), size):
+        laid = None if bodies is None else bodies.slice(lo, size)  # (one chunk's)
         if isinstance(records, PlainRecords):  # (a full one is laid out when first read)
-            chunk = lay_out_plain(first + lo, ts, sizes[lo : lo + CHUNK_RECORDS], laid)
+            chunk = lay_out_plain(first + lo, ts, sizes[lo : lo + size], laid)
         else:
             chunk = Chunk(first + lo)
-            chunk.extend(first + lo, ts, records[lo : lo + CHUNK_RECORDS], laid)
+            chunk.extend(first + lo, ts, records[lo : lo + size], laid)
         chunks.append(chunk)
     frame = None
     if layout.journaled:
