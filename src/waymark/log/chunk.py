@@ -160,11 +160,16 @@ class Chunk:
         ``sizes``, each record's (:meth:`PlainRecords.sizes`), and ``bodies``, their
         bodies as a pyarrow ``large_binary`` array (a publish's staged chunks, as
         :func:`waymark.log.prebuilt.build` hands them, without their records)."""
-        n = len(sizes)
         bounds, data = _lay_out(first_seq, ts, bodies)
         base = len(self.buf)
         self.buf += data
         self.ends.frombytes((bounds[1:] + base).astype(np.uint64).tobytes())
+        self._extend_plain_columns(ts, sizes)
+
+    def _extend_plain_columns(self, ts: int, sizes: np.ndarray) -> None:
+        """The index columns besides ``ends`` of records that carry data alone: all at
+        ``ts``, no node, no tag, live, ``sizes`` each."""
+        n = len(sizes)
         self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
         self.node.frombytes(bytes(self.node.itemsize * n))
         self.tag.frombytes(bytes(self.tag.itemsize * n))
@@ -283,12 +288,7 @@ class PendingChunk(Chunk):
         fixed = len(_SEQ) + len(b',"$ts":%d' % ts) + PLAIN_EXTRA + 1  # (and the comma)
         ends = np.cumsum(sizes.astype(np.int64) + digits + fixed)
         self.ends.frombytes(ends.astype(np.uint64).tobytes())
-        self.ts.frombytes(np.full(n, ts, np.uint64).tobytes())
-        self.node.frombytes(bytes(self.node.itemsize * n))
-        self.tag.frombytes(bytes(self.tag.itemsize * n))
-        self.size.frombytes(sizes.astype(f"u{self.size.itemsize}").tobytes())
-        self.dead.extend(bytes(n))
-        self.live = n
+        self._extend_plain_columns(ts, sizes)
 
     @property  # type: ignore[override]
     def buf(self) -> bytearray | memoryview:
@@ -344,9 +344,7 @@ def _lay_out(first_seq: int, ts: int, bodies: Any) -> tuple[np.ndarray, memoryvi
     if isinstance(bodies, pa.ChunkedArray):  # (one chunk's window of the runs: joined)
         bodies = bodies.combine_chunks()
     n = len(bodies)
-    seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
-    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(seqs.tobytes())]),
-                     pa.string()).cast(pa.large_binary())  # fmt: skip
+    digits = decimal_column(np.arange(first_seq, first_seq + n, dtype=np.int64))
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
         constant_column(_SEQ, n), digits, constant_column(b',"$ts":%d' % ts, n), bodies,
         constant_column(b",", n), constant_column(b"", n),
@@ -362,6 +360,17 @@ def _column_of(records: Sequence[EncodedRecord]) -> Any:
     bounds = np.zeros(len(texts) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=bounds[1:])
     return binary_column(b"".join(texts), bounds)
+
+
+def decimal_column(values: np.ndarray) -> Any:
+    """``values`` (ints) in decimal, a ``large_binary`` array: one pyarrow cast, built
+    from buffers (``pa.array()`` and scalar arguments import pandas on first use)."""
+    import pyarrow as pa  # (the engine's import does not pay for pyarrow)
+    import pyarrow.compute as pc
+
+    data = pa.py_buffer(values.astype(np.int64).tobytes())
+    ints = pa.Array.from_buffers(pa.int64(), len(values), [None, data])
+    return pc.cast(ints, pa.string()).cast(pa.large_binary())
 
 
 @lru_cache(maxsize=16)

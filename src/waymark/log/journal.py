@@ -24,7 +24,7 @@ from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
 from ..protocol.globs import escape
-from .chunk import constant_column
+from .chunk import constant_column, decimal_column
 from .deletion import TagMatch
 from .origin import Published
 from .records import EncodedRecord, PlainRecords, Records
@@ -370,17 +370,13 @@ def _json_ints(values: np.ndarray) -> Any:
     argument (``pc.binary_join(x, ",")``) makes pyarrow import pandas on its first use,
     which stalled the event loop ~1.5 s at a server's first publish that could not name
     its stage frames (docs/spark.md, "Sink speed")."""
-    import pyarrow as pa  # (as the chunk layout does: the engine's import stays light)
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
 
     n = len(values)
     if not n:
         return msgspec.Raw(b"[]")
-    data = pa.py_buffer(values.astype(np.int64).tobytes())
-    digits = pc.cast(pa.Array.from_buffers(pa.int64(), n, [None, data]),
-                     pa.string()).cast(pa.large_binary())  # fmt: skip
     joined = pc.binary_join_element_wise(  # type: ignore[call-overload]
-        digits, constant_column(b",", n), constant_column(b"", n)
+        decimal_column(values), constant_column(b",", n), constant_column(b"", n)
     )
     _, offsets, text = joined.buffers()
     bounds = np.frombuffer(offsets, np.int64, n + 1, joined.offset * 8)  # type: ignore[call-overload]
