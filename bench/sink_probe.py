@@ -4,7 +4,7 @@
 
 One process, a real engine on a temporary data dir (the server's own steps, called as
 its routes call them, without HTTP): the task side (an Arrow batch of click events ->
-RecordIn JSON with ``waymark.spark.encoding``, cut into the sink's stage chunks, each
+its data values with ``waymark.spark.encoding``, cut into the sink's stage chunks, each
 encoded as the client sends it), the server's stage (decode of the request body, then
 ``Engine.stage``, which hands the chunk's stage frame to the WAL: docs/durability.md,
 "Staged chunks") and its publish (``lay_out_publish`` + ``build`` on what would be a
@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -39,9 +38,9 @@ from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.segment import write_segment
 from waymark.log.writers import PartKey
-from waymark.protocol import StageRequest
+from waymark.client.writers import stage_data
 from waymark.server.writers import decode_stage
-from waymark.spark.encoding import encode_batch, joined_values
+from waymark.spark.encoding import encode_values, joined_values, value_lengths
 from waymark.spark.sink import CHUNK_RECORDS
 
 PARTITIONS = 2  # the bench's local[2]: two tasks stage, one commit publishes
@@ -59,13 +58,16 @@ def events(rows: int) -> pa.RecordBatch:
 
 
 def task_bodies(batch: pa.RecordBatch) -> list[bytes]:
-    """What the sink's tasks send: stage request bodies of CHUNK_RECORDS records."""
-    (records,) = encode_batch(batch, "out").values()
+    """What the sink's tasks send: stage request bodies of CHUNK_RECORDS rows, each the
+    rows' data values with their lengths (the ``data`` form of a stage)."""
+    (values,) = encode_values(batch, "out").values()
     bodies = []
-    for at in range(0, len(records), CHUNK_RECORDS):
-        joined = joined_values(records.slice(at, CHUNK_RECORDS), trim=1)
-        request = StageRequest("w", 1, 0, 0, 0, msgspec.Raw(b"[" + joined + b"]"), 0)
-        bodies.append(msgspec.json.encode(request))
+    for at in range(0, len(values), CHUNK_RECORDS):
+        chunk = values.slice(at, CHUNK_RECORDS)
+        call = stage_data("out", "w", 1, 0, 0, 0, joined_values(chunk, trim=1),
+                          value_lengths(chunk), 0)  # fmt: skip
+        assert call.content is not None
+        bodies.append(call.content)
     return bodies
 
 

@@ -181,6 +181,26 @@ class AsyncClient:
         one byte string, sent byte for byte."""
         ...
 
+    async def stage_data(
+        self,
+        topic: str,
+        data: bytes,
+        lengths: Sequence[int] | bytes,
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """Stage one chunk of records that carry data alone, given as their data values:
+        JSON texts joined by commas into one byte string, sent byte for byte, and each
+        one's length in bytes (ints, or packed as little-endian uint32s). The server
+        refuses the chunk (400 ``invalid_request``) unless ``data`` splits into values of
+        exactly these lengths, so each value became one record."""
+        ...
+
     async def publish(
         self, topic: str, *, writer: str, epoch: int, batch_id: int, parts: Sequence[StagedPart]
     ) -> PublishResponse:

@@ -200,6 +200,27 @@ class Api:
         return self._run(writers.stage(
             topic, writer, epoch, batch_id, partition, attempt, records, chunk))  # fmt: skip
 
+    def stage_data(
+        self,
+        topic: str,
+        data: bytes,
+        lengths: Sequence[int] | bytes,
+        *,
+        writer: str,
+        epoch: int,
+        batch_id: int,
+        partition: int,
+        attempt: int,
+        chunk: int = 0,
+    ) -> StageResponse:
+        """Stage one chunk of records that carry data alone, given as their data values:
+        JSON texts joined by commas into one byte string, sent byte for byte, and each
+        one's length in bytes (ints, or packed as little-endian uint32s). The server
+        refuses the chunk (400 ``invalid_request``) unless ``data`` splits into values of
+        exactly these lengths, so each value became one record."""
+        return self._run(writers.stage_data(
+            topic, writer, epoch, batch_id, partition, attempt, data, lengths, chunk))  # fmt: skip
+
     def publish(
         self, topic: str, *, writer: str, epoch: int, batch_id: int,
         parts: Sequence[StagedPart],

@@ -2,13 +2,17 @@
 async clients.
 
 A stage takes either :class:`~waymark.protocol.RecordIn` values or records already
-encoded as RecordIn JSON objects (the Spark sink builds those from Arrow columns):
-the encoded ones are sent as they are, never decoded on the way.
+encoded as RecordIn JSON objects, or — for records that carry data alone — their data
+values already encoded with their lengths (the Spark sink builds both from Arrow
+columns): the encoded ones are sent as they are, never decoded on the way.
 """
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -57,7 +61,31 @@ def stage(
     # (one copy of a chunk's bytes: ``b"[" + records + b"]"`` makes two)
     array = msgspec.Raw(b"".join((b"[", records, b"]"))) if isinstance(records, bytes) else (
         list(records))  # fmt: skip
-    body = StageRequest(writer, epoch, batch_id, partition, attempt, array, chunk)
+    body: StageRequest[Any, None] = StageRequest(writer, epoch, batch_id, partition, attempt,
+                                                 array, chunk)  # fmt: skip
+    return call("stage", _staged, _encode(body), topic=topic)
+
+
+def stage_data(
+    topic: str,
+    writer: str,
+    epoch: int,
+    batch_id: int,
+    partition: int,
+    attempt: int,
+    data: bytes,
+    lengths: Sequence[int] | bytes,
+    chunk: int,
+) -> Call[StageResponse]:
+    """``data``: records that carry data alone, as their data values (JSON text) joined
+    by commas into one byte string, sent byte for byte; ``lengths``: each value's
+    length in bytes, as ints or already packed as little-endian uint32s (the Spark sink
+    takes them from an Arrow column's offsets)."""
+    packed = lengths if isinstance(lengths, bytes) else struct.pack(f"<{len(lengths)}I", *lengths)
+    array = msgspec.Raw(b"".join((b"[", data, b"]")))
+    body: StageRequest[None, msgspec.Raw] = StageRequest(
+        writer, epoch, batch_id, partition, attempt, chunk=chunk, data=array,
+        lengths=base64.b64encode(packed).decode())  # fmt: skip
     return call("stage", _staged, _encode(body), topic=topic)
 
 

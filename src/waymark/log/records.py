@@ -218,6 +218,48 @@ def plain_records(array: bytes, datas: list[msgspec.Raw], limits: Limits) -> Pla
     return PlainRecords(_cut(array, bounds), bounds)
 
 
+def data_records(array: bytes, lengths: np.ndarray, limits: Limits) -> PlainRecords | None:
+    """A stage of records that carry data alone, sent as the array of their data values
+    ``[D0,D1,...]`` (``lengths``: each value's length, as parsed), as
+    :class:`PlainRecords` when the scans of :func:`plain_records` prove every value
+    readable, canonical and within the limits; None otherwise (:func:`encode_batch` then
+    decides)."""
+    n = len(lengths)
+    if not n or len(array) > PLAIN_MAX_BYTES:
+        return None
+    # (No whitespace, so nothing stands between two values but their comma.)
+    if not (_canonical(array) and _readable(array, lengths)):
+        return None
+    if int(lengths.max()) > limits.max_record_bytes:
+        return None
+    bounds = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
+    return PlainRecords(_bodies_of_values(array, lengths), bounds)
+
+
+def _bodies_of_values(array: bytes, lengths: np.ndarray) -> bytes:
+    """The stored bodies ``,"data":D}`` of an array of values ``[D0,D1,...]`` that holds
+    no byte besides them, their commas and its brackets: each value's byte before it
+    (``[`` or ``,``) becomes ``,"data":`` and it gains a ``}``. Two pyarrow kernels over
+    the values, no step per record (constants as arrays: a scalar argument imports
+    pandas on first use)."""
+    import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
+
+    from .chunk import constant_column
+
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths + 1, out=starts[1:])  # value i, with the byte before it
+    sent = binary_column(array, starts)
+    headed = pc.binary_replace_slice(sent, start=0, stop=1, replacement=_PLAIN_HEAD)
+    n = len(lengths)
+    bodies = pc.binary_join_element_wise(  # type: ignore[call-overload]
+        headed, constant_column(b"}", n), constant_column(b"", n)
+    )
+    data = bodies.buffers()[2]
+    assert data is not None  # (a binary array's, of at least one record)
+    return data.slice(0, int(starts[-1]) + (PLAIN_EXTRA - 1) * n).to_pybytes()
+
+
 def _bare(array: bytes, lengths: np.ndarray) -> bool:
     """Whether ``array`` is as short as ``[{"data":D},...]`` with these data can be: no
     byte besides the data, the keys and the punctuation (no whitespace between tokens,

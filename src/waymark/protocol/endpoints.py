@@ -176,7 +176,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", f"{_TOPIC}/stage", "stage",
              "Stage one chunk of a task attempt's records under (writer, batch_id, partition, "
              "attempt); invisible to readers until published; unpublished stages expire",
-             request=StageRequest[list[RecordIn]], response=StageResponse, errors=(400, 409),
+             request=StageRequest[list[RecordIn], list[Any]], response=StageResponse,
+             errors=(400, 409),
              scope=ScopeKind.WRITE),
     Endpoint("POST", f"{_TOPIC}/publish", "publish",
              "Publish the named staged parts of a batch as one atomic append (contiguous "

@@ -19,6 +19,7 @@ from msgspec import Meta, Struct
 from .limits import NonNegative
 
 Records = TypeVar("Records")
+Data = TypeVar("Data")
 
 WriterId = Annotated[str, Meta(min_length=1, max_length=255)]
 
@@ -34,12 +35,22 @@ class OpenWriterResponse(Struct):
     epoch: int
 
 
-class StageRequest(Struct, Generic[Records], forbid_unknown_fields=True, omit_defaults=True):
+class StageRequest(Struct, Generic[Records, Data], forbid_unknown_fields=True,
+                   omit_defaults=True):  # fmt: skip
     """``POST /v0/topics/{topic}/stage``: chunk ``chunk`` of one task attempt's rows.
 
-    ``records`` is a JSON array of RecordIn objects: the server decodes
-    ``StageRequest[list[RecordIn]]``; a sender whose records are already encoded sends
-    ``StageRequest[msgspec.Raw]`` with the array as one Raw value (the same bytes).
+    The records come in one of two forms, exactly one of them given:
+
+    * ``records``: a JSON array of RecordIn objects. The server decodes
+      ``StageRequest[list[RecordIn], ...]``; a sender whose records are already encoded
+      sends the array as one ``msgspec.Raw`` value (the same bytes).
+    * ``data`` with ``lengths``, for records that carry data alone: the JSON array of
+      their data values (record i is ``{"data": data[i]}``) and each value's length in
+      bytes as sent, base64 of little-endian uint32s. The server refuses (400
+      ``invalid_request``) an array that does not split into values of exactly those
+      lengths, so a sender that joined its rows' values into the array knows each row
+      became one record without parsing them itself (docs/spark.md, "Exactly-once
+      topic sink").
     """
 
     writer: WriterId
@@ -47,8 +58,10 @@ class StageRequest(Struct, Generic[Records], forbid_unknown_fields=True, omit_de
     batch_id: NonNegative
     partition: NonNegative
     attempt: NonNegative
-    records: Records
+    records: Records | None = None
     chunk: NonNegative = 0
+    data: Data | None = None
+    lengths: str | None = None
 
 
 class StageResponse(Struct):

@@ -4,6 +4,9 @@ bodies are :mod:`waymark.protocol.writers`."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import contextlib
 import functools
 from collections.abc import Sequence
 from operator import attrgetter
@@ -14,7 +17,7 @@ import numpy as np
 
 from ..log import Engine, ErrorCode, Limits, TopicError
 from ..log.prebuilt import build
-from ..log.records import PLAIN_MAX_BYTES, PlainRecords, plain_records
+from ..log.records import PLAIN_MAX_BYTES, PlainRecords, data_records, plain_records
 from ..log.writers import PartKey
 from ..protocol import (
     OpenWriterRequest,
@@ -32,8 +35,8 @@ from .http import OFF_LOOP_BYTES, BodyDecoder, Request, Response, off_loop, refu
 from .metrics import Metrics
 
 _open = BodyDecoder(OpenWriterRequest)
-_stage = BodyDecoder(StageRequest[list[RecordIn]], lambda body: refuse_server_meta(body.records))
-_stage_plain = msgspec.json.Decoder(StageRequest[list[PlainRecordIn]])
+_stage = BodyDecoder(StageRequest[list[RecordIn], list[msgspec.Raw]], lambda b: _check_stage(b))
+_stage_plain = msgspec.json.Decoder(StageRequest[list[PlainRecordIn], list[msgspec.Raw]])
 _publish = BodyDecoder(PublishRequest)
 _encode = msgspec.json.encode
 _data_of = attrgetter("data")
@@ -123,47 +126,131 @@ class WritersApi:
 
 def decode_stage(
     raw: bytes, limits: Limits
-) -> tuple[StageRequest[Any], Sequence[RecordIn] | PlainRecords]:
-    """A stage body and its records: records that carry data alone (the Spark sink's)
-    are read and checked in bulk, as :class:`PlainRecords` (docs/http-api.md, "Sink
-    speed"); any other body — or one the bulk checks cannot prove — is decoded record
-    by record, which refuses what is wrong with the error naming the record."""
-    records = None
-    if len(raw) <= PLAIN_MAX_BYTES:  # (a larger one goes record by record, a slice at a time)
-        try:
-            plain = _stage_plain.decode(raw)
-            datas = list(map(_data_of, plain.records))
-            array = _records_array(raw, datas)
-            if array is not None:
+) -> tuple[StageRequest[Any, Any], Sequence[RecordIn] | PlainRecords]:
+    """A stage body and its records. Records that carry data alone (the Spark sink's),
+    sent as ``records`` or as ``data`` values with their ``lengths``, are read and
+    checked in bulk, as :class:`PlainRecords` (docs/http-api.md, "Sink stages"); any
+    other body — or one the bulk checks cannot prove — is decoded record by record,
+    which refuses what is wrong with the error naming the record."""
+    plain = _decode_plain(raw)
+    if plain is not None:
+        _check_forms(plain)
+        if plain.data is not None:
+            return plain, _data_records(raw, plain.data, plain.lengths, limits)
+        datas = list(map(_data_of, plain.records or ()))
+        array = _records_array(raw, datas, _ARRAY_HEAD, _ARRAY_TAIL)
+        records = None
+        if array is not None:
+            with contextlib.suppress(UnicodeDecodeError, RecursionError):
                 records = plain_records(array, datas, limits)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-            records = None
-    if records is not None:
-        return plain, records
+        if records is not None:
+            return plain, records
     body = _stage.decode(raw)
-    return body, body.records
+    if body.data is not None:
+        return body, _data_records(raw, body.data, body.lengths, limits)
+    return body, body.records or []
 
 
-def _records_array(raw: bytes, datas: list[msgspec.Raw]) -> bytes | None:
-    """The records' JSON array as sent, cut out of ``raw`` from the ``[`` before the
-    first record's data to the ``]`` after the last's: one decode of the body finds
-    both, for a decoded ``Raw`` is a view of the body where its value lies (a second
-    decode of the body, to find the array, cost the stage ~15% of its CPU). None
-    unless the array starts ``[{"data":`` and ends ``}]`` there — a whitespace or an
-    escaped key in between is then told by :func:`plain_records`' checks — or if the
-    data are not views of ``raw`` (another decoder's behaviour): the record-by-record
-    way then decides."""
+def _decode_plain(raw: bytes) -> StageRequest[list[PlainRecordIn], list[msgspec.Raw]] | None:
+    """The body decoded with records that carry data alone (``{"data":..}`` objects or
+    ``data`` values); None if it is not so, or too large to check in one step."""
+    if len(raw) > PLAIN_MAX_BYTES:  # (a larger one goes record by record, a slice at a time)
+        return None
+    try:
+        return _stage_plain.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _check_forms(body: StageRequest[Any, Any]) -> None:
+    """Refuse (400 ``invalid_request``) a body with both forms of records, or neither, or
+    ``data`` and ``lengths`` apart."""
+    if (body.records is None) == (body.data is None):
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "a stage carries its records as 'records', or as 'data' with 'lengths': exactly "
+            "one of the two",
+        )
+    if (body.data is None) != (body.lengths is None):
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "'lengths' goes with 'data': each data value's length in bytes, base64 of "
+            "little-endian uint32s",
+        )
+
+
+def _check_stage(body: StageRequest[list[RecordIn], list[msgspec.Raw]]) -> None:
+    _check_forms(body)
+    if body.records is not None:
+        refuse_server_meta(body.records)
+
+
+def _data_records(
+    raw: bytes, datas: list[msgspec.Raw], lengths: str | None, limits: Limits
+) -> Sequence[RecordIn] | PlainRecords:
+    """The records of a stage's ``data`` values, once their lengths as parsed are the
+    ``lengths`` sent: in bulk when :func:`data_records` proves them, else one by one."""
+    measured = np.fromiter(map(len, datas), np.int64, len(datas))
+    _check_split(measured, lengths or "")
+    array = _records_array(raw, datas, b"[", b"]")
+    if array is not None:
+        with contextlib.suppress(UnicodeDecodeError, RecursionError):
+            records = data_records(array, measured, limits)
+            if records is not None:
+                return records
+    return [RecordIn(data) for data in datas]
+
+
+def _check_split(measured: np.ndarray, lengths: str) -> None:
+    """Refuse (400 ``invalid_request``) a stage whose data values, as parsed, are not
+    the ``lengths`` sent (base64 of little-endian uint32s): the array the sender joined
+    holds a row that is not exactly one JSON value, or two rows that make one."""
+    try:
+        packed = base64.b64decode(lengths, validate=True)
+    except binascii.Error:
+        packed = b"?"
+    if len(packed) % 4:
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "'lengths' is not base64 of little-endian uint32s: each data value's length",
+        )
+    if len(packed) != 4 * len(measured):
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            f"the data array holds {len(measured)} values where 'lengths' gives "
+            f"{len(packed) // 4}: it does not split into the values that were joined",
+            {"parsed_values": len(measured), "sent_values": len(packed) // 4},
+        )
+    sent = np.frombuffer(packed, "<u4").astype(np.int64)
+    if not np.array_equal(measured, sent):
+        at = int(np.flatnonzero(measured != sent)[0])
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            f"data value {at} is {measured[at]} bytes as parsed, where 'lengths' says "
+            f"{sent[at]}: the array does not split into the values that were joined",
+            {"index": at, "parsed_bytes": int(measured[at]), "sent_bytes": int(sent[at])},
+        )
+
+
+def _records_array(raw: bytes, datas: list[msgspec.Raw], head: bytes, tail: bytes) -> bytes | None:
+    """The records' JSON array as sent, cut out of ``raw`` from the ``head`` before the
+    first record's data to the ``tail`` after the last's (``[{"data":`` and ``}]`` for
+    records, ``[`` and ``]`` for data values): one decode of the body finds both, for
+    a decoded ``Raw`` is a view of the body where its value lies (a second decode of the
+    body, to find the array, cost the stage ~15% of its CPU). None unless the array
+    starts and ends so there — a whitespace or an escaped key in between is then told
+    by the bulk checks — or if the data are not views of ``raw`` (another decoder's
+    behaviour): the record-by-record way then decides."""
     if not datas:
         return None
     base = _address(raw)
     first = _address(datas[0]) - base
     end = _address(datas[-1]) - base + len(datas[-1])
-    if not (len(_ARRAY_HEAD) <= first and end + len(_ARRAY_TAIL) <= len(raw)):
+    if not (len(head) <= first and end + len(tail) <= len(raw)):
         return None
-    if (raw[first - len(_ARRAY_HEAD) : first] != _ARRAY_HEAD
-            or raw[end : end + len(_ARRAY_TAIL)] != _ARRAY_TAIL):  # fmt: skip
+    if raw[first - len(head) : first] != head or raw[end : end + len(tail)] != tail:
         return None
-    return raw[first - len(_ARRAY_HEAD) : end + len(_ARRAY_TAIL)]
+    return raw[first - len(head) : end + len(tail)]
 
 
 def _address(value: bytes | msgspec.Raw) -> int:

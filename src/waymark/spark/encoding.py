@@ -1,10 +1,14 @@
-"""The sink's rows as RecordIn JSON, assembled column-wise with pyarrow compute
-(docs/spark.md, "Exactly-once topic sink").
+"""The sink's rows as the stage bodies carry them, assembled column-wise with pyarrow
+compute (docs/spark.md, "Exactly-once topic sink").
 
-Each row becomes ``{"data":<data>[,"tag":..][,"node":..][,"meta":{..}]},`` as one
-value of a binary Arrow array, and a stage body is a slice of that array's value
-buffer: no Python object is built per row on the common path (a ``data`` string
-column, string ``tag``/``node``). ``meta`` costs per row only where it is filled; a
+Rows that carry data alone as JSON text — a string ``data`` column, no tag, node or
+meta — are staged as their data values, each followed by a comma (:func:`encode_values`):
+no byte is added or checked per row, the server parses them and refuses an array that
+does not split into the rows' values. Any other row becomes
+``{"data":<data>[,"tag":..][,"node":..][,"meta":{..}]},``. Either is one value of a
+binary Arrow array, and a stage body is a slice of that array's value buffer: no
+Python object is built per row on the common path (a ``data`` string column, string
+``tag``/``node``). ``meta`` costs per row only where it is filled; a
 ``tag`` or ``node`` column holding a control character, and a ``data`` column of
 another type than string (a struct, a map, numbers), are encoded row by row.
 """
@@ -43,11 +47,18 @@ def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, 
     records = pc.binary_join_element_wise(  # type: ignore[call-overload]
         *pieces, b"", null_handling="replace", null_replacement=b""
     )
-    if "topic" not in columns:
+    return _per_topic(batch, records, default_topic)
+
+
+def _per_topic(
+    batch: pa.RecordBatch, records: pa.Array, default_topic: str | None
+) -> dict[str, pa.Array]:
+    """``records`` (one per row) grouped by the topic each row names, in row order."""
+    if "topic" not in batch.schema.names:
         if default_topic is None:
             raise ValueError("the rows name no topic and the sink has no 'topic' option")
         return {default_topic: records}
-    topics = columns["topic"]
+    topics = batch.column(batch.schema.get_field_index("topic"))
     if default_topic is not None:
         topics = pc.fill_null(topics, default_topic)  # type: ignore[arg-type]
     elif topics.null_count:
@@ -57,6 +68,53 @@ def encode_batch(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, 
     if len(names) == 1:
         return {names[0]: records}
     return {name: records.filter(pc.equal(topics, name)) for name in names}  # type: ignore[call-overload]
+
+
+def values_only(batch: pa.RecordBatch) -> bool:
+    """Whether the batch's records carry data alone, as JSON text: a string (or binary)
+    ``data`` column and no ``tag``, ``node`` or ``meta`` filled. Such rows are staged as
+    their data values (:func:`encode_values`), which the sink's task never parses: the
+    server does, and refuses an array that does not split into the rows' values
+    (docs/spark.md, "Exactly-once topic sink")."""
+    kind = batch.schema.field("data").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)):  # fmt: skip
+        return False
+    return all(
+        batch.column(name).null_count == batch.num_rows
+        for name in ("tag", "node", "meta") if name in batch.schema.names
+    )  # fmt: skip
+
+
+def encode_values(batch: pa.RecordBatch, default_topic: str | None) -> dict[str, pa.Array]:
+    """A :func:`values_only` batch's data values, each followed by a comma, per topic."""
+    if batch.num_rows == 0:
+        return {}
+    data = batch.column(batch.schema.get_field_index("data"))
+    if data.null_count:
+        raise ValueError("the waymark sink's 'data' column has nulls; every record needs data")
+    values = pc.binary_join_element_wise(data.cast(_BINARY), b",", b"")  # type: ignore[call-overload]
+    return _per_topic(batch, values, default_topic)
+
+
+def value_lengths(values: pa.Array) -> bytes:
+    """The lengths of :func:`encode_values`' values without their commas, as the stage's
+    ``lengths`` takes them: little-endian uint32s."""
+    if len(values) == 0:
+        return b""
+    _, offsets_buffer, _ = values.buffers()
+    assert offsets_buffer is not None  # a non-empty binary array's
+    offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, values.offset * 4)  # type: ignore[call-overload]
+    return (np.diff(offsets) - 1).astype("<u4").tobytes()
+
+
+def check_values(values: pa.Array, first_row: int = 0) -> None:
+    """Refuse, naming the row, a value of :func:`encode_values` that is not exactly one
+    JSON value (the comma dropped): what a task looks for once the server refused its
+    stage, row by row (joined, ``[1`` and ``2]`` beside ``3,4`` make as many values as
+    rows). ``first_row``: the row number of ``values[0]``."""
+    if len(values):
+        _check_each(pc.binary_slice(values, 0, -1), first_row)
 
 
 def encode_data(column: pa.Array) -> pa.Array:
@@ -92,7 +150,7 @@ def joined_values(values: pa.Array, *, trim: int = 0) -> bytes:
     return data.slice(lo, hi - trim - lo).to_pybytes()
 
 
-def _check_json(values: pa.Array) -> None:
+def _check_json(values: pa.Array, first_row: int = 0) -> None:
     """Every value is exactly one JSON value: one decode of the values joined into an
     array checks all (a value like ``1,2`` shows up as a count mismatch); only a
     failure looks closer. The array is built with one copy of the values: each copy of
@@ -109,15 +167,20 @@ def _check_json(values: pa.Array) -> None:
             return
     except msgspec.DecodeError:
         pass
+    _check_each(values, first_row)
+    raise ValueError("the 'data' column holds a value that is not exactly one JSON value")
+
+
+def _check_each(values: pa.Array, first_row: int) -> None:
+    """Refuse the first value that is not exactly one JSON value, naming its row."""
     rows: list[bytes] = values.to_pylist()  # type: ignore[assignment]  # no nulls (checked)
-    for i, value in enumerate(rows):
+    for i, value in enumerate(rows, first_row):
         try:
-            msgspec.json.decode(value)
+            msgspec.json.decode(value, type=msgspec.Raw)
         except msgspec.DecodeError as e:
             raise ValueError(
                 f"row {i}: the 'data' column is not valid JSON ({e}): {value[:120]!r}"
             ) from None
-    raise ValueError("the 'data' column holds a value that is not exactly one JSON value")
 
 
 def _json_strings(column: pa.Array) -> pa.Array:

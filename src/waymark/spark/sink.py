@@ -59,9 +59,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructType
 
-from ..client import Client, PublishResponse, StagedPart
+from ..client import ApiError, Client, PublishResponse, StagedPart
+from ..protocol import ErrorCode
 from .connection import SERVER_BUDGET_MS, connect, server_budget_s, token_option
-from .encoding import encode_batch, joined_values
+from .encoding import (
+    check_values,
+    encode_batch,
+    encode_values,
+    joined_values,
+    value_lengths,
+    values_only,
+)
 
 log = logging.getLogger("waymark.spark.sink")
 
@@ -180,8 +188,7 @@ class _TwoPhaseWriter:
         with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in iterator:
-                for topic, records in encode_batch(batch, self.topic).items():
-                    stager.add(topic, records)
+                stager.add_batch(batch, self.topic)
             stager.flush_all()
         return message
 
@@ -278,8 +285,9 @@ class WaymarkBatchWriter(_TwoPhaseWriter, DataSourceArrowWriter):
 
 
 class _Stager:
-    """Buffers one task attempt's encoded records per topic (Arrow arrays, each value a
-    RecordIn JSON object and a comma) and stages them in chunks of ``CHUNK_RECORDS``."""
+    """Buffers one task attempt's encoded rows per topic and form (Arrow arrays, each
+    value a data value or a RecordIn JSON object, and a comma: :mod:`.encoding`) and
+    stages them in chunks of ``CHUNK_RECORDS``, numbered per topic."""
 
     def __init__(
         self,
@@ -294,40 +302,66 @@ class _Stager:
             "partition": message.partition, "attempt": message.attempt,
         }  # fmt: skip
         self.message = message
-        self.buffers: dict[str, list[pa.Array]] = {}
-        self.buffered: dict[str, int] = {}
+        self.buffers: dict[tuple[str, bool], list[pa.Array]] = {}  # (topic, as values)
+        self.buffered: dict[tuple[str, bool], int] = {}
         self.chunks: dict[str, int] = {}
         self.rows: dict[str, int] = {}
         self.published: set[str] = set()  # the batch is a replay: nothing to ship
 
-    def add(self, topic: str, records: pa.Array) -> None:
-        self.buffers.setdefault(topic, []).append(records)
-        self.buffered[topic] = self.buffered.get(topic, 0) + len(records)
-        self.rows[topic] = self.rows.get(topic, 0) + len(records)
-        if self.buffered[topic] >= CHUNK_RECORDS:
-            pending = pa.concat_arrays(self.buffers[topic])
+    def add_batch(self, batch: pa.RecordBatch, default_topic: str | None) -> None:
+        as_values = values_only(batch)
+        encode = encode_values if as_values else encode_batch
+        for topic, records in encode(batch, default_topic).items():
+            self.add(topic, records, as_values)
+
+    def add(self, topic: str, records: pa.Array, as_values: bool = False) -> None:
+        key, other = (topic, as_values), (topic, not as_values)
+        if self.buffered.get(other):  # the rows keep their order across the two forms
+            self._flush(other, pa.concat_arrays(self.buffers.pop(other)))
+            self.buffered[other] = 0
+        self.buffers.setdefault(key, []).append(records)
+        self.buffered[key] = self.buffered.get(key, 0) + len(records)
+        if self.buffered[key] >= CHUNK_RECORDS:
+            pending = pa.concat_arrays(self.buffers[key])
             whole = len(pending) - len(pending) % CHUNK_RECORDS
             for at in range(0, whole, CHUNK_RECORDS):
-                self._flush(topic, pending.slice(at, CHUNK_RECORDS))
-            self.buffers[topic] = [pending.slice(whole)]
-            self.buffered[topic] = len(pending) - whole
+                self._flush(key, pending.slice(at, CHUNK_RECORDS))
+            self.buffers[key] = [pending.slice(whole)]
+            self.buffered[key] = len(pending) - whole
 
     def flush_all(self) -> None:
-        for topic, buffer in self.buffers.items():
-            if self.buffered[topic] or topic not in self.chunks:
-                self._flush(topic, pa.concat_arrays(buffer))
+        for key, buffer in self.buffers.items():
+            if self.buffered[key] or key[0] not in self.chunks:
+                self._flush(key, pa.concat_arrays(buffer))
         self.message.topics = [
             (topic, self.chunks[topic], self.rows[topic]) for topic in sorted(self.chunks)
         ]
 
-    def _flush(self, topic: str, records: pa.Array) -> None:
+    def _flush(self, key: tuple[str, bool], records: pa.Array) -> None:
+        topic, as_values = key
         chunk = self.chunks.get(topic, 0)
+        first_row = self.rows.get(topic, 0)
         if topic not in self.published:
             joined = joined_values(records, trim=1)  # the last record's comma
-            accepted = self.http.stage(topic, joined, chunk=chunk, **self.head).accepted
+            if as_values:
+                accepted = self._stage_values(topic, joined, records, chunk, first_row)
+            else:
+                accepted = self.http.stage(topic, joined, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
         self.chunks[topic] = chunk + 1
+        self.rows[topic] = first_row + len(records)
+
+    def _stage_values(
+        self, topic: str, joined: bytes, values: pa.Array, chunk: int, first_row: int
+    ) -> bool:
+        try:
+            return self.http.stage_data(topic, joined, value_lengths(values), chunk=chunk,
+                                        **self.head).accepted  # fmt: skip
+        except ApiError as error:
+            if error.code == ErrorCode.INVALID_REQUEST:  # the values do not split so
+                check_values(values, first_row)  # names the row at fault, if one is
+            raise
 
 
 class TopicBatchSink:
@@ -374,8 +408,7 @@ class TopicBatchSink:
         with connect(self.url, self.token, self.ca_file, self.budget_s) as http:
             stager = _Stager(http, self, batch_id, message)
             for batch in table.to_batches():
-                for topic, records in encode_batch(batch, self.topic).items():
-                    stager.add(topic, records)
+                stager.add_batch(batch, self.topic)
             stager.flush_all()
             for topic, chunks, _ in message.topics:
                 results[topic] = http.publish(

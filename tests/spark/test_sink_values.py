@@ -1,0 +1,88 @@
+"""Rows that carry data alone as JSON text are staged as their data values with their
+lengths, unparsed by the task (docs/spark.md, "Exactly-once topic sink"): through the
+sink's own stager (``TopicBatchSink``, the foreachBatch helper) against a real server,
+they are published as the rows, in row order beside rows staged as records, and a row
+that is not exactly one JSON value fails the batch naming the row, with nothing
+published.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from waymark.client import Client
+from waymark.spark.encoding import encode_values, value_lengths, values_only
+from waymark.spark.sink import TopicBatchSink
+
+
+def _batch(data: list[str], tags: list[str | None] | None = None, **more: Any) -> pa.RecordBatch:
+    columns = {"data": pa.array(data, pa.string())}
+    if tags is not None:
+        columns["tag"] = pa.array(tags, pa.string())
+    columns.update(more)
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def test_which_batches_are_staged_as_values() -> None:
+    assert values_only(_batch(['{"a":1}']))
+    assert values_only(_batch(["1"], [None]))  # a tag column with no tag in it
+    assert not values_only(_batch(["1"], ["t"]))
+    meta = pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string()))
+    assert not values_only(_batch(["1"], meta=meta))
+    assert not values_only(pa.RecordBatch.from_pydict({"data": pa.array([{"x": 1}])}))
+
+
+@given(st.lists(st.text(max_size=6).map(lambda t: msgspec.json.encode(t).decode()),
+                min_size=1, max_size=20))  # fmt: skip
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_values_and_their_lengths_are_the_rows(rows: list[str]) -> None:
+    topics = pa.array(["a" if i % 3 else "b" for i in range(len(rows))])
+    encoded = encode_values(_batch(rows, topic=topics), None)
+    for name, values in encoded.items():
+        mine = [r.encode() for r, t in zip(rows, topics.to_pylist(), strict=True) if t == name]
+        assert values.to_pylist() == [r + b"," for r in mine]
+        assert value_lengths(values) == b"".join(len(r).to_bytes(4, "little") for r in mine)
+        assert value_lengths(values.slice(1)) == value_lengths(values)[4:]
+
+
+def _read(url: str, topic: str) -> list[tuple[Any, str | None]]:
+    with Client(url) as client:
+        page = client.diff(topic, 0, limit=1000)
+    return [(r.data, r.tag) for r in page.records]
+
+
+def test_rows_keep_their_order_across_values_and_records(waymark_server: Any) -> None:
+    """Batches alternately with and without tags: one task's rows in one order."""
+    batches = [_batch(['{"n":%d}' % i for i in range(k, k + 7)], [None if k % 2 else "t"] * 7)
+               for k in range(0, 35, 7)]  # fmt: skip
+    table = pa.Table.from_batches(batches)
+    sink = TopicBatchSink(waymark_server.url, "values-order", "values-order")
+    result = sink.publish(table, 0)
+    assert result["values-order"].count == 35
+    expected = [({"n": i}, None if (i // 7) % 2 else "t") for i in range(35)]
+    assert _read(waymark_server.url, "values-order") == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "row"),
+    [
+        (['{"a":1}', "[1", "2]", "3,4"], 1),  # as many values, but not the rows
+        (["1", "2", "1,2"], 2),
+        (["1", '{"a":'], 1),
+    ],
+)
+def test_a_row_that_is_not_one_json_value_fails_the_batch(
+    waymark_server: Any, rows: list[str], row: int
+) -> None:
+    topic = f"values-refused-{row}-{len(rows)}"
+    sink = TopicBatchSink(waymark_server.url, topic, topic)
+    with pytest.raises(ValueError, match=f"row {row}: the 'data' column is not valid JSON"):
+        sink.publish(pa.Table.from_batches([_batch(rows)]), 0)
+    with Client(waymark_server.url) as client:
+        assert topic not in [t.name for t in client.list_topics()]
