@@ -31,6 +31,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from waymark.client.writers import stage_data
 from waymark.clock import ManualClock
 from waymark.log.config import StorageConfig
 from waymark.log.prebuilt import build
@@ -38,7 +39,6 @@ from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
 from waymark.log.storage.segment import write_segment
 from waymark.log.writers import PartKey
-from waymark.client.writers import stage_data
 from waymark.server.writers import decode_stage
 from waymark.spark.encoding import encode_values, joined_values, value_lengths
 from waymark.spark.sink import CHUNK_RECORDS

@@ -17,15 +17,6 @@ import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-
-from waymark.client import ApiError, Client
-from waymark.log import records as records_module
-from waymark.log.errors import TopicError
-from waymark.log.records import PlainRecords
-from waymark.protocol import ErrorCode, StagedPart
-from waymark.server import writers as server_writers
-from waymark.server.writers import decode_stage
-
 from tests.server.test_writers_plain import (
     LIMITS,
     MUTANT,
@@ -35,6 +26,14 @@ from tests.server.test_writers_plain import (
     _stage_body,
     _staged,
 )
+
+from waymark.client import ApiError, Client
+from waymark.log import records as records_module
+from waymark.log.errors import TopicError
+from waymark.log.records import PlainRecords
+from waymark.protocol import ErrorCode, StagedPart
+from waymark.server import writers as server_writers
+from waymark.server.writers import decode_stage
 
 _HEAD = b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,'
 

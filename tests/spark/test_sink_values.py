@@ -59,7 +59,7 @@ def _read(url: str, topic: str) -> list[tuple[Any, str | None]]:
 
 def test_rows_keep_their_order_across_values_and_records(waymark_server: Any) -> None:
     """Batches alternately with and without tags: one task's rows in one order."""
-    batches = [_batch(['{"n":%d}' % i for i in range(k, k + 7)], [None if k % 2 else "t"] * 7)
+    batches = [_batch([f'{{"n":{i}}}' for i in range(k, k + 7)], [None if k % 2 else "t"] * 7)
                for k in range(0, 35, 7)]  # fmt: skip
     table = pa.Table.from_batches(batches)
     sink = TopicBatchSink(waymark_server.url, "values-order", "values-order")
