@@ -184,7 +184,7 @@ class AsyncClient:
     async def stage_data(
         self,
         topic: str,
-        data: bytes,
+        data: bytes | memoryview,
         lengths: Sequence[int] | bytes,
         *,
         writer: str,
@@ -195,7 +195,7 @@ class AsyncClient:
         chunk: int = 0,
     ) -> StageResponse:
         """Stage one chunk of records that carry data alone, given as their data values:
-        JSON texts joined by commas into one byte string, sent byte for byte, and each
+        JSON texts joined by commas into one buffer, sent byte for byte, and each
         one's length in bytes (ints, or packed as little-endian uint32s). The server
         refuses the chunk (400 ``invalid_request``) unless ``data`` splits into values of
         exactly these lengths, so each value became one record."""

@@ -67,6 +67,7 @@ from .encoding import (
     encode_batch,
     encode_values,
     joined_values,
+    joined_view,
     value_lengths,
     values_only,
 )
@@ -342,10 +343,11 @@ class _Stager:
         chunk = self.chunks.get(topic, 0)
         first_row = self.rows.get(topic, 0)
         if topic not in self.published:
-            joined = joined_values(records, trim=1)  # the last record's comma
-            if as_values:
-                accepted = self._stage_values(topic, joined, records, chunk, first_row)
+            if as_values:  # (the last value's comma trimmed)
+                view = joined_view(records, trim=1)
+                accepted = self._stage_values(topic, view, records, chunk, first_row)
             else:
+                joined = joined_values(records, trim=1)
                 accepted = self.http.stage(topic, joined, chunk=chunk, **self.head).accepted
             if not accepted:
                 self.published.add(topic)
@@ -353,7 +355,7 @@ class _Stager:
         self.rows[topic] = first_row + len(records)
 
     def _stage_values(
-        self, topic: str, joined: bytes, values: pa.Array, chunk: int, first_row: int
+        self, topic: str, joined: memoryview, values: pa.Array, chunk: int, first_row: int
     ) -> bool:
         try:
             return self.http.stage_data(topic, joined, value_lengths(values), chunk=chunk,
