@@ -4,7 +4,6 @@ bodies are :mod:`waymark.protocol.writers`."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import contextlib
 import functools
@@ -205,9 +204,9 @@ def _check_split(measured: np.ndarray, lengths: str) -> None:
     """Refuse (400 ``invalid_request``) a stage whose data values, as parsed, are not
     the ``lengths`` sent (base64 of little-endian uint32s): the array the sender joined
     holds a row that is not exactly one JSON value, or two rows that make one."""
-    try:
-        packed = base64.b64decode(lengths, validate=True)
-    except binascii.Error:
+    try:  # (strictly: b64decode's validate is a regular expression over the text)
+        packed = binascii.a2b_base64(lengths, strict_mode=True)
+    except (binascii.Error, ValueError):  # (ValueError: not ASCII)
         packed = b"?"
     if len(packed) % 4:
         raise TopicError(

@@ -9,6 +9,7 @@ else, naming the file and offset.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import pairwise
@@ -18,6 +19,7 @@ import numpy as np
 import xxhash
 
 from ...protocol.errors import WaymarkError
+from .fileio import Buffer
 
 _LEN = struct.Struct("<I")
 _SUM = struct.Struct("<Q")
@@ -58,7 +60,7 @@ def encode(kind: FrameKind, payload: bytes) -> bytes:
 JOIN_BELOW = 1 << 20
 
 
-def frame_parts(kind: FrameKind, parts: list[bytes], *, join: bool = True) -> list[bytes]:
+def frame_parts(kind: FrameKind, parts: Sequence[Buffer], *, join: bool = True) -> list[Buffer]:
     """The frame of the payload ``b"".join(parts)``, as parts to write one after the
     other: a 50 MB append is framed on the event loop, and joining (three copies, as
     :func:`encode` makes) held it for a tenth of a second. The WAL's writer thread
@@ -78,7 +80,7 @@ def frame_parts(kind: FrameKind, parts: list[bytes], *, join: bool = True) -> li
     return [_LEN.pack(length), head, *parts, _SUM.pack(digest.intdigest())]
 
 
-def _runs(parts: list[bytes], sizes: list[int]) -> list[bytes]:
+def _runs(parts: Sequence[Buffer], sizes: list[int]) -> list[Buffer]:
     """``parts`` joined into runs of about ``JOIN_BELOW`` bytes: one digest update and
     one write part per run, not per record, and no join long enough to hold the GIL for
     long."""
