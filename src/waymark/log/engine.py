@@ -67,7 +67,6 @@ from .queue import (
 from .records import EncodedRecord, PlainRecords, Records, check_topic_name, encode_batch
 from .results import AppendResult, DeleteResult, DiffResult
 from .router import Forwarded, Router, Routers
-from .storage.fileio import Buffer
 from .topic import Hole, Topic
 from .writers import PartKey, Writers
 
@@ -356,7 +355,7 @@ class Engine:
                     # fsync-gated, so its ceiling is best effort.
                     must_sync = must_sync or durability is Durability.DISK
                 if plan.fresh and durability is not Durability.EPHEMERAL and derived_from is None:
-                    frame: bytes | list[Buffer] | None = None
+                    frame: bytes | list[bytes] | None = None
                     by_reference = _by_reference(journal, name, plan.fresh, encoded, staged)
                     if type(origin) is Published and staged is not None and by_reference:
                         frame = PublishFrame(

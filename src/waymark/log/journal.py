@@ -28,7 +28,6 @@ from .chunk import constant_column, decimal_column
 from .deletion import TagMatch
 from .origin import Published
 from .records import EncodedRecord, PlainRecords, Records
-from .storage.fileio import Buffer
 from .storage.frames import Frame, FrameKind, encode, frame_parts
 
 
@@ -40,7 +39,7 @@ class Commit(Protocol):
 
 
 class Journal(Protocol):
-    def write(self, topic: str, frame: bytes | list[Buffer]) -> Commit:
+    def write(self, topic: str, frame: bytes | list[bytes]) -> Commit:
         """Journal one frame, whole or as parts to write one after the other."""
         ...
 
@@ -279,7 +278,7 @@ StageKey = tuple[str, str, int, int, int, int]
 again replaces it, so the latest stage frame of a key is the one a publish names."""
 
 
-def stage_frame_parts(key: StageKey, records: PlainRecords) -> list[Buffer]:
+def stage_frame_parts(key: StageKey, records: PlainRecords) -> list[bytes]:
     """The stage frame of staged chunk ``key``: its header, then its bodies as they are
     (one buffer, not joined again)."""
     header = StageHeader(*key, records.lengths().tolist())
@@ -330,7 +329,7 @@ def records_frame_parts(
     *,
     now: int | None = None,
     runs: Sequence[BodyRun] | None = None,
-) -> list[Buffer]:
+) -> list[bytes]:
     """:func:`records_frame` unjoined, as the WAL takes it (``frames.frame_parts``).
     ``runs``: the records' bodies already joined, in order (a sink's staged chunks,
     :mod:`waymark.log.prebuilt`): the same frame, without a step per record for them."""

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from .errors import ErrorCode, TopicError
 from .journal import Commit, Journal, TopicFrame
 from .records import check_topic_name
-from .storage.fileio import Buffer
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ class Kernel:
         return topic
 
     # --- the journal --------------------------------------------------------------------
-    def write(self, name: str, frame: bytes | list[Buffer]) -> Commit | None:
+    def write(self, name: str, frame: bytes | list[bytes]) -> Commit | None:
         """Journal ``frame`` for ``name``; the commit that makes it durable (None in memory)."""
         return self.journal.write(name, frame) if self.journal is not None else None
 

@@ -24,7 +24,6 @@ from .chunk import Chunk, lay_out_plain
 from .journal import BodyRun, records_frame_parts
 from .origin import Published
 from .records import PlainRecords, Records, binary_column
-from .storage.fileio import Buffer
 from .topic import AppendPlan
 
 
@@ -50,7 +49,7 @@ class Prebuilt:
 
     layout: Layout
     chunks: list[Chunk]  # new chunks holding exactly the layout's records
-    frame: list[Buffer] | None  # the records frame's parts, when journaled
+    frame: list[bytes] | None  # the records frame's parts, when journaled
 
     def fits(self, epoch: int, plan: AppendPlan, last_ts: int) -> bool:
         """Whether the append the engine is making now is the one laid out: same topic

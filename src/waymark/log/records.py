@@ -48,10 +48,6 @@ class EncodedRecord(msgspec.Struct, frozen=True, gc=False):
 
 
 _PLAIN_HEAD = b',"data":'
-# The stored bodies of staged records: bytes, or a view of the pyarrow buffer they were
-# cut into (a copy of a stage's bodies into bytes cost ~0.15 ms a 450 KB stage, mostly
-# the fresh pages' faults: docs/spark.md, "Sink speed").
-Bodies = bytes | memoryview
 PLAIN_EXTRA = len(_PLAIN_HEAD) + 1  # a plain record's stored bytes besides its data
 
 
@@ -70,7 +66,7 @@ class PlainRecords(Sequence[EncodedRecord]):
 
     __slots__ = ("_bodies", "bounds")
 
-    def __init__(self, bodies: Bodies | _Concat, bounds: np.ndarray) -> None:
+    def __init__(self, bodies: bytes | _Concat, bounds: np.ndarray) -> None:
         self._bodies = bodies
         self.bounds = bounds  # int64, into bodies; a slice shares both
 
@@ -86,7 +82,7 @@ class PlainRecords(Sequence[EncodedRecord]):
         return cls(_Concat(list(runs)), bounds)
 
     @property
-    def bodies(self) -> Bodies:
+    def bodies(self) -> bytes:
         """The buffer ``bounds`` cut (a concat's runs joined, once, on first use)."""
         bodies = self._bodies
         return bodies.joined() if isinstance(bodies, _Concat) else bodies
@@ -108,7 +104,7 @@ class PlainRecords(Sequence[EncodedRecord]):
             return binary_column(self.bodies, self.bounds)
         return pa.chunked_array([run.column() for run in runs.runs], pa.large_binary())
 
-    def parts(self) -> list[Bodies]:
+    def parts(self) -> list[bytes]:
         """The bodies joined, as consecutive buffers (a concat's runs, unjoined)."""
         runs = self._whole_concat()
         if runs is None:
@@ -134,12 +130,12 @@ class PlainRecords(Sequence[EncodedRecord]):
         if not 0 <= at < n:
             raise IndexError(i)
         lo, hi = int(self.bounds[at]), int(self.bounds[at + 1])
-        return EncodedRecord(bytes(self.bodies[lo:hi]), hi - lo - PLAIN_EXTRA, None, None, None)
+        return EncodedRecord(self.bodies[lo:hi], hi - lo - PLAIN_EXTRA, None, None, None)
 
     def __iter__(self) -> Iterator[EncodedRecord]:
         bodies = self.bodies
         for lo, hi in pairwise(self.bounds.tolist()):
-            yield EncodedRecord(bytes(bodies[lo:hi]), hi - lo - PLAIN_EXTRA, None, None, None)
+            yield EncodedRecord(bodies[lo:hi], hi - lo - PLAIN_EXTRA, None, None, None)
 
     def __eq__(self, other: object) -> bool:
         """The same records: the same bytes, cut the same way (a publish's layout is
@@ -153,7 +149,7 @@ class PlainRecords(Sequence[EncodedRecord]):
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking: compared by content
 
-    def joined(self) -> Bodies:
+    def joined(self) -> bytes:
         """The bodies of these records, joined (the buffer itself when not a slice)."""
         lo, hi = int(self.bounds[0]), int(self.bounds[-1])
         return self.bodies if lo == 0 and hi == len(self.bodies) else self.bodies[lo:hi]
@@ -189,7 +185,7 @@ class _Concat:
 
 # Arrays are built from buffers, never with pa.array() or pa.scalar(): their first call
 # imports pandas, seconds in a busy server (as waymark.log.pages builds its pages).
-def binary_column(data: Bodies | bytearray, bounds: np.ndarray) -> Any:
+def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
     """A pyarrow ``large_binary`` array of ``data`` cut at ``bounds`` (``n + 1`` int64
     offsets), over ``data``'s own buffer."""
     import pyarrow as pa
@@ -241,7 +237,7 @@ def data_records(array: bytes, lengths: np.ndarray, limits: Limits) -> PlainReco
     return PlainRecords(_bodies_of_values(array, lengths), bounds)
 
 
-def _bodies_of_values(array: bytes, lengths: np.ndarray) -> Bodies:
+def _bodies_of_values(array: bytes, lengths: np.ndarray) -> bytes:
     """The stored bodies ``,"data":D}`` of an array of values ``[D0,D1,...]`` that holds
     no byte besides them, their commas and its brackets: each value's byte before it
     (``[`` or ``,``) becomes ``,"data":`` and it gains a ``}``. Two pyarrow kernels over
@@ -261,7 +257,7 @@ def _bodies_of_values(array: bytes, lengths: np.ndarray) -> Bodies:
     )
     data = bodies.buffers()[2]
     assert data is not None  # (a binary array's, of at least one record)
-    return memoryview(data)[: int(starts[-1]) + (PLAIN_EXTRA - 1) * n]  # type: ignore[arg-type]
+    return data.slice(0, int(starts[-1]) + (PLAIN_EXTRA - 1) * n).to_pybytes()
 
 
 def _bare(array: bytes, lengths: np.ndarray) -> bool:
@@ -291,7 +287,7 @@ def _readable(array: bytes, lengths: np.ndarray) -> bool:
     return int(lengths.max()) < len(_INFINITE_DIGITS) and not _has_exponent(array)
 
 
-def _cut(array: bytes, bounds: np.ndarray) -> Bodies:
+def _cut(array: bytes, bounds: np.ndarray) -> bytes:
     """The stored bodies ``,"data":D}`` of a bare array ``[{"data":D},{"data":D},...]``
     (see :func:`_bare`): the array with its ``[`` a comma, each record's ``{`` dropped
     and its closing ``]`` too. Cut
@@ -311,7 +307,7 @@ def _cut(array: bytes, bounds: np.ndarray) -> Bodies:
     cut = pc.binary_replace_slice(sent, start=0, stop=2, replacement=b",")
     data = cut.buffers()[2]
     assert data is not None  # (a binary array's, of at least one record)
-    return memoryview(data)[: int(bounds[-1])]  # type: ignore[arg-type]  # (a pa.Buffer is one)
+    return data.slice(0, int(bounds[-1])).to_pybytes()
 
 
 def _has_exponent(text: bytes) -> bool:

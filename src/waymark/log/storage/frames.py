@@ -9,7 +9,6 @@ else, naming the file and offset.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import pairwise
@@ -19,7 +18,6 @@ import numpy as np
 import xxhash
 
 from ...protocol.errors import WaymarkError
-from .fileio import Buffer
 
 _LEN = struct.Struct("<I")
 _SUM = struct.Struct("<Q")
@@ -60,7 +58,7 @@ def encode(kind: FrameKind, payload: bytes) -> bytes:
 JOIN_BELOW = 1 << 20
 
 
-def frame_parts(kind: FrameKind, parts: Sequence[Buffer], *, join: bool = True) -> list[Buffer]:
+def frame_parts(kind: FrameKind, parts: list[bytes], *, join: bool = True) -> list[bytes]:
     """The frame of the payload ``b"".join(parts)``, as parts to write one after the
     other: a 50 MB append is framed on the event loop, and joining (three copies, as
     :func:`encode` makes) held it for a tenth of a second. The WAL's writer thread
@@ -80,7 +78,7 @@ def frame_parts(kind: FrameKind, parts: Sequence[Buffer], *, join: bool = True) 
     return [_LEN.pack(length), head, *parts, _SUM.pack(digest.intdigest())]
 
 
-def _runs(parts: Sequence[Buffer], sizes: list[int]) -> list[Buffer]:
+def _runs(parts: list[bytes], sizes: list[int]) -> list[bytes]:
     """``parts`` joined into runs of about ``JOIN_BELOW`` bytes: one digest update and
     one write part per run, not per record, and no join long enough to hold the GIL for
     long."""

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ...clock import Clock, SystemClock
 from ..errors import ErrorCode, TopicError
-from .fileio import Buffer, FileIO
+from .fileio import FileIO
 from .frames import Frame, scan
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class WalShard:
         self._file = self.index  # the file the writer thread writes (it lags self.index)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue: list[bytes | list[Buffer]] = []
+        self._queue: list[bytes | list[bytes]] = []
         self.submitted = 0  # lsn of the last frame handed to this shard
         self.synced_lsn = 0  # every frame up to here is durable
         self.error: OSError | None = None  # the disk's last refusal, while it lasts
@@ -151,7 +151,7 @@ class WalShard:
         finally:
             self._admitted -= 1
 
-    def submit(self, frame: bytes | list[Buffer]) -> WalCommit:
+    def submit(self, frame: bytes | list[bytes]) -> WalCommit:
         """Queue one frame, whole or in parts (joined by the writer thread)."""
         with self._lock:
             if not self._admitted and (refusal := self.refusal()) is not None:
@@ -213,7 +213,7 @@ class WalShard:
 
     # --- the writer thread ---------------------------------------------------------
     def _run(self) -> None:
-        pending: list[bytes | list[Buffer]] = []
+        pending: list[bytes | list[bytes]] = []
         try:
             self._loop_rounds(pending)
         except Exception as exc:
@@ -228,7 +228,7 @@ class WalShard:
             )
             self._fail(exc, pending)
 
-    def _loop_rounds(self, pending: list[bytes | list[Buffer]]) -> None:
+    def _loop_rounds(self, pending: list[bytes | list[bytes]]) -> None:
         upto = 0
         delay = self._retry_s
         while True:
@@ -258,7 +258,7 @@ class WalShard:
         weight = 1.0 if self._rounds == 1 else SYNC_EWMA_WEIGHT
         self.sync_ms += (elapsed_ms - self.sync_ms) * weight
 
-    def _write_pending(self, pending: list[bytes | list[Buffer]]) -> None:
+    def _write_pending(self, pending: list[bytes | list[bytes]]) -> None:
         """Write and sync ``pending`` in order, switching files at each rotation mark.
 
         Consumes the list in place, so after a failure it holds exactly what is left.
@@ -298,7 +298,7 @@ class WalShard:
                 self._synced_size = 0
                 del pending[0]
 
-    def _write_all(self, pieces: Iterator[Buffer]) -> None:
+    def _write_all(self, pieces: Iterator[bytes]) -> None:
         for piece in pieces:
             view = memoryview(piece)
             while view:
@@ -314,7 +314,7 @@ class WalShard:
         with self._lock:
             self.error = exc
 
-    def _fail(self, exc: Exception, pending: list[bytes | list[Buffer]]) -> None:
+    def _fail(self, exc: Exception, pending: list[bytes | list[bytes]]) -> None:
         """Fail closed. ``pending`` holds exactly the frames taken and not synced (see
         :meth:`_write_pending`), the last of them frame ``_taken``: those before are
         durable and answered so. Their bytes past the last good sync are cut, so the
@@ -360,8 +360,8 @@ class WalShard:
 PIECE_BYTES = 1 << 20
 
 
-def _pieces(frames: list[bytes | list[Buffer]]) -> Iterator[Buffer]:
-    batch: list[Buffer] = []
+def _pieces(frames: list[bytes | list[bytes]]) -> Iterator[bytes]:
+    batch: list[bytes] = []
     size = 0
     for part in chain.from_iterable((f,) if isinstance(f, bytes) else f for f in frames):
         if len(part) >= PIECE_BYTES:
@@ -446,7 +446,7 @@ class Wal:
             self._shard_of[topic] = shard
         return shard
 
-    def write(self, topic: str, frame: bytes | list[Buffer]) -> WalCommit:
+    def write(self, topic: str, frame: bytes | list[bytes]) -> WalCommit:
         return self.shard_of(topic).submit(frame)
 
     def latest(self, topic: str) -> WalCommit:
