@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import httpx
 from waymark.log.config import StorageConfig
 from waymark.log.storage.fileio import FileIO
 from waymark.log.storage.restore import open_engine
+from waymark.log.storage.seal import NewSegment
 from waymark.server import App
 from waymark.server.config import ServerConfig
 
@@ -83,3 +85,30 @@ async def test_a_failed_seal_is_tried_again_and_loses_nothing(tmp_path: Path) ->
         assert page.tombstone is None
     finally:
         store.close()
+
+
+async def test_a_sealed_chunk_leaves_memory_when_its_seal_ends(tmp_path: Path) -> None:
+    """Once a seal has swapped a chunk for its segment, nothing the server keeps holds the
+    chunk (its records and their laid-out bytes) until the next seal — which on an idle
+    server never comes (docs/durability.md, "Segments and seals", step 3)."""
+    storage = StorageConfig(tmp_path, wal_shards=1, seal_interval_s=0.01)
+    engine, store, _ = open_engine(storage)
+    app = App(ServerConfig(storage=storage), engine=engine, store=store)
+    _, stop = await lifespan(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://waymark") as http:
+        assert (await http.put("/v0/topics/t", json={})).status_code == 201
+        body = {"records": [{"data": {"n": n}} for n in range(100)]}
+        assert (await http.post("/v0/topics/t/records", json=body)).status_code == 200
+        topic = engine.kernel.get("t")
+        assert topic is not None
+        chunk = topic.chunks[0]
+        deadline = time.monotonic() + 30
+        while topic.chunks[0] is chunk:  # swapped for its segment: the seal's last step
+            assert time.monotonic() < deadline, "the chunk was never sealed"
+            await asyncio.sleep(0.01)
+        gc.collect()
+        holders = [o for o in gc.get_objects() if isinstance(o, NewSegment) and o.chunk is chunk]
+        assert holders == []
+    await stop()
+    store.close()

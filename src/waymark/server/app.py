@@ -453,11 +453,7 @@ class App:
             if store.wal.submitted() == written or not sealer.running.acquire(False):
                 continue
             try:
-                plan = sealer.begin(self.engine)
-                written = store.wal.submitted()
-                await asyncio.to_thread(sealer.write, plan)
-                sealer.finish(self.engine, plan)
-                self.metrics.seals += 1
+                written = await self._seal(store)
             except Exception:
                 # A full disk, say. Nothing is lost: the WAL is trimmed only once a
                 # catalog naming the segments is durable, and the next seal plans again
@@ -470,6 +466,20 @@ class App:
                 )
             finally:
                 sealer.running.release()
+
+    async def _seal(self, store: Store) -> int:
+        """One seal; returns the WAL's count of submitted writes it covers. Its plan holds
+        every chunk it sealed, with the chunk's laid-out bytes: a local of the loop, it
+        kept them all in memory until the next seal's plan replaced it — for good on an
+        idle server — when they are to leave memory once swapped for their segments
+        (docs/durability.md, "Segments and seals", step 3)."""
+        sealer = store.sealer
+        plan = sealer.begin(self.engine)
+        written = store.wal.submitted()
+        await asyncio.to_thread(sealer.write, plan)
+        sealer.finish(self.engine, plan)
+        self.metrics.seals += 1
+        return written
 
     async def _history_loop(self) -> None:
         """Sample the topics that changed, every history interval."""
