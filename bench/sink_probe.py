@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from waymark.log.storage.segment import write_segment
 from waymark.log.writers import PartKey
 from waymark.server.writers import decode_stage
 from waymark.spark.encoding import encode_values, joined_values, value_lengths
-from waymark.spark.sink import CHUNK_RECORDS
+from waymark.spark.sink import CHUNK_BYTES, CHUNK_RECORDS, chunk_cuts
 
 PARTITIONS = 2  # the bench's local[2]: two tasks stage, one commit publishes
 
@@ -58,12 +59,14 @@ def events(rows: int) -> pa.RecordBatch:
 
 
 def task_bodies(batch: pa.RecordBatch) -> list[bytes]:
-    """What the sink's tasks send: stage request bodies of CHUNK_RECORDS rows, each the
-    rows' data values with their lengths (the ``data`` form of a stage)."""
+    """What the sink's tasks send: stage request bodies cut as the sink cuts them
+    (``chunk_cuts``), each the rows' data values with their lengths (the ``data`` form
+    of a stage)."""
     (values,) = encode_values(batch, "out").values()
+    cuts = chunk_cuts(values)
     bodies = []
-    for at in range(0, len(values), CHUNK_RECORDS):
-        chunk = values.slice(at, CHUNK_RECORDS)
+    for lo, hi in itertools.pairwise([*cuts, len(values)] if cuts[-1] < len(values) else cuts):
+        chunk = values.slice(lo, hi - lo)
         call = stage_data("out", "w", 1, 0, 0, 0, joined_values(chunk, trim=1),
                           value_lengths(chunk), 0)  # fmt: skip
         assert call.content is not None
@@ -157,7 +160,8 @@ def main() -> None:
         store.close()
     if a.profile:
         return
-    print(f"{a.rows:,} rows, {PARTITIONS} parts of {CHUNK_RECORDS:,}-record chunks; "
+    print(f"{a.rows:,} rows, {PARTITIONS} parts of chunks of {CHUNK_RECORDS:,} records and "
+          f"{CHUNK_BYTES >> 20} MiB at the most; "
           f"CPU s, best of {a.rounds}")  # fmt: skip
     for step, s in best.items():
         print(f"  {step:<40} {s:7.3f} s  {s * 1e6 / a.rows:6.2f} µs/record")

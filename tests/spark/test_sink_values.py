@@ -8,6 +8,7 @@ published.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import msgspec
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waymark.client import Client
+from waymark.spark import sink
 from waymark.spark.encoding import encode_values, value_lengths, values_only
 from waymark.spark.sink import TopicBatchSink
 
@@ -86,3 +88,28 @@ def test_a_row_that_is_not_one_json_value_fails_the_batch(
         sink.publish(pa.Table.from_batches([_batch(rows)]), 0)
     with Client(waymark_server.url) as client:
         assert topic not in [t.name for t in client.list_topics()]
+
+
+@given(lengths=st.lists(st.integers(1, 40), max_size=60), records=st.integers(1, 6),
+       size=st.integers(1, 100))  # fmt: skip
+@settings(max_examples=200, deadline=None)
+def test_stage_chunks_are_full_and_within_both_limits(
+    lengths: list[int], records: int, size: int
+) -> None:
+    """Every chunk but the rest is as full as the limits let it be: at most ``records``
+    records and ``size`` bytes (a record larger than that alone); the rest is neither."""
+    values = pa.array([b"x" * n for n in [7, *lengths]], pa.binary()).slice(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sink, "CHUNK_RECORDS", records)
+        patch.setattr(sink, "CHUNK_BYTES", size)
+        cuts = sink.chunk_cuts(values)
+    assert cuts[0] == 0 and cuts == sorted(set(cuts))
+
+    def fits(lo: int, hi: int) -> bool:
+        return hi - lo <= records and (hi - lo == 1 or sum(lengths[lo:hi]) <= size)
+
+    for lo, hi in itertools.pairwise(cuts):
+        assert fits(lo, hi)
+        assert hi - lo == records or sum(lengths[lo:hi]) == size or not fits(lo, hi + 1)
+    rest = lengths[cuts[-1] :]
+    assert len(rest) < records and sum(rest) < size

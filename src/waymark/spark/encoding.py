@@ -97,15 +97,25 @@ def encode_values(batch: pa.RecordBatch, default_topic: str | None) -> dict[str,
     return _per_topic(batch, values, default_topic)
 
 
-def value_lengths(values: pa.Array) -> bytes:
-    """The lengths of :func:`encode_values`' values without their commas, as the stage's
-    ``lengths`` takes them: little-endian uint32s."""
+def value_ends(values: pa.Array) -> np.ndarray:
+    """A binary array's value offsets from its first value's start (``n + 1`` of them)."""
     if len(values) == 0:
-        return b""
+        return np.zeros(1, np.int64)
     _, offsets_buffer, _ = values.buffers()
     assert offsets_buffer is not None  # a non-empty binary array's
     offsets = np.frombuffer(offsets_buffer, np.int32, len(values) + 1, values.offset * 4)  # type: ignore[call-overload]
-    return (np.diff(offsets) - 1).astype("<u4").tobytes()
+    return offsets.astype(np.int64) - int(offsets[0])
+
+
+def value_bytes(values: pa.Array) -> int:
+    """The bytes of a binary array's values, all told."""
+    return int(value_ends(values)[-1])
+
+
+def value_lengths(values: pa.Array) -> bytes:
+    """The lengths of :func:`encode_values`' values without their commas, as the stage's
+    ``lengths`` takes them: little-endian uint32s."""
+    return (np.diff(value_ends(values)) - 1).astype("<u4").tobytes()
 
 
 def check_values(values: pa.Array, first_row: int = 0) -> None:
