@@ -22,6 +22,9 @@ from waymark.spark import sink
 from waymark.spark.encoding import encode_values, value_lengths, values_only
 from waymark.spark.sink import TopicBatchSink
 
+# No Spark session here: a group of its own, not a Spark group's worker (tests/conftest.py).
+pytestmark = pytest.mark.xdist_group("tests/spark/test_sink_values.py")
+
 
 def _batch(data: list[str], tags: list[str | None] | None = None, **more: Any) -> pa.RecordBatch:
     columns = {"data": pa.array(data, pa.string())}

@@ -13,14 +13,13 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Sequence
-from functools import lru_cache
 from itertools import accumulate, repeat
 from operator import add, attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .records import PLAIN_EXTRA, PlainRecords, binary_column
+from .records import PLAIN_EXTRA, PlainRecords, binary_column, constant_column
 
 if TYPE_CHECKING:
     from .records import EncodedRecord
@@ -371,13 +370,6 @@ def decimal_column(values: np.ndarray) -> Any:
     data = pa.py_buffer(values.astype(np.int64).tobytes())
     ints = pa.Array.from_buffers(pa.int64(), len(values), [None, data])
     return pc.cast(ints, pa.string()).cast(pa.large_binary())
-
-
-@lru_cache(maxsize=16)
-def constant_column(value: bytes, n: int) -> Any:
-    """``n`` times ``value``, a ``large_binary`` array (an element-wise join's constant).
-    Kept: a publish's chunks all take the same few (arrays are immutable)."""
-    return binary_column(value * n, np.arange(n + 1, dtype=np.int64) * len(value))
 
 
 _body_of = attrgetter("body")

@@ -24,10 +24,10 @@ from msgspec import UNSET, Struct, UnsetType
 
 from ..protocol import TopicConfig, TopicType
 from ..protocol.globs import escape
-from .chunk import constant_column, decimal_column
+from .chunk import decimal_column
 from .deletion import TagMatch
 from .origin import Published
-from .records import EncodedRecord, PlainRecords, Records
+from .records import EncodedRecord, PlainRecords, Records, constant_column
 from .storage.frames import Frame, FrameKind, encode, frame_parts
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from itertools import pairwise, repeat
 from operator import add, attrgetter
 from typing import Any, overload
@@ -194,6 +195,13 @@ def binary_column(data: bytes | bytearray, bounds: np.ndarray) -> Any:
     return pa.Array.from_buffers(pa.large_binary(), len(bounds) - 1, buffers)
 
 
+@lru_cache(maxsize=16)
+def constant_column(value: bytes, n: int) -> Any:
+    """``n`` times ``value``, a ``large_binary`` array (an element-wise join's constant).
+    Kept: a publish's chunks all take the same few (arrays are immutable)."""
+    return binary_column(value * n, np.arange(n + 1, dtype=np.int64) * len(value))
+
+
 Records = list[EncodedRecord] | PlainRecords
 """An append's validated records: one object each, or columnar."""
 
@@ -244,8 +252,6 @@ def _bodies_of_values(array: bytes, lengths: np.ndarray) -> bytes:
     the values, no step per record (constants as arrays: a scalar argument imports
     pandas on first use)."""
     import pyarrow.compute as pc  # (as the chunk layout: the engine's import stays light)
-
-    from .chunk import constant_column
 
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths + 1, out=starts[1:])  # value i, with the byte before it
