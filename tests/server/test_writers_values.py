@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tests.server.test_writers_plain import (
     LIMITS,
@@ -36,6 +36,8 @@ from waymark.server import writers as server_writers
 from waymark.server.writers import decode_stage
 
 _HEAD = b'{"writer":"w","epoch":1,"batch_id":0,"partition":0,"attempt":0,'
+# Half test_writers_plain's examples: the data it draws from is the same, checked there.
+VALUES = settings(SETTINGS, max_examples=100)
 
 
 def _values_body(values: list[bytes], lengths: list[int] | None = None) -> bytes:
@@ -56,7 +58,7 @@ def _bulk(body: bytes) -> object:
 @example(values=[b'"9e"', b"1e999"])
 @example(values=[b'{"data":1}', b"[]", b'""'])
 @given(values=st.lists(_data, min_size=1, max_size=12))
-@SETTINGS
+@VALUES
 def test_values_are_kept_as_their_records_one_by_one(values: list[bytes]) -> None:
     """Compact, spaced, escaped, infinite, too large, bad UTF-8: kept or refused as the
     records ``{"data":value}`` are."""
@@ -82,7 +84,7 @@ def _one_value(row: bytes) -> bool:
 @example(rows=[b'"a', b'b"'])
 @example(rows=[b"1,2", b"3"])
 @given(rows=_rows)
-@SETTINGS
+@VALUES
 def test_rows_that_do_not_split_into_one_value_each_are_refused(rows: list[bytes]) -> None:
     """Rows joined as sent, each with its own length: a stage either keeps each row as
     one record, the row as it was, or is refused whole."""
