@@ -217,12 +217,9 @@ def plain_records(array: bytes, datas: list[msgspec.Raw], limits: Limits) -> Pla
     if not n or len(array) > PLAIN_MAX_BYTES:
         return None
     lengths = np.fromiter(map(len, datas), np.int64, n)
-    if not (_bare(array, lengths) and _canonical(array) and _readable(array, lengths)):
+    if not (_bare(array, lengths) and _proven(array, lengths, limits)):
         return None
-    if int(lengths.max()) > limits.max_record_bytes:
-        return None
-    bounds = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
+    bounds = _bounds(lengths)
     return PlainRecords(_cut(array, bounds), bounds)
 
 
@@ -231,18 +228,24 @@ def data_records(array: bytes, lengths: np.ndarray, limits: Limits) -> PlainReco
     ``[D0,D1,...]`` (``lengths``: each value's length, as parsed), as
     :class:`PlainRecords` when the scans of :func:`plain_records` prove every value
     readable, canonical and within the limits; None otherwise (:func:`encode_batch` then
-    decides)."""
-    n = len(lengths)
-    if not n or len(array) > PLAIN_MAX_BYTES:
+    decides). (With no whitespace, nothing stands between two values but their comma.)"""
+    if not len(lengths) or len(array) > PLAIN_MAX_BYTES or not _proven(array, lengths, limits):
         return None
-    # (No whitespace, so nothing stands between two values but their comma.)
-    if not (_canonical(array) and _readable(array, lengths)):
-        return None
-    if int(lengths.max()) > limits.max_record_bytes:
-        return None
-    bounds = np.zeros(n + 1, np.int64)
+    return PlainRecords(_bodies_of_values(array, lengths), _bounds(lengths))
+
+
+def _proven(array: bytes, lengths: np.ndarray, limits: Limits) -> bool:
+    """What the scans over all of a write's bytes prove of every record: canonical,
+    readable, within the record size limit."""
+    return (_canonical(array) and _readable(array, lengths)
+            and int(lengths.max()) <= limits.max_record_bytes)  # fmt: skip
+
+
+def _bounds(lengths: np.ndarray) -> np.ndarray:
+    """The stored bodies' bounds for data of these lengths (``n + 1``, from 0)."""
+    bounds = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths + PLAIN_EXTRA, out=bounds[1:])
-    return PlainRecords(_bodies_of_values(array, lengths), bounds)
+    return bounds
 
 
 def _bodies_of_values(array: bytes, lengths: np.ndarray) -> bytes:
